@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Layering check: fails when a file includes a header its component may not use.
+
+The rules are the table "Components and who may use whom" of docs/architecture.md
+(and ../shared/docs/design.md), written out here as data. Run from the repository root,
+or pass --root. Exit status 0 when clean, 1 with one line per violation otherwise.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+# Which components each component's files may include ("store:interface" means only the
+# interface headers of store, never its implementations). A component may always include
+# its own headers. "proto" means the generated sbx/v1/*.pb.h headers.
+ALLOWED = {
+    "common": set(),
+    "store": {"common"},
+    "runtime": {"common"},
+    "allocator": {"common", "store:interface", "runtime:interface"},
+    "k8s": {"common", "runtime:interface", "store:interface"},
+    "sandboxd": {"common", "proto"},
+    "server": {"allocator", "common", "proto"},
+    "cmd": {"*"},
+}
+
+# The interface headers of components whose implementations others must not see.
+INTERFACES = {
+    "store": {"src/store/store.h", "src/store/records.h"},
+    "runtime": {"src/runtime/runtime.h"},
+}
+
+# Third-party libraries whose types must stop at one adapter file (style.md). The value
+# lists the files (relative to the root) allowed to include them; "src/<c>/" allows a
+# whole component.
+THIRD_PARTY = {
+    "rocksdb/": ["src/store/rocksdb_store.cc"],
+    "cpprest/": ["src/k8s/http_cpprest.cc"],
+    "pplx/": ["src/k8s/http_cpprest.cc"],
+    "boost/": [],
+    "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/"],
+    "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/"],
+    "google/protobuf/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/store/rocksdb_store.cc",
+                         "src/runtime/"],
+    "prometheus/": ["src/server/", "src/cmd/", "src/k8s/"],
+}
+
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+SOURCE_EXT = (".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".inc")
+
+
+def component_of_include(path):
+    """Returns (component, kind) of an included project header, or (None, None)."""
+    if path.startswith("src/"):
+        parts = path.split("/")
+        if len(parts) >= 3:
+            return parts[1], "src"
+    if path.startswith("sbx/v1/"):
+        return "proto", "proto"
+    if path.startswith("tests/") or path.startswith("bench/"):
+        return path.split("/")[0], "outside"
+    return None, None
+
+
+def allowed_file(rel, patterns):
+    return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in patterns)
+
+
+def check_file(root, rel, component):
+    errors = []
+    allowed = ALLOWED.get(component)
+    if allowed is None:
+        return [f"{rel}: component \"{component}\" is not in the layering table "
+                "(add it to scripts/check_layering.py and docs/architecture.md)"]
+    with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+        for lineno, line in enumerate(f, 1):
+            m = INCLUDE_RE.match(line)
+            if not m:
+                continue
+            inc = m.group(1)
+            where = f"{rel}:{lineno}"
+            for prefix, files in THIRD_PARTY.items():
+                if inc.startswith(prefix) and not allowed_file(rel, files):
+                    errors.append(f"{where}: includes <{inc}>, but {prefix.rstrip('/')} may be "
+                                  f"used only in {', '.join(files) or 'no file of src/'}")
+            target, kind = component_of_include(inc)
+            if target is None or target == component or "*" in allowed:
+                continue
+            if kind == "outside":
+                errors.append(f"{where}: includes \"{inc}\"; src/ may not include {target}/")
+                continue
+            if target in allowed:
+                continue
+            if f"{target}:interface" in allowed:
+                if inc in INTERFACES.get(target, set()):
+                    continue
+                errors.append(f"{where}: {component} includes \"{inc}\", an implementation "
+                              f"header of {target}; it may use only "
+                              f"{', '.join(sorted(INTERFACES.get(target, [])))}")
+                continue
+            errors.append(f"{where}: {component} may not include \"{inc}\" "
+                          f"({component} may use: {', '.join(sorted(allowed)) or 'abseil only'})")
+    return errors
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
+    args = parser.parse_args()
+    root = os.path.abspath(args.root)
+    src = os.path.join(root, "src")
+    errors = []
+    checked = 0
+    for dirpath, _, files in os.walk(src):
+        for name in sorted(files):
+            if not name.endswith(SOURCE_EXT):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            component = rel.split(os.sep)[1]
+            errors.extend(check_file(root, rel.replace(os.sep, "/"), component))
+            checked += 1
+    for e in errors:
+        print(e)
+    if errors:
+        print(f"layering: {len(errors)} violation(s) in {checked} files", file=sys.stderr)
+        return 1
+    print(f"layering: ok ({checked} files)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+#include "src/common/ids.h"
+
+#include <cstring>
+
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace sbx {
+namespace {
+
+class RandomIdGenerator final : public IdGenerator {
+ public:
+  std::string Next() override {
+    // One generator per thread: absl::BitGen is not thread-safe, and a shared one
+    // behind a lock would serialize every claim that needs an id.
+    thread_local absl::BitGen gen;
+    char bytes[16];
+    for (int i = 0; i < 16; i += 8) {
+      uint64_t v = absl::Uniform<uint64_t>(gen);
+      std::memcpy(bytes + i, &v, 8);
+    }
+    return absl::BytesToHexString(absl::string_view(bytes, sizeof(bytes)));
+  }
+};
+
+std::string Quote(absl::string_view s) {
+  constexpr size_t kMaxShown = 80;
+  if (s.size() > kMaxShown) return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxShown)), "...\"");
+  return absl::StrCat("\"", absl::CHexEscape(s), "\"");
+}
+
+}  // namespace
+
+IdGenerator& IdGenerator::Random() {
+  static RandomIdGenerator* gen = new RandomIdGenerator();
+  return *gen;
+}
+
+std::string SequentialIdGenerator::Next() {
+  return absl::StrCat(prefix_, next_.fetch_add(1, std::memory_order_relaxed));
+}
+
+absl::Status ValidateName(absl::string_view what, absl::string_view name) {
+  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (name.size() > 63) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Quote(name), " is longer than 63 characters"));
+  }
+  for (char c : name) {
+    if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", Quote(name), " may contain only lowercase letters, digits and '-'"));
+    }
+  }
+  if (name.front() == '-' || name.back() == '-') {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Quote(name), " must start and end with a letter or digit"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateKey(absl::string_view what, absl::string_view key) {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (key.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Quote(key), " is longer than 128 characters"));
+  }
+  for (char c : key) {
+    if (!(absl::ascii_isalnum(c) || c == '.' || c == '_' || c == ':' || c == '-')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", Quote(key), " may contain only letters, digits and . _ : -"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sbx

@@ -1,0 +1,48 @@
+#pragma once
+// Identifier generation and validation of user-chosen names.
+//
+// Thread-safety: IdGenerator implementations are safe to call from any thread.
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+
+namespace sbx {
+
+class IdGenerator {
+ public:
+  virtual ~IdGenerator() = default;
+  // A new identifier, unique with overwhelming probability: 32 lowercase hex characters
+  // (128 random bits) for the random generator.
+  virtual std::string Next() = 0;
+
+  // The process-wide random generator (seeded from the OS).
+  static IdGenerator& Random();
+};
+
+// Deterministic ids "<prefix><n>" for tests.
+class SequentialIdGenerator final : public IdGenerator {
+ public:
+  explicit SequentialIdGenerator(std::string prefix) : prefix_(std::move(prefix)) {}
+  std::string Next() override;
+
+ private:
+  const std::string prefix_;
+  // Atomic so that concurrent callers each get a distinct number; relaxed is enough
+  // because only uniqueness matters, not ordering with other memory.
+  std::atomic<uint64_t> next_{1};
+};
+
+// Checks a name chosen by a user (pool, template): 1-63 characters of [a-z0-9-], starting
+// and ending with an alphanumeric (a DNS-1123 label, so it can name Kubernetes objects).
+// Returns INVALID_ARGUMENT naming `what` and the offending value.
+absl::Status ValidateName(absl::string_view what, absl::string_view name);
+
+// Checks a client-chosen identifier (claim id / idempotency key): 1-128 characters of
+// [A-Za-z0-9._:-]. Returns INVALID_ARGUMENT naming `what` and the value.
+absl::Status ValidateKey(absl::string_view what, absl::string_view key);
+
+}  // namespace sbx

@@ -1,0 +1,58 @@
+#pragma once
+// sbx::runtime: the interface through which sbx makes sandboxes exist. Implementations:
+// the local runtime (bubblewrap + sbx-sandboxd) and the Kubernetes runtime (pods).
+// The allocator uses it only for COLD claims; refills and clean-up go through the
+// reconciler, which also uses this interface.
+//
+// Thread-safety: every method may be called from any thread; callbacks run on a thread
+// of the runtime's choosing and must not block.
+// Lifetime: the runtime must outlive its users; pending callbacks run (with CANCELLED)
+// before the runtime is destroyed.
+
+#include <map>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace sbx::runtime {
+
+// What to create: a sandbox of `pool` from its template.
+struct CreateRequest {
+  std::string pool;
+  std::string template_name;
+  // The template's runtime-specific spec, as stored (serialized by the server).
+  std::string template_spec;
+  // Labels to attach (Kubernetes labels; recorded by the local runtime).
+  std::map<std::string, std::string> labels;
+};
+
+// A sandbox that exists and is ready to be claimed.
+struct SandboxInfo {
+  std::string id;
+  std::string pool;
+  // How sbx reaches the sandbox's daemon: a unix socket path or "ip:port".
+  std::string endpoint;
+  // Node it runs on (empty for the local runtime).
+  std::string node;
+};
+
+using CreateCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;
+using DeleteCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+
+  // Starts creating a sandbox; `done` runs once it is ready (or failed). Errors:
+  // INVALID_ARGUMENT for a spec the runtime cannot run, UNAVAILABLE / RESOURCE_EXHAUSTED
+  // for transient trouble.
+  virtual void Create(CreateRequest request, CreateCallback done) = 0;
+
+  // Deletes sandbox `id` and everything in it. NOT_FOUND if it does not exist (callers
+  // treat that as done).
+  virtual void Delete(std::string id, DeleteCallback done) = 0;
+};
+
+}  // namespace sbx::runtime

@@ -1,0 +1,48 @@
+#pragma once
+// sbx::server: the gRPC front of sbx. Serves sbx.v1, grpc.health.v1.Health and server
+// reflection with the callback API: no handler blocks a server thread.
+//
+// Thread-safety: Server's methods may be called from any thread.
+// Lifetime: Start() returns a serving server; Shutdown() stops it (idempotent); the
+// destructor shuts down with a zero grace period if Shutdown was not called.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace sbx::server {
+
+struct ServerOptions {
+  // host:port to listen on; port 0 picks a free port (see Server::port()).
+  std::string listen = "127.0.0.1:50051";
+  // When set, the bound port is written there (decimal, then a newline) once serving,
+  // atomically (write to a temporary file, then rename).
+  std::string port_file;
+  // Largest request the server accepts; larger ones get RESOURCE_EXHAUSTED from gRPC.
+  int max_receive_message_bytes = 4 * 1024 * 1024;
+  // Largest response the server sends.
+  int max_send_message_bytes = 16 * 1024 * 1024;
+
+  // INVALID_ARGUMENT naming the bad field and value.
+  absl::Status Validate() const;
+};
+
+class Server {
+ public:
+  // Binds and starts serving. Errors: INVALID_ARGUMENT for bad options, UNAVAILABLE when
+  // the address cannot be bound, INTERNAL when the port file cannot be written.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+
+  virtual ~Server() = default;
+
+  // The bound port (useful with port 0).
+  virtual int port() const = 0;
+
+  // Stops accepting calls, lets in-flight calls finish until `grace` has passed, then
+  // cancels the rest. Health reports NOT_SERVING from the first moment. Idempotent.
+  virtual void Shutdown(absl::Duration grace) = 0;
+};
+
+}  // namespace sbx::server

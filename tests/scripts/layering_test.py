@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Shows that scripts/check_layering.py catches forbidden includes and passes clean trees."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                      "check_layering.py")
+
+
+def run(files):
+    with tempfile.TemporaryDirectory() as root:
+        for rel, text in files.items():
+            path = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+        p = subprocess.run([sys.executable, SCRIPT, "--root", root], capture_output=True,
+                           text=True)
+        return p.returncode, p.stdout + p.stderr
+
+
+class LayeringTest(unittest.TestCase):
+    def test_clean_tree_passes(self):
+        rc, out = run({
+            "src/allocator/allocator.cc": '#include "src/store/store.h"\n'
+                                          '#include "src/common/clock.h"\n'
+                                          '#include "absl/status/status.h"\n',
+            "src/server/server.cc": '#include "src/allocator/allocator.h"\n'
+                                    '#include "sbx/v1/claims.pb.h"\n#include "grpcpp/grpcpp.h"\n',
+            "src/store/rocksdb_store.cc": '#include "rocksdb/db.h"\n',
+            "src/cmd/main.cc": '#include "src/store/rocksdb_store.h"\n',
+        })
+        self.assertEqual(rc, 0, out)
+        self.assertIn("layering: ok (4 files)", out)
+
+    def test_allocator_may_not_see_store_implementation(self):
+        rc, out = run({"src/allocator/pool.cc": '#include "src/store/rocksdb_store.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("src/allocator/pool.cc:1", out)
+        self.assertIn("implementation header of store", out)
+
+    def test_store_may_not_include_allocator(self):
+        rc, out = run({"src/store/x.h": '#pragma once\n#include "src/allocator/allocator.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn('store may not include "src/allocator/allocator.h"', out)
+
+    def test_rocksdb_only_in_its_adapter(self):
+        rc, out = run({"src/store/memory_store.cc": '#include <rocksdb/db.h>\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("rocksdb may be used only in src/store/rocksdb_store.cc", out)
+
+    def test_server_may_not_use_store_or_runtime(self):
+        rc, out = run({"src/server/a.cc": '#include "src/runtime/runtime.h"\n'})
+        self.assertEqual(rc, 1, out)
+
+    def test_src_may_not_include_tests(self):
+        rc, out = run({"src/common/a.cc": '#include "tests/common/helper.h"\n'})
+        self.assertEqual(rc, 1, out)
+
+    def test_unknown_component_is_reported(self):
+        rc, out = run({"src/newthing/a.cc": '#include "src/common/clock.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("not in the layering table", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
