@@ -27,7 +27,8 @@ class RandomIdGenerator final : public IdGenerator {
 
 std::string Quote(absl::string_view s) {
   constexpr size_t kMaxShown = 80;
-  if (s.size() > kMaxShown) return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxShown)), "...\"");
+  if (s.size() > kMaxShown)
+    return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxShown)), "...\"");
   return absl::StrCat("\"", absl::CHexEscape(s), "\"");
 }
 
@@ -69,8 +70,8 @@ absl::Status ValidateKey(absl::string_view what, absl::string_view key) {
   }
   for (char c : key) {
     if (!(absl::ascii_isalnum(c) || c == '.' || c == '_' || c == ':' || c == '-')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " ", Quote(key), " may contain only letters, digits and . _ : -"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", Quote(key), " may contain only letters, digits and . _ : -"));
     }
   }
   return absl::OkStatus();

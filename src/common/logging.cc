@@ -24,9 +24,8 @@ absl::Status InitLogging(const LogOptions& options) {
   if (options.format == "json") {
     // %v is the message; messages are plain text, so escape-free content is the caller's
     // duty only for quotes, which spdlog does not escape: we keep messages quote-light.
-    logger->set_pattern(
-        R"({"time":"%Y-%m-%dT%H:%M:%S.%fZ","level":"%l","thread":%t,"msg":"%v"})",
-        spdlog::pattern_time_type::utc);
+    logger->set_pattern(R"({"time":"%Y-%m-%dT%H:%M:%S.%fZ","level":"%l","thread":%t,"msg":"%v"})",
+                        spdlog::pattern_time_type::utc);
   } else {
     logger->set_pattern("%Y-%m-%dT%H:%M:%S.%fZ %L %t] %v", spdlog::pattern_time_type::utc);
   }

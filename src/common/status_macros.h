@@ -9,10 +9,10 @@
 #define SBX_STATUS_CONCAT(a, b) SBX_STATUS_CONCAT_INNER(a, b)
 
 // Evaluates `expr` (an absl::Status) and returns it from the enclosing function if not OK.
-#define RETURN_IF_ERROR(expr)                       \
-  do {                                              \
-    ::absl::Status sbx_status_ = (expr);            \
-    if (!sbx_status_.ok()) return sbx_status_;      \
+#define RETURN_IF_ERROR(expr)                  \
+  do {                                         \
+    ::absl::Status sbx_status_ = (expr);       \
+    if (!sbx_status_.ok()) return sbx_status_; \
   } while (false)
 
 // `ASSIGN_OR_RETURN(lhs, expr)`: evaluates `expr` (an absl::StatusOr<T>); on error returns
@@ -20,7 +20,7 @@
 #define ASSIGN_OR_RETURN(lhs, expr) \
   SBX_ASSIGN_OR_RETURN_IMPL(SBX_STATUS_CONCAT(sbx_statusor_, __LINE__), lhs, expr)
 
-#define SBX_ASSIGN_OR_RETURN_IMPL(statusor, lhs, expr) \
-  auto statusor = (expr);                              \
+#define SBX_ASSIGN_OR_RETURN_IMPL(statusor, lhs, expr)     \
+  auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()

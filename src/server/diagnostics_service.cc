@@ -13,10 +13,9 @@ grpc::ServerUnaryReactor* DiagnosticsService::Ping(grpc::CallbackServerContext* 
                                                    sbx::v1::PingResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (request->payload().size() > kMaxPayloadBytes) {
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("ping payload is ", request->payload().size(), " bytes; the limit is ",
-                     kMaxPayloadBytes)));
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("ping payload is ", request->payload().size(),
+                                              " bytes; the limit is ", kMaxPayloadBytes)));
     return reactor;
   }
   response->set_payload(request->payload());

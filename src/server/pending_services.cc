@@ -32,10 +32,10 @@ class FinishedExec final : public grpc::ServerBidiReactor<v1::ExecRequest, v1::E
 
 }  // namespace
 
-#define SBX_PENDING_UNARY(Service, Method)                                                 \
-  grpc::ServerUnaryReactor* Pending##Service::Method(                                      \
+#define SBX_PENDING_UNARY(Service, Method)                                                   \
+  grpc::ServerUnaryReactor* Pending##Service::Method(                                        \
       grpc::CallbackServerContext* ctx, const v1::Method##Request*, v1::Method##Response*) { \
-    return FinishUnary(ctx, "sbx.v1." #Service "/" #Method);                               \
+    return FinishUnary(ctx, "sbx.v1." #Service "/" #Method);                                 \
   }
 
 SBX_PENDING_UNARY(ClaimService, Claim)

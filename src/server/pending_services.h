@@ -21,8 +21,8 @@ class PendingClaimService final : public sbx::v1::ClaimService::CallbackService 
                                     v1::ReleaseResponse*) override;
   grpc::ServerUnaryReactor* Renew(grpc::CallbackServerContext* ctx, const v1::RenewRequest*,
                                   v1::RenewResponse*) override;
-  grpc::ServerUnaryReactor* GetClaim(grpc::CallbackServerContext* ctx,
-                                     const v1::GetClaimRequest*, v1::GetClaimResponse*) override;
+  grpc::ServerUnaryReactor* GetClaim(grpc::CallbackServerContext* ctx, const v1::GetClaimRequest*,
+                                     v1::GetClaimResponse*) override;
   grpc::ServerUnaryReactor* ListClaims(grpc::CallbackServerContext* ctx,
                                        const v1::ListClaimsRequest*,
                                        v1::ListClaimsResponse*) override;
@@ -34,13 +34,11 @@ class PendingSandboxService final : public sbx::v1::SandboxService::CallbackServ
  public:
   grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* Exec(
       grpc::CallbackServerContext* ctx) override;
-  grpc::ServerUnaryReactor* WriteFile(grpc::CallbackServerContext* ctx,
-                                      const v1::WriteFileRequest*,
+  grpc::ServerUnaryReactor* WriteFile(grpc::CallbackServerContext* ctx, const v1::WriteFileRequest*,
                                       v1::WriteFileResponse*) override;
   grpc::ServerUnaryReactor* ReadFile(grpc::CallbackServerContext* ctx, const v1::ReadFileRequest*,
                                      v1::ReadFileResponse*) override;
-  grpc::ServerUnaryReactor* ListFiles(grpc::CallbackServerContext* ctx,
-                                      const v1::ListFilesRequest*,
+  grpc::ServerUnaryReactor* ListFiles(grpc::CallbackServerContext* ctx, const v1::ListFilesRequest*,
                                       v1::ListFilesResponse*) override;
   grpc::ServerUnaryReactor* Suspend(grpc::CallbackServerContext* ctx, const v1::SuspendRequest*,
                                     v1::SuspendResponse*) override;
@@ -66,14 +64,12 @@ class PendingAdminService final : public sbx::v1::AdminService::CallbackService 
                                     v1::PutPoolResponse*) override;
   grpc::ServerUnaryReactor* GetPool(grpc::CallbackServerContext* ctx, const v1::GetPoolRequest*,
                                     v1::GetPoolResponse*) override;
-  grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* ctx,
-                                      const v1::ListPoolsRequest*,
+  grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* ctx, const v1::ListPoolsRequest*,
                                       v1::ListPoolsResponse*) override;
   grpc::ServerUnaryReactor* DeletePool(grpc::CallbackServerContext* ctx,
                                        const v1::DeletePoolRequest*,
                                        v1::DeletePoolResponse*) override;
-  grpc::ServerUnaryReactor* ScalePool(grpc::CallbackServerContext* ctx,
-                                      const v1::ScalePoolRequest*,
+  grpc::ServerUnaryReactor* ScalePool(grpc::CallbackServerContext* ctx, const v1::ScalePoolRequest*,
                                       v1::ScalePoolResponse*) override;
   grpc::ServerWriteReactor<v1::PoolEvent>* WatchPools(grpc::CallbackServerContext* ctx,
                                                       const v1::WatchPoolsRequest*) override;

@@ -78,9 +78,8 @@ absl::Status ServerOptions::Validate() const {
         "listen address \"", listen, "\" is not host:port with a port from 0 to 65535"));
   }
   if (max_receive_message_bytes < 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("max_receive_message_bytes ",
-                                                   max_receive_message_bytes,
-                                                   " is below the minimum of 1024"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_receive_message_bytes ", max_receive_message_bytes, " is below the minimum of 1024"));
   }
   if (max_send_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(

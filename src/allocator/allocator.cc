@@ -1,0 +1,1320 @@
+#include "src/allocator/allocator.h"
+
+#include <algorithm>
+#include <bit>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "spdlog/spdlog.h"
+#include "src/allocator/pool.h"
+#include "src/allocator/ready_set.h"
+#include "src/allocator/timer_queue.h"
+#include "src/common/status_macros.h"
+
+namespace sbx::allocator {
+
+using store::ClaimRecord;
+using store::ClaimState;
+using store::EmptyPoolPolicy;
+using store::LaunchType;
+
+// One claim, from the moment it is requested until it is purged. Its key and pool never
+// change; everything else is guarded by `mu`.
+struct ClaimEntry {
+  ClaimEntry(std::string key_in, Pool* pool_in) : key(std::move(key_in)), pool(pool_in) {}
+
+  enum class Phase : uint8_t {
+    kCommitting,  // waiting for a sandbox or for its record to become durable
+    kActive,      // durable and holding its sandbox
+    kUpdating,    // a renewal is being committed
+    kEnding,      // a release / expiry / loss is being committed
+    kEnded,       // ended durably; kept for the idempotency window
+  };
+
+  // "<owner>/<claim id>": claims are scoped by tenant. Also the record's store key.
+  const std::string key;
+  Pool* const pool;
+
+  absl::Mutex mu;
+  Phase phase ABSL_GUARDED_BY(mu) = Phase::kCommitting;
+  // Set once a sandbox is given to the claim / once it has failed: whichever comes first
+  // wins (deadline vs. delivery).
+  bool assigned ABSL_GUARDED_BY(mu) = false;
+  bool failed ABSL_GUARDED_BY(mu) = false;
+  // sandbox_id and endpoint are empty here while `sandbox` is set (see RecordLocked).
+  ClaimRecord record ABSL_GUARDED_BY(mu);
+  // The sandbox held (kept after the claim ends, until the entry is purged).
+  SandboxPtr sandbox ABSL_GUARDED_BY(mu);
+  // The original caller first, then retries that arrived while committing; each with
+  // whether its answer counts as a replay.
+  std::vector<std::pair<ClaimCallback, bool>> callbacks ABSL_GUARDED_BY(mu);
+  // While waiting in the pool's queue (policy WAIT).
+  WaiterPtr waiter ABSL_GUARDED_BY(mu);
+  TimerHandle expiry ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+using EntryPtr = std::shared_ptr<ClaimEntry>;
+
+using store::ClaimKey;
+
+const char* EndedVerb(ClaimState s) {
+  switch (s) {
+    case ClaimState::kReleased:
+      return "was released";
+    case ClaimState::kExpired:
+      return "expired";
+    case ClaimState::kLost:
+      return "was lost (its sandbox is gone)";
+    case ClaimState::kActive:
+      break;
+  }
+  return "is ending";
+}
+
+// What a timer does when it fires. Stored in the timer queue by value: no allocation.
+struct TimerTask {
+  enum class Kind : uint8_t {
+    kExpire,        // the claim's TTL passed
+    kPurge,         // the idempotency window of an ended claim closed
+    kWaitDeadline,  // a WAIT claim waited long enough
+    kColdDeadline,  // a COLD claim's sandbox took too long
+  };
+  Kind kind;
+  EntryPtr entry;
+};
+
+// Hash sets of sandboxes keyed by their id, looked up by id (the id is stored once).
+struct ByIdHash {
+  using is_transparent = void;
+  size_t operator()(absl::string_view id) const { return absl::HashOf(id); }
+  size_t operator()(const SandboxPtr& s) const { return absl::HashOf(absl::string_view(s->id)); }
+};
+struct ByIdEq {
+  using is_transparent = void;
+  static absl::string_view K(absl::string_view id) { return id; }
+  static absl::string_view K(const SandboxPtr& s) { return s->id; }
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const {
+    return K(a) == K(b);
+  }
+};
+
+// The claim table: entries hashed by their key into shards, each a hash set under its own
+// mutex, so that claims on different keys rarely meet on a lock. The key lives once, in
+// the entry; the sets hold pointers.
+class ClaimTable {
+ public:
+  explicit ClaimTable(int shards)
+      : shift_(shards <= 1 ? 0 : 64 - std::countr_zero(static_cast<unsigned>(shards))) {
+    shards_.reserve(shards);
+    for (int i = 0; i < shards; ++i) shards_.push_back(std::make_unique<Shard>());
+  }
+
+  // Inserts `entry` unless its key exists. Returns the entry now in the table and whether
+  // it is `entry`.
+  std::pair<EntryPtr, bool> Insert(EntryPtr entry) {
+    Shard& s = ShardFor(entry->key);
+    absl::MutexLock lock(&s.mu);
+    auto [it, inserted] = s.set.insert(std::move(entry));
+    return {*it, inserted};
+  }
+
+  EntryPtr Find(absl::string_view key) const {
+    const Shard& s = ShardFor(key);
+    absl::MutexLock lock(&s.mu);
+    auto it = s.set.find(key);
+    return it == s.set.end() ? nullptr : *it;
+  }
+
+  // Erases `entry` only if it is still the one in the table under its key.
+  bool Erase(const EntryPtr& entry) {
+    Shard& s = ShardFor(entry->key);
+    absl::MutexLock lock(&s.mu);
+    auto it = s.set.find(absl::string_view(entry->key));
+    if (it == s.set.end() || *it != entry) return false;
+    s.set.erase(it);
+    return true;
+  }
+
+  void Reserve(size_t n) {
+    for (auto& s : shards_) {
+      absl::MutexLock lock(&s->mu);
+      s->set.reserve(n / shards_.size() + 1);
+    }
+  }
+
+  // Calls fn(entry) for every entry, shard by shard (not a consistent snapshot).
+  template <typename Fn>
+  void ForEach(Fn fn) const {
+    for (const auto& shard : shards_) {
+      std::vector<EntryPtr> copy;
+      {
+        absl::MutexLock lock(&shard->mu);
+        copy.assign(shard->set.begin(), shard->set.end());
+      }
+      for (const EntryPtr& e : copy) fn(e);
+    }
+  }
+
+ private:
+  // Hashing and equality by key, for entries and for plain keys (heterogeneous lookup).
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(absl::string_view k) const { return absl::HashOf(k); }
+    size_t operator()(const EntryPtr& e) const { return absl::HashOf(absl::string_view(e->key)); }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    static absl::string_view K(absl::string_view k) { return k; }
+    static absl::string_view K(const EntryPtr& e) { return e->key; }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return K(a) == K(b);
+    }
+  };
+  struct Shard {
+    mutable absl::Mutex mu;
+    absl::flat_hash_set<EntryPtr, KeyHash, KeyEq> set ABSL_GUARDED_BY(mu);
+  };
+  // The shard comes from the hash's high bits: the sets use the low bits for their slots
+  // and control bytes, and sharding on those would leave each set with few distinct ones.
+  size_t Index(absl::string_view key) const {
+    return shift_ == 0 ? 0 : absl::HashOf(key) >> shift_;
+  }
+  Shard& ShardFor(absl::string_view key) { return *shards_[Index(key)]; }
+  const Shard& ShardFor(absl::string_view key) const { return *shards_[Index(key)]; }
+
+  const int shift_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+};
+
+class AllocatorImpl final : public Allocator {
+ public:
+  AllocatorImpl(AllocatorOptions options, store::Store* store, runtime::Runtime* runtime,
+                Reconciler* reconciler, Clock* clock, IdGenerator* ids)
+      : options_(std::move(options)),
+        store_(store),
+        runtime_(runtime),
+        reconciler_(reconciler),
+        clock_(clock),
+        ids_(ids),
+        claims_(options_.claim_shards) {}
+
+  ~AllocatorImpl() override {
+    {
+      absl::MutexLock lock(&timer_mu_);
+      stopping_ = true;
+      timer_wake_ = true;
+    }
+    if (timer_thread_.joinable()) timer_thread_.join();
+    // Claims still waiting for a sandbox are answered, so that no caller hangs.
+    claims_.ForEach([&](const EntryPtr& e) {
+      bool waiting;
+      {
+        absl::MutexLock lock(&e->mu);
+        waiting = e->phase == ClaimEntry::Phase::kCommitting && !e->assigned;
+      }
+      if (waiting) FailEntry(e, absl::CancelledError("the allocator is shutting down"));
+    });
+  }
+
+  absl::Status Recover();
+  void StartTimerThread() {
+    if (options_.timer_thread) timer_thread_ = std::thread([this] { TimerLoop(); });
+  }
+
+  const RecoveryStats& recovery() const override { return recovery_; }
+
+  // ---- Admin ----
+
+  void PutTemplate(store::TemplateRecord t, StatusCallback done) override {
+    if (absl::Status s = ValidateName("template name", t.name); !s.ok()) {
+      return std::move(done)(s);
+    }
+    if (t.runtime != "local" && t.runtime != "kubernetes") {
+      return std::move(done)(absl::InvalidArgumentError(
+          absl::StrCat("template \"", t.name, "\": runtime \"", t.runtime,
+                       "\" is not one of local, kubernetes")));
+    }
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = templates_.find(t.name);
+      t.generation = it == templates_.end() ? 1 : it->second.generation + 1;
+    }
+    store::WriteBatch batch;
+    batch.Put(t);
+    store_->Commit(std::move(batch), [this, t, done = std::move(done)](absl::Status s) mutable {
+      if (s.ok()) {
+        absl::MutexLock lock(&mu_);
+        templates_[t.name] = t;
+      }
+      std::move(done)(s);
+    });
+  }
+
+  absl::StatusOr<store::TemplateRecord> GetTemplate(const std::string& name) const override {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = templates_.find(name);
+    if (it == templates_.end()) {
+      return absl::NotFoundError(absl::StrCat("template \"", name, "\" not found"));
+    }
+    return it->second;
+  }
+
+  std::vector<store::TemplateRecord> ListTemplates() const override {
+    absl::ReaderMutexLock lock(&mu_);
+    std::vector<store::TemplateRecord> out;
+    for (const auto& [_, t] : templates_) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.name < b.name; });
+    return out;
+  }
+
+  void DeleteTemplate(const std::string& name, StatusCallback done) override {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      if (!templates_.contains(name)) {
+        return std::move(done)(
+            absl::NotFoundError(absl::StrCat("template \"", name, "\" not found")));
+      }
+      for (const auto& [pname, pool] : pools_) {
+        if (pool->settings().template_name == name) {
+          return std::move(done)(absl::FailedPreconditionError(
+              absl::StrCat("template \"", name, "\" is used by pool \"", pname, "\"")));
+        }
+      }
+    }
+    store::WriteBatch batch;
+    batch.DeleteTemplate(name);
+    store_->Commit(std::move(batch), [this, name, done = std::move(done)](absl::Status s) mutable {
+      if (s.ok()) {
+        absl::MutexLock lock(&mu_);
+        templates_.erase(name);
+      }
+      std::move(done)(s);
+    });
+  }
+
+  void PutPool(store::PoolRecord p, StatusCallback done) override {
+    if (absl::Status s = ValidatePool(p); !s.ok()) return std::move(done)(s);
+    Pool* existing = nullptr;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      if (!templates_.contains(p.template_name)) {
+        return std::move(done)(absl::NotFoundError(
+            absl::StrCat("pool \"", p.name, "\": template \"", p.template_name, "\" not found")));
+      }
+      existing = FindPoolLocked(p.name);
+    }
+    p.generation = existing == nullptr ? 1 : existing->settings().generation + 1;
+    store::WriteBatch batch;
+    batch.Put(p);
+    store_->Commit(std::move(batch), [this, p, done = std::move(done)](absl::Status s) mutable {
+      if (s.ok()) {
+        Pool* pool = nullptr;
+        {
+          absl::MutexLock lock(&mu_);
+          pool = FindPoolLocked(p.name);
+          if (pool != nullptr) {
+            pool->set_settings(p);
+          } else {
+            pool = AddPoolLocked(p);
+          }
+        }
+        if (pool->warm() < pool->Target()) reconciler_->PoolBelowTarget(p.name);
+      }
+      std::move(done)(s);
+    });
+  }
+
+  absl::StatusOr<PoolStatus> GetPoolStatus(const std::string& name) const override {
+    ASSIGN_OR_RETURN(Pool * pool, FindPool(name));
+    store::PoolRecord settings = pool->settings();
+    PoolStatus st;
+    st.name = name;
+    st.warm = pool->warm();
+    st.claimed = pool->claimed();
+    st.waiting = pool->waiting();
+    st.target = pool->Target();
+    st.min_warm = settings.min_warm;
+    st.max_warm = settings.max_warm;
+    return st;
+  }
+
+  absl::StatusOr<store::PoolRecord> GetPool(const std::string& name) const override {
+    ASSIGN_OR_RETURN(Pool * pool, FindPool(name));
+    return pool->settings();
+  }
+
+  std::vector<store::PoolRecord> ListPools() const override {
+    absl::ReaderMutexLock lock(&mu_);
+    std::vector<store::PoolRecord> out;
+    for (const auto& [_, p] : pools_) out.push_back(p->settings());
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.name < b.name; });
+    return out;
+  }
+
+  void DeletePool(const std::string& name, StatusCallback done) override {
+    Pool* pool = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      pool = FindPoolLocked(name);
+      if (pool == nullptr) {
+        return std::move(done)(absl::NotFoundError(absl::StrCat("pool \"", name, "\" not found")));
+      }
+      if (pool->claimed() > 0 || pool->waiting() > 0) {
+        return std::move(done)(absl::FailedPreconditionError(
+            absl::StrCat("pool \"", name, "\" has ", pool->claimed(), " active and ",
+                         pool->waiting(), " waiting claims; release them first")));
+      }
+      // Unlisted at once so that no new claim finds it; the object stays alive (retired_
+      // pools) because sandboxes point to it.
+      retired_pools_.push_back(std::move(pools_[name]));
+      pools_.erase(name);
+    }
+    store::WriteBatch batch;
+    batch.DeletePool(name);
+    std::vector<store::SandboxRecord> retired;
+    while (SandboxPtr sb = pool->TryTake()) {
+      sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
+      batch.DeleteSandbox(sb->id);
+      retired.push_back(RecordOf(*sb));
+      ForgetSandbox(sb->id);
+    }
+    store_->Commit(std::move(batch), [this, retired = std::move(retired),
+                                      done = std::move(done)](absl::Status s) mutable {
+      for (const auto& r : retired) reconciler_->RetireSandbox(r);
+      std::move(done)(s);
+    });
+  }
+
+  // ---- Runtime side ----
+
+  absl::Status AddSandbox(const runtime::SandboxInfo& info) override {
+    if (info.id.empty()) return absl::InvalidArgumentError("sandbox id is empty");
+    Pool* pool = nullptr;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      pool = FindPoolLocked(info.pool);
+    }
+    auto sb = std::make_shared<Sandbox>(info.id, info.endpoint, info.node, pool, clock_->Now(),
+                                        SandboxState::kWarm);
+    if (pool == nullptr) {
+      reconciler_->RetireSandbox(RecordOf(*sb, info.pool));
+      return absl::NotFoundError(
+          absl::StrCat("sandbox \"", info.id, "\": pool \"", info.pool, "\" not found"));
+    }
+    {
+      absl::MutexLock lock(&sandboxes_mu_);
+      if (!sandboxes_.insert(sb).second) {
+        return absl::AlreadyExistsError(absl::StrCat("sandbox \"", info.id, "\" is known already"));
+      }
+    }
+    // The record is written in the background: the runtime, not the store, is the truth
+    // for existence, and a claim's own record carries the sandbox it holds.
+    store::WriteBatch batch;
+    batch.Put(RecordOf(*sb));
+    store_->Commit(std::move(batch), [id = info.id](absl::Status s) {
+      if (!s.ok()) spdlog::warn("sandbox \"{}\": its record was not stored: {}", id, s.ToString());
+    });
+    pool->AddWarm(std::move(sb));
+    return absl::OkStatus();
+  }
+
+  absl::Status SandboxGone(const std::string& id) override {
+    SandboxPtr sb = FindSandbox(id);
+    if (sb == nullptr) return absl::NotFoundError(absl::StrCat("sandbox \"", id, "\" not known"));
+    sb->gone.store(true, std::memory_order_seq_cst);
+    if (sb->pool->MarkDeadIfWarm(sb)) {
+      ForgetSandbox(id);
+      store::WriteBatch batch;
+      batch.DeleteSandbox(id);
+      store_->Commit(std::move(batch), [](absl::Status) {});
+      reconciler_->PoolBelowTarget(sb->pool->name());
+      return absl::OkStatus();
+    }
+    EntryPtr e;
+    {
+      absl::MutexLock lock(&sb->mu);
+      e = sb->claim.lock();
+    }
+    // No entry yet means a claim is between taking it and committing: that claim sees
+    // `gone` when it activates and ends itself as lost.
+    if (e != nullptr) {
+      bool active;
+      {
+        absl::MutexLock lock(&e->mu);
+        active = e->phase == ClaimEntry::Phase::kActive;
+      }
+      if (active) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- Claims ----
+
+  void Claim(ClaimRequest req, ClaimCallback done) override {
+    if (req.claim_id.empty()) req.claim_id = ids_->Next();
+    if (absl::Status s = ValidateClaimRequest(req); !s.ok()) return std::move(done)(s);
+    absl::StatusOr<Pool*> pool_or = FindPool(req.pool);
+    if (!pool_or.ok()) return std::move(done)(pool_or.status());
+    Pool* pool = *pool_or;
+    const store::PoolRecord settings = pool->settings();
+    absl::StatusOr<absl::Duration> ttl = EffectiveTtl(settings, req.ttl);
+    if (!ttl.ok()) return std::move(done)(ttl.status());
+
+    auto entry = std::make_shared<ClaimEntry>(ClaimKey(req.owner, req.claim_id), pool);
+    {
+      absl::MutexLock lock(&entry->mu);
+      ClaimRecord& r = entry->record;
+      r.id = std::move(req.claim_id);
+      r.owner = std::move(req.owner);
+      r.pool = std::move(req.pool);
+      r.labels = std::move(req.labels);
+      r.created = clock_->Now();
+      // Expiry counts from the request; InfiniteFuture when the claim has no TTL.
+      r.expires = *ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : r.created + *ttl;
+      entry->callbacks.emplace_back(std::move(done), false);
+    }
+    auto [existing, inserted] = claims_.Insert(entry);
+    if (!inserted) {
+      ClaimCallback cb;
+      {
+        absl::MutexLock lock(&entry->mu);
+        cb = std::move(entry->callbacks.front().first);
+      }
+      return AnswerExisting(existing, pool, std::move(cb));
+    }
+
+    const std::function<void(const SandboxPtr&)>* hook =
+        options_.after_pop ? &options_.after_pop : nullptr;
+    if (SandboxPtr sb = pool->TryTake(hook)) {
+      {
+        absl::MutexLock lock(&entry->mu);
+        entry->assigned = true;
+      }
+      CommitClaim(entry, std::move(sb), LaunchType::kWarm, false);
+      if (pool->warm() < pool->min_warm()) reconciler_->PoolBelowTarget(pool->name());
+      return;
+    }
+
+    const EmptyPoolPolicy policy = req.policy.value_or(settings.empty_pool_policy);
+    const absl::Duration wait = req.wait > absl::ZeroDuration() ? req.wait : settings.default_wait;
+    reconciler_->PoolBelowTarget(pool->name());
+    switch (policy) {
+      case EmptyPoolPolicy::kFail:
+        FailEntry(entry,
+                  absl::ResourceExhaustedError(absl::StrCat(
+                      "pool \"", pool->name(), "\" has no warm sandbox (target ", pool->Target(),
+                      "); retry after about 1s, or claim with policy WAIT or COLD")));
+        return;
+      case EmptyPoolPolicy::kWait:
+        return Wait(entry, wait);
+      case EmptyPoolPolicy::kCold:
+        return ColdStart(entry, settings, wait);
+    }
+  }
+
+  void ClaimBatch(BatchRequest req, BatchCallback done) override;
+
+  void Release(const std::string& owner, const std::string& claim_id,
+               StatusCallback done) override {
+    EntryPtr e = claims_.Find(ClaimKey(owner, claim_id));
+    if (e == nullptr) return std::move(done)(NotFound(claim_id));
+    EndClaim(e, ClaimState::kReleased, std::move(done));
+  }
+
+  void Renew(const std::string& owner, const std::string& claim_id, absl::Duration ttl,
+             ClaimCallback done) override;
+
+  absl::StatusOr<ClaimRecord> GetClaim(const std::string& owner,
+                                       const std::string& claim_id) const override {
+    EntryPtr e = claims_.Find(ClaimKey(owner, claim_id));
+    if (e == nullptr) return NotFound(claim_id);
+    absl::MutexLock lock(&e->mu);
+    if (e->phase == ClaimEntry::Phase::kCommitting) {
+      return absl::NotFoundError(
+          absl::StrCat("claim \"", claim_id, "\" is not yet granted (waiting or committing)"));
+    }
+    return RecordLocked(*e);
+  }
+
+  std::vector<ClaimRecord> ListClaims(const ClaimFilter& f) const override {
+    std::vector<ClaimRecord> out;
+    const std::string prefix = absl::StrCat(f.owner, "/");
+    claims_.ForEach([&](const EntryPtr& e) {
+      if (e->key.compare(0, prefix.size(), prefix) != 0) return;
+      absl::MutexLock lock(&e->mu);
+      if (e->phase != ClaimEntry::Phase::kCommitting && Matches(e->record, f)) {
+        out.push_back(RecordLocked(*e));
+      }
+    });
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.id < b.id; });
+    if (f.limit > 0 && out.size() > static_cast<size_t>(f.limit)) out.resize(f.limit);
+    return out;
+  }
+
+  int Tick() override {
+    return timers_.RunDue(clock_->Now(), [this](TimerTask t) { Fire(std::move(t)); });
+  }
+
+ private:
+  static absl::Status NotFound(const std::string& claim_id) {
+    return absl::NotFoundError(absl::StrCat("claim \"", claim_id, "\" not found"));
+  }
+
+  // The claim's record as clients and the store see it. While the entry holds a sandbox,
+  // the sandbox's id and endpoint are not kept twice in memory: they are filled in here.
+  static ClaimRecord RecordLocked(const ClaimEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e.mu) {
+    ClaimRecord r = e.record;
+    if (e.sandbox != nullptr) {
+      r.sandbox_id = e.sandbox->id;
+      r.endpoint = e.sandbox->endpoint;
+    }
+    return r;
+  }
+
+  static bool Matches(const ClaimRecord& r, const ClaimFilter& f) {
+    if (!f.include_ended && r.state != ClaimState::kActive) return false;
+    if (!f.pool.empty() && r.pool != f.pool) return false;
+    if (!f.after.empty() && r.id <= f.after) return false;
+    for (const auto& [k, v] : f.labels) {
+      auto it = r.labels.find(k);
+      if (it == r.labels.end() || it->second != v) return false;
+    }
+    return true;
+  }
+
+  static store::SandboxRecord RecordOf(const Sandbox& sb, std::string pool_name = "") {
+    store::SandboxRecord r;
+    r.id = sb.id;
+    r.pool = sb.pool != nullptr ? sb.pool->name() : std::move(pool_name);
+    r.endpoint = sb.endpoint;
+    r.node = sb.node;
+    r.created = sb.created;
+    return r;
+  }
+
+  absl::Status ValidatePool(const store::PoolRecord& p) const {
+    RETURN_IF_ERROR(ValidateName("pool name", p.name));
+    RETURN_IF_ERROR(ValidateName("template name", p.template_name));
+    if (p.min_warm < 0 || p.max_warm < p.min_warm) {
+      return absl::InvalidArgumentError(absl::StrCat("pool \"", p.name, "\": min_warm ", p.min_warm,
+                                                     " and max_warm ", p.max_warm,
+                                                     " must satisfy 0 <= min_warm <= max_warm"));
+    }
+    if (p.default_wait < absl::ZeroDuration() || p.default_ttl < absl::ZeroDuration() ||
+        p.max_ttl < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool \"", p.name, "\": durations must not be negative"));
+    }
+    RETURN_IF_ERROR(NewSelectionPolicy(p.selection_policy).status());
+    return absl::OkStatus();
+  }
+
+  absl::Status ValidateClaimRequest(const ClaimRequest& req) const {
+    RETURN_IF_ERROR(ValidateKey("owner", req.owner));
+    RETURN_IF_ERROR(ValidateKey("claim id", req.claim_id));
+    RETURN_IF_ERROR(ValidateName("pool name", req.pool));
+    if (req.wait < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("wait ", absl::FormatDuration(req.wait), " is negative"));
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::StatusOr<absl::Duration> EffectiveTtl(const store::PoolRecord& p,
+                                                     absl::Duration requested) {
+    if (requested < absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ttl ", absl::FormatDuration(requested), " is negative"));
+    }
+    absl::Duration ttl = requested > absl::ZeroDuration() ? requested : p.default_ttl;
+    if (p.max_ttl > absl::ZeroDuration() && (ttl == absl::ZeroDuration() || ttl > p.max_ttl)) {
+      ttl = p.max_ttl;
+    }
+    return ttl;
+  }
+
+  absl::StatusOr<Pool*> FindPool(const std::string& name) const {
+    absl::ReaderMutexLock lock(&mu_);
+    Pool* p = FindPoolLocked(name);
+    if (p == nullptr) return absl::NotFoundError(absl::StrCat("pool \"", name, "\" not found"));
+    return p;
+  }
+  Pool* FindPoolLocked(const std::string& name) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    auto it = pools_.find(name);
+    return it == pools_.end() ? nullptr : it->second.get();
+  }
+  Pool* AddPoolLocked(const store::PoolRecord& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto policy = NewSelectionPolicy(p.selection_policy);
+    auto pool = std::make_unique<Pool>(p, policy.ok() ? std::move(*policy) : NewFifoReadySet());
+    Pool* raw = pool.get();
+    pools_[p.name] = std::move(pool);
+    return raw;
+  }
+
+  SandboxPtr FindSandbox(const std::string& id) const {
+    absl::MutexLock lock(&sandboxes_mu_);
+    auto it = sandboxes_.find(absl::string_view(id));
+    return it == sandboxes_.end() ? nullptr : *it;
+  }
+  void ForgetSandbox(const std::string& id) {
+    absl::MutexLock lock(&sandboxes_mu_);
+    auto it = sandboxes_.find(absl::string_view(id));
+    if (it != sandboxes_.end()) sandboxes_.erase(it);
+  }
+
+  // A retry of an existing claim id.
+  void AnswerExisting(const EntryPtr& e, Pool* pool, ClaimCallback done) {
+    absl::StatusOr<ClaimResult> answer;
+    {
+      absl::MutexLock lock(&e->mu);
+      if (e->pool != pool) {
+        answer = absl::AlreadyExistsError(absl::StrCat("claim id \"", e->record.id,
+                                                       "\" already names a claim on pool \"",
+                                                       e->record.pool, "\""));
+      } else if (e->phase == ClaimEntry::Phase::kCommitting) {
+        e->callbacks.emplace_back(std::move(done), true);
+        return;
+      } else if (e->phase == ClaimEntry::Phase::kActive ||
+                 e->phase == ClaimEntry::Phase::kUpdating) {
+        answer = ClaimResult{RecordLocked(*e), true};
+      } else {
+        answer = absl::FailedPreconditionError(absl::StrCat(
+            "claim \"", e->record.id, "\" ", EndedVerb(e->record.state), "; use a new claim id"));
+      }
+    }
+    std::move(done)(std::move(answer));
+  }
+
+  // Fails a claim that holds no sandbox: removes it from the table and answers every
+  // caller attached to it. No-op if a sandbox was assigned first.
+  void FailEntry(const EntryPtr& e, absl::Status status) {
+    std::vector<std::pair<ClaimCallback, bool>> callbacks;
+    {
+      absl::MutexLock lock(&e->mu);
+      if (e->assigned || e->failed) return;
+      e->failed = true;
+      e->phase = ClaimEntry::Phase::kEnded;
+      callbacks = std::move(e->callbacks);
+      e->waiter = nullptr;
+    }
+    claims_.Erase(e);
+    for (auto& [cb, _] : callbacks) std::move(cb)(status);
+  }
+
+  // Gives `sb` (already kClaimed) to a waiting claim, unless the claim failed first (its
+  // deadline passed), in which case the sandbox goes back to the pool.
+  void Deliver(const EntryPtr& e, SandboxPtr sb, LaunchType launch, bool new_sandbox) {
+    bool assigned;
+    {
+      absl::MutexLock lock(&e->mu);
+      assigned = !e->failed;
+      e->assigned = assigned;
+      e->waiter = nullptr;
+    }
+    if (!assigned) {
+      sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
+      if (new_sandbox) {
+        store::WriteBatch batch;
+        batch.Put(RecordOf(*sb));
+        store_->Commit(std::move(batch), [](absl::Status) {});
+      }
+      e->pool->AddWarm(std::move(sb));
+      return;
+    }
+    CommitClaim(e, std::move(sb), launch, new_sandbox);
+  }
+
+  void Wait(const EntryPtr& e, absl::Duration wait) {
+    auto waiter = std::make_shared<Waiter>();
+    waiter->deliver = [this, e](SandboxPtr sb) {
+      Deliver(e, std::move(sb), LaunchType::kWarm, false);
+    };
+    {
+      absl::MutexLock lock(&e->mu);
+      e->waiter = waiter;
+    }
+    if (SandboxPtr sb = e->pool->TakeOrEnqueue(waiter)) {
+      return Deliver(e, std::move(sb), LaunchType::kWarm, false);
+    }
+    // Scheduled after queueing, so that the deadline always finds the waiter queued (or
+    // sees that it was served).
+    ScheduleTimer(clock_->Now() + wait, TimerTask::Kind::kWaitDeadline, e);
+  }
+
+  void ColdStart(const EntryPtr& e, const store::PoolRecord& settings, absl::Duration wait) {
+    if (runtime_ == nullptr) {
+      return FailEntry(e, absl::FailedPreconditionError(absl::StrCat(
+                              "pool \"", e->pool->name(),
+                              "\" is empty and this allocator has no runtime for cold starts")));
+    }
+    runtime::CreateRequest req;
+    req.pool = e->pool->name();
+    req.template_name = settings.template_name;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = templates_.find(settings.template_name);
+      if (it != templates_.end()) req.template_spec = it->second.spec;
+    }
+    ScheduleTimer(clock_->Now() + wait, TimerTask::Kind::kColdDeadline, e);
+    runtime_->Create(std::move(req), [this, e](absl::StatusOr<runtime::SandboxInfo> info) {
+      if (!info.ok()) return FailEntry(e, info.status());
+      auto sb = std::make_shared<Sandbox>(info->id, info->endpoint, info->node, e->pool,
+                                          clock_->Now(), SandboxState::kClaimed);
+      {
+        absl::MutexLock lock(&sandboxes_mu_);
+        sandboxes_.insert(sb);
+      }
+      Deliver(e, std::move(sb), LaunchType::kCold, true);
+    });
+  }
+
+  // Writes the claim record (and, for a new sandbox, its record) and completes the
+  // claim's callbacks when durable. On a store error the sandbox returns to the pool.
+  void CommitClaim(const EntryPtr& e, SandboxPtr sb, LaunchType launch, bool new_sandbox) {
+    {
+      absl::MutexLock lock(&sb->mu);
+      sb->claim = e;
+    }
+    store::WriteBatch batch;
+    if (new_sandbox) batch.Put(RecordOf(*sb));
+    {
+      absl::MutexLock lock(&e->mu);
+      e->record.launch_type = launch;
+      e->sandbox = sb;
+      batch.Put(RecordLocked(*e));
+    }
+    store_->Commit(std::move(batch), [this, e, sb](absl::Status s) {
+      if (!s.ok()) {
+        {
+          absl::MutexLock lock(&sb->mu);
+          sb->claim.reset();
+        }
+        {
+          absl::MutexLock lock(&e->mu);
+          e->assigned = false;
+          e->sandbox = nullptr;
+        }
+        sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
+        e->pool->AddWarm(sb);
+        FailEntry(e, s);
+        return;
+      }
+      e->pool->AddClaimed(1);
+      Activate(e);
+    });
+  }
+
+  // Marks a durable claim active, arms its expiry and answers its callers.
+  void Activate(const EntryPtr& e) {
+    std::vector<std::pair<ClaimCallback, bool>> callbacks;
+    ClaimRecord record;
+    bool gone;
+    {
+      absl::MutexLock lock(&e->mu);
+      e->phase = ClaimEntry::Phase::kActive;
+      callbacks = std::move(e->callbacks);
+      if (!callbacks.empty()) record = RecordLocked(*e);
+      ArmExpiryLocked(e);
+      gone = e->sandbox->gone.load(std::memory_order_seq_cst);
+    }
+    for (auto& [cb, replayed] : callbacks) std::move(cb)(ClaimResult{record, replayed});
+    if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+  }
+
+  void ArmExpiryLocked(const EntryPtr& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) {
+    if (e->record.expires == absl::InfiniteFuture()) return;
+    e->expiry = ScheduleTimer(e->record.expires, TimerTask::Kind::kExpire, e);
+  }
+
+  // Ends an active claim as `end`: writes the ended record and removes the sandbox
+  // record in one batch; then retires the sandbox and asks for a refill.
+  void EndClaim(const EntryPtr& e, ClaimState end, StatusCallback done) {
+    store::WriteBatch batch;
+    SandboxPtr sb;
+    {
+      absl::MutexLock lock(&e->mu);
+      switch (e->phase) {
+        case ClaimEntry::Phase::kActive:
+          break;
+        case ClaimEntry::Phase::kCommitting:
+          return std::move(done)(absl::AbortedError(absl::StrCat(
+              "claim \"", e->record.id, "\" is still being granted; retry when it returns")));
+        case ClaimEntry::Phase::kUpdating:
+          return std::move(done)(absl::AbortedError(
+              absl::StrCat("claim \"", e->record.id, "\" is being renewed; retry")));
+        case ClaimEntry::Phase::kEnding:
+        case ClaimEntry::Phase::kEnded:
+          return std::move(done)(absl::FailedPreconditionError(
+              absl::StrCat("claim \"", e->record.id, "\" ", EndedVerb(e->record.state))));
+      }
+      e->phase = ClaimEntry::Phase::kEnding;
+      timers_.Cancel(e->expiry);
+      ClaimRecord ended = RecordLocked(*e);
+      ended.state = end;
+      ended.ended = clock_->Now();
+      batch.Put(std::move(ended));
+      sb = e->sandbox;
+      batch.DeleteSandbox(sb->id);
+    }
+    store_->Commit(
+        std::move(batch), [this, e, end, sb, done = std::move(done)](absl::Status s) mutable {
+          if (!s.ok()) {
+            {
+              absl::MutexLock lock(&e->mu);
+              e->phase = ClaimEntry::Phase::kActive;
+              ArmExpiryLocked(e);
+            }
+            return std::move(done)(s);
+          }
+          absl::Time ended_at;
+          {
+            absl::MutexLock lock(&e->mu);
+            e->phase = ClaimEntry::Phase::kEnded;
+            e->record.state = end;
+            e->record.ended = clock_->Now();
+            ended_at = e->record.ended;
+            // e->sandbox stays: the ended claim still reports which sandbox it held.
+          }
+          sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
+          e->pool->AddClaimed(-1);
+          ForgetSandbox(sb->id);
+          if (end != ClaimState::kLost) reconciler_->RetireSandbox(RecordOf(*sb));
+          reconciler_->PoolBelowTarget(e->pool->name());
+          ScheduleTimer(ended_at + options_.idempotency_window, TimerTask::Kind::kPurge, e);
+          std::move(done)(absl::OkStatus());
+        });
+  }
+
+  void Fire(TimerTask t) {
+    const EntryPtr& e = t.entry;
+    switch (t.kind) {
+      case TimerTask::Kind::kExpire:
+        return EndClaim(e, ClaimState::kExpired, [](absl::Status) {});
+      case TimerTask::Kind::kPurge: {
+        // After the idempotency window an ended claim leaves the table and the store.
+        if (!claims_.Erase(e)) return;
+        store::WriteBatch batch;
+        {
+          absl::MutexLock lock(&e->mu);
+          batch.DeleteClaim(e->record.owner, e->record.id);
+        }
+        store_->Commit(std::move(batch), [e](absl::Status s) {
+          if (!s.ok()) spdlog::warn("purge of claim \"{}\" failed: {}", e->key, s.ToString());
+        });
+        return;
+      }
+      case TimerTask::Kind::kWaitDeadline: {
+        WaiterPtr waiter;
+        absl::Duration waited;
+        {
+          absl::MutexLock lock(&e->mu);
+          waiter = e->waiter;
+          waited = clock_->Now() - e->record.created;
+        }
+        if (waiter == nullptr || !e->pool->CancelWaiter(waiter)) return;  // served meanwhile
+        return FailEntry(e, absl::DeadlineExceededError(absl::StrCat(
+                                "no sandbox of pool \"", e->pool->name(), "\" became ready within ",
+                                absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))))));
+      }
+      case TimerTask::Kind::kColdDeadline: {
+        absl::Duration waited;
+        {
+          absl::MutexLock lock(&e->mu);
+          waited = clock_->Now() - e->record.created;
+        }
+        return FailEntry(
+            e, absl::DeadlineExceededError(absl::StrCat(
+                   "cold start of a sandbox of pool \"", e->pool->name(), "\" took longer than ",
+                   absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))))));
+      }
+    }
+  }
+
+  TimerHandle ScheduleTimer(absl::Time when, TimerTask::Kind kind, EntryPtr e) {
+    const bool earliest = options_.timer_thread && when < timers_.NextDeadline();
+    TimerHandle h = timers_.Schedule(when, TimerTask{kind, std::move(e)});
+    if (earliest) {
+      absl::MutexLock lock(&timer_mu_);
+      timer_wake_ = true;
+    }
+    return h;
+  }
+
+  void TimerLoop() {
+    absl::MutexLock lock(&timer_mu_);
+    while (!stopping_) {
+      timer_wake_ = false;
+      timer_mu_.Unlock();
+      Tick();
+      const absl::Time next = std::min(timers_.NextDeadline(), clock_->Now() + absl::Seconds(1));
+      timer_mu_.Lock();
+      if (!timer_wake_) clock_->AwaitUntil(timer_mu_, &timer_wake_, next);
+    }
+  }
+
+  const AllocatorOptions options_;
+  store::Store* const store_;
+  runtime::Runtime* const runtime_;
+  Reconciler* const reconciler_;
+  Clock* const clock_;
+  IdGenerator* const ids_;
+
+  ClaimTable claims_;
+  TimerQueue<TimerTask> timers_;
+
+  // Pools and templates: read on every claim (shared lock), written by admin calls.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Pool>> pools_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Pool>> retired_pools_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, store::TemplateRecord> templates_ ABSL_GUARDED_BY(mu_);
+
+  // Every live sandbox by id (for death reports); not touched on the warm claim path.
+  mutable absl::Mutex sandboxes_mu_;
+  absl::flat_hash_set<SandboxPtr, ByIdHash, ByIdEq> sandboxes_ ABSL_GUARDED_BY(sandboxes_mu_);
+
+  absl::Mutex timer_mu_;
+  bool timer_wake_ ABSL_GUARDED_BY(timer_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(timer_mu_) = false;
+  std::thread timer_thread_;
+
+  RecoveryStats recovery_;
+};
+
+void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
+  if (req.batch_id.empty()) req.batch_id = ids_->Next();
+  if (absl::Status s = ValidateKey("owner", req.owner); !s.ok()) return std::move(done)(s);
+  if (absl::Status s = ValidateKey("batch id", req.batch_id); !s.ok()) return std::move(done)(s);
+  if (req.batch_id.size() > 120) {
+    return std::move(done)(absl::InvalidArgumentError(absl::StrCat(
+        "batch id \"", req.batch_id.substr(0, 40), "...\" is longer than 120 characters")));
+  }
+  if (req.count < 1 || req.count > options_.max_batch) {
+    return std::move(done)(absl::InvalidArgumentError(
+        absl::StrCat("batch count ", req.count, " is outside 1..", options_.max_batch)));
+  }
+  absl::StatusOr<Pool*> pool_or = FindPool(req.pool);
+  if (!pool_or.ok()) return std::move(done)(pool_or.status());
+  Pool* pool = *pool_or;
+  const store::PoolRecord settings = pool->settings();
+  absl::StatusOr<absl::Duration> ttl = EffectiveTtl(settings, req.ttl);
+  if (!ttl.ok()) return std::move(done)(ttl.status());
+
+  auto id_of = [&](int i) { return absl::StrCat(req.batch_id, "#", i); };
+  // A retried batch: answer from the claims it made.
+  if (EntryPtr first = claims_.Find(ClaimKey(req.owner, id_of(0)))) {
+    std::vector<ClaimResult> results;
+    for (int i = 0;; ++i) {
+      EntryPtr e = i == 0 ? first : claims_.Find(ClaimKey(req.owner, id_of(i)));
+      if (e == nullptr) break;
+      absl::MutexLock lock(&e->mu);
+      if (e->pool != pool) {
+        return std::move(done)(absl::AlreadyExistsError(
+            absl::StrCat("batch id \"", req.batch_id, "\" already names a batch on pool \"",
+                         e->record.pool, "\"")));
+      }
+      if (e->phase == ClaimEntry::Phase::kCommitting) {
+        return std::move(done)(absl::AbortedError(
+            absl::StrCat("batch \"", req.batch_id, "\" is still being granted; retry")));
+      }
+      results.push_back(ClaimResult{RecordLocked(*e), true});
+    }
+    return std::move(done)(std::move(results));
+  }
+
+  std::vector<SandboxPtr> taken;
+  taken.reserve(req.count);
+  while (static_cast<int>(taken.size()) < req.count) {
+    SandboxPtr sb = pool->TryTake();
+    if (sb == nullptr) break;
+    taken.push_back(std::move(sb));
+  }
+  const bool short_all =
+      req.mode == BatchMode::kAllOrNothing && static_cast<int>(taken.size()) < req.count;
+  if (short_all || taken.empty()) {
+    const size_t had = taken.size();
+    for (SandboxPtr& sb : taken) {
+      sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
+      pool->AddWarm(std::move(sb));
+    }
+    reconciler_->PoolBelowTarget(pool->name());
+    return std::move(done)(absl::ResourceExhaustedError(absl::StrCat(
+        "pool \"", pool->name(), "\" had ", had, " warm sandboxes; the batch asked for ", req.count,
+        "; retry after about 1s")));
+  }
+
+  const absl::Time now = clock_->Now();
+  store::WriteBatch batch;
+  std::vector<EntryPtr> entries;
+  entries.reserve(taken.size());
+  for (size_t i = 0; i < taken.size(); ++i) {
+    const std::string id = id_of(static_cast<int>(i));
+    auto e = std::make_shared<ClaimEntry>(ClaimKey(req.owner, id), pool);
+    {
+      absl::MutexLock lock(&e->mu);
+      ClaimRecord& r = e->record;
+      r.id = id;
+      r.owner = req.owner;
+      r.pool = req.pool;
+      r.labels = req.labels;
+      r.created = now;
+      r.expires = *ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : now + *ttl;
+      r.launch_type = LaunchType::kWarm;
+      e->assigned = true;
+      e->sandbox = taken[i];
+      batch.Put(RecordLocked(*e));
+    }
+    {
+      absl::MutexLock lock(&taken[i]->mu);
+      taken[i]->claim = e;
+    }
+    claims_.Insert(e);
+    entries.push_back(std::move(e));
+  }
+  if (pool->warm() < pool->min_warm()) reconciler_->PoolBelowTarget(pool->name());
+  store_->Commit(std::move(batch), [this, pool, entries = std::move(entries),
+                                    done = std::move(done)](absl::Status s) mutable {
+    if (!s.ok()) {
+      for (EntryPtr& e : entries) {
+        SandboxPtr sb;
+        {
+          absl::MutexLock lock(&e->mu);
+          sb = std::move(e->sandbox);
+          e->assigned = false;
+        }
+        FailEntry(e, s);
+        sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
+        pool->AddWarm(std::move(sb));
+      }
+      return std::move(done)(s);
+    }
+    std::vector<ClaimResult> results;
+    results.reserve(entries.size());
+    pool->AddClaimed(static_cast<int64_t>(entries.size()));
+    for (EntryPtr& e : entries) {
+      {
+        absl::MutexLock lock(&e->mu);
+        results.push_back(ClaimResult{RecordLocked(*e), false});
+      }
+      Activate(e);
+    }
+    std::move(done)(std::move(results));
+  });
+}
+
+void AllocatorImpl::Renew(const std::string& owner, const std::string& claim_id, absl::Duration ttl,
+                          ClaimCallback done) {
+  EntryPtr e = claims_.Find(ClaimKey(owner, claim_id));
+  if (e == nullptr) return std::move(done)(NotFound(claim_id));
+  if (ttl <= absl::ZeroDuration()) {
+    return std::move(done)(absl::InvalidArgumentError(
+        absl::StrCat("renew ttl ", absl::FormatDuration(ttl), " must be positive")));
+  }
+  const store::PoolRecord settings = e->pool->settings();
+  if (settings.max_ttl > absl::ZeroDuration() && ttl > settings.max_ttl) ttl = settings.max_ttl;
+  const absl::Time expires = clock_->Now() + ttl;
+  store::WriteBatch batch;
+  {
+    absl::MutexLock lock(&e->mu);
+    switch (e->phase) {
+      case ClaimEntry::Phase::kActive:
+        break;
+      case ClaimEntry::Phase::kCommitting:
+      case ClaimEntry::Phase::kUpdating:
+        return std::move(done)(absl::AbortedError(
+            absl::StrCat("claim \"", claim_id, "\" is busy (being granted or renewed); retry")));
+      case ClaimEntry::Phase::kEnding:
+      case ClaimEntry::Phase::kEnded:
+        return std::move(done)(absl::FailedPreconditionError(
+            absl::StrCat("claim \"", claim_id, "\" ", EndedVerb(e->record.state))));
+    }
+    // kUpdating keeps a release or expiry from writing between this record and its commit.
+    e->phase = ClaimEntry::Phase::kUpdating;
+    timers_.Cancel(e->expiry);
+    ClaimRecord renewed = RecordLocked(*e);
+    renewed.expires = expires;
+    batch.Put(std::move(renewed));
+  }
+  store_->Commit(std::move(batch),
+                 [this, e, expires, done = std::move(done)](absl::Status s) mutable {
+                   absl::StatusOr<ClaimResult> result;
+                   {
+                     absl::MutexLock lock(&e->mu);
+                     if (s.ok()) e->record.expires = expires;
+                     e->phase = ClaimEntry::Phase::kActive;
+                     ArmExpiryLocked(e);
+                     if (s.ok()) {
+                       result = ClaimResult{RecordLocked(*e), false};
+                     } else {
+                       result = s;
+                     }
+                   }
+                   std::move(done)(std::move(result));
+                 });
+}
+
+absl::Status AllocatorImpl::Recover() {
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(store::Contents contents, store_->LoadAll());
+  recovery_.templates = contents.templates.size();
+  recovery_.pools = contents.pools.size();
+  absl::flat_hash_map<std::string, Pool*> pools;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& t : contents.templates) {
+      std::string name = t.name;
+      templates_.emplace(std::move(name), std::move(t));
+    }
+    for (const auto& p : contents.pools) pools[p.name] = AddPoolLocked(p);
+  }
+  auto pool_of = [&](const std::string& name) -> Pool* {
+    auto it = pools.find(name);
+    return it == pools.end() ? nullptr : it->second;
+  };
+
+  // First pass, on views into `contents`: which sandbox each active claim holds. A sandbox
+  // held twice means the store is inconsistent; refuse it rather than guess.
+  absl::flat_hash_map<absl::string_view, size_t> bound;  // sandbox id -> claim index
+  bound.reserve(contents.claims.size());
+  for (size_t i = 0; i < contents.claims.size(); ++i) {
+    const ClaimRecord& c = contents.claims[i];
+    if (c.state != ClaimState::kActive) continue;
+    auto [it, fresh] = bound.try_emplace(c.sandbox_id, i);
+    if (!fresh) {
+      const ClaimRecord& other = contents.claims[it->second];
+      return absl::DataLossError(absl::StrCat(
+          "store holds sandbox \"", c.sandbox_id, "\" bound to two active claims, \"",
+          ClaimKey(other.owner, other.id), "\" and \"", ClaimKey(c.owner, c.id), "\""));
+    }
+    if (pool_of(c.pool) == nullptr) {
+      return absl::DataLossError(absl::StrCat("store holds active claim \"",
+                                              ClaimKey(c.owner, c.id), "\" of pool \"", c.pool,
+                                              "\", which does not exist"));
+    }
+  }
+  // Sandbox records by id, for the claims that hold them.
+  absl::flat_hash_map<absl::string_view, const store::SandboxRecord*> records;
+  records.reserve(contents.sandboxes.size());
+  for (const auto& sb : contents.sandboxes) records.emplace(sb.id, &sb);
+
+  claims_.Reserve(contents.claims.size());
+  {
+    absl::MutexLock lock(&sandboxes_mu_);
+    sandboxes_.reserve(contents.sandboxes.size() + bound.size());
+  }
+  // Sandboxes held by no active claim are warm again (the reconciler then checks with
+  // the runtime that they still exist). Done before the claims below are moved out of
+  // `contents`, since `bound` and `records` look into them.
+  for (const store::SandboxRecord& rec : contents.sandboxes) {
+    if (bound.contains(rec.id)) continue;
+    Pool* pool = pool_of(rec.pool);
+    if (pool == nullptr) {
+      ++recovery_.dropped_sandboxes;
+      reconciler_->RetireSandbox(rec);
+      continue;
+    }
+    auto sb =
+        std::make_shared<Sandbox>(std::move(rec.id), std::move(rec.endpoint), std::move(rec.node),
+                                  pool, rec.created, SandboxState::kWarm);
+    {
+      absl::MutexLock lock(&sandboxes_mu_);
+      sandboxes_.insert(sb);
+    }
+    pool->AddWarm(std::move(sb));
+  }
+  const absl::Time now = clock_->Now();
+  for (ClaimRecord& c : contents.claims) {
+    Pool* pool = pool_of(c.pool);
+    auto e = std::make_shared<ClaimEntry>(ClaimKey(c.owner, c.id), pool);
+    if (c.state != ClaimState::kActive) {
+      const absl::Time purge_at = c.ended + options_.idempotency_window;
+      {
+        absl::MutexLock lock(&e->mu);
+        e->phase = ClaimEntry::Phase::kEnded;
+        e->record = std::move(c);
+      }
+      claims_.Insert(e);
+      ScheduleTimer(std::max(purge_at, now), TimerTask::Kind::kPurge, std::move(e));
+      ++recovery_.ended_claims;
+      continue;
+    }
+    auto rec = records.find(c.sandbox_id);
+    const store::SandboxRecord* r = rec == records.end() ? nullptr : rec->second;
+    auto sb = std::make_shared<Sandbox>(
+        std::move(c.sandbox_id), r != nullptr ? r->endpoint : std::move(c.endpoint),
+        r != nullptr ? r->node : std::string(), pool, r != nullptr ? r->created : c.created,
+        SandboxState::kClaimed);
+    c.sandbox_id = std::string();
+    c.endpoint = std::string();
+    {
+      absl::MutexLock lock(&sb->mu);
+      sb->claim = e;
+    }
+    {
+      absl::MutexLock lock(&sandboxes_mu_);
+      sandboxes_.insert(sb);
+    }
+    {
+      absl::MutexLock lock(&e->mu);
+      e->phase = ClaimEntry::Phase::kActive;
+      e->assigned = true;
+      e->sandbox = std::move(sb);
+      e->record = std::move(c);
+      ArmExpiryLocked(e);
+    }
+    pool->AddClaimed(1);
+    claims_.Insert(std::move(e));
+    ++recovery_.active_claims;
+  }
+  recovery_.sandboxes = contents.sandboxes.size();
+  recovery_.took = absl::Now() - start;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(AllocatorOptions options,
+                                                             store::Store* store,
+                                                             runtime::Runtime* runtime,
+                                                             Reconciler* reconciler, Clock* clock,
+                                                             IdGenerator* ids) {
+  RETURN_IF_ERROR(options.Validate());
+  // Debian builds abseil without NDEBUG, which turns on absl::Mutex deadlock detection:
+  // a process-wide graph of every mutex ever locked. With one mutex per claim and per
+  // sandbox that graph grows with every claim and makes locking O(mutexes). sbx's lock
+  // order is checked at compile time by -Wthread-safety instead.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (store == nullptr || reconciler == nullptr || clock == nullptr || ids == nullptr) {
+    return absl::InvalidArgumentError("allocator needs a store, a reconciler, a clock and ids");
+  }
+  auto a =
+      std::make_unique<AllocatorImpl>(std::move(options), store, runtime, reconciler, clock, ids);
+  RETURN_IF_ERROR(a->Recover());
+  a->StartTimerThread();
+  return std::unique_ptr<Allocator>(std::move(a));
+}
+
+absl::Status AllocatorOptions::Validate() const {
+  if (claim_shards < 1 || (claim_shards & (claim_shards - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("claim_shards ", claim_shards, " is not a power of two"));
+  }
+  if (idempotency_window < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("idempotency_window is negative");
+  }
+  if (max_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_batch ", max_batch, " is below 1"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sbx::allocator

@@ -1,0 +1,190 @@
+#pragma once
+// sbx::allocator: warm pools held in memory, claims answered from them, every claim made
+// durable in a Store before it is acknowledged.
+//
+// A claim takes a warm sandbox from its pool's lock-free ready set (one CAS decides it),
+// writes the claim record through the store's group commit, and completes its callback
+// when the record is durable. Claims are idempotent by (owner, claim id). An empty pool
+// follows the claim's policy: WAIT (FIFO, with a deadline), COLD (Runtime::Create now) or
+// FAIL (RESOURCE_EXHAUSTED with a retry hint). Expired claims are released by timers.
+//
+// Thread-safety: every public method may be called from any thread concurrently. No
+// method blocks on I/O: results arrive through callbacks, which run on the store's
+// committer thread, the runtime's thread, the timer thread or the caller's thread, and
+// must not block.
+// Lifetime: Store, Runtime, Reconciler and Clock passed to Create must outlive the
+// Allocator. Destroying it stops the timer thread; claims still waiting get CANCELLED.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/allocator/reconciler.h"
+#include "src/allocator/sandbox.h"
+#include "src/common/clock.h"
+#include "src/common/ids.h"
+#include "src/runtime/runtime.h"
+#include "src/store/records.h"
+#include "src/store/store.h"
+
+namespace sbx::allocator {
+
+struct AllocatorOptions {
+  // Ended (released, expired, lost) claims are kept this long so that a retried claim
+  // with the same id gets a precise answer instead of a second sandbox; then deleted.
+  absl::Duration idempotency_window = absl::Minutes(10);
+  // Number of shards of the claim table (a power of two).
+  int claim_shards = 64;
+  // Run a thread that fires timers (expiry, deadlines). Tests with a FakeClock turn it
+  // off and call Allocator::Tick() instead.
+  bool timer_thread = true;
+  // Largest ClaimBatch.
+  int max_batch = 1000;
+
+  // Test hooks (sync points). Nullptr in production.
+  // Runs after a claim pops a candidate sandbox and before its Warm→Claimed CAS.
+  std::function<void(const SandboxPtr&)> after_pop;
+
+  absl::Status Validate() const;
+};
+
+struct ClaimRequest {
+  // Tenant; claims are keyed by (owner, claim_id).
+  std::string owner;
+  // Idempotency key; generated when empty. [A-Za-z0-9._:-]{1,128}.
+  std::string claim_id;
+  std::string pool;
+  // Empty-pool policy; the pool's default when unset.
+  std::optional<store::EmptyPoolPolicy> policy;
+  // How long WAIT/COLD may wait; the pool's default_wait when zero.
+  absl::Duration wait = absl::ZeroDuration();
+  // Claim lifetime; the pool's default_ttl when zero (and that zero: no expiry).
+  absl::Duration ttl = absl::ZeroDuration();
+  std::map<std::string, std::string> labels;
+};
+
+// The result of a claim: its record, and whether it was a retry answered from the table.
+struct ClaimResult {
+  store::ClaimRecord claim;
+  bool replayed = false;
+};
+using ClaimCallback = absl::AnyInvocable<void(absl::StatusOr<ClaimResult>) &&>;
+
+enum class BatchMode : uint8_t { kAllOrNothing, kBestEffort };
+
+struct BatchRequest {
+  std::string owner;
+  // Idempotency key of the batch; its claims get ids "<batch_id>#<index>".
+  std::string batch_id;
+  std::string pool;
+  int count = 1;
+  BatchMode mode = BatchMode::kAllOrNothing;
+  absl::Duration ttl = absl::ZeroDuration();
+  std::map<std::string, std::string> labels;
+};
+using BatchCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<ClaimResult>>) &&>;
+using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+struct PoolStatus {
+  std::string name;
+  int64_t warm = 0;
+  int64_t claimed = 0;
+  int64_t waiting = 0;
+  int64_t target = 0;
+  int32_t min_warm = 0;
+  int32_t max_warm = 0;
+};
+
+struct ClaimFilter {
+  std::string owner;  // required: a tenant lists only its own claims
+  std::string pool;   // empty: all pools
+  // Every pair must match the claim's labels.
+  std::map<std::string, std::string> labels;
+  bool include_ended = false;
+  // Page: claims are ordered by id; start after this id ("" = from the start).
+  std::string after;
+  int limit = 100;
+};
+
+struct RecoveryStats {
+  size_t templates = 0, pools = 0, sandboxes = 0, active_claims = 0, ended_claims = 0;
+  size_t dropped_sandboxes = 0;  // sandbox records of pools that no longer exist
+  absl::Duration took;
+};
+
+class Allocator {
+ public:
+  // Loads everything from `store` and rebuilds pools, warm sandboxes and claims. Turns off
+  // abseil's debug deadlock detection for the process (see allocator.cc for why).
+  // Errors: the store's (DATA_LOSS for undecodable records), DATA_LOSS when the stored
+  // state is inconsistent (a sandbox bound to two active claims), INVALID_ARGUMENT for
+  // bad options.
+  static absl::StatusOr<std::unique_ptr<Allocator>> Create(AllocatorOptions options,
+                                                           store::Store* store,
+                                                           runtime::Runtime* runtime,
+                                                           Reconciler* reconciler, Clock* clock,
+                                                           IdGenerator* ids);
+
+  virtual ~Allocator() = default;
+
+  virtual const RecoveryStats& recovery() const = 0;
+
+  // --- Admin (durable before the callback) ---
+  // Creates or replaces. INVALID_ARGUMENT for a bad name or runtime; NOT_FOUND when a
+  // pool names a template that does not exist.
+  virtual void PutTemplate(store::TemplateRecord t, StatusCallback done) = 0;
+  virtual absl::StatusOr<store::TemplateRecord> GetTemplate(const std::string& name) const = 0;
+  virtual std::vector<store::TemplateRecord> ListTemplates() const = 0;
+  // FAILED_PRECONDITION while a pool uses the template.
+  virtual void DeleteTemplate(const std::string& name, StatusCallback done) = 0;
+  virtual void PutPool(store::PoolRecord p, StatusCallback done) = 0;
+  virtual absl::StatusOr<PoolStatus> GetPoolStatus(const std::string& pool) const = 0;
+  virtual absl::StatusOr<store::PoolRecord> GetPool(const std::string& pool) const = 0;
+  virtual std::vector<store::PoolRecord> ListPools() const = 0;
+  // FAILED_PRECONDITION while claims are active on the pool; retires its warm sandboxes.
+  virtual void DeletePool(const std::string& name, StatusCallback done) = 0;
+
+  // --- Runtime side ---
+  // A new sandbox is ready: it becomes warm in its pool (or goes straight to the oldest
+  // waiting claim). NOT_FOUND when the pool does not exist (the sandbox is retired).
+  virtual absl::Status AddSandbox(const runtime::SandboxInfo& sandbox) = 0;
+  // Sandbox `id` no longer exists. A warm one is skipped from now on; a claimed one
+  // makes its claim LOST. NOT_FOUND for an unknown id.
+  virtual absl::Status SandboxGone(const std::string& id) = 0;
+
+  // --- Claims ---
+  // Completes `done` once the claim is durable (or failed). Errors: INVALID_ARGUMENT,
+  // NOT_FOUND (pool), RESOURCE_EXHAUSTED (FAIL policy, empty pool; message has a retry
+  // hint), DEADLINE_EXCEEDED (WAIT/COLD deadline passed; nothing is left behind),
+  // ALREADY_EXISTS (the id names a claim on another pool), FAILED_PRECONDITION (the id
+  // names a claim that has ended), the store's error (the sandbox returns to the pool).
+  virtual void Claim(ClaimRequest request, ClaimCallback done) = 0;
+  // N claims in one durable write. kAllOrNothing: RESOURCE_EXHAUSTED unless all N are
+  // warm now. kBestEffort: as many as are warm (RESOURCE_EXHAUSTED if none).
+  virtual void ClaimBatch(BatchRequest request, BatchCallback done) = 0;
+  // Ends the claim; its sandbox is retired (deleted, never reused) and the pool refilled.
+  // NOT_FOUND (unknown to this owner), FAILED_PRECONDITION (already ended), ABORTED (its
+  // claim is still being committed).
+  virtual void Release(const std::string& owner, const std::string& claim_id,
+                       StatusCallback done) = 0;
+  // Sets expiry to now + ttl (capped by the pool's max_ttl). Same errors as Release.
+  virtual void Renew(const std::string& owner, const std::string& claim_id, absl::Duration ttl,
+                     ClaimCallback done) = 0;
+  virtual absl::StatusOr<store::ClaimRecord> GetClaim(const std::string& owner,
+                                                      const std::string& claim_id) const = 0;
+  virtual std::vector<store::ClaimRecord> ListClaims(const ClaimFilter& filter) const = 0;
+
+  // Fires due timers now (expiry, deadlines, purges). Returns how many ran. The timer
+  // thread calls this; tests with a FakeClock call it directly.
+  virtual int Tick() = 0;
+};
+
+}  // namespace sbx::allocator

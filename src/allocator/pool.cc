@@ -1,0 +1,124 @@
+#include "src/allocator/pool.h"
+
+#include <algorithm>
+
+namespace sbx::allocator {
+
+Pool::Pool(store::PoolRecord settings, std::unique_ptr<SelectionPolicy> ready,
+           Hook before_unlocked_push)
+    : name_(settings.name),
+      ready_(std::move(ready)),
+      before_unlocked_push_(std::move(before_unlocked_push)),
+      min_warm_(settings.min_warm),
+      settings_(std::move(settings)) {}
+
+store::PoolRecord Pool::settings() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return settings_;
+}
+
+void Pool::set_settings(store::PoolRecord settings) {
+  absl::MutexLock lock(&mu_);
+  min_warm_.store(settings.min_warm, std::memory_order_relaxed);
+  settings_ = std::move(settings);
+}
+
+SandboxPtr Pool::PopWarm(const std::function<void(const SandboxPtr&)>* after_pop) {
+  while (SandboxPtr candidate = ready_->Pop()) {
+    if (after_pop != nullptr && *after_pop) (*after_pop)(candidate);
+    if (candidate->Transition(SandboxState::kWarm, SandboxState::kClaimed)) {
+      warm_.fetch_sub(1, std::memory_order_relaxed);
+      return candidate;
+    }
+    // Not warm any more (died while queued): its death already left warm_; drop it.
+  }
+  return nullptr;
+}
+
+SandboxPtr Pool::TryTake(const std::function<void(const SandboxPtr&)>* after_pop) {
+  return PopWarm(after_pop);
+}
+
+void Pool::AddWarm(SandboxPtr sandbox) {
+  if (waiting_.load(std::memory_order_seq_cst) == 0) {
+    if (before_unlocked_push_) before_unlocked_push_();
+    warm_.fetch_add(1, std::memory_order_relaxed);
+    ready_->Push(std::move(sandbox));
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (waiting_.load(std::memory_order_seq_cst) == 0) return;
+    // A claim began to wait meanwhile and may have missed the sandbox just pushed.
+    return MatchWaiters();
+  }
+  WaiterPtr waiter;
+  {
+    absl::MutexLock lock(&mu_);
+    if (waiters_.empty()) {
+      warm_.fetch_add(1, std::memory_order_relaxed);
+      ready_->Push(std::move(sandbox));
+      return;
+    }
+    if (!sandbox->Transition(SandboxState::kWarm, SandboxState::kClaimed)) return;  // died
+    waiter = std::move(waiters_.front());
+    waiters_.pop_front();
+    waiting_.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  std::move(waiter->deliver)(std::move(sandbox));
+}
+
+void Pool::MatchWaiters() {
+  while (true) {
+    WaiterPtr waiter;
+    SandboxPtr sandbox;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiters_.empty()) return;
+      sandbox = PopWarm(nullptr);
+      if (sandbox == nullptr) return;
+      waiter = std::move(waiters_.front());
+      waiters_.pop_front();
+      waiting_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+    std::move(waiter->deliver)(std::move(sandbox));
+  }
+}
+
+SandboxPtr Pool::TakeOrEnqueue(WaiterPtr waiter) {
+  absl::MutexLock lock(&mu_);
+  waiting_.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (SandboxPtr s = PopWarm(nullptr)) {
+    waiting_.fetch_sub(1, std::memory_order_seq_cst);
+    return s;
+  }
+  waiters_.push_back(std::move(waiter));
+  return nullptr;
+}
+
+bool Pool::CancelWaiter(const WaiterPtr& waiter) {
+  absl::MutexLock lock(&mu_);
+  auto it = std::find(waiters_.begin(), waiters_.end(), waiter);
+  if (it == waiters_.end()) return false;
+  waiters_.erase(it);
+  waiting_.fetch_sub(1, std::memory_order_seq_cst);
+  return true;
+}
+
+bool Pool::MarkDeadIfWarm(const SandboxPtr& sandbox) {
+  if (!sandbox->Transition(SandboxState::kWarm, SandboxState::kDead)) return false;
+  warm_.fetch_sub(1, std::memory_order_relaxed);
+  return true;
+}
+
+int64_t Pool::waiting() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return static_cast<int64_t>(waiters_.size());
+}
+
+int64_t Pool::Target() const {
+  absl::ReaderMutexLock lock(&mu_);
+  const int64_t want = settings_.min_warm + static_cast<int64_t>(waiters_.size());
+  return std::clamp<int64_t>(want, settings_.min_warm,
+                             std::max(settings_.max_warm, settings_.min_warm));
+}
+
+}  // namespace sbx::allocator

@@ -1,0 +1,71 @@
+#pragma once
+// A sandbox as the allocator tracks it: identity, where to reach it, and one atomic state
+// word whose Warm→Claimed transition happens exactly once.
+//
+// Thread-safety: the immutable fields are set before the object is shared; `state` is
+// changed only by compare-and-swap, `gone` is atomic and `claim` is guarded by `mu`.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace sbx::allocator {
+
+class Pool;
+struct ClaimEntry;  // defined in allocator.cc
+
+enum class SandboxState : uint8_t {
+  kWarm = 0,     // in its pool's ready set, free to claim
+  kClaimed = 1,  // held by exactly one claim (or being committed for one)
+  kDead = 2,     // died or was deleted while warm; skipped by claims, never handed out
+  kRetired = 3,  // its claim ended; going to deletion, never reused
+};
+
+const char* SandboxStateName(SandboxState s);
+
+struct Sandbox {
+  Sandbox(std::string id_in, std::string endpoint_in, std::string node_in, Pool* pool_in,
+          absl::Time created_in, SandboxState initial)
+      : id(std::move(id_in)),
+        endpoint(std::move(endpoint_in)),
+        node(std::move(node_in)),
+        pool(pool_in),
+        created(created_in),
+        state(initial) {}
+
+  // Moves the state from `from` to `to` if and only if it is `from`. Returns whether this
+  // call made the transition. acq_rel: a winner sees everything the previous owner wrote
+  // before its own transition, and publishes its writes to the next one.
+  bool Transition(SandboxState from, SandboxState to) {
+    return state.compare_exchange_strong(from, to, std::memory_order_acq_rel,
+                                         std::memory_order_acquire);
+  }
+  SandboxState Load() const { return state.load(std::memory_order_acquire); }
+
+  const std::string id;
+  const std::string endpoint;
+  const std::string node;
+  // The owning pool; pools are never freed while the allocator lives (see Allocator).
+  Pool* const pool;
+  const absl::Time created;
+  // The state word. Atomic because claims, death reports and releases race on it from
+  // different threads without a lock; see Transition for the memory order.
+  std::atomic<SandboxState> state;
+  // Set when the runtime reports the sandbox gone. Atomic because the report races with
+  // the commit of a claim on it; seq_cst pairs the store here with the load in the claim's
+  // activation (see Allocator's SandboxGone).
+  std::atomic<bool> gone{false};
+
+  // The claim holding it (empty while warm), for death reports.
+  absl::Mutex mu;
+  std::weak_ptr<ClaimEntry> claim ABSL_GUARDED_BY(mu);
+};
+
+using SandboxPtr = std::shared_ptr<Sandbox>;
+
+}  // namespace sbx::allocator

@@ -1,0 +1,100 @@
+#pragma once
+// The records sbx keeps durable: templates, pools, sandboxes and claims. Plain structs;
+// their on-disk encoding is the implementation's business (see rocksdb_store.cc).
+//
+// The store is the truth for ownership (which claim holds which sandbox) and for pool
+// and template definitions; the runtime is the truth for which sandboxes exist.
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace sbx::store {
+
+// What a claim does when its pool has no warm sandbox.
+enum class EmptyPoolPolicy : uint8_t {
+  kWait = 1,  // queue FIFO until a sandbox is ready or the claim's deadline passes
+  kCold = 2,  // ask the runtime to create one now and wait for it
+  kFail = 3,  // RESOURCE_EXHAUSTED at once, with a retry hint
+};
+
+enum class LaunchType : uint8_t {
+  kWarm = 1,  // taken from the pool's ready set
+  kCold = 2,  // created for this claim
+};
+
+enum class ClaimState : uint8_t {
+  kActive = 1,    // holds its sandbox
+  kReleased = 2,  // ended by Release; kept for the idempotency window, then deleted
+  kExpired = 3,   // ended because its TTL passed; kept like kReleased
+  kLost = 4,      // its sandbox disappeared (runtime said so, or it was gone after restart)
+};
+
+struct TemplateRecord {
+  std::string name;
+  // Which runtime runs it: "local" or "kubernetes".
+  std::string runtime;
+  // Runtime-specific specification, serialized by the server; opaque to store and allocator.
+  std::string spec;
+  // Bumped by every update of the template.
+  uint64_t generation = 0;
+};
+
+struct PoolRecord {
+  std::string name;
+  std::string template_name;
+  // Floor and ceiling of warm sandboxes; the scheduler's target stays between them.
+  int32_t min_warm = 0;
+  int32_t max_warm = 0;
+  EmptyPoolPolicy empty_pool_policy = EmptyPoolPolicy::kWait;
+  // Default for claims that give no deadline of their own (kWait and kCold).
+  absl::Duration default_wait = absl::Seconds(30);
+  // Claim TTL when the claim gives none; ZeroDuration() means claims never expire.
+  absl::Duration default_ttl = absl::ZeroDuration();
+  // Upper bound on a claim's TTL (ZeroDuration(): no bound).
+  absl::Duration max_ttl = absl::ZeroDuration();
+  // Name of the selection policy ("fifo").
+  std::string selection_policy = "fifo";
+  uint64_t generation = 0;
+};
+
+struct SandboxRecord {
+  std::string id;
+  std::string pool;
+  // How the server reaches the sandbox: a unix socket path, or "ip:port" of a pod.
+  std::string endpoint;
+  // Where it runs (node name on Kubernetes; empty for the local runtime).
+  std::string node;
+  absl::Time created = absl::UnixEpoch();
+};
+
+// The store key of a claim. Claim ids are scoped by their owner (tenant): two tenants may
+// use the same idempotency key. Owners contain no '/' (see ValidateKey).
+inline std::string ClaimKey(absl::string_view owner, absl::string_view id) {
+  return absl::StrCat(owner, "/", id);
+}
+
+struct ClaimRecord {
+  // The client's idempotency key, or a generated id; unique per owner.
+  std::string id;
+  // Tenant that owns the claim.
+  std::string owner;
+  std::string pool;
+  std::string sandbox_id;
+  // Copied from the sandbox so that a claim can be answered without the sandbox record.
+  std::string endpoint;
+  std::map<std::string, std::string> labels;
+  LaunchType launch_type = LaunchType::kWarm;
+  ClaimState state = ClaimState::kActive;
+  absl::Time created = absl::UnixEpoch();
+  // InfiniteFuture() when the claim has no TTL.
+  absl::Time expires = absl::InfiniteFuture();
+  // When the claim left kActive; UnixEpoch() while active.
+  absl::Time ended = absl::UnixEpoch();
+};
+
+}  // namespace sbx::store

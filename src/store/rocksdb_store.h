@@ -1,0 +1,91 @@
+#pragma once
+// The production Store: records in an embedded RocksDB database, written by group commit.
+//
+// One committer thread gathers the batches of all concurrent Commit() calls into one
+// RocksDB write (one WriteBatch, so the group is atomic) followed by one fsync, then runs
+// the group's callbacks on that thread, in submission order. A failed write fails every
+// callback of its group and applies none of its batches; RocksDB may then refuse further
+// writes until the store is reopened, so later commits fail with that error too. After
+// Close(), Commit runs its callback at once on the caller's thread, with
+// FAILED_PRECONDITION.
+//
+// The encoding is versioned (see records.proto). The server never starts on data it
+// cannot read: opening refuses a directory that is not an sbx store and a corrupt or
+// unreadable database, and LoadAll() refuses a record it cannot decode, each with a
+// message naming the path.
+//
+// This header names no RocksDB or protobuf type; link sbx::store_rocksdb and use the
+// returned sbx::store::Store.
+//
+// Thread-safety: as for every Store, all methods may be called from any thread.
+// Lifetime: the destructor calls Close(). Close() must not be called from a commit
+// callback (it returns FAILED_PRECONDITION there). Only one open store per path and process.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "src/store/store.h"
+
+namespace sbx::store {
+
+// When a commit's callback may report success.
+enum class Durability : uint8_t {
+  // After the group's write-ahead-log record is fsync'ed (fdatasync): survives power loss.
+  kSync,
+  // After the record is handed to the OS (no fsync): survives a crash of the process
+  // (kill -9) but not of the machine. Close() still syncs before returning.
+  kBuffered,
+};
+
+// "sync" or "buffered", for logs and flags.
+absl::string_view DurabilityName(Durability durability);
+// Parses DurabilityName's output; INVALID_ARGUMENT naming `name` otherwise.
+absl::StatusOr<Durability> ParseDurability(absl::string_view name);
+
+struct RocksDbStoreOptions {
+  // Directory of the database. Required. Created (with its parents) when missing; an
+  // existing directory must be empty (a "lost+found" entry is ignored, so the root of a
+  // fresh volume works) or hold an sbx store.
+  std::string path;
+
+  Durability durability = Durability::kSync;
+
+  // Limits on one group commit; a group closes when either is reached (a single larger
+  // batch still forms a group by itself). The bytes are the encoded keys and values.
+  // 4 MiB is about 30,000 claim records: large enough that a group is never split under
+  // load, small enough that a group's write+fsync stays in the low milliseconds.
+  size_t max_group_bytes = size_t{4} << 20;
+  size_t max_group_mutations = 32768;
+
+  // Size of one RocksDB memtable (and so, roughly, of the write-ahead log replayed after
+  // a crash). Modest on purpose: sbx's data set is small, and a short log keeps
+  // restart-after-kill fast.
+  size_t write_buffer_bytes = size_t{16} << 20;
+
+  // Open reads every table block once to check its checksum, so that damage inside a
+  // table file refuses the open (costs about 60 ms per million records when the files
+  // are in the page cache). When false, such damage is found by LoadAll instead.
+  bool verify_checksums_on_open = true;
+
+  // INVALID_ARGUMENT naming the first bad field.
+  absl::Status Validate() const;
+};
+
+// Opens (or creates, when `options.path` is missing or empty) the store at options.path
+// and starts its committer thread. Errors, each naming the path:
+//   INVALID_ARGUMENT     bad options;
+//   FAILED_PRECONDITION  the path is not a directory, or a non-empty directory that is not
+//                        a RocksDB database, or a RocksDB database that is not an sbx store;
+//   DATA_LOSS            the database is corrupt (CURRENT, MANIFEST, log or table files,
+//                        including table contents unless verify_checksums_on_open is off),
+//                        or it is an empty database without sbx's marker (which is what
+//                        a MANIFEST that lost its records recovers to);
+//   UNAVAILABLE          an I/O error, or the database is locked by another user.
+absl::StatusOr<std::unique_ptr<Store>> OpenRocksDbStore(const RocksDbStoreOptions& options);
+
+}  // namespace sbx::store

@@ -1,0 +1,96 @@
+#pragma once
+// sbx::store: durable state behind the allocator. `Store` is the interface the allocator
+// and the Kubernetes controllers use; RocksDbStore (rocksdb_store.h) is the production
+// implementation, MemoryStore (memory_store.h) the one for tests of other components.
+//
+// Thread-safety: every method of a Store may be called from any thread concurrently.
+// Lifetime: Close() (or destruction) waits for commits already accepted; after it, Commit
+// fails with FAILED_PRECONDITION.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "src/store/records.h"
+
+namespace sbx::store {
+
+// One durable change: a record to write, or a key to delete.
+struct Mutation {
+  enum class Kind : uint8_t { kTemplate, kPool, kSandbox, kClaim };
+  Kind kind;
+  // The record's name or id; for a claim, ClaimKey(owner, id).
+  std::string key;
+  // The record to put; std::monostate deletes `key`.
+  std::variant<std::monostate, TemplateRecord, PoolRecord, SandboxRecord, ClaimRecord> record;
+};
+
+// Mutations applied atomically: all of them or none.
+class WriteBatch {
+ public:
+  void Put(TemplateRecord r);
+  void Put(PoolRecord r);
+  void Put(SandboxRecord r);
+  void Put(ClaimRecord r);
+  void DeleteTemplate(std::string name);
+  void DeletePool(std::string name);
+  void DeleteSandbox(std::string id);
+  void DeleteClaim(absl::string_view owner, absl::string_view id);
+
+  bool empty() const { return mutations_.empty(); }
+  size_t size() const { return mutations_.size(); }
+  const std::vector<Mutation>& mutations() const { return mutations_; }
+  std::vector<Mutation>& mutations() { return mutations_; }
+
+ private:
+  std::vector<Mutation> mutations_;
+};
+
+// Everything the store holds, as loaded at start-up.
+struct Contents {
+  std::vector<TemplateRecord> templates;
+  std::vector<PoolRecord> pools;
+  std::vector<SandboxRecord> sandboxes;
+  std::vector<ClaimRecord> claims;
+};
+
+// Called exactly once per Commit, with OK when the batch is durable (per the store's
+// durability mode) or the error that kept it from being written.
+using CommitCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+struct StoreStats {
+  uint64_t commits = 0;        // Commit() calls completed
+  uint64_t write_batches = 0;  // physical writes (one per group commit)
+  uint64_t syncs = 0;          // fsyncs issued
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // Queues `batch` for the next group commit and returns at once. `done` runs when the
+  // batch is durable, on the store's committer thread (it must not block: hand long work
+  // elsewhere). Errors: FAILED_PRECONDITION after Close(), INTERNAL/UNAVAILABLE when the
+  // write fails (the batch is then not applied).
+  virtual void Commit(WriteBatch batch, CommitCallback done) = 0;
+
+  // Reads every record. Used once at start-up for recovery. Errors: DATA_LOSS for a record
+  // that cannot be decoded (naming its key), or the I/O error.
+  virtual absl::StatusOr<Contents> LoadAll() = 0;
+
+  // Waits for accepted commits, then stops accepting new ones. Idempotent.
+  virtual absl::Status Close() = 0;
+
+  virtual StoreStats Stats() const = 0;
+
+  // Blocking convenience around Commit for start-up and admin paths (never on a claim path).
+  absl::Status CommitAndWait(WriteBatch batch);
+};
+
+}  // namespace sbx::store

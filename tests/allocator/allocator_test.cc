@@ -1,0 +1,681 @@
+#include "src/allocator/allocator.h"
+
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/store/memory_store.h"
+#include "tests/allocator/fakes.h"
+
+namespace sbx::allocator {
+namespace {
+
+using store::ClaimState;
+using store::EmptyPoolPolicy;
+using store::LaunchType;
+using store::MemoryStore;
+using store::MemoryStoreOptions;
+using ::testing::HasSubstr;
+
+MemoryStoreOptions Inline() {
+  MemoryStoreOptions o;
+  o.callbacks = MemoryStoreOptions::CallbackMode::kInline;
+  return o;
+}
+
+// Holds the result of an asynchronous call.
+template <typename T>
+struct Result {
+  std::optional<T> value;
+  auto callback() {
+    return [this](T v) { value = std::move(v); };
+  }
+};
+
+class AllocatorTest : public ::testing::Test {
+ protected:
+  AllocatorTest() : store_(std::make_unique<MemoryStore>(Inline())) {}
+
+  void SetUp() override {
+    Start();
+    Put(Template("py"));
+    PutPoolRecord(PoolRec("py", 0, 10, EmptyPoolPolicy::kFail));
+  }
+
+  void Start() {
+    AllocatorOptions options;
+    options.timer_thread = false;
+    options.after_pop = [this](const SandboxPtr& s) {
+      if (after_pop_) after_pop_(s);
+    };
+    auto a = Allocator::Create(options, store_.get(), &runtime_, &reconciler_, &clock_, &ids_);
+    ASSERT_TRUE(a.ok()) << a.status();
+    allocator_ = std::move(*a);
+  }
+
+  static store::TemplateRecord Template(const std::string& name) {
+    store::TemplateRecord t;
+    t.name = name;
+    t.runtime = "local";
+    t.spec = "spec-bytes";
+    return t;
+  }
+  static store::PoolRecord PoolRec(const std::string& name, int min, int max,
+                                   EmptyPoolPolicy policy) {
+    store::PoolRecord p;
+    p.name = name;
+    p.template_name = "py";
+    p.min_warm = min;
+    p.max_warm = max;
+    p.empty_pool_policy = policy;
+    p.default_wait = absl::Seconds(5);
+    return p;
+  }
+  void Put(store::TemplateRecord t) {
+    Result<absl::Status> r;
+    allocator_->PutTemplate(std::move(t), r.callback());
+    ASSERT_TRUE(r.value.has_value());
+    ASSERT_TRUE(r.value->ok()) << *r.value;
+  }
+  void PutPoolRecord(store::PoolRecord p) {
+    Result<absl::Status> r;
+    allocator_->PutPool(std::move(p), r.callback());
+    ASSERT_TRUE(r.value.has_value());
+    ASSERT_TRUE(r.value->ok()) << *r.value;
+  }
+  void AddWarm(const std::string& id, const std::string& pool = "py") {
+    runtime::SandboxInfo info;
+    info.id = id;
+    info.pool = pool;
+    info.endpoint = "unix:/run/" + id;
+    ASSERT_TRUE(allocator_->AddSandbox(info).ok());
+  }
+  static ClaimRequest Req(const std::string& id, const std::string& owner = "alice") {
+    ClaimRequest r;
+    r.owner = owner;
+    r.claim_id = id;
+    r.pool = "py";
+    return r;
+  }
+  absl::StatusOr<ClaimResult> ClaimNow(ClaimRequest r) {
+    Result<absl::StatusOr<ClaimResult>> out;
+    allocator_->Claim(std::move(r), out.callback());
+    EXPECT_TRUE(out.value.has_value()) << "claim did not complete synchronously";
+    if (!out.value.has_value()) return absl::InternalError("no result");
+    return *out.value;
+  }
+  absl::Status ReleaseNow(const std::string& id, const std::string& owner = "alice") {
+    Result<absl::Status> out;
+    allocator_->Release(owner, id, out.callback());
+    EXPECT_TRUE(out.value.has_value());
+    return out.value.value_or(absl::InternalError("no result"));
+  }
+  int64_t Warm() { return allocator_->GetPoolStatus("py")->warm; }
+  std::optional<store::ClaimRecord> StoredClaim(const std::string& key) {
+    for (auto& c : store_->Snapshot().claims) {
+      if (c.owner + "/" + c.id == key) return c;
+    }
+    return std::nullopt;
+  }
+  bool StoredSandbox(const std::string& id) {
+    for (auto& s : store_->Snapshot().sandboxes) {
+      if (s.id == id) return true;
+    }
+    return false;
+  }
+
+  FakeClock clock_;
+  SequentialIdGenerator ids_{"gen-"};
+  std::unique_ptr<MemoryStore> store_;
+  testing::ManualRuntime runtime_;
+  testing::RecordingReconciler reconciler_;
+  std::function<void(const SandboxPtr&)> after_pop_;
+  std::unique_ptr<Allocator> allocator_;
+};
+
+TEST_F(AllocatorTest, ClaimTakesWarmSandboxAndIsDurable) {
+  AddWarm("s1");
+  auto r = ClaimNow(Req("c1"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->claim.sandbox_id, "s1");
+  EXPECT_EQ(r->claim.endpoint, "unix:/run/s1");
+  EXPECT_EQ(r->claim.launch_type, LaunchType::kWarm);
+  EXPECT_EQ(r->claim.state, ClaimState::kActive);
+  EXPECT_FALSE(r->replayed);
+  auto stored = StoredClaim("alice/c1");
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(stored->sandbox_id, "s1");
+  EXPECT_EQ(Warm(), 0);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 1);
+}
+
+TEST_F(AllocatorTest, GeneratedIdWhenNoneGiven) {
+  AddWarm("s1");
+  auto r = ClaimNow(Req(""));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->claim.id, "gen-1");
+}
+
+TEST_F(AllocatorTest, RetryWithSameIdReturnsSameSandbox) {
+  AddWarm("s1");
+  AddWarm("s2");
+  auto a = ClaimNow(Req("c1"));
+  auto b = ClaimNow(Req("c1"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->claim.sandbox_id, b->claim.sandbox_id);
+  EXPECT_TRUE(b->replayed);
+  EXPECT_EQ(Warm(), 1);
+}
+
+TEST_F(AllocatorTest, SameIdDifferentOwnersAreDifferentClaims) {
+  AddWarm("s1");
+  AddWarm("s2");
+  auto a = ClaimNow(Req("c1", "alice"));
+  auto b = ClaimNow(Req("c1", "bob"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->claim.sandbox_id, b->claim.sandbox_id);
+  EXPECT_EQ(allocator_->GetClaim("bob", "c1")->sandbox_id, b->claim.sandbox_id);
+  EXPECT_EQ(ReleaseNow("c1", "carol").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(AllocatorTest, SameIdOnAnotherPoolIsAlreadyExists) {
+  PutPoolRecord(PoolRec("other", 0, 10, EmptyPoolPolicy::kFail));
+  AddWarm("s1");
+  AddWarm("o1", "other");
+  ASSERT_TRUE(ClaimNow(Req("c1")).ok());
+  ClaimRequest r = Req("c1");
+  r.pool = "other";
+  auto b = ClaimNow(r);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(b.status().message(), HasSubstr("\"py\""));
+}
+
+TEST_F(AllocatorTest, FailPolicyOnEmptyPoolLeavesNothingBehind) {
+  auto r = ClaimNow(Req("c1"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("pool \"py\""));
+  EXPECT_THAT(r.status().message(), HasSubstr("retry"));
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(StoredClaim("alice/c1").has_value());
+  EXPECT_GE(reconciler_.below_target("py"), 1);
+  // The same id works once the pool has a sandbox.
+  AddWarm("s1");
+  EXPECT_TRUE(ClaimNow(Req("c1")).ok());
+}
+
+TEST_F(AllocatorTest, BadRequestsNameTheProblem) {
+  auto r = ClaimNow(Req("bad/id"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("claim id \"bad/id\""));
+  ClaimRequest missing = Req("c1");
+  missing.pool = "nope";
+  r = ClaimNow(missing);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr("pool \"nope\" not found"));
+  ClaimRequest neg = Req("c1");
+  neg.ttl = absl::Seconds(-1);
+  EXPECT_EQ(ClaimNow(neg).status().code(), absl::StatusCode::kInvalidArgument);
+  r = ClaimNow(Req("c1", ""));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(AllocatorTest, WaitersAreServedFifoWithoutThunderingHerd) {
+  Result<absl::StatusOr<ClaimResult>> a, b;
+  ClaimRequest ra = Req("a"), rb = Req("b");
+  ra.policy = rb.policy = EmptyPoolPolicy::kWait;
+  allocator_->Claim(ra, a.callback());
+  allocator_->Claim(rb, b.callback());
+  EXPECT_FALSE(a.value.has_value());
+  EXPECT_FALSE(b.value.has_value());
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 2);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->target, 2);
+  AddWarm("s1");
+  ASSERT_TRUE(a.value.has_value());
+  EXPECT_FALSE(b.value.has_value());
+  EXPECT_EQ((*a.value)->claim.sandbox_id, "s1");
+  AddWarm("s2");
+  ASSERT_TRUE(b.value.has_value());
+  EXPECT_EQ((*b.value)->claim.sandbox_id, "s2");
+  EXPECT_EQ(Warm(), 0);
+}
+
+TEST_F(AllocatorTest, WaitDeadlineReturnsDeadlineExceededAndLeavesNothing) {
+  Result<absl::StatusOr<ClaimResult>> a;
+  ClaimRequest r = Req("a");
+  r.policy = EmptyPoolPolicy::kWait;
+  r.wait = absl::Seconds(2);
+  allocator_->Claim(r, a.callback());
+  clock_.Advance(absl::Seconds(1));
+  allocator_->Tick();
+  EXPECT_FALSE(a.value.has_value());
+  clock_.Advance(absl::Seconds(2));
+  allocator_->Tick();
+  ASSERT_TRUE(a.value.has_value());
+  EXPECT_EQ(a.value->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 0);
+  // A sandbox arriving later becomes warm; nobody holds it.
+  AddWarm("s1");
+  EXPECT_EQ(Warm(), 1);
+  EXPECT_FALSE(StoredClaim("alice/a").has_value());
+}
+
+TEST_F(AllocatorTest, ColdStartCreatesASandboxForTheClaim) {
+  Result<absl::StatusOr<ClaimResult>> a;
+  ClaimRequest r = Req("a");
+  r.policy = EmptyPoolPolicy::kCold;
+  allocator_->Claim(r, a.callback());
+  ASSERT_EQ(runtime_.pending_creates(), 1u);
+  EXPECT_FALSE(a.value.has_value());
+  runtime_.CompleteCreate("cold-1");
+  ASSERT_TRUE(a.value.has_value());
+  ASSERT_TRUE(a.value->ok()) << a.value->status();
+  EXPECT_EQ((*a.value)->claim.sandbox_id, "cold-1");
+  EXPECT_EQ((*a.value)->claim.launch_type, LaunchType::kCold);
+  EXPECT_TRUE(StoredSandbox("cold-1"));
+  EXPECT_TRUE(StoredClaim("alice/a").has_value());
+}
+
+TEST_F(AllocatorTest, ColdStartFailureIsReported) {
+  Result<absl::StatusOr<ClaimResult>> a;
+  ClaimRequest r = Req("a");
+  r.policy = EmptyPoolPolicy::kCold;
+  allocator_->Claim(r, a.callback());
+  runtime_.CompleteCreate("", absl::UnavailableError("bwrap failed"));
+  ASSERT_TRUE(a.value.has_value());
+  EXPECT_EQ(a.value->status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(StoredClaim("alice/a").has_value());
+}
+
+TEST_F(AllocatorTest, ColdSandboxArrivingAfterDeadlineJoinsThePool) {
+  Result<absl::StatusOr<ClaimResult>> a;
+  ClaimRequest r = Req("a");
+  r.policy = EmptyPoolPolicy::kCold;
+  r.wait = absl::Seconds(1);
+  allocator_->Claim(r, a.callback());
+  clock_.Advance(absl::Seconds(2));
+  allocator_->Tick();
+  ASSERT_TRUE(a.value.has_value());
+  EXPECT_EQ(a.value->status().code(), absl::StatusCode::kDeadlineExceeded);
+  runtime_.CompleteCreate("late-1");
+  EXPECT_EQ(Warm(), 1);
+  auto b = ClaimNow(Req("b"));
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->claim.sandbox_id, "late-1");
+}
+
+TEST_F(AllocatorTest, ReleaseRetiresTheSandboxAndKeepsTheIdForTheWindow) {
+  AddWarm("s1");
+  ASSERT_TRUE(ClaimNow(Req("c1")).ok());
+  ASSERT_TRUE(ReleaseNow("c1").ok());
+  EXPECT_THAT(reconciler_.retired(), ::testing::ElementsAre("s1"));
+  EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kReleased);
+  EXPECT_FALSE(StoredSandbox("s1"));
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
+  // The sandbox is not reused and a second release is refused.
+  EXPECT_EQ(Warm(), 0);
+  absl::Status again = ReleaseNow("c1");
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.message(), HasSubstr("was released"));
+  // A retried claim with the same id does not get a second sandbox.
+  AddWarm("s2");
+  EXPECT_EQ(ClaimNow(Req("c1")).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Warm(), 1);
+  // After the idempotency window the id is forgotten, in memory and in the store.
+  clock_.Advance(absl::Minutes(11));
+  allocator_->Tick();
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(StoredClaim("alice/c1").has_value());
+}
+
+TEST_F(AllocatorTest, ExpiredClaimsAreReleasedByTimer) {
+  AddWarm("s1");
+  ClaimRequest r = Req("c1");
+  r.ttl = absl::Seconds(10);
+  auto c = ClaimNow(r);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->claim.expires, clock_.Now() + absl::Seconds(10));
+  clock_.Advance(absl::Seconds(9));
+  EXPECT_EQ(allocator_->Tick(), 0);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(allocator_->Tick(), 1);
+  EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kExpired);
+  absl::Status rel = ReleaseNow("c1");
+  EXPECT_EQ(rel.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(rel.message(), HasSubstr("expired"));
+  EXPECT_THAT(reconciler_.retired(), ::testing::ElementsAre("s1"));
+}
+
+TEST_F(AllocatorTest, PoolMaxTtlCapsClaims) {
+  store::PoolRecord p = PoolRec("py", 0, 10, EmptyPoolPolicy::kFail);
+  p.max_ttl = absl::Seconds(30);
+  PutPoolRecord(p);
+  AddWarm("s1");
+  auto c = ClaimNow(Req("c1"));  // no ttl asked: capped to max_ttl
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->claim.expires, clock_.Now() + absl::Seconds(30));
+}
+
+TEST_F(AllocatorTest, RenewMovesExpiry) {
+  AddWarm("s1");
+  ClaimRequest r = Req("c1");
+  r.ttl = absl::Seconds(10);
+  ASSERT_TRUE(ClaimNow(r).ok());
+  clock_.Advance(absl::Seconds(8));
+  Result<absl::StatusOr<ClaimResult>> renewed;
+  allocator_->Renew("alice", "c1", absl::Seconds(20), renewed.callback());
+  ASSERT_TRUE(renewed.value.has_value() && renewed.value->ok());
+  EXPECT_EQ((*renewed.value)->claim.expires, clock_.Now() + absl::Seconds(20));
+  EXPECT_EQ(StoredClaim("alice/c1")->expires, clock_.Now() + absl::Seconds(20));
+  clock_.Advance(absl::Seconds(5));  // past the old expiry
+  allocator_->Tick();
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->state, ClaimState::kActive);
+  clock_.Advance(absl::Seconds(16));
+  allocator_->Tick();
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->state, ClaimState::kExpired);
+  Result<absl::StatusOr<ClaimResult>> late;
+  allocator_->Renew("alice", "c1", absl::Seconds(20), late.callback());
+  EXPECT_EQ(late.value->status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(AllocatorTest, StoreFailureReturnsTheSandboxToThePool) {
+  AddWarm("s1");
+  store_->FailNextCommits(1, absl::UnavailableError("disk on fire"));
+  auto r = ClaimNow(Req("c1"));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Warm(), 1);
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1").status().code(), absl::StatusCode::kNotFound);
+  auto again = ClaimNow(Req("c1"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->claim.sandbox_id, "s1");
+}
+
+TEST_F(AllocatorTest, BatchAllOrNothing) {
+  AddWarm("s1");
+  AddWarm("s2");
+  AddWarm("s3");
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "b1";
+  b.pool = "py";
+  b.count = 5;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Warm(), 3);
+  b.count = 3;
+  r.value.reset();
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value() && r.value->ok()) << r.value->status();
+  ASSERT_EQ((*r.value)->size(), 3u);
+  std::set<std::string> ids;
+  for (auto& c : **r.value) ids.insert(c.claim.sandbox_id);
+  EXPECT_EQ(ids.size(), 3u);
+  EXPECT_EQ(store_->Stats().write_batches, store_->Stats().commits);  // one commit for 3
+  // Retrying the batch gives the same sandboxes.
+  Result<absl::StatusOr<std::vector<ClaimResult>>> again;
+  allocator_->ClaimBatch(b, again.callback());
+  ASSERT_TRUE(again.value->ok());
+  ASSERT_EQ((*again.value)->size(), 3u);
+  for (auto& c : **again.value) {
+    EXPECT_TRUE(c.replayed);
+    EXPECT_TRUE(ids.contains(c.claim.sandbox_id));
+  }
+  EXPECT_TRUE(ReleaseNow("b1#1").ok());
+}
+
+TEST_F(AllocatorTest, BatchBestEffortTakesWhatIsWarm) {
+  AddWarm("s1");
+  AddWarm("s2");
+  BatchRequest b;
+  b.owner = "alice";
+  b.pool = "py";
+  b.count = 5;
+  b.mode = BatchMode::kBestEffort;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value() && r.value->ok());
+  EXPECT_EQ((*r.value)->size(), 2u);
+  b.count = 0;
+  r.value.reset();
+  allocator_->ClaimBatch(b, r.callback());
+  EXPECT_EQ(r.value->status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// --- The races that matter, made deterministic ---
+
+TEST_F(AllocatorTest, RaceClaimVsSandboxDeath) {
+  AddWarm("s1");
+  AddWarm("s2");
+  // s1 dies exactly between the claim popping it and claiming it.
+  after_pop_ = [this](const SandboxPtr& s) {
+    if (s->id == "s1") ASSERT_TRUE(allocator_->SandboxGone("s1").ok());
+  };
+  auto r = ClaimNow(Req("c1"));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->claim.sandbox_id, "s2");
+  EXPECT_EQ(Warm(), 0);
+  // And with nothing else warm, the dead one is never handed out.
+  after_pop_ = nullptr;
+  AddWarm("s3");
+  ASSERT_TRUE(allocator_->SandboxGone("s3").ok());
+  EXPECT_EQ(ClaimNow(Req("c2")).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(AllocatorTest, RaceDeathAfterClaimMakesItLost) {
+  AddWarm("s1");
+  store_->Pause();
+  Result<absl::StatusOr<ClaimResult>> a;
+  allocator_->Claim(Req("c1"), a.callback());
+  // Dies while the claim's record is being committed.
+  ASSERT_TRUE(allocator_->SandboxGone("s1").ok());
+  store_->Resume();
+  ASSERT_TRUE(a.value.has_value() && a.value->ok());
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->state, ClaimState::kLost);
+  EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kLost);
+  // Dies after the claim is active.
+  AddWarm("s2");
+  ASSERT_TRUE(ClaimNow(Req("c2")).ok());
+  ASSERT_TRUE(allocator_->SandboxGone("s2").ok());
+  EXPECT_EQ(StoredClaim("alice/c2")->state, ClaimState::kLost);
+}
+
+TEST_F(AllocatorTest, RaceReleaseVsExpiryReleaseFirst) {
+  AddWarm("s1");
+  ClaimRequest r = Req("c1");
+  r.ttl = absl::Seconds(10);
+  ASSERT_TRUE(ClaimNow(r).ok());
+  store_->Pause();
+  Result<absl::Status> rel;
+  allocator_->Release("alice", "c1", rel.callback());
+  clock_.Advance(absl::Seconds(11));
+  allocator_->Tick();  // the expiry timer was cancelled by the release
+  store_->Resume();
+  ASSERT_TRUE(rel.value.has_value());
+  EXPECT_TRUE(rel.value->ok());
+  EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kReleased);
+  EXPECT_EQ(reconciler_.retired().size(), 1u);
+}
+
+TEST_F(AllocatorTest, RaceReleaseVsExpiryExpiryFirst) {
+  AddWarm("s1");
+  ClaimRequest r = Req("c1");
+  r.ttl = absl::Seconds(10);
+  ASSERT_TRUE(ClaimNow(r).ok());
+  store_->Pause();
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_EQ(allocator_->Tick(), 1);  // expiry is being committed
+  Result<absl::Status> rel;
+  allocator_->Release("alice", "c1", rel.callback());
+  ASSERT_TRUE(rel.value.has_value());
+  EXPECT_EQ(rel.value->code(), absl::StatusCode::kFailedPrecondition);
+  store_->Resume();
+  EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kExpired);
+  EXPECT_EQ(reconciler_.retired().size(), 1u);
+}
+
+TEST_F(AllocatorTest, RaceClaimRetryVsInFlightCommit) {
+  AddWarm("s1");
+  AddWarm("s2");
+  store_->Pause();
+  Result<absl::StatusOr<ClaimResult>> first, retry;
+  allocator_->Claim(Req("c1"), first.callback());
+  allocator_->Claim(Req("c1"), retry.callback());
+  EXPECT_FALSE(first.value.has_value());
+  EXPECT_FALSE(retry.value.has_value());
+  // A release of the claim still in flight is refused, not lost.
+  Result<absl::Status> rel;
+  allocator_->Release("alice", "c1", rel.callback());
+  EXPECT_EQ(rel.value->code(), absl::StatusCode::kAborted);
+  store_->Resume();
+  ASSERT_TRUE(first.value.has_value() && retry.value.has_value());
+  ASSERT_TRUE(first.value->ok() && retry.value->ok());
+  EXPECT_EQ((*first.value)->claim.sandbox_id, (*retry.value)->claim.sandbox_id);
+  EXPECT_FALSE((*first.value)->replayed);
+  EXPECT_TRUE((*retry.value)->replayed);
+  EXPECT_EQ(Warm(), 1);
+  EXPECT_EQ(store_->Snapshot().claims.size(), 1u);
+}
+
+TEST_F(AllocatorTest, RaceClaimVsExpiryWhileCommitting) {
+  AddWarm("s1");
+  ClaimRequest r = Req("c1");
+  r.ttl = absl::Seconds(1);
+  store_->Pause();
+  Result<absl::StatusOr<ClaimResult>> a;
+  allocator_->Claim(r, a.callback());
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_EQ(allocator_->Tick(), 0);  // no timer yet: the claim is not durable
+  store_->Resume();
+  ASSERT_TRUE(a.value.has_value() && a.value->ok());
+  EXPECT_EQ(allocator_->Tick(), 1);  // already past its expiry: ends at once
+  EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kExpired);
+}
+
+TEST_F(AllocatorTest, RecoveryRebuildsClaimsAndWarmSandboxes) {
+  AddWarm("s1");
+  AddWarm("s2");
+  AddWarm("s3");
+  ClaimRequest r = Req("c1");
+  r.ttl = absl::Seconds(100);
+  ASSERT_TRUE(ClaimNow(r).ok());
+  ASSERT_TRUE(ClaimNow(Req("c2")).ok());
+  ASSERT_TRUE(ReleaseNow("c2").ok());
+
+  allocator_.reset();
+  store_ = std::make_unique<MemoryStore>(store_->Snapshot(), Inline());
+  Start();
+  EXPECT_EQ(allocator_->recovery().active_claims, 1u);
+  EXPECT_EQ(allocator_->recovery().ended_claims, 1u);
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->sandbox_id, "s1");
+  EXPECT_EQ(Warm(), 1);  // s3; s1 is held and s2 was retired
+  auto retry = ClaimNow(r);
+  ASSERT_TRUE(retry.ok());
+  EXPECT_TRUE(retry->replayed);
+  EXPECT_EQ(retry->claim.sandbox_id, "s1");
+  EXPECT_EQ(ClaimNow(Req("c2")).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto c3 = ClaimNow(Req("c3"));
+  ASSERT_TRUE(c3.ok());
+  EXPECT_EQ(c3->claim.sandbox_id, "s3");
+  // Expiry survives the restart.
+  clock_.Advance(absl::Seconds(101));
+  allocator_->Tick();
+  EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kExpired);
+}
+
+TEST_F(AllocatorTest, RecoveryRefusesASandboxBoundTwice) {
+  AddWarm("s1");
+  ASSERT_TRUE(ClaimNow(Req("c1")).ok());
+  store::Contents contents = store_->Snapshot();
+  store::ClaimRecord twin = contents.claims[0];
+  twin.id = "c2";
+  contents.claims.push_back(twin);
+  allocator_.reset();
+  store_ = std::make_unique<MemoryStore>(contents, Inline());
+  AllocatorOptions options;
+  options.timer_thread = false;
+  auto a = Allocator::Create(options, store_.get(), &runtime_, &reconciler_, &clock_, &ids_);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(a.status().message(), HasSubstr("\"s1\""));
+}
+
+TEST_F(AllocatorTest, RecoveryPropagatesStoreErrors) {
+  allocator_.reset();
+  store_->FailNextLoadAll(absl::DataLossError("record c/x cannot be decoded"));
+  AllocatorOptions options;
+  options.timer_thread = false;
+  auto a = Allocator::Create(options, store_.get(), &runtime_, &reconciler_, &clock_, &ids_);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(AllocatorTest, AdminValidationAndDeletion) {
+  Result<absl::Status> r;
+  store::PoolRecord bad = PoolRec("Bad_Name", 0, 1, EmptyPoolPolicy::kFail);
+  allocator_->PutPool(bad, r.callback());
+  EXPECT_EQ(r.value->code(), absl::StatusCode::kInvalidArgument);
+  r.value.reset();
+  store::PoolRecord inverted = PoolRec("inv", 5, 1, EmptyPoolPolicy::kFail);
+  allocator_->PutPool(inverted, r.callback());
+  EXPECT_EQ(r.value->code(), absl::StatusCode::kInvalidArgument);
+  r.value.reset();
+  store::PoolRecord orphan = PoolRec("orphan", 0, 1, EmptyPoolPolicy::kFail);
+  orphan.template_name = "missing";
+  allocator_->PutPool(orphan, r.callback());
+  EXPECT_EQ(r.value->code(), absl::StatusCode::kNotFound);
+  r.value.reset();
+  allocator_->DeleteTemplate("py", r.callback());
+  EXPECT_EQ(r.value->code(), absl::StatusCode::kFailedPrecondition);
+
+  AddWarm("s1");
+  AddWarm("s2");
+  ASSERT_TRUE(ClaimNow(Req("c1")).ok());
+  r.value.reset();
+  allocator_->DeletePool("py", r.callback());
+  EXPECT_EQ(r.value->code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(ReleaseNow("c1").ok());
+  r.value.reset();
+  allocator_->DeletePool("py", r.callback());
+  ASSERT_TRUE(r.value->ok()) << *r.value;
+  EXPECT_EQ(reconciler_.retired().size(), 2u);  // s1 released, s2 retired with the pool
+  EXPECT_TRUE(store_->Snapshot().pools.empty());
+  EXPECT_EQ(ClaimNow(Req("c9")).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(AllocatorTest, ListClaimsFiltersByOwnerPoolLabelsAndPages) {
+  for (int i = 0; i < 5; ++i) AddWarm("s" + std::to_string(i));
+  for (int i = 0; i < 4; ++i) {
+    ClaimRequest r = Req("c" + std::to_string(i));
+    r.labels["team"] = i % 2 == 0 ? "a" : "b";
+    ASSERT_TRUE(ClaimNow(r).ok());
+  }
+  ASSERT_TRUE(ClaimNow(Req("x", "bob")).ok());
+  ClaimFilter f;
+  f.owner = "alice";
+  EXPECT_EQ(allocator_->ListClaims(f).size(), 4u);
+  f.labels["team"] = "a";
+  auto a = allocator_->ListClaims(f);
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[0].id, "c0");
+  EXPECT_EQ(a[1].id, "c2");
+  f.labels.clear();
+  f.limit = 3;
+  auto page1 = allocator_->ListClaims(f);
+  ASSERT_EQ(page1.size(), 3u);
+  f.after = page1.back().id;
+  auto page2 = allocator_->ListClaims(f);
+  ASSERT_EQ(page2.size(), 1u);
+  EXPECT_EQ(page2[0].id, "c3");
+}
+
+TEST_F(AllocatorTest, TellsTheReconcilerWhenBelowFloor) {
+  PutPoolRecord(PoolRec("py", 2, 10, EmptyPoolPolicy::kFail));
+  const int before = reconciler_.below_target("py");
+  AddWarm("s1");
+  AddWarm("s2");
+  ASSERT_TRUE(ClaimNow(Req("c1")).ok());
+  EXPECT_GT(reconciler_.below_target("py"), before);
+}
+
+}  // namespace
+}  // namespace sbx::allocator

@@ -1,0 +1,161 @@
+#include "src/allocator/pool.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace sbx::allocator {
+namespace {
+
+store::PoolRecord Settings(int min, int max) {
+  store::PoolRecord p;
+  p.name = "py";
+  p.min_warm = min;
+  p.max_warm = max;
+  return p;
+}
+
+SandboxPtr NewSandbox(Pool* pool, const std::string& id) {
+  return std::make_shared<Sandbox>(id, "ep", "", pool, absl::UnixEpoch(), SandboxState::kWarm);
+}
+
+TEST(PoolTest, TakesInFifoOrderAndSkipsDead) {
+  Pool pool(Settings(0, 10), NewFifoReadySet());
+  auto a = NewSandbox(&pool, "a"), b = NewSandbox(&pool, "b"), c = NewSandbox(&pool, "c");
+  pool.AddWarm(a);
+  pool.AddWarm(b);
+  pool.AddWarm(c);
+  EXPECT_EQ(pool.warm(), 3);
+  EXPECT_TRUE(pool.MarkDeadIfWarm(b));
+  EXPECT_EQ(pool.warm(), 2);
+  EXPECT_EQ(pool.TryTake(), a);
+  EXPECT_EQ(a->Load(), SandboxState::kClaimed);
+  EXPECT_EQ(pool.TryTake(), c);
+  EXPECT_EQ(pool.TryTake(), nullptr);
+  EXPECT_EQ(pool.warm(), 0);
+  // A claimed sandbox cannot be killed as warm.
+  EXPECT_FALSE(pool.MarkDeadIfWarm(a));
+}
+
+TEST(PoolTest, WaitersGetNewSandboxesDirectly) {
+  Pool pool(Settings(1, 10), NewFifoReadySet());
+  std::vector<std::string> got;
+  auto w1 = std::make_shared<Waiter>();
+  w1->deliver = [&](SandboxPtr s) { got.push_back("w1:" + s->id); };
+  auto w2 = std::make_shared<Waiter>();
+  w2->deliver = [&](SandboxPtr s) { got.push_back("w2:" + s->id); };
+  EXPECT_EQ(pool.TakeOrEnqueue(w1), nullptr);
+  EXPECT_EQ(pool.TakeOrEnqueue(w2), nullptr);
+  EXPECT_EQ(pool.waiting(), 2);
+  EXPECT_EQ(pool.Target(), 3);
+  pool.AddWarm(NewSandbox(&pool, "a"));
+  EXPECT_TRUE(pool.CancelWaiter(w2));
+  EXPECT_FALSE(pool.CancelWaiter(w1));  // already served
+  pool.AddWarm(NewSandbox(&pool, "b"));
+  EXPECT_EQ(got, (std::vector<std::string>{"w1:a"}));
+  EXPECT_EQ(pool.warm(), 1);
+}
+
+TEST(PoolTest, TargetStaysWithinFloorAndCeiling) {
+  Pool pool(Settings(2, 3), NewFifoReadySet());
+  EXPECT_EQ(pool.Target(), 2);
+  std::vector<WaiterPtr> ws;
+  for (int i = 0; i < 5; ++i) {
+    ws.push_back(std::make_shared<Waiter>());
+    ws.back()->deliver = [](SandboxPtr) {};
+    pool.TakeOrEnqueue(ws.back());
+  }
+  EXPECT_EQ(pool.Target(), 3);
+}
+
+// Many threads take while others add: every sandbox is taken at most once and none is lost.
+TEST(PoolTest, ConcurrentTakeIsExactlyOnce) {
+  Pool pool(Settings(0, 1000000), NewFifoReadySet());
+  constexpr int kSandboxes = 200000;
+  std::vector<SandboxPtr> all;
+  for (int i = 0; i < kSandboxes; ++i) all.push_back(NewSandbox(&pool, std::to_string(i)));
+  std::vector<std::atomic<int>> taken(kSandboxes);
+  std::atomic<int> total{0};
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    for (auto& s : all) pool.AddWarm(s);
+  });
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      while (total.load() < kSandboxes) {
+        if (SandboxPtr s = pool.TryTake()) {
+          taken[std::stoi(s->id)].fetch_add(1);
+          total.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kSandboxes; ++i) ASSERT_EQ(taken[i].load(), 1) << "sandbox " << i;
+  EXPECT_EQ(pool.warm(), 0);
+}
+
+// The race AddWarm's lock-free path must win, made deterministic: a claim starts waiting
+// after AddWarm saw no waiter and before it pushed. The waiter must still get the sandbox.
+TEST(PoolTest, WaiterArrivingDuringUnlockedPushIsServed) {
+  std::vector<std::string> got;
+  auto waiter = std::make_shared<Waiter>();
+  waiter->deliver = [&](SandboxPtr s) { got.push_back(s->id); };
+  Pool* self = nullptr;
+  bool fired = false;
+  Pool pool(Settings(0, 10), NewFifoReadySet(), [&] {
+    if (fired) return;
+    fired = true;
+    EXPECT_EQ(self->TakeOrEnqueue(waiter), nullptr);
+  });
+  self = &pool;
+  pool.AddWarm(NewSandbox(&pool, "a"));
+  EXPECT_TRUE(fired);
+  EXPECT_EQ(got, (std::vector<std::string>{"a"}));
+  EXPECT_EQ(pool.warm(), 0);
+  EXPECT_EQ(pool.waiting(), 0);
+}
+
+// Claims that find the pool empty queue as waiters while a producer adds sandboxes
+// without the lock: no waiter may be left waiting while a sandbox sits in the ready set.
+TEST(PoolTest, WaitersNeverMissConcurrentlyAddedSandboxes) {
+  Pool pool(Settings(0, 1000000), NewFifoReadySet());
+  constexpr int kConsumers = 4;
+  constexpr int kEach = 20000;
+  std::atomic<int> served{0}, stuck{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kEach; ++i) {
+        if (pool.TryTake() != nullptr) {
+          served.fetch_add(1);
+          continue;
+        }
+        auto done = std::make_shared<absl::Notification>();
+        auto waiter = std::make_shared<Waiter>();
+        waiter->deliver = [done](SandboxPtr) { done->Notify(); };
+        if (pool.TakeOrEnqueue(waiter) == nullptr &&
+            !done->WaitForNotificationWithTimeout(absl::Seconds(20))) {
+          stuck.fetch_add(1);
+          pool.CancelWaiter(waiter);
+          return;
+        }
+        served.fetch_add(1);
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    for (int i = 0; i < kConsumers * kEach; ++i) pool.AddWarm(NewSandbox(&pool, "s"));
+  });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(stuck.load(), 0);
+  EXPECT_EQ(served.load(), kConsumers * kEach);
+  EXPECT_EQ(pool.warm(), 0);
+  EXPECT_EQ(pool.waiting(), 0);
+}
+
+}  // namespace
+}  // namespace sbx::allocator

@@ -1,0 +1,139 @@
+// The documented on-disk layout (records.proto): key = kind prefix + name, value = format
+// version byte + message; decoding reproduces the record exactly.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/store/record_codec.h"
+#include "src/store/store.h"
+#include "tests/store/test_records.h"
+
+namespace sbx::store::codec {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_records::Bytes;
+using testing_records::FullClaim;
+using testing_records::FullPool;
+using testing_records::FullSandbox;
+using testing_records::FullTemplate;
+using testing_records::Same;
+
+TEST(RecordCodecTest, KeysArePrefixedByKind) {
+  EXPECT_EQ(EncodeKey(Mutation::Kind::kTemplate, "a"), "t/a");
+  EXPECT_EQ(EncodeKey(Mutation::Kind::kPool, "a"), "p/a");
+  EXPECT_EQ(EncodeKey(Mutation::Kind::kSandbox, "a"), "s/a");
+  EXPECT_EQ(EncodeKey(Mutation::Kind::kClaim, "a/b"), "c/a/b");
+}
+
+TEST(RecordCodecTest, ValuesStartWithTheFormatVersionAndDecodeExactly) {
+  WriteBatch b;
+  b.Put(FullTemplate("t"));
+  b.Put(FullPool("p"));
+  b.Put(FullSandbox("s"));
+  b.Put(FullClaim("c"));
+  Contents out;
+  RecordDecoder decoder;
+  for (const Mutation& m : b.mutations()) {
+    std::string value;
+    EncodeValue(m, &value);
+    ASSERT_FALSE(value.empty());
+    EXPECT_EQ(static_cast<uint8_t>(value[0]), kFormatVersion);
+    ASSERT_TRUE(decoder.Decode(EncodeKey(m.kind, m.key), value, &out).ok());
+  }
+  ASSERT_EQ(out.claims.size(), 1u);
+  EXPECT_TRUE(Same(out.templates.at(0), FullTemplate("t")));
+  EXPECT_TRUE(Same(out.pools.at(0), FullPool("p")));
+  EXPECT_TRUE(Same(out.sandboxes.at(0), FullSandbox("s")));
+  EXPECT_TRUE(Same(out.claims.at(0), FullClaim("c")));
+}
+
+TEST(RecordCodecTest, DecoderReuseDoesNotLeakFieldsBetweenRecords) {
+  WriteBatch b;
+  b.Put(FullClaim("full"));
+  ClaimRecord bare;
+  bare.id = "bare";
+  b.Put(bare);
+  Contents out;
+  RecordDecoder decoder;
+  for (const Mutation& m : b.mutations()) {
+    std::string value;
+    EncodeValue(m, &value);
+    ASSERT_TRUE(decoder.Decode(EncodeKey(m.kind, m.key), value, &out).ok());
+  }
+  ASSERT_EQ(out.claims.size(), 2u);
+  EXPECT_TRUE(Same(out.claims[1], bare));
+}
+
+TEST(RecordCodecTest, MarkerDecodesToNothingAndAFailedDecodeAddsNothing) {
+  Contents out;
+  RecordDecoder decoder;
+  EXPECT_TRUE(decoder.Decode(kMarkerKey, MarkerValue(), &out).ok());
+  // owner "o" (field 1), launch_type 5 (field 6): the key matches the owner, the enum fails.
+  absl::Status s = decoder.Decode("c/o/x", std::string("\x01\x0a\x01o\x30\x05", 6), &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("\"c/o/x\""));
+  EXPECT_THAT(s.message(), HasSubstr("launch type 5"));
+  EXPECT_TRUE(out.claims.empty());
+}
+
+TEST(RecordCodecTest, ClaimKeysAreOwnerSlashId) {
+  ClaimRecord other_owner = FullClaim("c");
+  other_owner.owner = "tenant-b";
+  WriteBatch b;
+  b.Put(FullClaim("c"));
+  b.Put(other_owner);
+  std::vector<std::string> keys;
+  Contents out;
+  RecordDecoder decoder;
+  for (const Mutation& m : b.mutations()) {
+    keys.push_back(EncodeKey(m.kind, m.key));
+    std::string value;
+    EncodeValue(m, &value);
+    ASSERT_TRUE(decoder.Decode(keys.back(), value, &out).ok());
+  }
+  EXPECT_EQ(keys, (std::vector<std::string>{"c/tenant-a/c", "c/tenant-b/c"}));
+  // Same id, different owners: two records, each with its own owner and the bare id.
+  ASSERT_EQ(out.claims.size(), 2u);
+  EXPECT_TRUE(Same(out.claims[0], FullClaim("c")));
+  EXPECT_TRUE(Same(out.claims[1], other_owner));
+}
+
+TEST(RecordCodecTest, AClaimKeyThatDoesNotStartWithItsOwnerIsDataLoss) {
+  WriteBatch b;
+  b.Put(FullClaim("c"));  // owner "tenant-a"
+  std::string value;
+  EncodeValue(b.mutations()[0], &value);
+  RecordDecoder decoder;
+  Contents out;
+  ASSERT_TRUE(decoder.Decode("c/tenant-a/c", value, &out).ok());
+  out = Contents{};
+  const std::string keys[] = {
+      "c/tenant-b/c",          // another owner
+      "c/c",                   // the bare id: the layout before claims were keyed by owner
+      "c/tenant-ab/c",         // the owner is a prefix, but not followed by '/'
+      "c/tenant-a",            // the owner alone
+      "c/tenant/a/c",          // the owner's bytes, split differently
+      "c/xtenant-a/c",         // the owner, but not at the start
+      Bytes("c/tenant-a\0c"),  // a NUL where the '/' should be
+  };
+  for (const std::string& key : keys) {
+    SCOPED_TRACE(absl::CHexEscape(key));
+    absl::Status s = decoder.Decode(key, value, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(s.message(), HasSubstr("\"" + absl::CHexEscape(key) + "\""));
+    EXPECT_THAT(s.message(), HasSubstr("claim key does not start with its owner \"tenant-a/\""));
+  }
+  // The owner and '/' with no id after them.
+  absl::Status s = decoder.Decode("c/tenant-a/", value, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("\"c/tenant-a/\""));
+  EXPECT_TRUE(out.claims.empty());
+}
+
+}  // namespace
+}  // namespace sbx::store::codec
