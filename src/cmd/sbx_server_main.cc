@@ -65,6 +65,9 @@ int main(int argc, char** argv) {
   std::string durability = "sync";
 
   CLI::App app{"sbx-server: warm-pool sandbox allocator for AI agents (gRPC)"};
+  // A flag given twice takes its last value, so wrappers (scripts/run) can set defaults
+  // that the caller's own flags override.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.set_version_flag("--version",
                        std::string(sbx::Version()) + " (" + std::string(sbx::GitCommit()) + ")");
   app.add_option("--listen", server_options.listen, "host:port to serve gRPC on (port 0: any)")

@@ -52,6 +52,16 @@ class ServerCliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn('listen address "nonsense"', r.stderr)
 
+    def test_a_repeated_flag_takes_its_last_value(self):
+        data = os.path.join(self.dir, "data")
+        p = start([f"--data_dir={data}", "--durability=sync", "--durability=buffered"],
+                  self.dir)
+        self.assertIsNone(p.poll())
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=20)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("durability buffered", err)
+
     def test_bad_durability(self):
         r = run(["--durability=sometimes"], self.dir)
         self.assertEqual(r.returncode, 2)
