@@ -1222,9 +1222,8 @@ absl::Status AllocatorImpl::Recover() {
       reconciler_->RetireSandbox(rec);
       continue;
     }
-    auto sb =
-        std::make_shared<Sandbox>(std::move(rec.id), std::move(rec.endpoint), std::move(rec.node),
-                                  pool, rec.created, SandboxState::kWarm);
+    auto sb = std::make_shared<Sandbox>(rec.id, rec.endpoint, rec.node, pool, rec.created,
+                                        SandboxState::kWarm);
     {
       absl::MutexLock lock(&sandboxes_mu_);
       sandboxes_.insert(sb);
