@@ -124,6 +124,10 @@ class ManualRuntime : public runtime::Runtime {
     }
     std::move(done)(absl::OkStatus());
   }
+  std::vector<std::string> deleted() const {
+    absl::MutexLock lock(&mu_);
+    return deleted_;
+  }
   size_t pending_creates() const {
     absl::MutexLock lock(&mu_);
     return creates_.size();

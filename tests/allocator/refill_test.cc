@@ -1,0 +1,235 @@
+#include "src/allocator/refill.h"
+
+#include <optional>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "src/store/memory_store.h"
+#include "tests/allocator/fakes.h"
+
+namespace sbx::allocator {
+namespace {
+
+using store::MemoryStore;
+using store::MemoryStoreOptions;
+
+MemoryStoreOptions Inline() {
+  MemoryStoreOptions o;
+  o.callbacks = MemoryStoreOptions::CallbackMode::kInline;
+  return o;
+}
+
+class RefillTest : public ::testing::Test {
+ protected:
+  void Start(RefillOptions options, int min_warm) {
+    refill_ = std::make_unique<RefillReconciler>(options, &runtime_, &clock_);
+    AllocatorOptions ao;
+    ao.timer_thread = false;
+    auto a = Allocator::Create(ao, &store_, &runtime_, refill_.get(), &clock_, &ids_);
+    ASSERT_TRUE(a.ok()) << a.status();
+    allocator_ = std::move(*a);
+    refill_->Attach(allocator_.get());
+    std::optional<absl::Status> done;
+    allocator_->PutTemplate(store::TemplateRecord{"py", "local", "spec", 0},
+                            [&](absl::Status s) { done = s; });
+    ASSERT_TRUE(done.has_value() && done->ok());
+    done.reset();
+    store::PoolRecord p;
+    p.name = "py";
+    p.template_name = "py";
+    p.min_warm = min_warm;
+    p.max_warm = 100;
+    p.empty_pool_policy = store::EmptyPoolPolicy::kFail;
+    allocator_->PutPool(p, [&](absl::Status s) { done = s; });
+    ASSERT_TRUE(done.has_value() && done->ok());
+  }
+  // Creates still pending are completed while the allocator exists: Stop() waits for them.
+  void TearDown() override { CompleteAll(); }
+
+  void CompleteAll() {
+    while (runtime_.pending_creates() > 0) runtime_.CompleteCreate("s" + std::to_string(next_++));
+  }
+  int64_t Warm() { return allocator_->GetPoolStatus("py")->warm; }
+  absl::StatusOr<ClaimResult> ClaimNow(const std::string& id) {
+    std::optional<absl::StatusOr<ClaimResult>> out;
+    ClaimRequest r;
+    r.owner = "alice";
+    r.claim_id = id;
+    r.pool = "py";
+    allocator_->Claim(r, [&](absl::StatusOr<ClaimResult> res) { out = std::move(res); });
+    return out.value_or(absl::InternalError("did not complete"));
+  }
+
+  FakeClock clock_;
+  SequentialIdGenerator ids_{"id-"};
+  MemoryStore store_{Inline()};
+  testing::ManualRuntime runtime_;
+  std::unique_ptr<RefillReconciler> refill_;
+  std::unique_ptr<Allocator> allocator_;
+  int next_ = 1;
+};
+
+TEST_F(RefillTest, FillsToTheFloorWithoutOvercreating) {
+  Start({}, 3);
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 3u);
+  EXPECT_EQ(refill_->creating("py"), 3);
+  // Repeated passes and notifications while the creates run start nothing more.
+  refill_->PoolBelowTarget("py");
+  refill_->RunOnce();
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 3u);
+  CompleteAll();
+  EXPECT_EQ(Warm(), 3);
+  EXPECT_EQ(refill_->creating("py"), 0);
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 0u);
+  EXPECT_EQ(refill_->stats().creates_succeeded, 3u);
+}
+
+TEST_F(RefillTest, RefillsAfterAClaimAndDeletesTheReleasedSandbox) {
+  Start({}, 2);
+  refill_->RunOnce();
+  CompleteAll();
+  auto c = ClaimNow("c1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 1u);
+  CompleteAll();
+  EXPECT_EQ(Warm(), 2);
+  std::optional<absl::Status> rel;
+  allocator_->Release("alice", "c1", [&](absl::Status s) { rel = s; });
+  ASSERT_TRUE(rel.has_value() && rel->ok());
+  EXPECT_EQ(refill_->pending_deletes(), 1u);
+  refill_->RunOnce();
+  EXPECT_THAT(runtime_.deleted(), ::testing::ElementsAre(c->claim.sandbox_id));
+  EXPECT_EQ(refill_->pending_deletes(), 0u);
+}
+
+TEST_F(RefillTest, TokenBucketLimitsRuntimeWrites) {
+  RefillOptions o;
+  o.qps = 10;
+  o.burst = 2;
+  Start(o, 5);
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 2u);
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 2u);  // no time passed, no tokens
+  clock_.Advance(absl::Milliseconds(100));
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 3u);
+  clock_.Advance(absl::Seconds(10));  // refills to the burst, not beyond
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 5u);
+  CompleteAll();
+  EXPECT_EQ(Warm(), 5);
+}
+
+TEST_F(RefillTest, CreatesComeBeforeDeletes) {
+  RefillOptions o;
+  o.qps = 1;
+  o.burst = 2;
+  Start(o, 0);
+  refill_->RetireSandbox(store::SandboxRecord{"old-1", "py", "", "", absl::UnixEpoch()});
+  store::PoolRecord p = *allocator_->GetPool("py");
+  p.min_warm = 2;
+  std::optional<absl::Status> done;
+  allocator_->PutPool(p, [&](absl::Status s) { done = s; });
+  ASSERT_TRUE(done.has_value() && done->ok());
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 2u);
+  EXPECT_TRUE(runtime_.deleted().empty());  // the budget went to the creates
+  clock_.Advance(absl::Seconds(1));
+  refill_->RunOnce();
+  EXPECT_THAT(runtime_.deleted(), ::testing::ElementsAre("old-1"));
+}
+
+TEST_F(RefillTest, FailedCreatesBackOff) {
+  Start({}, 1);
+  refill_->RunOnce();
+  runtime_.CompleteCreate("", absl::UnavailableError("bwrap: out of memory"));
+  EXPECT_EQ(refill_->stats().creates_failed, 1u);
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 0u);  // backing off (100 ms)
+  clock_.Advance(absl::Milliseconds(150));
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 1u);
+  runtime_.CompleteCreate("", absl::UnavailableError("again"));
+  clock_.Advance(absl::Milliseconds(150));  // the backoff doubled to 200 ms
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 0u);
+  clock_.Advance(absl::Milliseconds(100));
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 1u);
+  CompleteAll();
+  EXPECT_EQ(Warm(), 1);
+}
+
+TEST_F(RefillTest, SandboxOfADeletedPoolIsDeleted) {
+  Start({}, 1);
+  refill_->RunOnce();
+  std::optional<absl::Status> done;
+  store::PoolRecord p = *allocator_->GetPool("py");
+  allocator_->DeletePool("py", [&](absl::Status s) { done = s; });
+  ASSERT_TRUE(done.has_value() && done->ok());
+  runtime_.CompleteCreate("late");
+  refill_->RunOnce();
+  EXPECT_THAT(runtime_.deleted(), ::testing::ElementsAre("late"));
+}
+
+// The worker thread on the real clock keeps a pool full while claims take from it.
+TEST(RefillWorkerTest, KeepsAPoolFull) {
+  class InstantRuntime : public runtime::Runtime {
+   public:
+    void Create(runtime::CreateRequest r, runtime::CreateCallback done) override {
+      runtime::SandboxInfo info;
+      info.id = "i" + std::to_string(next_.fetch_add(1));
+      info.pool = r.pool;
+      std::move(done)(info);
+    }
+    void Delete(std::string, runtime::DeleteCallback done) override {
+      std::move(done)(absl::OkStatus());
+    }
+    std::atomic<int> next_{1};
+  } runtime;
+  MemoryStore store;
+  SequentialIdGenerator ids("id-");
+  RefillReconciler refill({}, &runtime, &Clock::Real());
+  auto a = Allocator::Create({}, &store, &runtime, &refill, &Clock::Real(), &ids);
+  ASSERT_TRUE(a.ok());
+  refill.Start(a->get());
+  absl::Notification t, p;
+  (*a)->PutTemplate(store::TemplateRecord{"py", "local", "", 0}, [&](absl::Status) { t.Notify(); });
+  t.WaitForNotification();
+  store::PoolRecord pool;
+  pool.name = "py";
+  pool.template_name = "py";
+  pool.min_warm = 4;
+  pool.max_warm = 8;
+  pool.empty_pool_policy = store::EmptyPoolPolicy::kWait;
+  (*a)->PutPool(pool, [&](absl::Status) { p.Notify(); });
+  p.WaitForNotification();
+  for (int i = 0; i < 50; ++i) {
+    absl::Notification done;
+    ClaimRequest r;
+    r.owner = "o";
+    r.claim_id = "c" + std::to_string(i);
+    r.pool = "py";
+    (*a)->Claim(r, [&](absl::StatusOr<ClaimResult> res) {
+      EXPECT_TRUE(res.ok()) << res.status();
+      done.Notify();
+    });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20))) << "claim " << i;
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while ((*a)->GetPoolStatus("py")->warm < 4 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ((*a)->GetPoolStatus("py")->warm, 4);
+  refill.Stop();
+  a->reset();
+}
+
+}  // namespace
+}  // namespace sbx::allocator
