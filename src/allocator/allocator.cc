@@ -91,20 +91,27 @@ struct TimerTask {
   EntryPtr entry;
 };
 
-// Hash sets of sandboxes keyed by their id, looked up by id (the id is stored once).
-struct ByIdHash {
-  using is_transparent = void;
-  size_t operator()(absl::string_view id) const { return absl::HashOf(id); }
-  size_t operator()(const SandboxPtr& s) const { return absl::HashOf(absl::string_view(s->id)); }
-};
-struct ByIdEq {
-  using is_transparent = void;
-  static absl::string_view K(absl::string_view id) { return id; }
-  static absl::string_view K(const SandboxPtr& s) { return s->id; }
-  template <typename A, typename B>
-  bool operator()(const A& a, const B& b) const {
-    return K(a) == K(b);
-  }
+// A hash set of shared objects keyed by one of their string fields, looked up by that
+// string (heterogeneous lookup): the key is stored once, in the object.
+template <typename T, const std::string T::*kField>
+struct ByField {
+  static absl::string_view Key(absl::string_view k) { return k; }
+  static absl::string_view Key(const std::shared_ptr<T>& p) { return (*p).*kField; }
+  struct Hash {
+    using is_transparent = void;
+    template <typename K>
+    size_t operator()(const K& k) const {
+      return absl::HashOf(Key(k));
+    }
+  };
+  struct Eq {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return Key(a) == Key(b);
+    }
+  };
+  using Set = absl::flat_hash_set<std::shared_ptr<T>, Hash, Eq>;
 };
 
 // The claim table: entries hashed by their key into shards, each a hash set under its own
@@ -165,24 +172,9 @@ class ClaimTable {
   }
 
  private:
-  // Hashing and equality by key, for entries and for plain keys (heterogeneous lookup).
-  struct KeyHash {
-    using is_transparent = void;
-    size_t operator()(absl::string_view k) const { return absl::HashOf(k); }
-    size_t operator()(const EntryPtr& e) const { return absl::HashOf(absl::string_view(e->key)); }
-  };
-  struct KeyEq {
-    using is_transparent = void;
-    static absl::string_view K(absl::string_view k) { return k; }
-    static absl::string_view K(const EntryPtr& e) { return e->key; }
-    template <typename A, typename B>
-    bool operator()(const A& a, const B& b) const {
-      return K(a) == K(b);
-    }
-  };
   struct Shard {
     mutable absl::Mutex mu;
-    absl::flat_hash_set<EntryPtr, KeyHash, KeyEq> set ABSL_GUARDED_BY(mu);
+    ByField<ClaimEntry, &ClaimEntry::key>::Set set ABSL_GUARDED_BY(mu);
   };
   // The shard comes from the hash's high bits: the sets use the low bits for their slots
   // and control bytes, and sharding on those would leave each set with few distinct ones.
@@ -980,7 +972,7 @@ class AllocatorImpl final : public Allocator {
 
   // Every live sandbox by id (for death reports); not touched on the warm claim path.
   mutable absl::Mutex sandboxes_mu_;
-  absl::flat_hash_set<SandboxPtr, ByIdHash, ByIdEq> sandboxes_ ABSL_GUARDED_BY(sandboxes_mu_);
+  ByField<Sandbox, &Sandbox::id>::Set sandboxes_ ABSL_GUARDED_BY(sandboxes_mu_);
 
   absl::Mutex timer_mu_;
   bool timer_wake_ ABSL_GUARDED_BY(timer_mu_) = false;
