@@ -450,6 +450,14 @@ class AllocatorImpl final : public Allocator {
     return absl::OkStatus();
   }
 
+  std::vector<std::string> ListSandboxIds() const override {
+    absl::MutexLock lock(&sandboxes_mu_);
+    std::vector<std::string> ids;
+    ids.reserve(sandboxes_.size());
+    for (const SandboxPtr& sb : sandboxes_) ids.push_back(sb->id);
+    return ids;
+  }
+
   // ---- Claims ----
 
   void Claim(ClaimRequest req, ClaimCallback done) override {

@@ -159,6 +159,9 @@ class Allocator {
   // Sandbox `id` no longer exists. A warm one is skipped from now on; a claimed one
   // makes its claim LOST. NOT_FOUND for an unknown id.
   virtual absl::Status SandboxGone(const std::string& id) = 0;
+  // Ids of every sandbox the allocator tracks (warm or claimed), for reconciling with the
+  // runtime after a restart: those the runtime does not have are reported SandboxGone.
+  virtual std::vector<std::string> ListSandboxIds() const = 0;
 
   // --- Claims ---
   // Completes `done` once the claim is durable (or failed). Errors: INVALID_ARGUMENT,

@@ -584,6 +584,24 @@ TEST_F(AllocatorTest, RecoveryRebuildsClaimsAndWarmSandboxes) {
   EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kExpired);
 }
 
+TEST_F(AllocatorTest, SandboxesMissingAfterRestartAreDroppedAndTheirClaimsLost) {
+  AddWarm("s1");
+  AddWarm("s2");
+  ASSERT_TRUE(ClaimNow(Req("c1")).ok());
+  allocator_.reset();
+  store_ = std::make_unique<MemoryStore>(store_->Snapshot(), Inline());
+  Start();
+  std::vector<std::string> ids = allocator_->ListSandboxIds();
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<std::string>{"s1", "s2"}));
+  // The runtime has none of them any more (the local runtime's sandboxes die with sbx).
+  for (const std::string& id : ids) ASSERT_TRUE(allocator_->SandboxGone(id).ok());
+  EXPECT_EQ(Warm(), 0);
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->state, ClaimState::kLost);
+  EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kLost);
+  EXPECT_TRUE(allocator_->ListSandboxIds().empty());
+}
+
 TEST_F(AllocatorTest, RecoveryRefusesASandboxBoundTwice) {
   AddWarm("s1");
   ASSERT_TRUE(ClaimNow(Req("c1")).ok());
