@@ -1,0 +1,100 @@
+// sbx-sandboxd: the daemon inside each sandbox. Parse flags, serve on a unix socket, wait
+// for SIGTERM/SIGINT, kill running commands and shut down with a deadline.
+
+#include <csignal>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/time/time.h"
+#include "spdlog/spdlog.h"
+#include "src/common/build_info.h"
+#include "src/common/logging.h"
+#include "src/sandboxd/sandboxd.h"
+
+extern char** environ;
+
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "sbx-sandboxd: error: %s\n", std::string(status.message()).c_str());
+  return 2;
+}
+
+std::map<std::string, std::string> OwnEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    env.emplace(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  return env;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // First of all, block the stop signals in every thread (gRPC's and the command runners'
+  // threads inherit this mask), then wait for them synchronously here. Commands get an
+  // empty mask when they start.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  sbx::sandboxd::DaemonOptions options;
+  sbx::LogOptions log_options;
+  double shutdown_grace_s = 5;
+  int64_t drain_grace_ms = absl::ToInt64Milliseconds(options.output_drain_grace);
+
+  CLI::App app{"sbx-sandboxd: the daemon inside an sbx sandbox (exec, files, health over gRPC)"};
+  app.set_version_flag("--version",
+                       std::string(sbx::Version()) + " (" + std::string(sbx::GitCommit()) + ")");
+  app.add_option("--socket", options.socket_path,
+                 "unix socket to serve on (a stale socket file is removed)")
+      ->required();
+  app.add_option("--workspace", options.workspace,
+                 "workspace directory (must exist); commands and file paths are relative to it")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--max_concurrent_execs", options.max_concurrent_execs,
+                 "commands running at once; more get RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--max_file_bytes", options.max_file_bytes,
+                 "largest file written or range read, in bytes")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--output_drain_grace_ms", drain_grace_ms,
+                 "after a command's first process exits, read its output this long at most")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{60000}));
+  app.add_option("--shutdown_grace_seconds", shutdown_grace_s,
+                 "on SIGTERM/SIGINT, let calls in flight finish for this long")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--log_level", log_options.level, "trace|debug|info|warn|error|critical|off")
+      ->capture_default_str();
+  app.add_option("--log_format", log_options.format, "text|json")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
+  options.output_drain_grace = absl::Milliseconds(drain_grace_ms);
+  options.env = OwnEnvironment();
+
+  spdlog::info("sbx-sandboxd {} ({}) starting", sbx::Version(), sbx::GitCommit());
+  auto daemon = sbx::sandboxd::Daemon::Start(options);
+  if (!daemon.ok()) return Fail(daemon.status());
+
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  spdlog::info("received {}, shutting down (grace {} s)", signal == SIGTERM ? "SIGTERM" : "SIGINT",
+               shutdown_grace_s);
+  (*daemon)->Shutdown(absl::Seconds(shutdown_grace_s));
+  daemon->reset();
+  spdlog::info("sbx-sandboxd stopped");
+  return 0;
+}

@@ -1,0 +1,169 @@
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "spdlog/spdlog.h"
+#include "src/sandboxd/exec.h"
+#include "src/sandboxd/sandboxd.h"
+#include "src/sandboxd/service.h"
+#include "src/sandboxd/workspace.h"
+
+namespace sbx::sandboxd {
+namespace {
+
+// sockaddr_un.sun_path holds 108 bytes including the terminating NUL.
+constexpr size_t kMaxSocketPathBytes = 107;
+constexpr int64_t kMaxMaxFileBytes = int64_t{1} << 30;
+constexpr int kMessageSlackBytes = 1 << 20;
+
+class DaemonImpl final : public Daemon {
+ public:
+  DaemonImpl(std::string socket_path, std::unique_ptr<Workspace> workspace,
+             std::unique_ptr<ExecManager> execs, std::unique_ptr<SandboxdService> service,
+             std::unique_ptr<grpc::Server> server)
+      : socket_path_(std::move(socket_path)),
+        workspace_(std::move(workspace)),
+        execs_(std::move(execs)),
+        service_(std::move(service)),
+        server_(std::move(server)) {}
+
+  ~DaemonImpl() override { Shutdown(absl::ZeroDuration()); }
+
+  void Shutdown(absl::Duration grace) override {
+    // Atomic so that concurrent Shutdown calls (signal thread, destructor) run it once;
+    // acq_rel orders the shutdown after whatever the winning caller did before.
+    if (shut_down_.exchange(true, std::memory_order_acq_rel)) return;
+    spdlog::info("sandboxd shutting down: killing {} running command(s)", execs_->running());
+    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+    execs_->KillAll();
+    server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
+    server_->Wait();
+    execs_->JoinAll();
+    struct stat st;
+    if (::lstat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+      ::unlink(socket_path_.c_str());
+    }
+  }
+
+  int running_execs() const override { return execs_->running(); }
+  bool uses_openat2() const override { return workspace_->uses_openat2(); }
+
+ private:
+  const std::string socket_path_;
+  // Destroyed in reverse order: the server first (no more calls), then the service, then
+  // the exec manager (joins runner threads), then the workspace.
+  std::unique_ptr<Workspace> workspace_;
+  std::unique_ptr<ExecManager> execs_;
+  std::unique_ptr<SandboxdService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<bool> shut_down_{false};
+};
+
+// A command's pipes must never become descriptors 0-2 of sandboxd, or dup2 in the child
+// would clobber them; make sure the three are taken.
+void EnsureStandardDescriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+      int null_fd = ::open("/dev/null", O_RDWR);
+      if (null_fd >= 0 && null_fd != fd) {
+        ::dup2(null_fd, fd);
+        ::close(null_fd);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status DaemonOptions::Validate() const {
+  if (socket_path.empty()) return absl::InvalidArgumentError("socket_path is required");
+  if (socket_path.size() > kMaxSocketPathBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("socket_path \"", socket_path, "\" is ",
+                                                   socket_path.size(), " bytes long; the limit is ",
+                                                   kMaxSocketPathBytes));
+  }
+  if (workspace.empty()) return absl::InvalidArgumentError("workspace is required");
+  if (max_concurrent_execs < 1 || max_concurrent_execs > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_concurrent_execs ", max_concurrent_execs, " is outside 1..1024"));
+  }
+  if (max_file_bytes < 1 || max_file_bytes > kMaxMaxFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_file_bytes ", max_file_bytes, " is outside 1..", kMaxMaxFileBytes));
+  }
+  if (output_drain_grace < absl::ZeroDuration() || output_drain_grace > absl::Minutes(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output_drain_grace ", absl::FormatDuration(output_drain_grace), " is outside 0..1m"));
+  }
+  for (const auto& [name, value] : env) {
+    if (name.empty() || name.find('=') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("env name \"", name, "\" is invalid"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  EnsureStandardDescriptors();
+  // Writing to a pipe whose reader (a command) has gone must give EPIPE, not kill us.
+  ::signal(SIGPIPE, SIG_IGN);
+
+  auto workspace = Workspace::Open(options.workspace, options.max_file_bytes, options.use_openat2);
+  if (!workspace.ok()) return workspace.status();
+
+  struct stat st;
+  if (::lstat(options.socket_path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "socket_path \"", options.socket_path, "\" exists and is not a socket; not removing it"));
+    }
+    if (::unlink(options.socket_path.c_str()) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot remove stale socket \"", options.socket_path, "\": ", std::strerror(errno)));
+    }
+  }
+  if (options.reap_orphans && ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    spdlog::warn("cannot become a child subreaper ({}); orphans of commands are not reaped",
+                 std::strerror(errno));
+  }
+  ChildReaper::Get();
+
+  auto execs = std::make_unique<ExecManager>(workspace->get(), options.max_concurrent_execs,
+                                             options.output_drain_grace);
+  auto service = std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(absl::StrCat("unix:", options.socket_path),
+                           grpc::InsecureServerCredentials());
+  const int message_limit = static_cast<int>(options.max_file_bytes) + kMessageSlackBytes;
+  builder.SetMaxReceiveMessageSize(message_limit);
+  builder.SetMaxSendMessageSize(message_limit);
+  builder.RegisterService(service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on unix socket \"", options.socket_path, "\""));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  spdlog::info("sandboxd serving on unix:{} (workspace \"{}\", paths confined with {})",
+               options.socket_path, options.workspace,
+               (*workspace)->uses_openat2() ? "openat2(RESOLVE_BENEATH)" : "an O_NOFOLLOW walk");
+  return std::unique_ptr<Daemon>(new DaemonImpl(options.socket_path, std::move(*workspace),
+                                                std::move(execs), std::move(service),
+                                                std::move(server)));
+}
+
+}  // namespace sbx::sandboxd

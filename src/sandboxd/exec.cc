@@ -1,0 +1,552 @@
+#include "src/sandboxd/exec.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+namespace sbx::sandboxd {
+namespace {
+
+constexpr size_t kChunkBytes = 64 << 10;
+constexpr char kDefaultPath[] = "/usr/local/bin:/usr/bin:/bin";
+
+void SetNonBlocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+absl::Status OsError(absl::string_view what, int err) {
+  if (err == EAGAIN || err == ENOMEM || err == EMFILE || err == ENFILE) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", std::strerror(err)));
+  }
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+}  // namespace
+
+// ---- ChildReaper ----
+
+ChildReaper& ChildReaper::Get() {
+  static ChildReaper* reaper = new ChildReaper();  // never destroyed: its thread never ends
+  return *reaper;
+}
+
+ChildReaper::ChildReaper() {
+  std::thread([this] { Loop(); }).detach();
+}
+
+pid_t ChildReaper::Spawn(const std::function<pid_t()>& fork_fn, std::function<void(int)> on_exit) {
+  absl::MutexLock lock(&mu_);
+  const pid_t pid = fork_fn();
+  if (pid > 0) {
+    waiting_[pid] = std::move(on_exit);
+    ++spawns_;
+    spawned_.SignalAll();
+  }
+  return pid;
+}
+
+void ChildReaper::Loop() {
+  for (;;) {
+    uint64_t seen = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      seen = spawns_;
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, __WALL);
+    if (pid > 0) {
+      std::function<void(int)> on_exit;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = waiting_.find(pid);
+        if (it != waiting_.end()) {
+          on_exit = std::move(it->second);
+          waiting_.erase(it);
+        }
+      }
+      if (on_exit) on_exit(status);
+      continue;
+    }
+    if (errno == EINTR) continue;
+    // ECHILD: no children at all; sleep until the next spawn.
+    absl::MutexLock lock(&mu_);
+    while (spawns_ == seen) spawned_.Wait(&mu_);
+  }
+}
+
+// ---- ExecRunner ----
+
+ExecRunner::ExecRunner(ExecSpec spec, const Workspace* workspace, ExecSink* sink,
+                       absl::Duration drain_grace)
+    : spec_(std::move(spec)),
+      workspace_(workspace),
+      sink_(sink),
+      drain_grace_(drain_grace),
+      wake_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+ExecRunner::~ExecRunner() = default;
+
+void ExecRunner::Wake() {
+  const uint64_t one = 1;
+  // Cannot fail short of a counter overflow; a lost wake-up is impossible since the
+  // counter stays readable until the runner drains it.
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));
+}
+
+bool ExecRunner::WriteStdin(std::string data) {
+  bool full = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return true;
+    stdin_backlog_ += data.size();
+    stdin_buffer_.append(data);
+    full = stdin_backlog_ >= kMaxBufferedStdin;
+    if (full) stdin_paused_ = true;
+  }
+  Wake();
+  return !full;
+}
+
+void ExecRunner::CloseStdin() {
+  {
+    absl::MutexLock lock(&mu_);
+    stdin_close_requested_ = true;
+  }
+  Wake();
+}
+
+void ExecRunner::Signal(int signal) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return;
+    signals_.push_back(signal);
+  }
+  Wake();
+}
+
+void ExecRunner::Kill() {
+  {
+    absl::MutexLock lock(&mu_);
+    kill_requested_ = true;
+  }
+  Wake();
+}
+
+void ExecRunner::OutputConsumed(int64_t bytes) {
+  bool wake = false;
+  {
+    absl::MutexLock lock(&mu_);
+    wake = outstanding_output_ >= kMaxOutstandingOutput &&
+           outstanding_output_ - bytes < kMaxOutstandingOutput;
+    outstanding_output_ -= bytes;
+  }
+  if (wake) Wake();
+}
+
+void ExecRunner::OnReaped(int wait_status) {
+  {
+    absl::MutexLock lock(&mu_);
+    reaped_ = true;
+    wait_status_ = wait_status;
+  }
+  Wake();
+}
+
+void ExecRunner::Run(const std::function<void()>& on_ended) {
+  absl::Status status = Spawn();
+  if (!status.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+    }
+    on_ended();
+    sink_->OnStartFailed(std::move(status));
+    return;
+  }
+  sink_->OnStarted(pid_, started_at_);
+  ExecResult result = Pump();
+  {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+  }
+  on_ended();
+  sink_->OnExit(result);
+}
+
+absl::Status ExecRunner::Spawn() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (kill_requested_) return absl::CancelledError("the command was cancelled before it started");
+  }
+  if (!wake_fd_.valid()) return OsError("eventfd", errno);
+  auto cwd = workspace_->OpenDirectory("cwd", spec_.cwd);
+  if (!cwd.ok()) return cwd.status();
+
+  // Resolve argv[0] here, not in the child: the child may only make async-signal-safe calls.
+  std::string program = spec_.argv[0];
+  if (program.find('/') == std::string::npos) {
+    auto it = spec_.env.find("PATH");
+    const std::string search = it != spec_.env.end() ? it->second : std::string(kDefaultPath);
+    bool found = false;
+    for (absl::string_view dir : absl::StrSplit(search, ':')) {
+      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
+      struct stat st;
+      if (::fstatat(cwd->get(), candidate.c_str(), &st, 0) == 0 && S_ISREG(st.st_mode) &&
+          ::faccessat(cwd->get(), candidate.c_str(), X_OK, 0) == 0) {
+        program = std::move(candidate);
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("argv[0] \"", spec_.argv[0], "\" not found in PATH \"", search, "\""));
+    }
+  }
+
+  int out[2], err[2], report[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return OsError("pipe", errno);
+  UniqueFd out_r(out[0]), out_w(out[1]);
+  if (::pipe2(err, O_CLOEXEC) != 0) return OsError("pipe", errno);
+  UniqueFd err_r(err[0]), err_w(err[1]);
+  if (::pipe2(report, O_CLOEXEC) != 0) return OsError("pipe", errno);
+  UniqueFd report_r(report[0]), report_w(report[1]);
+  UniqueFd in_r, in_w;
+  if (spec_.attach_stdin) {
+    int in[2];
+    if (::pipe2(in, O_CLOEXEC) != 0) return OsError("pipe", errno);
+    in_r.Reset(in[0]);
+    in_w.Reset(in[1]);
+  } else {
+    in_r.Reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!in_r.valid()) return OsError("open /dev/null", errno);
+  }
+
+  std::vector<std::string> env_strings;
+  env_strings.reserve(spec_.env.size());
+  for (const auto& [name, value] : spec_.env) env_strings.push_back(absl::StrCat(name, "=", value));
+  std::vector<char*> argv_c, envp_c;
+  for (const std::string& a : spec_.argv) argv_c.push_back(const_cast<char*>(a.c_str()));
+  argv_c.push_back(nullptr);
+  for (std::string& e : env_strings) envp_c.push_back(e.data());
+  envp_c.push_back(nullptr);
+
+  const int cwd_fd = cwd->get(), in_fd = in_r.get(), out_fd = out_w.get(), err_fd = err_w.get(),
+            report_fd = report_w.get();
+  const char* path = program.c_str();
+  auto fork_fn = [&]() -> pid_t {
+    const pid_t pid = ::fork();
+    if (pid != 0) return pid;
+    // The child: only async-signal-safe calls until execve.
+    ::setsid();
+    struct sigaction dfl;
+    std::memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    int e = 0;
+    if (::fchdir(cwd_fd) != 0 || ::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 ||
+        ::dup2(err_fd, 2) < 0) {
+      e = errno;
+    } else {
+      // Everything else (gRPC's sockets, other commands' pipes) closes at exec.
+      if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+        for (int fd = 3; fd < 4096; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      }
+      ::execve(path, argv_c.data(), envp_c.data());
+      e = errno;
+    }
+    [[maybe_unused]] ssize_t n = ::write(report_fd, &e, sizeof(e));
+    ::_exit(127);
+  };
+  std::shared_ptr<ExecRunner> self = shared_from_this();
+  const pid_t pid =
+      ChildReaper::Get().Spawn(fork_fn, [self](int wait_status) { self->OnReaped(wait_status); });
+  if (pid < 0) return OsError("fork", errno);
+  pid_ = pid;
+  started_at_ = absl::Now();
+  in_r.Reset();
+  out_w.Reset();
+  err_w.Reset();
+  report_w.Reset();
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(report_r.get(), &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    // The child has _exit()ed or is about to; the reaper collects it.
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot execute \"", program, "\": ", std::strerror(child_errno)));
+  }
+  stdin_fd_ = std::move(in_w);
+  stdout_fd_ = std::move(out_r);
+  stderr_fd_ = std::move(err_r);
+  spdlog::debug("exec pid {}: {}", pid, program);
+  return absl::OkStatus();
+}
+
+ExecResult ExecRunner::Pump() {
+  for (UniqueFd* fd : {&stdin_fd_, &stdout_fd_, &stderr_fd_}) {
+    if (fd->valid()) SetNonBlocking(fd->get());
+  }
+  const absl::Time deadline =
+      spec_.timeout > absl::ZeroDuration() ? started_at_ + spec_.timeout : absl::InfiniteFuture();
+  absl::Time drain_deadline = absl::InfiniteFuture();
+  ExecResult result;
+  int64_t sent[2] = {0, 0};
+  int64_t* totals[2] = {&result.stdout_bytes, &result.stderr_bytes};
+  UniqueFd* outputs[2] = {&stdout_fd_, &stderr_fd_};
+  std::string pending_stdin;
+  bool killed = false;
+  bool reaped = false;
+  int wait_status = 0;
+  std::vector<char> buf(kChunkBytes);
+
+  for (;;) {
+    std::vector<int> signals;
+    bool close_stdin = false, kill = false;
+    int64_t outstanding = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      pending_stdin.append(stdin_buffer_);
+      stdin_buffer_.clear();
+      close_stdin = stdin_close_requested_;
+      signals.swap(signals_);
+      kill = kill_requested_;
+      outstanding = outstanding_output_;
+      if (reaped_ && !reaped) {
+        reaped = true;
+        wait_status = wait_status_;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (reaped && drain_deadline == absl::InfiniteFuture()) drain_deadline = now + drain_grace_;
+    // The group id stays valid while the leader is unreaped or any member lives, so
+    // signalling -pid_ cannot hit an unrelated group while the command runs.
+    for (int s : signals) ::kill(-pid_, s);
+    if (kill && !killed) {
+      ::kill(-pid_, SIGKILL);
+      killed = true;
+    }
+    if (!result.timed_out && now >= deadline) {
+      ::kill(-pid_, SIGKILL);
+      result.timed_out = true;
+      killed = true;
+    }
+    const bool outputs_open = stdout_fd_.valid() || stderr_fd_.valid();
+    if (reaped && (!outputs_open || now >= drain_deadline)) break;
+
+    size_t stdin_consumed = 0;
+    if (!stdin_fd_.valid()) {
+      stdin_consumed += pending_stdin.size();  // stdin is closed: drop what comes
+      pending_stdin.clear();
+    } else if (pending_stdin.empty() && close_stdin) {
+      stdin_fd_.Reset();
+    }
+
+    struct pollfd fds[4];
+    int nfds = 0;
+    fds[nfds++] = {wake_fd_.get(), POLLIN, 0};
+    int output_index[2] = {-1, -1};
+    if (outstanding < kMaxOutstandingOutput) {
+      for (int i = 0; i < 2; ++i) {
+        if (outputs[i]->valid()) {
+          output_index[i] = nfds;
+          fds[nfds++] = {outputs[i]->get(), POLLIN, 0};
+        }
+      }
+    }
+    int stdin_index = -1;
+    if (stdin_fd_.valid() && !pending_stdin.empty()) {
+      stdin_index = nfds;
+      fds[nfds++] = {stdin_fd_.get(), POLLOUT, 0};
+    }
+    absl::Time next = drain_deadline;
+    if (!result.timed_out) next = std::min(next, deadline);
+    int timeout_ms = -1;
+    if (next != absl::InfiniteFuture()) {
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(absl::Ceil(next - now, absl::Milliseconds(1))), 0, 1'000'000));
+    }
+    if (stdin_consumed == 0 && ::poll(fds, nfds, timeout_ms) < 0 && errno != EINTR) {
+      spdlog::error("exec pid {}: poll: {}", pid_, std::strerror(errno));
+      ::kill(-pid_, SIGKILL);
+      killed = true;
+    }
+
+    if ((fds[0].revents & POLLIN) != 0) {
+      uint64_t count;
+      [[maybe_unused]] ssize_t n = ::read(wake_fd_.get(), &count, sizeof(count));
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (output_index[i] < 0 || fds[output_index[i]].revents == 0) continue;
+      const ssize_t n = ::read(outputs[i]->get(), buf.data(), buf.size());
+      if (n > 0) {
+        *totals[i] += n;
+        const int64_t room = std::max<int64_t>(0, spec_.max_output_bytes - sent[i]);
+        const int64_t send = std::min<int64_t>(n, room);
+        if (send < n) result.truncated = true;
+        if (send > 0) {
+          sent[i] += send;
+          {
+            absl::MutexLock lock(&mu_);
+            outstanding_output_ += send;
+          }
+          sink_->OnOutput(i == 1, std::string(buf.data(), static_cast<size_t>(send)));
+        }
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        outputs[i]->Reset();
+      }
+    }
+    if (stdin_index >= 0 && fds[stdin_index].revents != 0) {
+      const ssize_t n = ::write(stdin_fd_.get(), pending_stdin.data(),
+                                std::min(pending_stdin.size(), kChunkBytes));
+      if (n > 0) {
+        pending_stdin.erase(0, static_cast<size_t>(n));
+        stdin_consumed += static_cast<size_t>(n);
+      } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+        // EPIPE: the process closed its stdin; what it did not read is dropped.
+        stdin_consumed += pending_stdin.size();
+        pending_stdin.clear();
+        stdin_fd_.Reset();
+      }
+    }
+    if (stdin_consumed > 0) {
+      bool resume = false;
+      {
+        absl::MutexLock lock(&mu_);
+        stdin_backlog_ -= stdin_consumed;
+        if (stdin_paused_ && stdin_backlog_ < kMaxBufferedStdin) {
+          stdin_paused_ = false;
+          resume = true;
+        }
+      }
+      if (resume) sink_->OnStdinWritable();
+    }
+  }
+
+  stdin_fd_.Reset();
+  stdout_fd_.Reset();
+  stderr_fd_.Reset();
+  if (WIFEXITED(wait_status)) {
+    result.exit_code = WEXITSTATUS(wait_status);
+  } else if (WIFSIGNALED(wait_status)) {
+    result.signal = WTERMSIG(wait_status);
+  }
+  result.duration = absl::Now() - started_at_;
+  spdlog::debug("exec pid {} ended: exit {} signal {}{}", pid_, result.exit_code, result.signal,
+                result.timed_out ? " (timed out)" : "");
+  return result;
+}
+
+// ---- ExecManager ----
+
+ExecManager::ExecManager(const Workspace* workspace, int max_concurrent, absl::Duration drain_grace)
+    : workspace_(workspace), max_concurrent_(max_concurrent), drain_grace_(drain_grace) {}
+
+ExecManager::~ExecManager() {
+  KillAll();
+  JoinAll();
+}
+
+absl::StatusOr<std::shared_ptr<ExecRunner>> ExecManager::Start(ExecSpec spec, ExecSink* sink) {
+  std::vector<std::thread> finished;
+  std::shared_ptr<ExecRunner> runner;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("sandboxd is shutting down");
+    if (running_ >= max_concurrent_) {
+      return absl::ResourceExhaustedError(absl::StrCat(running_,
+                                                       " commands are running, the limit "
+                                                       "(max_concurrent_execs) is ",
+                                                       max_concurrent_));
+    }
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      if (it->second.finished) {
+        finished.push_back(std::move(it->second.thread));
+        it = slots_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    ++running_;
+    const uint64_t id = next_id_++;
+    runner = std::make_shared<ExecRunner>(std::move(spec), workspace_, sink, drain_grace_);
+    Slot& slot = slots_[id];
+    slot.runner = runner;
+    slot.thread = std::thread([this, runner, id] { runner->Run([this, id] { Finished(id); }); });
+  }
+  // These threads have done their last sink call or are about to: joining is quick.
+  for (std::thread& t : finished) {
+    if (t.joinable()) t.join();
+  }
+  return runner;
+}
+
+void ExecManager::Finished(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  --running_;
+  auto it = slots_.find(id);
+  if (it != slots_.end()) it->second.finished = true;  // else JoinAll has taken it
+}
+
+void ExecManager::KillAll() {
+  std::vector<std::shared_ptr<ExecRunner>> runners;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, slot] : slots_) {
+      if (!slot.finished) runners.push_back(slot.runner);
+    }
+  }
+  for (auto& runner : runners) runner->Kill();
+}
+
+void ExecManager::JoinAll() {
+  for (;;) {
+    std::vector<std::thread> threads;
+    {
+      absl::MutexLock lock(&mu_);
+      if (slots_.empty()) return;
+      for (auto& [id, slot] : slots_) threads.push_back(std::move(slot.thread));
+      slots_.clear();
+    }
+    for (std::thread& t : threads) {
+      if (!t.joinable()) continue;
+      if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();
+      } else {
+        t.join();
+      }
+    }
+  }
+}
+
+int ExecManager::running() const {
+  absl::MutexLock lock(&mu_);
+  return running_;
+}
+
+}  // namespace sbx::sandboxd
