@@ -79,7 +79,7 @@ int RefillReconciler::TakeTokensLocked(int want) {
 }
 
 void RefillReconciler::RunOnce() {
-  if (allocator_ == nullptr) return;
+  if (allocator_ == nullptr || runtime_ == nullptr) return;
   std::vector<std::string> check;
   {
     absl::MutexLock lock(&mu_);

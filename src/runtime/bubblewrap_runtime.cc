@@ -33,6 +33,7 @@ namespace fs = std::filesystem;
 constexpr int64_t kDefaultWorkspaceBytes = int64_t{256} << 20;
 constexpr char kSockDirInside[] = "/run/sbx/sock";
 constexpr char kWorkspaceInside[] = "/run/sbx/workspace";
+constexpr char kSandboxdInside[] = "/run/sbx/bin/sbx-sandboxd";
 
 // cgroup v1 controllers this runtime uses for limits, when the machine has them.
 struct Cgroups {
@@ -211,7 +212,11 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       a.push_back(v);
     }
     for (const char* s : {"--chdir", kWorkspaceInside}) a.emplace_back(s);
-    a.push_back(options_.sandboxd_path);
+    // The daemon is bound in at a fixed path: its host path may be under /tmp, which the
+    // sandbox replaces with its own tmpfs.
+    for (const char* x : {"--ro-bind", "", kSandboxdInside}) a.emplace_back(x);
+    a[a.size() - 2] = options_.sandboxd_path;
+    a.push_back(kSandboxdInside);
     for (const std::string& s : {std::string("--socket"), socket_inside, std::string("--workspace"),
                                  std::string(kWorkspaceInside)}) {
       a.push_back(s);
