@@ -270,19 +270,21 @@ class AllocatorImpl final : public Allocator {
   }
 
   void DeleteTemplate(const std::string& name, StatusCallback done) override {
+    absl::Status refused;
     {
       absl::ReaderMutexLock lock(&mu_);
       if (!templates_.contains(name)) {
-        return std::move(done)(
-            absl::NotFoundError(absl::StrCat("template \"", name, "\" not found")));
+        refused = absl::NotFoundError(absl::StrCat("template \"", name, "\" not found"));
       }
       for (const auto& [pname, pool] : pools_) {
-        if (pool->settings().template_name == name) {
-          return std::move(done)(absl::FailedPreconditionError(
-              absl::StrCat("template \"", name, "\" is used by pool \"", pname, "\"")));
+        if (refused.ok() && pool->settings().template_name == name) {
+          refused = absl::FailedPreconditionError(
+              absl::StrCat("template \"", name, "\" is used by pool \"", pname, "\""));
         }
       }
     }
+    // Callbacks never run under a lock: they may call back into the allocator.
+    if (!refused.ok()) return std::move(done)(refused);
     store::WriteBatch batch;
     batch.DeleteTemplate(name);
     store_->Commit(std::move(batch), [this, name, done = std::move(done)](absl::Status s) mutable {
@@ -297,13 +299,15 @@ class AllocatorImpl final : public Allocator {
   void PutPool(store::PoolRecord p, StatusCallback done) override {
     if (absl::Status s = ValidatePool(p); !s.ok()) return std::move(done)(s);
     Pool* existing = nullptr;
+    bool have_template;
     {
       absl::ReaderMutexLock lock(&mu_);
-      if (!templates_.contains(p.template_name)) {
-        return std::move(done)(absl::NotFoundError(
-            absl::StrCat("pool \"", p.name, "\": template \"", p.template_name, "\" not found")));
-      }
+      have_template = templates_.contains(p.template_name);
       existing = FindPoolLocked(p.name);
+    }
+    if (!have_template) {
+      return std::move(done)(absl::NotFoundError(
+          absl::StrCat("pool \"", p.name, "\": template \"", p.template_name, "\" not found")));
     }
     p.generation = existing == nullptr ? 1 : existing->settings().generation + 1;
     store::WriteBatch batch;
@@ -355,22 +359,24 @@ class AllocatorImpl final : public Allocator {
 
   void DeletePool(const std::string& name, StatusCallback done) override {
     Pool* pool = nullptr;
+    absl::Status refused;
     {
       absl::MutexLock lock(&mu_);
       pool = FindPoolLocked(name);
       if (pool == nullptr) {
-        return std::move(done)(absl::NotFoundError(absl::StrCat("pool \"", name, "\" not found")));
-      }
-      if (pool->claimed() > 0 || pool->waiting() > 0) {
-        return std::move(done)(absl::FailedPreconditionError(
+        refused = absl::NotFoundError(absl::StrCat("pool \"", name, "\" not found"));
+      } else if (pool->claimed() > 0 || pool->waiting() > 0) {
+        refused = absl::FailedPreconditionError(
             absl::StrCat("pool \"", name, "\" has ", pool->claimed(), " active and ",
-                         pool->waiting(), " waiting claims; release them first")));
+                         pool->waiting(), " waiting claims; release them first"));
+      } else {
+        // Unlisted at once so that no new claim finds it; the object stays alive
+        // (retired_pools_) because sandboxes point to it.
+        retired_pools_.push_back(std::move(pools_[name]));
+        pools_.erase(name);
       }
-      // Unlisted at once so that no new claim finds it; the object stays alive (retired_
-      // pools) because sandboxes point to it.
-      retired_pools_.push_back(std::move(pools_[name]));
-      pools_.erase(name);
     }
+    if (!refused.ok()) return std::move(done)(refused);
     store::WriteBatch batch;
     batch.DeletePool(name);
     std::vector<store::SandboxRecord> retired;
@@ -568,6 +574,26 @@ class AllocatorImpl final : public Allocator {
  private:
   static absl::Status NotFound(const std::string& claim_id) {
     return absl::NotFoundError(absl::StrCat("claim \"", claim_id, "\" not found"));
+  }
+
+  // OK if the claim is active; otherwise why it cannot be released, expired or renewed
+  // now (ABORTED while it is being granted or renewed, FAILED_PRECONDITION once ended).
+  static absl::Status NotActiveLocked(const ClaimEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e.mu) {
+    switch (e.phase) {
+      case ClaimEntry::Phase::kActive:
+        return absl::OkStatus();
+      case ClaimEntry::Phase::kCommitting:
+        return absl::AbortedError(absl::StrCat("claim \"", e.record.id,
+                                               "\" is still being granted; retry when it returns"));
+      case ClaimEntry::Phase::kUpdating:
+        return absl::AbortedError(
+            absl::StrCat("claim \"", e.record.id, "\" is being renewed; retry"));
+      case ClaimEntry::Phase::kEnding:
+      case ClaimEntry::Phase::kEnded:
+        break;
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("claim \"", e.record.id, "\" ", EndedVerb(e.record.state)));
   }
 
   // The claim's record as clients and the store see it. While the entry holds a sandbox,
@@ -841,31 +867,23 @@ class AllocatorImpl final : public Allocator {
   void EndClaim(const EntryPtr& e, ClaimState end, StatusCallback done) {
     store::WriteBatch batch;
     SandboxPtr sb;
+    absl::Status refused;
     {
       absl::MutexLock lock(&e->mu);
-      switch (e->phase) {
-        case ClaimEntry::Phase::kActive:
-          break;
-        case ClaimEntry::Phase::kCommitting:
-          return std::move(done)(absl::AbortedError(absl::StrCat(
-              "claim \"", e->record.id, "\" is still being granted; retry when it returns")));
-        case ClaimEntry::Phase::kUpdating:
-          return std::move(done)(absl::AbortedError(
-              absl::StrCat("claim \"", e->record.id, "\" is being renewed; retry")));
-        case ClaimEntry::Phase::kEnding:
-        case ClaimEntry::Phase::kEnded:
-          return std::move(done)(absl::FailedPreconditionError(
-              absl::StrCat("claim \"", e->record.id, "\" ", EndedVerb(e->record.state))));
+      refused = NotActiveLocked(*e);
+      if (refused.ok()) {
+        e->phase = ClaimEntry::Phase::kEnding;
+        timers_.Cancel(e->expiry);
+        ClaimRecord ended = RecordLocked(*e);
+        ended.state = end;
+        ended.ended = clock_->Now();
+        batch.Put(std::move(ended));
+        sb = e->sandbox;
+        batch.DeleteSandbox(sb->id);
       }
-      e->phase = ClaimEntry::Phase::kEnding;
-      timers_.Cancel(e->expiry);
-      ClaimRecord ended = RecordLocked(*e);
-      ended.state = end;
-      ended.ended = clock_->Now();
-      batch.Put(std::move(ended));
-      sb = e->sandbox;
-      batch.DeleteSandbox(sb->id);
     }
+    // Callbacks never run under a lock: they may call back into the allocator.
+    if (!refused.ok()) return std::move(done)(refused);
     store_->Commit(
         std::move(batch), [this, e, end, sb, done = std::move(done)](absl::Status s) mutable {
           if (!s.ok()) {
@@ -1016,17 +1034,21 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
     for (int i = 0;; ++i) {
       EntryPtr e = i == 0 ? first : claims_.Find(ClaimKey(req.owner, id_of(i)));
       if (e == nullptr) break;
-      absl::MutexLock lock(&e->mu);
-      if (e->pool != pool) {
-        return std::move(done)(absl::AlreadyExistsError(
-            absl::StrCat("batch id \"", req.batch_id, "\" already names a batch on pool \"",
-                         e->record.pool, "\"")));
+      absl::Status refused;
+      {
+        absl::MutexLock lock(&e->mu);
+        if (e->pool != pool) {
+          refused = absl::AlreadyExistsError(absl::StrCat("batch id \"", req.batch_id,
+                                                          "\" already names a batch on pool \"",
+                                                          e->record.pool, "\""));
+        } else if (e->phase == ClaimEntry::Phase::kCommitting) {
+          refused = absl::AbortedError(
+              absl::StrCat("batch \"", req.batch_id, "\" is still being granted; retry"));
+        } else {
+          results.push_back(ClaimResult{RecordLocked(*e), true});
+        }
       }
-      if (e->phase == ClaimEntry::Phase::kCommitting) {
-        return std::move(done)(absl::AbortedError(
-            absl::StrCat("batch \"", req.batch_id, "\" is still being granted; retry")));
-      }
-      results.push_back(ClaimResult{RecordLocked(*e), true});
+      if (!refused.ok()) return std::move(done)(refused);
     }
     return std::move(done)(std::move(results));
   }
@@ -1123,27 +1145,21 @@ void AllocatorImpl::Renew(const std::string& owner, const std::string& claim_id,
   if (settings.max_ttl > absl::ZeroDuration() && ttl > settings.max_ttl) ttl = settings.max_ttl;
   const absl::Time expires = clock_->Now() + ttl;
   store::WriteBatch batch;
+  absl::Status refused;
   {
     absl::MutexLock lock(&e->mu);
-    switch (e->phase) {
-      case ClaimEntry::Phase::kActive:
-        break;
-      case ClaimEntry::Phase::kCommitting:
-      case ClaimEntry::Phase::kUpdating:
-        return std::move(done)(absl::AbortedError(
-            absl::StrCat("claim \"", claim_id, "\" is busy (being granted or renewed); retry")));
-      case ClaimEntry::Phase::kEnding:
-      case ClaimEntry::Phase::kEnded:
-        return std::move(done)(absl::FailedPreconditionError(
-            absl::StrCat("claim \"", claim_id, "\" ", EndedVerb(e->record.state))));
+    refused = NotActiveLocked(*e);
+    if (refused.ok()) {
+      // kUpdating keeps a release or expiry from writing between this record and its
+      // commit.
+      e->phase = ClaimEntry::Phase::kUpdating;
+      timers_.Cancel(e->expiry);
+      ClaimRecord renewed = RecordLocked(*e);
+      renewed.expires = expires;
+      batch.Put(std::move(renewed));
     }
-    // kUpdating keeps a release or expiry from writing between this record and its commit.
-    e->phase = ClaimEntry::Phase::kUpdating;
-    timers_.Cancel(e->expiry);
-    ClaimRecord renewed = RecordLocked(*e);
-    renewed.expires = expires;
-    batch.Put(std::move(renewed));
   }
+  if (!refused.ok()) return std::move(done)(refused);
   store_->Commit(std::move(batch),
                  [this, e, expires, done = std::move(done)](absl::Status s) mutable {
                    absl::StatusOr<ClaimResult> result;

@@ -695,5 +695,35 @@ TEST_F(AllocatorTest, TellsTheReconcilerWhenBelowFloor) {
   EXPECT_GT(reconciler_.below_target("py"), before);
 }
 
+// Callbacks may call back into the allocator: none may run under an allocator lock.
+TEST_F(AllocatorTest, CallbacksMayReenterTheAllocator) {
+  AddWarm("s1");
+  ClaimRequest r = Req("c1");
+  r.ttl = absl::Seconds(10);
+  ASSERT_TRUE(ClaimNow(r).ok());
+  ASSERT_TRUE(ReleaseNow("c1").ok());
+  bool ran = false;
+  allocator_->Release("alice", "c1", [&](absl::Status s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(allocator_->GetClaim("alice", "c1")->state, ClaimState::kReleased);
+    ran = true;
+  });
+  EXPECT_TRUE(ran);
+  ran = false;
+  allocator_->Renew("alice", "c1", absl::Seconds(5), [&](absl::StatusOr<ClaimResult> res) {
+    EXPECT_EQ(res.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(allocator_->GetClaim("alice", "c1").ok());
+    ran = true;
+  });
+  EXPECT_TRUE(ran);
+  ran = false;
+  allocator_->DeleteTemplate("py", [&](absl::Status s) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(allocator_->GetPool("py").ok());
+    ran = true;
+  });
+  EXPECT_TRUE(ran);
+}
+
 }  // namespace
 }  // namespace sbx::allocator
