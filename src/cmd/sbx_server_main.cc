@@ -1,21 +1,26 @@
-// sbx-server: parse flags, start the service, wait for SIGTERM/SIGINT, shut down with a
-// deadline.
+// sbx-server: parse flags, open the store, start the runtime, the allocator and the
+// refill reconciler, serve gRPC, wait for SIGTERM/SIGINT (SIGHUP reloads the tokens
+// file), shut down with a deadline.
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "CLI/CLI.hpp"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "src/allocator/allocator.h"
+#include "src/allocator/refill.h"
+#include "src/cmd/config.h"
+#include "src/cmd/wiring.h"
 #include "src/common/build_info.h"
 #include "src/common/clock.h"
 #include "src/common/ids.h"
 #include "src/common/logging.h"
+#include "src/runtime/bubblewrap_runtime.h"
 #include "src/server/server.h"
 #include "src/store/rocksdb_store.h"
 
@@ -26,35 +31,23 @@ int Fail(const absl::Status& status) {
   return 2;
 }
 
-// This build has no runtime wired to the allocator yet: nothing can create or delete
-// sandboxes, so refill requests are logged (once per pool) and retired sandboxes are
-// only reported. The local and Kubernetes runtimes replace this.
-class NoRuntimeReconciler final : public sbx::allocator::Reconciler {
- public:
-  void PoolBelowTarget(const std::string& pool) override {
-    absl::MutexLock lock(&mu_);
-    if (warned_.insert(pool).second) {
-      spdlog::warn("pool \"{}\" is below target, but no runtime is configured to refill it", pool);
-    }
-  }
-  void RetireSandbox(const sbx::store::SandboxRecord& sandbox) override {
-    spdlog::info("sandbox \"{}\" retired (no runtime configured to delete it)", sandbox.id);
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::flat_hash_set<std::string> warned_ ABSL_GUARDED_BY(mu_);
-};
+// sbx-sandboxd next to this binary (both are built into the same folder).
+std::string DefaultSandboxd() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : (self.parent_path() / "sbx-sandboxd").string();
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // First of all, block the stop signals in every thread (gRPC's threads inherit this mask), then
-  // wait for them synchronously here: no async-signal-safety concerns.
+  // First of all, block the stop signals in every thread (gRPC's threads inherit this
+  // mask), then wait for them synchronously here: no async-signal-safety concerns.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   sbx::server::ServerOptions server_options;
@@ -63,6 +56,11 @@ int main(int argc, char** argv) {
   sbx::store::RocksDbStoreOptions store_options;
   store_options.path = ".sbx/data";
   std::string durability = "sync";
+  std::string runtime_name = "local";
+  sbx::runtime::BubblewrapRuntimeOptions local_options;
+  local_options.sandboxd_path = DefaultSandboxd();
+  sbx::allocator::RefillOptions refill_options;
+  std::string config_path;
 
   CLI::App app{"sbx-server: warm-pool sandbox allocator for AI agents (gRPC)"};
   // A flag given twice takes its last value, so wrappers (scripts/run) can set defaults
@@ -88,12 +86,40 @@ int main(int argc, char** argv) {
                  "sync: fsync each group commit; buffered: OS-buffered (survives kill -9, not "
                  "power loss)")
       ->capture_default_str();
+  app.add_option("--config", config_path, "YAML file declaring templates and pools at start");
+  app.add_option("--runtime", runtime_name,
+                 "local: bubblewrap sandboxes on this machine; none: no runtime (pools stay "
+                 "empty)")
+      ->capture_default_str();
+  app.add_option("--sandboxd", local_options.sandboxd_path, "sbx-sandboxd binary")
+      ->capture_default_str();
+  app.add_option("--sandbox_root", local_options.root_dir,
+                 "folder for the local sandboxes' sockets")
+      ->capture_default_str();
+  app.add_option("--refill_qps", refill_options.qps, "runtime writes per second")
+      ->capture_default_str();
+  app.add_option("--auth_tokens_file", server_options.auth.tokens_file,
+                 "bearer tokens: one '<token> <tenant> [admin]' per line (SIGHUP reloads)");
+  app.add_flag("--insecure_no_auth", server_options.auth.insecure_no_auth,
+               "no authentication: every caller is tenant 'anonymous' with admin rights (the "
+               "default when --auth_tokens_file is not given)");
   app.add_option("--log_level", log_options.level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
   app.add_option("--log_format", log_options.format, "text|json")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
+  if (runtime_name != "local" && runtime_name != "none") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("runtime \"", runtime_name, "\" is not one of local, none")));
+  }
+  if (absl::Status s = refill_options.Validate(); !s.ok()) return Fail(s);
+  sbx::cmd::ServerConfig config;
+  if (!config_path.empty()) {
+    auto loaded = sbx::cmd::LoadConfig(config_path);
+    if (!loaded.ok()) return Fail(loaded.status());
+    config = std::move(*loaded);
+  }
 
   spdlog::info("sbx-server {} ({}) starting", sbx::Version(), sbx::GitCommit());
   auto mode = sbx::store::ParseDurability(durability);
@@ -105,30 +131,71 @@ int main(int argc, char** argv) {
       "store: RocksDB at \"{}\", durability {} ({})", store_options.path,
       std::string(sbx::store::DurabilityName(*mode)),
       *mode == sbx::store::Durability::kSync ? "fsync per group commit" : "OS-buffered, no fsync");
-  NoRuntimeReconciler reconciler;
+
+  // The runtime reports sandboxes that die; the allocator exists only later, so the
+  // report goes through this pointer (set before any sandbox can exist).
+  std::atomic<sbx::allocator::Allocator*> allocator_for_reports{nullptr};
+  std::unique_ptr<sbx::runtime::BubblewrapRuntime> local;
+  std::unique_ptr<sbx::runtime::Runtime> runtime;
+  if (runtime_name == "local") {
+    local_options.on_gone = [&allocator_for_reports](const std::string& id) {
+      if (auto* a = allocator_for_reports.load()) a->SandboxGone(id).IgnoreError();
+    };
+    auto made = sbx::runtime::BubblewrapRuntime::Make(local_options);
+    if (!made.ok()) return Fail(made.status());
+    local = std::move(*made);
+    runtime = sbx::cmd::NewLocalSpecTranslator(local.get());
+  } else {
+    spdlog::warn("no runtime: pools are never filled; claims can only wait or fail");
+  }
+  sbx::allocator::RefillReconciler refill(refill_options, runtime.get(), &sbx::Clock::Real());
   auto allocator = sbx::allocator::Allocator::Create(
-      {}, store->get(), nullptr, &reconciler, &sbx::Clock::Real(), &sbx::IdGenerator::Random());
+      {}, store->get(), runtime.get(), &refill, &sbx::Clock::Real(), &sbx::IdGenerator::Random());
   if (!allocator.ok()) {
     return Fail(absl::Status(
         allocator.status().code(),
         absl::StrCat("store \"", store_options.path, "\": ", allocator.status().message())));
   }
+  allocator_for_reports = allocator->get();
   const auto& rec = (*allocator)->recovery();
   spdlog::info(
-      "recovered {} templates, {} pools, {} sandboxes, {} active and {} ended claims "
-      "in {}",
+      "recovered {} templates, {} pools, {} sandboxes, {} active and {} ended claims in {}",
       rec.templates, rec.pools, rec.sandboxes, rec.active_claims, rec.ended_claims,
       absl::FormatDuration(rec.took));
+  // Local sandboxes die with the server (bubblewrap --die-with-parent): whatever the store
+  // remembers is gone now. Warm ones are dropped and refilled; claimed ones become LOST.
+  size_t gone = 0;
+  for (const std::string& id : (*allocator)->ListSandboxIds()) {
+    if ((*allocator)->SandboxGone(id).ok()) ++gone;
+  }
+  if (gone > 0) spdlog::warn("{} sandboxes from before the restart no longer exist", gone);
+  if (absl::Status s = sbx::cmd::ApplyConfig(config, **allocator); !s.ok()) return Fail(s);
+  if (runtime != nullptr) refill.Start(allocator->get());
 
+  server_options.allocator = allocator->get();
+  if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
   auto server = sbx::server::Server::Start(server_options);
   if (!server.ok()) return Fail(server.status());
 
   int signal = 0;
-  sigwait(&stop_signals, &signal);
+  while (true) {
+    sigwait(&stop_signals, &signal);
+    if (signal != SIGHUP) break;
+    absl::Status s = (*server)->ReloadAuth();
+    if (s.ok()) {
+      spdlog::info("SIGHUP: tokens reloaded");
+    } else {
+      spdlog::error("SIGHUP: tokens not reloaded, the old ones stay: {}", s.ToString());
+    }
+  }
   spdlog::info("received {}, shutting down (grace {} s)", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                shutdown_grace_s);
   (*server)->Shutdown(absl::Seconds(shutdown_grace_s));
+  refill.Stop();
+  allocator_for_reports = nullptr;
   allocator->reset();
+  runtime.reset();
+  local.reset();  // kills the sandboxes it started
   if (absl::Status s = (*store)->Close(); !s.ok()) return Fail(s);
   spdlog::info("sbx-server stopped");
   return 0;

@@ -60,14 +60,22 @@ SBX_PENDING_UNARY(AdminService, DeletePool)
 SBX_PENDING_UNARY(AdminService, ScalePool)
 #undef SBX_PENDING_UNARY
 
-grpc::ServerWriteReactor<v1::ClaimEvent>* PendingClaimService::WatchClaims(
-    grpc::CallbackServerContext*, const v1::WatchClaimsRequest*) {
+grpc::ServerWriteReactor<v1::ClaimEvent>* PendingWatchClaims(grpc::CallbackServerContext*) {
   return new FinishedWriter<v1::ClaimEvent>("sbx.v1.ClaimService/WatchClaims");
 }
 
-grpc::ServerWriteReactor<v1::PoolEvent>* PendingAdminService::WatchPools(
-    grpc::CallbackServerContext*, const v1::WatchPoolsRequest*) {
+grpc::ServerWriteReactor<v1::PoolEvent>* PendingWatchPools(grpc::CallbackServerContext*) {
   return new FinishedWriter<v1::PoolEvent>("sbx.v1.AdminService/WatchPools");
+}
+
+grpc::ServerWriteReactor<v1::ClaimEvent>* PendingClaimService::WatchClaims(
+    grpc::CallbackServerContext* ctx, const v1::WatchClaimsRequest*) {
+  return PendingWatchClaims(ctx);
+}
+
+grpc::ServerWriteReactor<v1::PoolEvent>* PendingAdminService::WatchPools(
+    grpc::CallbackServerContext* ctx, const v1::WatchPoolsRequest*) {
+  return PendingWatchPools(ctx);
 }
 
 grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* PendingSandboxService::Exec(

@@ -1,7 +1,9 @@
 #pragma once
-// The sbx.v1 services whose implementations land with later work (claims, sandbox
-// operations, admin). They are registered so that reflection lists the whole API, and
-// each RPC answers UNIMPLEMENTED with a message naming the method.
+// The sbx.v1 RPCs whose implementations land with later work. They are registered so that
+// reflection lists the whole API, and each RPC answers UNIMPLEMENTED with a message naming
+// the method. SandboxService is pending as a whole; ClaimService and AdminService are
+// pending as a whole only on a server without an allocator (ServerOptions::allocator),
+// otherwise just their Watch streams are.
 
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/admin.grpc.pb.h"
@@ -9,6 +11,11 @@
 #include "sbx/v1/sandboxes.grpc.pb.h"
 
 namespace sbx::server {
+
+// The streaming RPCs of otherwise implemented services that are still pending; they end at
+// once with UNIMPLEMENTED naming the method.
+grpc::ServerWriteReactor<v1::ClaimEvent>* PendingWatchClaims(grpc::CallbackServerContext* ctx);
+grpc::ServerWriteReactor<v1::PoolEvent>* PendingWatchPools(grpc::CallbackServerContext* ctx);
 
 class PendingClaimService final : public sbx::v1::ClaimService::CallbackService {
  public:
@@ -73,18 +80,6 @@ class PendingAdminService final : public sbx::v1::AdminService::CallbackService 
                                       v1::ScalePoolResponse*) override;
   grpc::ServerWriteReactor<v1::PoolEvent>* WatchPools(grpc::CallbackServerContext* ctx,
                                                       const v1::WatchPoolsRequest*) override;
-};
-
-// Owns the three pending services and registers them with a builder.
-struct PendingServices {
-  PendingClaimService claims;
-  PendingSandboxService sandboxes;
-  PendingAdminService admin;
-  void RegisterWith(grpc::ServerBuilder& builder) {
-    builder.RegisterService(&claims);
-    builder.RegisterService(&sandboxes);
-    builder.RegisterService(&admin);
-  }
 };
 
 }  // namespace sbx::server

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,10 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "spdlog/spdlog.h"
+#include "src/allocator/allocator.h"
+#include "src/server/admin_service.h"
+#include "src/server/auth.h"
+#include "src/server/claim_service.h"
 #include "src/server/diagnostics_service.h"
 #include "src/server/pending_services.h"
 
@@ -33,19 +38,30 @@ absl::Status WritePortFile(const std::string& path, int port) {
   return absl::OkStatus();
 }
 
+// What a server serves; outlives the grpc::Server (destroyed after it).
+struct Services {
+  std::unique_ptr<Authenticator> auth;  // null without an allocator
+  std::vector<std::unique_ptr<grpc::Service>> services;
+};
+
 class GrpcServer final : public Server {
  public:
-  GrpcServer(std::unique_ptr<grpc::Server> server, int port,
-             std::unique_ptr<DiagnosticsService> diagnostics,
-             std::unique_ptr<PendingServices> pending)
-      : server_(std::move(server)),
-        port_(port),
-        diagnostics_(std::move(diagnostics)),
-        pending_(std::move(pending)) {}
+  GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::unique_ptr<Services> services)
+      : services_(std::move(services)), server_(std::move(server)), port_(port) {}
 
   ~GrpcServer() override { Shutdown(absl::ZeroDuration()); }
 
   int port() const override { return port_; }
+
+  absl::Status ReloadAuth() override {
+    if (services_->auth == nullptr) {
+      return absl::FailedPreconditionError(
+          "this server has no allocator and so no authentication to reload");
+    }
+    absl::Status s = services_->auth->Reload();
+    if (s.ok()) spdlog::info("auth: reloaded, {} tokens", services_->auth->size());
+    return s;
+  }
 
   void Shutdown(absl::Duration grace) override {
     // Atomic so that concurrent Shutdown calls (signal thread, destructor) run it once;
@@ -58,11 +74,10 @@ class GrpcServer final : public Server {
   }
 
  private:
+  // Declared first so that it is destroyed last: the services must outlive server_.
+  std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> server_;
   const int port_;
-  // Services must outlive server_; they are destroyed after it (members in reverse order).
-  std::unique_ptr<DiagnosticsService> diagnostics_;
-  std::unique_ptr<PendingServices> pending_;
   std::atomic<bool> shut_down_{false};
 };
 
@@ -85,6 +100,7 @@ absl::Status ServerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_send_message_bytes ", max_send_message_bytes, " is below the minimum of 1024"));
   }
+  if (allocator != nullptr) return auth.Validate();
   return absl::OkStatus();
 }
 
@@ -94,16 +110,36 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  auto diagnostics = std::make_unique<DiagnosticsService>();
-  auto pending = std::make_unique<PendingServices>();
+  auto services = std::make_unique<Services>();
+  services->services.push_back(std::make_unique<DiagnosticsService>());
+  services->services.push_back(std::make_unique<PendingSandboxService>());
+  if (options.allocator != nullptr) {
+    absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(options.auth);
+    if (!auth.ok()) return auth.status();
+    services->auth = std::move(*auth);
+    if (services->auth->insecure()) {
+      spdlog::warn(
+          "AUTHENTICATION IS OFF (insecure_no_auth): every caller is tenant \"{}\" with admin "
+          "rights. Use this only for a local, single-user server.",
+          std::string(kAnonymousTenant));
+    } else {
+      spdlog::info("auth: {} tokens from \"{}\"", services->auth->size(), options.auth.tokens_file);
+    }
+    services->services.push_back(
+        std::make_unique<ClaimService>(options.allocator, services->auth.get()));
+    services->services.push_back(
+        std::make_unique<AdminService>(options.allocator, services->auth.get()));
+  } else {
+    services->services.push_back(std::make_unique<PendingClaimService>());
+    services->services.push_back(std::make_unique<PendingAdminService>());
+  }
 
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
-  builder.RegisterService(diagnostics.get());
-  pending->RegisterWith(builder);
+  for (const auto& service : services->services) builder.RegisterService(service.get());
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -112,8 +148,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                      "\" (address in use, not local, or not resolvable)"));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
-  auto result = std::make_unique<GrpcServer>(std::move(server), port, std::move(diagnostics),
-                                             std::move(pending));
+  auto result = std::make_unique<GrpcServer>(std::move(server), port, std::move(services));
   if (!options.port_file.empty()) {
     if (absl::Status s = WritePortFile(options.port_file, port); !s.ok()) return s;
   }

@@ -2,6 +2,10 @@
 // sbx::server: the gRPC front of sbx. Serves sbx.v1, grpc.health.v1.Health and server
 // reflection with the callback API: no handler blocks a server thread.
 //
+// With an allocator (ServerOptions::allocator), ClaimService and AdminService are served
+// over it, authenticated by bearer tokens (auth.h); without one they answer
+// UNIMPLEMENTED. SandboxService, WatchClaims and WatchPools are UNIMPLEMENTED for now.
+//
 // Thread-safety: Server's methods may be called from any thread.
 // Lifetime: Start() returns a serving server; Shutdown() stops it (idempotent); the
 // destructor shuts down with a zero grace period if Shutdown was not called.
@@ -11,6 +15,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/server/auth.h"
+
+namespace sbx::allocator {
+class Allocator;
+}  // namespace sbx::allocator
 
 namespace sbx::server {
 
@@ -24,6 +33,12 @@ struct ServerOptions {
   int max_receive_message_bytes = 4 * 1024 * 1024;
   // Largest response the server sends.
   int max_send_message_bytes = 16 * 1024 * 1024;
+  // The engine behind ClaimService and AdminService; not owned, must outlive the server.
+  // nullptr: those services answer UNIMPLEMENTED (Ping, health and reflection still work).
+  allocator::Allocator* allocator = nullptr;
+  // Who may call ClaimService and AdminService. Checked (Validate) only with an allocator:
+  // then exactly one of auth.tokens_file and auth.insecure_no_auth must be set.
+  AuthOptions auth;
 
   // INVALID_ARGUMENT naming the bad field and value.
   absl::Status Validate() const;
@@ -31,14 +46,21 @@ struct ServerOptions {
 
 class Server {
  public:
-  // Binds and starts serving. Errors: INVALID_ARGUMENT for bad options, UNAVAILABLE when
-  // the address cannot be bound, INTERNAL when the port file cannot be written.
+  // Binds and starts serving. Errors: INVALID_ARGUMENT for bad options or a malformed
+  // tokens file (naming file:line), NOT_FOUND / PERMISSION_DENIED when the tokens file
+  // cannot be read, UNAVAILABLE when the address cannot be bound, INTERNAL when the port
+  // file cannot be written.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
 
   virtual ~Server() = default;
 
   // The bound port (useful with port 0).
   virtual int port() const = 0;
+
+  // Reads the tokens file again (e.g. on SIGHUP); on error the old tokens stay in force and
+  // the error is returned (INVALID_ARGUMENT naming file:line, NOT_FOUND, ...). OK and a
+  // no-op with insecure_no_auth; FAILED_PRECONDITION on a server without an allocator.
+  virtual absl::Status ReloadAuth() = 0;
 
   // Stops accepting calls, lets in-flight calls finish until `grace` has passed, then
   // cancels the rest. Health reports NOT_SERVING from the first moment. Idempotent.

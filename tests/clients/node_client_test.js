@@ -267,8 +267,8 @@ async function main() {
   const reflectionClient =
       new reflection.grpc.reflection.v1alpha.ServerReflection(target, creds);
   const diagnostics = new sbx.DiagnosticsService(target, creds);
-  const claims = new sbx.ClaimService(target, creds);
-  const clients = [healthClient, reflectionClient, diagnostics, claims];
+  const sandboxes = new sbx.SandboxService(target, creds);
+  const clients = [healthClient, reflectionClient, diagnostics, sandboxes];
 
   await check('(a) grpc.health.v1.Health/Check service "" is SERVING', async () => {
     const {err, res} = await unary(healthClient, 'Check', {service: ''});
@@ -350,16 +350,13 @@ async function main() {
     return `${files.length} descriptor(s)`;
   });
 
-  await check('(d) ClaimService.Claim (not implemented yet) is UNIMPLEMENTED with a message',
+  await check('(d) SandboxService.ReadFile (not implemented yet) is UNIMPLEMENTED with a message',
               async () => {
-    const {err} = await unary(claims, 'Claim', {
+    const {err} = await unary(sandboxes, 'ReadFile', {
       claim_id: 'node-client-test-1',
-      pool: 'python',
-      empty_pool_policy: 'EMPTY_POOL_POLICY_FAIL',
-      ttl: {seconds: 60, nanos: 0},
-      labels: {suite: 'clients', lang: 'node'},
+      path: 'main.py',
     });
-    assert(err, 'Claim succeeded, want UNIMPLEMENTED');
+    assert(err, 'ReadFile succeeded, want UNIMPLEMENTED');
     assert(err.code === grpc.status.UNIMPLEMENTED,
            `status ${codeName(err.code)} (${err.details}), want UNIMPLEMENTED`);
     assert(typeof err.details === 'string' && err.details.trim().length > 0,

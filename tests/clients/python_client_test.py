@@ -215,9 +215,8 @@ class ServerTest(unittest.TestCase):
         try:
             cls.diag_pb2 = importlib.import_module("sbx.v1.diagnostics_pb2")
             cls.diag_grpc = importlib.import_module("sbx.v1.diagnostics_pb2_grpc")
-            cls.claims_pb2 = importlib.import_module("sbx.v1.claims_pb2")
-            cls.claims_grpc = importlib.import_module("sbx.v1.claims_pb2_grpc")
-            cls.types_pb2 = importlib.import_module("sbx.v1.types_pb2")
+            cls.sandboxes_pb2 = importlib.import_module("sbx.v1.sandboxes_pb2")
+            cls.sandboxes_grpc = importlib.import_module("sbx.v1.sandboxes_pb2_grpc")
             work = os.path.join(cls.tmp, "server")
             os.mkdir(work)
             cls.server = ServerProcess(SERVER, EXTRA_SERVER_FLAGS, work)
@@ -281,17 +280,12 @@ class ServerTest(unittest.TestCase):
                              timeout=CALL_TIMEOUT_S)
         self.assertEqual(response.payload, b"still here")
 
-    def test_4_claim_unimplemented(self):
-        stub = self.claims_grpc.ClaimServiceStub(self.channel)
-        request = self.claims_pb2.ClaimRequest(
-            claim_id="python-client-test-1",
-            pool="python",
-            empty_pool_policy=self.types_pb2.EMPTY_POOL_POLICY_FAIL,
-            labels={"suite": "clients", "lang": "python"})
-        request.ttl.FromSeconds(60)
-        request.config.env["GREETING"] = "hello"
+    def test_4_read_file_unimplemented(self):
+        stub = self.sandboxes_grpc.SandboxServiceStub(self.channel)
+        request = self.sandboxes_pb2.ReadFileRequest(claim_id="python-client-test-1",
+                                                     path="main.py")
         with self.assertRaises(grpc.RpcError) as ctx:
-            stub.Claim(request, timeout=CALL_TIMEOUT_S)
+            stub.ReadFile(request, timeout=CALL_TIMEOUT_S)
         self.assertEqual(ctx.exception.code(), grpc.StatusCode.UNIMPLEMENTED,
                          ctx.exception.details())
         self.assertTrue((ctx.exception.details() or "").strip(), "status message is empty")

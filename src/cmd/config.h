@@ -1,0 +1,44 @@
+#pragma once
+// The server's start-up configuration file (YAML): templates and pools to declare at
+// start, in the shape of the sbx.v1 API messages. Example: scripts/example-config.yaml.
+//
+//   templates:
+//     - name: default
+//       runtime: local            # local | kubernetes
+//       local:
+//         network: false
+//         env: {LANG: C.UTF-8}
+//         mounts: [{source: /opt/data, target: /data, read_only: true}]
+//         memory_limit_bytes: 536870912
+//         pids_limit: 256
+//         workspace_size_bytes: 268435456
+//   pools:
+//     - name: default
+//       template: default
+//       min_warm: 2
+//       max_warm: 8
+//       empty_pool_policy: wait   # wait | cold | fail
+//       default_wait: 30s         # durations as "300ms", "30s", "1h"
+//       default_ttl: 1h
+//       max_ttl: 24h
+//
+// Unknown keys are errors (a typo must not be silently ignored).
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sbx/v1/admin.pb.h"
+
+namespace sbx::cmd {
+
+struct ServerConfig {
+  std::vector<sbx::v1::Template> templates;
+  std::vector<sbx::v1::Pool> pools;
+};
+
+// INVALID_ARGUMENT naming the file, the entry and the bad key or value; NOT_FOUND when
+// the file cannot be read.
+absl::StatusOr<ServerConfig> LoadConfig(const std::string& path);
+
+}  // namespace sbx::cmd

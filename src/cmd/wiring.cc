@@ -1,0 +1,85 @@
+#include "src/cmd/wiring.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "sbx/v1/admin.pb.h"
+#include "src/runtime/bubblewrap_runtime.h"
+#include "src/server/convert.h"
+
+namespace sbx::cmd {
+namespace {
+
+class LocalSpecTranslator final : public runtime::Runtime {
+ public:
+  explicit LocalSpecTranslator(runtime::Runtime* local) : local_(local) {}
+
+  void Create(runtime::CreateRequest request, runtime::CreateCallback done) override {
+    sbx::v1::LocalSpec api;
+    if (!request.template_spec.empty() && !api.ParseFromString(request.template_spec)) {
+      return std::move(done)(absl::InvalidArgumentError(
+          absl::StrCat("template \"", request.template_name, "\": its local spec does not parse")));
+    }
+    runtime::LocalSpec spec;
+    for (const auto& [k, v] : api.env()) spec.env[k] = v;
+    for (const auto& m : api.mounts())
+      spec.mounts.push_back({m.source(), m.target(), m.read_only()});
+    spec.network = api.network();
+    spec.memory_limit_bytes = api.memory_limit_bytes();
+    spec.pids_limit = api.pids_limit();
+    spec.workspace_size_bytes = api.workspace_size_bytes();
+    request.template_spec = runtime::EncodeLocalSpec(spec);
+    local_->Create(std::move(request), std::move(done));
+  }
+
+  void Delete(std::string id, runtime::DeleteCallback done) override {
+    local_->Delete(std::move(id), std::move(done));
+  }
+
+ private:
+  runtime::Runtime* const local_;
+};
+
+absl::Status Wait(const std::function<void(allocator::StatusCallback)>& call) {
+  absl::Notification done;
+  absl::Status result;
+  call([&](absl::Status s) {
+    result = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+}  // namespace
+
+std::unique_ptr<runtime::Runtime> NewLocalSpecTranslator(runtime::Runtime* local) {
+  return std::make_unique<LocalSpecTranslator>(local);
+}
+
+absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& allocator) {
+  for (const sbx::v1::Template& t : config.templates) {
+    absl::StatusOr<store::TemplateRecord> record = server::TemplateFromProto(t);
+    if (!record.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: template \"", t.name(), "\": ", record.status().message()));
+    }
+    absl::Status s =
+        Wait([&](allocator::StatusCallback cb) { allocator.PutTemplate(*record, std::move(cb)); });
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("config: ", s.message()));
+  }
+  for (const sbx::v1::Pool& p : config.pools) {
+    absl::StatusOr<store::PoolRecord> record = server::PoolFromProto(p);
+    if (!record.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: pool \"", p.name(), "\": ", record.status().message()));
+    }
+    absl::Status s =
+        Wait([&](allocator::StatusCallback cb) { allocator.PutPool(*record, std::move(cb)); });
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("config: ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sbx::cmd

@@ -1,0 +1,24 @@
+#pragma once
+// Glue that only src/cmd may hold, because it joins components that do not know each
+// other: the API's template specs and the local runtime, the config file and the
+// allocator.
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "src/allocator/allocator.h"
+#include "src/cmd/config.h"
+#include "src/runtime/runtime.h"
+
+namespace sbx::cmd {
+
+// Wraps the local runtime: the server stores a local template's spec as serialized
+// sbx.v1.LocalSpec; the local runtime reads its own JSON (runtime::EncodeLocalSpec).
+// Creates with a spec that does not parse fail with INVALID_ARGUMENT naming the template.
+std::unique_ptr<runtime::Runtime> NewLocalSpecTranslator(runtime::Runtime* local);
+
+// Declares the config file's templates and pools through the allocator (creating or
+// replacing them), waiting for each to be durable. Errors name the entry.
+absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& allocator);
+
+}  // namespace sbx::cmd

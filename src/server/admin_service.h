@@ -1,0 +1,84 @@
+#pragma once
+// sbx.v1.AdminService over the allocator: templates and pools (Put/Get/List/Delete,
+// ScalePool). Every RPC needs an admin caller. WatchPools is not implemented yet.
+//
+// Optimistic concurrency (expected_generation, create_only): the check and the write are
+// made atomic by marking the object busy in this service from the check until the write
+// is durable; a second write to the same object meanwhile gets ABORTED (retry). This
+// server is the only writer of its allocator, so that is enough.
+//
+// Not supported yet: Pool.max_sandboxes != 0 (UNIMPLEMENTED), created_at/updated_at of
+// templates and pools (the records keep no timestamps; left unset), PoolStatus.starting,
+// stale, observed_generation and last_error (need the reconciler; left 0/empty).
+//
+// Thread-safety: handlers run concurrently on gRPC's threads.
+// Lifetime: the Allocator and Authenticator must outlive the service and every call.
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "sbx/v1/admin.grpc.pb.h"
+#include "src/allocator/allocator.h"
+#include "src/server/auth.h"
+
+namespace sbx::server {
+
+class AdminService final : public sbx::v1::AdminService::CallbackService {
+ public:
+  AdminService(allocator::Allocator* allocator, const Authenticator* auth)
+      : allocator_(allocator), auth_(auth) {}
+
+  grpc::ServerUnaryReactor* PutTemplate(grpc::CallbackServerContext* ctx,
+                                        const v1::PutTemplateRequest* req,
+                                        v1::PutTemplateResponse* resp) override;
+  grpc::ServerUnaryReactor* GetTemplate(grpc::CallbackServerContext* ctx,
+                                        const v1::GetTemplateRequest* req,
+                                        v1::GetTemplateResponse* resp) override;
+  grpc::ServerUnaryReactor* ListTemplates(grpc::CallbackServerContext* ctx,
+                                          const v1::ListTemplatesRequest* req,
+                                          v1::ListTemplatesResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteTemplate(grpc::CallbackServerContext* ctx,
+                                           const v1::DeleteTemplateRequest* req,
+                                           v1::DeleteTemplateResponse* resp) override;
+  grpc::ServerUnaryReactor* PutPool(grpc::CallbackServerContext* ctx, const v1::PutPoolRequest* req,
+                                    v1::PutPoolResponse* resp) override;
+  grpc::ServerUnaryReactor* GetPool(grpc::CallbackServerContext* ctx, const v1::GetPoolRequest* req,
+                                    v1::GetPoolResponse* resp) override;
+  grpc::ServerUnaryReactor* ListPools(grpc::CallbackServerContext* ctx,
+                                      const v1::ListPoolsRequest* req,
+                                      v1::ListPoolsResponse* resp) override;
+  grpc::ServerUnaryReactor* DeletePool(grpc::CallbackServerContext* ctx,
+                                       const v1::DeletePoolRequest* req,
+                                       v1::DeletePoolResponse* resp) override;
+  grpc::ServerUnaryReactor* ScalePool(grpc::CallbackServerContext* ctx,
+                                      const v1::ScalePoolRequest* req,
+                                      v1::ScalePoolResponse* resp) override;
+  grpc::ServerWriteReactor<v1::PoolEvent>* WatchPools(grpc::CallbackServerContext* ctx,
+                                                      const v1::WatchPoolsRequest* req) override;
+
+ private:
+  // Objects with a write between its check and its durability: "template/<name>" and
+  // "pool/<name>". Shared with the allocator callbacks, which may outlive the service when
+  // a call was cancelled.
+  class WriteLocks {
+   public:
+    // Marks `key` busy; ABORTED if a write to it is in flight.
+    absl::Status Begin(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+    void End(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+
+   private:
+    absl::Mutex mu_;
+    absl::flat_hash_set<std::string> busy_ ABSL_GUARDED_BY(mu_);
+  };
+
+  allocator::Allocator* const allocator_;
+  const Authenticator* const auth_;
+  const std::shared_ptr<WriteLocks> writes_ = std::make_shared<WriteLocks>();
+};
+
+}  // namespace sbx::server

@@ -1,0 +1,129 @@
+#include "src/server/auth.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "src/common/ids.h"
+
+namespace sbx::server {
+
+absl::Status AuthOptions::Validate() const {
+  if (tokens_file.empty() && !insecure_no_auth) {
+    return absl::InvalidArgumentError(
+        "authentication needs a tokens file (tokens_file), or insecure_no_auth for a local "
+        "single-user server");
+  }
+  if (!tokens_file.empty() && insecure_no_auth) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens_file \"", tokens_file,
+                                                   "\" and insecure_no_auth are both set; "
+                                                   "choose one"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const AuthOptions& options) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  std::unique_ptr<Authenticator> auth(new Authenticator(options));
+  if (!options.insecure_no_auth) {
+    absl::StatusOr<std::shared_ptr<const Table>> table = Load(options.tokens_file);
+    if (!table.ok()) return table.status();
+    absl::MutexLock lock(&auth->mu_);
+    auth->table_ = std::move(*table);
+  }
+  return auth;
+}
+
+absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
+    const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    const int err = errno;
+    const std::string why = absl::StrCat("cannot read tokens file \"", path,
+                                         "\": ", err != 0 ? std::strerror(err) : "open failed");
+    if (err == ENOENT) return absl::NotFoundError(why);
+    if (err == EACCES) return absl::PermissionDeniedError(why);
+    return absl::InternalError(why);
+  }
+  auto table = std::make_shared<Table>();
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const absl::string_view text = absl::StripAsciiWhitespace(line);
+    if (text.empty() || text[0] == '#') continue;
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(text, absl::ByAnyChar(" \t\r"), absl::SkipEmpty());
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": ", why));
+    };
+    if (fields.size() < 2 || fields.size() > 3) {
+      return bad(
+          absl::StrCat("want \"<token> <tenant> [admin]\", got ", fields.size(), " field(s)"));
+    }
+    Caller caller;
+    caller.tenant = std::string(fields[1]);
+    if (absl::Status s = ValidateKey("tenant", caller.tenant); !s.ok()) return bad(s.message());
+    if (fields.size() == 3) {
+      if (fields[2] != "admin") {
+        return bad(absl::StrCat("third field \"", std::string(fields[2]), "\" is not \"admin\""));
+      }
+      caller.admin = true;
+    }
+    if (!table->emplace(std::string(fields[0]), std::move(caller)).second) {
+      return bad("token appears twice (tokens must be unique)");
+    }
+  }
+  if (in.bad())
+    return absl::InternalError(absl::StrCat("error reading tokens file \"", path, "\""));
+  return std::shared_ptr<const Table>(std::move(table));
+}
+
+absl::StatusOr<Caller> Authenticator::Authenticate(
+    std::optional<absl::string_view> authorization) const {
+  if (options_.insecure_no_auth) return Caller{std::string(kAnonymousTenant), true};
+  if (!authorization.has_value()) {
+    return absl::UnauthenticatedError(
+        "missing \"authorization: Bearer <token>\" metadata (this server has auth enabled)");
+  }
+  absl::string_view value = absl::StripAsciiWhitespace(*authorization);
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWithIgnoreCase(value, kBearer)) {
+    return absl::UnauthenticatedError(
+        "\"authorization\" metadata is not of the form \"Bearer <token>\"");
+  }
+  const absl::string_view token = absl::StripAsciiWhitespace(value.substr(kBearer.size()));
+  std::shared_ptr<const Table> table;
+  {
+    absl::MutexLock lock(&mu_);
+    table = table_;
+  }
+  if (table != nullptr) {
+    auto it = table->find(token);
+    if (it != table->end()) return it->second;
+  }
+  // The token itself is never echoed: it is a secret, even when wrong.
+  return absl::UnauthenticatedError("unknown bearer token");
+}
+
+absl::Status Authenticator::Reload() {
+  if (options_.insecure_no_auth) return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<const Table>> table = Load(options_.tokens_file);
+  if (!table.ok()) return table.status();
+  absl::MutexLock lock(&mu_);
+  table_ = std::move(*table);
+  return absl::OkStatus();
+}
+
+size_t Authenticator::size() const {
+  absl::MutexLock lock(&mu_);
+  return table_ == nullptr ? 0 : table_->size();
+}
+
+}  // namespace sbx::server

@@ -1,0 +1,84 @@
+#pragma once
+// Bearer-token authentication for the sbx.v1 services: who is calling (the tenant) and
+// whether that caller may use AdminService.
+//
+// Tokens come from a file, one entry per line:
+//
+//   # comment
+//   <token> <tenant> [admin]
+//
+// Tokens are any run of non-blank characters; tenants follow the claim-id syntax
+// ([A-Za-z0-9._:-], 1-128 characters) because they become the owner of claims. Blank
+// lines and lines starting with '#' are skipped. With `insecure_no_auth` there is no file
+// and every caller is the tenant "anonymous" with admin rights.
+//
+// Thread-safety: Authenticate and Reload may be called from any thread concurrently; a
+// reload swaps the whole table at once, so a call sees either the old or the new one.
+// Lifetime: plain object; the server owns it.
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace sbx::server {
+
+struct AuthOptions {
+  // File of tokens (see above). Required unless insecure_no_auth.
+  std::string tokens_file;
+  // Accept every call without a token as tenant "anonymous" with admin rights. For a
+  // local, single-user server only; the server logs a warning at start.
+  bool insecure_no_auth = false;
+
+  // INVALID_ARGUMENT when neither or both of tokens_file and insecure_no_auth are set.
+  absl::Status Validate() const;
+};
+
+// The authenticated caller of one RPC.
+struct Caller {
+  std::string tenant;
+  bool admin = false;
+};
+
+// The tenant every caller becomes with insecure_no_auth.
+inline constexpr absl::string_view kAnonymousTenant = "anonymous";
+
+class Authenticator {
+ public:
+  // Reads the tokens file. Errors: INVALID_ARGUMENT for bad options or a malformed line
+  // (the message starts with "<file>:<line>:"), NOT_FOUND / PERMISSION_DENIED / INTERNAL
+  // when the file cannot be read.
+  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(const AuthOptions& options);
+
+  // `authorization` is the value of the call's "authorization" metadata entry, if any.
+  // UNAUTHENTICATED when it is missing, not "Bearer <token>", or the token is unknown.
+  absl::StatusOr<Caller> Authenticate(std::optional<absl::string_view> authorization) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reads the tokens file again and, if it parses, replaces the table. On error the old
+  // table stays in force and the error (as for Create) is returned. A no-op (OK) with
+  // insecure_no_auth.
+  absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_);
+
+  bool insecure() const { return options_.insecure_no_auth; }
+  // Number of tokens currently accepted (0 with insecure_no_auth).
+  size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  using Table = absl::flat_hash_map<std::string, Caller>;
+  explicit Authenticator(AuthOptions options) : options_(std::move(options)) {}
+  static absl::StatusOr<std::shared_ptr<const Table>> Load(const std::string& path);
+
+  const AuthOptions options_;
+  mutable absl::Mutex mu_;
+  // Immutable once published: readers copy the pointer under the lock and look up outside.
+  std::shared_ptr<const Table> table_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sbx::server

@@ -1,0 +1,489 @@
+#include "src/server/convert.h"
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "src/common/ids.h"
+#include "src/common/status_macros.h"
+
+namespace sbx::server {
+namespace {
+
+std::string Quote(absl::string_view s) {
+  constexpr size_t kMaxShown = 64;
+  if (s.size() > kMaxShown)
+    return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMaxShown)), "...\"");
+  return absl::StrCat("\"", absl::CHexEscape(s), "\"");
+}
+
+bool IsAlnum(char c) { return absl::ascii_isalnum(static_cast<unsigned char>(c)); }
+
+absl::Status ValidateLabelKey(absl::string_view field, absl::string_view key) {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": label key is empty"));
+  if (key.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": label key ", Quote(key), " is longer than 128 characters"));
+  }
+  for (char c : key) {
+    if (!IsAlnum(c) && c != '.' && c != '_' && c != '/' && c != '-') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": label key ", Quote(key), " may contain only letters, digits and . _ / -"));
+    }
+  }
+  if (!IsAlnum(key.front()) || !IsAlnum(key.back())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": label key ", Quote(key),
+                                                   " must start and end with a letter or digit"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLabelValue(absl::string_view field, absl::string_view key,
+                                absl::string_view value) {
+  if (value.size() > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": value of label ", Quote(key), " is longer than 256 characters"));
+  }
+  for (char c : value) {
+    if (!IsAlnum(c) && c != '.' && c != '_' && c != '/' && c != ':' && c != '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": value ", Quote(value), " of label ", Quote(key),
+                       " may contain only letters, digits and . _ / : -"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMaxTtl(absl::string_view name, absl::Duration value, absl::Duration max_ttl,
+                         absl::string_view what) {
+  if (max_ttl > absl::ZeroDuration() && value > max_ttl) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool \"", name, "\": ", what, " ", absl::FormatDuration(value),
+                     " is above max_ttl ", absl::FormatDuration(max_ttl)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLocalSpec(absl::string_view name, const v1::LocalSpec& s) {
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("template \"", name, "\": local.", parts...));
+  };
+  if (s.mounts_size() > 64) return bad("mounts has ", s.mounts_size(), " entries; at most 64");
+  for (int i = 0; i < s.mounts_size(); ++i) {
+    const v1::BindMount& m = s.mounts(i);
+    if (m.source().empty() || m.source()[0] != '/') {
+      return bad("mounts[", i, "].source ", Quote(m.source()), " is not an absolute path");
+    }
+    if (!m.target().empty() && m.target()[0] != '/') {
+      return bad("mounts[", i, "].target ", Quote(m.target()), " is not an absolute path");
+    }
+  }
+  if (s.env_size() > 256) return bad("env has ", s.env_size(), " entries; at most 256");
+  for (const auto& [k, v] : s.env()) {
+    bool ok =
+        !k.empty() && k.size() <= 256 && !absl::ascii_isdigit(static_cast<unsigned char>(k[0]));
+    for (char c : k) ok = ok && (IsAlnum(c) || c == '_');
+    if (!ok) return bad("env name ", Quote(k), " does not match [A-Za-z_][A-Za-z0-9_]*");
+    if (v.size() > 32 * 1024) return bad("env value of ", Quote(k), " is longer than 32 KiB");
+  }
+  if (s.memory_limit_bytes() < 0 ||
+      (s.memory_limit_bytes() > 0 && s.memory_limit_bytes() < 16 * 1024 * 1024)) {
+    return bad("memory_limit_bytes ", s.memory_limit_bytes(), " must be 0 or at least 16 MiB");
+  }
+  if (s.pids_limit() < 0) return bad("pids_limit ", s.pids_limit(), " is negative");
+  if (s.workspace_size_bytes() < 0) {
+    return bad("workspace_size_bytes ", s.workspace_size_bytes(), " is negative");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateKubernetesSpec(absl::string_view name, const v1::KubernetesSpec& s) {
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("template \"", name, "\": kubernetes.", parts...));
+  };
+  if (s.pod_template().empty()) return bad("pod_template is empty");
+  if (s.pod_template().size() > 1024 * 1024) {
+    return bad("pod_template is ", s.pod_template().size(), " bytes; at most 1 MiB");
+  }
+  if (!s.namespace_().empty()) {
+    RETURN_IF_ERROR(ValidateName(absl::StrCat("template \"", name, "\": kubernetes.namespace"),
+                                 s.namespace_()));
+  }
+  if (s.sandboxd_port() < 0 || s.sandboxd_port() > 65535) {
+    return bad("sandboxd_port ", s.sandboxd_port(), " is outside 0..65535");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<absl::Duration> FromProto(absl::string_view field,
+                                         const google::protobuf::Duration& d) {
+  const int64_t s = d.seconds();
+  const int32_t n = d.nanos();
+  if (n <= -1000000000 || n >= 1000000000 || (s > 0 && n < 0) || (s < 0 && n > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " {seconds: ", s, ", nanos: ", n, "} is not a valid duration"));
+  }
+  const absl::Duration out = absl::Seconds(s) + absl::Nanoseconds(n);
+  if (out < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " ", absl::FormatDuration(out), " is negative"));
+  }
+  return out;
+}
+
+void ToProto(absl::Duration d, google::protobuf::Duration* out) {
+  const int64_t seconds = absl::IDivDuration(d, absl::Seconds(1), &d);
+  out->set_seconds(seconds);
+  out->set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d)));
+}
+
+void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
+  const absl::Duration since = t - absl::UnixEpoch();
+  const int64_t seconds = absl::ToInt64Seconds(since);
+  out->set_seconds(seconds);
+  out->set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(since - absl::Seconds(seconds))));
+}
+
+absl::StatusOr<std::optional<store::EmptyPoolPolicy>> FromProto(absl::string_view field,
+                                                                v1::EmptyPoolPolicy p) {
+  switch (p) {
+    case v1::EMPTY_POOL_POLICY_UNSPECIFIED:
+      return std::nullopt;
+    case v1::EMPTY_POOL_POLICY_WAIT:
+      return store::EmptyPoolPolicy::kWait;
+    case v1::EMPTY_POOL_POLICY_COLD:
+      return store::EmptyPoolPolicy::kCold;
+    case v1::EMPTY_POOL_POLICY_FAIL:
+      return store::EmptyPoolPolicy::kFail;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " ", static_cast<int>(p), " is not a known EmptyPoolPolicy"));
+}
+
+v1::EmptyPoolPolicy ToProto(store::EmptyPoolPolicy p) {
+  switch (p) {
+    case store::EmptyPoolPolicy::kWait:
+      return v1::EMPTY_POOL_POLICY_WAIT;
+    case store::EmptyPoolPolicy::kCold:
+      return v1::EMPTY_POOL_POLICY_COLD;
+    case store::EmptyPoolPolicy::kFail:
+      return v1::EMPTY_POOL_POLICY_FAIL;
+  }
+  return v1::EMPTY_POOL_POLICY_UNSPECIFIED;
+}
+
+v1::ClaimState ToProto(store::ClaimState s) {
+  switch (s) {
+    case store::ClaimState::kActive:
+      return v1::CLAIM_STATE_ACTIVE;
+    case store::ClaimState::kReleased:
+      return v1::CLAIM_STATE_RELEASED;
+    case store::ClaimState::kExpired:
+      return v1::CLAIM_STATE_EXPIRED;
+    case store::ClaimState::kLost:
+      return v1::CLAIM_STATE_LOST;
+  }
+  return v1::CLAIM_STATE_UNSPECIFIED;
+}
+
+v1::LaunchType ToProto(store::LaunchType t) {
+  switch (t) {
+    case store::LaunchType::kWarm:
+      return v1::LAUNCH_TYPE_WARM;
+    case store::LaunchType::kCold:
+      return v1::LAUNCH_TYPE_COLD;
+  }
+  return v1::LAUNCH_TYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> LabelsFromProto(
+    absl::string_view field, const google::protobuf::Map<std::string, std::string>& labels) {
+  if (labels.size() > static_cast<size_t>(kMaxLabels)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " has ", labels.size(), " entries; at most ", kMaxLabels));
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : labels) {
+    RETURN_IF_ERROR(ValidateLabelKey(field, k));
+    RETURN_IF_ERROR(ValidateLabelValue(field, k, v));
+    out.emplace(k, v);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<LabelRequirement>> ParseLabelSelector(absl::string_view selector) {
+  std::vector<LabelRequirement> out;
+  if (selector.size() > kMaxSelectorBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("label_selector is ", selector.size(), " bytes; at most ", kMaxSelectorBytes));
+  }
+  if (absl::StripAsciiWhitespace(selector).empty()) return out;
+  for (absl::string_view raw : absl::StrSplit(selector, ',')) {
+    const absl::string_view term = absl::StripAsciiWhitespace(raw);
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat("label_selector term ", Quote(term), " ", why,
+                                                     " (want key=value, key!=value, key or !key)"));
+    };
+    if (term.empty()) return bad("is empty");
+    LabelRequirement r;
+    absl::string_view key, value;
+    if (const size_t ne = term.find("!="); ne != absl::string_view::npos) {
+      r.op = LabelRequirement::Op::kNotEquals;
+      key = term.substr(0, ne);
+      value = term.substr(ne + 2);
+    } else if (const size_t eq = term.find('='); eq != absl::string_view::npos) {
+      r.op = LabelRequirement::Op::kEquals;
+      key = term.substr(0, eq);
+      value = term.substr(eq + 1);
+      if (!value.empty() && value[0] == '=') value.remove_prefix(1);  // "k==v" as in k8s
+    } else if (term[0] == '!') {
+      r.op = LabelRequirement::Op::kNotExists;
+      key = term.substr(1);
+    } else {
+      r.op = LabelRequirement::Op::kExists;
+      key = term;
+    }
+    key = absl::StripAsciiWhitespace(key);
+    value = absl::StripAsciiWhitespace(value);
+    if (absl::Status s = ValidateLabelKey("label_selector", key); !s.ok()) {
+      return bad(absl::StrCat("has a bad key: ", s.message()));
+    }
+    if (absl::Status s = ValidateLabelValue("label_selector", key, value); !s.ok()) {
+      return bad(absl::StrCat("has a bad value: ", s.message()));
+    }
+    r.key = std::string(key);
+    r.value = std::string(value);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+bool Matches(const std::vector<LabelRequirement>& requirements,
+             const std::map<std::string, std::string>& labels) {
+  for (const LabelRequirement& r : requirements) {
+    auto it = labels.find(r.key);
+    const bool present = it != labels.end();
+    switch (r.op) {
+      case LabelRequirement::Op::kEquals:
+        if (!present || it->second != r.value) return false;
+        break;
+      case LabelRequirement::Op::kNotEquals:
+        if (present && it->second == r.value) return false;
+        break;
+      case LabelRequirement::Op::kExists:
+        if (!present) return false;
+        break;
+      case LabelRequirement::Op::kNotExists:
+        if (present) return false;
+        break;
+    }
+  }
+  return true;
+}
+
+void ToProto(const store::ClaimRecord& r, v1::Claim* out) {
+  out->set_claim_id(r.id);
+  out->set_pool(r.pool);
+  out->set_owner(r.owner);
+  out->mutable_sandbox()->set_id(r.sandbox_id);
+  out->mutable_sandbox()->set_endpoint(r.endpoint);
+  out->set_launch_type(ToProto(r.launch_type));
+  out->set_state(ToProto(r.state));
+  for (const auto& [k, v] : r.labels) (*out->mutable_labels())[k] = v;
+  ToProto(r.created, out->mutable_created_at());
+  if (r.expires != absl::InfiniteFuture()) ToProto(r.expires, out->mutable_expires_at());
+  if (r.state != store::ClaimState::kActive) ToProto(r.ended, out->mutable_ended_at());
+  // Batch claims are named "<batch_id>#<i>" (ClaimBatch); '#' is never part of a claim id
+  // chosen by a client, so its presence identifies a batch member.
+  if (const size_t hash = r.id.rfind('#'); hash != std::string::npos) {
+    out->set_batch_id(r.id.substr(0, hash));
+  }
+}
+
+absl::StatusOr<store::TemplateRecord> TemplateFromProto(const v1::Template& t) {
+  RETURN_IF_ERROR(ValidateName("template.name", t.name()));
+  store::TemplateRecord r;
+  r.name = t.name();
+  r.runtime = t.runtime();
+  if (t.runtime() == "local") {
+    if (!t.has_local()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("template \"", t.name(), "\": runtime \"local\" needs template.local"));
+    }
+    if (t.has_kubernetes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "template \"", t.name(), "\": template.kubernetes is set, but runtime is \"local\""));
+    }
+    RETURN_IF_ERROR(ValidateLocalSpec(t.name(), t.local()));
+    r.spec = SerializeSpec(t.local());
+  } else if (t.runtime() == "kubernetes") {
+    if (!t.has_kubernetes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "template \"", t.name(), "\": runtime \"kubernetes\" needs template.kubernetes"));
+    }
+    if (t.has_local()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "template \"", t.name(), "\": template.local is set, but runtime is \"kubernetes\""));
+    }
+    RETURN_IF_ERROR(ValidateKubernetesSpec(t.name(), t.kubernetes()));
+    r.spec = SerializeSpec(t.kubernetes());
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("template \"", t.name(), "\": runtime ",
+                                                   Quote(t.runtime()),
+                                                   " is not one of \"local\", \"kubernetes\""));
+  }
+  return r;
+}
+
+std::string SerializeSpec(const google::protobuf::MessageLite& spec) {
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    (void)spec.SerializeToCodedStream(&coded);
+    // `coded` flushes into `out` when destroyed, at the end of this scope.
+  }
+  return out;
+}
+
+void ToProto(const store::TemplateRecord& r, v1::Template* out) {
+  out->set_name(r.name);
+  out->set_runtime(r.runtime);
+  out->set_generation(static_cast<int64_t>(r.generation));
+  if (r.runtime == "local") {
+    (void)out->mutable_local()->ParseFromString(r.spec);
+  } else if (r.runtime == "kubernetes") {
+    (void)out->mutable_kubernetes()->ParseFromString(r.spec);
+  }
+}
+
+absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p) {
+  RETURN_IF_ERROR(ValidateName("pool.name", p.name()));
+  RETURN_IF_ERROR(ValidateName(absl::StrCat("pool \"", p.name(), "\": template"), p.template_()));
+  auto bad = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("pool \"", p.name(), "\": ", parts...));
+  };
+  if (p.min_warm() < 0) return bad("min_warm ", p.min_warm(), " is negative");
+  if (p.max_warm() < p.min_warm()) {
+    return bad("max_warm ", p.max_warm(), " is below min_warm ", p.min_warm());
+  }
+  if (p.max_warm() > kMaxWarm) return bad("max_warm ", p.max_warm(), " is above ", kMaxWarm);
+  if (p.max_sandboxes() < 0) return bad("max_sandboxes ", p.max_sandboxes(), " is negative");
+  if (p.max_sandboxes() > 0 && p.max_sandboxes() < p.max_warm()) {
+    return bad("max_sandboxes ", p.max_sandboxes(), " is below max_warm ", p.max_warm());
+  }
+  store::PoolRecord r;
+  r.name = p.name();
+  r.template_name = p.template_();
+  r.min_warm = p.min_warm();
+  r.max_warm = p.max_warm();
+  ASSIGN_OR_RETURN(
+      std::optional<store::EmptyPoolPolicy> policy,
+      FromProto(absl::StrCat("pool \"", p.name(), "\": empty_pool_policy"), p.empty_pool_policy()));
+  r.empty_pool_policy = policy.value_or(store::EmptyPoolPolicy::kWait);
+  const std::string prefix = absl::StrCat("pool \"", p.name(), "\": ");
+  ASSIGN_OR_RETURN(absl::Duration wait, FromProto(prefix + "default_wait", p.default_wait()));
+  if (wait > kMaxWait) {
+    return bad("default_wait ", absl::FormatDuration(wait), " is above 1h");
+  }
+  r.default_wait = wait == absl::ZeroDuration() ? absl::Seconds(30) : wait;
+  ASSIGN_OR_RETURN(r.default_ttl, FromProto(prefix + "default_ttl", p.default_ttl()));
+  ASSIGN_OR_RETURN(r.max_ttl, FromProto(prefix + "max_ttl", p.max_ttl()));
+  RETURN_IF_ERROR(CheckMaxTtl(p.name(), r.default_ttl, r.max_ttl, "default_ttl"));
+  r.selection_policy = p.selection_policy().empty() ? "fifo" : p.selection_policy();
+  if (r.selection_policy != "fifo") {
+    return bad("selection_policy ", Quote(p.selection_policy()),
+               " is not supported (this server knows \"fifo\")");
+  }
+  if (p.max_sandboxes() != 0) {
+    return absl::UnimplementedError(
+        absl::StrCat(prefix, "max_sandboxes ", p.max_sandboxes(),
+                     " cannot be enforced by this server yet; leave it 0 (no cap)"));
+  }
+  return r;
+}
+
+void ToProto(const store::PoolRecord& r, v1::Pool* out) {
+  out->set_name(r.name);
+  out->set_template_(r.template_name);
+  out->set_min_warm(r.min_warm);
+  out->set_max_warm(r.max_warm);
+  out->set_empty_pool_policy(ToProto(r.empty_pool_policy));
+  ToProto(r.default_wait, out->mutable_default_wait());
+  if (r.default_ttl != absl::ZeroDuration()) ToProto(r.default_ttl, out->mutable_default_ttl());
+  if (r.max_ttl != absl::ZeroDuration()) ToProto(r.max_ttl, out->mutable_max_ttl());
+  out->set_selection_policy(r.selection_policy);
+  out->set_generation(static_cast<int64_t>(r.generation));
+}
+
+void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl::Time now,
+             v1::PoolStatus* out) {
+  out->set_warm(static_cast<int32_t>(s.warm));
+  out->set_claimed(static_cast<int32_t>(s.claimed));
+  out->set_target(static_cast<int32_t>(s.target));
+  out->set_waiting_claims(static_cast<int32_t>(s.waiting));
+  out->set_template_generation(static_cast<int64_t>(template_generation));
+  ToProto(now, out->mutable_updated_at());
+}
+
+absl::StatusOr<int> PageSize(int32_t page_size) {
+  if (page_size < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " is negative"));
+  }
+  if (page_size > kMaxPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size ", page_size, " is above ", kMaxPageSize));
+  }
+  return page_size == 0 ? kDefaultPageSize : page_size;
+}
+
+std::string EncodePageToken(absl::string_view kind, uint64_t fingerprint, absl::string_view last) {
+  return absl::WebSafeBase64Escape(absl::StrCat(kind, "|", absl::Hex(fingerprint), "|", last));
+}
+
+absl::StatusOr<std::string> DecodePageToken(absl::string_view kind, uint64_t fingerprint,
+                                            absl::string_view token) {
+  if (token.empty()) return std::string();
+  std::string raw;
+  std::vector<std::string> parts;
+  if (absl::WebSafeBase64Unescape(token, &raw))
+    parts = absl::StrSplit(raw, absl::MaxSplits('|', 2));
+  uint64_t got = 0;
+  if (parts.size() != 3 || parts[0] != kind || parts[2].empty() ||
+      !absl::SimpleHexAtoi(parts[1], &got)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token ", Quote(token), " is malformed; start over with an empty one"));
+  }
+  if (got != fingerprint) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token ", Quote(token),
+                     " was issued for a different filter; use the same filter, or start over"));
+  }
+  return parts[2];
+}
+
+uint64_t Fingerprint(const std::vector<std::string>& parts) {
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](unsigned char c) {
+    h ^= c;
+    h *= 1099511628211ull;
+  };
+  for (const std::string& p : parts) {
+    for (char c : p) mix(static_cast<unsigned char>(c));
+    mix(0xff);  // separator: never a byte of UTF-8 text
+  }
+  return h;
+}
+
+}  // namespace sbx::server

@@ -1,0 +1,102 @@
+#include "src/server/auth.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sbx::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+class AuthTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/sbx-auth-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    path_ = std::string(tmpl) + "/tokens";
+  }
+  void Write(const std::string& text) {
+    std::ofstream out(path_, std::ios::trunc);
+    out << text;
+  }
+  absl::StatusOr<std::unique_ptr<Authenticator>> Make() {
+    AuthOptions o;
+    o.tokens_file = path_;
+    return Authenticator::Create(o);
+  }
+  std::string path_;
+};
+
+TEST_F(AuthTest, ParsesTenantsAndAdmins) {
+  Write("# comment\n\n  t1 alice\nt2\tbob   admin\n   # indented comment\n");
+  auto auth = Make();
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  EXPECT_EQ((*auth)->size(), 2u);
+  auto a = (*auth)->Authenticate("Bearer t1");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->tenant, "alice");
+  EXPECT_FALSE(a->admin);
+  auto b = (*auth)->Authenticate("bearer  t2 ");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->tenant, "bob");
+  EXPECT_TRUE(b->admin);
+  EXPECT_EQ((*auth)->Authenticate(std::nullopt).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*auth)->Authenticate("Bearer t3").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*auth)->Authenticate("t1").status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ((*auth)->Authenticate("Bearer ").status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(AuthTest, MalformedLinesNameFileAndLine) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"t1 alice\nlonely\n", ":2: want"},
+      {"t1 alice root\n", ":1: third field \"root\""},
+      {"t1 alice admin extra\n", ":1: want"},
+      {"# x\nt1 al/ice\n", ":2: tenant \"al/ice\""},
+      {"t1 alice\nt1 bob\n", ":2: token appears twice"},
+  };
+  for (const auto& [text, want] : cases) {
+    Write(text);
+    auto auth = Make();
+    ASSERT_FALSE(auth.ok()) << text;
+    EXPECT_EQ(auth.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_THAT(std::string(auth.status().message()), ::testing::StartsWith(path_ + want))
+        << auth.status();
+  }
+}
+
+TEST_F(AuthTest, ReloadSwapsOrKeepsTheOldTable) {
+  Write("t1 alice\n");
+  auto auth = Make();
+  ASSERT_TRUE(auth.ok());
+  Write("t2 bob\n");
+  ASSERT_TRUE((*auth)->Reload().ok());
+  EXPECT_FALSE((*auth)->Authenticate("Bearer t1").ok());
+  EXPECT_TRUE((*auth)->Authenticate("Bearer t2").ok());
+  Write("t3\n");
+  absl::Status s = (*auth)->Reload();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr(path_ + ":1:"));
+  EXPECT_TRUE((*auth)->Authenticate("Bearer t2").ok()) << "a failed reload dropped the tokens";
+}
+
+TEST(AuthOptionsTest, ExactlyOneMode) {
+  EXPECT_EQ(AuthOptions{}.Validate().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((AuthOptions{"", true}).Validate().ok());
+  EXPECT_TRUE((AuthOptions{"/x", false}).Validate().ok());
+  EXPECT_EQ((AuthOptions{"/x", true}).Validate().code(), absl::StatusCode::kInvalidArgument);
+  auto auth = Authenticator::Create(AuthOptions{"", true});
+  ASSERT_TRUE(auth.ok());
+  auto c = (*auth)->Authenticate(std::nullopt);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->tenant, "anonymous");
+  EXPECT_TRUE(c->admin);
+}
+
+}  // namespace
+}  // namespace sbx::server

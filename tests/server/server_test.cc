@@ -1,0 +1,916 @@
+// End-to-end tests of the sbx.v1 ClaimService and AdminService: a real gRPC server on
+// 127.0.0.1:0 over a real Allocator (MemoryStore, RefillingReconciler with instant fake
+// sandboxes), called through the generated C++ stubs.
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "sbx/v1/admin.grpc.pb.h"
+#include "sbx/v1/claims.grpc.pb.h"
+#include "sbx/v1/diagnostics.grpc.pb.h"
+#include "sbx/v1/sandboxes.grpc.pb.h"
+#include "src/allocator/allocator.h"
+#include "src/common/clock.h"
+#include "src/common/ids.h"
+#include "src/server/server.h"
+#include "src/store/memory_store.h"
+#include "tests/allocator/fakes.h"
+
+namespace sbx::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kAlice[] = "tok-alice";
+constexpr char kBob[] = "tok-bob";
+constexpr char kAdmin[] = "tok-root";
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/sbx-server-test-XXXXXX";
+  char* dir = mkdtemp(tmpl);
+  return dir == nullptr ? std::string("/tmp") : std::string(dir);
+}
+
+// A client context with a deadline and, unless `token` is empty, a bearer token.
+std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token, int seconds = 10) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  if (!token.empty()) ctx->AddMetadata("authorization", "Bearer " + token);
+  return ctx;
+}
+
+std::string Describe(const grpc::Status& s) {
+  return absl::StrCat("status ", static_cast<int>(s.error_code()), ": ", s.error_message());
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { StartServer(/*insecure=*/false); }
+
+  void StartServer(bool insecure) {
+    dir_ = TempDir();
+    tokens_file_ = dir_ + "/tokens";
+    WriteTokens(absl::StrCat("# tenants of the test\n", kAlice, " alice\n", kBob, " bob\n\n",
+                             kAdmin, " root admin\n"));
+    allocator::AllocatorOptions ao;
+    auto a = allocator::Allocator::Create(ao, &store_, nullptr, &reconciler_, &Clock::Real(),
+                                          &IdGenerator::Random());
+    ASSERT_TRUE(a.ok()) << a.status();
+    allocator_ = std::move(*a);
+    reconciler_.Start(allocator_.get());
+
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.allocator = allocator_.get();
+    if (insecure) {
+      options.auth.insecure_no_auth = true;
+    } else {
+      options.auth.tokens_file = tokens_file_;
+    }
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    claims_ = v1::ClaimService::NewStub(channel_);
+    admin_ = v1::AdminService::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(absl::Seconds(5));
+    reconciler_.Stop();
+    allocator_.reset();
+  }
+
+  void WriteTokens(const std::string& text) {
+    std::ofstream out(tokens_file_, std::ios::trunc);
+    out << text;
+  }
+
+  std::string Token(const std::string& t) const { return insecure_ ? std::string() : t; }
+
+  // Template "py" and pool `pool` of it (min_warm warm sandboxes, policy FAIL unless
+  // given), through the admin API; waits until the pool is filled.
+  void MakePool(const std::string& pool, int min_warm, int max_warm,
+                v1::EmptyPoolPolicy policy = v1::EMPTY_POOL_POLICY_FAIL,
+                absl::Duration max_ttl = absl::ZeroDuration()) {
+    v1::PutTemplateRequest treq;
+    treq.mutable_template_()->set_name("py");
+    treq.mutable_template_()->set_runtime("local");
+    treq.mutable_template_()->mutable_local()->add_command("sleep");
+    treq.mutable_template_()->mutable_local()->add_command("infinity");
+    v1::PutTemplateResponse tresp;
+    grpc::Status s = admin_->PutTemplate(Ctx(Token(kAdmin)).get(), treq, &tresp);
+    ASSERT_TRUE(s.ok()) << Describe(s);
+    v1::PutPoolRequest preq;
+    v1::Pool* p = preq.mutable_pool();
+    p->set_name(pool);
+    p->set_template_("py");
+    p->set_min_warm(min_warm);
+    p->set_max_warm(max_warm);
+    p->set_empty_pool_policy(policy);
+    if (max_ttl > absl::ZeroDuration())
+      p->mutable_max_ttl()->set_seconds(absl::ToInt64Seconds(max_ttl));
+    v1::PutPoolResponse presp;
+    s = admin_->PutPool(Ctx(Token(kAdmin)).get(), preq, &presp);
+    ASSERT_TRUE(s.ok()) << Describe(s);
+    WaitWarm(pool, min_warm);
+  }
+
+  void WaitWarm(const std::string& pool, int64_t want) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      auto st = allocator_->GetPoolStatus(pool);
+      if (st.ok() && st->warm >= want) return;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    FAIL() << "pool " << pool << " did not reach " << want << " warm sandboxes";
+  }
+
+  grpc::Status Claim(const std::string& token, const v1::ClaimRequest& req,
+                     v1::ClaimResponse* resp) {
+    return claims_->Claim(Ctx(token).get(), req, resp);
+  }
+  v1::ClaimRequest ClaimReq(const std::string& id, const std::string& pool = "py") {
+    v1::ClaimRequest r;
+    r.set_claim_id(id);
+    r.set_pool(pool);
+    return r;
+  }
+
+  std::string dir_;
+  std::string tokens_file_;
+  bool insecure_ = false;
+  store::MemoryStore store_;
+  allocator::testing::RefillingReconciler reconciler_{"sb-"};
+  std::unique_ptr<allocator::Allocator> allocator_;
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ClaimService::Stub> claims_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+};
+
+TEST_F(ServerTest, ClaimReturnsARunningSandboxAndIsDurable) {
+  MakePool("py", 2, 10);
+  v1::ClaimRequest req = ClaimReq("job-1");
+  req.mutable_ttl()->set_seconds(600);
+  (*req.mutable_labels())["team"] = "rl";
+  v1::ClaimResponse resp;
+  const absl::Time before = absl::Now();
+  grpc::Status s = Claim(kAlice, req, &resp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  const v1::Claim& c = resp.claim();
+  EXPECT_FALSE(resp.replayed());
+  EXPECT_EQ(c.claim_id(), "job-1");
+  EXPECT_EQ(c.pool(), "py");
+  EXPECT_EQ(c.owner(), "alice");
+  EXPECT_THAT(c.sandbox().id(), ::testing::StartsWith("sb-"));
+  EXPECT_EQ(c.sandbox().endpoint(), absl::StrCat("unix:/tmp/", c.sandbox().id()));
+  EXPECT_EQ(c.state(), v1::CLAIM_STATE_ACTIVE);
+  EXPECT_EQ(c.launch_type(), v1::LAUNCH_TYPE_WARM);
+  EXPECT_EQ(c.labels().at("team"), "rl");
+  EXPECT_TRUE(c.batch_id().empty());
+  EXPECT_FALSE(c.has_ended_at());
+  const int64_t created = c.created_at().seconds();
+  EXPECT_GE(created, absl::ToUnixSeconds(before) - 1);
+  EXPECT_EQ(c.expires_at().seconds() - created, 600) << c.DebugString();
+
+  // Durable: the record is in the store when the RPC has returned.
+  auto contents = store_.LoadAll();
+  ASSERT_TRUE(contents.ok());
+  bool found = false;
+  for (const auto& r : contents->claims) {
+    if (r.owner == "alice" && r.id == "job-1") {
+      found = true;
+      EXPECT_EQ(r.sandbox_id, c.sandbox().id());
+      EXPECT_EQ(r.state, store::ClaimState::kActive);
+    }
+  }
+  EXPECT_TRUE(found) << "claim alice/job-1 not in the store";
+
+  // No ttl: the claim does not expire (expires_at unset).
+  v1::ClaimResponse forever;
+  s = Claim(kAlice, ClaimReq("job-2"), &forever);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_FALSE(forever.claim().has_expires_at());
+  EXPECT_NE(forever.claim().sandbox().id(), c.sandbox().id());
+}
+
+TEST_F(ServerTest, RetryWithTheSameClaimIdIsReplayed) {
+  MakePool("py", 2, 10);
+  MakePool("other", 1, 10);
+  v1::ClaimResponse first, second;
+  grpc::Status s = Claim(kAlice, ClaimReq("retry-me"), &first);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  s = Claim(kAlice, ClaimReq("retry-me"), &second);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_FALSE(first.replayed());
+  EXPECT_TRUE(second.replayed());
+  EXPECT_EQ(second.claim().sandbox().id(), first.claim().sandbox().id());
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 1);
+
+  v1::ClaimResponse elsewhere;
+  s = Claim(kAlice, ClaimReq("retry-me", "other"), &elsewhere);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << Describe(s);
+}
+
+TEST_F(ServerTest, FailPolicyOnEmptyPoolIsResourceExhaustedWithRetryHint) {
+  MakePool("empty", 0, 0, v1::EMPTY_POOL_POLICY_WAIT);
+  v1::ClaimRequest req = ClaimReq("c1", "empty");
+  req.set_empty_pool_policy(v1::EMPTY_POOL_POLICY_FAIL);
+  v1::ClaimResponse resp;
+  auto ctx = Ctx(kAlice);
+  grpc::Status s = claims_->Claim(ctx.get(), req, &resp);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("empty"));
+  const auto& trailers = ctx->GetServerTrailingMetadata();
+  auto it = trailers.find("sbx-retry-after-ms");
+  ASSERT_NE(it, trailers.end()) << "no sbx-retry-after-ms trailer";
+  EXPECT_EQ(std::string(it->second.data(), it->second.size()), "1000");
+}
+
+TEST_F(ServerTest, WaitPolicyGetsTheSandboxThatIsAdded) {
+  // max_warm 0: the reconciler adds nothing; the test adds the sandbox itself.
+  MakePool("empty", 0, 0, v1::EMPTY_POOL_POLICY_WAIT);
+  v1::ClaimRequest req = ClaimReq("waiter", "empty");
+  req.mutable_wait_timeout()->set_seconds(20);
+  v1::ClaimResponse resp;
+  auto ctx = Ctx(kAlice, 30);
+  absl::Notification done;
+  grpc::Status status;
+  claims_->async()->Claim(ctx.get(), &req, &resp, [&](grpc::Status s) {
+    status = s;
+    done.Notify();
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (allocator_->GetPoolStatus("empty")->waiting < 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_EQ(allocator_->GetPoolStatus("empty")->waiting, 1);
+  EXPECT_FALSE(done.HasBeenNotified());
+  runtime::SandboxInfo info;
+  info.id = "late-1";
+  info.pool = "empty";
+  info.endpoint = "unix:/tmp/late-1";
+  ASSERT_TRUE(allocator_->AddSandbox(info).ok());
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(status.ok()) << Describe(status);
+  EXPECT_EQ(resp.claim().sandbox().id(), "late-1");
+
+  // And a wait that nothing satisfies ends DEADLINE_EXCEEDED.
+  v1::ClaimRequest quick = ClaimReq("too-late", "empty");
+  quick.mutable_wait_timeout()->set_nanos(100'000'000);
+  v1::ClaimResponse none;
+  grpc::Status s = Claim(kAlice, quick, &none);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << Describe(s);
+}
+
+TEST_F(ServerTest, BatchIsAllOrNothing) {
+  MakePool("py", 3, 3);
+  v1::ClaimBatchRequest req;
+  req.set_batch_id("b1");
+  req.set_pool("py");
+  req.set_count(5);
+  v1::ClaimBatchResponse resp;
+  auto ctx = Ctx(kAlice);
+  grpc::Status s = claims_->ClaimBatch(ctx.get(), req, &resp);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
+  EXPECT_NE(ctx->GetServerTrailingMetadata().find("sbx-retry-after-ms"),
+            ctx->GetServerTrailingMetadata().end());
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->warm, 3) << "a failed batch held sandboxes";
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
+
+  req.set_batch_id("b2");
+  req.set_count(2);
+  s = claims_->ClaimBatch(Ctx(kAlice).get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(resp.batch_id(), "b2");
+  EXPECT_FALSE(resp.replayed());
+  ASSERT_EQ(resp.claims_size(), 2);
+  EXPECT_EQ(resp.claims(0).claim_id(), "b2#0");
+  EXPECT_EQ(resp.claims(1).claim_id(), "b2#1");
+  EXPECT_EQ(resp.claims(0).batch_id(), "b2");
+  EXPECT_NE(resp.claims(0).sandbox().id(), resp.claims(1).sandbox().id());
+
+  v1::ClaimBatchResponse again;
+  s = claims_->ClaimBatch(Ctx(kAlice).get(), req, &again);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_TRUE(again.replayed());
+  ASSERT_EQ(again.claims_size(), 2);
+  EXPECT_EQ(again.claims(1).sandbox().id(), resp.claims(1).sandbox().id());
+
+  // Each batch claim can be read on its own.
+  v1::GetClaimRequest get;
+  get.set_claim_id("b2#1");
+  v1::GetClaimResponse got;
+  s = claims_->GetClaim(Ctx(kAlice).get(), get, &got);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(got.claim().sandbox().id(), resp.claims(1).sandbox().id());
+}
+
+TEST_F(ServerTest, ReleaseEndsTheClaimAndIsIdempotent) {
+  MakePool("py", 1, 5);
+  v1::ClaimResponse claimed;
+  ASSERT_TRUE(Claim(kAlice, ClaimReq("rel"), &claimed).ok());
+  const uint64_t retired_before = reconciler_.retired();
+
+  v1::ReleaseRequest req;
+  req.set_claim_id("rel");
+  v1::ReleaseResponse resp;
+  grpc::Status s = claims_->Release(Ctx(kAlice).get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(resp.claim().state(), v1::CLAIM_STATE_RELEASED);
+  EXPECT_EQ(resp.claim().sandbox().id(), claimed.claim().sandbox().id());
+  EXPECT_TRUE(resp.claim().has_ended_at());
+  EXPECT_EQ(reconciler_.retired(), retired_before + 1) << "the sandbox was not retired";
+
+  v1::GetClaimRequest get;
+  get.set_claim_id("rel");
+  v1::GetClaimResponse got;
+  ASSERT_TRUE(claims_->GetClaim(Ctx(kAlice).get(), get, &got).ok());
+  EXPECT_EQ(got.claim().state(), v1::CLAIM_STATE_RELEASED);
+
+  // claims.proto: releasing an ended claim is OK with the claim in its final state, and
+  // changes nothing.
+  v1::ReleaseResponse second;
+  s = claims_->Release(Ctx(kAlice).get(), req, &second);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(second.claim().state(), v1::CLAIM_STATE_RELEASED);
+  EXPECT_EQ(second.claim().ended_at().seconds(), resp.claim().ended_at().seconds());
+  EXPECT_EQ(reconciler_.retired(), retired_before + 1);
+
+  // The id is spent: claiming with it, or renewing it, is FAILED_PRECONDITION.
+  v1::ClaimResponse reuse;
+  s = Claim(kAlice, ClaimReq("rel"), &reuse);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(s);
+  v1::RenewRequest renew;
+  renew.set_claim_id("rel");
+  renew.mutable_ttl()->set_seconds(60);
+  v1::RenewResponse renewed;
+  s = claims_->Renew(Ctx(kAlice).get(), renew, &renewed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("released"));
+
+  v1::ReleaseRequest unknown;
+  unknown.set_claim_id("never-made");
+  s = claims_->Release(Ctx(kAlice).get(), unknown, &second);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+}
+
+TEST_F(ServerTest, RenewMovesExpiry) {
+  MakePool("py", 1, 5, v1::EMPTY_POOL_POLICY_FAIL, absl::Hours(1));
+  v1::ClaimRequest creq = ClaimReq("ren");
+  creq.mutable_ttl()->set_seconds(60);
+  v1::ClaimResponse claimed;
+  ASSERT_TRUE(Claim(kAlice, creq, &claimed).ok());
+
+  v1::RenewRequest req;
+  req.set_claim_id("ren");
+  req.mutable_ttl()->set_seconds(1800);
+  v1::RenewResponse resp;
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  grpc::Status s = claims_->Renew(Ctx(kAlice).get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_GE(resp.claim().expires_at().seconds(), now + 1799);
+  EXPECT_LE(resp.claim().expires_at().seconds(), now + 1802);
+  EXPECT_EQ(resp.claim().state(), v1::CLAIM_STATE_ACTIVE);
+
+  req.mutable_ttl()->set_seconds(7200);  // above max_ttl 1h
+  s = claims_->Renew(Ctx(kAlice).get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_ttl"));
+
+  // Unset ttl with default_ttl 0 and max_ttl 1h: the claim is capped at max_ttl.
+  req.clear_ttl();
+  s = claims_->Renew(Ctx(kAlice).get(), req, &resp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_GE(resp.claim().expires_at().seconds(), now + 3599);
+
+  // A claim's ttl above max_ttl is rejected too.
+  v1::ClaimRequest longer = ClaimReq("long");
+  longer.mutable_ttl()->set_seconds(7200);
+  s = Claim(kAlice, longer, &claimed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+}
+
+TEST_F(ServerTest, ListClaimsFiltersBySelectorAndPaginates) {
+  MakePool("py", 8, 20);
+  MakePool("other", 1, 5);
+  for (int i = 0; i < 6; ++i) {
+    v1::ClaimRequest req = ClaimReq(absl::StrCat("c", i));
+    (*req.mutable_labels())["team"] = i < 5 ? "rl" : "web";
+    (*req.mutable_labels())["run"] = absl::StrCat(i);
+    if (i == 1) (*req.mutable_labels())["debug"] = "";
+    v1::ClaimResponse resp;
+    ASSERT_TRUE(Claim(kAlice, req, &resp).ok());
+  }
+  v1::ClaimResponse resp;
+  ASSERT_TRUE(Claim(kAlice, ClaimReq("o1", "other"), &resp).ok());
+  v1::ReleaseRequest rel;
+  rel.set_claim_id("c4");
+  v1::ReleaseResponse released;
+  ASSERT_TRUE(claims_->Release(Ctx(kAlice).get(), rel, &released).ok());
+
+  auto ids = [](const v1::ListClaimsResponse& r) {
+    std::vector<std::string> out;
+    for (const auto& c : r.claims()) out.push_back(c.claim_id());
+    return out;
+  };
+  v1::ListClaimsRequest req;
+  req.mutable_filter()->set_pool("py");
+  req.mutable_filter()->set_label_selector(" team = rl , !debug, run!=2 ");
+  v1::ListClaimsResponse page;
+  grpc::Status s = claims_->ListClaims(Ctx(kAlice).get(), req, &page);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_THAT(ids(page), ::testing::ElementsAre("c0", "c3", "c4"));
+  EXPECT_TRUE(page.next_page_token().empty());
+
+  // States: only active ones.
+  req.mutable_filter()->add_states(v1::CLAIM_STATE_ACTIVE);
+  s = claims_->ListClaims(Ctx(kAlice).get(), req, &page);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_THAT(ids(page), ::testing::ElementsAre("c0", "c3"));
+
+  // match_labels and the existence term.
+  v1::ListClaimsRequest by_label;
+  (*by_label.mutable_filter()->mutable_match_labels())["team"] = "web";
+  by_label.mutable_filter()->set_label_selector("run");
+  s = claims_->ListClaims(Ctx(kAlice).get(), by_label, &page);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_THAT(ids(page), ::testing::ElementsAre("c5"));
+
+  // Pagination over everything alice has (7 claims), 3 at a time.
+  v1::ListClaimsRequest all;
+  all.set_page_size(3);
+  std::vector<std::string> seen;
+  int pages = 0;
+  do {
+    v1::ListClaimsResponse p;
+    s = claims_->ListClaims(Ctx(kAlice).get(), all, &p);
+    ASSERT_TRUE(s.ok()) << Describe(s);
+    EXPECT_LE(p.claims_size(), 3);
+    for (const auto& id : ids(p)) seen.push_back(id);
+    all.set_page_token(p.next_page_token());
+    ASSERT_LT(++pages, 10);
+  } while (!all.page_token().empty());
+  EXPECT_THAT(seen, ::testing::ElementsAre("c0", "c1", "c2", "c3", "c4", "c5", "o1"));
+  EXPECT_EQ(pages, 3);
+
+  // A token used with another filter is INVALID_ARGUMENT, as is a garbage one.
+  v1::ListClaimsResponse first;
+  all.set_page_token("");
+  ASSERT_TRUE(claims_->ListClaims(Ctx(kAlice).get(), all, &first).ok());
+  ASSERT_FALSE(first.next_page_token().empty());
+  v1::ListClaimsRequest other = all;
+  other.set_page_token(first.next_page_token());
+  other.mutable_filter()->set_pool("other");
+  s = claims_->ListClaims(Ctx(kAlice).get(), other, &page);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("page_token"));
+  other.set_page_token("not a token!");
+  s = claims_->ListClaims(Ctx(kAlice).get(), other, &page);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+
+  // A malformed selector names the bad term.
+  v1::ListClaimsRequest bad;
+  bad.mutable_filter()->set_label_selector("team=rl,a=b=c");
+  s = claims_->ListClaims(Ctx(kAlice).get(), bad, &page);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("\"a=b=c\""));
+  bad.mutable_filter()->set_label_selector("team=rl,,x");
+  s = claims_->ListClaims(Ctx(kAlice).get(), bad, &page);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+
+  v1::ListClaimsRequest big;
+  big.set_page_size(5000);
+  s = claims_->ListClaims(Ctx(kAlice).get(), big, &page);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("page_size 5000"));
+}
+
+TEST_F(ServerTest, TenantsSeeOnlyTheirOwnClaims) {
+  MakePool("py", 3, 5);
+  v1::ClaimResponse alices;
+  ASSERT_TRUE(Claim(kAlice, ClaimReq("mine"), &alices).ok());
+
+  v1::GetClaimRequest get;
+  get.set_claim_id("mine");
+  v1::GetClaimResponse got;
+  grpc::Status s = claims_->GetClaim(Ctx(kBob).get(), get, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+
+  v1::ReleaseRequest rel;
+  rel.set_claim_id("mine");
+  v1::ReleaseResponse released;
+  s = claims_->Release(Ctx(kBob).get(), rel, &released);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+  ASSERT_TRUE(claims_->GetClaim(Ctx(kAlice).get(), get, &got).ok());
+  EXPECT_EQ(got.claim().state(), v1::CLAIM_STATE_ACTIVE) << "bob released alice's claim";
+
+  v1::ListClaimsRequest list;
+  v1::ListClaimsResponse page;
+  ASSERT_TRUE(claims_->ListClaims(Ctx(kBob).get(), list, &page).ok());
+  EXPECT_EQ(page.claims_size(), 0);
+  list.mutable_filter()->set_owner("alice");
+  s = claims_->ListClaims(Ctx(kBob).get(), list, &page);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << Describe(s);
+  s = claims_->ListClaims(Ctx(kAdmin).get(), list, &page);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  ASSERT_EQ(page.claims_size(), 1);
+  EXPECT_EQ(page.claims(0).owner(), "alice");
+
+  // The same claim id is a different claim for bob.
+  v1::ClaimResponse bobs;
+  s = Claim(kBob, ClaimReq("mine"), &bobs);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_FALSE(bobs.replayed());
+  EXPECT_EQ(bobs.claim().owner(), "bob");
+  EXPECT_NE(bobs.claim().sandbox().id(), alices.claim().sandbox().id());
+}
+
+TEST_F(ServerTest, AuthenticationAndAdminRights) {
+  MakePool("py", 1, 5);
+  v1::ClaimResponse resp;
+  grpc::Status s = Claim("", ClaimReq("x"), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
+  s = Claim("no-such-token", ClaimReq("x"), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
+  EXPECT_THAT(s.error_message(), ::testing::Not(HasSubstr("no-such-token")));
+  {
+    auto ctx = Ctx("");
+    ctx->AddMetadata("authorization", "Basic abc");
+    s = claims_->Claim(ctx.get(), ClaimReq("x"), &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
+  }
+
+  v1::PutPoolRequest put;
+  put.mutable_pool()->set_name("py2");
+  put.mutable_pool()->set_template_("py");
+  v1::PutPoolResponse presp;
+  s = admin_->PutPool(Ctx("").get(), put, &presp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
+  s = admin_->PutPool(Ctx(kAlice).get(), put, &presp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("alice"));
+  v1::ListPoolsResponse pools;
+  s = admin_->ListPools(Ctx(kBob).get(), v1::ListPoolsRequest(), &pools);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << Describe(s);
+  s = admin_->PutPool(Ctx(kAdmin).get(), put, &presp);
+  EXPECT_TRUE(s.ok()) << Describe(s);
+
+  // Ping needs no token.
+  auto diag = v1::DiagnosticsService::NewStub(channel_);
+  v1::PingResponse pong;
+  s = diag->Ping(Ctx("").get(), v1::PingRequest(), &pong);
+  EXPECT_TRUE(s.ok()) << Describe(s);
+
+  // A reload takes new tokens; a broken file keeps the old ones.
+  WriteTokens("tok-carol carol\n");
+  ASSERT_TRUE(server_->ReloadAuth().ok());
+  s = Claim(kAlice, ClaimReq("y"), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
+  s = Claim("tok-carol", ClaimReq("y"), &resp);
+  EXPECT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(resp.claim().owner(), "carol");
+  WriteTokens("tok-carol carol\nbroken line with four fields\n");
+  absl::Status reload = server_->ReloadAuth();
+  EXPECT_EQ(reload.code(), absl::StatusCode::kInvalidArgument) << reload;
+  EXPECT_THAT(std::string(reload.message()), HasSubstr(tokens_file_ + ":2:"));
+  s = Claim("tok-carol", ClaimReq("y"), &resp);
+  EXPECT_TRUE(s.ok()) << Describe(s);
+}
+
+TEST_F(ServerTest, BadRequestsNameTheField) {
+  MakePool("py", 1, 5);
+  struct Case {
+    std::string name;
+    v1::ClaimRequest req;
+    std::string want;
+  };
+  std::vector<Case> cases;
+  {
+    Case c{"pool", ClaimReq("ok", "Bad_Pool"), "pool \"Bad_Pool\""};
+    cases.push_back(c);
+  }
+  {
+    Case c{"claim id", ClaimReq("has space"), "claim_id \"has space\""};
+    cases.push_back(c);
+  }
+  {
+    Case c{"ttl", ClaimReq("ok"), "ttl"};
+    c.req.mutable_ttl()->set_seconds(-5);
+    cases.push_back(c);
+  }
+  {
+    Case c{"wait", ClaimReq("ok"), "wait_timeout"};
+    c.req.mutable_wait_timeout()->set_seconds(7200);
+    cases.push_back(c);
+  }
+  {
+    Case c{"label", ClaimReq("ok"), "labels: label key \"-bad\""};
+    (*c.req.mutable_labels())["-bad"] = "x";
+    cases.push_back(c);
+  }
+  {
+    Case c{"label value", ClaimReq("ok"), "value \"a,b\""};
+    (*c.req.mutable_labels())["k"] = "a,b";
+    cases.push_back(c);
+  }
+  {
+    Case c{"policy", ClaimReq("ok"), "empty_pool_policy 42"};
+    c.req.set_empty_pool_policy(static_cast<v1::EmptyPoolPolicy>(42));
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) {
+    v1::ClaimResponse resp;
+    grpc::Status s = Claim(kAlice, c.req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name << ": " << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr(c.want)) << c.name;
+  }
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
+
+  // Late-bound config cannot be applied yet: refused, never silently dropped.
+  v1::ClaimRequest with_config = ClaimReq("cfg");
+  (*with_config.mutable_config()->mutable_env())["SEED"] = "7";
+  v1::ClaimResponse resp;
+  grpc::Status s = Claim(kAlice, with_config, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("late-bound config"));
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
+
+  v1::ClaimResponse missing;
+  s = Claim(kAlice, ClaimReq("ok", "nope"), &missing);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("\"nope\""));
+
+  v1::ClaimBatchRequest batch;
+  batch.set_pool("py");
+  batch.set_count(0);
+  v1::ClaimBatchResponse bresp;
+  s = claims_->ClaimBatch(Ctx(kAlice).get(), batch, &bresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("count 0"));
+  batch.set_count(1);
+  batch.set_batch_id(std::string(121, 'b'));
+  s = claims_->ClaimBatch(Ctx(kAlice).get(), batch, &bresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("batch_id"));
+
+  v1::GetClaimRequest get;
+  v1::GetClaimResponse got;
+  s = claims_->GetClaim(Ctx(kAlice).get(), get, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("claim_id is empty"));
+}
+
+TEST_F(ServerTest, AdminTemplatesAndPools) {
+  auto admin = [&] { return Ctx(kAdmin); };
+  v1::PutTemplateRequest put;
+  v1::Template* t = put.mutable_template_();
+  t->set_name("py");
+  t->set_runtime("local");
+  t->mutable_local()->add_command("python3");
+  (*t->mutable_local()->mutable_env())["A"] = "1";
+  (*t->mutable_local()->mutable_env())["B"] = "2";
+  t->mutable_local()->set_memory_limit_bytes(512 << 20);
+  v1::PutTemplateResponse tresp;
+  grpc::Status s = admin_->PutTemplate(admin().get(), put, &tresp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_TRUE(tresp.created());
+  EXPECT_EQ(tresp.template_().generation(), 1);
+
+  // Identical: nothing changes. Changed: generation 2.
+  s = admin_->PutTemplate(admin().get(), put, &tresp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_FALSE(tresp.created());
+  EXPECT_EQ(tresp.template_().generation(), 1);
+  t->mutable_local()->set_pids_limit(64);
+  s = admin_->PutTemplate(admin().get(), put, &tresp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(tresp.template_().generation(), 2);
+
+  // Optimistic concurrency.
+  put.set_expected_generation(1);
+  t->mutable_local()->set_pids_limit(65);
+  s = admin_->PutTemplate(admin().get(), put, &tresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("generation 2"));
+  put.set_expected_generation(2);
+  s = admin_->PutTemplate(admin().get(), put, &tresp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(tresp.template_().generation(), 3);
+  put.set_expected_generation(0);
+  put.set_create_only(true);
+  s = admin_->PutTemplate(admin().get(), put, &tresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << Describe(s);
+  put.set_create_only(false);
+
+  // The spec round-trips.
+  v1::GetTemplateRequest gt;
+  gt.set_name("py");
+  v1::GetTemplateResponse gtr;
+  ASSERT_TRUE(admin_->GetTemplate(admin().get(), gt, &gtr).ok());
+  EXPECT_EQ(gtr.template_().runtime(), "local");
+  ASSERT_EQ(gtr.template_().local().command_size(), 1);
+  EXPECT_EQ(gtr.template_().local().command(0), "python3");
+  EXPECT_EQ(gtr.template_().local().env().at("B"), "2");
+  EXPECT_EQ(gtr.template_().local().pids_limit(), 65);
+
+  // Bad templates.
+  v1::PutTemplateRequest bad = put;
+  bad.mutable_template_()->set_runtime("docker");
+  s = admin_->PutTemplate(admin().get(), bad, &tresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("runtime \"docker\""));
+  bad = put;
+  bad.mutable_template_()->mutable_local()->add_mounts()->set_source("relative/path");
+  s = admin_->PutTemplate(admin().get(), bad, &tresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("mounts[0].source"));
+
+  // Pools.
+  v1::PutPoolRequest pp;
+  v1::Pool* p = pp.mutable_pool();
+  p->set_name("web");
+  p->set_template_("nope");
+  p->set_min_warm(2);
+  p->set_max_warm(4);
+  v1::PutPoolResponse presp;
+  s = admin_->PutPool(admin().get(), pp, &presp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+  p->set_template_("py");
+  p->set_max_warm(1);
+  s = admin_->PutPool(admin().get(), pp, &presp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_warm 1 is below min_warm 2"));
+  p->set_max_warm(4);
+  s = admin_->PutPool(admin().get(), pp, &presp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_TRUE(presp.created());
+  EXPECT_EQ(presp.pool().generation(), 1);
+  EXPECT_EQ(presp.pool().empty_pool_policy(), v1::EMPTY_POOL_POLICY_WAIT);
+  EXPECT_EQ(presp.pool().default_wait().seconds(), 30);
+  WaitWarm("web", 2);
+
+  v1::GetPoolRequest gp;
+  gp.set_name("web");
+  v1::GetPoolResponse gpr;
+  ASSERT_TRUE(admin_->GetPool(admin().get(), gp, &gpr).ok());
+  EXPECT_EQ(gpr.pool().status().warm(), 2);
+  EXPECT_EQ(gpr.pool().status().target(), 2);
+  EXPECT_EQ(gpr.pool().status().template_generation(), 3);
+
+  v1::ScalePoolRequest scale;
+  scale.set_name("web");
+  scale.mutable_min_warm()->set_value(3);
+  v1::ScalePoolResponse sresp;
+  s = admin_->ScalePool(admin().get(), scale, &sresp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(sresp.pool().min_warm(), 3);
+  EXPECT_EQ(sresp.pool().max_warm(), 4);
+  EXPECT_EQ(sresp.pool().generation(), 2);
+  WaitWarm("web", 3);
+  scale.mutable_min_warm()->set_value(5);
+  s = admin_->ScalePool(admin().get(), scale, &sresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  s = admin_->ScalePool(admin().get(), v1::ScalePoolRequest(), &sresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+
+  // Lists page by name.
+  p->set_name("api");
+  p->set_min_warm(0);
+  ASSERT_TRUE(admin_->PutPool(admin().get(), pp, &presp).ok());
+  v1::ListPoolsRequest lp;
+  lp.set_page_size(1);
+  v1::ListPoolsResponse lpr;
+  ASSERT_TRUE(admin_->ListPools(admin().get(), lp, &lpr).ok());
+  ASSERT_EQ(lpr.pools_size(), 1);
+  EXPECT_EQ(lpr.pools(0).name(), "api");
+  ASSERT_FALSE(lpr.next_page_token().empty());
+  lp.set_page_token(lpr.next_page_token());
+  ASSERT_TRUE(admin_->ListPools(admin().get(), lp, &lpr).ok());
+  ASSERT_EQ(lpr.pools_size(), 1);
+  EXPECT_EQ(lpr.pools(0).name(), "web");
+  EXPECT_EQ(lpr.pools(0).status().warm(), 3);
+  EXPECT_TRUE(lpr.next_page_token().empty());
+  v1::ListTemplatesResponse ltr;
+  ASSERT_TRUE(admin_->ListTemplates(admin().get(), v1::ListTemplatesRequest(), &ltr).ok());
+  ASSERT_EQ(ltr.templates_size(), 1);
+  EXPECT_EQ(ltr.templates(0).name(), "py");
+
+  // Deletes.
+  v1::DeleteTemplateRequest dt;
+  dt.set_name("py");
+  v1::DeleteTemplateResponse dtr;
+  s = admin_->DeleteTemplate(admin().get(), dt, &dtr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(s);
+  v1::DeletePoolRequest dp;
+  dp.set_name("web");
+  dp.set_expected_generation(1);
+  v1::DeletePoolResponse dpr;
+  s = admin_->DeletePool(admin().get(), dp, &dpr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << Describe(s);
+  dp.set_expected_generation(2);
+  s = admin_->DeletePool(admin().get(), dp, &dpr);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_TRUE(dpr.deleted());
+  s = admin_->GetPool(admin().get(), gp, &gpr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+  dp.set_expected_generation(0);
+  s = admin_->DeletePool(admin().get(), dp, &dpr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+  dp.set_allow_missing(true);
+  s = admin_->DeletePool(admin().get(), dp, &dpr);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_FALSE(dpr.deleted());
+  dp.set_name("api");
+  ASSERT_TRUE(admin_->DeletePool(admin().get(), dp, &dpr).ok());
+  s = admin_->DeleteTemplate(admin().get(), dt, &dtr);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_TRUE(dtr.deleted());
+  s = admin_->GetTemplate(admin().get(), gt, &gtr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+}
+
+TEST_F(ServerTest, StreamsAndSandboxServiceStayUnimplemented) {
+  v1::WatchClaimsRequest req;
+  auto ctx = Ctx(kAlice);
+  auto reader = claims_->WatchClaims(ctx.get(), req);
+  v1::ClaimEvent event;
+  EXPECT_FALSE(reader->Read(&event));
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("WatchClaims"));
+
+  auto sandboxes = v1::SandboxService::NewStub(channel_);
+  v1::ReadFileRequest rf;
+  v1::ReadFileResponse rfr;
+  s = sandboxes->ReadFile(Ctx(kAlice).get(), rf, &rfr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
+}
+
+class InsecureServerTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    insecure_ = true;
+    StartServer(/*insecure=*/true);
+  }
+};
+
+TEST_F(InsecureServerTest, EveryCallerIsAnonymousAdmin) {
+  MakePool("py", 1, 5);  // admin calls without a token
+  v1::ClaimResponse resp;
+  grpc::Status s = Claim("", ClaimReq("anon"), &resp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(resp.claim().owner(), "anonymous");
+  EXPECT_TRUE(server_->ReloadAuth().ok());
+}
+
+TEST(ServerStartTest, AllocatorNeedsAuthConfiguration) {
+  store::MemoryStore store;
+  allocator::testing::RecordingReconciler reconciler;
+  auto a = allocator::Allocator::Create({}, &store, nullptr, &reconciler, &Clock::Real(),
+                                        &IdGenerator::Random());
+  ASSERT_TRUE(a.ok());
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.allocator = a->get();
+  auto server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument) << server.status();
+  options.auth.tokens_file = "/nonexistent/tokens";
+  server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kNotFound) << server.status();
+  EXPECT_THAT(std::string(server.status().message()), HasSubstr("/nonexistent/tokens"));
+}
+
+TEST(ServerStartTest, WithoutAllocatorClaimsAreUnimplemented) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  auto server = Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto claims = v1::ClaimService::NewStub(channel);
+  v1::ClaimRequest req;
+  req.set_pool("py");
+  v1::ClaimResponse resp;
+  grpc::Status s = claims->Claim(Ctx("").get(), req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
+  EXPECT_EQ((*server)->ReloadAuth().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace sbx::server
