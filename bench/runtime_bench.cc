@@ -1,0 +1,128 @@
+// Local runtime benchmarks, against the real bubblewrap and sbx-sandboxd:
+//   BM_Local_ColdCreate: Runtime::Create until the daemon accepts connections, then Delete.
+//   BM_Local_ExecTrue:   `true` run through a warm sandbox's daemon (connect, Exec, exit).
+//   BM_Local_ExecTrueReusedChannel: the same on a channel kept open (the server's case).
+// Usage: runtime_bench --sandboxd=/path/to/sbx-sandboxd [benchmark flags]
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "benchmark/benchmark.h"
+#include "grpcpp/grpcpp.h"
+#include "sbx/sandboxd/v1/sandboxd.grpc.pb.h"
+#include "src/runtime/bubblewrap_runtime.h"
+
+namespace {
+
+namespace pb = ::sbx::sandboxd::v1;
+using sbx::runtime::BubblewrapRuntime;
+
+std::string g_sandboxd;
+
+std::unique_ptr<BubblewrapRuntime> MakeRuntime() {
+  sbx::runtime::BubblewrapRuntimeOptions o;
+  o.root_dir = "/tmp/sbx-bench-rt-" + std::to_string(getpid());
+  o.sandboxd_path = g_sandboxd;
+  auto rt = BubblewrapRuntime::Make(o);
+  return rt.ok() ? std::move(*rt) : nullptr;
+}
+
+absl::StatusOr<sbx::runtime::SandboxInfo> CreateSync(BubblewrapRuntime& rt) {
+  absl::Notification done;
+  absl::StatusOr<sbx::runtime::SandboxInfo> out = absl::InternalError("no answer");
+  sbx::runtime::CreateRequest req;
+  req.pool = "bench";
+  rt.Create(req, [&](absl::StatusOr<sbx::runtime::SandboxInfo> info) {
+    out = std::move(info);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return out;
+}
+
+void DeleteSync(BubblewrapRuntime& rt, const std::string& id) {
+  absl::Notification done;
+  rt.Delete(id, [&](absl::Status) { done.Notify(); });
+  done.WaitForNotification();
+}
+
+bool ExecTrue(pb::Sandboxd::Stub& stub) {
+  grpc::ClientContext ctx;
+  auto stream = stub.Exec(&ctx);
+  pb::ExecRequest start;
+  start.mutable_start()->add_argv("/bin/true");
+  if (!stream->Write(start)) return false;
+  stream->WritesDone();
+  pb::ExecResponse r;
+  bool exited = false;
+  while (stream->Read(&r)) exited = exited || r.has_exit();
+  return stream->Finish().ok() && exited;
+}
+
+void BM_Local_ColdCreate(benchmark::State& state) {
+  auto rt = MakeRuntime();
+  if (rt == nullptr) return state.SkipWithError("runtime did not start");
+  for (auto _ : state) {
+    auto info = CreateSync(*rt);
+    if (!info.ok()) return state.SkipWithError(std::string(info.status().message()).c_str());
+    state.PauseTiming();
+    DeleteSync(*rt, info->id);
+    state.ResumeTiming();
+  }
+  state.counters["isolated"] = rt->isolated() ? 1 : 0;
+}
+
+void BM_Local_ExecTrue(benchmark::State& state, bool reuse_channel) {
+  auto rt = MakeRuntime();
+  if (rt == nullptr) return state.SkipWithError("runtime did not start");
+  auto info = CreateSync(*rt);
+  if (!info.ok()) return state.SkipWithError(std::string(info.status().message()).c_str());
+  auto channel = grpc::CreateChannel(info->endpoint, grpc::InsecureChannelCredentials());
+  auto stub = pb::Sandboxd::NewStub(channel);
+  for (auto _ : state) {
+    if (reuse_channel) {
+      if (!ExecTrue(*stub)) return state.SkipWithError("exec failed");
+    } else {
+      grpc::ChannelArguments args;
+      args.SetInt("grpc.use_local_subchannel_pool", 1);  // a fresh connection every time
+      auto fresh = pb::Sandboxd::NewStub(
+          grpc::CreateCustomChannel(info->endpoint, grpc::InsecureChannelCredentials(), args));
+      if (!ExecTrue(*fresh)) return state.SkipWithError("exec failed");
+    }
+  }
+  DeleteSync(*rt, info->id);
+}
+
+BENCHMARK(BM_Local_ColdCreate)->Unit(benchmark::kMillisecond)->Iterations(40)->UseRealTime();
+BENCHMARK_CAPTURE(BM_Local_ExecTrue, new_channel, false)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(200)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(BM_Local_ExecTrue, reused_channel, true)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(200)
+    ->UseRealTime();
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--sandboxd=", 0) == 0) g_sandboxd = arg.substr(11);
+  }
+  if (g_sandboxd.empty()) {
+    std::error_code ec;
+    g_sandboxd = (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().parent_path() /
+                  "src/cmd/sbx-sandboxd")
+                     .string();
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  std::error_code ec;
+  std::filesystem::remove_all("/tmp/sbx-bench-rt-" + std::to_string(getpid()), ec);
+  return 0;
+}
