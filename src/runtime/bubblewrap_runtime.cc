@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -281,10 +282,16 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     const std::string log_path = r.dir + "/sandboxd.log";
     const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 
+    const pid_t parent = getpid();
     const pid_t pid = fork();
     if (pid == 0) {
       // Child: only async-signal-safe calls until exec.
       setpgid(0, 0);
+      // Die with sbx: bubblewrap's --die-with-parent ties the sandboxed command to bwrap,
+      // not bwrap to us. (The signal comes when the forking thread ends: a worker, which
+      // lives as long as the runtime, and the runtime kills its sandboxes anyway.)
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);  // sbx died before the prctl
       for (const std::string& p : procs) {
         const int fd = open(p.c_str(), O_WRONLY);
         if (fd >= 0) {

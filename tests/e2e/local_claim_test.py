@@ -150,8 +150,13 @@ class LocalClaimTest(unittest.TestCase):
         self.wait_warm(2)
         claim = self.claims.Claim(claims_pb2.ClaimRequest(pool="default", claim_id="keep"),
                                   timeout=10).claim
-        # kill -9: the local sandboxes die with the server (bubblewrap --die-with-parent).
+        # kill -9: the local sandboxes die with the server, none is left running.
         self.server.stop(signal.SIGKILL)
+        deadline = time.time() + 15
+        while sandbox_processes(claim.sandbox.id) and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(sandbox_processes(claim.sandbox.id), [],
+                         "sandbox processes outlived the killed server")
         self.server = Server(self.dir)
         self.claims = claims_pb2_grpc_stub(self.server.channel)
         from sbx.v1 import admin_pb2_grpc
@@ -161,6 +166,21 @@ class LocalClaimTest(unittest.TestCase):
         self.assertEqual(got.state, types_pb2.CLAIM_STATE_LOST)
         self.wait_warm(2)
         self.assertEqual(self.server.stop(signal.SIGTERM), 0)
+
+
+def sandbox_processes(sandbox_id):
+    """Pids of processes whose command line names the sandbox (bwrap --hostname <id>)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if sandbox_id.encode() in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
 
 
 def claims_pb2_grpc_stub(channel):
