@@ -11,6 +11,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/build_info.h"
 #include "src/common/logging.h"
+#include "src/common/signals.h"
 #include "src/sandboxd/sandboxd.h"
 
 extern char** environ;
@@ -39,11 +40,7 @@ int main(int argc, char** argv) {
   // First of all, block the stop signals in every thread (gRPC's and the command runners'
   // threads inherit this mask), then wait for them synchronously here. Commands get an
   // empty mask when they start.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = sbx::BlockSignals({SIGTERM, SIGINT});
 
   sbx::sandboxd::DaemonOptions options;
   sbx::LogOptions log_options;

@@ -20,6 +20,7 @@
 #include "src/common/clock.h"
 #include "src/common/ids.h"
 #include "src/common/logging.h"
+#include "src/common/signals.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/server/server.h"
 #include "src/store/rocksdb_store.h"
@@ -43,12 +44,7 @@ std::string DefaultSandboxd() {
 int main(int argc, char** argv) {
   // First of all, block the stop signals in every thread (gRPC's threads inherit this
   // mask), then wait for them synchronously here: no async-signal-safety concerns.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = sbx::BlockSignals({SIGTERM, SIGINT, SIGHUP});
 
   sbx::server::ServerOptions server_options;
   sbx::LogOptions log_options;

@@ -17,8 +17,12 @@
 namespace sbx::server {
 namespace {
 
-std::string TemplateKey(const std::string& name) { return absl::StrCat("template/", name); }
-std::string PoolKey(const std::string& name) { return absl::StrCat("pool/", name); }
+// The WriteLocks key of an admin object: "<kind>/<name>".
+std::string ObjectKey(absl::string_view kind, absl::string_view name) {
+  return absl::StrCat(kind, "/", name);
+}
+std::string TemplateKey(const std::string& name) { return ObjectKey("template", name); }
+std::string PoolKey(const std::string& name) { return ObjectKey("pool", name); }
 
 // The check of expected_generation / create_only against what is stored (`existing`).
 template <typename Record>
@@ -99,6 +103,37 @@ absl::Status AdminService::WriteLocks::Begin(const std::string& key) {
 void AdminService::WriteLocks::End(const std::string& key) {
   absl::MutexLock lock(&mu_);
   busy_.erase(key);
+}
+
+template <typename Record, typename Response>
+grpc::ServerUnaryReactor* AdminService::DeleteObject(
+    grpc::CallbackServerContext* ctx, const char* kind, const std::string& name, bool allow_missing,
+    int64_t expected_generation, Response* resp, const std::function<absl::StatusOr<Record>()>& get,
+    std::function<void(allocator::StatusCallback)> erase) {
+  if (absl::Status s = ValidateName("name", name); !s.ok()) return FinishNow(ctx, s);
+  const std::string key = ObjectKey(kind, name);
+  if (absl::Status s = writes_->Begin(key); !s.ok()) return FinishNow(ctx, s);
+  const absl::StatusOr<Record> existing = get();
+  if (!existing.ok() && absl::IsNotFound(existing.status()) && allow_missing) {
+    writes_->End(key);
+    resp->set_deleted(false);
+    return FinishNow(ctx, absl::OkStatus());
+  }
+  absl::Status check = existing.status();
+  if (check.ok()) check = CheckWrite(kind, name, existing, expected_generation, false);
+  if (!check.ok()) {
+    writes_->End(key);
+    return FinishNow(ctx, check);
+  }
+  auto call = AsyncUnary<Response>::Create(ctx, resp);
+  erase([writes = writes_, call, key](absl::Status s) {
+    writes->End(key);
+    call->Complete(s, [](Response* out) {
+      out->set_deleted(true);
+      return absl::OkStatus();
+    });
+  });
+  return call->reactor();
 }
 
 grpc::ServerUnaryReactor* AdminService::PutTemplate(grpc::CallbackServerContext* ctx,
@@ -182,32 +217,13 @@ grpc::ServerUnaryReactor* AdminService::DeleteTemplate(grpc::CallbackServerConte
                                                        v1::DeleteTemplateResponse* resp) {
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "DeleteTemplate");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
-  if (absl::Status s = ValidateName("name", req->name()); !s.ok()) return FinishNow(ctx, s);
-  const std::string key = TemplateKey(req->name());
-  if (absl::Status s = writes_->Begin(key); !s.ok()) return FinishNow(ctx, s);
-  const absl::StatusOr<store::TemplateRecord> existing = allocator_->GetTemplate(req->name());
-  if (!existing.ok() && absl::IsNotFound(existing.status()) && req->allow_missing()) {
-    writes_->End(key);
-    resp->set_deleted(false);
-    return FinishNow(ctx, absl::OkStatus());
-  }
-  absl::Status check = existing.status();
-  if (check.ok()) {
-    check = CheckWrite("template", req->name(), existing, req->expected_generation(), false);
-  }
-  if (!check.ok()) {
-    writes_->End(key);
-    return FinishNow(ctx, check);
-  }
-  auto call = AsyncUnary<v1::DeleteTemplateResponse>::Create(ctx, resp);
-  allocator_->DeleteTemplate(req->name(), [writes = writes_, call, key](absl::Status s) {
-    writes->End(key);
-    call->Complete(s, [](v1::DeleteTemplateResponse* out) {
-      out->set_deleted(true);
-      return absl::OkStatus();
-    });
-  });
-  return call->reactor();
+  const std::string& name = req->name();
+  return DeleteObject<store::TemplateRecord>(
+      ctx, "template", name, req->allow_missing(), req->expected_generation(), resp,
+      [&] { return allocator_->GetTemplate(name); },
+      [a = allocator_, name](allocator::StatusCallback done) {
+        a->DeleteTemplate(name, std::move(done));
+      });
 }
 
 grpc::ServerUnaryReactor* AdminService::PutPool(grpc::CallbackServerContext* ctx,
@@ -298,32 +314,13 @@ grpc::ServerUnaryReactor* AdminService::DeletePool(grpc::CallbackServerContext* 
                                                    v1::DeletePoolResponse* resp) {
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "DeletePool");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
-  if (absl::Status s = ValidateName("name", req->name()); !s.ok()) return FinishNow(ctx, s);
-  const std::string key = PoolKey(req->name());
-  if (absl::Status s = writes_->Begin(key); !s.ok()) return FinishNow(ctx, s);
-  const absl::StatusOr<store::PoolRecord> existing = allocator_->GetPool(req->name());
-  if (!existing.ok() && absl::IsNotFound(existing.status()) && req->allow_missing()) {
-    writes_->End(key);
-    resp->set_deleted(false);
-    return FinishNow(ctx, absl::OkStatus());
-  }
-  absl::Status check = existing.status();
-  if (check.ok()) {
-    check = CheckWrite("pool", req->name(), existing, req->expected_generation(), false);
-  }
-  if (!check.ok()) {
-    writes_->End(key);
-    return FinishNow(ctx, check);
-  }
-  auto call = AsyncUnary<v1::DeletePoolResponse>::Create(ctx, resp);
-  allocator_->DeletePool(req->name(), [writes = writes_, call, key](absl::Status s) {
-    writes->End(key);
-    call->Complete(s, [](v1::DeletePoolResponse* out) {
-      out->set_deleted(true);
-      return absl::OkStatus();
-    });
-  });
-  return call->reactor();
+  const std::string& name = req->name();
+  return DeleteObject<store::PoolRecord>(
+      ctx, "pool", name, req->allow_missing(), req->expected_generation(), resp,
+      [&] { return allocator_->GetPool(name); },
+      [a = allocator_, name](allocator::StatusCallback done) {
+        a->DeletePool(name, std::move(done));
+      });
 }
 
 grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* ctx,

@@ -14,6 +14,8 @@
 // Thread-safety: handlers run concurrently on gRPC's threads.
 // Lifetime: the Allocator and Authenticator must outlive the service and every call.
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -62,6 +64,16 @@ class AdminService final : public sbx::v1::AdminService::CallbackService {
                                                       const v1::WatchPoolsRequest* req) override;
 
  private:
+  // The shared body of DeleteTemplate and DeletePool (after authorization): checks the
+  // name, honours allow_missing and expected_generation against `get`, and runs `erase`
+  // with the object marked busy. `kind` is "template" or "pool".
+  template <typename Record, typename Response>
+  grpc::ServerUnaryReactor* DeleteObject(grpc::CallbackServerContext* ctx, const char* kind,
+                                         const std::string& name, bool allow_missing,
+                                         int64_t expected_generation, Response* resp,
+                                         const std::function<absl::StatusOr<Record>()>& get,
+                                         std::function<void(allocator::StatusCallback)> erase);
+
   // Objects with a write between its check and its durability: "template/<name>" and
   // "pool/<name>". Shared with the allocator callbacks, which may outlive the service when
   // a call was cancelled.
