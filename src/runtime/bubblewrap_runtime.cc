@@ -435,6 +435,31 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   absl::flat_hash_map<std::string, Running> running_ ABSL_GUARDED_BY(mu_);
 };
 
+// Sandboxes of an earlier run in this root are unknown to this runtime: bubblewrap can
+// outlive a killed sbx when the kill lands while it is still starting (it changes
+// credentials, which clears the parent-death signal, before it arms its own). Kill every
+// process whose command line names a sandbox folder under `root`, and remove the folders.
+void KillStrays(const std::string& root) {
+  const std::string marker = root + "/lb-";
+  int killed = 0;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    const std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (pid != getpid() && cmd.find(marker) != std::string::npos && kill(pid, SIGKILL) == 0) {
+      ++killed;
+    }
+  }
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    if (entry.path().filename().string().rfind("lb-", 0) == 0) fs::remove_all(entry.path(), ec);
+  }
+  if (killed > 0)
+    spdlog::warn("local runtime: killed {} stray sandbox processes under {}", killed, root);
+}
+
 }  // namespace
 
 std::string EncodeLocalSpec(const LocalSpec& spec) {
@@ -534,6 +559,7 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
         "PROCESSES with NO ISOLATION (same user, filesystem and network as sbx) ***",
         options.bwrap_path);
   }
+  KillStrays(fs::absolute(options.root_dir).string());
   Cgroups cgroups = Cgroups::Detect();
   spdlog::info("local runtime: root \"{}\", {}, memory limits {}, pids limits {}", options.root_dir,
                isolated ? "bubblewrap isolation" : "NO isolation",

@@ -65,8 +65,9 @@ struct BubblewrapRuntimeOptions {
 
 class BubblewrapRuntime : public Runtime {
  public:
-  // Checks the options and the environment (bwrap runs; the root dir is writable) and
-  // logs what isolation and limits are available. Errors: INVALID_ARGUMENT,
+  // Checks the options and the environment (bwrap runs; the root dir is writable), kills
+  // sandboxes of an earlier run left under the root dir, and logs what isolation and
+  // limits are available. Errors: INVALID_ARGUMENT,
   // FAILED_PRECONDITION naming what is missing.
   static absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> Make(BubblewrapRuntimeOptions options);
 

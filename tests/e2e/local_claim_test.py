@@ -6,6 +6,7 @@ command in it through its sbx-sandboxd, releases it, and checks restart behaviou
 Usage: local_claim_test.py PATH_TO_SBX_SERVER PROTO_DIR CONFIG_YAML
 """
 
+import atexit
 import glob
 import os
 import shutil
@@ -21,6 +22,7 @@ from grpc_tools import protoc
 
 SERVER = PROTO = CONFIG = None
 STUBS = tempfile.mkdtemp(prefix="sbx-e2e-stubs-")
+atexit.register(shutil.rmtree, STUBS, True)
 
 
 def generate_stubs():
@@ -80,6 +82,14 @@ class LocalClaimTest(unittest.TestCase):
 
     def tearDown(self):
         self.server.stop(signal.SIGKILL)
+        # A sandbox whose bwrap was still starting at the kill can outlive the server (the
+        # next runtime on this folder kills it at start); this folder is not reused, so
+        # clean up here.
+        for pid in sandbox_processes(self.dir):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def wait_warm(self, n, timeout=30):
@@ -169,7 +179,8 @@ class LocalClaimTest(unittest.TestCase):
 
 
 def sandbox_processes(sandbox_id):
-    """Pids of processes whose command line names the sandbox (bwrap --hostname <id>)."""
+    """Pids of processes whose command line contains `sandbox_id` (a sandbox id, which is
+    bwrap's --hostname, or a folder its sockets live under)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -205,6 +206,32 @@ TEST_F(BubblewrapRuntimeTest, ReportsASandboxThatDies) {
   EXPECT_THAT(Gone(), ::testing::ElementsAre(info->id));
   EXPECT_EQ(runtime_->running(), 0u);
   EXPECT_FALSE(fs::exists(root_ + "/" + info->id));
+}
+
+// A sandbox left running under the root by an earlier run is killed when a runtime starts.
+TEST_F(BubblewrapRuntimeTest, StraySandboxesOfAnEarlierRunAreKilled) {
+  const std::string stray_dir = fs::absolute(root_).string() + "/lb-0000000000000000";
+  fs::create_directories(stray_dir);
+  // A stand-in for a stray bwrap: a process naming the sandbox folder on its command
+  // line, blocked reading a pipe this test holds open.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t stray = fork();
+  if (stray == 0) {
+    dup2(fds[0], STDIN_FILENO);
+    close(fds[1]);
+    execl("/bin/cat", "/bin/cat", "-", stray_dir.c_str(), nullptr);
+    _exit(127);
+  }
+  close(fds[0]);
+  ASSERT_GT(stray, 0);
+  absl::SleepFor(absl::Milliseconds(100));  // let it exec
+  StartRuntime();
+  int status = 0;
+  ASSERT_EQ(waitpid(stray, &status, 0), stray);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_FALSE(fs::exists(stray_dir));
+  close(fds[1]);
 }
 
 TEST_F(BubblewrapRuntimeTest, BadSpecsAndOptionsAreRefused) {
