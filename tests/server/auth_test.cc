@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -18,7 +19,12 @@ class AuthTest : public ::testing::Test {
   void SetUp() override {
     char tmpl[] = "/tmp/sbx-auth-test-XXXXXX";
     ASSERT_NE(mkdtemp(tmpl), nullptr);
-    path_ = std::string(tmpl) + "/tokens";
+    dir_ = tmpl;
+    path_ = dir_ + "/tokens";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
   }
   void Write(const std::string& text) {
     std::ofstream out(path_, std::ios::trunc);
@@ -29,6 +35,7 @@ class AuthTest : public ::testing::Test {
     o.tokens_file = path_;
     return Authenticator::Create(o);
   }
+  std::string dir_;
   std::string path_;
 };
 

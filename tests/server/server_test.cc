@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <set>
@@ -93,6 +94,8 @@ class ServerTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown(absl::Seconds(5));
     reconciler_.Stop();
     allocator_.reset();
+    std::error_code ec;
+    if (dir_ != "/tmp") std::filesystem::remove_all(dir_, ec);
   }
 
   void WriteTokens(const std::string& text) {
