@@ -36,6 +36,13 @@ class LocalSpecTranslator final : public runtime::Runtime {
   void Delete(std::string id, runtime::DeleteCallback done) override {
     local_->Delete(std::move(id), std::move(done));
   }
+  void Suspend(std::string id, runtime::DoneCallback done) override {
+    local_->Suspend(std::move(id), std::move(done));
+  }
+  void Resume(std::string id, runtime::DoneCallback done) override {
+    local_->Resume(std::move(id), std::move(done));
+  }
+  absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override { return local_->List(); }
 
  private:
   runtime::Runtime* const local_;

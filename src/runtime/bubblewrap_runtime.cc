@@ -134,6 +134,20 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     });
   }
 
+  // TODO(runtime helper): freezer cgroup, adoption of sandboxes of an earlier run.
+  void Suspend(std::string, DoneCallback done) override {
+    std::move(done)(absl::UnimplementedError("the local runtime cannot suspend yet"));
+  }
+  void Resume(std::string, DoneCallback done) override {
+    std::move(done)(absl::UnimplementedError("the local runtime cannot resume yet"));
+  }
+  absl::StatusOr<std::vector<SandboxInfo>> List() override {
+    std::vector<SandboxInfo> out;
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, r] : running_) out.push_back(SandboxInfo{id, "", "", "", false});
+    return out;
+  }
+
  private:
   using Task = absl::AnyInvocable<void(bool cancelled) &&>;
 

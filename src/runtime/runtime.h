@@ -11,6 +11,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -36,10 +37,13 @@ struct SandboxInfo {
   std::string endpoint;
   // Node it runs on (empty for the local runtime).
   std::string node;
+  // Frozen by Suspend (reported by List).
+  bool suspended = false;
 };
 
 using CreateCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;
-using DeleteCallback = absl::AnyInvocable<void(absl::Status) &&>;
+using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
+using DeleteCallback = DoneCallback;
 
 class Runtime {
  public:
@@ -53,6 +57,21 @@ class Runtime {
   // Deletes sandbox `id` and everything in it. NOT_FOUND if it does not exist (callers
   // treat that as done).
   virtual void Delete(std::string id, DeleteCallback done) = 0;
+
+  // Freezes every process of sandbox `id`, keeping their memory (freezer cgroup, or
+  // SIGSTOP of its processes). Idempotent. NOT_FOUND for an unknown id, UNIMPLEMENTED
+  // when the runtime cannot suspend.
+  virtual void Suspend(std::string id, DoneCallback done) = 0;
+  // Thaws a suspended sandbox. Idempotent (OK on a running one). NOT_FOUND for an
+  // unknown id.
+  virtual void Resume(std::string id, DoneCallback done) = 0;
+
+  // The sandboxes that exist now, including those a previous run of sbx left running
+  // (which the runtime has adopted: it watches them and reports their end like its own).
+  // Called once at start to reconcile with the store: sbx deletes the ones it does not
+  // know and marks claims whose sandbox is missing as lost. `suspended` reports whether
+  // each one is frozen now.
+  virtual absl::StatusOr<std::vector<SandboxInfo>> List() = 0;
 };
 
 }  // namespace sbx::runtime

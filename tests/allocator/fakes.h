@@ -124,6 +124,15 @@ class ManualRuntime : public runtime::Runtime {
     }
     std::move(done)(absl::OkStatus());
   }
+  void Suspend(std::string, runtime::DoneCallback done) override {
+    std::move(done)(absl::OkStatus());
+  }
+  void Resume(std::string, runtime::DoneCallback done) override {
+    std::move(done)(absl::OkStatus());
+  }
+  absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override {
+    return std::vector<runtime::SandboxInfo>{};
+  }
   std::vector<std::string> deleted() const {
     absl::MutexLock lock(&mu_);
     return deleted_;

@@ -191,6 +191,15 @@ TEST(RefillWorkerTest, KeepsAPoolFull) {
     void Delete(std::string, runtime::DeleteCallback done) override {
       std::move(done)(absl::OkStatus());
     }
+    void Suspend(std::string, runtime::DoneCallback done) override {
+      std::move(done)(absl::UnimplementedError("not used"));
+    }
+    void Resume(std::string, runtime::DoneCallback done) override {
+      std::move(done)(absl::UnimplementedError("not used"));
+    }
+    absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override {
+      return std::vector<runtime::SandboxInfo>{};
+    }
     std::atomic<int> next_{1};
   } runtime;
   MemoryStore store;
