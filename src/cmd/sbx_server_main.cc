@@ -22,6 +22,7 @@
 #include "src/common/logging.h"
 #include "src/common/signals.h"
 #include "src/runtime/bubblewrap_runtime.h"
+#include "src/runtime/instant_runtime.h"
 #include "src/server/server.h"
 #include "src/store/rocksdb_store.h"
 
@@ -84,8 +85,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--config", config_path, "YAML file declaring templates and pools at start");
   app.add_option("--runtime", runtime_name,
-                 "local: bubblewrap sandboxes on this machine; none: no runtime (pools stay "
-                 "empty)")
+                 "local: bubblewrap sandboxes on this machine; instant: sandboxes that are "
+                 "only names, for load tests of the claim path (nothing runs in them); none: no "
+                 "runtime (pools stay empty)")
       ->capture_default_str();
   app.add_option("--sandboxd", local_options.sandboxd_path, "sbx-sandboxd binary")
       ->capture_default_str();
@@ -105,9 +107,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
-  if (runtime_name != "local" && runtime_name != "none") {
+  if (runtime_name != "local" && runtime_name != "instant" && runtime_name != "none") {
     return Fail(absl::InvalidArgumentError(
-        absl::StrCat("runtime \"", runtime_name, "\" is not one of local, none")));
+        absl::StrCat("runtime \"", runtime_name, "\" is not one of local, instant, none")));
   }
   if (absl::Status s = refill_options.Validate(); !s.ok()) return Fail(s);
   sbx::cmd::ServerConfig config;
@@ -141,6 +143,11 @@ int main(int argc, char** argv) {
     if (!made.ok()) return Fail(made.status());
     local = std::move(*made);
     runtime = sbx::cmd::NewLocalSpecTranslator(local.get());
+  } else if (runtime_name == "instant") {
+    spdlog::warn(
+        "INSTANT RUNTIME: sandboxes are only names, nothing can run in them; use this for load "
+        "tests of the claim path only");
+    runtime = sbx::runtime::NewInstantRuntime();
   } else {
     spdlog::warn("no runtime: pools are never filled; claims can only wait or fail");
   }
