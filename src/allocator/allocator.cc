@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <deque>
 #include <thread>
 #include <utility>
 
@@ -15,6 +16,7 @@
 #include "src/allocator/pool.h"
 #include "src/allocator/ready_set.h"
 #include "src/allocator/timer_queue.h"
+#include "src/allocator/watch_hub.h"
 #include "src/common/status_macros.h"
 
 namespace sbx::allocator {
@@ -32,7 +34,7 @@ struct ClaimEntry {
   enum class Phase : uint8_t {
     kCommitting,  // waiting for a sandbox or for its record to become durable
     kActive,      // durable and holding its sandbox
-    kUpdating,    // a renewal is being committed
+    kUpdating,    // a renewal, suspension or resumption is in flight
     kEnding,      // a release / expiry / loss is being committed
     kEnded,       // ended durably; kept for the idempotency window
   };
@@ -77,6 +79,14 @@ const char* EndedVerb(ClaimState s) {
       break;
   }
   return "is ending";
+}
+
+ClaimEventPtr MakeEvent(ClaimEvent::Type type, ClaimRecord claim) {
+  auto e = std::make_shared<ClaimEvent>();
+  e->type = type;
+  e->revision = claim.revision;
+  e->claim = std::move(claim);
+  return e;
 }
 
 // What a timer does when it fires. Stored in the timer queue by value: no allocation.
@@ -201,6 +211,7 @@ class AllocatorImpl final : public Allocator {
         claims_(options_.claim_shards) {}
 
   ~AllocatorImpl() override {
+    if (hub_ != nullptr) hub_->Close(absl::UnavailableError("the allocator is shutting down"));
     {
       absl::MutexLock lock(&timer_mu_);
       stopping_ = true;
@@ -567,6 +578,35 @@ class AllocatorImpl final : public Allocator {
     return out;
   }
 
+  void Suspend(const std::string& owner, const std::string& claim_id, ClaimCallback done) override {
+    SetSuspended(owner, claim_id, true, std::move(done));
+  }
+
+  void Resume(const std::string& owner, const std::string& claim_id, ClaimCallback done) override {
+    SetSuspended(owner, claim_id, false, std::move(done));
+  }
+
+  // ---- Revisions and watches ----
+
+  uint64_t revision() const override { return hub_->revision(); }
+
+  absl::StatusOr<std::unique_ptr<ClaimWatch>> Watch(WatchRequest request,
+                                                    std::function<void()> ready) override {
+    RETURN_IF_ERROR(ValidateKey("watch owner", request.owner));
+    if (!request.pool.empty()) RETURN_IF_ERROR(ValidateName("watch pool", request.pool));
+    return hub_->Subscribe(std::move(request), std::move(ready), [this](const WatchRequest& w) {
+      ClaimFilter f;
+      f.owner = w.owner;
+      f.pool = w.pool;
+      f.labels = w.labels;
+      f.include_ended = w.include_ended;
+      f.limit = 0;
+      return ListClaims(f);
+    });
+  }
+
+  void CloseWatches(absl::Status status) override { hub_->Close(std::move(status)); }
+
   int Tick() override {
     return timers_.RunDue(clock_->Now(), [this](TimerTask t) { Fire(std::move(t)); });
   }
@@ -586,8 +626,8 @@ class AllocatorImpl final : public Allocator {
         return absl::AbortedError(absl::StrCat("claim \"", e.record.id,
                                                "\" is still being granted; retry when it returns"));
       case ClaimEntry::Phase::kUpdating:
-        return absl::AbortedError(
-            absl::StrCat("claim \"", e.record.id, "\" is being renewed; retry"));
+        return absl::AbortedError(absl::StrCat(
+            "claim \"", e.record.id, "\" is being updated (renewed, suspended or resumed); retry"));
       case ClaimEntry::Phase::kEnding:
       case ClaimEntry::Phase::kEnded:
         break;
@@ -813,13 +853,17 @@ class AllocatorImpl final : public Allocator {
     }
     store::WriteBatch batch;
     if (new_sandbox) batch.Put(RecordOf(*sb));
+    uint64_t revision;
     {
       absl::MutexLock lock(&e->mu);
       e->record.launch_type = launch;
+      // The entry is invisible while committing, so its record may carry the revision
+      // before the change is durable.
+      e->record.revision = revision = hub_->Reserve();
       e->sandbox = sb;
       batch.Put(RecordLocked(*e));
     }
-    store_->Commit(std::move(batch), [this, e, sb](absl::Status s) {
+    store_->Commit(std::move(batch), [this, e, sb, revision](absl::Status s) {
       if (!s.ok()) {
         {
           absl::MutexLock lock(&sb->mu);
@@ -833,6 +877,7 @@ class AllocatorImpl final : public Allocator {
         sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
         e->pool->AddWarm(sb);
         FailEntry(e, s);
+        hub_->Complete(revision, nullptr);
         return;
       }
       e->pool->AddClaimed(1);
@@ -840,7 +885,8 @@ class AllocatorImpl final : public Allocator {
     });
   }
 
-  // Marks a durable claim active, arms its expiry and answers its callers.
+  // Marks a durable claim active, arms its expiry, publishes its revision and answers its
+  // callers.
   void Activate(const EntryPtr& e) {
     std::vector<std::pair<ClaimCallback, bool>> callbacks;
     ClaimRecord record;
@@ -849,10 +895,12 @@ class AllocatorImpl final : public Allocator {
       absl::MutexLock lock(&e->mu);
       e->phase = ClaimEntry::Phase::kActive;
       callbacks = std::move(e->callbacks);
-      if (!callbacks.empty()) record = RecordLocked(*e);
+      record = RecordLocked(*e);
       ArmExpiryLocked(e);
       gone = e->sandbox->gone.load(std::memory_order_seq_cst);
     }
+    // Published after the entry is active: whoever sees the revision sees the claim.
+    hub_->Complete(record.revision, MakeEvent(ClaimEvent::Type::kAdded, record));
     for (auto& [cb, replayed] : callbacks) std::move(cb)(ClaimResult{record, replayed});
     if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
   }
@@ -868,6 +916,8 @@ class AllocatorImpl final : public Allocator {
     store::WriteBatch batch;
     SandboxPtr sb;
     absl::Status refused;
+    absl::Time ended_at;
+    uint64_t revision = 0;
     {
       absl::MutexLock lock(&e->mu);
       refused = NotActiveLocked(*e);
@@ -876,7 +926,8 @@ class AllocatorImpl final : public Allocator {
         timers_.Cancel(e->expiry);
         ClaimRecord ended = RecordLocked(*e);
         ended.state = end;
-        ended.ended = clock_->Now();
+        ended.ended = ended_at = clock_->Now();
+        ended.revision = revision = hub_->Reserve();
         batch.Put(std::move(ended));
         sb = e->sandbox;
         batch.DeleteSandbox(sb->id);
@@ -884,33 +935,36 @@ class AllocatorImpl final : public Allocator {
     }
     // Callbacks never run under a lock: they may call back into the allocator.
     if (!refused.ok()) return std::move(done)(refused);
-    store_->Commit(
-        std::move(batch), [this, e, end, sb, done = std::move(done)](absl::Status s) mutable {
-          if (!s.ok()) {
-            {
-              absl::MutexLock lock(&e->mu);
-              e->phase = ClaimEntry::Phase::kActive;
-              ArmExpiryLocked(e);
-            }
-            return std::move(done)(s);
-          }
-          absl::Time ended_at;
-          {
-            absl::MutexLock lock(&e->mu);
-            e->phase = ClaimEntry::Phase::kEnded;
-            e->record.state = end;
-            e->record.ended = clock_->Now();
-            ended_at = e->record.ended;
-            // e->sandbox stays: the ended claim still reports which sandbox it held.
-          }
-          sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
-          e->pool->AddClaimed(-1);
-          ForgetSandbox(sb->id);
-          if (end != ClaimState::kLost) reconciler_->RetireSandbox(RecordOf(*sb));
-          reconciler_->PoolBelowTarget(e->pool->name());
-          ScheduleTimer(ended_at + options_.idempotency_window, TimerTask::Kind::kPurge, e);
-          std::move(done)(absl::OkStatus());
-        });
+    store_->Commit(std::move(batch), [this, e, end, sb, ended_at, revision,
+                                      done = std::move(done)](absl::Status s) mutable {
+      if (!s.ok()) {
+        {
+          absl::MutexLock lock(&e->mu);
+          e->phase = ClaimEntry::Phase::kActive;
+          ArmExpiryLocked(e);
+        }
+        hub_->Complete(revision, nullptr);
+        return std::move(done)(s);
+      }
+      ClaimRecord record;
+      {
+        absl::MutexLock lock(&e->mu);
+        e->phase = ClaimEntry::Phase::kEnded;
+        e->record.state = end;
+        e->record.ended = ended_at;
+        e->record.revision = revision;
+        // e->sandbox stays: the ended claim still reports which sandbox it held.
+        record = RecordLocked(*e);
+      }
+      hub_->Complete(revision, MakeEvent(ClaimEvent::Type::kModified, std::move(record)));
+      sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
+      e->pool->AddClaimed(-1);
+      ForgetSandbox(sb->id);
+      if (end != ClaimState::kLost) reconciler_->RetireSandbox(RecordOf(*sb));
+      reconciler_->PoolBelowTarget(e->pool->name());
+      ScheduleTimer(ended_at + options_.idempotency_window, TimerTask::Kind::kPurge, e);
+      std::move(done)(absl::OkStatus());
+    });
   }
 
   void Fire(TimerTask t) {
@@ -918,19 +972,10 @@ class AllocatorImpl final : public Allocator {
     switch (t.kind) {
       case TimerTask::Kind::kExpire:
         return EndClaim(e, ClaimState::kExpired, [](absl::Status) {});
-      case TimerTask::Kind::kPurge: {
+      case TimerTask::Kind::kPurge:
         // After the idempotency window an ended claim leaves the table and the store.
-        if (!claims_.Erase(e)) return;
-        store::WriteBatch batch;
-        {
-          absl::MutexLock lock(&e->mu);
-          batch.DeleteClaim(e->record.owner, e->record.id);
-        }
-        store_->Commit(std::move(batch), [e](absl::Status s) {
-          if (!s.ok()) spdlog::warn("purge of claim \"{}\" failed: {}", e->key, s.ToString());
-        });
+        if (claims_.Erase(e)) Purge(e);
         return;
-      }
       case TimerTask::Kind::kWaitDeadline: {
         WaiterPtr waiter;
         absl::Duration waited;
@@ -956,6 +1001,140 @@ class AllocatorImpl final : public Allocator {
                    absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))))));
       }
     }
+  }
+
+  // Deletes an ended claim whose window closed (already out of the table), with a new
+  // revision that also becomes the store's revision mark. Purges are written one at a
+  // time, in the order of their revisions, so that the mark in the store only rises.
+  void Purge(EntryPtr e) ABSL_LOCKS_EXCLUDED(purge_mu_) {
+    {
+      absl::MutexLock lock(&purge_mu_);
+      purges_.push_back(std::move(e));
+      if (purging_) return;  // the thread that is purging takes it
+      purging_ = true;
+    }
+    while (true) {
+      EntryPtr next;
+      {
+        absl::MutexLock lock(&purge_mu_);
+        if (purges_.empty()) {
+          purging_ = false;
+          return;
+        }
+        next = std::move(purges_.front());
+        purges_.pop_front();
+      }
+      ClaimRecord last;
+      {
+        absl::MutexLock lock(&next->mu);
+        last = RecordLocked(*next);
+      }
+      last.revision = hub_->Reserve();
+      store::WriteBatch batch;
+      batch.DeleteClaim(last.owner, last.id);
+      batch.Put(store::RevisionRecord{last.revision});
+      // No lock is held here: with an inline store the callback runs inside Commit.
+      store_->Commit(std::move(batch), [this, last = std::move(last)](absl::Status s) mutable {
+        const uint64_t revision = last.revision;
+        if (!s.ok()) {
+          spdlog::warn("purge of claim \"{}\" failed: {}", ClaimKey(last.owner, last.id),
+                       s.ToString());
+          return hub_->Complete(revision, nullptr);
+        }
+        hub_->Complete(revision, MakeEvent(ClaimEvent::Type::kDeleted, std::move(last)));
+      });
+    }
+  }
+
+  // Suspend and Resume: the runtime first (the claim marked kUpdating meanwhile, its expiry
+  // timer held back), then the record if the state changed.
+  void SetSuspended(const std::string& owner, const std::string& claim_id, bool suspend,
+                    ClaimCallback done) {
+    EntryPtr e = claims_.Find(ClaimKey(owner, claim_id));
+    if (e == nullptr) return std::move(done)(NotFound(claim_id));
+    if (runtime_ == nullptr) {
+      return std::move(done)(absl::FailedPreconditionError(
+          absl::StrCat("claim \"", claim_id, "\": this allocator has no runtime to ",
+                       suspend ? "suspend" : "resume", " sandboxes with")));
+    }
+    std::string sandbox_id;
+    absl::Status refused;
+    {
+      absl::MutexLock lock(&e->mu);
+      refused = NotActiveLocked(*e);
+      if (refused.ok()) {
+        e->phase = ClaimEntry::Phase::kUpdating;
+        timers_.Cancel(e->expiry);
+        sandbox_id = e->sandbox->id;
+      }
+    }
+    if (!refused.ok()) return std::move(done)(refused);
+    auto then = [this, e, suspend, done = std::move(done)](absl::Status s) mutable {
+      FinishSetSuspended(e, suspend, std::move(s), std::move(done));
+    };
+    if (suspend) {
+      runtime_->Suspend(std::move(sandbox_id), std::move(then));
+    } else {
+      runtime_->Resume(std::move(sandbox_id), std::move(then));
+    }
+  }
+
+  void FinishSetSuspended(const EntryPtr& e, bool suspend, absl::Status runtime_status,
+                          ClaimCallback done) {
+    ClaimRecord updated;
+    bool changed = false;
+    bool gone = false;
+    {
+      absl::MutexLock lock(&e->mu);
+      if (runtime_status.ok()) changed = e->record.suspended != suspend;
+      if (changed) {
+        updated = RecordLocked(*e);
+        updated.suspended = suspend;
+        updated.revision = hub_->Reserve();
+      } else {
+        e->phase = ClaimEntry::Phase::kActive;
+        ArmExpiryLocked(e);
+        if (runtime_status.ok()) updated = RecordLocked(*e);
+        gone = e->sandbox->gone.load(std::memory_order_seq_cst);
+      }
+    }
+    if (!changed) {
+      if (runtime_status.ok()) {
+        std::move(done)(ClaimResult{std::move(updated), false});
+      } else {
+        std::move(done)(absl::Status(
+            runtime_status.code(),
+            absl::StrCat(suspend ? "suspending" : "resuming", " the sandbox of claim \"",
+                         e->key.substr(e->key.find('/') + 1), "\": ", runtime_status.message())));
+      }
+      // The sandbox died while the runtime was asked (SandboxGone skips updating claims).
+      if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+      return;
+    }
+    const uint64_t revision = updated.revision;
+    store::WriteBatch batch;
+    batch.Put(std::move(updated));
+    store_->Commit(std::move(batch), [this, e, suspend, revision,
+                                      done = std::move(done)](absl::Status s) mutable {
+      absl::StatusOr<ClaimResult> result = s.ok() ? absl::UnknownError("unset") : s;
+      bool gone;
+      {
+        absl::MutexLock lock(&e->mu);
+        if (s.ok()) {
+          e->record.suspended = suspend;
+          e->record.revision = revision;
+          result = ClaimResult{RecordLocked(*e), false};
+        }
+        e->phase = ClaimEntry::Phase::kActive;
+        ArmExpiryLocked(e);
+        gone = e->sandbox->gone.load(std::memory_order_seq_cst);
+      }
+      hub_->Complete(revision,
+                     s.ok() ? MakeEvent(ClaimEvent::Type::kModified, result->claim) : nullptr);
+      std::move(done)(std::move(result));
+      // The sandbox died while the claim was being updated (SandboxGone skips such claims).
+      if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+    });
   }
 
   TimerHandle ScheduleTimer(absl::Time when, TimerTask::Kind kind, EntryPtr e) {
@@ -1006,6 +1185,14 @@ class AllocatorImpl final : public Allocator {
   std::thread timer_thread_;
 
   RecoveryStats recovery_;
+
+  // The revision sequence and the watches; set by Recover.
+  std::shared_ptr<WatchHub> hub_;
+
+  // Purges waiting to be written (see Purge).
+  absl::Mutex purge_mu_;
+  std::deque<EntryPtr> purges_ ABSL_GUARDED_BY(purge_mu_);
+  bool purging_ ABSL_GUARDED_BY(purge_mu_) = false;
 };
 
 void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
@@ -1078,6 +1265,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   store::WriteBatch batch;
   std::vector<EntryPtr> entries;
   entries.reserve(taken.size());
+  const uint64_t first_revision = hub_->Reserve(taken.size());
   for (size_t i = 0; i < taken.size(); ++i) {
     const std::string id = id_of(static_cast<int>(i));
     auto e = std::make_shared<ClaimEntry>(ClaimKey(req.owner, id), pool);
@@ -1091,6 +1279,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       r.created = now;
       r.expires = *ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : now + *ttl;
       r.launch_type = LaunchType::kWarm;
+      r.revision = first_revision + i;
       e->assigned = true;
       e->sandbox = taken[i];
       batch.Put(RecordLocked(*e));
@@ -1103,7 +1292,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
     entries.push_back(std::move(e));
   }
   if (pool->warm() < pool->min_warm()) reconciler_->PoolBelowTarget(pool->name());
-  store_->Commit(std::move(batch), [this, pool, entries = std::move(entries),
+  store_->Commit(std::move(batch), [this, pool, first_revision, entries = std::move(entries),
                                     done = std::move(done)](absl::Status s) mutable {
     if (!s.ok()) {
       for (EntryPtr& e : entries) {
@@ -1117,6 +1306,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
         sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
         pool->AddWarm(std::move(sb));
       }
+      for (size_t i = 0; i < entries.size(); ++i) hub_->Complete(first_revision + i, nullptr);
       return std::move(done)(s);
     }
     std::vector<ClaimResult> results;
@@ -1146,6 +1336,7 @@ void AllocatorImpl::Renew(const std::string& owner, const std::string& claim_id,
   const absl::Time expires = clock_->Now() + ttl;
   store::WriteBatch batch;
   absl::Status refused;
+  uint64_t revision = 0;
   {
     absl::MutexLock lock(&e->mu);
     refused = NotActiveLocked(*e);
@@ -1156,31 +1347,44 @@ void AllocatorImpl::Renew(const std::string& owner, const std::string& claim_id,
       timers_.Cancel(e->expiry);
       ClaimRecord renewed = RecordLocked(*e);
       renewed.expires = expires;
+      renewed.revision = revision = hub_->Reserve();
       batch.Put(std::move(renewed));
     }
   }
   if (!refused.ok()) return std::move(done)(refused);
-  store_->Commit(std::move(batch),
-                 [this, e, expires, done = std::move(done)](absl::Status s) mutable {
-                   absl::StatusOr<ClaimResult> result;
-                   {
-                     absl::MutexLock lock(&e->mu);
-                     if (s.ok()) e->record.expires = expires;
-                     e->phase = ClaimEntry::Phase::kActive;
-                     ArmExpiryLocked(e);
-                     if (s.ok()) {
-                       result = ClaimResult{RecordLocked(*e), false};
-                     } else {
-                       result = s;
-                     }
-                   }
-                   std::move(done)(std::move(result));
-                 });
+  store_->Commit(std::move(batch), [this, e, expires, revision,
+                                    done = std::move(done)](absl::Status s) mutable {
+    absl::StatusOr<ClaimResult> result = s.ok() ? absl::UnknownError("unset") : s;
+    bool gone;
+    {
+      absl::MutexLock lock(&e->mu);
+      if (s.ok()) {
+        e->record.expires = expires;
+        e->record.revision = revision;
+        result = ClaimResult{RecordLocked(*e), false};
+      }
+      e->phase = ClaimEntry::Phase::kActive;
+      ArmExpiryLocked(e);
+      gone = e->sandbox->gone.load(std::memory_order_seq_cst);
+    }
+    hub_->Complete(revision,
+                   s.ok() ? MakeEvent(ClaimEvent::Type::kModified, result->claim) : nullptr);
+    std::move(done)(std::move(result));
+    // The sandbox died while the claim was being renewed (SandboxGone skips such claims).
+    if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+  });
 }
 
 absl::Status AllocatorImpl::Recover() {
   const absl::Time start = absl::Now();
   ASSIGN_OR_RETURN(store::Contents contents, store_->LoadAll());
+  // The revision sequence continues after every revision the store holds: the mark covers
+  // deleted claims, the records the rest (a record is only ever rewritten with a higher
+  // revision).
+  uint64_t revision = contents.revision;
+  for (const ClaimRecord& c : contents.claims) revision = std::max(revision, c.revision);
+  recovery_.revision = revision;
+  hub_ = std::make_shared<WatchHub>(revision, options_.watch_history, options_.watch_queue);
   recovery_.templates = contents.templates.size();
   recovery_.pools = contents.pools.size();
   absl::flat_hash_map<std::string, Pool*> pools;

@@ -8,12 +8,23 @@
 // follows the claim's policy: WAIT (FIFO, with a deadline), COLD (Runtime::Create now) or
 // FAIL (RESOURCE_EXHAUSTED with a retry hint). Expired claims are released by timers.
 //
+// Revisions and watches: every change of a claim (granted, renewed, suspended, resumed,
+// released, expired, lost, and its deletion when the idempotency window closes) gets the
+// next number of one increasing revision sequence, written in the claim's own record with
+// the change (deletions also write the store's revision mark). Watch() streams the
+// changes of one owner's claims in revision order, each after it is durable; a watch
+// resumes from a revision while the change after it is still in the in-memory history.
+// Revisions never go backwards across a restart: the sequence continues from the highest
+// revision in the store.
+//
 // Thread-safety: every public method may be called from any thread concurrently. No
 // method blocks on I/O: results arrive through callbacks, which run on the store's
 // committer thread, the runtime's thread, the timer thread or the caller's thread, and
-// must not block.
+// must not block. No callback runs under one of the allocator's locks, so callbacks may
+// call the allocator again.
 // Lifetime: Store, Runtime, Reconciler and Clock passed to Create must outlive the
-// Allocator. Destroying it stops the timer thread; claims still waiting get CANCELLED.
+// Allocator. Destroying it stops the timer thread; claims still waiting get CANCELLED and
+// watches still open end with UNAVAILABLE.
 
 #include <cstdint>
 #include <functional>
@@ -48,6 +59,14 @@ struct AllocatorOptions {
   bool timer_thread = true;
   // Largest ClaimBatch.
   int max_batch = 1000;
+  // Claim changes kept in memory for watches that resume from a revision: a watch from
+  // revision N works while the change after N is among the last `watch_history` changes
+  // (OUT_OF_RANGE otherwise). 0 keeps none (watches start from 0 or the current revision).
+  size_t watch_history = 100000;
+  // Events a watch may hold that its consumer has not taken yet (Poll). One more ends the
+  // watch with ABORTED, so that a slow consumer costs bounded memory and never slows
+  // claims. The initial state and the history replayed when a watch starts do not count.
+  size_t watch_queue = 10000;
 
   // Test hooks (sync points). Nullptr in production.
   // Runs after a claim pops a candidate sandbox and before its Warm→Claimed CAS.
@@ -114,9 +133,65 @@ struct ClaimFilter {
   int limit = 100;
 };
 
+// One change of a claim, as a watch delivers it.
+struct ClaimEvent {
+  enum class Type : uint8_t {
+    kAdded = 1,     // the claim was granted, or is part of a watch's initial state
+    kModified = 2,  // renewed, suspended, resumed, released, expired or lost
+    kDeleted = 3,   // its record left the idempotency window (claim: its last value)
+  };
+  Type type = Type::kAdded;
+  // Revision of the change; for the initial state, the revision of the snapshot.
+  uint64_t revision = 0;
+  // Part of the initial state of a watch from revision 0.
+  bool initial = false;
+  // The claim after the change. claim.revision is the revision of its last change: the
+  // event's revision, except in the initial state, where it may be newer than the
+  // snapshot (a change racing with the snapshot; its own event is then not repeated).
+  store::ClaimRecord claim;
+};
+using ClaimEventPtr = std::shared_ptr<const ClaimEvent>;
+
+struct WatchRequest {
+  std::string owner;  // required: a watch sees one tenant's claims
+  std::string pool;   // empty: all pools
+  // Every pair must match the claim's labels (labels never change after the claim).
+  std::map<std::string, std::string> labels;
+  // 0: first the initial state (an ADDED event per matching claim, initial = true, all
+  // with the current revision), then every later change. N > 0: every change with a
+  // revision above N.
+  uint64_t start_revision = 0;
+  // Whether the initial state includes ended claims still in the idempotency window.
+  bool include_ended = true;
+};
+
+// A subscription to claim changes (Allocator::Watch). Events arrive in revision order,
+// each after its change is durable.
+//
+// Thread-safety: Poll and Cancel may be called from any thread; `ready` (see Watch) may
+// run concurrently with Poll.
+// Lifetime: destroying it cancels it. It may outlive the Allocator (it then reports
+// UNAVAILABLE).
+class ClaimWatch {
+ public:
+  virtual ~ClaimWatch() = default;
+  // Appends up to `max` queued events to `*out`. OK while the watch lives, whether or not
+  // it appended anything; once the watch has ended and nothing is left to take, why it
+  // ended: ABORTED (more than AllocatorOptions::watch_queue events waited; the consumer
+  // read too slowly and should resume from the last revision it got), UNAVAILABLE (the
+  // allocator shut down or closed its watches), CANCELLED (Cancel was called).
+  virtual absl::Status Poll(std::vector<ClaimEventPtr>* out, size_t max) = 0;
+  // Ends the watch. When it returns, `ready` is not running and will not run again,
+  // unless Cancel is called from inside `ready` itself (then that call is the last).
+  virtual void Cancel() = 0;
+};
+
 struct RecoveryStats {
   size_t templates = 0, pools = 0, sandboxes = 0, active_claims = 0, ended_claims = 0;
   size_t dropped_sandboxes = 0;  // sandbox records of pools that no longer exist
+  // Where the revision sequence continues: the highest of the store's revision mark and
+  // the revisions in its claim records.
+  uint64_t revision = 0;
   absl::Duration took;
 };
 
@@ -178,12 +253,47 @@ class Allocator {
   // claim is still being committed).
   virtual void Release(const std::string& owner, const std::string& claim_id,
                        StatusCallback done) = 0;
-  // Sets expiry to now + ttl (capped by the pool's max_ttl). Same errors as Release.
+  // Sets expiry to now + ttl (capped by the pool's max_ttl). Same errors as Release, and
+  // ABORTED while another update (renew, suspend, resume) of the claim is in flight.
   virtual void Renew(const std::string& owner, const std::string& claim_id, absl::Duration ttl,
                      ClaimCallback done) = 0;
+  // Freezes / thaws the claim's sandbox through Runtime::Suspend / Resume, then records
+  // `suspended` in the claim (durable, a new revision, a MODIFIED event) and answers with
+  // the updated claim. Idempotent: a claim already in that state is answered as it is,
+  // with no new revision. The claim's TTL keeps running. Errors: NOT_FOUND (unknown to
+  // this owner), FAILED_PRECONDITION (the claim has ended, or this allocator has no
+  // runtime), ABORTED (the claim is being granted or updated; retry), the runtime's error
+  // (the claim is unchanged), the store's error.
+  virtual void Suspend(const std::string& owner, const std::string& claim_id,
+                       ClaimCallback done) = 0;
+  virtual void Resume(const std::string& owner, const std::string& claim_id,
+                      ClaimCallback done) = 0;
   virtual absl::StatusOr<store::ClaimRecord> GetClaim(const std::string& owner,
                                                       const std::string& claim_id) const = 0;
+  // Claims as they are now. Read revision() before listing to know where a watch must
+  // start to miss nothing: every change up to it is in the list (a claim may also show a
+  // newer change, whose event such a watch then repeats; its claim.revision tells).
   virtual std::vector<store::ClaimRecord> ListClaims(const ClaimFilter& filter) const = 0;
+
+  // --- Revisions and watches ---
+  // The current revision: every change up to it is durable and visible (GetClaim,
+  // ListClaims) and has been delivered to the watches. After a restart, the highest
+  // revision the store holds.
+  virtual uint64_t revision() const = 0;
+  // Starts a watch of `request.owner`'s claims (see WatchRequest). `ready` is called,
+  // never under the allocator's locks and on whichever thread made the change (usually the
+  // store's committer), when the watch has something to take after a Poll that found
+  // nothing (or has ended). It may also be called when there turns out to be nothing; it
+  // must not block. The caller must Poll once after Watch returns (the initial state and
+  // any replayed history are already queued; `ready` is not called for them). Errors:
+  // INVALID_ARGUMENT (no owner), OUT_OF_RANGE (start_revision is older than the history
+  // kept, or newer than revision()), UNAVAILABLE (watches were closed).
+  virtual absl::StatusOr<std::unique_ptr<ClaimWatch>> Watch(WatchRequest request,
+                                                            std::function<void()> ready) = 0;
+  // Ends every watch with `status` (not OK) and refuses new ones with it, e.g. UNAVAILABLE
+  // when the server starts shutting down, so that streams end at once instead of at the
+  // end of the grace period. The allocator's destructor does the same.
+  virtual void CloseWatches(absl::Status status) = 0;
 
   // Fires due timers now (expiry, deadlines, purges). Returns how many ran. The timer
   // thread calls this; tests with a FakeClock call it directly.

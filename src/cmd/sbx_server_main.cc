@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <unordered_set>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -94,6 +95,9 @@ int main(int argc, char** argv) {
   app.add_option("--sandbox_root", local_options.root_dir,
                  "folder for the local sandboxes' sockets")
       ->capture_default_str();
+  app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
+               "kill every local sandbox when the server stops (default: leave them running; "
+               "the next server on the same --sandbox_root adopts them, claims intact)");
   app.add_option("--refill_qps", refill_options.qps, "runtime writes per second")
       ->capture_default_str();
   app.add_option("--auth_tokens_file", server_options.auth.tokens_file,
@@ -101,6 +105,18 @@ int main(int argc, char** argv) {
   app.add_flag("--insecure_no_auth", server_options.auth.insecure_no_auth,
                "no authentication: every caller is tenant 'anonymous' with admin rights (the "
                "default when --auth_tokens_file is not given)");
+  app.add_option("--max_concurrent_execs", server_options.sandbox_limits.max_concurrent_execs,
+                 "Exec calls running at once per sandbox; more get RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--max_exec_output_bytes", server_options.sandbox_limits.max_exec_output_bytes,
+                 "cap on one Exec's stdout+stderr sent to the client (the rest is counted and "
+                 "dropped; exit.truncated says so); at most 64 MiB")
+      ->capture_default_str();
+  app.add_option("--tls_cert_file", server_options.tls_cert_file,
+                 "serve TLS with this PEM certificate (chain); needs --tls_key_file");
+  app.add_option("--tls_key_file", server_options.tls_key_file, "PEM private key for TLS");
+  app.add_option("--tls_client_ca_file", server_options.tls_client_ca_file,
+                 "require client certificates signed by this PEM CA (mTLS)");
   app.add_option("--log_level", log_options.level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
   app.add_option("--log_format", log_options.format, "text|json")->capture_default_str();
@@ -165,13 +181,36 @@ int main(int argc, char** argv) {
       "recovered {} templates, {} pools, {} sandboxes, {} active and {} ended claims in {}",
       rec.templates, rec.pools, rec.sandboxes, rec.active_claims, rec.ended_claims,
       absl::FormatDuration(rec.took));
-  // Local sandboxes die with the server (bubblewrap --die-with-parent): whatever the store
-  // remembers is gone now. Warm ones are dropped and refilled; claimed ones become LOST.
-  size_t gone = 0;
-  for (const std::string& id : (*allocator)->ListSandboxIds()) {
-    if ((*allocator)->SandboxGone(id).ok()) ++gone;
+  // Reconcile with the runtime, the truth for existence: local sandboxes outlive a server
+  // (its runtime adopts them at start), so a claim made before the restart keeps its
+  // sandbox. What the store remembers and the runtime lacks is gone (warm ones are
+  // dropped and refilled, claimed ones become LOST); what the runtime runs and the store
+  // does not know (created after the last commit) is deleted.
+  if (runtime != nullptr) {
+    auto running = runtime->List();
+    if (!running.ok()) return Fail(running.status());
+    std::unordered_set<std::string> live;
+    for (const sbx::runtime::SandboxInfo& s : *running) live.insert(s.id);
+    std::unordered_set<std::string> known;
+    size_t gone = 0, deleted = 0;
+    for (const std::string& id : (*allocator)->ListSandboxIds()) {
+      known.insert(id);
+      if (!live.contains(id) && (*allocator)->SandboxGone(id).ok()) ++gone;
+    }
+    for (const std::string& id : live) {
+      if (known.contains(id)) continue;
+      ++deleted;
+      runtime->Delete(id, [id](absl::Status s) {
+        if (!s.ok() && !absl::IsNotFound(s)) {
+          spdlog::warn("unknown sandbox {} not deleted: {}", id, s.ToString());
+        }
+      });
+    }
+    spdlog::info(
+        "runtime reconciled: {} sandboxes adopted, {} from before the restart gone, {} unknown "
+        "ones deleted",
+        live.size() - deleted, gone, deleted);
   }
-  if (gone > 0) spdlog::warn("{} sandboxes from before the restart no longer exist", gone);
   if (absl::Status s = sbx::cmd::ApplyConfig(config, **allocator); !s.ok()) return Fail(s);
   if (runtime != nullptr) refill.Start(allocator->get());
 
@@ -198,7 +237,7 @@ int main(int argc, char** argv) {
   allocator_for_reports = nullptr;
   allocator->reset();
   runtime.reset();
-  local.reset();  // kills the sandboxes it started
+  local.reset();  // leaves the sandboxes running unless --delete_sandboxes_on_exit
   if (absl::Status s = (*store)->Close(); !s.ok()) return Fail(s);
   spdlog::info("sbx-server stopped");
   return 0;

@@ -5,10 +5,29 @@
 // `sbx-sandboxd` on a unix socket that sbx connects to. Without bubblewrap it falls back
 // to plain processes and says so loudly at start.
 //
-// Thread-safety: Create and Delete may be called from any thread; they return at once and
-// do the slow work (spawn, wait for the daemon) on the runtime's worker threads, where the
-// callbacks run. `on_gone` runs on the runtime's reaper thread.
-// Lifetime: the destructor kills every sandbox it started and waits for its threads.
+// Thread-safety: every method may be called from any thread. Create, Delete, Suspend and
+// Resume return at once and do the slow work (spawn, wait for the daemon, freeze, kill) on
+// the runtime's worker threads, where their callbacks run. `on_gone` runs on the
+// runtime's reaper thread.
+//
+// Suspend freezes every process of a sandbox, keeping its memory: with the sandbox's
+// freezer cgroup (cgroup v1, /sys/fs/cgroup/freezer/sbx/<id>) when the machine has one,
+// else with SIGSTOP/SIGCONT of each of its processes (logged once at start).
+//
+// Lifetime: sandboxes outlive the runtime and the sbx process. Each runs in its own
+// session (a Ctrl-C in sbx's terminal does not reach it) and is not tied to sbx by a
+// parent-death signal. Once ready, a sandbox's folder (root_dir/<id>/) holds a state file
+// (id, pool, endpoint, its top process with that process's start time, its cgroups).
+// Make() scans root_dir: a sandbox whose top process is still the same process (same
+// start time) and whose daemon accepts connections is adopted — watched like the
+// runtime's own (its end is reported through `on_gone`), listed by List(), deletable and
+// suspendable. Anything else found there (a dead sandbox, a half-created one, a folder
+// without a state file) is killed and removed with its cgroups. Delete (of an own, adopted
+// or suspended sandbox alike) kills the sandbox's pid namespace through its pid 1 and
+// whatever its cgroups hold, then removes its folder and cgroups. The destructor waits for
+// the runtime's threads; it kills every sandbox when `delete_on_exit` is set, and
+// otherwise leaves them running for the next runtime on the same root_dir to adopt. Calls
+// still queued when it runs get CANCELLED.
 
 #include <cstdint>
 #include <functional>
@@ -56,8 +75,15 @@ struct BubblewrapRuntimeOptions {
   absl::Duration ready_timeout = absl::Seconds(10);
   // Threads that start and delete sandboxes (each start blocks one of them).
   int workers = 4;
-  // Called once when a sandbox's process tree ends by itself (not through Delete).
+  // Called once when a sandbox's process tree ends by itself (not through Delete), for
+  // sandboxes this runtime started and those it adopted alike.
   std::function<void(const std::string& id)> on_gone;
+  // Whether the destructor kills every sandbox. False: they keep running and the next
+  // runtime made on the same root_dir adopts them (sbx-server restarts keep claims).
+  bool delete_on_exit = false;
+  // Suspend with the freezer cgroup when the machine has a writable one. False: always
+  // SIGSTOP/SIGCONT each process (the fallback; tests use it to exercise that path).
+  bool use_freezer = true;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
@@ -65,18 +91,21 @@ struct BubblewrapRuntimeOptions {
 
 class BubblewrapRuntime : public Runtime {
  public:
-  // Checks the options and the environment (bwrap runs; the root dir is writable), kills
-  // sandboxes of an earlier run left under the root dir, and logs what isolation and
-  // limits are available. Errors: INVALID_ARGUMENT,
-  // FAILED_PRECONDITION naming what is missing.
+  // Checks the options and the environment (bwrap runs; the root dir is writable), adopts
+  // the live sandboxes of an earlier run under the root dir and cleans up the rest (see
+  // Lifetime above), and logs what isolation, limits and suspension are available. One
+  // runtime at a time may use a root dir (it holds a lock on root_dir/.lock). Errors:
+  // INVALID_ARGUMENT, FAILED_PRECONDITION naming what is missing or the root in use.
   static absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> Make(BubblewrapRuntimeOptions options);
 
   ~BubblewrapRuntime() override = default;
 
   // Whether sandboxes run under bubblewrap (false: plain-process fallback).
   virtual bool isolated() const = 0;
-  // Sandboxes currently running.
+  // Sandboxes currently running (started here or adopted).
   virtual size_t running() const = 0;
+  // How many sandboxes of an earlier run Make() adopted.
+  virtual size_t adopted() const = 0;
 };
 
 }  // namespace sbx::runtime

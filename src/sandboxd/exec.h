@@ -46,11 +46,11 @@ class ChildReaper {
   // The reaper, started on first use; never destroyed.
   static ChildReaper& Get();
 
-  // Calls `fork_fn` (which forks and, in the parent, returns the child's pid or -1) with
-  // the reaper's lock held, so the child is registered before it can be reaped. In the
-  // child, `fork_fn` must only exec or _exit. `on_exit(wait_status)` runs on the reaper
-  // thread once the child has been reaped; it must be quick.
-  pid_t Spawn(const std::function<pid_t()>& fork_fn, std::function<void(int)> on_exit)
+  // Calls `spawn_fn` (which starts a child, with posix_spawn or fork, and returns its pid
+  // or -1) with the reaper's lock held, so the child is registered before it can be
+  // reaped. A forked child must only exec or _exit. `on_exit(wait_status)` runs on the
+  // reaper thread once the child has been reaped; it must be quick.
+  pid_t Spawn(const std::function<pid_t()>& spawn_fn, std::function<void(int)> on_exit)
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

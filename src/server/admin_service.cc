@@ -7,12 +7,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "src/common/ids.h"
 #include "src/common/status_macros.h"
 #include "src/server/call.h"
 #include "src/server/convert.h"
-#include "src/server/pending_services.h"
+#include "src/server/watch_service.h"
 
 namespace sbx::server {
 namespace {
@@ -53,18 +52,6 @@ bool SamePool(const store::PoolRecord& a, const store::PoolRecord& b) {
          a.max_warm == b.max_warm && a.empty_pool_policy == b.empty_pool_policy &&
          a.default_wait == b.default_wait && a.default_ttl == b.default_ttl &&
          a.max_ttl == b.max_ttl && a.selection_policy == b.selection_policy;
-}
-
-// Fills `out` with the pool's record and status. NOT_FOUND when it does not exist.
-absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1::Pool* out) {
-  ASSIGN_OR_RETURN(store::PoolRecord pool, a.GetPool(name));
-  ToProto(pool, out);
-  absl::StatusOr<allocator::PoolStatus> status = a.GetPoolStatus(name);
-  if (status.ok()) {
-    absl::StatusOr<store::TemplateRecord> t = a.GetTemplate(pool.template_name);
-    ToProto(*status, t.ok() ? t->generation : 0, absl::Now(), out->mutable_status());
-  }
-  return absl::OkStatus();
 }
 
 // One page of `items` (sorted by name) after the token's name.
@@ -373,9 +360,9 @@ grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* c
   return call->reactor();
 }
 
-grpc::ServerWriteReactor<v1::PoolEvent>* AdminService::WatchPools(grpc::CallbackServerContext* ctx,
-                                                                  const v1::WatchPoolsRequest*) {
-  return PendingWatchPools(ctx);
+grpc::ServerWriteReactor<v1::PoolEvent>* AdminService::WatchPools(
+    grpc::CallbackServerContext* ctx, const v1::WatchPoolsRequest* req) {
+  return server::WatchPools(ctx, req, allocator_, auth_);
 }
 
 }  // namespace sbx::server

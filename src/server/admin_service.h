@@ -1,6 +1,6 @@
 #pragma once
 // sbx.v1.AdminService over the allocator: templates and pools (Put/Get/List/Delete,
-// ScalePool). Every RPC needs an admin caller. WatchPools is not implemented yet.
+// ScalePool) and WatchPools (watch_service.h). Every RPC needs an admin caller.
 //
 // Optimistic concurrency (expected_generation, create_only): the check and the write are
 // made atomic by marking the object busy in this service from the check until the write

@@ -1,18 +1,22 @@
 #include "src/server/claim_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/common/ids.h"
 #include "src/common/status_macros.h"
 #include "src/server/call.h"
 #include "src/server/convert.h"
-#include "src/server/pending_services.h"
+#include "src/server/sandboxd_client.h"
+#include "src/server/watch_service.h"
 
 namespace sbx::server {
 namespace {
@@ -22,13 +26,57 @@ using allocator::ClaimResult;
 constexpr size_t kMaxBatchIdLength = 120;
 constexpr int kMaxBatchCount = 1000;
 
-bool HasConfig(const v1::SandboxConfig& c) { return c.env_size() > 0 || c.files_size() > 0; }
+// How long applying a claim's late-bound config to its sandbox may take.
+constexpr absl::Duration kConfigureTimeout = absl::Seconds(10);
 
-absl::Status RejectConfig(const v1::SandboxConfig& c) {
-  if (!HasConfig(c)) return absl::OkStatus();
-  return absl::UnimplementedError(
-      absl::StrCat("late-bound config is not applied by this server yet (config has ", c.env_size(),
-                   " env entries and ", c.files_size(), " files); claim without config"));
+// Applies `config` to the sandboxes of `claims` (in parallel); `done` gets the first
+// error, or OK when all were configured. Runs `done` on a gRPC thread.
+void ConfigureAll(SandboxdClients* daemons, const std::vector<store::ClaimRecord>& claims,
+                  const v1::SandboxConfig& config, absl::AnyInvocable<void(absl::Status) &&> done) {
+  struct Join {
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu);
+    absl::Status first ABSL_GUARDED_BY(mu);
+    absl::AnyInvocable<void(absl::Status) &&> done;
+  };
+  auto join = std::make_shared<Join>();
+  {
+    absl::MutexLock lock(&join->mu);
+    join->left = claims.size();
+  }
+  join->done = std::move(done);
+  for (const store::ClaimRecord& claim : claims) {
+    daemons->Configure(claim, config, kConfigureTimeout, [join, id = claim.id](absl::Status s) {
+      absl::Status result;
+      {
+        absl::MutexLock lock(&join->mu);
+        if (!s.ok() && join->first.ok()) {
+          join->first = absl::Status(
+              s.code(), absl::StrCat("late-bound config of claim \"", id, "\": ", s.message()));
+        }
+        if (--join->left > 0) return;
+        result = join->first;
+      }
+      std::move(join->done)(result);
+    });
+  }
+}
+
+// Releases `claims` (their config could not be applied) and then reports `error`, saying
+// so.
+void ReleaseAfterConfigError(allocator::Allocator* a, const std::vector<store::ClaimRecord>& claims,
+                             const absl::Status& error,
+                             absl::AnyInvocable<void(absl::Status) &&> done) {
+  auto left = std::make_shared<std::atomic<size_t>>(claims.size());
+  auto shared_done = std::make_shared<absl::AnyInvocable<void(absl::Status) &&>>(std::move(done));
+  const absl::Status final_error(
+      error.code(),
+      absl::StrCat(error.message(), "; the claim was released (retry with a new id)"));
+  for (const store::ClaimRecord& c : claims) {
+    a->Release(c.owner, c.id, [left, shared_done, final_error](absl::Status) {
+      if (left->fetch_sub(1) == 1) std::move (*shared_done)(final_error);
+    });
+  }
 }
 
 absl::StatusOr<absl::Duration> WaitTimeout(const google::protobuf::Duration& d) {
@@ -67,7 +115,7 @@ absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.ttl, FromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
-  RETURN_IF_ERROR(RejectConfig(req.config()));
+  RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
   return r;
 }
 
@@ -110,24 +158,8 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.ttl, FromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
-  RETURN_IF_ERROR(RejectConfig(req.config()));
+  RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
   return r;
-}
-
-// A claim id as Get/Release/Renew accept it: a client's key, or "<batch_id>#<i>" of a
-// ClaimBatch member.
-absl::Status RequireClaimId(const std::string& id) {
-  const size_t hash = id.rfind('#');
-  if (hash == std::string::npos) return ValidateKey("claim_id", id);
-  const absl::string_view index = absl::string_view(id).substr(hash + 1);
-  const bool digits =
-      !index.empty() && index.size() <= 4 &&
-      std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("claim_id \"", id, "\" is neither a claim id nor \"<batch_id>#<index>\""));
-  }
-  return ValidateKey("claim_id", absl::string_view(id).substr(0, hash));
 }
 
 }  // namespace
@@ -140,13 +172,33 @@ grpc::ServerUnaryReactor* ClaimService::Claim(grpc::CallbackServerContext* ctx,
   absl::StatusOr<allocator::ClaimRequest> request = ToClaimRequest(*allocator_, *req, *caller);
   if (!request.ok()) return FinishNow(ctx, request.status());
   auto call = AsyncUnary<v1::ClaimResponse>::Create(ctx, resp);
-  allocator_->Claim(std::move(*request), [call](absl::StatusOr<ClaimResult> result) {
-    call->Complete(result.status(), [&](v1::ClaimResponse* out) {
-      ToProto(result->claim, out->mutable_claim());
-      out->set_replayed(result->replayed);
+  auto reply = [call](const ClaimResult& result) {
+    call->Complete(absl::OkStatus(), [&](v1::ClaimResponse* out) {
+      ToProto(result.claim, out->mutable_claim());
+      out->set_replayed(result.replayed);
       return absl::OkStatus();
     });
-  });
+  };
+  if (!HasConfig(req->config())) {
+    allocator_->Claim(std::move(*request), [call, reply](absl::StatusOr<ClaimResult> result) {
+      if (!result.ok()) return call->Fail(result.status());
+      reply(*result);
+    });
+    return call->reactor();
+  }
+  // Late binding: the config goes to the sandbox before the claim returns (again on a
+  // retry: Configure is idempotent). If it cannot be applied the claim is released.
+  allocator_->Claim(
+      std::move(*request), [call, reply, a = allocator_, daemons = daemons_,
+                            config = req->config()](absl::StatusOr<ClaimResult> result) {
+        if (!result.ok()) return call->Fail(result.status());
+        std::vector<store::ClaimRecord> claims = {result->claim};
+        ConfigureAll(
+            daemons, claims, config, [call, reply, a, claims, result = *result](absl::Status s) {
+              if (s.ok()) return reply(result);
+              ReleaseAfterConfigError(a, claims, s, [call](absl::Status e) { call->Fail(e); });
+            });
+      });
   return call->reactor();
 }
 
@@ -158,22 +210,36 @@ grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* 
   absl::StatusOr<allocator::BatchRequest> request = ToBatchRequest(*allocator_, *req, *caller);
   if (!request.ok()) return FinishNow(ctx, request.status());
   auto call = AsyncUnary<v1::ClaimBatchResponse>::Create(ctx, resp);
-  allocator_->ClaimBatch(std::move(*request),
-                         [call](absl::StatusOr<std::vector<ClaimResult>> results) {
-                           call->Complete(results.status(), [&](v1::ClaimBatchResponse* out) {
-                             bool replayed = !results->empty();
-                             for (const ClaimResult& r : *results) {
-                               ToProto(r.claim, out->add_claims());
-                               replayed = replayed && r.replayed;
-                             }
-                             // The batch id (possibly generated) is the claims' common prefix
-                             // "<id>#".
-                             if (!out->claims().empty())
-                               out->set_batch_id(out->claims(0).batch_id());
-                             out->set_replayed(replayed);
-                             return absl::OkStatus();
-                           });
-                         });
+  auto reply = [call](const std::vector<ClaimResult>& results) {
+    call->Complete(absl::OkStatus(), [&](v1::ClaimBatchResponse* out) {
+      bool replayed = !results.empty();
+      for (const ClaimResult& r : results) {
+        ToProto(r.claim, out->add_claims());
+        replayed = replayed && r.replayed;
+      }
+      // The batch id (possibly generated) is the claims' common prefix "<id>#".
+      if (!out->claims().empty()) out->set_batch_id(out->claims(0).batch_id());
+      out->set_replayed(replayed);
+      return absl::OkStatus();
+    });
+  };
+  allocator_->ClaimBatch(
+      std::move(*request),
+      [call, reply, a = allocator_, daemons = daemons_,
+       config = HasConfig(req->config())
+                    ? std::optional<v1::SandboxConfig>(req->config())
+                    : std::nullopt](absl::StatusOr<std::vector<ClaimResult>> results) {
+        if (!results.ok()) return call->Fail(results.status());
+        if (!config.has_value()) return reply(*results);
+        // Late binding for every member; if one fails, the whole batch is released.
+        std::vector<store::ClaimRecord> claims;
+        for (const ClaimResult& r : *results) claims.push_back(r.claim);
+        ConfigureAll(
+            daemons, claims, *config, [call, reply, a, claims, results = *results](absl::Status s) {
+              if (s.ok()) return reply(results);
+              ReleaseAfterConfigError(a, claims, s, [call](absl::Status e) { call->Fail(e); });
+            });
+      });
   return call->reactor();
 }
 
@@ -267,47 +333,8 @@ grpc::ServerUnaryReactor* ClaimService::ListClaims(grpc::CallbackServerContext* 
   auto list = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(const int page_size, PageSize(req->page_size()));
     const v1::ClaimFilter& filter = req->filter();
-    allocator::ClaimFilter f;
-    f.owner = caller->tenant;
-    if (!filter.owner().empty() && filter.owner() != caller->tenant) {
-      if (!caller->admin) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("tenant \"", caller->tenant, "\" may not list claims of owner \"",
-                         filter.owner(), "\" (only its own, unless it is an admin)"));
-      }
-      RETURN_IF_ERROR(ValidateKey("filter.owner", filter.owner()));
-      f.owner = filter.owner();
-    }
-    if (!filter.pool().empty()) RETURN_IF_ERROR(ValidateName("filter.pool", filter.pool()));
-    f.pool = filter.pool();
-    ASSIGN_OR_RETURN(f.labels, LabelsFromProto("filter.match_labels", filter.match_labels()));
-    ASSIGN_OR_RETURN(std::vector<LabelRequirement> selector,
-                     ParseLabelSelector(filter.label_selector()));
-    std::vector<store::ClaimState> states;
-    for (int s : filter.states()) {
-      switch (s) {
-        case v1::CLAIM_STATE_UNSPECIFIED:
-          break;  // "any state"
-        case v1::CLAIM_STATE_ACTIVE:
-          states.push_back(store::ClaimState::kActive);
-          break;
-        case v1::CLAIM_STATE_RELEASED:
-          states.push_back(store::ClaimState::kReleased);
-          break;
-        case v1::CLAIM_STATE_EXPIRED:
-          states.push_back(store::ClaimState::kExpired);
-          break;
-        case v1::CLAIM_STATE_LOST:
-          states.push_back(store::ClaimState::kLost);
-          break;
-        default:
-          return absl::InvalidArgumentError(
-              absl::StrCat("filter.states: ", s, " is not a known ClaimState"));
-      }
-    }
-    f.include_ended = states.empty() || std::any_of(states.begin(), states.end(), [](auto s) {
-                        return s != store::ClaimState::kActive;
-                      });
+    ASSIGN_OR_RETURN(ClaimQuery query, ClaimQueryFromProto(filter, *caller, "list"));
+    allocator::ClaimFilter& f = query.filter;
 
     std::vector<std::string> parts = {f.owner, f.pool, filter.label_selector()};
     for (const auto& [k, v] : f.labels) parts.push_back(absl::StrCat(k, "=", v));
@@ -315,21 +342,36 @@ grpc::ServerUnaryReactor* ClaimService::ListClaims(grpc::CallbackServerContext* 
     std::sort(state_numbers.begin(), state_numbers.end());
     parts.push_back(absl::StrJoin(state_numbers, ","));
     const uint64_t fingerprint = Fingerprint(parts);
-    ASSIGN_OR_RETURN(f.after, DecodePageToken("claims", fingerprint, req->page_token()));
+    // The token carries "<revision of the first page>:<last claim id>": every page reports
+    // the revision read before the first one (claims.proto).
+    ASSIGN_OR_RETURN(const std::string token,
+                     DecodePageToken("claims", fingerprint, req->page_token()));
+    uint64_t revision = 0;
+    if (token.empty()) {
+      // Read before the claims: every change up to it is in the list (Allocator::revision).
+      revision = allocator_->revision();
+    } else {
+      const size_t colon = token.find(':');
+      if (colon == std::string::npos || colon + 1 == token.size() ||
+          !absl::SimpleAtoi(absl::string_view(token).substr(0, colon), &revision)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "page_token \"", req->page_token(), "\" is malformed; start over with an empty one"));
+      }
+      f.after = token.substr(colon + 1);
+    }
+    resp->set_revision(static_cast<int64_t>(revision));
 
     // The allocator filters by owner, pool, equality labels and "ended or not"; the
     // selector and exact states are applied here, so then every candidate is fetched.
-    const bool filter_here = !selector.empty() || !states.empty();
+    const bool filter_here = !query.selector.empty() || !query.states.empty();
     f.limit = filter_here ? 0 : page_size + 1;
     std::vector<store::ClaimRecord> records = allocator_->ListClaims(f);
     std::string last;
     for (const store::ClaimRecord& r : records) {
-      if (!Matches(selector, r.labels)) continue;
-      if (!states.empty() && std::find(states.begin(), states.end(), r.state) == states.end()) {
-        continue;
-      }
+      if (!query.Matches(r)) continue;
       if (resp->claims_size() == page_size) {
-        resp->set_next_page_token(EncodePageToken("claims", fingerprint, last));
+        resp->set_next_page_token(
+            EncodePageToken("claims", fingerprint, absl::StrCat(revision, ":", last)));
         break;
       }
       ToProto(r, resp->add_claims());
@@ -345,8 +387,8 @@ grpc::ServerUnaryReactor* ClaimService::ListClaims(grpc::CallbackServerContext* 
 }
 
 grpc::ServerWriteReactor<v1::ClaimEvent>* ClaimService::WatchClaims(
-    grpc::CallbackServerContext* ctx, const v1::WatchClaimsRequest*) {
-  return PendingWatchClaims(ctx);
+    grpc::CallbackServerContext* ctx, const v1::WatchClaimsRequest* req) {
+  return server::WatchClaims(ctx, req, allocator_, auth_);
 }
 
 }  // namespace sbx::server

@@ -2,10 +2,10 @@
 // sbx.v1.ClaimService over the allocator: Claim, ClaimBatch, Release, Renew, GetClaim and
 // ListClaims. The owner of every claim is the authenticated tenant, never a request field.
 // Handlers never block: allocator calls complete through callbacks, which finish the call.
-// WatchClaims is not implemented yet (UNIMPLEMENTED, see pending_services.h).
 //
-// Not applied yet (rejected rather than dropped): late-bound `config` (env, files) is
-// UNIMPLEMENTED until the server has a runtime that can deliver it.
+// Late binding: a claim's `config` (env, files) is applied to its sandbox through the
+// sandbox's daemon (sbx-sandboxd Configure) before the claim returns; if that fails the
+// claim is released and the call fails with the daemon's error.
 //
 // Thread-safety: handlers run concurrently on gRPC's threads.
 // Lifetime: the Allocator and Authenticator must outlive the service and every call in
@@ -15,13 +15,14 @@
 #include "sbx/v1/claims.grpc.pb.h"
 #include "src/allocator/allocator.h"
 #include "src/server/auth.h"
+#include "src/server/sandboxd_client.h"
 
 namespace sbx::server {
 
 class ClaimService final : public sbx::v1::ClaimService::CallbackService {
  public:
-  ClaimService(allocator::Allocator* allocator, const Authenticator* auth)
-      : allocator_(allocator), auth_(auth) {}
+  ClaimService(allocator::Allocator* allocator, const Authenticator* auth, SandboxdClients* daemons)
+      : allocator_(allocator), auth_(auth), daemons_(daemons) {}
 
   grpc::ServerUnaryReactor* Claim(grpc::CallbackServerContext* ctx, const v1::ClaimRequest* req,
                                   v1::ClaimResponse* resp) override;
@@ -44,6 +45,7 @@ class ClaimService final : public sbx::v1::ClaimService::CallbackService {
  private:
   allocator::Allocator* const allocator_;
   const Authenticator* const auth_;
+  SandboxdClients* const daemons_;
 };
 
 }  // namespace sbx::server

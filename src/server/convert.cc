@@ -1,5 +1,6 @@
 #include "src/server/convert.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -7,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "src/common/ids.h"
@@ -297,6 +299,7 @@ void ToProto(const store::ClaimRecord& r, v1::Claim* out) {
   out->set_owner(r.owner);
   out->mutable_sandbox()->set_id(r.sandbox_id);
   out->mutable_sandbox()->set_endpoint(r.endpoint);
+  out->mutable_sandbox()->set_suspended(r.suspended);
   out->set_launch_type(ToProto(r.launch_type));
   out->set_state(ToProto(r.state));
   for (const auto& [k, v] : r.labels) (*out->mutable_labels())[k] = v;
@@ -308,6 +311,57 @@ void ToProto(const store::ClaimRecord& r, v1::Claim* out) {
   if (const size_t hash = r.id.rfind('#'); hash != std::string::npos) {
     out->set_batch_id(r.id.substr(0, hash));
   }
+  out->set_revision(static_cast<int64_t>(r.revision));
+}
+
+bool ClaimQuery::Matches(const store::ClaimRecord& r) const {
+  if (!server::Matches(selector, r.labels)) return false;
+  return states.empty() || std::find(states.begin(), states.end(), r.state) != states.end();
+}
+
+absl::StatusOr<ClaimQuery> ClaimQueryFromProto(const v1::ClaimFilter& filter, const Caller& caller,
+                                               absl::string_view verb) {
+  ClaimQuery q;
+  allocator::ClaimFilter& f = q.filter;
+  f.owner = caller.tenant;
+  if (!filter.owner().empty() && filter.owner() != caller.tenant) {
+    if (!caller.admin) {
+      return absl::PermissionDeniedError(absl::StrCat("tenant \"", caller.tenant, "\" may not ",
+                                                      verb, " claims of owner \"", filter.owner(),
+                                                      "\" (only its own, unless it is an admin)"));
+    }
+    RETURN_IF_ERROR(ValidateKey("filter.owner", filter.owner()));
+    f.owner = filter.owner();
+  }
+  if (!filter.pool().empty()) RETURN_IF_ERROR(ValidateName("filter.pool", filter.pool()));
+  f.pool = filter.pool();
+  ASSIGN_OR_RETURN(f.labels, LabelsFromProto("filter.match_labels", filter.match_labels()));
+  ASSIGN_OR_RETURN(q.selector, ParseLabelSelector(filter.label_selector()));
+  for (int s : filter.states()) {
+    switch (s) {
+      case v1::CLAIM_STATE_UNSPECIFIED:
+        break;  // "any state"
+      case v1::CLAIM_STATE_ACTIVE:
+        q.states.push_back(store::ClaimState::kActive);
+        break;
+      case v1::CLAIM_STATE_RELEASED:
+        q.states.push_back(store::ClaimState::kReleased);
+        break;
+      case v1::CLAIM_STATE_EXPIRED:
+        q.states.push_back(store::ClaimState::kExpired);
+        break;
+      case v1::CLAIM_STATE_LOST:
+        q.states.push_back(store::ClaimState::kLost);
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("filter.states: ", s, " is not a known ClaimState"));
+    }
+  }
+  f.include_ended = q.states.empty() || std::any_of(q.states.begin(), q.states.end(), [](auto s) {
+                      return s != store::ClaimState::kActive;
+                    });
+  return q;
 }
 
 absl::StatusOr<store::TemplateRecord> TemplateFromProto(const v1::Template& t) {
@@ -437,6 +491,17 @@ void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl:
   ToProto(now, out->mutable_updated_at());
 }
 
+absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1::Pool* out) {
+  ASSIGN_OR_RETURN(store::PoolRecord pool, a.GetPool(name));
+  ToProto(pool, out);
+  absl::StatusOr<allocator::PoolStatus> status = a.GetPoolStatus(name);
+  if (status.ok()) {
+    absl::StatusOr<store::TemplateRecord> t = a.GetTemplate(pool.template_name);
+    ToProto(*status, t.ok() ? t->generation : 0, absl::Now(), out->mutable_status());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> PageSize(int32_t page_size) {
   if (page_size < 0) {
     return absl::InvalidArgumentError(absl::StrCat("page_size ", page_size, " is negative"));
@@ -484,6 +549,20 @@ uint64_t Fingerprint(const std::vector<std::string>& parts) {
     mix(0xff);  // separator: never a byte of UTF-8 text
   }
   return h;
+}
+
+absl::Status RequireClaimId(const std::string& id) {
+  const size_t hash = id.rfind('#');
+  if (hash == std::string::npos) return ValidateKey("claim_id", id);
+  const absl::string_view index = absl::string_view(id).substr(hash + 1);
+  const bool digits =
+      !index.empty() && index.size() <= 4 &&
+      std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("claim_id \"", id, "\" is neither a claim id nor \"<batch_id>#<index>\""));
+  }
+  return ValidateKey("claim_id", absl::string_view(id).substr(0, hash));
 }
 
 }  // namespace sbx::server

@@ -26,6 +26,7 @@
 #include "sbx/v1/admin.pb.h"
 #include "sbx/v1/claims.pb.h"
 #include "src/allocator/allocator.h"
+#include "src/server/auth.h"
 
 namespace sbx::server {
 
@@ -75,6 +76,23 @@ bool Matches(const std::vector<LabelRequirement>& requirements,
 
 void ToProto(const store::ClaimRecord& r, v1::Claim* out);
 
+// A ClaimFilter (claims.proto) as ListClaims and WatchClaims apply it for one caller: the
+// part the allocator applies (owner, pool, equality labels, whether ended claims count)
+// and the part the server applies itself (the label selector and the exact states).
+struct ClaimQuery {
+  // owner: the filter's, else the caller's own tenant. `after` and `limit` are unset.
+  allocator::ClaimFilter filter;
+  std::vector<LabelRequirement> selector;
+  // Empty: any state.
+  std::vector<store::ClaimState> states;
+  // The selector and the states (the allocator applied the rest).
+  bool Matches(const store::ClaimRecord& r) const;
+};
+// INVALID_ARGUMENT naming a malformed field; PERMISSION_DENIED when a non-admin names
+// another owner (`verb`, "list" or "watch", says what it may not do).
+absl::StatusOr<ClaimQuery> ClaimQueryFromProto(const v1::ClaimFilter& filter, const Caller& caller,
+                                               absl::string_view verb);
+
 // --- Templates and pools ---
 
 // Checks a template (name, runtime, the matching spec) and encodes it as a record.
@@ -91,6 +109,9 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p);
 void ToProto(const store::PoolRecord& r, v1::Pool* out);
 void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl::Time now,
              v1::PoolStatus* out);
+// Fills `out` with pool `name` and its status now (GetPool, ListPools, WatchPools).
+// NOT_FOUND when the pool does not exist.
+absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1::Pool* out);
 
 // --- Pagination ---
 
@@ -105,5 +126,9 @@ absl::StatusOr<std::string> DecodePageToken(absl::string_view kind, uint64_t fin
                                             absl::string_view token);
 // A stable 64-bit hash (FNV-1a) of a sequence of strings, for fingerprints.
 uint64_t Fingerprint(const std::vector<std::string>& parts);
+
+// A claim id as Get/Release/Renew and SandboxService accept it: a client's key, or
+// "<batch_id>#<i>" of a ClaimBatch member. INVALID_ARGUMENT naming the id.
+absl::Status RequireClaimId(const std::string& id);
 
 }  // namespace sbx::server

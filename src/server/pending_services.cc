@@ -60,6 +60,7 @@ SBX_PENDING_UNARY(AdminService, DeletePool)
 SBX_PENDING_UNARY(AdminService, ScalePool)
 #undef SBX_PENDING_UNARY
 
+namespace {
 grpc::ServerWriteReactor<v1::ClaimEvent>* PendingWatchClaims(grpc::CallbackServerContext*) {
   return new FinishedWriter<v1::ClaimEvent>("sbx.v1.ClaimService/WatchClaims");
 }
@@ -67,6 +68,7 @@ grpc::ServerWriteReactor<v1::ClaimEvent>* PendingWatchClaims(grpc::CallbackServe
 grpc::ServerWriteReactor<v1::PoolEvent>* PendingWatchPools(grpc::CallbackServerContext*) {
   return new FinishedWriter<v1::PoolEvent>("sbx.v1.AdminService/WatchPools");
 }
+}  // namespace
 
 grpc::ServerWriteReactor<v1::ClaimEvent>* PendingClaimService::WatchClaims(
     grpc::CallbackServerContext* ctx, const v1::WatchClaimsRequest*) {

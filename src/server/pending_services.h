@@ -1,9 +1,7 @@
 #pragma once
-// The sbx.v1 RPCs whose implementations land with later work. They are registered so that
-// reflection lists the whole API, and each RPC answers UNIMPLEMENTED with a message naming
-// the method. SandboxService is pending as a whole; ClaimService and AdminService are
-// pending as a whole only on a server without an allocator (ServerOptions::allocator),
-// otherwise just their Watch streams are.
+// The sbx.v1 services on a server without an allocator (ServerOptions::allocator): they
+// are registered so that reflection lists the whole API, and each RPC answers
+// UNIMPLEMENTED with a message naming the method.
 
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/admin.grpc.pb.h"
@@ -11,11 +9,6 @@
 #include "sbx/v1/sandboxes.grpc.pb.h"
 
 namespace sbx::server {
-
-// The streaming RPCs of otherwise implemented services that are still pending; they end at
-// once with UNIMPLEMENTED naming the method.
-grpc::ServerWriteReactor<v1::ClaimEvent>* PendingWatchClaims(grpc::CallbackServerContext* ctx);
-grpc::ServerWriteReactor<v1::PoolEvent>* PendingWatchPools(grpc::CallbackServerContext* ctx);
 
 class PendingClaimService final : public sbx::v1::ClaimService::CallbackService {
  public:

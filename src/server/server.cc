@@ -38,16 +38,51 @@ absl::Status WritePortFile(const std::string& path, int port) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadPem(const char* what, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(what, " \"", path, "\" cannot be read"));
+  }
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (data.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " \"", path, "\" is not PEM (no \"-----BEGIN\" line)"));
+  }
+  return data;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const ServerOptions& o) {
+  if (o.tls_cert_file.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  absl::StatusOr<std::string> cert = ReadPem("tls_cert_file", o.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("tls_key_file", o.tls_key_file);
+  if (!key.ok()) return key.status();
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!o.tls_client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem("tls_client_ca_file", o.tls_client_ca_file);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 // What a server serves; outlives the grpc::Server (destroyed after it).
 struct Services {
-  std::unique_ptr<Authenticator> auth;  // null without an allocator
+  std::unique_ptr<Authenticator> auth;       // null without an allocator
+  std::unique_ptr<SandboxdClients> daemons;  // null without an allocator
   std::vector<std::unique_ptr<grpc::Service>> services;
 };
 
 class GrpcServer final : public Server {
  public:
-  GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::unique_ptr<Services> services)
-      : services_(std::move(services)), server_(std::move(server)), port_(port) {}
+  GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::unique_ptr<Services> services,
+             allocator::Allocator* allocator)
+      : services_(std::move(services)),
+        server_(std::move(server)),
+        port_(port),
+        allocator_(allocator) {}
 
   ~GrpcServer() override { Shutdown(absl::ZeroDuration()); }
 
@@ -68,6 +103,11 @@ class GrpcServer final : public Server {
     // acq_rel orders the shutdown after whatever the winning caller did before.
     if (shut_down_.exchange(true, std::memory_order_acq_rel)) return;
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+    // Watch streams never end by themselves: end them now, so that clients see
+    // UNAVAILABLE at once instead of a cancel at the end of the grace period.
+    if (allocator_ != nullptr) {
+      allocator_->CloseWatches(absl::UnavailableError("the server is shutting down"));
+    }
     const auto deadline = std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace);
     server_->Shutdown(deadline);
     server_->Wait();
@@ -78,6 +118,7 @@ class GrpcServer final : public Server {
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> server_;
   const int port_;
+  allocator::Allocator* const allocator_;
   std::atomic<bool> shut_down_{false};
 };
 
@@ -100,6 +141,15 @@ absl::Status ServerOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_send_message_bytes ", max_send_message_bytes, " is below the minimum of 1024"));
   }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "tls_cert_file and tls_key_file go together: give both or neither");
+  }
+  if (!tls_client_ca_file.empty() && tls_cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file");
+  }
+  if (absl::Status s = sandbox_limits.Validate(); !s.ok()) return s;
   if (allocator != nullptr) return auth.Validate();
   return absl::OkStatus();
 }
@@ -112,7 +162,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
 
   auto services = std::make_unique<Services>();
   services->services.push_back(std::make_unique<DiagnosticsService>());
-  services->services.push_back(std::make_unique<PendingSandboxService>());
   if (options.allocator != nullptr) {
     absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(options.auth);
     if (!auth.ok()) return auth.status();
@@ -125,18 +174,24 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     } else {
       spdlog::info("auth: {} tokens from \"{}\"", services->auth->size(), options.auth.tokens_file);
     }
-    services->services.push_back(
-        std::make_unique<ClaimService>(options.allocator, services->auth.get()));
+    services->daemons = std::make_unique<SandboxdClients>();
+    services->services.push_back(std::make_unique<ClaimService>(
+        options.allocator, services->auth.get(), services->daemons.get()));
+    services->services.push_back(std::make_unique<SandboxService>(
+        options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits));
     services->services.push_back(
         std::make_unique<AdminService>(options.allocator, services->auth.get()));
   } else {
     services->services.push_back(std::make_unique<PendingClaimService>());
+    services->services.push_back(std::make_unique<PendingSandboxService>());
     services->services.push_back(std::make_unique<PendingAdminService>());
   }
 
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &port);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = Credentials(options);
+  if (!credentials.ok()) return credentials.status();
+  builder.AddListeningPort(options.listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
   for (const auto& service : services->services) builder.RegisterService(service.get());
@@ -148,11 +203,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                      "\" (address in use, not local, or not resolvable)"));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
-  auto result = std::make_unique<GrpcServer>(std::move(server), port, std::move(services));
+  auto result =
+      std::make_unique<GrpcServer>(std::move(server), port, std::move(services), options.allocator);
   if (!options.port_file.empty()) {
     if (absl::Status s = WritePortFile(options.port_file, port); !s.ok()) return s;
   }
-  spdlog::info("sbx-server serving on port {} (listen \"{}\")", port, options.listen);
+  spdlog::info("sbx-server serving on port {} (listen \"{}\", {})", port, options.listen,
+               options.tls_cert_file.empty()        ? "plaintext"
+               : options.tls_client_ca_file.empty() ? "TLS"
+                                                    : "mTLS: client certificates required");
   return result;
 }
 

@@ -2,9 +2,10 @@
 // sbx::server: the gRPC front of sbx. Serves sbx.v1, grpc.health.v1.Health and server
 // reflection with the callback API: no handler blocks a server thread.
 //
-// With an allocator (ServerOptions::allocator), ClaimService and AdminService are served
-// over it, authenticated by bearer tokens (auth.h); without one they answer
-// UNIMPLEMENTED. SandboxService, WatchClaims and WatchPools are UNIMPLEMENTED for now.
+// With an allocator (ServerOptions::allocator), ClaimService, SandboxService and
+// AdminService are served over it, authenticated by bearer tokens (auth.h); without one
+// they answer UNIMPLEMENTED. Optional TLS, with client certificates (mTLS) when a client
+// CA is given.
 //
 // Thread-safety: Server's methods may be called from any thread.
 // Lifetime: Start() returns a serving server; Shutdown() stops it (idempotent); the
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "src/server/auth.h"
+#include "src/server/sandbox_service.h"
 
 namespace sbx::allocator {
 class Allocator;
@@ -39,6 +41,13 @@ struct ServerOptions {
   // Who may call ClaimService and AdminService. Checked (Validate) only with an allocator:
   // then exactly one of auth.tokens_file and auth.insecure_no_auth must be set.
   AuthOptions auth;
+  // Limits of SandboxService (Exec output, concurrent Execs per sandbox).
+  SandboxLimits sandbox_limits;
+  // TLS: both set → the port serves TLS only (PEM files). With tls_client_ca_file too,
+  // clients must present a certificate signed by that CA (mTLS). All empty: plaintext.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
 
   // INVALID_ARGUMENT naming the bad field and value.
   absl::Status Validate() const;

@@ -31,6 +31,7 @@ MemoryStore::MemoryStore(Contents initial, MemoryStoreOptions options) : options
       std::string key = ClaimKey(r.owner, r.id);
       claims_.insert_or_assign(std::move(key), std::move(r));
     }
+    revision_ = initial.revision;
   }
   if (options_.callbacks == MemoryStoreOptions::CallbackMode::kCommitterThread) {
     committer_ = std::thread([this] { CommitterLoop(); });
@@ -138,6 +139,9 @@ void MemoryStore::ApplyLocked(const WriteBatch& batch) {
         } else {
           claims_.insert_or_assign(m.key, std::get<ClaimRecord>(m.record));
         }
+        break;
+      case Mutation::Kind::kRevision:
+        revision_ = is_delete ? 0 : std::get<RevisionRecord>(m.record).revision;
         break;
     }
   }
@@ -255,6 +259,7 @@ Contents MemoryStore::SnapshotLocked() const {
   for (const auto& [key, r] : sandboxes_) c.sandboxes.push_back(r);
   c.claims.reserve(claims_.size());
   for (const auto& [key, r] : claims_) c.claims.push_back(r);
+  c.revision = revision_;
   return c;
 }
 

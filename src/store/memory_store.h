@@ -126,6 +126,7 @@ class MemoryStore final : public Store {
   std::map<std::string, PoolRecord> pools_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, SandboxRecord> sandboxes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ClaimRecord> claims_ ABSL_GUARDED_BY(mu_);
+  uint64_t revision_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Set once in the constructor (kCommitterThread mode), joined by Close().
   std::thread committer_;

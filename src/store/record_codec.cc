@@ -136,6 +136,9 @@ void AppendKey(Mutation::Kind kind, absl::string_view key, std::string* out) {
     case Mutation::Kind::kClaim:
       prefix = kClaimPrefix;
       break;
+    case Mutation::Kind::kRevision:
+      prefix = kMetaPrefix;
+      break;
   }
   ABSL_RAW_CHECK(!prefix.empty(), "unknown mutation kind");
   out->append(prefix.data(), prefix.size());
@@ -187,8 +190,7 @@ void EncodeValue(const Mutation& m, std::string* out) {
               r.created, [&](int64_t s) { msg.set_created_s(s); },
               [&](int32_t ns) { msg.set_created_ns(ns); });
           Serialize(msg, out);
-        } else {
-          static_assert(std::is_same_v<R, ClaimRecord>);
+        } else if constexpr (std::is_same_v<R, ClaimRecord>) {
           Claim msg;
           msg.set_owner(r.owner);
           msg.set_pool(r.pool);
@@ -210,6 +212,13 @@ void EncodeValue(const Mutation& m, std::string* out) {
           EncodeTime(
               r.ended, [&](int64_t s) { msg.set_ended_s(s); },
               [&](int32_t ns) { msg.set_ended_ns(ns); });
+          msg.set_revision(r.revision);
+          msg.set_suspended(r.suspended);
+          Serialize(msg, out);
+        } else {
+          static_assert(std::is_same_v<R, RevisionRecord>);
+          Revision msg;
+          msg.set_revision(r.revision);
           Serialize(msg, out);
         }
       },
@@ -224,6 +233,7 @@ struct RecordDecoder::Messages {
   Pool pool_msg;
   Sandbox sandbox_msg;
   Claim claim_msg;
+  Revision revision_msg;
 };
 
 RecordDecoder::RecordDecoder() : messages_(std::make_unique<Messages>()) {}
@@ -235,6 +245,19 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
   const absl::string_view name = key.substr(2);
 
   if (prefix == kMetaPrefix) {
+    if (key == kRevisionKey) {
+      if (value.empty()) return Corrupt(key, "empty value (no format version byte)");
+      if (static_cast<uint8_t>(value[0]) != kFormatVersion) {
+        return Corrupt(key, absl::StrCat("unknown format version ", static_cast<uint8_t>(value[0]),
+                                         " (this build reads ", kFormatVersion, ")"));
+      }
+      Revision& msg = messages_->revision_msg;
+      if (!msg.ParseFromArray(value.data() + 1, static_cast<int>(value.size() - 1))) {
+        return Corrupt(key, "value does not parse");
+      }
+      out->revision = msg.revision();
+      return absl::OkStatus();
+    }
     if (key != kMarkerKey) return Corrupt(key, "unknown metadata key");
     if (value != MarkerValue()) {
       return Corrupt(key,
@@ -286,6 +309,8 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
     if (s.ok()) s = DecodeTime(key, "created", msg.created_s(), msg.created_ns(), &r.created);
     if (s.ok()) s = DecodeTime(key, "expires", msg.expires_s(), msg.expires_ns(), &r.expires);
     if (s.ok()) s = DecodeTime(key, "ended", msg.ended_s(), msg.ended_ns(), &r.ended);
+    r.revision = msg.revision();
+    r.suspended = msg.suspended();
     if (!s.ok()) out->claims.pop_back();
     return s;
   }

@@ -30,6 +30,8 @@ inline constexpr absl::string_view kMetaPrefix = "m/";
 // Written when a store is created; an existing RocksDB database without it (and with other
 // keys) is not an sbx store and is refused.
 inline constexpr absl::string_view kMarkerKey = "m/store";
+// The claim revision mark (RevisionRecord): kMetaPrefix + kRevisionRecordKey.
+inline constexpr absl::string_view kRevisionKey = "m/revision";
 std::string MarkerValue();
 
 // The RocksDB key of a record of `kind` named `key`; AppendKey appends it to `*out`.
@@ -49,9 +51,9 @@ class RecordDecoder {
   RecordDecoder& operator=(const RecordDecoder&) = delete;
 
   // Decodes one entry and appends the record to the matching vector of `*out` (the marker
-  // is checked and appended nowhere). Errors: DATA_LOSS naming the key for an unknown
-  // prefix, an empty value, an unknown format version, bytes that do not parse, or a field
-  // out of range (an unknown enum value, nanoseconds >= 1e9).
+  // is checked and appended nowhere; the revision mark sets out->revision). Errors: DATA_LOSS
+  // naming the key for an unknown prefix, an empty value, an unknown format version, bytes that do
+  // not parse, or a field out of range (an unknown enum value, nanoseconds >= 1e9).
   absl::Status Decode(absl::string_view key, absl::string_view value, Contents* out);
 
  private:

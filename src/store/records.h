@@ -1,6 +1,7 @@
 #pragma once
-// The records sbx keeps durable: templates, pools, sandboxes and claims. Plain structs;
-// their on-disk encoding is the implementation's business (see rocksdb_store.cc).
+// The records sbx keeps durable: templates, pools, sandboxes, claims and the claim
+// revision mark. Plain structs; their on-disk encoding is the implementation's business
+// (see rocksdb_store.cc).
 //
 // The store is the truth for ownership (which claim holds which sandbox) and for pool
 // and template definitions; the runtime is the truth for which sandboxes exist.
@@ -95,6 +96,22 @@ struct ClaimRecord {
   absl::Time expires = absl::InfiniteFuture();
   // When the claim left kActive; UnixEpoch() while active.
   absl::Time ended = absl::UnixEpoch();
+  // Revision of the claim's last change, in the allocator's single increasing sequence of
+  // claim changes (written with the change itself). 0 in records from before revisions.
+  uint64_t revision = 0;
+  // Whether the claim's sandbox is suspended (frozen by the runtime).
+  bool suspended = false;
 };
+
+// The claim revision mark: at least the revision of every claim change whose record is no
+// longer in the store (a deleted claim's deletion). The allocator writes it in the same
+// batch as each deletion, so that after a restart max(mark, revisions of the stored
+// claims) is at least every revision it ever acknowledged. One per store; 0 when never
+// written.
+struct RevisionRecord {
+  uint64_t revision = 0;
+};
+// The key of the one RevisionRecord (Mutation::key).
+inline constexpr absl::string_view kRevisionRecordKey = "revision";
 
 }  // namespace sbx::store

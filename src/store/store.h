@@ -23,12 +23,15 @@ namespace sbx::store {
 
 // One durable change: a record to write, or a key to delete.
 struct Mutation {
-  enum class Kind : uint8_t { kTemplate, kPool, kSandbox, kClaim };
+  enum class Kind : uint8_t { kTemplate, kPool, kSandbox, kClaim, kRevision };
   Kind kind;
-  // The record's name or id; for a claim, ClaimKey(owner, id).
+  // The record's name or id; for a claim, ClaimKey(owner, id); for the revision mark,
+  // kRevisionRecordKey.
   std::string key;
   // The record to put; std::monostate deletes `key`.
-  std::variant<std::monostate, TemplateRecord, PoolRecord, SandboxRecord, ClaimRecord> record;
+  std::variant<std::monostate, TemplateRecord, PoolRecord, SandboxRecord, ClaimRecord,
+               RevisionRecord>
+      record;
 };
 
 // Mutations applied atomically: all of them or none.
@@ -38,6 +41,8 @@ class WriteBatch {
   void Put(PoolRecord r);
   void Put(SandboxRecord r);
   void Put(ClaimRecord r);
+  // Sets the store's claim revision mark (replacing the stored one).
+  void Put(RevisionRecord r);
   void DeleteTemplate(std::string name);
   void DeletePool(std::string name);
   void DeleteSandbox(std::string id);
@@ -58,6 +63,8 @@ struct Contents {
   std::vector<PoolRecord> pools;
   std::vector<SandboxRecord> sandboxes;
   std::vector<ClaimRecord> claims;
+  // The stored RevisionRecord's revision; 0 when there is none.
+  uint64_t revision = 0;
 };
 
 // Called exactly once per Commit, with OK when the batch is durable (per the store's

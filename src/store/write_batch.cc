@@ -26,6 +26,9 @@ Identity IdentityOf(const SandboxRecord& r) { return {Mutation::Kind::kSandbox, 
 Identity IdentityOf(const ClaimRecord& r) {
   return {Mutation::Kind::kClaim, ClaimKey(r.owner, r.id)};
 }
+Identity IdentityOf(const RevisionRecord&) {
+  return {Mutation::Kind::kRevision, std::string(kRevisionRecordKey)};
+}
 
 }  // namespace
 
@@ -47,6 +50,10 @@ void WriteBatch::Put(SandboxRecord r) {
 void WriteBatch::Put(ClaimRecord r) {
   std::string key = ClaimKey(r.owner, r.id);
   mutations_.push_back({Mutation::Kind::kClaim, std::move(key), std::move(r)});
+}
+
+void WriteBatch::Put(RevisionRecord r) {
+  mutations_.push_back({Mutation::Kind::kRevision, std::string(kRevisionRecordKey), r});
 }
 
 void WriteBatch::DeleteTemplate(std::string name) {
@@ -75,6 +82,8 @@ const char* KindName(Mutation::Kind kind) {
       return "sandbox";
     case Mutation::Kind::kClaim:
       return "claim";
+    case Mutation::Kind::kRevision:
+      return "revision";
   }
   return "unknown kind";
 }
@@ -85,7 +94,8 @@ absl::Status CheckBatch(const WriteBatch& batch) {
     const Mutation& m = mutations[i];
     const char* kind = KindName(m.kind);
     if (m.kind != Mutation::Kind::kTemplate && m.kind != Mutation::Kind::kPool &&
-        m.kind != Mutation::Kind::kSandbox && m.kind != Mutation::Kind::kClaim) {
+        m.kind != Mutation::Kind::kSandbox && m.kind != Mutation::Kind::kClaim &&
+        m.kind != Mutation::Kind::kRevision) {
       return absl::InvalidArgumentError(
           absl::StrCat("mutation ", i, ": unknown kind ", static_cast<int>(m.kind)));
     }

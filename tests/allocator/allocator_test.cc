@@ -594,7 +594,7 @@ TEST_F(AllocatorTest, SandboxesMissingAfterRestartAreDroppedAndTheirClaimsLost) 
   std::vector<std::string> ids = allocator_->ListSandboxIds();
   std::sort(ids.begin(), ids.end());
   EXPECT_EQ(ids, (std::vector<std::string>{"s1", "s2"}));
-  // The runtime has none of them any more (the local runtime's sandboxes die with sbx).
+  // The runtime has none of them any more (they died while sbx was down).
   for (const std::string& id : ids) ASSERT_TRUE(allocator_->SandboxGone(id).ok());
   EXPECT_EQ(Warm(), 0);
   EXPECT_EQ(allocator_->GetClaim("alice", "c1")->state, ClaimState::kLost);

@@ -2,9 +2,9 @@
 // allocator, and claims and releases from several threads until it is killed. It writes
 // one line per acknowledged operation to stdout with a single write(2) each, after the
 // operation's callback reported it durable:
-//   READY <active claims recovered> <ended claims recovered>
-//   A <owner>/<claim id> <sandbox id>     a claim was acknowledged
-//   R <owner>/<claim id>                  its release was acknowledged
+//   READY <active claims recovered> <ended claims recovered> <revision recovered>
+//   A <owner>/<claim id> <sandbox id> <revision>   a claim was acknowledged
+//   R <owner>/<claim id> <revision>                its release was acknowledged
 
 #include <unistd.h>
 
@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
     p_done.WaitForNotification();
   }
   reconciler.Start(&alloc);
-  Say(absl::StrCat("READY ", alloc.recovery().active_claims, " ", alloc.recovery().ended_claims));
+  Say(absl::StrCat("READY ", alloc.recovery().active_claims, " ", alloc.recovery().ended_claims,
+                   " ", alloc.revision()));
 
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
         alloc.Claim(req, [&](absl::StatusOr<allocator::ClaimResult> r) {
           if (r.ok()) {
             sandbox = r->claim.sandbox_id;
-            Say(absl::StrCat("A ", owner, "/", req.claim_id, " ", sandbox));
+            Say(absl::StrCat("A ", owner, "/", req.claim_id, " ", sandbox, " ", r->claim.revision));
           }
           absl::MutexLock lock(&mu);
           done = true;
@@ -100,7 +101,12 @@ int main(int argc, char** argv) {
         // Keep about half of the claims active, so that restarts have claims to recover.
         if (sandbox.empty() || absl::Bernoulli(gen, 0.5)) continue;
         alloc.Release(owner, req.claim_id, [&](absl::Status s) {
-          if (s.ok()) Say(absl::StrCat("R ", owner, "/", req.claim_id));
+          // The release is durable; its revision is in the claim (read outside any lock:
+          // callbacks never run under the allocator's locks).
+          absl::StatusOr<store::ClaimRecord> ended = alloc.GetClaim(owner, req.claim_id);
+          if (s.ok() && ended.ok()) {
+            Say(absl::StrCat("R ", owner, "/", req.claim_id, " ", ended->revision));
+          }
           absl::MutexLock lock(&mu);
           done = true;
         });

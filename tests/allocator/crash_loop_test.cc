@@ -1,13 +1,17 @@
 // Crash loop: a child runs the allocator on a RocksDB store under claim load and is killed
 // with SIGKILL at random moments, 50 times. After each kill the store must hold every
 // claim the child acknowledged, bound to the same sandbox (released if its release was
-// acknowledged), and no sandbox may be bound to two active claims.
+// acknowledged), and no sandbox may be bound to two active claims. Revisions never go
+// backwards: each restart recovers a revision at least as high as every one acknowledged
+// before, and the claims it then makes get higher ones.
 
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -16,6 +20,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -80,6 +85,7 @@ TEST(CrashLoopTest, AcknowledgedClaimsSurviveKillNine) {
   absl::BitGen gen;
   std::map<std::string, Acked> acked;  // claim key -> what the child acknowledged
   size_t total_lines = 0;
+  uint64_t max_acked_revision = 0;  // over all earlier runs
 
   for (int run = 0; run < kKills; ++run) {
     Child child = Spawn(db, run);
@@ -94,6 +100,14 @@ TEST(CrashLoopTest, AcknowledgedClaimsSurviveKillNine) {
     }
     ASSERT_FALSE(lines.empty()) << "run " << run << ": child exited before READY";
     ASSERT_TRUE(absl::StartsWith(lines.front(), "READY")) << lines.front();
+    {
+      std::vector<std::string> f = absl::StrSplit(lines.front(), ' ');
+      uint64_t recovered = 0;
+      ASSERT_EQ(f.size(), 4u) << lines.front();
+      ASSERT_TRUE(absl::SimpleAtoi(f[3], &recovered)) << lines.front();
+      ASSERT_GE(recovered, max_acked_revision) << "run " << run << ": revision went backwards";
+    }
+    const uint64_t before_run = max_acked_revision;
     ReadLines(child.out, absl::Now() + absl::Milliseconds(absl::Uniform(gen, 20, 300)), buf, lines);
     kill(child.pid, SIGKILL);
     int status = 0;
@@ -105,15 +119,18 @@ TEST(CrashLoopTest, AcknowledgedClaimsSurviveKillNine) {
 
     for (size_t i = 1; i < lines.size(); ++i) {
       std::vector<std::string> f = absl::StrSplit(lines[i], ' ');
-      if (f.size() == 3 && f[0] == "A") {
+      uint64_t revision = 0;
+      if (f.size() == 4 && f[0] == "A" && absl::SimpleAtoi(f[3], &revision)) {
         ASSERT_FALSE(acked.contains(f[1])) << "claim acknowledged twice: " << f[1];
         acked[f[1]].sandbox = f[2];
-      } else if (f.size() == 2 && f[0] == "R") {
+      } else if (f.size() == 3 && f[0] == "R" && absl::SimpleAtoi(f[2], &revision)) {
         ASSERT_TRUE(acked.contains(f[1])) << "release before claim: " << f[1];
         acked[f[1]].released = true;
       } else {
         FAIL() << "bad line from child: " << lines[i];
       }
+      ASSERT_GT(revision, before_run) << "run " << run << ": revision reused: " << lines[i];
+      max_acked_revision = std::max(max_acked_revision, revision);
     }
     total_lines += lines.size();
 

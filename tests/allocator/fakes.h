@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -124,11 +125,22 @@ class ManualRuntime : public runtime::Runtime {
     }
     std::move(done)(absl::OkStatus());
   }
-  void Suspend(std::string, runtime::DoneCallback done) override {
-    std::move(done)(absl::OkStatus());
+  // Suspend and Resume answer at once: with the error set by FailNextFreeze, else OK.
+  void Suspend(std::string id, runtime::DoneCallback done) override {
+    std::move(done)(Freeze(absl::StrCat("suspend ", id)));
   }
-  void Resume(std::string, runtime::DoneCallback done) override {
-    std::move(done)(absl::OkStatus());
+  void Resume(std::string id, runtime::DoneCallback done) override {
+    std::move(done)(Freeze(absl::StrCat("resume ", id)));
+  }
+  // The next Suspend or Resume fails with `error`.
+  void FailNextFreeze(absl::Status error) {
+    absl::MutexLock lock(&mu_);
+    freeze_error_ = std::move(error);
+  }
+  // "suspend <id>" / "resume <id>" per call, in order.
+  std::vector<std::string> freezes() const {
+    absl::MutexLock lock(&mu_);
+    return freezes_;
   }
   absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override {
     return std::vector<runtime::SandboxInfo>{};
@@ -162,9 +174,16 @@ class ManualRuntime : public runtime::Runtime {
     runtime::CreateRequest request;
     runtime::CreateCallback done;
   };
+  absl::Status Freeze(std::string call) {
+    absl::MutexLock lock(&mu_);
+    freezes_.push_back(std::move(call));
+    return std::exchange(freeze_error_, absl::OkStatus());
+  }
   mutable absl::Mutex mu_;
   std::deque<Pending> creates_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> deleted_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> freezes_ ABSL_GUARDED_BY(mu_);
+  absl::Status freeze_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::allocator::testing

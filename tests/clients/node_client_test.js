@@ -1,14 +1,21 @@
 #!/usr/bin/env node
 // Independent Node.js client test for sbx-server.
 //
-// Starts the server binary itself on 127.0.0.1:0, talks to it only through the public
-// sbx.v1 protos (loaded with @grpc/proto-loader, no generated code) and the standard
-// grpc.health.v1 / grpc.reflection.v1alpha services, then stops it with SIGTERM.
+// Starts the server binary itself on 127.0.0.1:0 (cwd: a temp dir), talks to it only
+// through the public sbx.v1 protos (loaded with @grpc/proto-loader, no generated code)
+// and the standard grpc.health.v1 / grpc.reflection.v1alpha services, goes through the
+// user flow in a real sandbox (claim one from the pool "default" with a late-bound
+// config, Exec in it: output, stderr, exit code, stdin; WriteFile / ReadFile / ListFiles;
+// bad input; Release), then stops the server with SIGTERM.
 //
 // Usage: node node_client_test.js <path/to/sbx-server> <proto dir> [extra server flags...]
 //   or:  SBX_SERVER=... SBX_PROTO_DIR=... [SBX_SERVER_FLAGS='...'] node node_client_test.js
-// Exit status 0 when every check passed, 1 otherwise. The server is killed on any
-// failure, including an uncaught error or an interrupt of this script.
+// tests/clients/CMakeLists.txt passes --config=scripts/example-config.yaml (the pool
+// "default") and relative --data_dir / --sandbox_root, which land in the temp dir.
+// Exit status 0 when every check passed, 1 otherwise. The server, and every process
+// whose command line names the temp dir (local sandboxes, which run in their own
+// sessions), are killed at the end and on any failure, including an uncaught error or an
+// interrupt of this script.
 
 'use strict';
 
@@ -21,7 +28,13 @@ const kNodeModules = path.join(__dirname, 'node_modules');
 const kPortFileTimeoutMs = 20000;
 const kShutdownTimeoutMs = 10000;
 const kCallDeadlineMs = 10000;
+// A first sandbox of a fresh pool: bubblewrap + sbx-sandboxd start, on a busy machine.
+const kWarmTimeoutMs = 60000;
+const kClaimWaitS = 30;
+const kExecDeadlineMs = 30000;
 const kMiB = 1024 * 1024;
+const kKiB = 1024;
+const kPool = 'default';  // declared by scripts/example-config.yaml
 
 function fatal(message) {
   console.error(`FAIL: ${message}`);
@@ -74,9 +87,52 @@ function killServer() {
   }
 }
 
+// Pids of live processes (not this one) whose command line names a path below `dir`.
+function processesNaming(dir) {
+  const pids = [];
+  const want = Buffer.from(dir.endsWith('/') ? dir : `${dir}/`);
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
+    let cmdline;
+    try {
+      cmdline = fs.readFileSync(`/proc/${entry}/cmdline`);
+    } catch (e) {
+      continue;  // Gone meanwhile, or not ours to read.
+    }
+    if (cmdline.includes(want)) pids.push(Number(entry));
+  }
+  return pids;
+}
+
+function describeProcess(pid) {
+  try {
+    return `${pid}: ${fs.readFileSync(`/proc/${pid}/cmdline`).toString().replace(/\0/g, ' ')}`;
+  } catch (e) {
+    return `${pid}: (gone)`;
+  }
+}
+
+// SIGKILLs every process whose command line names `dir`: local sandboxes run in their own
+// sessions, so killing the server's process group does not reach them.
+function killProcessesNaming(dir) {
+  for (let round = 0; round < 10; ++round) {  // A process may fork while we kill: again.
+    const pids = processesNaming(dir);
+    if (pids.length === 0) return;
+    for (const pid of pids) {
+      try {
+        process.kill(pid, 'SIGKILL');
+      } catch (e) {
+        // Already gone.
+      }
+    }
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 50);  // 50 ms
+  }
+}
+
 function cleanUp() {
   killServer();
   if (tmpDir) {
+    killProcessesNaming(tmpDir);
     fs.rmSync(tmpDir, {recursive: true, force: true});
     tmpDir = null;
   }
@@ -111,7 +167,10 @@ function sleep(ms) {
 
 // Starts the server and resolves with its port once it has written the port file.
 async function startServer() {
-  tmpDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sbx-node-client-'));
+  // Short and under /tmp: the sandboxes' unix sockets live below it (< 107 bytes). Real
+  // path, as the server makes its folders absolute from its cwd; the clean-up finds the
+  // sandboxes by this path in their command lines.
+  tmpDir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), 'sbx-node-client-')));
   const portFile = path.join(tmpDir, 'port');
   const args = ['--listen=127.0.0.1:0', `--port_file=${portFile}`, ...extraServerFlags];
   console.log(`starting ${serverPath} ${args.join(' ')}`);
@@ -199,6 +258,67 @@ function unary(client, method, request, ms) {
   });
 }
 
+// One SandboxService.Exec call: sends `start`, then the stdin chunks and close_stdin,
+// and keeps the client side open until the server's `exit` arrived (so that the
+// process's stdin is closed by close_stdin, not by a half-close). Resolves with
+// {err, responses}: err is the call's non-OK status ({code, details}) or null.
+function runExec(client, start, {stdinChunks = [], closeStdin = false, ms = kExecDeadlineMs} = {}) {
+  return new Promise((resolve) => {
+    const responses = [];
+    const call = client.Exec({deadline: deadline(ms)});
+    let status = null;
+    let ended = false;
+    const maybeDone = () => {
+      if (status === null) return;
+      if (status.code !== grpc.status.OK) {
+        resolve({err: {code: status.code, details: status.details}, responses});
+      } else if (ended) {
+        resolve({err: null, responses});
+      }
+    };
+    call.on('data', (msg) => {
+      responses.push(msg);
+      if (msg.kind === 'exit') call.end();
+    });
+    call.on('end', () => { ended = true; maybeDone(); });
+    call.on('error', () => {});  // reported through 'status'
+    call.on('status', (st) => { status = st; maybeDone(); });
+    call.write({start});
+    for (const chunk of stdinChunks) call.write({stdin_chunk: chunk});
+    if (closeStdin) call.write({close_stdin: {}});
+  });
+}
+
+// Checks the order of Exec messages (started first, exit last and once) and the chunk
+// sizes; returns {started, stdout, stderr, exit} (stdout and stderr as Buffers).
+function splitExec(responses) {
+  const kinds = responses.map((r) => r.kind);
+  assert(kinds.length > 0, 'Exec ended OK without any message');
+  assert(kinds[0] === 'started', `first Exec message is ${kinds[0]}: ${kinds.join(',')}`);
+  assert(kinds[kinds.length - 1] === 'exit', `last Exec message is ${kinds[kinds.length - 1]}`);
+  assert(kinds.filter((k) => k === 'started').length === 1, `messages: ${kinds.join(',')}`);
+  assert(kinds.filter((k) => k === 'exit').length === 1, `messages: ${kinds.join(',')}`);
+  const out = [];
+  const err = [];
+  for (const r of responses.slice(1, -1)) {
+    assert(r.kind === 'stdout_chunk' || r.kind === 'stderr_chunk', `unexpected ${r.kind}`);
+    const chunk = Buffer.from(r[r.kind]);
+    assert(chunk.length <= 64 * kKiB, `${r.kind} of ${chunk.length} bytes`);
+    (r.kind === 'stdout_chunk' ? out : err).push(chunk);
+  }
+  return {started: responses[0].started, stdout: Buffer.concat(out), stderr: Buffer.concat(err),
+          exit: responses[responses.length - 1].exit};
+}
+
+function exitCode(exit) {
+  assert(exit.status === 'exit_code', `exit has no exit_code: ${JSON.stringify(exit)}`);
+  return exit.exit_code;
+}
+
+function showBytes(buf) {
+  return JSON.stringify(buf.toString('latin1'));
+}
+
 function codeName(code) {
   for (const [name, value] of Object.entries(grpc.status)) {
     if (value === code) return name;
@@ -268,7 +388,9 @@ async function main() {
       new reflection.grpc.reflection.v1alpha.ServerReflection(target, creds);
   const diagnostics = new sbx.DiagnosticsService(target, creds);
   const sandboxes = new sbx.SandboxService(target, creds);
-  const clients = [healthClient, reflectionClient, diagnostics, sandboxes];
+  const claims = new sbx.ClaimService(target, creds);
+  const admin = new sbx.AdminService(target, creds);
+  const clients = [healthClient, reflectionClient, diagnostics, sandboxes, claims, admin];
 
   await check('(a) grpc.health.v1.Health/Check service "" is SERVING', async () => {
     const {err, res} = await unary(healthClient, 'Check', {service: ''});
@@ -350,18 +472,195 @@ async function main() {
     return `${files.length} descriptor(s)`;
   });
 
-  await check('(d) SandboxService.ReadFile (not implemented yet) is UNIMPLEMENTED with a message',
+  // The user flow in a real sandbox of the pool "default" (scripts/example-config.yaml):
+  // (d1) claims; (d2)..(d5) use the claim; (d6) releases it.
+  const kEnvName = 'SBX_NODE_CLIENT_GREETING';
+  const kEnvValue = 'hello from node, caf\u00e9 $HOME \'quoted\'';
+  const kConfigPath = 'sbx-node/config.txt';
+  const kConfigContent = Buffer.from('late-bound file\nsecond line \u2713\n', 'utf8');
+  let claimId = null;
+  const requireClaim = () => {
+    if (!claimId) throw new Error('no claim: (d1) failed');
+    return claimId;
+  };
+
+  await check('(d1) ClaimService.Claim from a warm pool with a late-bound config', async () => {
+    // The pool fills in the background; wait (bounded) for a warm sandbox so that a
+    // runtime failure is reported with the pool's last_error, not as a claim timeout.
+    const warmBy = Date.now() + kWarmTimeoutMs;
+    for (;;) {
+      const {err, res} = await unary(admin, 'GetPool', {name: kPool});
+      if (err) throw new Error(`GetPool failed: ${codeName(err.code)}: ${err.details}`);
+      const status = res.pool.status || {};
+      if (status.warm >= 1) break;
+      if (Date.now() > warmBy) {
+        throw new Error(`pool "${kPool}" has no warm sandbox after ${kWarmTimeoutMs / 1000} s: ` +
+                        `status ${JSON.stringify(status)}`);
+      }
+      await sleep(200);
+    }
+    const id = `node-client-${process.pid}-${Date.now()}`;
+    const {err, res} = await unary(claims, 'Claim', {
+      claim_id: id,
+      pool: kPool,
+      empty_pool_policy: 'EMPTY_POOL_POLICY_WAIT',
+      wait_timeout: {seconds: kClaimWaitS, nanos: 0},
+      labels: {client: 'node'},
+      config: {
+        env: {[kEnvName]: kEnvValue},
+        files: [{path: kConfigPath, content: kConfigContent, mode: 0o640}],
+      },
+    }, (kClaimWaitS + 5) * 1000);
+    if (err) throw new Error(`Claim failed: ${codeName(err.code)}: ${err.details}`);
+    const claim = res.claim;
+    assert(!res.replayed, 'replayed is true for a new claim');
+    assert(claim.claim_id === id, `claim_id ${claim.claim_id}, want ${id}`);
+    assert(claim.pool === kPool, `pool ${claim.pool}`);
+    assert(claim.state === 'CLAIM_STATE_ACTIVE', `state ${claim.state}`);
+    assert(claim.sandbox && claim.sandbox.id, 'claim.sandbox.id is empty');
+    assert(claim.labels.client === 'node', `labels ${JSON.stringify(claim.labels)}`);
+    claimId = id;
+    return `${id}: sandbox ${claim.sandbox.id}, ${claim.launch_type}`;
+  });
+
+  await check('(d2) Exec prints the late-bound env var and file, writes stderr, exits 7',
               async () => {
-    const {err} = await unary(sandboxes, 'ReadFile', {
-      claim_id: 'node-client-test-1',
-      path: 'main.py',
-    });
-    assert(err, 'ReadFile succeeded, want UNIMPLEMENTED');
-    assert(err.code === grpc.status.UNIMPLEMENTED,
-           `status ${codeName(err.code)} (${err.details}), want UNIMPLEMENTED`);
-    assert(typeof err.details === 'string' && err.details.trim().length > 0,
-           'status message is empty');
-    return `"${err.details}"`;
+    const script = `printf "%s\\n" "$${kEnvName}"; cat ${kConfigPath}; ` +
+                   'echo "to stderr" >&2; exit 7';
+    const {err, responses} =
+        await runExec(sandboxes, {claim_id: requireClaim(), argv: ['sh', '-c', script]});
+    if (err) throw new Error(`Exec failed: ${codeName(err.code)}: ${err.details}`);
+    const {started, stdout, stderr, exit} = splitExec(responses);
+    assert(started.pid > 0, `started.pid ${started.pid}`);
+    const want = Buffer.concat([Buffer.from(`${kEnvValue}\n`, 'utf8'), kConfigContent]);
+    assert(stdout.equals(want), `stdout ${showBytes(stdout)}, want ${showBytes(want)}`);
+    assert(stderr.equals(Buffer.from('to stderr\n')), `stderr ${showBytes(stderr)}`);
+    assert(exitCode(exit) === 7, `exit_code ${exit.exit_code}, want 7`);
+    assert(!exit.timed_out && !exit.truncated, `exit ${JSON.stringify(exit)}`);
+    assert(Number(exit.stdout_bytes) === stdout.length, `stdout_bytes ${exit.stdout_bytes}`);
+    assert(Number(exit.stderr_bytes) === stderr.length, `stderr_bytes ${exit.stderr_bytes}`);
+    return `pid ${started.pid}, ${responses.length} messages`;
+  });
+
+  await check('(d3) Exec cat with stdin chunks and close_stdin echoes the input', async () => {
+    const chunks = [Buffer.from('first line\n'), Buffer.from([...Array(256).keys()]),
+                    Buffer.alloc(200 * kKiB, 0x7a), Buffer.from('\nlast\n')];
+    const want = Buffer.concat(chunks);
+    const {err, responses} = await runExec(
+        sandboxes, {claim_id: requireClaim(), argv: ['cat'], attach_stdin: true},
+        {stdinChunks: chunks, closeStdin: true});
+    if (err) throw new Error(`Exec failed: ${codeName(err.code)}: ${err.details}`);
+    const {stdout, stderr, exit} = splitExec(responses);
+    assert(stdout.length === want.length, `stdout has ${stdout.length} bytes, want ${want.length}`);
+    assert(stdout.equals(want), 'stdout differs from stdin');
+    assert(stderr.length === 0, `stderr ${showBytes(stderr)}`);
+    assert(exitCode(exit) === 0, `exit_code ${exit.exit_code}, want 0`);
+    assert(Number(exit.stdout_bytes) === want.length, `stdout_bytes ${exit.stdout_bytes}`);
+    return `${want.length} bytes in ${responses.length - 2} chunks`;
+  });
+
+  await check('(d4) WriteFile, ReadFile (whole and range) and ListFiles', async () => {
+    const id = requireClaim();
+    const content = Buffer.concat([...Array(12)].map(() => Buffer.from([...Array(256).keys()]))
+                                      .concat([Buffer.from('end')]));
+    let r = await unary(sandboxes, 'WriteFile', {claim_id: id, path: 'out/data.bin', content,
+                                                 mode: 0o600, create_parents: true});
+    if (r.err) throw new Error(`WriteFile failed: ${codeName(r.err.code)}: ${r.err.details}`);
+    assert(Number(r.res.size) === content.length, `WriteFile size ${r.res.size}`);
+
+    r = await unary(sandboxes, 'ReadFile', {claim_id: id, path: 'out/data.bin'});
+    if (r.err) throw new Error(`ReadFile failed: ${codeName(r.err.code)}: ${r.err.details}`);
+    assert(Buffer.from(r.res.content).equals(content), 'ReadFile content differs');
+    assert(Number(r.res.size) === content.length, `ReadFile size ${r.res.size}`);
+    assert(r.res.eof === true, 'ReadFile eof is false');
+    assert((r.res.mode & 0o7777) === 0o600, `mode ${r.res.mode.toString(8)}, want 600`);
+
+    r = await unary(sandboxes, 'ReadFile', {claim_id: id, path: 'out/data.bin', offset: 10,
+                                            limit: 20});
+    if (r.err) throw new Error(`ReadFile range failed: ${codeName(r.err.code)}: ${r.err.details}`);
+    assert(Buffer.from(r.res.content).equals(content.subarray(10, 30)), 'range content differs');
+    assert(r.res.eof === false, 'range read says eof');
+
+    r = await unary(sandboxes, 'ReadFile', {claim_id: id, path: kConfigPath});
+    if (r.err) throw new Error(`ReadFile config failed: ${codeName(r.err.code)}: ${r.err.details}`);
+    assert(Buffer.from(r.res.content).equals(kConfigContent), 'late-bound file content differs');
+    assert((r.res.mode & 0o7777) === 0o640, `late-bound file mode ${r.res.mode.toString(8)}`);
+
+    // A command sees what WriteFile wrote.
+    const ex = await runExec(sandboxes,
+                             {claim_id: id, argv: ['sh', '-c', 'wc -c < out/data.bin']});
+    if (ex.err) throw new Error(`Exec failed: ${codeName(ex.err.code)}: ${ex.err.details}`);
+    const wc = splitExec(ex.responses);
+    assert(exitCode(wc.exit) === 0, `wc exit_code ${wc.exit.exit_code}`);
+    assert(wc.stdout.toString().trim() === String(content.length),
+           `wc -c says ${showBytes(wc.stdout)}`);
+
+    r = await unary(sandboxes, 'ListFiles', {claim_id: id, path: 'out'});
+    if (r.err) throw new Error(`ListFiles failed: ${codeName(r.err.code)}: ${r.err.details}`);
+    const names = r.res.files.map((f) => f.path);
+    assert(JSON.stringify(names) === '["out/data.bin"]', `ListFiles out: ${names.join(', ')}`);
+    const entry = r.res.files[0];
+    assert(entry.type === 'FILE_TYPE_REGULAR', `type ${entry.type}`);
+    assert(Number(entry.size) === content.length, `size ${entry.size}`);
+    assert((entry.mode & 0o7777) === 0o600, `mode ${entry.mode.toString(8)}`);
+    assert(r.res.next_page_token === '', 'next_page_token set on a one-entry listing');
+
+    const all = new Map();
+    const order = [];
+    let token = '';
+    for (let page = 0; page < 100; ++page) {  // bounded paging
+      r = await unary(sandboxes, 'ListFiles', {claim_id: id, recursive: true, page_token: token});
+      if (r.err) throw new Error(`ListFiles recursive failed: ${codeName(r.err.code)}: ${r.err.details}`);
+      for (const f of r.res.files) {
+        all.set(f.path, f.type);
+        order.push(f.path);
+      }
+      token = r.res.next_page_token;
+      if (!token) break;
+    }
+    assert(JSON.stringify(order) === JSON.stringify([...order].sort()),
+           `recursive listing not ordered by path: ${order.join(', ')}`);
+    for (const [p, type] of [['out', 'FILE_TYPE_DIRECTORY'], ['out/data.bin', 'FILE_TYPE_REGULAR'],
+                             ['sbx-node', 'FILE_TYPE_DIRECTORY'], [kConfigPath, 'FILE_TYPE_REGULAR']]) {
+      assert(all.get(p) === type, `recursive listing: ${p} is ${all.get(p)}, want ${type}; ` +
+                                  `got ${order.join(', ')}`);
+    }
+    return `${order.length} entries in the workspace`;
+  });
+
+  await check('(d5) Exec with empty argv and ReadFile with ".." are INVALID_ARGUMENT', async () => {
+    const id = requireClaim();
+    const ex = await runExec(sandboxes, {claim_id: id, argv: []});
+    assert(ex.err, `Exec with empty argv succeeded (${ex.responses.length} messages)`);
+    assert(ex.err.code === grpc.status.INVALID_ARGUMENT,
+           `Exec: ${codeName(ex.err.code)} (${ex.err.details}), want INVALID_ARGUMENT`);
+    assert(/argv/.test(ex.err.details || ''), `message does not name argv: "${ex.err.details}"`);
+    const details = [`"${ex.err.details}"`];
+    for (const p of ['../etc/passwd', 'out/../out/data.bin']) {
+      const {err} = await unary(sandboxes, 'ReadFile', {claim_id: id, path: p});
+      assert(err, `ReadFile "${p}" succeeded`);
+      assert(err.code === grpc.status.INVALID_ARGUMENT,
+             `ReadFile "${p}": ${codeName(err.code)} (${err.details}), want INVALID_ARGUMENT`);
+      assert((err.details || '').trim().length > 0, `ReadFile "${p}": status message is empty`);
+      details.push(`"${err.details}"`);
+    }
+    return details.join('; ');
+  });
+
+  await check('(d6) Release, then Exec on the released claim is FAILED_PRECONDITION', async () => {
+    const id = requireClaim();
+    const {err, res} = await unary(claims, 'Release', {claim_id: id});
+    if (err) throw new Error(`Release failed: ${codeName(err.code)}: ${err.details}`);
+    assert(res.claim.state === 'CLAIM_STATE_RELEASED', `state ${res.claim.state}`);
+    const ex = await runExec(sandboxes, {claim_id: id, argv: ['true']});
+    assert(ex.err, `Exec on a released claim succeeded (${ex.responses.length} messages)`);
+    assert(ex.err.code === grpc.status.FAILED_PRECONDITION,
+           `Exec: ${codeName(ex.err.code)} (${ex.err.details}), want FAILED_PRECONDITION`);
+    assert((ex.err.details || '').trim().length > 0, 'status message is empty');
+    const rf = await unary(sandboxes, 'ReadFile', {claim_id: id, path: kConfigPath});
+    assert(rf.err && rf.err.code === grpc.status.FAILED_PRECONDITION,
+           `ReadFile on a released claim: ${rf.err ? `${codeName(rf.err.code)} (${rf.err.details})` : 'OK'}`);
+    return `"${ex.err.details}"`;
   });
 
   await check('(e) Ping with a payload of 1 MiB + 1 bytes is rejected', async () => {
@@ -388,6 +687,16 @@ async function main() {
     assert(exit !== null, `still running ${kShutdownTimeoutMs / 1000} s after SIGTERM`);
     assert(exit.code === 0 && !exit.signal, `server ended with ${describeExit(exit)}, want exit code 0`);
   });
+
+  if (extraServerFlags.includes('--delete_sandboxes_on_exit')) {
+    await check('(f2) no sandbox is left running after the server exited', async () => {
+      // The server kills its sandboxes before exiting; a moment's grace for the kernel.
+      const by = Date.now() + 5000;
+      while (processesNaming(tmpDir).length > 0 && Date.now() < by) await sleep(50);
+      const left = processesNaming(tmpDir);
+      assert(left.length === 0, `processes left running: ${left.map(describeProcess).join('; ')}`);
+    });
+  }
 
   for (const c of clients) c.close();
 }

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -30,6 +32,41 @@ namespace pb = ::sbx::sandboxd::v1;
 // Lists the network interfaces of the calling process's network namespace.
 constexpr char kInterfaces[] = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort";
 
+// Pids of processes whose command line contains `text` (bwrap names its sandbox's id and
+// folder on its command line).
+std::vector<pid_t> ProcessesNaming(const std::string& text) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const pid_t pid = std::stoi(name);
+    if (cmd.find(text) != std::string::npos && pid != getpid()) pids.push_back(pid);
+  }
+  return pids;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+constexpr char kFreezer[] = "/sys/fs/cgroup/freezer/sbx";
+
+bool HaveFreezer() { return fs::exists("/sys/fs/cgroup/freezer/cgroup.procs"); }
+
+// Every process of sandbox `id`: the members of its freezer cgroup (which holds the whole
+// tree), or those naming it on their command line.
+std::vector<pid_t> SandboxProcesses(const std::string& id) {
+  const std::string procs = absl::StrCat(kFreezer, "/", id, "/cgroup.procs");
+  if (!fs::exists(procs)) return ProcessesNaming(id);
+  std::vector<pid_t> pids;
+  std::istringstream in(ReadFile(procs));
+  for (pid_t p; in >> p;) pids.push_back(p);
+  return pids;
+}
+
 class BubblewrapRuntimeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -38,17 +75,30 @@ class BubblewrapRuntimeTest : public ::testing::Test {
   }
   void TearDown() override {
     runtime_.reset();
+    // Tests that leave sandboxes running for adoption: a last runtime adopts and kills
+    // whatever is left, then nothing of this test may run.
+    BubblewrapRuntimeOptions o = Options();
+    o.delete_on_exit = true;
+    o.on_gone = nullptr;
+    if (auto rt = BubblewrapRuntime::Make(o); rt.ok()) rt->reset();
+    for (pid_t p : ProcessesNaming(root_)) kill(p, SIGKILL);
     fs::remove_all(root_);
   }
 
-  void StartRuntime() {
+  BubblewrapRuntimeOptions Options() {
     BubblewrapRuntimeOptions o;
     o.root_dir = root_;
     o.sandboxd_path = SBX_SANDBOXD;
+    o.delete_on_exit = true;
     o.on_gone = [this](const std::string& id) {
       absl::MutexLock lock(&mu_);
       gone_.push_back(id);
     };
+    return o;
+  }
+
+  void StartRuntime() { StartRuntime(Options()); }
+  void StartRuntime(BubblewrapRuntimeOptions o) {
     auto rt = BubblewrapRuntime::Make(o);
     ASSERT_TRUE(rt.ok()) << rt.status();
     runtime_ = std::move(*rt);
@@ -102,9 +152,103 @@ class BubblewrapRuntimeTest : public ::testing::Test {
     return out;
   }
 
+  absl::Status SuspendNow(const std::string& id, bool suspend = true) {
+    absl::Notification done;
+    absl::Status out;
+    auto cb = [&](absl::Status s) {
+      out = s;
+      done.Notify();
+    };
+    if (suspend) {
+      runtime_->Suspend(id, cb);
+    } else {
+      runtime_->Resume(id, cb);
+    }
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return out;
+  }
+  absl::Status ResumeNow(const std::string& id) { return SuspendNow(id, false); }
+
+  std::optional<SandboxInfo> Listed(const std::string& id) {
+    auto all = runtime_->List();
+    EXPECT_TRUE(all.ok()) << all.status();
+    if (!all.ok()) return std::nullopt;
+    for (const SandboxInfo& s : *all) {
+      if (s.id == id) return s;
+    }
+    return std::nullopt;
+  }
+
+  // Starts a busy loop in the sandbox that counts in a file of the sandbox's host folder
+  // (the daemon's socket folder, bound in), and returns that file's path.
+  std::string StartCounter(const SandboxInfo& info) {
+    const std::string host_file = absl::StrCat(root_, "/", info.id, "/count");
+    const std::string file = runtime_->isolated() ? "/run/sbx/sock/count" : host_file;
+    int code = -1;
+    Exec(info,
+         {"/bin/sh", "-c",
+          absl::StrCat("(i=0; while :; do i=$((i+1)); echo $i > ", file,
+                       "; done) </dev/null >/dev/null 2>&1 &")},
+         &code);
+    EXPECT_EQ(code, 0);
+    return host_file;
+  }
+
+  // The counter's value (the writer truncates before it writes: retry an empty read).
+  static int64_t Count(const std::string& file) {
+    for (int i = 0; i < 1000; ++i) {
+      int64_t n = 0;
+      std::istringstream in(ReadFile(file));
+      if (in >> n) return n;
+      absl::SleepFor(absl::Microseconds(200));
+    }
+    return -1;
+  }
+
+  // Waits until the counter exceeds `than`; returns the value seen (or -1 on timeout).
+  static int64_t CountAbove(const std::string& file, int64_t than) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      const int64_t n = Count(file);
+      if (n > than) return n;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return -1;
+  }
+
+  // Checks that a suspended sandbox's counter stands still and runs again after Resume.
+  void CheckSuspendAndResume(const SandboxInfo& info) {
+    const std::string counter = StartCounter(info);
+    const int64_t before = CountAbove(counter, 10);
+    ASSERT_GT(before, 10) << "the counter never ran";
+    ASSERT_TRUE(SuspendNow(info.id).ok());
+    auto listed = Listed(info.id);
+    ASSERT_TRUE(listed.has_value());
+    EXPECT_TRUE(listed->suspended);
+    // The writer may be frozen between truncating and writing: compare the bytes.
+    const std::string frozen = ReadFile(counter);
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_EQ(ReadFile(counter), frozen) << "the counter ran while suspended";
+    EXPECT_TRUE(SuspendNow(info.id).ok());  // idempotent
+    EXPECT_EQ(ReadFile(counter), frozen);
+    ASSERT_TRUE(ResumeNow(info.id).ok());
+    int64_t frozen_count = before;
+    std::istringstream(frozen) >> frozen_count;
+    EXPECT_GT(CountAbove(counter, frozen_count), frozen_count) << "the counter did not run again";
+    EXPECT_FALSE(Listed(info.id)->suspended);
+    EXPECT_TRUE(ResumeNow(info.id).ok());  // idempotent
+    int code = -1;
+    EXPECT_EQ(Exec(info, {"/bin/echo", "awake"}, &code), "awake\n");
+  }
+
   std::vector<std::string> Gone() {
     absl::MutexLock lock(&mu_);
     return gone_;
+  }
+
+  void WaitGone(size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (Gone().size() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
   }
 
   std::string root_;
@@ -201,11 +345,16 @@ TEST_F(BubblewrapRuntimeTest, ReportsASandboxThatDies) {
   }
   ASSERT_GT(victim, 0);
   kill(victim, SIGKILL);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (Gone().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  WaitGone(1);
   EXPECT_THAT(Gone(), ::testing::ElementsAre(info->id));
   EXPECT_EQ(runtime_->running(), 0u);
   EXPECT_FALSE(fs::exists(root_ + "/" + info->id));
+  // Nothing of it is left: not bwrap's pid 1 inside, nor the daemon.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!ProcessesNaming(info->id).empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_THAT(ProcessesNaming(info->id), ::testing::IsEmpty());
 }
 
 // A sandbox left running under the root by an earlier run is killed when a runtime starts.
@@ -252,6 +401,11 @@ TEST_F(BubblewrapRuntimeTest, BadSpecsAndOptionsAreRefused) {
   o.sandboxd_path = SBX_SANDBOXD;
   o.root_dir = "/tmp/" + std::string(120, 'x');
   EXPECT_EQ(BubblewrapRuntime::Make(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // One runtime per root.
+  o.root_dir = root_;
+  auto second = BubblewrapRuntime::Make(o);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(second.status().message()), ::testing::HasSubstr("in use"));
 }
 
 TEST_F(BubblewrapRuntimeTest, MemoryLimitGoesToTheCgroup) {
@@ -269,6 +423,156 @@ TEST_F(BubblewrapRuntimeTest, MemoryLimitGoesToTheCgroup) {
   EXPECT_EQ(limit, 64 << 20);
   ASSERT_TRUE(DeleteNow(info->id).ok());
   EXPECT_FALSE(fs::exists("/sys/fs/cgroup/memory/sbx/" + info->id));
+}
+
+TEST_F(BubblewrapRuntimeTest, SuspendFreezesAndResumeContinues) {
+  StartRuntime();
+  auto info = CreateNow();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(Listed(info->id)->suspended);
+  CheckSuspendAndResume(*info);
+  if (HaveFreezer()) {
+    // The freezer cgroup did it.
+    ASSERT_TRUE(SuspendNow(info->id).ok());
+    EXPECT_EQ(ReadFile(absl::StrCat(kFreezer, "/", info->id, "/freezer.state")), "FROZEN\n");
+    ASSERT_TRUE(ResumeNow(info->id).ok());
+    EXPECT_EQ(ReadFile(absl::StrCat(kFreezer, "/", info->id, "/freezer.state")), "THAWED\n");
+  }
+  EXPECT_EQ(SuspendNow("lb-nope").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ResumeNow("lb-nope").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(BubblewrapRuntimeTest, SuspendWithSignalsWithoutTheFreezer) {
+  BubblewrapRuntimeOptions o = Options();
+  o.use_freezer = false;
+  StartRuntime(o);
+  auto info = CreateNow();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(fs::exists(absl::StrCat(kFreezer, "/", info->id)));
+  CheckSuspendAndResume(*info);
+}
+
+TEST_F(BubblewrapRuntimeTest, DeletingASuspendedSandboxKillsIt) {
+  for (bool freezer : {true, false}) {
+    SCOPED_TRACE(freezer ? "freezer" : "signals");
+    BubblewrapRuntimeOptions o = Options();
+    o.use_freezer = freezer;
+    StartRuntime(o);
+    auto info = CreateNow();
+    ASSERT_TRUE(info.ok()) << info.status();
+    StartCounter(*info);
+    const std::vector<pid_t> pids = SandboxProcesses(info->id);
+    ASSERT_FALSE(pids.empty());
+    ASSERT_TRUE(SuspendNow(info->id).ok());
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(DeleteNow(info->id).ok());
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    for (pid_t p : pids) {
+      // Gone, or a zombie on its way (not ours to reap).
+      std::string stat = ReadFile(absl::StrCat("/proc/", p, "/stat"));
+      EXPECT_TRUE(stat.empty() || stat.find(") Z") != std::string::npos) << p << ": " << stat;
+    }
+    EXPECT_FALSE(fs::exists(root_ + "/" + info->id));
+    EXPECT_FALSE(fs::exists(absl::StrCat(kFreezer, "/", info->id)));
+    EXPECT_EQ(SuspendNow(info->id).code(), absl::StatusCode::kNotFound);
+    runtime_.reset();
+  }
+}
+
+// Sandboxes outlive their runtime; the next runtime on the same root adopts the live ones
+// and cleans up the dead.
+TEST_F(BubblewrapRuntimeTest, ANewRuntimeAdoptsTheSandboxesOfTheLastOne) {
+  BubblewrapRuntimeOptions o = Options();
+  o.delete_on_exit = false;
+  StartRuntime(o);
+  auto kept = CreateNow();
+  auto frozen = CreateNow();
+  auto killed = CreateNow();
+  ASSERT_TRUE(kept.ok() && frozen.ok() && killed.ok());
+  ASSERT_TRUE(SuspendNow(frozen->id).ok());
+  runtime_.reset();  // detaches
+  int code = -1;
+  EXPECT_EQ(Exec(*kept, {"/bin/echo", "still here"}, &code), "still here\n");
+
+  // One dies while no runtime runs: every process of it, as a crash or an OOM kill would.
+  const std::vector<pid_t> victims = SandboxProcesses(killed->id);
+  ASSERT_FALSE(victims.empty());
+  for (pid_t p : victims) kill(p, SIGKILL);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!ProcessesNaming(killed->id).empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // A stray half-made folder (no state file) goes too.
+  fs::create_directories(root_ + "/lb-00000000000000ff");
+
+  StartRuntime(o);
+  EXPECT_EQ(runtime_->running(), 2u);
+  EXPECT_EQ(runtime_->adopted(), 2u);
+  auto listed = runtime_->List();
+  ASSERT_TRUE(listed.ok());
+  std::set<std::string> ids;
+  for (const SandboxInfo& s : *listed) ids.insert(s.id);
+  EXPECT_THAT(ids, ::testing::UnorderedElementsAre(kept->id, frozen->id));
+  auto k = Listed(kept->id);
+  ASSERT_TRUE(k.has_value());
+  EXPECT_EQ(k->pool, "py");
+  EXPECT_EQ(k->endpoint, kept->endpoint);
+  EXPECT_FALSE(k->suspended);
+  EXPECT_TRUE(Listed(frozen->id)->suspended);
+  EXPECT_FALSE(fs::exists(root_ + "/" + killed->id));
+  EXPECT_FALSE(fs::exists(absl::StrCat(kFreezer, "/", killed->id)));
+  EXPECT_FALSE(fs::exists(root_ + "/lb-00000000000000ff"));
+
+  // Adopted sandboxes work like own ones: exec, resume, delete.
+  EXPECT_EQ(Exec(*kept, {"/bin/echo", "adopted"}, &code), "adopted\n");
+  ASSERT_TRUE(ResumeNow(frozen->id).ok());
+  EXPECT_EQ(Exec(*frozen, {"/bin/echo", "thawed"}, &code), "thawed\n");
+  const std::vector<pid_t> kept_pids = SandboxProcesses(kept->id);
+  ASSERT_TRUE(DeleteNow(kept->id).ok());
+  EXPECT_FALSE(fs::exists(root_ + "/" + kept->id));
+  for (pid_t p : kept_pids) {
+    std::string stat = ReadFile(absl::StrCat("/proc/", p, "/stat"));
+    EXPECT_TRUE(stat.empty() || stat.find(") Z") != std::string::npos) << p << ": " << stat;
+  }
+  EXPECT_EQ(runtime_->running(), 1u);
+  EXPECT_TRUE(Gone().empty());
+
+  // The end of an adopted sandbox, killed from outside, is reported like an own one's.
+  const std::vector<pid_t> top = ProcessesNaming(frozen->id);
+  ASSERT_FALSE(top.empty());
+  for (pid_t p : top) kill(p, SIGKILL);
+  WaitGone(1);
+  EXPECT_THAT(Gone(), ::testing::ElementsAre(frozen->id));
+  EXPECT_EQ(runtime_->running(), 0u);
+  EXPECT_FALSE(fs::exists(root_ + "/" + frozen->id));
+}
+
+TEST_F(BubblewrapRuntimeTest, DeleteOnExitLeavesNothingRunning) {
+  StartRuntime();  // delete_on_exit, as in every other test here
+  auto a = CreateNow();
+  auto b = CreateNow();
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(SuspendNow(b->id).ok());
+  EXPECT_FALSE(ProcessesNaming(root_).empty());
+  runtime_.reset();
+  EXPECT_THAT(ProcessesNaming(root_), ::testing::IsEmpty());
+  EXPECT_FALSE(fs::exists(root_ + "/" + a->id));
+  EXPECT_FALSE(fs::exists(absl::StrCat(kFreezer, "/", b->id)));
+  EXPECT_TRUE(Gone().empty());
+}
+
+// Without delete_on_exit the runtime leaves its sandboxes running when it goes.
+TEST_F(BubblewrapRuntimeTest, WithoutDeleteOnExitSandboxesKeepRunning) {
+  BubblewrapRuntimeOptions o = Options();
+  o.delete_on_exit = false;
+  StartRuntime(o);
+  auto a = CreateNow();
+  ASSERT_TRUE(a.ok());
+  runtime_.reset();
+  int code = -1;
+  EXPECT_EQ(Exec(*a, {"/bin/echo", "alive"}, &code), "alive\n");
+  EXPECT_TRUE(fs::exists(root_ + "/" + a->id + "/state.json"));
+  EXPECT_TRUE(Gone().empty());
 }
 
 }  // namespace

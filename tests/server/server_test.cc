@@ -645,13 +645,20 @@ TEST_F(ServerTest, BadRequestsNameTheField) {
   }
   EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
 
-  // Late-bound config cannot be applied yet: refused, never silently dropped.
+  // A late-bound config that breaks a rule is refused before anything is claimed.
   v1::ClaimRequest with_config = ClaimReq("cfg");
-  (*with_config.mutable_config()->mutable_env())["SEED"] = "7";
+  (*with_config.mutable_config()->mutable_env())["1SEED"] = "7";
   v1::ClaimResponse resp;
   grpc::Status s = Claim(kAlice, with_config, &resp);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
-  EXPECT_THAT(s.error_message(), HasSubstr("late-bound config"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("config.env: name \"1SEED\""));
+  v1::ClaimRequest too_many_files = ClaimReq("cfg2");
+  for (int i = 0; i < 65; ++i) {
+    too_many_files.mutable_config()->add_files()->set_path("f" + std::to_string(i));
+  }
+  s = Claim(kAlice, too_many_files, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("config.files has 65 files"));
   EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
 
   v1::ClaimResponse missing;
@@ -848,21 +855,25 @@ TEST_F(ServerTest, AdminTemplatesAndPools) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
 }
 
-TEST_F(ServerTest, StreamsAndSandboxServiceStayUnimplemented) {
-  v1::WatchClaimsRequest req;
-  auto ctx = Ctx(kAlice);
-  auto reader = claims_->WatchClaims(ctx.get(), req);
-  v1::ClaimEvent event;
-  EXPECT_FALSE(reader->Read(&event));
-  grpc::Status s = reader->Finish();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
-  EXPECT_THAT(s.error_message(), HasSubstr("WatchClaims"));
-
+// WatchClaims and WatchPools are tested in watch_test.cc.
+// SandboxService checks the caller and the claim before it reaches any sandbox (its
+// forwarding to sbx-sandboxd is tested end to end in tests/e2e/sandbox_test.py).
+TEST_F(ServerTest, SandboxServiceChecksTheClaimFirst) {
   auto sandboxes = v1::SandboxService::NewStub(channel_);
   v1::ReadFileRequest rf;
   v1::ReadFileResponse rfr;
+  grpc::Status s = sandboxes->ReadFile(Ctx(kAlice).get(), rf, &rfr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  rf.set_claim_id("nobody-has-this");
   s = sandboxes->ReadFile(Ctx(kAlice).get(), rf, &rfr);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+  s = sandboxes->ReadFile(Ctx("").get(), rf, &rfr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << Describe(s);
+  v1::SuspendRequest sr;
+  sr.set_claim_id("nobody-has-this");
+  v1::SuspendResponse srr;
+  s = sandboxes->Suspend(Ctx(kAlice).get(), sr, &srr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
 }
 
 class InsecureServerTest : public ServerTest {

@@ -28,6 +28,54 @@ TEST(RecordCodecTest, KeysArePrefixedByKind) {
   EXPECT_EQ(EncodeKey(Mutation::Kind::kPool, "a"), "p/a");
   EXPECT_EQ(EncodeKey(Mutation::Kind::kSandbox, "a"), "s/a");
   EXPECT_EQ(EncodeKey(Mutation::Kind::kClaim, "a/b"), "c/a/b");
+  EXPECT_EQ(EncodeKey(Mutation::Kind::kRevision, kRevisionRecordKey), kRevisionKey);
+}
+
+TEST(RecordCodecTest, RevisionMarkRoundTrips) {
+  WriteBatch b;
+  b.Put(RevisionRecord{0xFFFF'FFFF'FFFF'FFFEULL});
+  std::string value;
+  EncodeValue(b.mutations()[0], &value);
+  EXPECT_EQ(static_cast<uint8_t>(value[0]), kFormatVersion);
+  Contents out;
+  RecordDecoder decoder;
+  ASSERT_TRUE(
+      decoder.Decode(EncodeKey(b.mutations()[0].kind, b.mutations()[0].key), value, &out).ok());
+  EXPECT_EQ(out.revision, 0xFFFF'FFFF'FFFF'FFFEULL);
+  EXPECT_EQ(decoder.Decode(kRevisionKey, "", &out).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(decoder.Decode(kRevisionKey, Bytes("\x02\x08\x01"), &out).code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(decoder.Decode("m/other", value, &out).code(), absl::StatusCode::kDataLoss);
+}
+
+// A claim written before revisions existed (fields 1-13 only) still decodes: revision 0,
+// not suspended. The bytes are what the previous build wrote for this claim.
+TEST(RecordCodecTest, ClaimsFromBeforeRevisionsDecode) {
+  // owner "o" (1), pool "py" (2), sandbox_id "s" (3), launch_type 1 (6), state 1 (7),
+  // created_s 1 (8, zigzag 2), expires_s INT64_MAX (10, zigzag), ended_s 0.
+  const std::string old_value = Bytes(
+      "\x01"
+      "\x0a\x01o"
+      "\x12\x02py"
+      "\x1a\x01s"
+      "\x30\x01"
+      "\x38\x01"
+      "\x40\x02"
+      "\x50\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01");
+  Contents out;
+  RecordDecoder decoder;
+  absl::Status s = decoder.Decode("c/o/old", old_value, &out);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(out.claims.size(), 1u);
+  const ClaimRecord& c = out.claims[0];
+  EXPECT_EQ(c.id, "old");
+  EXPECT_EQ(c.pool, "py");
+  EXPECT_EQ(c.sandbox_id, "s");
+  EXPECT_EQ(c.created, absl::FromUnixSeconds(1));
+  EXPECT_EQ(c.expires, absl::InfiniteFuture());
+  EXPECT_EQ(c.revision, 0u);
+  EXPECT_FALSE(c.suspended);
+  EXPECT_EQ(out.revision, 0u);
 }
 
 TEST(RecordCodecTest, ValuesStartWithTheFormatVersionAndDecodeExactly) {

@@ -157,6 +157,38 @@ TEST_P(StoreConformanceTest, EveryRecordKindRoundTripsWithAllFields) {
   EXPECT_TRUE(SameContents(Load(*store), want));
 }
 
+TEST_P(StoreConformanceTest, RevisionMarkIsKeptAndReplacedInBatchOrder) {
+  std::unique_ptr<Store> store = Open();
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(Load(*store).revision, 0u);
+  {
+    WriteBatch b;
+    b.Put(FullClaim("c"));
+    b.Put(RevisionRecord{41});
+    ASSERT_TRUE(store->CommitAndWait(std::move(b)).ok());
+  }
+  {
+    // A deletion with its mark, as the allocator writes it; the later Put wins.
+    WriteBatch b;
+    b.DeleteClaim("tenant-a", "c");
+    b.Put(RevisionRecord{42});
+    b.Put(RevisionRecord{43});
+    ASSERT_TRUE(store->CommitAndWait(std::move(b)).ok());
+  }
+  Contents got = Load(*store);
+  EXPECT_EQ(got.revision, 43u);
+  EXPECT_TRUE(got.claims.empty());
+  store = Reopen(std::move(store));
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(Load(*store).revision, 43u);
+  // A revision record under any other key is refused like any mismatched key.
+  WriteBatch bad;
+  bad.Put(RevisionRecord{44});
+  bad.mutations().back().key = "other";
+  EXPECT_EQ(store->CommitAndWait(std::move(bad)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Load(*store).revision, 43u);
+}
+
 TEST_P(StoreConformanceTest, ExtremeTimesAndDurationsRoundTrip) {
   const absl::Time times[] = {
       absl::InfiniteFuture(),

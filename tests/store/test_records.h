@@ -67,6 +67,8 @@ inline ClaimRecord FullClaim(const std::string& id) {
   r.created = absl::FromUnixNanos(1'700'000'000'000'000'001LL);
   r.expires = absl::InfiniteFuture();
   r.ended = absl::FromUnixSeconds(-86'400) + absl::Nanoseconds(999'999'999);  // before 1970
+  r.revision = 0xFFFF'FFFF'FFFF'FFF1ULL;
+  r.suspended = true;
   return r;
 }
 
@@ -135,6 +137,8 @@ inline ::testing::AssertionResult Same(const ClaimRecord& a, const ClaimRecord& 
   SBX_CMP_FIELD(created);
   SBX_CMP_FIELD(expires);
   SBX_CMP_FIELD(ended);
+  SBX_CMP_FIELD(revision);
+  SBX_CMP_FIELD(suspended);
   return ::testing::AssertionSuccess();
 }
 
@@ -158,6 +162,9 @@ inline ::testing::AssertionResult SameContents(const Contents& a, const Contents
   if (auto r = SameList("templates", a.templates, b.templates); !r) return r;
   if (auto r = SameList("pools", a.pools, b.pools); !r) return r;
   if (auto r = SameList("sandboxes", a.sandboxes, b.sandboxes); !r) return r;
+  if (a.revision != b.revision) {
+    return ::testing::AssertionFailure() << "revision mark: " << a.revision << " vs " << b.revision;
+  }
   return SameList("claims", a.claims, b.claims);
 }
 

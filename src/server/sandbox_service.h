@@ -1,0 +1,97 @@
+#pragma once
+// sbx.v1.SandboxService: work inside a claimed sandbox, forwarded to the sandbox's daemon
+// (sbx-sandboxd, sbx.sandboxd.v1) over gRPC. Exec is a bidirectional proxy: a server
+// reactor towards the client and a client reactor towards the daemon, one message in
+// flight each way, so a fast producer is slowed to the client's pace instead of being
+// buffered. Suspend and Resume go through the allocator (which asks the runtime and
+// records the state durably).
+//
+// Every call is authenticated; the claim must belong to the caller (another tenant's
+// claim is NOT_FOUND), be ACTIVE and not suspended (except for Suspend/Resume).
+//
+// Thread-safety: handlers run concurrently on gRPC's threads.
+// Lifetime: the Allocator, Authenticator and SandboxdClients must outlive the service and
+// every call in flight (shut the gRPC server down before destroying them).
+
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "sbx/v1/sandboxes.grpc.pb.h"
+#include "src/allocator/allocator.h"
+#include "src/server/auth.h"
+#include "src/server/sandboxd_client.h"
+
+namespace sbx::server {
+
+struct SandboxLimits {
+  // Exec calls running at once in one sandbox; more are RESOURCE_EXHAUSTED.
+  int max_concurrent_execs = 16;
+  // Cap on one Exec's combined stdout+stderr sent to the client: a larger (or unset)
+  // ExecStart.max_output_bytes is lowered to it. At most 64 MiB (the daemon's own cap).
+  int64_t max_exec_output_bytes = 16 * 1024 * 1024;
+
+  // INVALID_ARGUMENT naming the bad field.
+  absl::Status Validate() const;
+};
+
+// Counts Exec calls per sandbox against SandboxLimits::max_concurrent_execs.
+class ExecSlots {
+ public:
+  explicit ExecSlots(int limit) : limit_(limit) {}
+  // RESOURCE_EXHAUSTED when `sandbox` already runs `limit` calls.
+  absl::Status Acquire(const std::string& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(const std::string& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const int limit_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int> running_ ABSL_GUARDED_BY(mu_);
+};
+
+class SandboxService final : public sbx::v1::SandboxService::CallbackService {
+ public:
+  SandboxService(allocator::Allocator* allocator, const Authenticator* auth,
+                 SandboxdClients* daemons, SandboxLimits limits)
+      : allocator_(allocator),
+        auth_(auth),
+        daemons_(daemons),
+        limits_(limits),
+        slots_(limits.max_concurrent_execs) {}
+
+  grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* Exec(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* WriteFile(grpc::CallbackServerContext* ctx,
+                                      const v1::WriteFileRequest* req,
+                                      v1::WriteFileResponse* resp) override;
+  grpc::ServerUnaryReactor* ReadFile(grpc::CallbackServerContext* ctx,
+                                     const v1::ReadFileRequest* req,
+                                     v1::ReadFileResponse* resp) override;
+  grpc::ServerUnaryReactor* ListFiles(grpc::CallbackServerContext* ctx,
+                                      const v1::ListFilesRequest* req,
+                                      v1::ListFilesResponse* resp) override;
+  grpc::ServerUnaryReactor* Suspend(grpc::CallbackServerContext* ctx, const v1::SuspendRequest* req,
+                                    v1::SuspendResponse* resp) override;
+  grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest* req,
+                                   v1::ResumeResponse* resp) override;
+
+ private:
+  friend class ExecCall;
+
+  // The caller's active, running claim `claim_id`. NOT_FOUND, FAILED_PRECONDITION (ended
+  // or suspended), INVALID_ARGUMENT (malformed id).
+  absl::StatusOr<store::ClaimRecord> ActiveClaim(const Caller& caller,
+                                                 const std::string& claim_id) const;
+
+  allocator::Allocator* const allocator_;
+  const Authenticator* const auth_;
+  SandboxdClients* const daemons_;
+  const SandboxLimits limits_;
+  ExecSlots slots_;
+};
+
+}  // namespace sbx::server

@@ -1,0 +1,72 @@
+#pragma once
+// The server's side of sbx-sandboxd, the daemon in every sandbox: one gRPC channel per
+// sandbox endpoint (cached), the translation of sbx.v1 requests into the daemon's
+// sbx.sandboxd.v1 ones, and the checks of per-claim configuration (env, files) shared by
+// ClaimService (late binding) and SandboxService (Exec's env).
+//
+// Thread-safety: SandboxdClients may be used from any thread.
+// Lifetime: callbacks of calls in flight run even after the SandboxdClients is gone
+// (channels are reference-counted by gRPC); it must outlive nothing but its callers.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "sbx/sandboxd/v1/sandboxd.grpc.pb.h"
+#include "sbx/v1/types.pb.h"
+#include "src/allocator/allocator.h"  // store::ClaimRecord
+
+namespace sbx::server {
+
+// Limits of SandboxConfig and Exec env (types.proto).
+inline constexpr int kMaxEnvEntries = 256;
+inline constexpr size_t kMaxEnvNameBytes = 256;
+inline constexpr size_t kMaxEnvValueBytes = 32 * 1024;
+inline constexpr int kMaxConfigFiles = 64;
+inline constexpr size_t kMaxConfigFileBytes = 1024 * 1024;
+
+// INVALID_ARGUMENT naming `field`, the entry and the rule it breaks.
+absl::Status ValidateEnv(absl::string_view field,
+                         const google::protobuf::Map<std::string, std::string>& env);
+// Checks a claim's late-bound config (env and files; paths are checked by the daemon).
+absl::Status ValidateSandboxConfig(absl::string_view field, const v1::SandboxConfig& config);
+bool HasConfig(const v1::SandboxConfig& config);
+
+class SandboxdClients {
+ public:
+  // `max_channels` bounds the cache (each channel holds a socket to one sandbox).
+  explicit SandboxdClients(size_t max_channels = 4096) : max_channels_(max_channels) {}
+
+  // The daemon stub of the sandbox a claim holds. FAILED_PRECONDITION when the sandbox
+  // cannot run anything (the instant runtime's sandboxes) or its endpoint is unknown.
+  absl::StatusOr<std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> Stub(
+      const store::ClaimRecord& claim) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Applies `config` to the claim's sandbox (sandboxd Configure); `done` runs on a gRPC
+  // thread. Errors: the daemon's (naming the file), UNAVAILABLE when it cannot be reached
+  // within `timeout`.
+  void Configure(const store::ClaimRecord& claim, const v1::SandboxConfig& config,
+                 absl::Duration timeout, absl::AnyInvocable<void(absl::Status) &&> done);
+
+ private:
+  const size_t max_channels_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// A daemon's error as the client of SandboxService sees it: UNAVAILABLE and
+// DEADLINE_EXCEEDED of the transport name the sandbox; others keep code and message.
+absl::Status FromDaemon(const grpc::Status& status, const store::ClaimRecord& claim);
+
+}  // namespace sbx::server

@@ -1,0 +1,106 @@
+"""Shared helpers of the end-to-end tests: generated sbx.v1 stubs, a real sbx-server
+process on loopback with the local runtime, and process checks.
+
+Every server runs in a temporary folder of its own, which the test removes; processes a
+test starts are killed by it.
+"""
+
+import atexit
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import grpc
+from grpc_tools import protoc
+
+STUBS = tempfile.mkdtemp(prefix="sbx-e2e-stubs-")
+atexit.register(shutil.rmtree, STUBS, True)
+
+
+def generate_stubs(proto_dir):
+    wkt = os.path.join(os.path.dirname(protoc.__file__), "_proto")
+    files = [os.path.relpath(f, proto_dir) for f in
+             glob.glob(os.path.join(proto_dir, "sbx", "v1", "*.proto")) +
+             glob.glob(os.path.join(proto_dir, "sbx", "sandboxd", "v1", "*.proto"))]
+    rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{wkt}", f"--python_out={STUBS}",
+                      f"--grpc_python_out={STUBS}"] + files)
+    if rc != 0:
+        sys.exit("cannot generate stubs")
+    sys.path.insert(0, STUBS)
+
+
+class Server:
+    """sbx-server on 127.0.0.1 with an ephemeral port, its data and sandboxes in `workdir`."""
+
+    def __init__(self, binary, workdir, config, extra=(), auth_tokens=None):
+        self.workdir = workdir
+        self.port_file = os.path.join(workdir, "port")
+        if os.path.exists(self.port_file):
+            os.remove(self.port_file)
+        self.log = open(os.path.join(workdir, "server.log"), "a")
+        auth = [f"--auth_tokens_file={auth_tokens}"] if auth_tokens else ["--insecure_no_auth"]
+        self.proc = subprocess.Popen(
+            [binary, "--listen=127.0.0.1:0", f"--port_file={self.port_file}",
+             f"--data_dir={workdir}/data", f"--sandbox_root={workdir}/sb", f"--config={config}",
+             *auth, *extra],
+            cwd=workdir, stdout=self.log, stderr=self.log)
+        deadline = time.time() + 30
+        while not os.path.exists(self.port_file):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise AssertionError("server did not start: " + self.logtext())
+            time.sleep(0.05)
+        with open(self.port_file) as f:
+            self.target = "127.0.0.1:" + f.read().strip()
+        self.channel = grpc.insecure_channel(self.target)
+
+    def logtext(self):
+        self.log.flush()
+        with open(os.path.join(self.workdir, "server.log")) as f:
+            return f.read()[-4000:]
+
+    def stop(self, sig=signal.SIGTERM):
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=60)
+        self.log.close()
+        return self.proc.returncode
+
+
+def processes_with(text):
+    """Pids of processes whose command line contains `text` (a sandbox id, which is bwrap's
+    --hostname, or a folder its sockets live under)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
+def kill_all_with(text):
+    for pid in processes_with(text):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
