@@ -422,6 +422,8 @@ class ClaimServiceCliTest(CliTestCase):
         self.assertEqual(r.stdout.split(), ["batch-1#0", "batch-1#1"])
         self.assertIn("replayed", r.stderr)
         self.assertOk(sbx("release", "batch-1#0", "batch-1#1"))
+        # Batches take warm sandboxes only (they do not wait): let the pool refill first.
+        self.wait_warm("default", 1)
         r = sbx("claim", "default", "--count", "2", "--best-effort", "--wait", "20s")
         self.assertOk(r)
         rows = r.stdout.splitlines()[1:]
