@@ -1,5 +1,7 @@
 #include "src/allocator/allocator.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <bit>
 #include <deque>
@@ -231,7 +233,12 @@ class AllocatorImpl final : public Allocator {
 
   absl::Status Recover();
   void StartTimerThread() {
-    if (options_.timer_thread) timer_thread_ = std::thread([this] { TimerLoop(); });
+    if (options_.timer_thread) {
+      timer_thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "sbx-timer");
+        TimerLoop();
+      });
+    }
   }
 
   const RecoveryStats& recovery() const override { return recovery_; }

@@ -1,5 +1,7 @@
 #include "src/allocator/refill.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -38,7 +40,10 @@ RefillReconciler::~RefillReconciler() { Stop(); }
 
 void RefillReconciler::Start(Allocator* allocator) {
   allocator_ = allocator;
-  worker_ = std::thread([this] { Loop(); });
+  worker_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "sbx-refill");
+    Loop();
+  });
 }
 
 void RefillReconciler::Attach(Allocator* allocator) { allocator_ = allocator; }

@@ -25,6 +25,7 @@
 
 #include "src/store/rocksdb_store.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -210,6 +211,7 @@ class RocksDbStore final : public Store {
       : options_(std::move(options)), db_(std::move(db)) {
     write_options_.sync = options_.durability == Durability::kSync;
     committer_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "sbx-commit");
       current_committer = this;
       CommitterLoop();
       current_committer = nullptr;
