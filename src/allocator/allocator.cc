@@ -1121,14 +1121,25 @@ class AllocatorImpl final : public Allocator {
     const uint64_t revision = updated.revision;
     store::WriteBatch batch;
     batch.Put(std::move(updated));
-    store_->Commit(std::move(batch), [this, e, suspend, revision,
+    CommitUpdate(
+        e, std::move(batch), revision, [suspend](ClaimRecord& r) { r.suspended = suspend; },
+        std::move(done));
+  }
+
+  // Commits `batch`, an update of active claim `e` at `revision`; once durable, applies
+  // `apply` to the claim in memory, publishes the change and answers `done` with the
+  // updated claim (or the store's error). Either way the claim is active again, with its
+  // expiry re-armed; if its sandbox died meanwhile it then becomes LOST.
+  void CommitUpdate(const EntryPtr& e, store::WriteBatch batch, uint64_t revision,
+                    absl::AnyInvocable<void(ClaimRecord&)> apply, ClaimCallback done) {
+    store_->Commit(std::move(batch), [this, e, revision, apply = std::move(apply),
                                       done = std::move(done)](absl::Status s) mutable {
       absl::StatusOr<ClaimResult> result = s.ok() ? absl::UnknownError("unset") : s;
       bool gone;
       {
         absl::MutexLock lock(&e->mu);
         if (s.ok()) {
-          e->record.suspended = suspend;
+          apply(e->record);
           e->record.revision = revision;
           result = ClaimResult{RecordLocked(*e), false};
         }
@@ -1359,27 +1370,9 @@ void AllocatorImpl::Renew(const std::string& owner, const std::string& claim_id,
     }
   }
   if (!refused.ok()) return std::move(done)(refused);
-  store_->Commit(std::move(batch), [this, e, expires, revision,
-                                    done = std::move(done)](absl::Status s) mutable {
-    absl::StatusOr<ClaimResult> result = s.ok() ? absl::UnknownError("unset") : s;
-    bool gone;
-    {
-      absl::MutexLock lock(&e->mu);
-      if (s.ok()) {
-        e->record.expires = expires;
-        e->record.revision = revision;
-        result = ClaimResult{RecordLocked(*e), false};
-      }
-      e->phase = ClaimEntry::Phase::kActive;
-      ArmExpiryLocked(e);
-      gone = e->sandbox->gone.load(std::memory_order_seq_cst);
-    }
-    hub_->Complete(revision,
-                   s.ok() ? MakeEvent(ClaimEvent::Type::kModified, result->claim) : nullptr);
-    std::move(done)(std::move(result));
-    // The sandbox died while the claim was being renewed (SandboxGone skips such claims).
-    if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
-  });
+  CommitUpdate(
+      e, std::move(batch), revision, [expires](ClaimRecord& r) { r.expires = expires; },
+      std::move(done));
 }
 
 absl::Status AllocatorImpl::Recover() {
