@@ -16,6 +16,7 @@
 #include "src/allocator/allocator.h"
 #include "src/allocator/refill.h"
 #include "src/cmd/config.h"
+#include "src/cmd/kube_wiring.h"
 #include "src/cmd/wiring.h"
 #include "src/common/build_info.h"
 #include "src/common/clock.h"
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   local_options.sandboxd_path = DefaultSandboxd();
   sbx::allocator::RefillOptions refill_options;
   std::string config_path;
+  sbx::cmd::KubeFlags kube_flags;
 
   CLI::App app{"sbx-server: warm-pool sandbox allocator for AI agents (gRPC)"};
   // A flag given twice takes its last value, so wrappers (scripts/run) can set defaults
@@ -120,6 +122,7 @@ int main(int argc, char** argv) {
   app.add_option("--log_level", log_options.level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
   app.add_option("--log_format", log_options.format, "text|json")->capture_default_str();
+  sbx::cmd::AddKubeFlags(app, &kube_flags);
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
@@ -214,6 +217,13 @@ int main(int argc, char** argv) {
   if (absl::Status s = sbx::cmd::ApplyConfig(config, **allocator); !s.ok()) return Fail(s);
   if (runtime != nullptr) refill.Start(allocator->get());
 
+  std::unique_ptr<sbx::cmd::KubeControllers> kube;
+  if (!kube_flags.kubeconfig.empty()) {
+    auto started = sbx::cmd::StartKube(kube_flags);
+    if (!started.ok()) return Fail(started.status());
+    kube = *std::move(started);
+  }
+
   server_options.allocator = allocator->get();
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
   auto server = sbx::server::Server::Start(server_options);
@@ -233,6 +243,7 @@ int main(int argc, char** argv) {
   spdlog::info("received {}, shutting down (grace {} s)", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                shutdown_grace_s);
   (*server)->Shutdown(absl::Seconds(shutdown_grace_s));
+  kube.reset();
   refill.Stop();
   allocator_for_reports = nullptr;
   allocator->reset();

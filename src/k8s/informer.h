@@ -1,0 +1,130 @@
+#pragma once
+// Informer: keeps a local cache of one resource (in one namespace or all, optionally
+// filtered by selectors) in step with the API server — list, then watch from the list's
+// resourceVersion, resuming from the last version seen when a stream ends, relisting on
+// 410 Gone, reconnecting with exponential backoff and jitter after errors. The cache is
+// indexed by namespace/name, by label and by owner uid, and handlers hear every change.
+//
+// After a relist the cache is replaced and handlers hear the difference (adds, updates of
+// objects whose resourceVersion changed, deletes of objects that are gone), so a handler
+// sees each object's life in order even across dropped watches.
+//
+// Thread-safety: the read methods may be called from any thread. Handlers run on the
+// informer's thread, one at a time, with no informer lock held (they may call the read
+// methods). AddHandler before Start.
+// Lifetime: Stop (or the destructor) joins the thread; the client must outlive it.
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "src/k8s/client.h"
+
+namespace sbx::k8s {
+
+using ObjectPtr = std::shared_ptr<const Json>;
+
+struct InformerOptions {
+  Resource resource;
+  std::string ns;  // "" = all namespaces
+  std::string label_selector;
+  std::string field_selector;
+  int64_t page_size = 500;
+  // Each watch stream asks the server to end after this long (then it is resumed).
+  absl::Duration watch_timeout = absl::Minutes(5);
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(10);
+};
+
+struct InformerHandler {
+  std::function<void(const ObjectPtr&)> on_add;
+  std::function<void(const ObjectPtr& old_object, const ObjectPtr& new_object)> on_update;
+  std::function<void(const ObjectPtr&)> on_delete;
+};
+
+struct InformerStats {
+  int64_t lists = 0;    // full lists (the first one and every relist)
+  int64_t watches = 0;  // watch streams opened
+  int64_t expired = 0;  // 410 Gone answers (each led to a relist)
+  int64_t errors = 0;   // failed lists or watches (each led to a backoff)
+  int64_t events = 0;   // watch events applied (bookmarks excluded)
+};
+
+class Informer {
+ public:
+  Informer(Client* client, InformerOptions options);
+  ~Informer();
+  Informer(const Informer&) = delete;
+  Informer& operator=(const Informer&) = delete;
+
+  void AddHandler(InformerHandler handler);
+  void Start();
+  void Stop();
+  // True once the first list is in the cache; false if `timeout` passed first.
+  bool WaitForSync(absl::Duration timeout);
+  bool HasSynced() const;
+
+  ObjectPtr Get(const std::string& ns, const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<ObjectPtr> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Objects whose label `key` has value `value`.
+  std::vector<ObjectPtr> ByLabel(const std::string& key, const std::string& value) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Objects with an ownerReference to `uid`.
+  std::vector<ObjectPtr> ByOwner(const std::string& uid) const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The last resourceVersion seen (from a list, an event or a bookmark).
+  std::string ResourceVersion() const ABSL_LOCKS_EXCLUDED(mu_);
+  InformerStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  enum class Change { kAdd, kUpdate, kDelete };
+  struct Notice {
+    Change change;
+    ObjectPtr old_object;
+    ObjectPtr object;
+  };
+
+  void Run();
+  // Lists every page; replaces the cache; returns the notices of what differs.
+  absl::Status Relist(std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
+  // Watches until the stream ends or fails; applies events as they come.
+  absl::Status WatchOnce() ABSL_LOCKS_EXCLUDED(mu_);
+  void Apply(const WatchEvent& event, std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
+  void Notify(const std::vector<Notice>& notices);
+  void Put(const std::string& key, ObjectPtr object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Remove(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SleepBackoff(int* failures);
+  std::vector<ObjectPtr> Lookup(
+      const absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>>& index,
+      const std::string& index_key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Client* const client_;
+  const InformerOptions options_;
+  std::vector<InformerHandler> handlers_;
+  std::thread thread_;
+  absl::Notification synced_;
+  absl::BitGen rng_;  // backoff jitter; used by the informer's thread only
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Watch> watch_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, ObjectPtr> objects_ ABSL_GUARDED_BY(mu_);
+  // "label=value" -> keys, owner uid -> keys.
+  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> by_label_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> by_owner_ ABSL_GUARDED_BY(mu_);
+  std::string resource_version_ ABSL_GUARDED_BY(mu_);
+  InformerStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+// "namespace/name" (or "name" for cluster-scoped objects): the cache key of an object.
+std::string KeyOf(const Json& object);
+
+}  // namespace sbx::k8s

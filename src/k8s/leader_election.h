@@ -1,0 +1,73 @@
+#pragma once
+// LeaderElector: at most one of several replicas acts, decided through a
+// coordination.k8s.io/v1 Lease (holderIdentity, leaseDurationSeconds, acquireTime,
+// renewTime, leaseTransitions), written with optimistic concurrency. A replica takes the
+// lease when it is free or its holder has not renewed it for leaseDurationSeconds; the
+// leader renews it every renew_period and gives up leadership (before the lease could
+// expire for the others) when it cannot renew for renew_deadline.
+//
+// Thread-safety: IsLeader may be called from any thread. Callbacks run on the elector's
+// thread.
+// Lifetime: Stop (or the destructor) joins the thread, releasing the lease if held.
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "src/k8s/client.h"
+
+namespace sbx::k8s {
+
+struct LeaderElectionOptions {
+  std::string lease_namespace = "default";
+  std::string lease_name = "sbx-controller";
+  // Unique per replica (pod name + a random suffix, say).
+  std::string identity;
+  absl::Duration lease_duration = absl::Seconds(15);
+  absl::Duration renew_deadline = absl::Seconds(10);
+  absl::Duration retry_period = absl::Seconds(2);
+
+  absl::Status Validate() const;
+};
+
+class LeaderElector {
+ public:
+  LeaderElector(Client* client, LeaderElectionOptions options, std::function<void()> on_started,
+                std::function<void()> on_stopped);
+  ~LeaderElector();
+
+  void Start();
+  // Stops campaigning; a leader releases the lease (so another replica takes over at once)
+  // and hears on_stopped.
+  void Stop();
+  bool IsLeader() const { return leader_.load(std::memory_order_acquire); }
+
+ private:
+  void Run();
+  // One attempt to take or renew the lease; true when this replica holds it afterwards.
+  bool TryAcquireOrRenew();
+  void Release();
+  bool Sleep(absl::Duration d);
+
+  Client* const client_;
+  const LeaderElectionOptions options_;
+  std::function<void()> on_started_;
+  std::function<void()> on_stopped_;
+  std::thread thread_;
+  // Written by the elector thread, read by workers to decide whether to act; acquire/
+  // release pairs it with the lease state the elector saw.
+  std::atomic<bool> leader_{false};
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// RFC 3339 with microseconds, as Kubernetes writes MicroTime.
+std::string FormatMicroTime(absl::Time t);
+// Parses RFC 3339 (with or without fractional seconds); InfinitePast when malformed.
+absl::Time ParseTime(const std::string& text);
+
+}  // namespace sbx::k8s

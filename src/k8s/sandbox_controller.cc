@@ -1,0 +1,382 @@
+#include "src/k8s/sandbox_controller.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "spdlog/spdlog.h"
+#include "src/common/status_macros.h"
+#include "src/k8s/sandbox_objects.h"
+
+namespace sbx::k8s {
+
+class SandboxControllerMetrics {
+ public:
+  explicit SandboxControllerMetrics(std::shared_ptr<prometheus::Registry> registry)
+      : registry_(registry ? std::move(registry) : std::make_shared<prometheus::Registry>()),
+        duration_(prometheus::BuildHistogram()
+                      .Name("sbx_k8s_reconcile_duration_seconds")
+                      .Help("Time to reconcile one object, by controller")
+                      .Register(*registry_)
+                      .Add({{"controller", "sandbox"}},
+                           prometheus::Histogram::BucketBoundaries{0.0001, 0.0005, 0.001, 0.005,
+                                                                   0.01, 0.05, 0.1, 0.5, 1, 5})),
+        errors_(prometheus::BuildCounter()
+                    .Name("sbx_k8s_reconcile_errors_total")
+                    .Help("Reconciles that failed (and were retried with backoff)")
+                    .Register(*registry_)
+                    .Add({{"controller", "sandbox"}})),
+        depth_(prometheus::BuildGauge()
+                   .Name("sbx_k8s_workqueue_depth")
+                   .Help("Keys waiting in the controller's work queue")
+                   .Register(*registry_)
+                   .Add({{"controller", "sandbox"}})),
+        creation_(prometheus::BuildHistogram()
+                      .Name("agent_sandbox_creation_latency_ms")
+                      .Help("From a Sandbox's creationTimestamp until the controller first saw "
+                            "it Ready, in milliseconds")
+                      .Register(*registry_)) {}
+
+  prometheus::Histogram& duration() { return duration_; }
+  prometheus::Counter& errors() { return errors_; }
+  prometheus::Gauge& depth() { return depth_; }
+  void Created(const std::string& launch_type, double ms) {
+    creation_
+        .Add({{"launch_type", launch_type}},
+             prometheus::Histogram::BucketBoundaries{10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
+                                                     10000, 30000, 60000})
+        .Observe(ms);
+  }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Histogram& duration_;
+  prometheus::Counter& errors_;
+  prometheus::Gauge& depth_;
+  prometheus::Family<prometheus::Histogram>& creation_;
+};
+
+namespace {
+
+const Json& Field(const Json& object, const char* key) {
+  static const Json kNull;
+  if (!object.is_object()) return kNull;
+  auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+
+std::string Str(const Json& object, const char* key) {
+  const Json& value = Field(object, key);
+  return value.is_string() ? value.get<std::string>() : std::string();
+}
+
+InformerOptions InformerFor(const Resource& resource, const std::string& ns,
+                            const std::string& label_selector) {
+  InformerOptions options;
+  options.resource = resource;
+  options.ns = ns;
+  options.label_selector = label_selector;
+  return options;
+}
+
+// The merge patch turning `old_status` into `status`: fields that are gone become null.
+Json StatusPatch(const Json& old_status, const Json& status) {
+  Json patch = status;
+  if (old_status.is_object()) {
+    for (const auto& [key, value] : old_status.items()) {
+      if (!status.contains(key)) patch[key] = nullptr;
+    }
+  }
+  return Json{{"status", patch}};
+}
+
+bool Deleting(const Json& object) {
+  return !Str(Field(object, "metadata"), "deletionTimestamp").empty();
+}
+
+}  // namespace
+
+absl::Status SandboxControllerOptions::Validate() const {
+  if (workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sandbox controller workers ", workers, " must be at least 1"));
+  }
+  if (leader_election) RETURN_IF_ERROR(election.Validate());
+  return absl::OkStatus();
+}
+
+SandboxController::SandboxController(Client* client, SandboxControllerOptions options)
+    : client_(client),
+      options_(std::move(options)),
+      metrics_(std::make_unique<SandboxControllerMetrics>(options_.registry)),
+      queue_(options_.queue),
+      sandboxes_(client, InformerFor(kSandboxes, options_.ns, "")),
+      pods_(client, InformerFor(kPods, options_.ns, kNameHashLabel)),
+      services_(client, InformerFor(kServices, options_.ns, kNameHashLabel)),
+      pvcs_(client, InformerFor(kPersistentVolumeClaims, options_.ns, kNameHashLabel)) {
+  InformerHandler sandbox_handler;
+  sandbox_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(KeyOf(*o)); };
+  sandbox_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
+    queue_.Add(KeyOf(*o));
+  };
+  sandbox_handler.on_delete = [this](const ObjectPtr& o) {
+    absl::MutexLock lock(&seen_mu_);
+    counted_ready_.erase(Str(Field(*o, "metadata"), "uid"));
+  };
+  sandboxes_.AddHandler(std::move(sandbox_handler));
+  InformerHandler owned;
+  owned.on_add = [this](const ObjectPtr& o) { EnqueueOwner(o); };
+  owned.on_update = [this](const ObjectPtr&, const ObjectPtr& o) { EnqueueOwner(o); };
+  owned.on_delete = [this](const ObjectPtr& o) { EnqueueOwner(o); };
+  pods_.AddHandler(owned);
+  services_.AddHandler(owned);
+  pvcs_.AddHandler(owned);
+}
+
+SandboxController::~SandboxController() { Stop(); }
+
+void SandboxController::EnqueueOwner(const ObjectPtr& object) {
+  const Json& meta = Field(*object, "metadata");
+  const Json& refs = Field(meta, "ownerReferences");
+  if (!refs.is_array()) return;
+  for (const Json& ref : refs) {
+    if (Str(ref, "kind") == "Sandbox" && Field(ref, "controller").is_boolean() &&
+        ref["controller"].get<bool>()) {
+      queue_.Add(absl::StrCat(Str(meta, "namespace"), "/", Str(ref, "name")));
+    }
+  }
+}
+
+absl::Status SandboxController::Start(absl::Duration sync_timeout) {
+  RETURN_IF_ERROR(options_.Validate());
+  for (Informer* informer : {&sandboxes_, &pods_, &services_, &pvcs_}) informer->Start();
+  const absl::Time deadline = absl::Now() + sync_timeout;
+  for (Informer* informer : {&sandboxes_, &pods_, &services_, &pvcs_}) {
+    if (!informer->WaitForSync(deadline - absl::Now())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "sandbox controller: caches did not sync within ", absl::FormatDuration(sync_timeout),
+          " (is the API server reachable, and are the agents.x-k8s.io CRDs installed?)"));
+    }
+  }
+  if (options_.leader_election) {
+    elector_ = std::make_unique<LeaderElector>(
+        client_, options_.election,
+        [this] {
+          // A new leader looks at everything once: the previous one may have left work.
+          for (const ObjectPtr& sandbox : sandboxes_.List()) queue_.Add(KeyOf(*sandbox));
+        },
+        nullptr);
+    elector_->Start();
+  }
+  for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { Worker(); });
+  return absl::OkStatus();
+}
+
+void SandboxController::Stop() {
+  if (stopping_.exchange(true, std::memory_order_acq_rel)) return;
+  queue_.ShutDown();
+  for (std::thread& worker : workers_) worker.join();
+  workers_.clear();
+  if (elector_ != nullptr) elector_->Stop();
+  for (Informer* informer : {&sandboxes_, &pods_, &services_, &pvcs_}) informer->Stop();
+}
+
+bool SandboxController::IsLeader() const {
+  return !options_.leader_election || (elector_ != nullptr && elector_->IsLeader());
+}
+
+void SandboxController::Worker() {
+  std::string key;
+  while (queue_.Get(&key)) {
+    metrics_->depth().Set(static_cast<double>(queue_.Depth()));
+    if (!IsLeader()) {
+      // The leader reconciles; a new leader requeues every Sandbox when it starts.
+      queue_.Forget(key);
+      queue_.Done(key);
+      continue;
+    }
+    const absl::Time start = absl::Now();
+    absl::Status status = Reconcile(key);
+    metrics_->duration().Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    if (status.ok()) {
+      queue_.Forget(key);
+    } else {
+      metrics_->errors().Increment();
+      spdlog::debug("sandbox {}: reconcile failed (retry {}): {}", key, queue_.Failures(key) + 1,
+                    status.ToString());
+      queue_.AddRateLimited(key);
+    }
+    queue_.Done(key);
+  }
+}
+
+absl::Status SandboxController::Reconcile(const std::string& key) {
+  std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 1));
+  if (parts.size() != 2) return absl::InvalidArgumentError(absl::StrCat("bad key \"", key, "\""));
+  ObjectPtr sandbox = sandboxes_.Get(parts[0], parts[1]);
+  if (sandbox == nullptr || Deleting(*sandbox)) return absl::OkStatus();  // owner GC cleans up
+  return ReconcileSandbox(*sandbox);
+}
+
+absl::Status SandboxController::EnsurePvcs(const Json& sandbox) {
+  for (Json& pvc : DesiredPvcs(sandbox)) {
+    const std::string name = Str(pvc["metadata"], "name");
+    const std::string ns = Str(pvc["metadata"], "namespace");
+    if (pvcs_.Get(ns, name) != nullptr) continue;
+    pvc["metadata"]["labels"][kNameHashLabel] = NameHash(Str(sandbox["metadata"], "name"));
+    absl::Status created = client_->Create(kPersistentVolumeClaims, ns, pvc).status();
+    if (!created.ok() && !absl::IsAlreadyExists(created)) return created;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json& sandbox,
+                                                                     bool wanted) {
+  const Json& meta = sandbox["metadata"];
+  const std::string ns = Str(meta, "namespace");
+  const std::string name = Str(meta, "name");
+  const std::string uid = Str(meta, "uid");
+  ObjectPtr existing = services_.Get(ns, name);
+  const bool ours = existing != nullptr && ControllerUid(*existing) == uid;
+  if (wanted) {
+    if (ours) return std::optional<Json>(*existing);
+    if (existing != nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("service \"", name, "\" exists and is not controlled by this Sandbox"));
+    }
+    absl::StatusOr<Json> created = client_->Create(kServices, ns, DesiredService(sandbox));
+    if (created.ok()) return std::optional<Json>(*std::move(created));
+    if (!absl::IsAlreadyExists(created.status())) return created.status();
+    return std::optional<Json>();  // the informer will show it
+  }
+  if (ours) {
+    DeleteOptions options;
+    options.precondition_uid = Str(Field(*existing, "metadata"), "uid");
+    absl::Status deleted = client_->Delete(kServices, ns, name, options);
+    if (!deleted.ok() && !absl::IsNotFound(deleted)) return deleted;
+  }
+  return std::optional<Json>();
+}
+
+absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
+  const Json& meta = sandbox["metadata"];
+  const Json& spec = Field(sandbox, "spec");
+  const std::string ns = Str(meta, "namespace");
+  const std::string name = Str(meta, "name");
+  const std::string uid = Str(meta, "uid");
+  const std::string key = absl::StrCat(ns, "/", name);
+  const absl::Time now = absl::Now();
+
+  Observed observed;
+  // Expiry at shutdownTime: a timer (the queue's delayed add), not polling.
+  const std::string shutdown = Str(spec, "shutdownTime");
+  if (!shutdown.empty()) {
+    const absl::Time at = ParseTime(shutdown);
+    if (at <= now) {
+      observed.expired = true;
+      if (Str(spec, "shutdownPolicy") == "Delete") {
+        DeleteOptions options;
+        options.propagation_policy = "Background";
+        options.precondition_uid = uid;
+        absl::Status deleted = client_->Delete(kSandboxes, ns, name, options);
+        return deleted.ok() || absl::IsNotFound(deleted) ? absl::OkStatus() : deleted;
+      }
+    } else {
+      queue_.AddAfter(key, at - now);
+    }
+  }
+  observed.suspended = Str(spec, "operatingMode") == "Suspended";
+
+  absl::Status problem = EnsurePvcs(sandbox);
+
+  // The Service: true creates it, false deletes it, unset leaves it; expiry deletes it.
+  const Json& service_field = Field(spec, "service");
+  if (observed.expired || (service_field.is_boolean() && !service_field.get<bool>())) {
+    absl::StatusOr<std::optional<Json>> service = EnsureService(sandbox, /*wanted=*/false);
+    if (!service.ok() && problem.ok()) problem = service.status();
+  } else if (service_field.is_boolean() && service_field.get<bool>()) {
+    observed.service_wanted = true;
+    absl::StatusOr<std::optional<Json>> service = EnsureService(sandbox, /*wanted=*/true);
+    if (service.ok()) {
+      observed.service = *service;
+    } else if (problem.ok()) {
+      problem = service.status();
+    }
+  } else {
+    ObjectPtr existing = services_.Get(ns, name);
+    if (existing != nullptr && ControllerUid(*existing) == uid) observed.service = *existing;
+  }
+
+  // The pod.
+  for (const ObjectPtr& pod : pods_.ByOwner(uid)) {
+    if (ControllerUid(*pod) == uid) observed.pods.push_back(*pod);
+  }
+  ObjectPtr named = pods_.Get(ns, name);
+  if (named != nullptr && ControllerUid(*named) != uid) {
+    observed.error =
+        absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");
+  } else if (observed.suspended || observed.expired) {
+    for (const Json& pod : observed.pods) {
+      if (Deleting(pod)) continue;
+      DeleteOptions options;
+      options.precondition_uid = Str(pod["metadata"], "uid");
+      absl::Status deleted = client_->Delete(kPods, ns, Str(pod["metadata"], "name"), options);
+      if (!deleted.ok() && !absl::IsNotFound(deleted) && problem.ok()) problem = deleted;
+    }
+  } else if (observed.pods.empty()) {
+    absl::StatusOr<Json> created = client_->Create(kPods, ns, DesiredPod(sandbox));
+    if (created.ok()) {
+      observed.pods.push_back(*std::move(created));
+    } else if (absl::IsAlreadyExists(created.status())) {
+      // Not in our cache: either the cache lags, or the pod is someone else's.
+      absl::StatusOr<Json> pod = client_->Get(kPods, ns, name);
+      if (pod.ok() && ControllerUid(*pod) != uid) {
+        observed.error =
+            absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");
+      } else if (pod.ok()) {
+        observed.pods.push_back(*std::move(pod));
+      }
+    } else if (problem.ok()) {
+      problem = created.status();
+    }
+  }
+  if (!problem.ok() && observed.error.empty()) observed.error = std::string(problem.message());
+
+  const Json& old_status = Field(sandbox, "status");
+  Json status = ComputeStatus(sandbox, observed, old_status, now);
+  if (status != old_status) RETURN_IF_ERROR(WriteStatus(sandbox, status));
+  if (IsReady(status)) {
+    bool first = false;
+    {
+      absl::MutexLock lock(&seen_mu_);
+      first = counted_ready_.insert(uid).second;
+    }
+    if (first && !IsReady(old_status)) {
+      const absl::Time created = ParseTime(Str(meta, "creationTimestamp"));
+      if (created != absl::InfinitePast()) {
+        const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
+        metrics_->Created(launch.empty() ? "none" : launch,
+                          absl::ToDoubleMilliseconds(now - created));
+      }
+    }
+  }
+  // A problem is retried with backoff (after the status says what it is).
+  return problem;
+}
+
+absl::Status SandboxController::WriteStatus(const Json& sandbox, const Json& status) {
+  const Json& meta = sandbox["metadata"];
+  absl::Status written =
+      client_
+          ->Patch(kSandboxes, Str(meta, "namespace"), Str(meta, "name"), PatchType::kMerge,
+                  StatusPatch(Field(sandbox, "status"), status), "status")
+          .status();
+  return written.ok() || absl::IsNotFound(written) ? absl::OkStatus() : written;
+}
+
+}  // namespace sbx::k8s

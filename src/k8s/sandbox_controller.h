@@ -1,0 +1,90 @@
+#pragma once
+// SandboxController: makes the cluster follow agents.x-k8s.io/v1beta1 Sandboxes — a pod
+// named like each Sandbox and owned by it, PVCs from volumeClaimTemplates, a headless
+// Service when `service: true`, suspension (pod deleted, the rest kept), expiry at
+// shutdownTime (Retain or Delete) — and writes the Sandbox's status when it changes.
+//
+// Level-triggered: informers on Sandboxes, pods, Services and PVCs feed a keyed work queue
+// (namespace/name of the Sandbox); workers reconcile a key from the informers' caches, so
+// the hot path never lists. Errors are retried with per-key backoff. With leader election
+// on, only the replica holding the Lease reconciles (the others keep their caches warm).
+//
+// Thread-safety: Start/Stop from one thread; Reconcile may run on many workers at once
+// (never for the same key).
+// Lifetime: the client must outlive the controller; Stop joins every thread.
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "src/k8s/client.h"
+#include "src/k8s/informer.h"
+#include "src/k8s/leader_election.h"
+#include "src/k8s/work_queue.h"
+
+namespace sbx::k8s {
+
+struct SandboxControllerOptions {
+  // "" watches every namespace.
+  std::string ns;
+  int workers = 4;
+  // Leader election (off: this replica always reconciles).
+  bool leader_election = false;
+  LeaderElectionOptions election;
+  WorkQueueOptions queue;
+  // Metrics: sbx_k8s_reconcile_duration_seconds{controller}, sbx_k8s_reconcile_errors_total,
+  // sbx_k8s_workqueue_depth, agent_sandbox_creation_latency_ms.
+  std::shared_ptr<prometheus::Registry> registry;
+
+  absl::Status Validate() const;
+};
+
+class SandboxControllerMetrics;
+
+class SandboxController {
+ public:
+  SandboxController(Client* client, SandboxControllerOptions options);
+  ~SandboxController();
+
+  // Starts the informers, waits until they have synced (or `sync_timeout` passes, which
+  // is DEADLINE_EXCEEDED), then the election and the workers.
+  absl::Status Start(absl::Duration sync_timeout = absl::Seconds(30));
+  void Stop();
+
+  bool IsLeader() const;
+  // Reconciles one Sandbox ("namespace/name") now, from the caches.
+  absl::Status Reconcile(const std::string& key);
+  size_t QueueDepth() const { return queue_.Depth(); }
+
+ private:
+  void Worker();
+  void EnqueueOwner(const ObjectPtr& object);
+  absl::Status ReconcileSandbox(const Json& sandbox);
+  absl::Status EnsurePvcs(const Json& sandbox);
+  // Creates the Service (wanted) or deletes ours (not wanted); what exists afterwards.
+  absl::StatusOr<std::optional<Json>> EnsureService(const Json& sandbox, bool wanted);
+  absl::Status WriteStatus(const Json& sandbox, const Json& status);
+
+  Client* const client_;
+  const SandboxControllerOptions options_;
+  std::unique_ptr<SandboxControllerMetrics> metrics_;
+  WorkQueue queue_;
+  Informer sandboxes_;
+  Informer pods_;
+  Informer services_;
+  Informer pvcs_;
+  std::unique_ptr<LeaderElector> elector_;
+  std::vector<std::thread> workers_;
+  // Set once by Stop; read by workers between keys.
+  std::atomic<bool> stopping_{false};
+
+  // Sandboxes whose first Ready=True was already counted in the creation-latency metric.
+  absl::Mutex seen_mu_;
+  absl::flat_hash_set<std::string> counted_ready_ ABSL_GUARDED_BY(seen_mu_);
+};
+
+}  // namespace sbx::k8s

@@ -1,0 +1,327 @@
+#include "src/k8s/sandbox_objects.h"
+
+#include <cstdint>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/k8s/leader_election.h"
+
+namespace sbx::k8s {
+namespace {
+
+const Json& Field(const Json& object, const char* key) {
+  static const Json kNull;
+  if (!object.is_object()) return kNull;
+  auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+
+std::string Str(const Json& object, const char* key) {
+  const Json& value = Field(object, key);
+  return value.is_string() ? value.get<std::string>() : std::string();
+}
+
+bool Reserved(const std::string& key) {
+  return absl::StartsWith(key, kReservedPrefix) || absl::StartsWith(key, kReservedExtensionsPrefix);
+}
+
+Json WithoutReserved(const Json& map) {
+  Json out = Json::object();
+  if (!map.is_object()) return out;
+  for (const auto& [key, value] : map.items()) {
+    if (!Reserved(key) && value.is_string()) out[key] = value;
+  }
+  return out;
+}
+
+Json Condition(const std::string& type, bool status, const std::string& reason,
+               const std::string& message, int64_t generation) {
+  return {{"type", type},
+          {"status", status ? "True" : "False"},
+          {"reason", reason},
+          {"message", message},
+          {"observedGeneration", generation}};
+}
+
+const Json* PodCondition(const Json& pod, const std::string& type) {
+  const Json& conditions = Field(Field(pod, "status"), "conditions");
+  if (!conditions.is_array()) return nullptr;
+  for (const Json& c : conditions) {
+    if (Str(c, "type") == type) return &c;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string NameHash(const std::string& name) {
+  uint32_t hash = 2166136261u;
+  for (unsigned char c : name) {
+    hash ^= c;
+    hash *= 16777619u;
+  }
+  return absl::StrFormat("%08x", hash);
+}
+
+Json ControllerRef(const Json& owner) {
+  const Json& meta = Field(owner, "metadata");
+  return {{"apiVersion", Str(owner, "apiVersion")},
+          {"kind", Str(owner, "kind")},
+          {"name", Str(meta, "name")},
+          {"uid", Str(meta, "uid")},
+          {"controller", true},
+          {"blockOwnerDeletion", true}};
+}
+
+std::string ControllerUid(const Json& object) {
+  const Json& refs = Field(Field(object, "metadata"), "ownerReferences");
+  if (!refs.is_array()) return "";
+  for (const Json& ref : refs) {
+    if (Field(ref, "controller").is_boolean() && ref["controller"].get<bool>()) {
+      return Str(ref, "uid");
+    }
+  }
+  return "";
+}
+
+Json DesiredPod(const Json& sandbox) {
+  const Json& meta = Field(sandbox, "metadata");
+  const std::string name = Str(meta, "name");
+  const Json& tmpl = Field(Field(sandbox, "spec"), "podTemplate");
+  const Json& tmpl_meta = Field(tmpl, "metadata");
+  Json labels = WithoutReserved(Field(tmpl_meta, "labels"));
+  labels[kNameHashLabel] = NameHash(name);
+  // The launch type is the controller's to state (warm members keep theirs).
+  const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
+  if (!launch.empty()) labels[kLaunchTypeLabel] = launch;
+  Json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"name", name},
+                {"namespace", Str(meta, "namespace")},
+                {"labels", labels},
+                {"annotations", WithoutReserved(Field(tmpl_meta, "annotations"))},
+                {"ownerReferences", Json::array({ControllerRef(sandbox)})}}},
+              {"spec", Field(tmpl, "spec").is_object() ? Field(tmpl, "spec") : Json::object()}};
+  // Each volumeClaimTemplates entry replaces the pod volume of its name (or adds one).
+  const Json& claims = Field(Field(sandbox, "spec"), "volumeClaimTemplates");
+  if (claims.is_array()) {
+    Json& volumes = pod["spec"]["volumes"];
+    if (!volumes.is_array()) volumes = Json::array();
+    for (const Json& entry : claims) {
+      const std::string volume = Str(Field(entry, "metadata"), "name");
+      if (volume.empty()) continue;
+      Json pvc_volume = {{"name", volume},
+                         {"persistentVolumeClaim", {{"claimName", volume + "-" + name}}}};
+      bool replaced = false;
+      for (Json& v : volumes) {
+        if (Str(v, "name") == volume) {
+          v = pvc_volume;
+          replaced = true;
+        }
+      }
+      if (!replaced) volumes.push_back(pvc_volume);
+    }
+  }
+  return pod;
+}
+
+std::vector<Json> DesiredPvcs(const Json& sandbox) {
+  std::vector<Json> out;
+  const Json& meta = Field(sandbox, "metadata");
+  const Json& claims = Field(Field(sandbox, "spec"), "volumeClaimTemplates");
+  if (!claims.is_array()) return out;
+  for (const Json& entry : claims) {
+    const Json& entry_meta = Field(entry, "metadata");
+    const std::string volume = Str(entry_meta, "name");
+    if (volume.empty()) continue;
+    Json pvc = {{"apiVersion", "v1"},
+                {"kind", "PersistentVolumeClaim"},
+                {"metadata",
+                 {{"name", volume + "-" + Str(meta, "name")},
+                  {"namespace", Str(meta, "namespace")},
+                  {"labels", WithoutReserved(Field(entry_meta, "labels"))},
+                  {"annotations", WithoutReserved(Field(entry_meta, "annotations"))},
+                  {"ownerReferences", Json::array({ControllerRef(sandbox)})}}},
+                {"spec", Field(entry, "spec").is_object() ? Field(entry, "spec") : Json::object()}};
+    out.push_back(std::move(pvc));
+  }
+  return out;
+}
+
+Json DesiredService(const Json& sandbox) {
+  const Json& meta = Field(sandbox, "metadata");
+  const std::string name = Str(meta, "name");
+  Json ports = Json::array();
+  const Json& containers =
+      Field(Field(Field(Field(sandbox, "spec"), "podTemplate"), "spec"), "containers");
+  if (containers.is_array()) {
+    for (const Json& container : containers) {
+      const Json& container_ports = Field(container, "ports");
+      if (!container_ports.is_array()) continue;
+      for (const Json& p : container_ports) {
+        if (!Field(p, "containerPort").is_number_integer()) continue;
+        Json port = {{"port", p["containerPort"]},
+                     {"targetPort", p["containerPort"]},
+                     {"protocol", Str(p, "protocol").empty() ? "TCP" : Str(p, "protocol")}};
+        if (!Str(p, "name").empty()) port["name"] = Str(p, "name");
+        ports.push_back(std::move(port));
+      }
+    }
+  }
+  return {{"apiVersion", "v1"},
+          {"kind", "Service"},
+          {"metadata",
+           {{"name", name},
+            {"namespace", Str(meta, "namespace")},
+            {"labels", {{kNameHashLabel, NameHash(name)}}},
+            {"ownerReferences", Json::array({ControllerRef(sandbox)})}}},
+          {"spec",
+           {{"clusterIP", "None"},
+            {"selector", {{kNameHashLabel, NameHash(name)}}},
+            {"ports", ports}}}};
+}
+
+Json ComputeStatus(const Json& sandbox, const Observed& observed, const Json& old_status,
+                   absl::Time now) {
+  const Json& meta = Field(sandbox, "metadata");
+  const std::string name = Str(meta, "name");
+  const std::string ns = Str(meta, "namespace");
+  const int64_t generation =
+      Field(meta, "generation").is_number_integer() ? meta["generation"].get<int64_t>() : 0;
+  const Json* pod = observed.pods.size() == 1 ? &observed.pods[0] : nullptr;
+  const std::string phase = pod != nullptr ? Str(Field(*pod, "status"), "phase") : "";
+  const Json& pod_status = pod != nullptr ? Field(*pod, "status") : Field(Json(), "x");
+
+  Json status = Json::object();
+  std::vector<Json> conditions;
+
+  // Ready.
+  if (!observed.error.empty()) {
+    conditions.push_back(Condition("Ready", false, "ReconcilerError", observed.error, generation));
+  } else if (observed.expired) {
+    conditions.push_back(Condition("Ready", false, "SandboxExpired",
+                                   "the Sandbox passed its shutdownTime", generation));
+  } else if (observed.suspended) {
+    conditions.push_back(
+        Condition("Ready", false, "SandboxSuspended", "operatingMode is Suspended", generation));
+  } else if (observed.pods.size() > 1) {
+    conditions.push_back(Condition(
+        "Ready", false, "MultiplePods",
+        absl::StrCat(observed.pods.size(), " pods are controlled by this Sandbox"), generation));
+  } else if (phase == "Succeeded") {
+    conditions.push_back(
+        Condition("Ready", false, "PodSucceeded", "the pod completed", generation));
+  } else if (phase == "Failed") {
+    conditions.push_back(Condition("Ready", false, "PodFailed",
+                                   absl::StrCat("the pod failed: ", Str(pod_status, "reason"), " ",
+                                                Str(pod_status, "message")),
+                                   generation));
+  } else {
+    std::string waiting;
+    if (pod == nullptr) {
+      waiting = "the pod does not exist (yet)";
+    } else {
+      const Json* ready = PodCondition(*pod, "Ready");
+      const bool pod_ready = ready != nullptr && Str(*ready, "status") == "True";
+      if (phase != "Running") {
+        waiting = absl::StrCat("the pod is ", phase.empty() ? "Pending" : phase);
+      } else if (!pod_ready) {
+        waiting = "the pod is not Ready";
+      } else if (Str(pod_status, "podIP").empty()) {
+        waiting = "the pod has no IP";
+      } else if (observed.service_wanted && !observed.service.has_value()) {
+        waiting = "the Service does not exist (yet)";
+      }
+    }
+    if (waiting.empty()) {
+      conditions.push_back(Condition("Ready", true, "DependenciesReady",
+                                     "the pod is Running and Ready", generation));
+    } else {
+      conditions.push_back(Condition("Ready", false, "DependenciesNotReady", waiting, generation));
+    }
+  }
+
+  // Suspended.
+  if (observed.suspended) {
+    if (observed.pods.empty()) {
+      conditions.push_back(
+          Condition("Suspended", true, "PodTerminated", "the pod is gone", generation));
+    } else {
+      conditions.push_back(
+          Condition("Suspended", false, "PodTerminating", "the pod is being deleted", generation));
+    }
+  } else {
+    conditions.push_back(
+        Condition("Suspended", false, "NotSuspended", "operatingMode is Running", generation));
+  }
+
+  // PodScheduled mirrors the pod's; Finished when the pod is terminal.
+  if (pod != nullptr) {
+    if (const Json* scheduled = PodCondition(*pod, "PodScheduled")) {
+      // A pod's condition may carry no reason (PodScheduled=True has none); a Sandbox
+      // condition must have one.
+      std::string reason = Str(*scheduled, "reason");
+      if (reason.empty())
+        reason = Str(*scheduled, "status") == "True" ? "Scheduled" : "NotScheduled";
+      Json c = Condition("PodScheduled", Str(*scheduled, "status") == "True", reason,
+                         Str(*scheduled, "message"), generation);
+      c["status"] = Str(*scheduled, "status");
+      conditions.push_back(std::move(c));
+    }
+    if (phase == "Succeeded" || phase == "Failed") {
+      conditions.push_back(Condition("Finished", true,
+                                     phase == "Succeeded" ? "PodSucceeded" : "PodFailed",
+                                     absl::StrCat("the pod is ", phase), generation));
+    }
+  }
+
+  // Transition times: kept when the condition's status is unchanged.
+  const Json& old_conditions = Field(old_status, "conditions");
+  const std::string now_text = FormatMicroTime(now).substr(0, 19) + "Z";
+  for (Json& c : conditions) {
+    std::string since = now_text;
+    if (old_conditions.is_array()) {
+      for (const Json& old : old_conditions) {
+        if (Str(old, "type") == Str(c, "type") && Str(old, "status") == Str(c, "status") &&
+            !Str(old, "lastTransitionTime").empty()) {
+          since = Str(old, "lastTransitionTime");
+        }
+      }
+    }
+    c["lastTransitionTime"] = since;
+  }
+  status["conditions"] = conditions;
+
+  if (pod != nullptr) {
+    Json ips = Json::array();
+    const Json& pod_ips = Field(pod_status, "podIPs");
+    if (pod_ips.is_array()) {
+      for (const Json& ip : pod_ips) {
+        if (!Str(ip, "ip").empty()) ips.push_back(Str(ip, "ip"));
+      }
+    }
+    if (ips.empty() && !Str(pod_status, "podIP").empty()) ips.push_back(Str(pod_status, "podIP"));
+    if (!ips.empty()) status["podIPs"] = ips;
+    const std::string node = Str(Field(*pod, "spec"), "nodeName");
+    if (!node.empty()) status["nodeName"] = node;
+  }
+  if (observed.service.has_value()) {
+    status["service"] = name;
+    status["serviceFQDN"] = absl::StrCat(name, ".", ns, ".svc.cluster.local");
+  }
+  status["selector"] = absl::StrCat(kNameHashLabel, "=", NameHash(name));
+  return status;
+}
+
+bool IsReady(const Json& status) {
+  const Json& conditions = Field(status, "conditions");
+  if (!conditions.is_array()) return false;
+  for (const Json& c : conditions) {
+    if (Str(c, "type") == "Ready") return Str(c, "status") == "True";
+  }
+  return false;
+}
+
+}  // namespace sbx::k8s

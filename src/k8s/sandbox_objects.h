@@ -1,0 +1,61 @@
+#pragma once
+// The agents.x-k8s.io/v1beta1 Sandbox as data: what its pod, PVCs and Service must look
+// like, and what its status says given what exists. Pure functions of their inputs, used
+// by the Sandbox controller and tested on their own. Facts from upstream-api.md.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+
+namespace sbx::k8s {
+
+using Json = nlohmann::json;
+
+inline constexpr char kNameHashLabel[] = "agents.x-k8s.io/sandbox-name-hash";
+inline constexpr char kReservedPrefix[] = "agents.x-k8s.io/";
+inline constexpr char kReservedExtensionsPrefix[] = "extensions.agents.x-k8s.io/";
+inline constexpr char kLaunchTypeLabel[] = "agents.x-k8s.io/launch-type";
+
+// FNV-1a 32-bit of `name` as 8 lower-case hex digits.
+std::string NameHash(const std::string& name);
+
+// The controller owner reference of `owner` (an object with apiVersion, kind, metadata).
+Json ControllerRef(const Json& owner);
+// The uid of `object`'s controller owner reference, or "" when it has none.
+std::string ControllerUid(const Json& object);
+
+// The pod of `sandbox`: named like it, in its namespace, owned by it, labelled with the
+// name hash, the podTemplate's labels and annotations without reserved prefixes, and PVC
+// volumes for volumeClaimTemplates.
+Json DesiredPod(const Json& sandbox);
+// The PVCs of `sandbox`'s volumeClaimTemplates, named "<entry>-<sandbox>", owned by it.
+std::vector<Json> DesiredPvcs(const Json& sandbox);
+// The headless Service of `sandbox` (selector: its name hash; ports from its containers).
+Json DesiredService(const Json& sandbox);
+
+// What the controller saw while reconciling a Sandbox.
+struct Observed {
+  // Pods controlled by the Sandbox (normally zero or one).
+  std::vector<Json> pods;
+  // The Service, when one named like the Sandbox is owned by it.
+  std::optional<Json> service;
+  bool service_wanted = false;
+  bool suspended = false;
+  bool expired = false;
+  // A problem the controller hit (ReconcilerError), "" when none.
+  std::string error;
+};
+
+// The Sandbox's status for what was observed. Conditions keep their lastTransitionTime
+// from `old_status` when their status did not change (so an unchanged world gives an
+// equal status, and no write).
+Json ComputeStatus(const Json& sandbox, const Observed& observed, const Json& old_status,
+                   absl::Time now);
+
+// True when the Ready condition of `status` is True.
+bool IsReady(const Json& status);
+
+}  // namespace sbx::k8s

@@ -1,0 +1,107 @@
+// The Sandbox controller against the API emulator, for what kubectl users cannot easily
+// arrange: a pod of the same name that belongs to someone else, several pods of one
+// Sandbox, and the write count of a steady Sandbox. (tests/e2e/k8s_sandbox_test.py drives
+// the user-facing behaviour with kubectl through sbx-server.)
+
+#include "src/k8s/sandbox_controller.h"
+
+#include "gtest/gtest.h"
+#include "src/k8s/sandbox_objects.h"
+#include "tests/k8s/test_emulator.h"
+
+namespace sbx::k8s {
+namespace {
+
+Json SandboxObject(const std::string& name) {
+  return {{"metadata", {{"name", name}}},
+          {"spec",
+           {{"podTemplate",
+             {{"spec", {{"containers", {{{"name", "main"}, {"image", "python:3.12-slim"}}}}}}}}}}};
+}
+
+std::string ReadyReason(Client& client, const std::string& name) {
+  absl::StatusOr<Json> sandbox = client.Get(kSandboxes, "default", name);
+  if (!sandbox.ok() || !sandbox->contains("status")) return "";
+  for (const Json& c : (*sandbox)["status"].value("conditions", Json::array())) {
+    if (c["type"] == "Ready") return c["reason"].get<std::string>();
+  }
+  return "";
+}
+
+bool WaitForReason(Client& client, const std::string& name, const std::string& reason) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    if (ReadyReason(client, name) == reason) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+class SandboxControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    emulator_ = std::make_unique<testing::TestEmulator>(
+        std::vector<std::string>{"--pod_ready_delay_ms", "20"});
+    ASSERT_TRUE(emulator_->ok());
+    client_ = *Client::Create(emulator_->Cluster());
+    ASSERT_NO_FATAL_FAILURE(testing::InstallCrds(*client_));
+    SandboxControllerOptions options;
+    options.workers = 2;
+    controller_ = std::make_unique<SandboxController>(client_.get(), options);
+    ASSERT_TRUE(controller_->Start().ok());
+  }
+  void TearDown() override { controller_.reset(); }
+
+  std::unique_ptr<testing::TestEmulator> emulator_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<SandboxController> controller_;
+};
+
+TEST_F(SandboxControllerTest, ReadyThenNoFurtherWrites) {
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("steady")).ok());
+  ASSERT_TRUE(WaitForReason(*client_, "steady", "DependenciesReady"));
+  const int64_t status_writes = emulator_->Requests("patch sandboxes/status");
+  const int64_t pod_creates = emulator_->Requests("create pods");
+  EXPECT_EQ(pod_creates, 1);
+  // Touch the Sandbox (a reconcile with nothing new) a few times.
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(client_
+                    ->Patch(kSandboxes, "default", "steady", PatchType::kMerge,
+                            {{"metadata", {{"labels", {{"touch", std::to_string(i)}}}}}})
+                    .ok());
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(emulator_->Requests("patch sandboxes/status"), status_writes);
+  EXPECT_EQ(emulator_->Requests("create pods"), pod_creates);
+}
+
+TEST_F(SandboxControllerTest, APodOfTheSameNameOwnedBySomeoneElseIsNeverTouched) {
+  Json foreign = {{"metadata", {{"name", "taken"}, {"labels", {{"owner", "someone"}}}}},
+                  {"spec", {{"containers", {{{"name", "c"}, {"image", "busybox"}}}}}}};
+  absl::StatusOr<Json> pod = client_->Create(kPods, "default", foreign);
+  ASSERT_TRUE(pod.ok()) << pod.status();
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("taken")).ok());
+  ASSERT_TRUE(WaitForReason(*client_, "taken", "ReconcilerError"));
+  absl::StatusOr<Json> after = client_->Get(kPods, "default", "taken");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ((*after)["metadata"]["uid"], (*pod)["metadata"]["uid"]);
+  EXPECT_FALSE((*after)["metadata"].contains("ownerReferences"));
+  // The controller keeps going for others.
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("fine")).ok());
+  EXPECT_TRUE(WaitForReason(*client_, "fine", "DependenciesReady"));
+}
+
+TEST_F(SandboxControllerTest, TwoPodsOfOneSandboxAreReported) {
+  absl::StatusOr<Json> sandbox = client_->Create(kSandboxes, "default", SandboxObject("twin"));
+  ASSERT_TRUE(sandbox.ok());
+  ASSERT_TRUE(WaitForReason(*client_, "twin", "DependenciesReady"));
+  Json extra = DesiredPod(*sandbox);
+  extra["metadata"]["name"] = "twin-extra";
+  ASSERT_TRUE(client_->Create(kPods, "default", extra).ok());
+  EXPECT_TRUE(WaitForReason(*client_, "twin", "MultiplePods"));
+  ASSERT_TRUE(client_->Delete(kPods, "default", "twin-extra").ok());
+  EXPECT_TRUE(WaitForReason(*client_, "twin", "DependenciesReady"));
+}
+
+}  // namespace
+}  // namespace sbx::k8s

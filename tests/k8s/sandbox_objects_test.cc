@@ -1,0 +1,174 @@
+#include "src/k8s/sandbox_objects.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sbx::k8s {
+namespace {
+
+const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
+
+Json Sandbox() {
+  return Json::parse(R"({
+    "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+    "metadata": {"name": "my-sandbox", "namespace": "team", "uid": "u-1", "generation": 3},
+    "spec": {
+      "podTemplate": {
+        "metadata": {
+          "labels": {"app": "demo", "agents.x-k8s.io/foo": "x", "extensions.agents.x-k8s.io/bar": "y"},
+          "annotations": {"note": "kept", "agents.x-k8s.io/secret": "dropped"}},
+        "spec": {
+          "containers": [{"name": "main", "image": "python:3.12-slim",
+                          "ports": [{"name": "http", "containerPort": 8080},
+                                    {"containerPort": 9090, "protocol": "UDP"}]}],
+          "volumes": [{"name": "data", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]}},
+      "volumeClaimTemplates": [
+        {"metadata": {"name": "data"}, "spec": {"resources": {"requests": {"storage": "1Gi"}}}},
+        {"metadata": {"name": "cache"}, "spec": {}}]}
+  })");
+}
+
+Json RunningPod(bool ready = true) {
+  return Json::parse(std::string(R"({
+    "metadata": {"name": "my-sandbox", "uid": "p-1"},
+    "spec": {"nodeName": "node-1"},
+    "status": {"phase": "Running", "podIP": "10.0.0.7", "podIPs": [{"ip": "10.0.0.7"}],
+               "conditions": [{"type": "PodScheduled", "status": "True"},
+                              {"type": "Ready", "status": ")") +
+                     (ready ? "True" : "False") + R"("}]}})");
+}
+
+std::string Reason(const Json& status, const std::string& type) {
+  for (const Json& c : status["conditions"]) {
+    if (c["type"] == type)
+      return c["reason"].get<std::string>() + "/" + c["status"].get<std::string>();
+  }
+  return "absent";
+}
+
+TEST(SandboxObjectsTest, NameHashIsFnv1a32) {
+  // Reference values computed independently (Python) for FNV-1a 32-bit.
+  EXPECT_EQ(NameHash("my-sandbox"), "374de8f5");
+  EXPECT_EQ(NameHash(""), "811c9dc5");
+  EXPECT_EQ(NameHash("a"), "e40c292c");
+}
+
+TEST(SandboxObjectsTest, PodFollowsTheTemplateWithoutReservedMetadata) {
+  Json pod = DesiredPod(Sandbox());
+  EXPECT_EQ(pod["metadata"]["name"], "my-sandbox");
+  EXPECT_EQ(pod["metadata"]["namespace"], "team");
+  const Json& labels = pod["metadata"]["labels"];
+  EXPECT_EQ(labels["app"], "demo");
+  EXPECT_EQ(labels[kNameHashLabel], "374de8f5");
+  EXPECT_FALSE(labels.contains("agents.x-k8s.io/foo"));
+  EXPECT_FALSE(labels.contains("extensions.agents.x-k8s.io/bar"));
+  EXPECT_EQ(pod["metadata"]["annotations"], Json({{"note", "kept"}}));
+  const Json& owner = pod["metadata"]["ownerReferences"][0];
+  EXPECT_EQ(owner["kind"], "Sandbox");
+  EXPECT_EQ(owner["uid"], "u-1");
+  EXPECT_EQ(owner["controller"], true);
+  EXPECT_EQ(ControllerUid(pod), "u-1");
+  // "data" replaces the emptyDir of that name; "cache" is added; "tmp" stays.
+  const Json& volumes = pod["spec"]["volumes"];
+  ASSERT_EQ(volumes.size(), 3u) << volumes.dump();
+  EXPECT_EQ(volumes[0]["persistentVolumeClaim"]["claimName"], "data-my-sandbox");
+  EXPECT_FALSE(volumes[0].contains("emptyDir"));
+  EXPECT_EQ(volumes[1]["name"], "tmp");
+  EXPECT_EQ(volumes[2]["persistentVolumeClaim"]["claimName"], "cache-my-sandbox");
+}
+
+TEST(SandboxObjectsTest, PvcsAndService) {
+  std::vector<Json> pvcs = DesiredPvcs(Sandbox());
+  ASSERT_EQ(pvcs.size(), 2u);
+  EXPECT_EQ(pvcs[0]["metadata"]["name"], "data-my-sandbox");
+  EXPECT_EQ(pvcs[0]["spec"]["resources"]["requests"]["storage"], "1Gi");
+  EXPECT_EQ(ControllerUid(pvcs[1]), "u-1");
+
+  Json service = DesiredService(Sandbox());
+  EXPECT_EQ(service["spec"]["clusterIP"], "None");
+  EXPECT_EQ(service["spec"]["selector"][kNameHashLabel], "374de8f5");
+  ASSERT_EQ(service["spec"]["ports"].size(), 2u);
+  EXPECT_EQ(service["spec"]["ports"][0]["name"], "http");
+  EXPECT_EQ(service["spec"]["ports"][0]["port"], 8080);
+  EXPECT_EQ(service["spec"]["ports"][1]["protocol"], "UDP");
+}
+
+TEST(SandboxObjectsTest, ReadyWhenThePodIsRunningReadyWithAnIp) {
+  Observed observed;
+  observed.pods = {RunningPod()};
+  Json status = ComputeStatus(Sandbox(), observed, Json::object(), kNow);
+  EXPECT_EQ(Reason(status, "Ready"), "DependenciesReady/True");
+  EXPECT_EQ(Reason(status, "Suspended"), "NotSuspended/False");
+  EXPECT_EQ(Reason(status, "PodScheduled"), "Scheduled/True");
+  EXPECT_EQ(Reason(status, "Finished"), "absent");
+  EXPECT_EQ(status["podIPs"], Json::array({"10.0.0.7"}));
+  EXPECT_EQ(status["nodeName"], "node-1");
+  EXPECT_EQ(status["selector"], "agents.x-k8s.io/sandbox-name-hash=374de8f5");
+  EXPECT_FALSE(status.contains("service"));
+  EXPECT_TRUE(IsReady(status));
+  for (const Json& c : status["conditions"]) EXPECT_EQ(c["observedGeneration"], 3);
+
+  // Asked for a Service that does not exist yet: not Ready.
+  observed.service_wanted = true;
+  EXPECT_EQ(Reason(ComputeStatus(Sandbox(), observed, Json::object(), kNow), "Ready"),
+            "DependenciesNotReady/False");
+  observed.service = DesiredService(Sandbox());
+  Json with_service = ComputeStatus(Sandbox(), observed, Json::object(), kNow);
+  EXPECT_TRUE(IsReady(with_service));
+  EXPECT_EQ(with_service["serviceFQDN"], "my-sandbox.team.svc.cluster.local");
+}
+
+TEST(SandboxObjectsTest, NotReadyReasons) {
+  Observed none;
+  EXPECT_EQ(Reason(ComputeStatus(Sandbox(), none, {}, kNow), "Ready"),
+            "DependenciesNotReady/False");
+  Observed unready;
+  unready.pods = {RunningPod(/*ready=*/false)};
+  EXPECT_EQ(Reason(ComputeStatus(Sandbox(), unready, {}, kNow), "Ready"),
+            "DependenciesNotReady/False");
+  Observed failed;
+  failed.pods = {RunningPod()};
+  failed.pods[0]["status"]["phase"] = "Failed";
+  Json status = ComputeStatus(Sandbox(), failed, {}, kNow);
+  EXPECT_EQ(Reason(status, "Ready"), "PodFailed/False");
+  EXPECT_EQ(Reason(status, "Finished"), "PodFailed/True");
+  Observed two;
+  two.pods = {RunningPod(), RunningPod()};
+  EXPECT_EQ(Reason(ComputeStatus(Sandbox(), two, {}, kNow), "Ready"), "MultiplePods/False");
+  Observed suspended;
+  suspended.suspended = true;
+  status = ComputeStatus(Sandbox(), suspended, {}, kNow);
+  EXPECT_EQ(Reason(status, "Ready"), "SandboxSuspended/False");
+  EXPECT_EQ(Reason(status, "Suspended"), "PodTerminated/True");
+  suspended.pods = {RunningPod()};
+  EXPECT_EQ(Reason(ComputeStatus(Sandbox(), suspended, {}, kNow), "Suspended"),
+            "PodTerminating/False");
+  Observed expired;
+  expired.expired = true;
+  EXPECT_EQ(Reason(ComputeStatus(Sandbox(), expired, {}, kNow), "Ready"), "SandboxExpired/False");
+  Observed broken;
+  broken.error = "pod \"my-sandbox\" exists and is not controlled by this Sandbox";
+  status = ComputeStatus(Sandbox(), broken, {}, kNow);
+  EXPECT_EQ(Reason(status, "Ready"), "ReconcilerError/False");
+  EXPECT_THAT(status["conditions"][0]["message"].get<std::string>(),
+              ::testing::HasSubstr("not controlled"));
+}
+
+TEST(SandboxObjectsTest, UnchangedWorldGivesAnEqualStatus) {
+  Observed observed;
+  observed.pods = {RunningPod()};
+  Json first = ComputeStatus(Sandbox(), observed, Json::object(), kNow);
+  // Later, nothing changed: transition times are kept, so the status is equal (no write).
+  Json again = ComputeStatus(Sandbox(), observed, first, kNow + absl::Minutes(5));
+  EXPECT_EQ(first, again);
+  // Ready flips: its transition time moves, the others' stay.
+  observed.pods[0]["status"]["phase"] = "Failed";
+  Json failed = ComputeStatus(Sandbox(), observed, first, kNow + absl::Minutes(5));
+  EXPECT_NE(failed["conditions"][0]["lastTransitionTime"],
+            first["conditions"][0]["lastTransitionTime"]);
+  EXPECT_EQ(failed["conditions"][1]["lastTransitionTime"],
+            first["conditions"][1]["lastTransitionTime"]);
+}
+
+}  // namespace
+}  // namespace sbx::k8s

@@ -1,0 +1,2668 @@
+#include "tests/kube_emulator/emulator.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "tests/kube_emulator/json_ops.h"
+
+namespace kube_emulator {
+
+absl::Status EmulatorOptions::Validate() const {
+  if (latency_ms < 0) return absl::InvalidArgumentError("--latency_ms must be >= 0");
+  for (const auto& [code, rate] : error_rates) {
+    if (code != 429 && code != 500 && code != 503 && code != 409 && code != 410) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--error_rate code ", code, " is not one of 429, 500, 503, 409, 410"));
+    }
+    if (rate < 0 || rate > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--error_rate ", code, "=", rate, " must be within [0, 1]"));
+    }
+  }
+  if (watch_drop_rate < 0 || watch_drop_rate > 1) {
+    return absl::InvalidArgumentError("--watch_drop_rate must be within [0, 1]");
+  }
+  if (bookmark_interval_ms <= 0) {
+    return absl::InvalidArgumentError("--bookmark_interval_ms must be > 0");
+  }
+  if (watch_history < 1) return absl::InvalidArgumentError("--watch_history must be >= 1");
+  if (nodes < 1) return absl::InvalidArgumentError("--nodes must be >= 1");
+  if (qps_limit < 0) return absl::InvalidArgumentError("--qps_limit must be >= 0");
+  return absl::OkStatus();
+}
+
+namespace {
+
+using ObjPtr = std::shared_ptr<const json>;
+constexpr char kJson[] = "application/json";
+constexpr size_t kWatchQueueLimit = 20000;
+
+std::string Now() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+}
+
+json MakeStatus(int code, const std::string& reason, const std::string& message,
+                json details = json()) {
+  json s = {{"kind", "Status"},    {"apiVersion", "v1"}, {"metadata", json::object()},
+            {"status", "Failure"}, {"message", message}, {"reason", reason},
+            {"code", code}};
+  if (!details.is_null()) s["details"] = details;
+  return s;
+}
+
+struct ResourceType {
+  std::string group, version, plural, singular, kind;
+  bool namespaced = true;
+  std::vector<std::string> short_names, categories;
+  bool status_sub = false;
+  bool scale_sub = false;
+  std::string spec_replicas_path, status_replicas_path, label_selector_path;
+  json schema;           // openAPIV3Schema, custom resources only
+  json printer_columns;  // additionalPrinterColumns
+  bool custom = false;
+
+  std::string GroupVersion() const { return group.empty() ? version : group + "/" + version; }
+  std::string StoreKey() const { return group + "/" + plural; }
+  std::string Qualified() const { return group.empty() ? plural : plural + "." + group; }
+  std::string KindQualified() const { return group.empty() ? kind : kind + "." + group; }
+};
+using TypePtr = std::shared_ptr<const ResourceType>;
+
+struct ApiError {
+  int code = 0;
+  json status;
+};
+
+ApiError Err(int code, const std::string& reason, const std::string& message,
+             json details = json()) {
+  return {code, MakeStatus(code, reason, message, std::move(details))};
+}
+
+ApiError NotFound(const ResourceType& t, const std::string& name) {
+  return Err(404, "NotFound", absl::StrCat(t.Qualified(), " \"", name, "\" not found"),
+             {{"name", name}, {"group", t.group}, {"kind", t.plural}});
+}
+
+ApiError Conflict(const ResourceType& t, const std::string& name) {
+  return Err(409, "Conflict",
+             absl::StrCat("Operation cannot be fulfilled on ", t.Qualified(), " \"", name,
+                          "\": the object has been modified; please apply your changes to the "
+                          "latest version and try again"),
+             {{"name", name}, {"group", t.group}, {"kind", t.plural}});
+}
+
+ApiError Invalid(const ResourceType& t, const std::string& name,
+                 const std::vector<SchemaError>& errors) {
+  json causes = json::array();
+  std::vector<std::string> parts;
+  for (const SchemaError& e : errors) {
+    causes.push_back({{"reason", e.reason}, {"message", e.message}, {"field", e.field}});
+    parts.push_back(e.field.empty() ? e.message : absl::StrCat(e.field, ": ", e.message));
+  }
+  std::string joined =
+      parts.size() == 1 ? parts[0] : absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+  return Err(422, "Invalid",
+             absl::StrCat(t.KindQualified(), " \"", name, "\" is invalid: ", joined),
+             {{"name", name}, {"group", t.group}, {"kind", t.kind}, {"causes", causes}});
+}
+
+// Checks the JSON types of the metadata fields the emulator reads; returns
+// what is wrong, or "" when the shape is fine.
+std::string BadMetadata(const json& meta) {
+  if (!meta.is_object()) return "metadata must be an object";
+  for (const char* f : {"name", "generateName", "namespace", "resourceVersion", "uid"}) {
+    if (meta.contains(f) && !meta[f].is_string() && !meta[f].is_null()) {
+      return absl::StrCat("metadata.", f, " must be a string");
+    }
+  }
+  for (const char* f : {"labels", "annotations"}) {
+    if (!meta.contains(f) || meta[f].is_null()) continue;
+    if (!meta[f].is_object()) return absl::StrCat("metadata.", f, " must be an object");
+    for (const auto& [k, v] : meta[f].items()) {
+      if (!v.is_string()) return absl::StrCat("metadata.", f, ".", k, " must be a string");
+    }
+  }
+  if (meta.contains("finalizers") && !meta["finalizers"].is_null()) {
+    if (!meta["finalizers"].is_array()) return "metadata.finalizers must be an array";
+    for (const json& v : meta["finalizers"]) {
+      if (!v.is_string()) return "metadata.finalizers must hold strings";
+    }
+  }
+  if (meta.contains("ownerReferences") && !meta["ownerReferences"].is_null()) {
+    if (!meta["ownerReferences"].is_array()) return "metadata.ownerReferences must be an array";
+    for (const json& r : meta["ownerReferences"]) {
+      if (!r.is_object()) return "metadata.ownerReferences must hold objects";
+      for (const char* f : {"apiVersion", "kind", "name", "uid"}) {
+        if (!r.contains(f) || !r[f].is_string()) {
+          return absl::StrCat("metadata.ownerReferences.", f, " must be a string");
+        }
+      }
+    }
+  }
+  return "";
+}
+
+bool IsDns1123Label(const std::string& s) {
+  if (s.empty() || s.size() > 63) return false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && c != '-') return false;
+    if ((i == 0 || i + 1 == s.size()) && !alnum) return false;
+  }
+  return true;
+}
+
+bool IsDns1123Subdomain(const std::string& s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (absl::string_view part : absl::StrSplit(s, '.')) {
+    if (!IsDns1123Label(std::string(part))) return false;
+  }
+  return true;
+}
+
+const json& Meta(const json& o) {
+  static const json kEmpty = json::object();
+  auto it = o.find("metadata");
+  return it != o.end() && it->is_object() ? *it : kEmpty;
+}
+std::string MetaStr(const json& o, const char* field) {
+  const json& m = Meta(o);
+  auto it = m.find(field);
+  return it != m.end() && it->is_string() ? it->get<std::string>() : "";
+}
+json Labels(const json& o) {
+  const json& m = Meta(o);
+  auto it = m.find("labels");
+  return it != m.end() ? *it : json();
+}
+
+std::string HumanAge(absl::Duration d) {
+  int64_t s = absl::ToInt64Seconds(d);
+  if (s < 0) s = 0;
+  if (s < 120) return absl::StrCat(s, "s");
+  int64_t m = s / 60;
+  if (m < 10) return absl::StrCat(m, "m", s % 60 == 0 ? "" : absl::StrCat(s % 60, "s"));
+  if (m < 180) return absl::StrCat(m, "m");
+  int64_t h = m / 60;
+  if (h < 48) return absl::StrCat(h, "h");
+  return absl::StrCat(h / 24, "d");
+}
+
+// Evaluates the simple JSONPath forms of additionalPrinterColumns:
+// .a.b, .a[0].b and .a[?(@.k=="v")].b.
+json EvalJsonPath(const json& obj, const std::string& path) {
+  const json* cur = &obj;
+  std::string p = path;
+  if (absl::StartsWith(p, "{") && absl::EndsWith(p, "}")) p = p.substr(1, p.size() - 2);
+  size_t i = 0;
+  while (i < p.size()) {
+    if (p[i] == '.') {
+      ++i;
+      size_t j = i;
+      while (j < p.size() && p[j] != '.' && p[j] != '[') ++j;
+      std::string key = p.substr(i, j - i);
+      i = j;
+      if (key.empty()) continue;
+      if (!cur->is_object() || !cur->contains(key)) return json();
+      cur = &(*cur)[key];
+    } else if (p[i] == '[') {
+      size_t j = p.find(']', i);
+      if (j == std::string::npos) return json();
+      std::string inner = p.substr(i + 1, j - i - 1);
+      i = j + 1;
+      if (!cur->is_array()) return json();
+      if (absl::StartsWith(inner, "?(@.")) {
+        size_t eq = inner.find("==");
+        if (eq == std::string::npos) return json();
+        std::string k = inner.substr(4, eq - 4);
+        std::string v = inner.substr(eq + 2);
+        if (!v.empty() && v.back() == ')') v.pop_back();
+        v = std::string(absl::StripAsciiWhitespace(v));
+        if (v.size() >= 2 && (v[0] == '"' || v[0] == '\'')) v = v.substr(1, v.size() - 2);
+        const json* found = nullptr;
+        for (const json& e : *cur) {
+          if (e.is_object() && e.contains(k) && e[k].is_string() && e[k] == v) {
+            found = &e;
+            break;
+          }
+        }
+        if (found == nullptr) return json();
+        cur = found;
+      } else {
+        size_t idx = 0;
+        if (!absl::SimpleAtoi(inner, &idx) || idx >= cur->size()) return json();
+        cur = &(*cur)[idx];
+      }
+    } else {
+      return json();
+    }
+  }
+  return *cur;
+}
+
+struct WatchEvent {
+  std::string type;
+  ObjPtr object;
+};
+
+struct Watcher {
+  std::string store_key;
+  std::string ns;  // empty = all namespaces
+  LabelSelector labels;
+  FieldSelector fields;
+  absl::Mutex mu;
+  std::deque<WatchEvent> queue ABSL_GUARDED_BY(mu);
+  bool overflow ABSL_GUARDED_BY(mu) = false;
+  // Queue bound: a watcher this far behind is cut off so writers never wait.
+  // Raised while the initial ADDED events of a large collection are queued.
+  size_t limit ABSL_GUARDED_BY(mu) = kWatchQueueLimit;
+
+  bool Matches(const json& o) const {
+    if (!ns.empty() && MetaStr(o, "namespace") != ns) return false;
+    return LabelsMatch(labels, Labels(o)) && FieldsMatch(fields, o);
+  }
+  void Push(std::string type, ObjPtr obj) {
+    absl::MutexLock l(&mu);
+    if (overflow) return;
+    if (queue.size() >= limit) {
+      overflow = true;
+      return;
+    }
+    queue.push_back({std::move(type), std::move(obj)});
+  }
+};
+
+struct HistoryEvent {
+  uint64_t rv;
+  std::string store_key;
+  std::string type;
+  ObjPtr old_obj;
+  ObjPtr obj;
+};
+
+// Runs delayed callbacks on one background thread.
+class Scheduler {
+ public:
+  Scheduler() {
+    std::thread([this] { Loop(); }).detach();
+  }
+  void After(absl::Duration d, std::function<void()> fn) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    tasks_.emplace(absl::Now() + d, std::move(fn));
+    cv_.Signal();
+  }
+
+ private:
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
+    while (true) {
+      std::function<void()> fn;
+      {
+        absl::MutexLock l(&mu_);
+        while (tasks_.empty() || tasks_.begin()->first > absl::Now()) {
+          absl::Time wake = tasks_.empty() ? absl::Now() + absl::Seconds(1) : tasks_.begin()->first;
+          cv_.WaitWithDeadline(&mu_, wake);
+        }
+        fn = std::move(tasks_.begin()->second);
+        tasks_.erase(tasks_.begin());
+      }
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        std::cerr << "kube-emulator: background task failed: " << e.what() << "\n";
+      }
+    }
+  }
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::multimap<absl::Time, std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
+// fieldValidation of one write request and the unknown fields it met.
+struct FieldCheck {
+  bool strict = false;
+  bool ignore = false;
+  std::vector<std::string> unknown;
+};
+
+// The Warning headers for fieldValidation=Warn.
+HttpResponder::Headers FieldWarnings(const FieldCheck& check) {
+  HttpResponder::Headers h;
+  if (check.strict || check.ignore) return h;
+  for (const std::string& f : check.unknown) {
+    h.push_back({"Warning", absl::StrCat("299 - \"unknown field \\\"", f, "\\\"\"")});
+  }
+  return h;
+}
+
+struct Target {
+  TypePtr type;
+  std::string ns;
+  std::string name;
+  std::string sub;
+  bool all_namespaces = false;
+};
+
+}  // namespace
+
+class EmulatorImpl {
+ public:
+  explicit EmulatorImpl(const EmulatorOptions& o);
+  void Handle(const HttpRequest& req, HttpResponder& resp);
+  void HandleUnsafe(const HttpRequest& req, HttpResponder& resp);
+
+ private:
+  // --- request plumbing ---
+  void SendJson(HttpResponder& resp, int code, const json& body,
+                const HttpResponder::Headers& extra = {}) {
+    resp.Send(code, kJson, body.dump(), extra);
+  }
+  void SendError(HttpResponder& resp, const ApiError& e) { SendJson(resp, e.code, e.status); }
+  bool Authorized(const HttpRequest& req) ABSL_LOCKS_EXCLUDED(auth_mu_);
+  void HandleAdmin(const HttpRequest& req, HttpResponder& resp);
+  bool HandleDiscovery(const HttpRequest& req, HttpResponder& resp) ABSL_LOCKS_EXCLUDED(mu_);
+  bool ParseTarget(const std::string& path, Target* t) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns true when a fault was injected (and answered).
+  bool InjectFault(const HttpRequest& req, HttpResponder& resp, const std::string& verb,
+                   const Target& t) ABSL_LOCKS_EXCLUDED(faults_mu_);
+  void Count(const std::string& verb, const Target& t) ABSL_LOCKS_EXCLUDED(stats_mu_);
+  double Random() ABSL_LOCKS_EXCLUDED(rng_mu_);
+  std::string RandomSuffix() ABSL_LOCKS_EXCLUDED(rng_mu_);
+
+  void DoGet(const HttpRequest& req, HttpResponder& resp, const Target& t) ABSL_LOCKS_EXCLUDED(mu_);
+  void DoList(const HttpRequest& req, HttpResponder& resp, const Target& t)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void DoWatch(const HttpRequest& req, HttpResponder& resp, const Target& t)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void DoCreate(const HttpRequest& req, HttpResponder& resp, const Target& t)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void DoUpdate(const HttpRequest& req, HttpResponder& resp, const Target& t, bool patch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void DoDelete(const HttpRequest& req, HttpResponder& resp, const Target& t)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void DoDeleteCollection(const HttpRequest& req, HttpResponder& resp, const Target& t)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  json ToTable(const ResourceType& t, const std::vector<ObjPtr>& items, const json& list_meta);
+
+  // --- store (mu_ held) ---
+  ObjPtr FindLocked(const ResourceType& t, const std::string& ns, const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string ObjKey(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+  void CommitLocked(const std::string& store_key, const std::string& type, ObjPtr old_obj,
+                    ObjPtr obj) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<ObjPtr> CreateLocked(const ResourceType& t, const std::string& ns, json body,
+                                      ApiError* err) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Validates and stores `next` as the new version of `old`.
+  ObjPtr UpdateLocked(const ResourceType& t, const ObjPtr& old, json next, const std::string& sub,
+                      bool require_rv, ApiError* err) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ObjPtr DeleteLocked(const ResourceType& t, const ObjPtr& obj, const json& options, ApiError* err)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the object for good and runs the cascades.
+  ObjPtr RemoveLocked(const ResourceType& t, const ObjPtr& obj) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CollectGarbageLocked(const std::string& owner_uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::pair<TypePtr, ObjPtr>> DependentsLocked(const std::string& owner_uid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TypePtr TypeForStoreKeyLocked(const std::string& store_key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForegroundGc(std::string uid) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<SchemaError> ValidateLocked(const ResourceType& t, json& obj, bool create)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RegisterCrdLocked(const json& crd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True (and *err set) when fieldValidation=Strict met unknown fields.
+  bool StrictFailureLocked(const ResourceType& t, ApiError* err)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (unknown_fields_ == nullptr || !unknown_fields_->strict ||
+        unknown_fields_->unknown.empty()) {
+      return false;
+    }
+    std::vector<std::string> parts;
+    for (const std::string& f : unknown_fields_->unknown) {
+      parts.push_back(absl::StrCat("unknown field \"", f, "\""));
+    }
+    *err = Err(400, "BadRequest",
+               absl::StrCat(t.kind, " in version \"", t.version, "\" cannot be handled as a ",
+                            t.kind, ": strict decoding error: ", absl::StrJoin(parts, ", ")));
+    return true;
+  }
+  void UnregisterCrdLocked(const json& crd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddType(ResourceType t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  json ScaleFor(const ResourceType& t, const json& obj);
+  std::string Uid() ABSL_LOCKS_EXCLUDED(rng_mu_);
+
+  // --- kubelet ---
+  void SchedulePod(const json& pod) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BindPod(std::string key, std::string uid) ABSL_LOCKS_EXCLUDED(mu_);
+  void StartPod(std::string key, std::string uid) ABSL_LOCKS_EXCLUDED(mu_);
+  bool FailPodLocked(const ObjPtr& pod, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const EmulatorOptions options_;
+  Scheduler scheduler_;
+
+  absl::Mutex mu_;
+  uint64_t rv_ ABSL_GUARDED_BY(mu_) = 1;
+  // Every event with rv > history_floor_ is in history_.
+  uint64_t history_floor_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<HistoryEvent> history_ ABSL_GUARDED_BY(mu_);
+  // group/version/plural -> type
+  std::map<std::string, TypePtr> types_ ABSL_GUARDED_BY(mu_);
+  // group/plural -> "ns/name" -> object
+  std::map<std::string, std::map<std::string, ObjPtr>> objects_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::pair<std::string, std::string>> uids_ ABSL_GUARDED_BY(mu_);
+  std::multimap<std::string, std::shared_ptr<Watcher>> watchers_ ABSL_GUARDED_BY(mu_);
+  // owner uid -> (store key, object key) of each dependent naming it.
+  std::multimap<std::string, std::pair<std::string, std::string>> dependents_ ABSL_GUARDED_BY(mu_);
+  int watches_active_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pod_ip_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t service_ip_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t node_rr_ ABSL_GUARDED_BY(mu_) = 0;
+  int ready_delay_ms_ ABSL_GUARDED_BY(mu_);
+  double fail_rate_ ABSL_GUARDED_BY(mu_) = 0;
+  // While a request's write runs (mu_ held): where to report the fields that
+  // schema pruning dropped, for fieldValidation=Strict|Warn. Null otherwise.
+  FieldCheck* unknown_fields_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  absl::Mutex faults_mu_;
+  int latency_ms_ ABSL_GUARDED_BY(faults_mu_);
+  std::map<int, double> error_rates_ ABSL_GUARDED_BY(faults_mu_);
+  int retry_after_ ABSL_GUARDED_BY(faults_mu_);
+  int qps_limit_ ABSL_GUARDED_BY(faults_mu_);
+  double watch_drop_rate_ ABSL_GUARDED_BY(faults_mu_);
+  int64_t qps_second_ ABSL_GUARDED_BY(faults_mu_) = 0;
+  int qps_count_ ABSL_GUARDED_BY(faults_mu_) = 0;
+
+  absl::Mutex stats_mu_;
+  std::map<std::string, int64_t> stats_ ABSL_GUARDED_BY(stats_mu_);
+  int64_t stats_writes_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  int64_t stats_total_ ABSL_GUARDED_BY(stats_mu_) = 0;
+
+  absl::Mutex rng_mu_;
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(rng_mu_);
+
+  absl::Mutex auth_mu_;
+  std::string token_ ABSL_GUARDED_BY(auth_mu_);
+  int64_t token_mtime_ns_ ABSL_GUARDED_BY(auth_mu_) = -1;
+  int64_t token_size_ ABSL_GUARDED_BY(auth_mu_) = -1;
+};
+
+EmulatorImpl::EmulatorImpl(const EmulatorOptions& o)
+    : options_(o),
+      ready_delay_ms_(o.pod_ready_delay_ms),
+      latency_ms_(o.latency_ms),
+      error_rates_(o.error_rates),
+      retry_after_(o.retry_after_seconds),
+      qps_limit_(o.qps_limit),
+      watch_drop_rate_(o.watch_drop_rate),
+      rng_(o.seed != 0 ? o.seed : std::random_device{}()) {
+  absl::MutexLock l(&mu_);
+  const std::vector<std::string> all = {"create", "delete", "deletecollection", "get",
+                                        "list",   "patch",  "update",           "watch"};
+  auto add = [&](std::string group, std::string version, std::string plural, std::string singular,
+                 std::string kind, bool namespaced, std::vector<std::string> shorts, bool status)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                   ResourceType t;
+                   t.group = std::move(group);
+                   t.version = std::move(version);
+                   t.plural = std::move(plural);
+                   t.singular = std::move(singular);
+                   t.kind = std::move(kind);
+                   t.namespaced = namespaced;
+                   t.short_names = std::move(shorts);
+                   t.status_sub = status;
+                   AddType(std::move(t));
+                 };
+  add("", "v1", "namespaces", "namespace", "Namespace", false, {"ns"}, true);
+  add("", "v1", "pods", "pod", "Pod", true, {"po"}, true);
+  add("", "v1", "services", "service", "Service", true, {"svc"}, true);
+  add("", "v1", "persistentvolumeclaims", "persistentvolumeclaim", "PersistentVolumeClaim", true,
+      {"pvc"}, true);
+  add("", "v1", "events", "event", "Event", true, {"ev"}, false);
+  add("", "v1", "nodes", "node", "Node", false, {"no"}, true);
+  add("", "v1", "configmaps", "configmap", "ConfigMap", true, {"cm"}, false);
+  add("", "v1", "secrets", "secret", "Secret", true, {}, false);
+  add("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", true, {"sa"}, false);
+  add("coordination.k8s.io", "v1", "leases", "lease", "Lease", true, {}, false);
+  add("events.k8s.io", "v1", "events", "event", "Event", true, {"ev"}, false);
+  add("networking.k8s.io", "v1", "networkpolicies", "networkpolicy", "NetworkPolicy", true,
+      {"netpol"}, false);
+  add("apiextensions.k8s.io", "v1", "customresourcedefinitions", "customresourcedefinition",
+      "CustomResourceDefinition", false, {"crd", "crds"}, true);
+
+  for (const char* key : {"/v1/pods", "/v1/services"}) {
+    ResourceType copy = *types_[key];
+    copy.categories = {"all"};
+    types_[key] = std::make_shared<const ResourceType>(std::move(copy));
+  }
+  TypePtr ns_type = types_["/v1/namespaces"];
+  for (const char* n : {"default", "kube-system", "kube-public", "kube-node-lease"}) {
+    json o = {{"apiVersion", "v1"},
+              {"kind", "Namespace"},
+              {"metadata", {{"name", n}, {"labels", {{"kubernetes.io/metadata.name", n}}}}},
+              {"spec", {{"finalizers", {"kubernetes"}}}}};
+    ApiError err;
+    (void)CreateLocked(*ns_type, "", o, &err);
+  }
+  TypePtr node_type = types_["/v1/nodes"];
+  for (int i = 1; i <= options_.nodes; ++i) {
+    std::string name = absl::StrCat("emu-node-", i);
+    json o = {{"apiVersion", "v1"},
+              {"kind", "Node"},
+              {"metadata",
+               {{"name", name},
+                {"labels", {{"kubernetes.io/hostname", name}, {"kubernetes.io/os", "linux"}}}}},
+              {"spec", json::object()}};
+    ApiError err;
+    auto created = CreateLocked(*node_type, "", o, &err);
+    if (created.ok()) {
+      json n = **created;
+      n["status"] = {{"conditions",
+                      {{{"type", "Ready"},
+                        {"status", "True"},
+                        {"reason", "KubeletReady"},
+                        {"lastHeartbeatTime", Now()},
+                        {"lastTransitionTime", Now()}}}},
+                     {"addresses",
+                      {{{"type", "InternalIP"}, {"address", absl::StrCat("172.18.0.", i + 1)}},
+                       {{"type", "Hostname"}, {"address", name}}}},
+                     {"capacity", {{"cpu", "8"}, {"memory", "32Gi"}, {"pods", "110"}}},
+                     {"allocatable", {{"cpu", "8"}, {"memory", "32Gi"}, {"pods", "110"}}},
+                     {"nodeInfo", {{"kubeletVersion", "v1.32.0-sbx-emulator"}}}};
+      (void)UpdateLocked(*node_type, *created, n, "status", false, &err);
+    }
+  }
+}
+
+void EmulatorImpl::AddType(ResourceType t) {
+  std::string key = absl::StrCat(t.group, "/", t.version, "/", t.plural);
+  types_[key] = std::make_shared<const ResourceType>(std::move(t));
+}
+
+TypePtr EmulatorImpl::TypeForStoreKeyLocked(const std::string& store_key) {
+  for (const auto& [k, t] : types_) {
+    if (t->StoreKey() == store_key) return t;
+  }
+  return nullptr;
+}
+
+double EmulatorImpl::Random() {
+  absl::MutexLock l(&rng_mu_);
+  return std::uniform_real_distribution<double>(0, 1)(rng_);
+}
+
+std::string EmulatorImpl::RandomSuffix() {
+  static const char kChars[] = "bcdfghjklmnpqrstvwxz2456789";
+  absl::MutexLock l(&rng_mu_);
+  std::string s;
+  for (int i = 0; i < 5; ++i) s.push_back(kChars[rng_() % (sizeof(kChars) - 1)]);
+  return s;
+}
+
+std::string EmulatorImpl::Uid() {
+  absl::MutexLock l(&rng_mu_);
+  uint64_t a = rng_(), b = rng_();
+  char buf[40];
+  snprintf(buf, sizeof(buf), "%08x-%04x-4%03x-%04x-%012llx", static_cast<unsigned>(a >> 32),
+           static_cast<unsigned>((a >> 16) & 0xffff), static_cast<unsigned>(a & 0xfff),
+           static_cast<unsigned>(((b >> 48) & 0x3fff) | 0x8000),
+           static_cast<unsigned long long>(b & 0xffffffffffffULL));
+  return buf;
+}
+
+bool EmulatorImpl::Authorized(const HttpRequest& req) {
+  if (options_.token_file.empty()) return true;
+  struct stat st;
+  absl::MutexLock l(&auth_mu_);
+  if (::stat(options_.token_file.c_str(), &st) == 0) {
+    int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    if (mtime != token_mtime_ns_ || st.st_size != token_size_) {
+      std::ifstream in(options_.token_file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      token_ = std::string(absl::StripAsciiWhitespace(ss.str()));
+      token_mtime_ns_ = mtime;
+      token_size_ = st.st_size;
+    }
+  } else {
+    token_.clear();
+  }
+  std::string auth = req.Header("authorization");
+  return !token_.empty() && auth == "Bearer " + token_;
+}
+
+void EmulatorImpl::Count(const std::string& verb, const Target& t) {
+  std::string key = absl::StrCat(verb, " ", t.type->plural, t.sub.empty() ? "" : "/", t.sub);
+  absl::MutexLock l(&stats_mu_);
+  ++stats_[key];
+  ++stats_total_;
+  if (verb != "get" && verb != "list" && verb != "watch") ++stats_writes_;
+}
+
+bool EmulatorImpl::InjectFault(const HttpRequest& req, HttpResponder& resp, const std::string& verb,
+                               const Target& t) {
+  int code = 0;
+  int retry_after;
+  {
+    absl::MutexLock l(&faults_mu_);
+    retry_after = retry_after_;
+    if (qps_limit_ > 0) {
+      int64_t sec = absl::ToUnixSeconds(absl::Now());
+      if (sec != qps_second_) {
+        qps_second_ = sec;
+        qps_count_ = 0;
+      }
+      if (++qps_count_ > qps_limit_) code = 429;
+    }
+    if (code == 0 && !error_rates_.empty()) {
+      bool write = verb != "get" && verb != "list" && verb != "watch";
+      bool resumable = verb == "watch" || (verb == "list" && req.HasQuery("continue"));
+      double r;
+      {
+        absl::MutexLock rl(&rng_mu_);
+        r = std::uniform_real_distribution<double>(0, 1)(rng_);
+      }
+      double cum = 0;
+      for (const auto& [c, rate] : error_rates_) {
+        if (c == 409 && !write) continue;
+        if (c == 410 && !resumable) continue;
+        cum += rate;
+        if (r < cum) {
+          code = c;
+          break;
+        }
+      }
+    }
+  }
+  if (code == 0) return false;
+  std::string name = t.name.empty() ? t.type->plural : t.name;
+  switch (code) {
+    case 429:
+      SendJson(resp, 429,
+               MakeStatus(429, "TooManyRequests",
+                          "the server has received too many requests and has asked us to try "
+                          "again later",
+                          {{"retryAfterSeconds", retry_after}}),
+               {{"Retry-After", std::to_string(retry_after)}});
+      break;
+    case 500:
+      SendJson(resp, 500,
+               MakeStatus(500, "InternalError",
+                          "Internal error occurred: injected fault (kube-emulator)",
+                          {{"causes", {{{"message", "injected fault"}}}}}));
+      break;
+    case 503:
+      SendJson(resp, 503,
+               MakeStatus(503, "ServiceUnavailable",
+                          "the server is currently unable to handle the request"),
+               {{"Retry-After", std::to_string(retry_after)}});
+      break;
+    case 409:
+      SendError(resp, Conflict(*t.type, name));
+      break;
+    case 410: {
+      json st = MakeStatus(410, "Expired", "too old resource version: injected fault");
+      if (verb == "watch") {
+        resp.StartChunked(200, kJson);
+        resp.WriteChunk(json({{"type", "ERROR"}, {"object", st}}).dump() + "\n");
+        resp.EndChunked();
+      } else {
+        SendJson(resp, 410, st);
+      }
+      break;
+    }
+  }
+  return true;
+}
+
+bool EmulatorImpl::ParseTarget(const std::string& path, Target* t) {
+  std::vector<std::string> segs = absl::StrSplit(path, '/', absl::SkipEmpty());
+  std::string group, version;
+  size_t i;
+  if (segs.size() >= 3 && segs[0] == "api" && segs[1] == "v1") {
+    version = "v1";
+    i = 2;
+  } else if (segs.size() >= 4 && segs[0] == "apis") {
+    group = segs[1];
+    version = segs[2];
+    i = 3;
+  } else {
+    return false;
+  }
+  std::vector<std::string> rest(segs.begin() + static_cast<long>(i), segs.end());
+  if (rest.size() >= 3 && rest[0] == "namespaces" &&
+      !(rest.size() == 3 && (rest[2] == "status" || rest[2] == "finalize"))) {
+    t->ns = rest[1];
+    rest.erase(rest.begin(), rest.begin() + 2);
+  }
+  if (rest.empty() || rest.size() > 3) return false;
+  absl::MutexLock l(&mu_);
+  auto it = types_.find(absl::StrCat(group, "/", version, "/", rest[0]));
+  if (it == types_.end()) return false;
+  t->type = it->second;
+  if (rest.size() >= 2) t->name = rest[1];
+  if (rest.size() == 3) t->sub = rest[2];
+  if (t->type->namespaced && t->ns.empty()) {
+    if (!t->name.empty()) return false;
+    t->all_namespaces = true;
+  }
+  if (!t->type->namespaced && !t->ns.empty()) return false;
+  if (!t->sub.empty()) {
+    if (t->sub == "status" && !t->type->status_sub) return false;
+    if (t->sub == "scale" && !t->type->scale_sub) return false;
+    if (t->sub != "status" && t->sub != "scale" && t->sub != "finalize") return false;
+  }
+  return true;
+}
+
+void EmulatorImpl::Handle(const HttpRequest& req, HttpResponder& resp) {
+  // A malformed object (e.g. labels that are not strings) makes nlohmann::json
+  // throw; answer 400 instead of taking the emulator down.
+  try {
+    HandleUnsafe(req, resp);
+  } catch (const json::exception& e) {
+    if (!resp.sent()) {
+      SendError(resp, Err(400, "BadRequest",
+                          absl::StrCat("the object provided is unrecognized: ", e.what())));
+    } else {
+      resp.Abort();
+    }
+  } catch (const std::exception& e) {
+    if (!resp.sent()) {
+      SendError(resp,
+                Err(500, "InternalError", absl::StrCat("Internal error occurred: ", e.what())));
+    } else {
+      resp.Abort();
+    }
+  }
+}
+
+void EmulatorImpl::HandleUnsafe(const HttpRequest& req, HttpResponder& resp) {
+  if (absl::StartsWith(req.path, "/emulator/")) {
+    HandleAdmin(req, resp);
+    return;
+  }
+  if (!Authorized(req)) {
+    SendJson(resp, 401, MakeStatus(401, "Unauthorized", "Unauthorized"));
+    return;
+  }
+  Target t;
+  bool is_resource = ParseTarget(req.path, &t);
+  std::string verb;
+  if (is_resource) {
+    const bool item = !t.name.empty();
+    const std::string& m = req.method;
+    std::string watch = req.Query("watch");
+    if (m == "GET") {
+      verb = item ? "get" : (watch == "true" || watch == "1") ? "watch" : "list";
+    } else if (m == "POST" && !item) {
+      verb = "create";
+    } else if (m == "PUT" && item) {
+      verb = "update";
+    } else if (m == "PATCH" && item) {
+      verb = "patch";
+    } else if (m == "DELETE") {
+      verb = item ? "delete" : "deletecollection";
+    }
+    if (verb.empty()) {
+      SendJson(resp, 405,
+               MakeStatus(405, "MethodNotAllowed",
+                          absl::StrCat("the server does not allow this method on the requested "
+                                       "resource")));
+      return;
+    }
+    Count(verb, t);
+    if (InjectFault(req, resp, verb, t)) return;
+  }
+  int latency;
+  {
+    absl::MutexLock l(&faults_mu_);
+    latency = latency_ms_;
+  }
+  if (latency > 0) absl::SleepFor(absl::Milliseconds(latency));
+  if (!is_resource) {
+    if (!HandleDiscovery(req, resp)) {
+      SendJson(
+          resp, 404,
+          MakeStatus(
+              404, "NotFound", "the server could not find the requested resource",
+              {{"causes",
+                {{{"reason", "UnexpectedServerResponse"}, {"message", "404 page not found"}}}}}));
+    }
+    return;
+  }
+  if (absl::StrContains(req.Header("content-type"), "protobuf") ||
+      absl::StrContains(req.Header("content-type"), "cbor")) {
+    SendError(resp,
+              Err(415, "UnsupportedMediaType",
+                  absl::StrCat("the body of the request was in an unknown format - "
+                               "accepted media types include: application/json (",
+                               req.Header("content-type"), " is not served by kube-emulator)")));
+    return;
+  }
+  if (t.all_namespaces && verb != "list" && verb != "watch" && verb != "deletecollection") {
+    SendJson(resp, 405,
+             MakeStatus(405, "MethodNotAllowed",
+                        "the server does not allow this method on the requested resource"));
+    return;
+  }
+  if (verb == "get") {
+    DoGet(req, resp, t);
+  } else if (verb == "list") {
+    DoList(req, resp, t);
+  } else if (verb == "watch") {
+    DoWatch(req, resp, t);
+  } else if (verb == "create") {
+    DoCreate(req, resp, t);
+  } else if (verb == "update") {
+    DoUpdate(req, resp, t, false);
+  } else if (verb == "patch") {
+    DoUpdate(req, resp, t, true);
+  } else if (verb == "delete") {
+    DoDelete(req, resp, t);
+  } else {
+    DoDeleteCollection(req, resp, t);
+  }
+}
+
+// ---------------------------------------------------------------- discovery
+
+bool EmulatorImpl::HandleDiscovery(const HttpRequest& req, HttpResponder& resp) {
+  if (req.method != "GET") return false;
+  const std::string& p = req.path;
+  if (p == "/version" || p == "/version/") {
+    SendJson(resp, 200,
+             {{"major", "1"},
+              {"minor", "32"},
+              {"gitVersion", "v1.32.0-sbx-emulator"},
+              {"gitCommit", "0000000000000000000000000000000000000000"},
+              {"gitTreeState", "clean"},
+              {"buildDate", "2025-01-01T00:00:00Z"},
+              {"goVersion", "go1.23.4"},
+              {"compiler", "gc"},
+              {"platform", "linux/amd64"}});
+    return true;
+  }
+  if (p == "/healthz" || p == "/readyz" || p == "/livez") {
+    resp.Send(200, "text/plain", "ok");
+    return true;
+  }
+  std::vector<std::string> segs = absl::StrSplit(p, '/', absl::SkipEmpty());
+  std::vector<TypePtr> types;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [k, t] : types_) types.push_back(t);
+  }
+  auto resource_list = [&](const std::string& group, const std::string& version) {
+    json resources = json::array();
+    bool found = false;
+    for (const TypePtr& t : types) {
+      if (t->group != group || t->version != version) continue;
+      found = true;
+      json r = {
+          {"name", t->plural},
+          {"singularName", t->singular},
+          {"namespaced", t->namespaced},
+          {"kind", t->kind},
+          {"verbs",
+           {"create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"}}};
+      if (!t->short_names.empty()) r["shortNames"] = t->short_names;
+      if (!t->categories.empty()) r["categories"] = t->categories;
+      r["storageVersionHash"] = "";
+      resources.push_back(r);
+      if (t->status_sub) {
+        resources.push_back({{"name", t->plural + "/status"},
+                             {"singularName", ""},
+                             {"namespaced", t->namespaced},
+                             {"kind", t->kind},
+                             {"verbs", {"get", "patch", "update"}}});
+      }
+      if (t->scale_sub) {
+        resources.push_back({{"name", t->plural + "/scale"},
+                             {"singularName", ""},
+                             {"namespaced", t->namespaced},
+                             {"group", "autoscaling"},
+                             {"version", "v1"},
+                             {"kind", "Scale"},
+                             {"verbs", {"get", "patch", "update"}}});
+      }
+    }
+    if (!found) return json();
+    return json({{"kind", "APIResourceList"},
+                 {"apiVersion", "v1"},
+                 {"groupVersion", group.empty() ? version : group + "/" + version},
+                 {"resources", resources}});
+  };
+  // group -> versions, in registration order
+  std::map<std::string, std::vector<std::string>> groups;
+  for (const TypePtr& t : types) {
+    if (t->group.empty()) continue;
+    auto& v = groups[t->group];
+    if (std::find(v.begin(), v.end(), t->version) == v.end()) v.push_back(t->version);
+  }
+  auto group_json = [&](const std::string& g) {
+    json versions = json::array();
+    for (const std::string& v : groups[g]) {
+      versions.push_back({{"groupVersion", g + "/" + v}, {"version", v}});
+    }
+    return json({{"name", g}, {"versions", versions}, {"preferredVersion", versions[0]}});
+  };
+  // OpenAPI v3: a root listing every group-version and per group-version documents
+  // whose PATCH operations declare the fieldValidation parameter, which is what
+  // kubectl needs to use server-side validation. No schemas are served, so kubectl
+  // computes strategic merge patches from its compiled-in types.
+  if (segs.size() == 2 && segs[0] == "openapi" && segs[1] == "v3") {
+    json paths = json::object();
+    std::map<std::string, std::string> hashes;
+    for (const TypePtr& t : types) {
+      std::string gv = t->group.empty() ? "api/" + t->version : "apis/" + t->GroupVersion();
+      hashes[gv] += t->plural + t->kind + (t->namespaced ? "n" : "c");
+    }
+    for (const auto& [gv, h] : hashes) {
+      paths[gv] = {{"serverRelativeURL",
+                    absl::StrCat("/openapi/v3/", gv, "?hash=", std::hash<std::string>{}(h))}};
+    }
+    SendJson(resp, 200, {{"paths", paths}});
+    return true;
+  }
+  if (segs.size() >= 4 && segs[0] == "openapi" && segs[1] == "v3") {
+    std::string gv = absl::StrJoin(segs.begin() + 2, segs.end(), "/");
+    json paths = json::object();
+    for (const TypePtr& t : types) {
+      std::string tgv = t->group.empty() ? "api/" + t->version : "apis/" + t->GroupVersion();
+      if (tgv != gv) continue;
+      json gvk = {{"group", t->group}, {"version", t->version}, {"kind", t->kind}};
+      json params = json::array();
+      for (const char* q : {"dryRun", "fieldManager", "fieldValidation", "force"}) {
+        params.push_back({{"name", q}, {"in", "query"}, {"schema", {{"type", "string"}}}});
+      }
+      json op = {{"x-kubernetes-group-version-kind", gvk},
+                 {"x-kubernetes-action", "patch"},
+                 {"parameters", params},
+                 {"responses", {{"200", {{"description", "OK"}}}}}};
+      std::string base = "/" + gv + (t->namespaced ? "/namespaces/{namespace}/" : "/") + t->plural;
+      paths[base + "/{name}"] = {{"patch", op}};
+    }
+    if (paths.empty()) return false;
+    SendJson(resp, 200,
+             {{"openapi", "3.0.0"},
+              {"info", {{"title", "Kubernetes"}, {"version", "v1.32.0-sbx-emulator"}}},
+              {"paths", paths},
+              {"components", {{"schemas", json::object()}}}});
+    return true;
+  }
+  if (segs.size() == 1 && segs[0] == "api") {
+    SendJson(resp, 200,
+             {{"kind", "APIVersions"},
+              {"versions", {"v1"}},
+              {"serverAddressByClientCIDRs",
+               {{{"clientCIDR", "0.0.0.0/0"}, {"serverAddress", "127.0.0.1:443"}}}}});
+    return true;
+  }
+  if (segs.size() == 2 && segs[0] == "api" && segs[1] == "v1") {
+    SendJson(resp, 200, resource_list("", "v1"));
+    return true;
+  }
+  if (segs.size() == 1 && segs[0] == "apis") {
+    json list = json::array();
+    for (const auto& [g, v] : groups) list.push_back(group_json(g));
+    SendJson(resp, 200, {{"kind", "APIGroupList"}, {"apiVersion", "v1"}, {"groups", list}});
+    return true;
+  }
+  if (segs.size() == 2 && segs[0] == "apis" && groups.count(segs[1])) {
+    json g = group_json(segs[1]);
+    g["kind"] = "APIGroup";
+    g["apiVersion"] = "v1";
+    SendJson(resp, 200, g);
+    return true;
+  }
+  if (segs.size() == 3 && segs[0] == "apis") {
+    json r = resource_list(segs[1], segs[2]);
+    if (r.is_null()) return false;
+    SendJson(resp, 200, r);
+    return true;
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------- store
+
+ObjPtr EmulatorImpl::FindLocked(const ResourceType& t, const std::string& ns,
+                                const std::string& name) {
+  auto s = objects_.find(t.StoreKey());
+  if (s == objects_.end()) return nullptr;
+  auto it = s->second.find(ObjKey(ns, name));
+  return it == s->second.end() ? nullptr : it->second;
+}
+
+void EmulatorImpl::CommitLocked(const std::string& store_key, const std::string& type,
+                                ObjPtr old_obj, ObjPtr obj) {
+  const json& o = *obj;
+  std::string key = ObjKey(MetaStr(o, "namespace"), MetaStr(o, "name"));
+  std::string uid = MetaStr(o, "uid");
+  auto& bucket = objects_[store_key];
+  auto owner_uids = [](const json& x) {
+    std::vector<std::string> out;
+    const json& m = Meta(x);
+    auto refs = m.find("ownerReferences");
+    if (refs != m.end() && refs->is_array()) {
+      for (const json& r : *refs) out.push_back(r.value("uid", ""));
+    }
+    return out;
+  };
+  if (old_obj != nullptr) {
+    std::string old_key = ObjKey(MetaStr(*old_obj, "namespace"), MetaStr(*old_obj, "name"));
+    for (const std::string& ou : owner_uids(*old_obj)) {
+      auto range = dependents_.equal_range(ou);
+      for (auto it = range.first; it != range.second; ++it) {
+        if (it->second.first == store_key && it->second.second == old_key) {
+          dependents_.erase(it);
+          break;
+        }
+      }
+    }
+  }
+  if (type != "DELETED") {
+    for (const std::string& ou : owner_uids(o))
+      dependents_.emplace(ou, std::make_pair(store_key, key));
+  }
+  if (type == "DELETED") {
+    bucket.erase(key);
+    uids_.erase(uid);
+  } else {
+    bucket[key] = obj;
+    uids_[uid] = {store_key, key};
+  }
+  history_.push_back({rv_, store_key, type, old_obj, obj});
+  while (static_cast<int64_t>(history_.size()) > options_.watch_history) {
+    history_floor_ = history_.front().rv;
+    history_.pop_front();
+  }
+  auto range = watchers_.equal_range(store_key);
+  for (auto it = range.first; it != range.second; ++it) {
+    Watcher& w = *it->second;
+    bool now = w.Matches(o);
+    bool before = old_obj != nullptr && w.Matches(*old_obj);
+    if (type == "ADDED") {
+      if (now) w.Push("ADDED", obj);
+    } else if (type == "DELETED") {
+      if (now) w.Push("DELETED", obj);
+    } else if (now && before) {
+      w.Push("MODIFIED", obj);
+    } else if (now) {
+      w.Push("ADDED", obj);
+    } else if (before) {
+      w.Push("DELETED", obj);
+    }
+  }
+}
+
+std::vector<SchemaError> EmulatorImpl::ValidateLocked(const ResourceType& t, json& obj,
+                                                      bool create) {
+  std::vector<SchemaError> errors;
+  std::string name = MetaStr(obj, "name");
+  bool name_ok = t.plural == "namespaces" ? IsDns1123Label(name) : IsDns1123Subdomain(name);
+  if (t.plural == "services") name_ok = IsDns1123Label(name);
+  if (!name_ok) {
+    errors.push_back(
+        {"metadata.name", "FieldValueInvalid",
+         absl::StrCat("Invalid value: \"", name,
+                      "\": a lowercase RFC 1123 subdomain must consist of lower case "
+                      "alphanumeric characters, '-' or '.', and must start and end with an "
+                      "alphanumeric character (e.g. 'example.com', regex used for validation "
+                      "is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")});
+  }
+  if (t.custom) {
+    std::vector<std::string> pruned;
+    for (SchemaError& e : ApplySchema(obj, t.schema, &pruned)) errors.push_back(std::move(e));
+    if (unknown_fields_ != nullptr) {
+      unknown_fields_->unknown.insert(unknown_fields_->unknown.end(), pruned.begin(), pruned.end());
+    }
+  } else if (t.plural == "pods") {
+    const json* containers = GetPath(obj, "spec.containers");
+    if (containers == nullptr || !containers->is_array() || containers->empty()) {
+      errors.push_back({"spec.containers", "FieldValueRequired", "Required value"});
+    } else {
+      for (size_t i = 0; i < containers->size(); ++i) {
+        const json& c = (*containers)[i];
+        std::string base = absl::StrCat("spec.containers[", i, "]");
+        if (!c.is_object() || !c.contains("name") || !c["name"].is_string() ||
+            c["name"].get<std::string>().empty()) {
+          errors.push_back({base + ".name", "FieldValueRequired", "Required value"});
+        }
+        if (!c.is_object() || !c.contains("image") || !c["image"].is_string() ||
+            c["image"].get<std::string>().empty()) {
+          errors.push_back({base + ".image", "FieldValueRequired", "Required value"});
+        }
+      }
+    }
+  } else if (t.plural == "customresourcedefinitions") {
+    const json& spec = obj.contains("spec") ? obj["spec"] : json::object();
+    std::string group = spec.value("group", "");
+    std::string plural = GetPath(obj, "spec.names.plural") != nullptr &&
+                                 GetPath(obj, "spec.names.plural")->is_string()
+                             ? GetPath(obj, "spec.names.plural")->get<std::string>()
+                             : "";
+    if (group.empty()) errors.push_back({"spec.group", "FieldValueRequired", "Required value"});
+    if (plural.empty()) {
+      errors.push_back({"spec.names.plural", "FieldValueRequired", "Required value"});
+    }
+    if (GetPath(obj, "spec.names.kind") == nullptr) {
+      errors.push_back({"spec.names.kind", "FieldValueRequired", "Required value"});
+    }
+    if (!spec.contains("versions") || !spec["versions"].is_array() || spec["versions"].empty()) {
+      errors.push_back({"spec.versions", "FieldValueRequired", "Required value"});
+    }
+    std::string scope = spec.value("scope", "");
+    if (scope != "Namespaced" && scope != "Cluster") {
+      errors.push_back({"spec.scope", "FieldValueNotSupported",
+                        absl::StrCat("Unsupported value: \"", scope,
+                                     "\": supported values: \"Cluster\", \"Namespaced\"")});
+    }
+    if (!plural.empty() && !group.empty() && name != plural + "." + group) {
+      errors.push_back({"metadata.name", "FieldValueInvalid",
+                        absl::StrCat("Invalid value: \"", name,
+                                     "\": must be spec.names.plural+\".\"+spec.group")});
+    }
+    if (create && errors.empty()) {
+      // The plural must not clash with an existing type in the group.
+      for (const auto& [k, ty] : types_) {
+        if (ty->group == group && ty->plural == plural && !ty->custom) {
+          errors.push_back({"spec.names.plural", "FieldValueInvalid", "already served"});
+        }
+      }
+    }
+  }
+  return errors;
+}
+
+absl::StatusOr<ObjPtr> EmulatorImpl::CreateLocked(const ResourceType& t, const std::string& ns,
+                                                  json body, ApiError* err) {
+  if (!body.is_object()) {
+    *err = Err(400, "BadRequest", "the request body must be a JSON object");
+    return absl::InvalidArgumentError("bad body");
+  }
+  if (body.contains("kind") && body["kind"].is_string() && body["kind"] != t.kind) {
+    *err = Err(400, "BadRequest",
+               absl::StrCat("the kind of the provided object (", body["kind"].get<std::string>(),
+                            ") does not match the resource (", t.kind, ")"));
+    return absl::InvalidArgumentError("bad kind");
+  }
+  json& meta = body["metadata"];
+  if (meta.is_null()) meta = json::object();
+  if (std::string bad = BadMetadata(meta); !bad.empty()) {
+    *err = Err(400, "BadRequest", absl::StrCat("the object provided is unrecognized: ", bad));
+    return absl::InvalidArgumentError(bad);
+  }
+  if (t.namespaced) {
+    std::string body_ns = meta.value("namespace", "");
+    if (!body_ns.empty() && body_ns != ns) {
+      *err = Err(400, "BadRequest",
+                 "the namespace of the provided object does not match the namespace sent on "
+                 "the request");
+      return absl::InvalidArgumentError("bad ns");
+    }
+    meta["namespace"] = ns;
+    TypePtr ns_type = types_["/v1/namespaces"];
+    ObjPtr nso = FindLocked(*ns_type, "", ns);
+    if (nso == nullptr) {
+      *err = NotFound(*ns_type, ns);
+      return absl::NotFoundError("ns");
+    }
+    if (Meta(*nso).contains("deletionTimestamp")) {
+      *err = Err(403, "Forbidden",
+                 absl::StrCat(t.Qualified(),
+                              " is forbidden: unable to create new content in "
+                              "namespace ",
+                              ns, " because it is being terminated"));
+      return absl::FailedPreconditionError("terminating");
+    }
+  } else {
+    meta.erase("namespace");
+  }
+  std::string name = meta.value("name", "");
+  if (name.empty()) {
+    std::string gen = meta.value("generateName", "");
+    if (gen.empty()) {
+      *err = Invalid(t, "",
+                     {{"metadata.name", "FieldValueRequired",
+                       "Required value: name or generateName is required"}});
+      return absl::InvalidArgumentError("no name");
+    }
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      name = gen + RandomSuffix();
+      if (FindLocked(t, ns, name) == nullptr) break;
+    }
+    meta["name"] = name;
+  }
+  body["apiVersion"] = t.GroupVersion();
+  body["kind"] = t.kind;
+  if (t.custom && t.status_sub) body.erase("status");
+  // Kind defaults and server-set fields.
+  if (t.plural == "pods") {
+    body["status"] = {{"phase", "Pending"}, {"qosClass", "BestEffort"}};
+    json& spec = body["spec"];
+    if (spec.is_object()) {
+      if (!spec.contains("restartPolicy")) spec["restartPolicy"] = "Always";
+      if (!spec.contains("dnsPolicy")) spec["dnsPolicy"] = "ClusterFirst";
+      if (!spec.contains("schedulerName")) spec["schedulerName"] = "default-scheduler";
+      if (!spec.contains("terminationGracePeriodSeconds")) {
+        spec["terminationGracePeriodSeconds"] = 30;
+      }
+      if (spec.contains("containers") && spec["containers"].is_array()) {
+        for (json& c : spec["containers"]) {
+          if (c.is_object() && !c.contains("imagePullPolicy")) {
+            c["imagePullPolicy"] = "IfNotPresent";
+          }
+        }
+      }
+    }
+  } else if (t.plural == "services") {
+    json& spec = body["spec"];
+    if (!spec.is_object()) spec = json::object();
+    if (!spec.contains("type")) spec["type"] = "ClusterIP";
+    if (!spec.contains("sessionAffinity")) spec["sessionAffinity"] = "None";
+    if (spec.value("clusterIP", "") != "None") {
+      uint64_t n = ++service_ip_counter_;
+      std::string ip = absl::StrCat("10.96.", (n >> 8) & 0xff, ".", n & 0xff);
+      spec["clusterIP"] = ip;
+      spec["clusterIPs"] = {ip};
+    } else {
+      spec["clusterIPs"] = {"None"};
+    }
+    if (spec.contains("ports") && spec["ports"].is_array()) {
+      for (json& p : spec["ports"]) {
+        if (!p.is_object()) continue;
+        if (!p.contains("protocol")) p["protocol"] = "TCP";
+        if (!p.contains("targetPort") && p.contains("port")) p["targetPort"] = p["port"];
+      }
+    }
+    body["status"] = {{"loadBalancer", json::object()}};
+  } else if (t.plural == "persistentvolumeclaims") {
+    json modes = body.contains("spec") && body["spec"].is_object()
+                     ? body["spec"].value("accessModes", json::array())
+                     : json::array();
+    json capacity = json::object();
+    if (const json* req = GetPath(body, "spec.resources.requests"); req != nullptr) {
+      capacity = *req;
+    }
+    body["status"] = {{"phase", "Bound"}, {"accessModes", modes}, {"capacity", capacity}};
+    if (body["spec"].is_object()) body["spec"]["volumeName"] = "pv-" + Uid().substr(0, 8);
+  } else if (t.plural == "namespaces") {
+    body["status"] = {{"phase", "Active"}};
+    meta["labels"]["kubernetes.io/metadata.name"] = name;
+    if (!body.contains("spec")) body["spec"] = {{"finalizers", {"kubernetes"}}};
+  }
+  std::vector<SchemaError> errors = ValidateLocked(t, body, true);
+  if (StrictFailureLocked(t, err)) return absl::InvalidArgumentError("unknown fields");
+  if (!errors.empty()) {
+    *err = Invalid(t, name, errors);
+    return absl::InvalidArgumentError("invalid");
+  }
+  if (FindLocked(t, ns, name) != nullptr) {
+    *err = Err(409, "AlreadyExists", absl::StrCat(t.Qualified(), " \"", name, "\" already exists"),
+               {{"name", name}, {"group", t.group}, {"kind", t.plural}});
+    return absl::AlreadyExistsError("exists");
+  }
+  json& m = body["metadata"];
+  m["uid"] = Uid();
+  m["creationTimestamp"] = Now();
+  m["generation"] = 1;
+  m.erase("deletionTimestamp");
+  m.erase("deletionGracePeriodSeconds");
+  m.erase("managedFields");
+  m.erase("selfLink");
+  if (m.contains("finalizers") && m["finalizers"].empty()) m.erase("finalizers");
+  m["resourceVersion"] = std::to_string(++rv_);
+  if (t.plural == "customresourcedefinitions") {
+    const json& spec = body["spec"];
+    std::vector<std::string> stored;
+    for (const json& v : spec["versions"]) {
+      if (v.value("storage", false)) stored.push_back(v.value("name", ""));
+    }
+    std::string now = Now();
+    body["status"] = {{"conditions",
+                       {{{"type", "NamesAccepted"},
+                         {"status", "True"},
+                         {"lastTransitionTime", now},
+                         {"reason", "NoConflicts"},
+                         {"message", "no conflicts found"}},
+                        {{"type", "Established"},
+                         {"status", "True"},
+                         {"lastTransitionTime", now},
+                         {"reason", "InitialNamesAccepted"},
+                         {"message", "the initial names have been accepted"}}}},
+                      {"acceptedNames", spec["names"]},
+                      {"storedVersions", stored}};
+    RegisterCrdLocked(body);
+  }
+  auto obj = std::make_shared<const json>(std::move(body));
+  CommitLocked(t.StoreKey(), "ADDED", nullptr, obj);
+  if (t.plural == "pods") SchedulePod(*obj);
+  if (Meta(*obj).contains("ownerReferences") && !Meta(*obj)["ownerReferences"].empty()) {
+    // Like the garbage collector, collect a dependent created for owners that are gone.
+    std::string store_key = t.StoreKey();
+    std::string uid = MetaStr(*obj, "uid");
+    std::string key = ObjKey(ns, name);
+    scheduler_.After(absl::Milliseconds(20), [this, store_key, key, uid] {
+      absl::MutexLock l(&mu_);
+      TypePtr dt = TypeForStoreKeyLocked(store_key);
+      auto bucket = objects_.find(store_key);
+      if (dt == nullptr || bucket == objects_.end()) return;
+      auto it = bucket->second.find(key);
+      if (it == bucket->second.end() || MetaStr(*it->second, "uid") != uid) return;
+      const json& refs = Meta(*it->second)["ownerReferences"];
+      if (!refs.is_array() || refs.empty()) return;
+      for (const json& r : refs) {
+        if (uids_.count(r.value("uid", ""))) return;
+      }
+      ApiError err;
+      DeleteLocked(*dt, it->second, json::object(), &err);
+    });
+  }
+  return obj;
+}
+
+void EmulatorImpl::RegisterCrdLocked(const json& crd) {
+  const json& spec = crd["spec"];
+  const json& names = spec["names"];
+  for (const json& v : spec["versions"]) {
+    if (!v.value("served", true)) continue;
+    ResourceType t;
+    t.group = spec.value("group", "");
+    t.version = v.value("name", "");
+    t.plural = names.value("plural", "");
+    t.singular = names.value("singular", absl::AsciiStrToLower(names.value("kind", "")));
+    t.kind = names.value("kind", "");
+    t.namespaced = spec.value("scope", "Namespaced") == "Namespaced";
+    if (names.contains("shortNames"))
+      t.short_names = names["shortNames"].get<std::vector<std::string>>();
+    if (names.contains("categories"))
+      t.categories = names["categories"].get<std::vector<std::string>>();
+    if (const json* s = GetPath(v, "schema.openAPIV3Schema"); s != nullptr) t.schema = *s;
+    if (const json* sub = GetPath(v, "subresources"); sub != nullptr && sub->is_object()) {
+      t.status_sub = sub->contains("status");
+      if (sub->contains("scale")) {
+        t.scale_sub = true;
+        const json& sc = (*sub)["scale"];
+        t.spec_replicas_path = sc.value("specReplicasPath", ".spec.replicas");
+        t.status_replicas_path = sc.value("statusReplicasPath", ".status.replicas");
+        t.label_selector_path = sc.value("labelSelectorPath", "");
+      }
+    }
+    t.printer_columns = v.value("additionalPrinterColumns", json::array());
+    t.custom = true;
+    AddType(std::move(t));
+  }
+}
+
+void EmulatorImpl::UnregisterCrdLocked(const json& crd) {
+  std::string group =
+      GetPath(crd, "spec.group") ? GetPath(crd, "spec.group")->get<std::string>() : "";
+  const json* plural = GetPath(crd, "spec.names.plural");
+  if (plural == nullptr) return;
+  for (auto it = types_.begin(); it != types_.end();) {
+    if (it->second->custom && it->second->group == group && it->second->plural == *plural) {
+      it = types_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+ObjPtr EmulatorImpl::UpdateLocked(const ResourceType& t, const ObjPtr& old, json next,
+                                  const std::string& sub, bool require_rv, ApiError* err) {
+  const json& o = *old;
+  std::string name = MetaStr(o, "name");
+  if (!next.is_object()) {
+    *err = Err(400, "BadRequest", "the request body must be a JSON object");
+    return nullptr;
+  }
+  if (next["metadata"].is_null()) next["metadata"] = json::object();
+  if (std::string bad = BadMetadata(next["metadata"]); !bad.empty()) {
+    *err = Err(400, "BadRequest", absl::StrCat("the object provided is unrecognized: ", bad));
+    return nullptr;
+  }
+  std::string next_name = next["metadata"].value("name", name);
+  if (next_name != name) {
+    *err = Err(400, "BadRequest",
+               absl::StrCat("the name of the object (", next_name,
+                            ") does not match the name on the URL (", name, ")"));
+    return nullptr;
+  }
+  std::string rv = next["metadata"].value("resourceVersion", "");
+  if (rv.empty() && require_rv && t.custom) {
+    *err = Invalid(t, name,
+                   {{"metadata.resourceVersion", "FieldValueInvalid",
+                     "Invalid value: 0x0: must be specified for an update"}});
+    return nullptr;
+  }
+  if (!rv.empty() && rv != MetaStr(o, "resourceVersion")) {
+    *err = Conflict(t, name);
+    return nullptr;
+  }
+  if (sub == "status") {
+    json merged = o;
+    if (next.contains("status")) {
+      merged["status"] = next["status"];
+    } else {
+      merged.erase("status");
+    }
+    next = std::move(merged);
+  } else if (t.status_sub) {
+    if (o.contains("status")) {
+      next["status"] = o["status"];
+    } else {
+      next.erase("status");
+    }
+  }
+  next["apiVersion"] = t.GroupVersion();
+  next["kind"] = t.kind;
+  json& m = next["metadata"];
+  const json& om = Meta(o);
+  for (const char* f : {"uid", "creationTimestamp", "namespace", "name", "deletionTimestamp",
+                        "deletionGracePeriodSeconds", "generation"}) {
+    if (om.contains(f)) {
+      m[f] = om[f];
+    } else {
+      m.erase(f);
+    }
+  }
+  m.erase("managedFields");
+  if (m.contains("finalizers") && (m["finalizers"].is_null() || m["finalizers"].empty())) {
+    m.erase("finalizers");
+  }
+  if (m.contains("labels") && m["labels"].is_null()) m.erase("labels");
+  if (m.contains("annotations") && m["annotations"].is_null()) m.erase("annotations");
+  std::vector<SchemaError> errors = ValidateLocked(t, next, false);
+  if (StrictFailureLocked(t, err)) return nullptr;
+  if (!errors.empty()) {
+    *err = Invalid(t, name, errors);
+    return nullptr;
+  }
+  // Generation follows changes outside metadata and status.
+  json a = o, b = next;
+  for (json* x : {&a, &b}) {
+    x->erase("metadata");
+    x->erase("status");
+  }
+  if (a != b) m["generation"] = om.value("generation", 1) + 1;
+  m["resourceVersion"] = om.value("resourceVersion", "");
+  if (next == o) return old;  // no-op writes do not bump the resourceVersion
+  m["resourceVersion"] = std::to_string(++rv_);
+  if (t.plural == "customresourcedefinitions") {
+    UnregisterCrdLocked(o);
+    RegisterCrdLocked(next);
+  }
+  auto obj = std::make_shared<const json>(std::move(next));
+  if (Meta(*obj).contains("deletionTimestamp") && !Meta(*obj).contains("finalizers")) {
+    CommitLocked(t.StoreKey(), "MODIFIED", old, obj);
+    return RemoveLocked(t, obj);
+  }
+  CommitLocked(t.StoreKey(), "MODIFIED", old, obj);
+  return obj;
+}
+
+std::vector<std::pair<TypePtr, ObjPtr>> EmulatorImpl::DependentsLocked(
+    const std::string& owner_uid) {
+  std::vector<std::pair<TypePtr, ObjPtr>> out;
+  auto range = dependents_.equal_range(owner_uid);
+  for (auto it = range.first; it != range.second; ++it) {
+    const auto& [store_key, key] = it->second;
+    auto bucket = objects_.find(store_key);
+    if (bucket == objects_.end()) continue;
+    auto obj = bucket->second.find(key);
+    TypePtr t = TypeForStoreKeyLocked(store_key);
+    if (obj != bucket->second.end() && t != nullptr) out.push_back({t, obj->second});
+  }
+  return out;
+}
+
+ObjPtr EmulatorImpl::RemoveLocked(const ResourceType& t, const ObjPtr& obj) {
+  json final_obj = *obj;
+  final_obj["metadata"]["resourceVersion"] = std::to_string(++rv_);
+  auto gone = std::make_shared<const json>(std::move(final_obj));
+  CommitLocked(t.StoreKey(), "DELETED", obj, gone);
+  std::string uid = MetaStr(*obj, "uid");
+  if (t.plural == "namespaces") {
+    std::string ns = MetaStr(*obj, "name");
+    std::vector<std::pair<TypePtr, ObjPtr>> victims;
+    for (const auto& [store_key, bucket] : objects_) {
+      TypePtr vt = TypeForStoreKeyLocked(store_key);
+      if (vt == nullptr || !vt->namespaced) continue;
+      for (auto it = bucket.lower_bound(ns + "/"); it != bucket.end(); ++it) {
+        if (!absl::StartsWith(it->first, ns + "/")) break;
+        victims.push_back({vt, it->second});
+      }
+    }
+    for (auto& [vt, v] : victims) {
+      json stripped = *v;
+      stripped["metadata"].erase("finalizers");
+      ObjPtr cur = FindLocked(*vt, MetaStr(*v, "namespace"), MetaStr(*v, "name"));
+      if (cur != nullptr) RemoveLocked(*vt, std::make_shared<const json>(std::move(stripped)));
+    }
+  } else if (t.plural == "customresourcedefinitions") {
+    const json* group = GetPath(*obj, "spec.group");
+    const json* plural = GetPath(*obj, "spec.names.plural");
+    if (group != nullptr && plural != nullptr) {
+      std::string store_key = group->get<std::string>() + "/" + plural->get<std::string>();
+      TypePtr ct = TypeForStoreKeyLocked(store_key);
+      auto bucket = objects_.find(store_key);
+      if (ct != nullptr && bucket != objects_.end()) {
+        std::vector<ObjPtr> all;
+        for (const auto& [k, v] : bucket->second) all.push_back(v);
+        for (const ObjPtr& v : all) RemoveLocked(*ct, v);
+      }
+      UnregisterCrdLocked(*obj);
+    }
+  }
+  CollectGarbageLocked(uid);
+  return gone;
+}
+
+void EmulatorImpl::CollectGarbageLocked(const std::string& owner_uid) {
+  for (auto& [dt, dep] : DependentsLocked(owner_uid)) {
+    ObjPtr cur = FindLocked(*dt, MetaStr(*dep, "namespace"), MetaStr(*dep, "name"));
+    if (cur == nullptr) continue;
+    bool any_alive = false;
+    for (const json& r : Meta(*cur)["ownerReferences"]) {
+      if (uids_.count(r.value("uid", ""))) any_alive = true;
+    }
+    ApiError err;
+    if (any_alive) {
+      json next = *cur;
+      json refs = json::array();
+      for (const json& r : next["metadata"]["ownerReferences"]) {
+        if (r.value("uid", "") != owner_uid) refs.push_back(r);
+      }
+      next["metadata"]["ownerReferences"] = refs;
+      UpdateLocked(*dt, cur, next, "", false, &err);
+    } else {
+      DeleteLocked(*dt, cur, json::object(), &err);
+    }
+  }
+}
+
+ObjPtr EmulatorImpl::DeleteLocked(const ResourceType& t, const ObjPtr& obj, const json& options,
+                                  ApiError* err) {
+  const json& m = Meta(*obj);
+  std::string name = m.value("name", "");
+  if (const json* pre = GetPath(options, "preconditions"); pre != nullptr && pre->is_object()) {
+    std::string uid = pre->value("uid", "");
+    std::string rv = pre->value("resourceVersion", "");
+    if (!uid.empty() && uid != m.value("uid", "")) {
+      *err = Err(409, "Conflict",
+                 absl::StrCat("Operation cannot be fulfilled on ", t.Qualified(), " \"", name,
+                              "\": Precondition failed: UID in precondition: ", uid,
+                              ", UID in object meta: ", m.value("uid", "")),
+                 {{"name", name}, {"group", t.group}, {"kind", t.plural}});
+      return nullptr;
+    }
+    if (!rv.empty() && rv != m.value("resourceVersion", "")) {
+      *err = Err(409, "Conflict",
+                 absl::StrCat("Operation cannot be fulfilled on ", t.Qualified(), " \"", name,
+                              "\": Precondition failed: ResourceVersion in precondition: ", rv,
+                              ", ResourceVersion in object meta: ", m.value("resourceVersion", "")),
+                 {{"name", name}, {"group", t.group}, {"kind", t.plural}});
+      return nullptr;
+    }
+  }
+  std::string policy = options.value("propagationPolicy", "");
+  if (policy.empty() && options.contains("orphanDependents") &&
+      options["orphanDependents"].is_boolean()) {
+    policy = options["orphanDependents"].get<bool>() ? "Orphan" : "Background";
+  }
+  std::string uid = m.value("uid", "");
+  if (policy == "Orphan") {
+    for (auto& [dt, dep] : DependentsLocked(uid)) {
+      json next = *dep;
+      json refs = json::array();
+      for (const json& r : next["metadata"]["ownerReferences"]) {
+        if (r.value("uid", "") != uid) refs.push_back(r);
+      }
+      if (refs.empty()) {
+        next["metadata"].erase("ownerReferences");
+      } else {
+        next["metadata"]["ownerReferences"] = refs;
+      }
+      ApiError ignored;
+      UpdateLocked(*dt, dep, next, "", false, &ignored);
+    }
+  }
+  // Current version (orphaning may not touch it, but be safe).
+  ObjPtr cur = FindLocked(t, m.value("namespace", ""), name);
+  if (cur == nullptr) return obj;
+  bool has_finalizers = Meta(*cur).contains("finalizers") && !Meta(*cur)["finalizers"].empty();
+  // Graceful pod deletion: a bound pod gets deletionTimestamp and is removed by
+  // the fake kubelet after the kubelet delay (gracePeriodSeconds=0 removes at once).
+  int64_t grace = -1;
+  if (options.contains("gracePeriodSeconds") && options["gracePeriodSeconds"].is_number()) {
+    grace = options["gracePeriodSeconds"].get<int64_t>();
+  }
+  const json* node = GetPath(*cur, "spec.nodeName");
+  if (t.plural == "pods" && grace != 0 && policy != "Foreground" && node != nullptr &&
+      node->is_string() && !node->get<std::string>().empty() &&
+      !Meta(*cur).contains("deletionTimestamp")) {
+    json next = *cur;
+    json& nm = next["metadata"];
+    nm["deletionTimestamp"] = Now();
+    nm["deletionGracePeriodSeconds"] =
+        grace > 0 ? grace : next["spec"].value("terminationGracePeriodSeconds", int64_t{30});
+    nm["resourceVersion"] = std::to_string(++rv_);
+    auto upd = std::make_shared<const json>(std::move(next));
+    CommitLocked(t.StoreKey(), "MODIFIED", cur, upd);
+    std::string key = ObjKey(MetaStr(*upd, "namespace"), name);
+    scheduler_.After(absl::Milliseconds(ready_delay_ms_), [this, key, uid] {
+      absl::MutexLock l(&mu_);
+      auto& pods = objects_["/pods"];
+      auto it = pods.find(key);
+      if (it == pods.end() || MetaStr(*it->second, "uid") != uid) return;
+      const json& fm = Meta(*it->second);
+      if (fm.contains("finalizers") && !fm["finalizers"].empty()) return;
+      RemoveLocked(*types_["/v1/pods"], it->second);
+    });
+    return upd;
+  }
+  if (policy == "Foreground" || has_finalizers) {
+    json next = *cur;
+    json& nm = next["metadata"];
+    bool changed = false;
+    if (!nm.contains("deletionTimestamp")) {
+      nm["deletionTimestamp"] = Now();
+      nm["deletionGracePeriodSeconds"] = 0;
+      changed = true;
+    }
+    if (policy == "Foreground") {
+      json& f = nm["finalizers"];
+      if (!f.is_array()) f = json::array();
+      if (std::find(f.begin(), f.end(), "foregroundDeletion") == f.end()) {
+        f.push_back("foregroundDeletion");
+        changed = true;
+      }
+      scheduler_.After(absl::Milliseconds(5), [this, uid] { ForegroundGc(uid); });
+    }
+    if (!changed) return cur;
+    nm["resourceVersion"] = std::to_string(++rv_);
+    auto upd = std::make_shared<const json>(std::move(next));
+    CommitLocked(t.StoreKey(), "MODIFIED", cur, upd);
+    return upd;
+  }
+  return RemoveLocked(t, cur);
+}
+
+void EmulatorImpl::ForegroundGc(std::string uid) {
+  absl::MutexLock l(&mu_);
+  auto it = uids_.find(uid);
+  if (it == uids_.end()) return;
+  auto [store_key, key] = it->second;
+  TypePtr t = TypeForStoreKeyLocked(store_key);
+  if (t == nullptr) return;
+  ObjPtr owner = objects_[store_key][key];
+  std::vector<std::pair<TypePtr, ObjPtr>> deps = DependentsLocked(uid);
+  if (!deps.empty()) {
+    // Blocking dependents first, then the rest.
+    std::stable_sort(deps.begin(), deps.end(), [&](const auto& a, const auto& b) {
+      auto blocking = [&](const ObjPtr& o) {
+        for (const json& r : Meta(*o)["ownerReferences"]) {
+          if (r.value("uid", "") == uid && r.value("blockOwnerDeletion", false)) return true;
+        }
+        return false;
+      };
+      return blocking(a.second) && !blocking(b.second);
+    });
+    for (auto& [dt, dep] : deps) {
+      if (Meta(*dep).contains("deletionTimestamp")) continue;
+      ApiError err;
+      DeleteLocked(*dt, dep, {{"propagationPolicy", "Foreground"}}, &err);
+    }
+    scheduler_.After(absl::Milliseconds(10), [this, uid] { ForegroundGc(uid); });
+    return;
+  }
+  json next = *owner;
+  json fins = json::array();
+  for (const json& f : Meta(next)["finalizers"]) {
+    if (f != "foregroundDeletion") fins.push_back(f);
+  }
+  ApiError err;
+  if (fins.empty()) {
+    next["metadata"].erase("finalizers");
+  } else {
+    next["metadata"]["finalizers"] = fins;
+  }
+  UpdateLocked(*t, owner, next, "", false, &err);
+}
+
+// ---------------------------------------------------------------- kubelet
+
+void EmulatorImpl::SchedulePod(const json& pod) {
+  std::string key = ObjKey(MetaStr(pod, "namespace"), MetaStr(pod, "name"));
+  std::string uid = MetaStr(pod, "uid");
+  const json* node = GetPath(pod, "spec.nodeName");
+  if (node != nullptr && node->is_string() && !node->get<std::string>().empty()) {
+    scheduler_.After(absl::Milliseconds(ready_delay_ms_), [this, key, uid] { StartPod(key, uid); });
+  } else {
+    scheduler_.After(absl::Milliseconds(1), [this, key, uid] { BindPod(key, uid); });
+  }
+}
+
+void EmulatorImpl::BindPod(std::string key, std::string uid) {
+  absl::MutexLock l(&mu_);
+  TypePtr t = types_["/v1/pods"];
+  auto& bucket = objects_["/pods"];
+  auto it = bucket.find(key);
+  if (it == bucket.end() || MetaStr(*it->second, "uid") != uid) return;
+  ObjPtr old = it->second;
+  if (Meta(*old).contains("deletionTimestamp")) return;
+  json next = *old;
+  std::string node =
+      absl::StrCat("emu-node-", node_rr_++ % static_cast<uint64_t>(options_.nodes) + 1);
+  next["spec"]["nodeName"] = node;
+  next["status"]["conditions"] = {{{"type", "PodScheduled"},
+                                   {"status", "True"},
+                                   {"lastProbeTime", nullptr},
+                                   {"lastTransitionTime", Now()}}};
+  ApiError err;
+  if (UpdateLocked(*t, old, next, "", false, &err) == nullptr) return;
+  scheduler_.After(absl::Milliseconds(ready_delay_ms_), [this, key, uid] { StartPod(key, uid); });
+}
+
+void EmulatorImpl::StartPod(std::string key, std::string uid) {
+  absl::MutexLock l(&mu_);
+  TypePtr t = types_["/v1/pods"];
+  auto& bucket = objects_["/pods"];
+  auto it = bucket.find(key);
+  if (it == bucket.end() || MetaStr(*it->second, "uid") != uid) return;
+  ObjPtr old = it->second;
+  const json* phase = GetPath(*old, "status.phase");
+  if (phase == nullptr || *phase != "Pending" || Meta(*old).contains("deletionTimestamp")) return;
+  if (fail_rate_ > 0 && Random() < fail_rate_) {
+    FailPodLocked(old, "Error");
+    return;
+  }
+  json next = *old;
+  std::string node = next["spec"].value("nodeName", "emu-node-1");
+  int node_index = 1;
+  if (absl::StartsWith(node, "emu-node-")) {
+    (void)absl::SimpleAtoi(node.substr(9), &node_index);
+  }
+  uint64_t n = ++pod_ip_counter_;
+  std::string ip = absl::StrCat("10.", 244 + (n >> 16) % 10, ".", (n >> 8) & 0xff, ".", n & 0xff);
+  std::string host_ip = absl::StrCat("172.18.0.", node_index + 1);
+  std::string now = Now();
+  json& st = next["status"];
+  st["phase"] = "Running";
+  st["podIP"] = ip;
+  st["podIPs"] = {{{"ip", ip}}};
+  st["hostIP"] = host_ip;
+  st["hostIPs"] = {{{"ip", host_ip}}};
+  st["startTime"] = now;
+  json conds = json::array();
+  for (const char* c :
+       {"PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"}) {
+    conds.push_back(
+        {{"type", c}, {"status", "True"}, {"lastProbeTime", nullptr}, {"lastTransitionTime", now}});
+  }
+  st["conditions"] = conds;
+  json statuses = json::array();
+  for (const json& c : next["spec"]["containers"]) {
+    statuses.push_back({{"name", c.value("name", "")},
+                        {"image", c.value("image", "")},
+                        {"imageID", "docker.io/library/" + c.value("image", "") + "@sha256:0"},
+                        {"containerID", "containerd://" + Uid()},
+                        {"ready", true},
+                        {"started", true},
+                        {"restartCount", 0},
+                        {"state", {{"running", {{"startedAt", now}}}}},
+                        {"lastState", json::object()}});
+  }
+  st["containerStatuses"] = statuses;
+  ApiError err;
+  UpdateLocked(*t, old, next, "status", false, &err);
+}
+
+bool EmulatorImpl::FailPodLocked(const ObjPtr& old, const std::string& reason) {
+  TypePtr t = types_["/v1/pods"];
+  json next = *old;
+  std::string now = Now();
+  json& st = next["status"];
+  st["phase"] = "Failed";
+  json conds = st.value("conditions", json::array());
+  for (const char* c : {"Ready", "ContainersReady"}) {
+    bool found = false;
+    for (json& x : conds) {
+      if (x.value("type", "") == c) {
+        x["status"] = "False";
+        x["reason"] = "PodFailed";
+        x["lastTransitionTime"] = now;
+        found = true;
+      }
+    }
+    if (!found) {
+      conds.push_back({{"type", c},
+                       {"status", "False"},
+                       {"reason", "PodFailed"},
+                       {"lastProbeTime", nullptr},
+                       {"lastTransitionTime", now}});
+    }
+  }
+  st["conditions"] = conds;
+  json statuses = json::array();
+  for (const json& c : next["spec"]["containers"]) {
+    statuses.push_back(
+        {{"name", c.value("name", "")},
+         {"image", c.value("image", "")},
+         {"ready", false},
+         {"started", false},
+         {"restartCount", 0},
+         {"state",
+          {{"terminated",
+            {{"exitCode", 1}, {"reason", reason}, {"startedAt", now}, {"finishedAt", now}}}}},
+         {"lastState", json::object()}});
+  }
+  st["containerStatuses"] = statuses;
+  ApiError err;
+  return UpdateLocked(*t, old, next, "status", false, &err) != nullptr;
+}
+
+// ---------------------------------------------------------------- verbs
+
+json EmulatorImpl::ScaleFor(const ResourceType& t, const json& obj) {
+  const json* spec = GetPath(obj, t.spec_replicas_path);
+  const json* status = GetPath(obj, t.status_replicas_path);
+  json scale = {
+      {"kind", "Scale"},
+      {"apiVersion", "autoscaling/v1"},
+      {"metadata",
+       {{"name", MetaStr(obj, "name")},
+        {"namespace", MetaStr(obj, "namespace")},
+        {"uid", MetaStr(obj, "uid")},
+        {"resourceVersion", MetaStr(obj, "resourceVersion")},
+        {"creationTimestamp", MetaStr(obj, "creationTimestamp")}}},
+      {"spec", {{"replicas", spec != nullptr && spec->is_number() ? *spec : json(0)}}},
+      {"status", {{"replicas", status != nullptr && status->is_number() ? *status : json(0)}}}};
+  if (!t.label_selector_path.empty()) {
+    const json* sel = GetPath(obj, t.label_selector_path);
+    if (sel != nullptr && sel->is_string()) scale["status"]["selector"] = *sel;
+  }
+  return scale;
+}
+
+void EmulatorImpl::DoGet(const HttpRequest& req, HttpResponder& resp, const Target& t) {
+  ObjPtr obj;
+  {
+    absl::MutexLock l(&mu_);
+    obj = FindLocked(*t.type, t.ns, t.name);
+  }
+  if (obj == nullptr) {
+    SendError(resp, NotFound(*t.type, t.name));
+    return;
+  }
+  if (t.sub == "scale") {
+    SendJson(resp, 200, ScaleFor(*t.type, *obj));
+    return;
+  }
+  if (req.Header("accept").find("as=Table") != std::string::npos) {
+    SendJson(resp, 200,
+             ToTable(*t.type, {obj}, {{"resourceVersion", MetaStr(*obj, "resourceVersion")}}));
+    return;
+  }
+  resp.Send(200, kJson, obj->dump());
+}
+
+void EmulatorImpl::DoList(const HttpRequest& req, HttpResponder& resp, const Target& t) {
+  auto labels = ParseLabelSelector(req.Query("labelSelector"));
+  auto fields = ParseFieldSelector(req.Query("fieldSelector"));
+  if (!labels.ok() || !fields.ok()) {
+    SendError(resp, Err(400, "BadRequest",
+                        std::string(!labels.ok() ? labels.status().message()
+                                                 : fields.status().message())));
+    return;
+  }
+  int64_t limit = 0;
+  if (req.HasQuery("limit")) (void)absl::SimpleAtoi(req.Query("limit"), &limit);
+  std::string start_after;
+  uint64_t list_rv = 0;
+  std::string token = req.Query("continue");
+  if (!token.empty()) {
+    std::string decoded;
+    json tok;
+    if (!absl::WebSafeBase64Unescape(token, &decoded) ||
+        !(tok = json::parse(decoded, nullptr, false)).is_object()) {
+      SendError(resp, Err(400, "BadRequest", "continue key is not valid"));
+      return;
+    }
+    start_after = tok.value("start", "");
+    list_rv = tok.value("rv", uint64_t{0});
+  }
+  std::vector<ObjPtr> items;
+  int64_t remaining = 0;
+  std::string last_key;
+  {
+    absl::ReleasableMutexLock l(&mu_);
+    if (!token.empty() && list_rv < history_floor_) {
+      ApiError e = Err(410, "Expired",
+                       "The provided continue parameter is too old to display a consistent list "
+                       "result. You can start a new list without the continue parameter, or use "
+                       "the continue token in this response to retrieve the remainder of the "
+                       "results. Continuing with the provided token results in an inconsistent "
+                       "list - objects that were created, modified, or deleted between the time "
+                       "the first chunk was returned and now may show up in the list.");
+      l.Release();
+      SendError(resp, e);
+      return;
+    }
+    if (token.empty()) list_rv = rv_;
+    auto bucket_it = objects_.find(t.type->StoreKey());
+    if (bucket_it != objects_.end()) {
+      const auto& bucket = bucket_it->second;
+      std::string prefix = t.all_namespaces ? "" : t.ns + "/";
+      auto it = start_after.empty() ? bucket.lower_bound(prefix) : bucket.upper_bound(start_after);
+      for (; it != bucket.end(); ++it) {
+        if (!absl::StartsWith(it->first, prefix)) break;
+        const json& o = *it->second;
+        if (!LabelsMatch(*labels, Labels(o)) || !FieldsMatch(*fields, o)) continue;
+        if (limit > 0 && static_cast<int64_t>(items.size()) >= limit) {
+          ++remaining;
+          continue;
+        }
+        items.push_back(it->second);
+        last_key = it->first;
+      }
+    }
+    l.Release();
+  }
+  json meta = {{"resourceVersion", std::to_string(list_rv)}};
+  if (remaining > 0) {
+    meta["continue"] =
+        absl::WebSafeBase64Escape(json({{"rv", list_rv}, {"start", last_key}}).dump());
+    meta["remainingItemCount"] = remaining;
+  }
+  if (req.Header("accept").find("as=Table") != std::string::npos) {
+    SendJson(resp, 200, ToTable(*t.type, items, meta));
+    return;
+  }
+  std::string out =
+      absl::StrCat("{\"kind\":\"", t.type->kind, "List\",\"apiVersion\":\"", t.type->GroupVersion(),
+                   "\",\"metadata\":", meta.dump(), ",\"items\":[");
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += ",";
+    out += items[i]->dump();
+  }
+  out += "]}";
+  resp.Send(200, kJson, out);
+}
+
+json EmulatorImpl::ToTable(const ResourceType& t, const std::vector<ObjPtr>& items,
+                           const json& list_meta) {
+  auto col = [](const std::string& name, const std::string& type, const std::string& format,
+                int priority) {
+    return json({{"name", name},
+                 {"type", type},
+                 {"format", format},
+                 {"description", ""},
+                 {"priority", priority}});
+  };
+  json cols = json::array();
+  cols.push_back(col("Name", "string", "name", 0));
+  bool pods = t.plural == "pods";
+  if (pods) {
+    cols.push_back(col("Ready", "string", "", 0));
+    cols.push_back(col("Status", "string", "", 0));
+    cols.push_back(col("Restarts", "string", "", 0));
+  }
+  json printer = t.custom ? t.printer_columns : json::array();
+  bool has_age_column = false;
+  for (const json& pc : printer) {
+    cols.push_back(col(pc.value("name", ""), pc.value("type", "string"), pc.value("format", ""),
+                       pc.value("priority", 0)));
+    if (pc.value("jsonPath", "") == ".metadata.creationTimestamp") has_age_column = true;
+  }
+  if (!has_age_column) cols.push_back(col("Age", "string", "", 0));
+  if (pods) {
+    cols.push_back(col("IP", "string", "", 1));
+    cols.push_back(col("Node", "string", "", 1));
+  }
+  absl::Time now = absl::Now();
+  auto age = [&](const json& o) {
+    absl::Time ct;
+    std::string err;
+    if (!absl::ParseTime(absl::RFC3339_full, MetaStr(o, "creationTimestamp"), &ct, &err)) {
+      return std::string("<unknown>");
+    }
+    return HumanAge(now - ct);
+  };
+  json rows = json::array();
+  for (const ObjPtr& p : items) {
+    const json& o = *p;
+    json cells = json::array();
+    cells.push_back(MetaStr(o, "name"));
+    if (pods) {
+      const json* cs = GetPath(o, "status.containerStatuses");
+      const json* cont = GetPath(o, "spec.containers");
+      int total = cont != nullptr && cont->is_array() ? static_cast<int>(cont->size()) : 0;
+      int ready = 0;
+      int restarts = 0;
+      std::string reason;
+      if (cs != nullptr && cs->is_array()) {
+        for (const json& c : *cs) {
+          if (c.value("ready", false)) ++ready;
+          restarts += c.value("restartCount", 0);
+          if (const json* term = GetPath(c, "state.terminated"); term != nullptr) {
+            reason = term->value("reason", "");
+          }
+        }
+      }
+      const json* phase = GetPath(o, "status.phase");
+      std::string status = phase != nullptr && phase->is_string() ? phase->get<std::string>() : "";
+      if (!reason.empty()) status = reason;
+      if (Meta(o).contains("deletionTimestamp")) status = "Terminating";
+      cells.push_back(absl::StrCat(ready, "/", total));
+      cells.push_back(status);
+      cells.push_back(std::to_string(restarts));
+    }
+    for (const json& pc : printer) {
+      std::string jp = pc.value("jsonPath", "");
+      json v = EvalJsonPath(o, jp);
+      if (jp == ".metadata.creationTimestamp") {
+        cells.push_back(age(o));
+      } else if (v.is_null()) {
+        cells.push_back(nullptr);
+      } else {
+        cells.push_back(v.is_string() ? v : json(v.dump()));
+      }
+    }
+    if (!has_age_column) cells.push_back(age(o));
+    if (pods) {
+      const json* ip = GetPath(o, "status.podIP");
+      const json* node = GetPath(o, "spec.nodeName");
+      cells.push_back(ip != nullptr ? *ip : json("<none>"));
+      cells.push_back(node != nullptr ? *node : json("<none>"));
+    }
+    rows.push_back({{"cells", cells}, {"object", o}});
+  }
+  return {{"kind", "Table"},
+          {"apiVersion", "meta.k8s.io/v1"},
+          {"metadata", list_meta},
+          {"columnDefinitions", cols},
+          {"rows", rows}};
+}
+
+void EmulatorImpl::DoWatch(const HttpRequest& req, HttpResponder& resp, const Target& t) {
+  auto labels = ParseLabelSelector(req.Query("labelSelector"));
+  auto fields = ParseFieldSelector(req.Query("fieldSelector"));
+  if (!labels.ok() || !fields.ok()) {
+    SendError(resp, Err(400, "BadRequest",
+                        std::string(!labels.ok() ? labels.status().message()
+                                                 : fields.status().message())));
+    return;
+  }
+  std::string rv_param = req.Query("resourceVersion");
+  uint64_t since = 0;
+  if (!rv_param.empty() && !absl::SimpleAtoi(rv_param, &since)) {
+    SendError(resp,
+              Err(400, "BadRequest", absl::StrCat("invalid resource version \"", rv_param, "\"")));
+    return;
+  }
+  bool bookmarks = req.Query("allowWatchBookmarks") == "true";
+  const bool as_table = req.Header("accept").find("as=Table") != std::string::npos;
+  const bool initial_events = req.Query("sendInitialEvents") == "true";
+  int64_t timeout_s = 0;
+  if (req.HasQuery("timeoutSeconds"))
+    (void)absl::SimpleAtoi(req.Query("timeoutSeconds"), &timeout_s);
+  auto w = std::make_shared<Watcher>();
+  w->store_key = t.type->StoreKey();
+  w->ns = t.all_namespaces ? "" : t.ns;
+  w->labels = *labels;
+  w->fields = *fields;
+  json expired;
+  {
+    absl::MutexLock l(&mu_);
+    if (since == 0 || initial_events) {
+      auto bucket = objects_.find(w->store_key);
+      if (bucket != objects_.end()) {
+        {
+          absl::MutexLock wl(&w->mu);
+          w->limit = kWatchQueueLimit + bucket->second.size();
+        }
+        for (const auto& [k, o] : bucket->second) {
+          if (w->Matches(*o)) w->Push("ADDED", o);
+        }
+      }
+      if (initial_events && bookmarks) {
+        // Watch-list: a bookmark marks the end of the initial state.
+        w->Push("BOOKMARK", std::make_shared<const json>(json(
+                                {{"kind", t.type->kind},
+                                 {"apiVersion", t.type->GroupVersion()},
+                                 {"metadata",
+                                  {{"resourceVersion", std::to_string(rv_)},
+                                   {"annotations", {{"k8s.io/initial-events-end", "true"}}}}}})));
+      }
+    } else if (since < history_floor_) {
+      expired =
+          MakeStatus(410, "Expired",
+                     absl::StrCat("too old resource version: ", since, " (", history_floor_, ")"));
+    } else {
+      {
+        absl::MutexLock wl(&w->mu);
+        w->limit = kWatchQueueLimit + history_.size();
+      }
+      auto it = std::upper_bound(history_.begin(), history_.end(), since,
+                                 [](uint64_t v, const HistoryEvent& e) { return v < e.rv; });
+      for (; it != history_.end(); ++it) {
+        if (it->store_key != w->store_key) continue;
+        bool now = w->Matches(*it->obj);
+        bool before = it->old_obj != nullptr && w->Matches(*it->old_obj);
+        if (it->type == "ADDED" || it->type == "DELETED") {
+          if (now) w->Push(it->type, it->obj);
+        } else if (now && before) {
+          w->Push("MODIFIED", it->obj);
+        } else if (now) {
+          w->Push("ADDED", it->obj);
+        } else if (before) {
+          w->Push("DELETED", it->obj);
+        }
+      }
+    }
+    if (expired.is_null()) {
+      watchers_.emplace(w->store_key, w);
+      ++watches_active_;
+    }
+  }
+  if (!resp.StartChunked(200, kJson)) {
+    expired = json();
+  }
+  if (!expired.is_null()) {
+    resp.WriteChunk(json({{"type", "ERROR"}, {"object", expired}}).dump() + "\n");
+    resp.EndChunked();
+    return;
+  }
+  absl::Time deadline =
+      timeout_s > 0 ? absl::Now() + absl::Seconds(timeout_s) : absl::InfiniteFuture();
+  absl::Time next_bookmark = absl::Now() + absl::Milliseconds(options_.bookmark_interval_ms);
+  bool clean_end = true;
+  bool alive = !resp.close_after();
+  while (alive) {
+    std::deque<WatchEvent> batch;
+    bool overflow;
+    {
+      absl::MutexLock l(&w->mu);
+      absl::Time wake = std::min({deadline, absl::Now() + absl::Milliseconds(200),
+                                  bookmarks ? next_bookmark : absl::InfiniteFuture()});
+      auto has_work = [](Watcher* x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(x->mu) {
+        return !x->queue.empty() || x->overflow;
+      };
+      w->mu.AwaitWithDeadline(absl::Condition(+has_work, w.get()), wake);
+      batch.swap(w->queue);
+      overflow = w->overflow;
+    }
+    double drop_rate;
+    {
+      absl::MutexLock l(&faults_mu_);
+      drop_rate = watch_drop_rate_;
+    }
+    for (const WatchEvent& e : batch) {
+      std::string body;
+      if (as_table && e.type != "BOOKMARK" && e.type != "ERROR") {
+        body = ToTable(*t.type, {e.object},
+                       {{"resourceVersion", MetaStr(*e.object, "resourceVersion")}})
+                   .dump();
+      } else {
+        body = e.object->dump();
+      }
+      std::string line = absl::StrCat("{\"type\":\"", e.type, "\",\"object\":", body, "}\n");
+      if (!resp.WriteChunk(line)) {
+        alive = false;
+        break;
+      }
+      if (drop_rate > 0 && e.type != "BOOKMARK" && Random() < drop_rate) {
+        clean_end = false;
+        alive = false;
+        break;
+      }
+    }
+    if (!alive) break;
+    if (overflow) break;
+    absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    if (bookmarks && now >= next_bookmark) {
+      next_bookmark = now + absl::Milliseconds(options_.bookmark_interval_ms);
+      absl::MutexLock l(&mu_);
+      w->Push("BOOKMARK", std::make_shared<const json>(
+                              json({{"kind", t.type->kind},
+                                    {"apiVersion", t.type->GroupVersion()},
+                                    {"metadata", {{"resourceVersion", std::to_string(rv_)}}}})));
+    }
+    if (resp.PeerGone()) {
+      alive = false;
+      clean_end = false;
+    }
+  }
+  {
+    absl::MutexLock l(&mu_);
+    auto range = watchers_.equal_range(w->store_key);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (it->second == w) {
+        watchers_.erase(it);
+        --watches_active_;
+        break;
+      }
+    }
+  }
+  if (alive && clean_end) {
+    resp.EndChunked();
+  } else {
+    resp.Abort();
+  }
+}
+
+namespace {
+// Parses a JSON body, or a YAML one when the content type says YAML.
+absl::StatusOr<json> ParseBody(const std::string& body, const std::string& content_type = "") {
+  json j = json::parse(body, nullptr, false);
+  if (!j.is_discarded()) return j;
+  if (absl::StrContains(content_type, "yaml")) return YamlToJson(body);
+  return absl::InvalidArgumentError("body is not valid JSON");
+}
+}  // namespace
+
+void EmulatorImpl::DoCreate(const HttpRequest& req, HttpResponder& resp, const Target& t) {
+  auto body = ParseBody(req.body, req.Header("content-type"));
+  if (!body.ok()) {
+    SendError(resp,
+              Err(400, "BadRequest",
+                  absl::StrCat("the object provided is unrecognized: ", body.status().message())));
+    return;
+  }
+  if (!t.sub.empty()) {
+    SendJson(resp, 405,
+             MakeStatus(405, "MethodNotAllowed",
+                        "the server does not allow this method on the requested resource"));
+    return;
+  }
+  ApiError err;
+  absl::StatusOr<ObjPtr> obj;
+  FieldCheck unknown;
+  unknown.strict = req.Query("fieldValidation") == "Strict";
+  unknown.ignore = req.Query("fieldValidation") == "Ignore";
+  {
+    absl::MutexLock l(&mu_);
+    unknown_fields_ = &unknown;
+    obj = CreateLocked(*t.type, t.ns, std::move(*body), &err);
+    unknown_fields_ = nullptr;
+  }
+  if (!obj.ok()) {
+    SendError(resp, err);
+    return;
+  }
+  resp.Send(201, kJson, (*obj)->dump(), FieldWarnings(unknown));
+}
+
+void EmulatorImpl::DoUpdate(const HttpRequest& req, HttpResponder& resp, const Target& t,
+                            bool patch) {
+  auto body = ParseBody(req.body, req.Header("content-type"));
+  if (!body.ok()) {
+    SendError(resp, Err(400, "BadRequest",
+                        absl::StrCat("the body of the request was in an unknown format: ",
+                                     body.status().message())));
+    return;
+  }
+  std::string ctype = absl::AsciiStrToLower(req.Header("content-type"));
+  ctype = ctype.substr(0, ctype.find(';'));
+  enum { kMerge, kJsonPatch, kStrategic, kApply } kind = kMerge;
+  if (patch) {
+    if (ctype == "application/apply-patch+yaml" && t.sub.empty()) {
+      // Server-side apply, approximated: no managedFields and no conflicts; the
+      // applied object is merged in (lists by key for built-in kinds).
+      kind = kApply;
+      if (req.Query("fieldManager").empty()) {
+        SendError(resp, Err(422, "Invalid",
+                            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required "
+                            "value: is required for apply patch"));
+        return;
+      }
+    } else if (ctype == "application/merge-patch+json") {
+      kind = kMerge;
+    } else if (ctype == "application/json-patch+json") {
+      kind = kJsonPatch;
+    } else if (ctype == "application/strategic-merge-patch+json" &&
+               (!t.type->custom || t.sub == "scale")) {
+      kind = kStrategic;
+    } else {
+      SendError(resp, Err(415, "UnsupportedMediaType",
+                          absl::StrCat(
+                              "the body of the request was in an unknown format - "
+                              "accepted media types include: application/json-patch+json, "
+                              "application/merge-patch+json",
+                              t.type->custom ? "" : ", application/strategic-merge-patch+json")));
+      return;
+    }
+  }
+  FieldCheck unknown;
+  unknown.strict = req.Query("fieldValidation") == "Strict";
+  unknown.ignore = req.Query("fieldValidation") == "Ignore";
+  ApiError err;
+  ObjPtr result;
+  json scale_result;
+  {
+    absl::ReleasableMutexLock l(&mu_);
+    ObjPtr old = FindLocked(*t.type, t.ns, t.name);
+    if (old == nullptr && kind == kApply) {
+      json obj = std::move(*body);
+      if (obj.is_object()) {
+        if (!obj["metadata"].is_object()) obj["metadata"] = json::object();
+        obj["metadata"]["name"] = t.name;
+      }
+      unknown_fields_ = &unknown;
+      absl::StatusOr<ObjPtr> created = CreateLocked(*t.type, t.ns, std::move(obj), &err);
+      unknown_fields_ = nullptr;
+      l.Release();
+      if (!created.ok()) {
+        SendError(resp, err);
+      } else {
+        resp.Send(201, kJson, (*created)->dump(), FieldWarnings(unknown));
+      }
+      return;
+    }
+    if (old == nullptr) {
+      l.Release();
+      SendError(resp, NotFound(*t.type, t.name));
+      return;
+    }
+    json base = t.sub == "scale" ? ScaleFor(*t.type, *old) : *old;
+    json next;
+    if (!patch) {
+      next = std::move(*body);
+    } else if (kind == kMerge) {
+      next = MergePatch(base, *body);
+    } else if (kind == kStrategic || (kind == kApply && !t.type->custom)) {
+      next = StrategicMergePatch(base, *body);
+    } else if (kind == kApply) {
+      next = MergePatch(base, *body);
+    } else {
+      auto patched = JsonPatch(base, *body);
+      if (!patched.ok()) {
+        bool test_failed = absl::StrContains(patched.status().message(), "unsuccessful");
+        err = test_failed ? Err(422, "Invalid",
+                                absl::StrCat("the server rejected our request due to an error in "
+                                             "our request: ",
+                                             patched.status().message()))
+                          : Err(400, "BadRequest",
+                                absl::StrCat("the server rejected our request due to an error in "
+                                             "our request: ",
+                                             patched.status().message()));
+        l.Release();
+        SendError(resp, err);
+        return;
+      }
+      next = std::move(*patched);
+    }
+    if (t.sub == "scale") {
+      if (!next.is_object()) next = json::object();
+      std::string rv = GetPath(next, "metadata.resourceVersion") != nullptr &&
+                               GetPath(next, "metadata.resourceVersion")->is_string()
+                           ? GetPath(next, "metadata.resourceVersion")->get<std::string>()
+                           : "";
+      const json* replicas = GetPath(next, "spec.replicas");
+      if (replicas == nullptr || !replicas->is_number_integer() || replicas->get<int64_t>() < 0) {
+        err = Err(422, "Invalid",
+                  absl::StrCat("Scale.autoscaling \"", t.name,
+                               "\" is invalid: spec.replicas: Invalid value: ",
+                               replicas == nullptr ? "null" : replicas->dump(),
+                               ": must be greater than or equal to 0"));
+      } else {
+        json obj = *old;
+        SetPath(obj, t.type->spec_replicas_path, *replicas);
+        obj["metadata"]["resourceVersion"] = rv.empty() ? MetaStr(*old, "resourceVersion") : rv;
+        result = UpdateLocked(*t.type, old, obj, "", false, &err);
+        if (result != nullptr) scale_result = ScaleFor(*t.type, *result);
+      }
+    } else {
+      unknown_fields_ = &unknown;
+      result = UpdateLocked(*t.type, old, std::move(next), t.sub, !patch, &err);
+      unknown_fields_ = nullptr;
+    }
+    l.Release();
+  }
+  if (result == nullptr) {
+    SendError(resp, err);
+    return;
+  }
+  if (t.sub == "scale") {
+    SendJson(resp, 200, scale_result);
+    return;
+  }
+  resp.Send(200, kJson, result->dump(), FieldWarnings(unknown));
+}
+
+void EmulatorImpl::DoDelete(const HttpRequest& req, HttpResponder& resp, const Target& t) {
+  json options = json::object();
+  if (!absl::StripAsciiWhitespace(req.body).empty()) {
+    auto body = ParseBody(req.body);
+    if (!body.ok() || !body->is_object()) {
+      SendError(resp, Err(400, "BadRequest", "the DeleteOptions body is not valid JSON"));
+      return;
+    }
+    options = *body;
+  }
+  if (req.HasQuery("gracePeriodSeconds")) {
+    int64_t g = 0;
+    if (absl::SimpleAtoi(req.Query("gracePeriodSeconds"), &g)) options["gracePeriodSeconds"] = g;
+  }
+  if (req.HasQuery("propagationPolicy"))
+    options["propagationPolicy"] = req.Query("propagationPolicy");
+  std::string policy = options.value("propagationPolicy", "");
+  if (!policy.empty() && policy != "Orphan" && policy != "Background" && policy != "Foreground") {
+    SendError(resp,
+              Err(422, "Invalid",
+                  absl::StrCat("DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: "
+                               "Unsupported value: \"",
+                               policy,
+                               "\": supported values: "
+                               "\"Foreground\", \"Background\", \"Orphan\", \"nil\"")));
+    return;
+  }
+  ApiError err;
+  ObjPtr result;
+  {
+    absl::ReleasableMutexLock l(&mu_);
+    ObjPtr obj = FindLocked(*t.type, t.ns, t.name);
+    if (obj == nullptr) {
+      l.Release();
+      SendError(resp, NotFound(*t.type, t.name));
+      return;
+    }
+    result = DeleteLocked(*t.type, obj, options, &err);
+    l.Release();
+  }
+  if (result == nullptr) {
+    SendError(resp, err);
+    return;
+  }
+  resp.Send(200, kJson, result->dump());
+}
+
+void EmulatorImpl::DoDeleteCollection(const HttpRequest& req, HttpResponder& resp,
+                                      const Target& t) {
+  auto labels = ParseLabelSelector(req.Query("labelSelector"));
+  auto fields = ParseFieldSelector(req.Query("fieldSelector"));
+  if (!labels.ok() || !fields.ok()) {
+    SendError(resp, Err(400, "BadRequest", "invalid selector"));
+    return;
+  }
+  json options = json::object();
+  auto body = ParseBody(req.body);
+  if (body.ok() && body->is_object()) options = *body;
+  if (req.HasQuery("gracePeriodSeconds")) {
+    int64_t g = 0;
+    if (absl::SimpleAtoi(req.Query("gracePeriodSeconds"), &g)) options["gracePeriodSeconds"] = g;
+  }
+  if (req.HasQuery("propagationPolicy"))
+    options["propagationPolicy"] = req.Query("propagationPolicy");
+  std::string out;
+  {
+    absl::MutexLock l(&mu_);
+    std::vector<ObjPtr> victims;
+    auto bucket = objects_.find(t.type->StoreKey());
+    if (bucket != objects_.end()) {
+      std::string prefix = t.all_namespaces ? "" : t.ns + "/";
+      for (auto it = bucket->second.lower_bound(prefix); it != bucket->second.end(); ++it) {
+        if (!absl::StartsWith(it->first, prefix)) break;
+        if (LabelsMatch(*labels, Labels(*it->second)) && FieldsMatch(*fields, *it->second)) {
+          victims.push_back(it->second);
+        }
+      }
+    }
+    out = absl::StrCat("{\"kind\":\"", t.type->kind, "List\",\"apiVersion\":\"",
+                       t.type->GroupVersion(), "\",\"metadata\":{\"resourceVersion\":\"", rv_,
+                       "\"},\"items\":[");
+    bool first = true;
+    for (const ObjPtr& v : victims) {
+      ObjPtr cur = FindLocked(*t.type, MetaStr(*v, "namespace"), MetaStr(*v, "name"));
+      if (cur == nullptr) continue;
+      ApiError err;
+      ObjPtr r = DeleteLocked(*t.type, cur, options, &err);
+      if (r == nullptr) continue;
+      if (!first) out += ",";
+      first = false;
+      out += r->dump();
+    }
+    out += "]}";
+  }
+  resp.Send(200, kJson, out);
+}
+
+// ---------------------------------------------------------------- admin
+
+void EmulatorImpl::HandleAdmin(const HttpRequest& req, HttpResponder& resp) {
+  const std::string& p = req.path;
+  json body = json::object();
+  if (req.method == "POST" && !absl::StripAsciiWhitespace(req.body).empty()) {
+    body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object()) {
+      SendJson(resp, 400, {{"error", "body must be a JSON object"}});
+      return;
+    }
+  }
+  if (p == "/emulator/stats" && req.method == "GET") {
+    json out;
+    {
+      absl::MutexLock l(&stats_mu_);
+      out["requests"] = json::object();
+      for (const auto& [k, v] : stats_) out["requests"][k] = v;
+      out["writes"] = stats_writes_;
+      out["total"] = stats_total_;
+    }
+    absl::MutexLock l(&mu_);
+    out["watches_active"] = watches_active_;
+    size_t n = 0;
+    for (const auto& [k, b] : objects_) n += b.size();
+    out["objects"] = n;
+    out["resourceVersion"] = std::to_string(rv_);
+    SendJson(resp, 200, out);
+    return;
+  }
+  if (p == "/emulator/stats/reset" && req.method == "POST") {
+    absl::MutexLock l(&stats_mu_);
+    stats_.clear();
+    stats_writes_ = 0;
+    stats_total_ = 0;
+    SendJson(resp, 200, {{"ok", true}});
+    return;
+  }
+  auto faults_json = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(faults_mu_) {
+    json errors = json::object();
+    for (const auto& [c, r] : error_rates_) errors[std::to_string(c)] = r;
+    return json({{"latency_ms", latency_ms_},
+                 {"errors", errors},
+                 {"retry_after_seconds", retry_after_},
+                 {"qps_limit", qps_limit_},
+                 {"watch_drop_rate", watch_drop_rate_}});
+  };
+  if (p == "/emulator/faults" && (req.method == "GET" || req.method == "POST")) {
+    absl::MutexLock l(&faults_mu_);
+    try {
+      if (body.contains("latency_ms")) latency_ms_ = body["latency_ms"].get<int>();
+      if (body.contains("retry_after_seconds")) {
+        retry_after_ = body["retry_after_seconds"].get<int>();
+      }
+      if (body.contains("qps_limit")) qps_limit_ = body["qps_limit"].get<int>();
+      if (body.contains("watch_drop_rate"))
+        watch_drop_rate_ = body["watch_drop_rate"].get<double>();
+      if (body.contains("errors")) {
+        for (auto it = body["errors"].begin(); it != body["errors"].end(); ++it) {
+          int code = std::stoi(it.key());
+          double rate = it->get<double>();
+          if (rate <= 0) {
+            error_rates_.erase(code);
+          } else {
+            error_rates_[code] = rate;
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      SendJson(resp, 400, {{"error", absl::StrCat("bad faults body: ", e.what())}});
+      return;
+    }
+    SendJson(resp, 200, faults_json());
+    return;
+  }
+  if (p == "/emulator/compact" && req.method == "POST") {
+    absl::MutexLock l(&mu_);
+    history_.clear();
+    history_floor_ = rv_;
+    SendJson(resp, 200, {{"ok", true}, {"resourceVersion", std::to_string(rv_)}});
+    return;
+  }
+  if (p == "/emulator/kubelet" && req.method == "POST") {
+    absl::MutexLock l(&mu_);
+    if (body.contains("ready_delay_ms")) ready_delay_ms_ = body["ready_delay_ms"].get<int>();
+    if (body.contains("fail_rate")) fail_rate_ = body["fail_rate"].get<double>();
+    SendJson(resp, 200, {{"ready_delay_ms", ready_delay_ms_}, {"fail_rate", fail_rate_}});
+    return;
+  }
+  if (p == "/emulator/pods/fail" && req.method == "POST") {
+    std::string ns = body.value("namespace", "default");
+    std::string name = body.value("name", "");
+    std::string reason = body.value("reason", "Error");
+    absl::MutexLock l(&mu_);
+    auto& bucket = objects_["/pods"];
+    auto it = bucket.find(ObjKey(ns, name));
+    if (it == bucket.end()) {
+      SendJson(resp, 404, {{"error", absl::StrCat("pod ", ns, "/", name, " not found")}});
+      return;
+    }
+    FailPodLocked(it->second, reason);
+    SendJson(resp, 200, {{"ok", true}});
+    return;
+  }
+  SendJson(resp, 404, {{"error", absl::StrCat("no admin endpoint ", req.method, " ", p)}});
+}
+
+Emulator::Emulator(const EmulatorOptions& options)
+    : impl_(std::make_unique<EmulatorImpl>(options)) {}
+Emulator::~Emulator() = default;
+void Emulator::Handle(const HttpRequest& request, HttpResponder& responder) {
+  impl_->Handle(request, responder);
+}
+
+}  // namespace kube_emulator

@@ -1,0 +1,825 @@
+"""Raw HTTP tests of kube-emulator.
+
+Usage: python3 emulator_test.py KUBE_EMULATOR_BINARY PROJECT_SOURCE_DIR
+"""
+import json
+import os
+import ssl
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from emu_harness import Client, Emulator, Watch, make_tls, wait_until  # noqa: E402
+
+BINARY = None
+NS = "/api/v1/namespaces/default"
+WIDGETS = "/apis/test.example.com/v1/namespaces/default/widgets"
+
+WIDGET_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.test.example.com"},
+    "spec": {
+        "group": "test.example.com",
+        "scope": "Namespaced",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget",
+                  "shortNames": ["wd"]},
+        "versions": [{
+            "name": "v1", "served": True, "storage": True,
+            "subresources": {"status": {}, "scale": {
+                "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+                "labelSelectorPath": ".status.selector"}},
+            "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {
+                    "spec": {"type": "object", "required": ["size"], "properties": {
+                        "size": {"type": "string", "enum": ["S", "M", "L"]},
+                        "replicas": {"type": "integer", "minimum": 0, "default": 1},
+                        "color": {"type": "string", "default": "blue"},
+                        "tags": {"type": "array", "items": {"type": "string"}},
+                        "extra": {"type": "object",
+                                  "x-kubernetes-preserve-unknown-fields": True}}},
+                    "status": {"type": "object", "properties": {
+                        "replicas": {"type": "integer"}, "selector": {"type": "string"},
+                        "phase": {"type": "string"}}}}}}}]}}
+
+
+def pod(name, labels=None, **meta):
+    m = {"name": name, "labels": labels or {}}
+    m.update(meta)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": m,
+            "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+
+
+def cm(name, labels=None, **meta):
+    m = {"name": name, "labels": labels or {}}
+    m.update(meta)
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": m, "data": {"k": "v"}}
+
+
+def widget(name, size="S", **spec):
+    s = {"size": size}
+    s.update(spec)
+    return {"apiVersion": "test.example.com/v1", "kind": "Widget", "metadata": {"name": name},
+            "spec": s}
+
+
+class ApiTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.emu = Emulator(BINARY, "--pod_ready_delay_ms", "50", "--bookmark_interval_ms", "200",
+                           "--seed", "7").__enter__()
+        cls.c = cls.emu.client()
+        r = cls.c.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", WIDGET_CRD)
+        assert r.status == 201, r
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.emu.stop()
+
+    # ------------------------------------------------------------ CRUD and errors
+    def test_discovery(self):
+        c = self.c
+        v = c.get("/version").json
+        self.assertTrue(v["gitVersion"].startswith("v1.32"))
+        core = c.get("/api/v1").json
+        names = {r["name"]: r for r in core["resources"]}
+        self.assertIn("pods/status", names)
+        self.assertTrue(names["pods"]["namespaced"])
+        self.assertFalse(names["namespaces"]["namespaced"])
+        groups = [g["name"] for g in c.get("/apis").json["groups"]]
+        self.assertIn("coordination.k8s.io", groups)
+        self.assertIn("test.example.com", groups)
+        wl = {r["name"]: r for r in c.get("/apis/test.example.com/v1").json["resources"]}
+        self.assertEqual(wl["widgets"]["shortNames"], ["wd"])
+        self.assertEqual(wl["widgets/scale"]["kind"], "Scale")
+        crd = c.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                    "widgets.test.example.com").json
+        conds = {x["type"]: x["status"] for x in crd["status"]["conditions"]}
+        self.assertEqual(conds, {"NamesAccepted": "True", "Established": "True"})
+
+    def test_crud_and_error_bodies(self):
+        c = self.c
+        r = c.post(NS + "/pods", pod("crud-1", {"app": "crud"}))
+        self.assertEqual(r.status, 201, r)
+        meta = r.json["metadata"]
+        self.assertTrue(meta["uid"])
+        self.assertRegex(meta["creationTimestamp"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+        self.assertEqual(meta["generation"], 1)
+        self.assertEqual(c.get(NS + "/pods/crud-1").json["metadata"]["uid"], meta["uid"])
+        r = c.post(NS + "/pods", pod("crud-1"))
+        self.assertEqual(r.status, 409)
+        self.assertEqual(r.json["kind"], "Status")
+        self.assertEqual(r.json["reason"], "AlreadyExists")
+        self.assertEqual(r.json["message"], 'pods "crud-1" already exists')
+        r = c.get(NS + "/pods/nope")
+        self.assertEqual(r.status, 404)
+        self.assertEqual(r.json["reason"], "NotFound")
+        self.assertEqual(r.json["message"], 'pods "nope" not found')
+        self.assertEqual(r.json["details"], {"name": "nope", "group": "", "kind": "pods"})
+        r = c.post(NS + "/pods", pod("Bad_Name"))
+        self.assertEqual(r.status, 422)
+        self.assertEqual(r.json["reason"], "Invalid")
+        self.assertEqual(r.json["details"]["causes"][0]["field"], "metadata.name")
+        bad = pod("nocontainers")
+        bad["spec"] = {}
+        r = c.post(NS + "/pods", bad)
+        self.assertEqual(r.status, 422)
+        self.assertEqual(r.json["message"],
+                         'Pod "nocontainers" is invalid: spec.containers: Required value')
+        r = c.post("/api/v1/namespaces/missing/pods", pod("x"))
+        self.assertEqual(r.status, 404)
+        self.assertEqual(r.json["message"], 'namespaces "missing" not found')
+        r = c.post(NS + "/configmaps", {"metadata": {"generateName": "gen-"}, "data": {}})
+        self.assertEqual(r.status, 201)
+        self.assertRegex(r.json["metadata"]["name"], r"^gen-[a-z0-9]{5}$")
+        r = c.delete(NS + "/pods/crud-1")
+        self.assertEqual(r.status, 200)
+        self.assertTrue(wait_until(lambda: c.get(NS + "/pods/crud-1").status == 404))
+        self.assertEqual(c.delete(NS + "/pods/crud-1").status, 404)
+        self.assertEqual(c.get("/api/v1/nothing").status, 404)
+
+    def test_builtin_kinds(self):
+        c = self.c
+        svc = c.post(NS + "/services", {"metadata": {"name": "svc-a"},
+                                        "spec": {"ports": [{"port": 80}]}}).json
+        self.assertRegex(svc["spec"]["clusterIP"], r"^10\.96\.")
+        headless = c.post(NS + "/services", {"metadata": {"name": "svc-h"},
+                                             "spec": {"clusterIP": "None"}}).json
+        self.assertEqual(headless["spec"]["clusterIP"], "None")
+        pvc = c.post(NS + "/persistentvolumeclaims",
+                     {"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"]}})
+        self.assertEqual(pvc.json["status"]["phase"], "Bound")
+        for path, body in [
+                ("/apis/coordination.k8s.io/v1/namespaces/default/leases",
+                 {"metadata": {"name": "l1"}, "spec": {"holderIdentity": "me"}}),
+                ("/apis/networking.k8s.io/v1/namespaces/default/networkpolicies",
+                 {"metadata": {"name": "np"}, "spec": {"podSelector": {}}}),
+                (NS + "/events", {"metadata": {"name": "ev1"}, "reason": "Test"})]:
+            r = c.post(path, body)
+            self.assertEqual(r.status, 201, (path, r))
+        self.assertEqual(len(c.get("/api/v1/nodes").json["items"]), 3)
+
+    def test_generation_and_stale_update(self):
+        c = self.c
+        r = c.post(WIDGETS, widget("gen-1", junk="dropped", extra={"free": {"x": 1}}))
+        self.assertEqual(r.status, 201, r)
+        w = r.json
+        self.assertEqual(w["metadata"]["generation"], 1)
+        self.assertEqual(w["spec"]["replicas"], 1)  # defaulted
+        self.assertEqual(w["spec"]["color"], "blue")
+        self.assertNotIn("junk", w["spec"])  # pruned
+        self.assertEqual(w["spec"]["extra"], {"free": {"x": 1}})  # preserved
+        stale = json.loads(json.dumps(w))
+        w["spec"]["size"] = "M"
+        r = c.put(WIDGETS + "/gen-1", w)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json["metadata"]["generation"], 2)
+        self.assertNotEqual(r.json["metadata"]["resourceVersion"], stale["metadata"]["resourceVersion"])
+        # Label-only change: no generation bump.
+        w2 = r.json
+        w2["metadata"]["labels"] = {"a": "b"}
+        r = c.put(WIDGETS + "/gen-1", w2)
+        self.assertEqual(r.json["metadata"]["generation"], 2)
+        stale["spec"]["size"] = "L"
+        r = c.put(WIDGETS + "/gen-1", stale)
+        self.assertEqual(r.status, 409)
+        self.assertEqual(r.json["reason"], "Conflict")
+        self.assertIn("the object has been modified; please apply your changes to the latest "
+                      "version and try again", r.json["message"])
+        del stale["metadata"]["resourceVersion"]
+        r = c.put(WIDGETS + "/gen-1", stale)
+        self.assertEqual(r.status, 422)
+        r = c.post(WIDGETS, widget("bad-size", size="XXL"))
+        self.assertEqual(r.status, 422)
+        self.assertIn('spec.size: Unsupported value: "XXL"', r.json["message"])
+        r = c.post(WIDGETS, {"apiVersion": "test.example.com/v1", "kind": "Widget",
+                             "metadata": {"name": "no-size"}, "spec": {"replicas": -1}})
+        self.assertEqual(r.status, 422)
+        fields = sorted(x["field"] for x in r.json["details"]["causes"])
+        self.assertEqual(fields, ["spec.replicas", "spec.size"])
+
+    # ------------------------------------------------------------ list
+    def test_pagination_and_expired_continue(self):
+        c = self.c
+        c.post("/api/v1/namespaces", {"metadata": {"name": "pages"}})
+        for i in range(25):
+            self.assertEqual(c.post("/api/v1/namespaces/pages/configmaps",
+                                    cm("cm-%02d" % i)).status, 201)
+        names = []
+        r = c.get("/api/v1/namespaces/pages/configmaps?limit=10").json
+        self.assertEqual(r["metadata"]["remainingItemCount"], 15)
+        names += [x["metadata"]["name"] for x in r["items"]]
+        while r["metadata"].get("continue"):
+            r = c.get("/api/v1/namespaces/pages/configmaps?limit=10&continue=" +
+                      r["metadata"]["continue"]).json
+            names += [x["metadata"]["name"] for x in r["items"]]
+        self.assertEqual(names, ["cm-%02d" % i for i in range(25)])
+        r = c.get("/api/v1/namespaces/pages/configmaps?limit=10").json
+        token = r["metadata"]["continue"]
+        c.post(NS + "/configmaps", cm("after-page"))
+        self.assertEqual(c.post("/emulator/compact", {}).status, 200)
+        r = c.get("/api/v1/namespaces/pages/configmaps?limit=10&continue=" + token)
+        self.assertEqual(r.status, 410)
+        self.assertEqual(r.json["reason"], "Expired")
+        # All-namespaces list sees both namespaces.
+        all_cms = c.get("/api/v1/configmaps").json["items"]
+        self.assertTrue({x["metadata"]["namespace"] for x in all_cms} >= {"pages", "default"})
+
+    def test_label_and_field_selectors(self):
+        c = self.c
+        c.post("/api/v1/namespaces", {"metadata": {"name": "sel"}})
+        base = "/api/v1/namespaces/sel/configmaps"
+        for name, labels in [("a", {"app": "x", "tier": "web"}), ("b", {"app": "x", "tier": "db"}),
+                             ("c", {"app": "y"}), ("d", {})]:
+            c.post(base, cm(name, labels))
+
+        def names(q):
+            r = c.get(base + "?" + q)
+            self.assertEqual(r.status, 200, r)
+            return sorted(x["metadata"]["name"] for x in r.json["items"])
+        self.assertEqual(names("labelSelector=app%3Dx"), ["a", "b"])
+        self.assertEqual(names("labelSelector=app%3D%3Dx,tier!%3Ddb"), ["a"])
+        self.assertEqual(names("labelSelector=tier+in+(web,db)"), ["a", "b"])
+        self.assertEqual(names("labelSelector=app+notin+(x)"), ["c", "d"])
+        self.assertEqual(names("labelSelector=tier"), ["a", "b"])
+        self.assertEqual(names("labelSelector=!app"), ["d"])
+        self.assertEqual(names("fieldSelector=metadata.name%3Dc"), ["c"])
+        self.assertEqual(names("fieldSelector=metadata.name!%3Dc"), ["a", "b", "d"])
+        self.assertEqual(names("fieldSelector=metadata.namespace%3Dsel&labelSelector=app%3Dy"),
+                         ["c"])
+        self.assertEqual(c.get(base + "?labelSelector=a+in+b)").status, 400)
+        c.post("/api/v1/namespaces/sel/pods", pod("p-sel"))
+        wait_until(lambda: c.get("/api/v1/namespaces/sel/pods/p-sel").json["status"]["phase"]
+                   == "Running")
+        r = c.get("/api/v1/pods?fieldSelector=status.phase%3DRunning,metadata.namespace%3Dsel")
+        self.assertEqual([x["metadata"]["name"] for x in r.json["items"]], ["p-sel"])
+        r = c.get("/api/v1/pods?fieldSelector=spec.nodeName%3Demu-node-999")
+        self.assertEqual(r.json["items"], [])
+
+    # ------------------------------------------------------------ watch
+    def test_watch_order_and_resume(self):
+        c = self.c
+        c.post("/api/v1/namespaces", {"metadata": {"name": "w1"}})
+        base = "/api/v1/namespaces/w1/configmaps"
+        rv0 = c.get(base).json["metadata"]["resourceVersion"]
+        w = Watch(self.emu, base + "?watch=true&resourceVersion=" + rv0)
+        try:
+            c.post(base, cm("one"))
+            obj = c.get(base + "/one").json
+            obj["data"] = {"k": "v2"}
+            c.put(base + "/one", obj)
+            c.delete(base + "/one")
+            self.assertTrue(w.wait_for(lambda ev: len(ev) >= 3), w.events)
+            self.assertEqual([e["type"] for e in w.events[:3]], ["ADDED", "MODIFIED", "DELETED"])
+            rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in w.events[:3]]
+            self.assertEqual(rvs, sorted(rvs))
+            self.assertEqual(w.events[1]["object"]["data"], {"k": "v2"})
+        finally:
+            w.close()
+        # Resume from the ADDED event's resourceVersion: MODIFIED then DELETED.
+        w2 = Watch(self.emu, base + "?watch=1&resourceVersion=%d" % rvs[0])
+        try:
+            self.assertTrue(w2.wait_for(lambda ev: len(ev) >= 2))
+            self.assertEqual([e["type"] for e in w2.events[:2]], ["MODIFIED", "DELETED"])
+        finally:
+            w2.close()
+        # resourceVersion unset: synthetic ADDED for current objects.
+        c.post(base, cm("two"))
+        w3 = Watch(self.emu, base + "?watch=true")
+        try:
+            self.assertTrue(w3.wait_for(lambda ev: len(ev) >= 1))
+            self.assertEqual(w3.events[0]["type"], "ADDED")
+            self.assertEqual(w3.events[0]["object"]["metadata"]["name"], "two")
+        finally:
+            w3.close()
+        # After compaction an old resourceVersion gets one 410 ERROR event and the end.
+        c.post("/emulator/compact", {})
+        w4 = Watch(self.emu, base + "?watch=true&resourceVersion=%d" % rvs[0])
+        self.assertTrue(w4.wait_end())
+        self.assertEqual(len(w4.events), 1)
+        self.assertEqual(w4.events[0]["type"], "ERROR")
+        self.assertEqual(w4.events[0]["object"]["code"], 410)
+        self.assertEqual(w4.events[0]["object"]["reason"], "Expired")
+        self.assertIn("too old resource version: %d" % rvs[0], w4.events[0]["object"]["message"])
+        w4.close()
+
+    def test_watch_selector_transitions_bookmarks_timeout(self):
+        c = self.c
+        c.post("/api/v1/namespaces", {"metadata": {"name": "w2"}})
+        base = "/api/v1/namespaces/w2/configmaps"
+        w = Watch(self.emu, base + "?watch=true&labelSelector=app%3Dx&allowWatchBookmarks=true"
+                  "&timeoutSeconds=2")
+        try:
+            obj = c.post(base, cm("m", {"app": "x"})).json
+            c.post(base, cm("other", {"app": "y"}))
+            obj["metadata"]["labels"] = {"app": "y"}
+            c.put(base + "/m", obj)
+            self.assertTrue(w.wait_for(
+                lambda ev: [e["type"] for e in ev if e["type"] != "BOOKMARK"] == ["ADDED", "DELETED"]),
+                w.events)
+            self.assertTrue(w.wait_for(lambda ev: any(e["type"] == "BOOKMARK" for e in ev)))
+            bm = [e for e in w.events if e["type"] == "BOOKMARK"][0]["object"]
+            self.assertEqual(set(bm), {"kind", "apiVersion", "metadata"})
+            self.assertEqual(set(bm["metadata"]), {"resourceVersion"})
+            self.assertEqual(bm["kind"], "ConfigMap")
+            # timeoutSeconds=2 ends the stream cleanly.
+            self.assertTrue(w.wait_end(timeout=5))
+            self.assertTrue(w.ended)
+            self.assertFalse(any(e["object"]["metadata"].get("name") == "other"
+                                 for e in w.events if e["type"] != "BOOKMARK"))
+        finally:
+            w.close()
+        # kubectl wait's form: a field selector on one name.
+        w = Watch(self.emu, base + "?fieldSelector=metadata.name%3Dm&watch=true")
+        try:
+            self.assertTrue(w.wait_for(lambda ev: len(ev) == 1))
+            self.assertEqual(w.events[0]["object"]["metadata"]["name"], "m")
+        finally:
+            w.close()
+        stats = wait_until(lambda: c.get("/emulator/stats").json["watches_active"] == 0, timeout=5)
+        self.assertTrue(stats)
+
+    # ------------------------------------------------------------ patch and subresources
+    def test_patch_kinds(self):
+        c = self.c
+        p = c.post(NS + "/pods", {"metadata": {"name": "patchme"}, "spec": {"containers": [
+            {"name": "a", "image": "img-a", "env": [{"name": "X", "value": "1"}]},
+            {"name": "b", "image": "img-b"}]}}).json
+        r = c.patch(NS + "/pods/patchme", {"metadata": {"labels": {"l": "1"}}})
+        self.assertEqual(r.json["metadata"]["labels"], {"l": "1"})
+        r = c.patch(NS + "/pods/patchme", {"metadata": {"labels": {"l": None, "m": "2"}}})
+        self.assertEqual(r.json["metadata"]["labels"], {"m": "2"})
+        r = c.patch(NS + "/pods/patchme", {"spec": {"$setElementOrder/containers": [
+            {"name": "a"}, {"name": "b"}], "containers": [
+            {"name": "a", "image": "img-a2", "env": [{"name": "Y", "value": "2"}]}]}},
+            ctype="application/strategic-merge-patch+json")
+        self.assertEqual(r.status, 200, r)
+        cs = {x["name"]: x for x in r.json["spec"]["containers"]}
+        self.assertEqual(cs["a"]["image"], "img-a2")
+        self.assertEqual(cs["b"]["image"], "img-b")
+        self.assertEqual([e["name"] for e in cs["a"]["env"]], ["X", "Y"])
+        r = c.patch(NS + "/pods/patchme", {"spec": {"containers": [
+            {"name": "b", "$patch": "delete"}]}}, ctype="application/strategic-merge-patch+json")
+        self.assertEqual([x["name"] for x in r.json["spec"]["containers"]], ["a"])
+        ops = [{"op": "test", "path": "/metadata/labels/m", "value": "2"},
+               {"op": "add", "path": "/metadata/labels/n", "value": "3"}]
+        r = c.patch(NS + "/pods/patchme", ops, ctype="application/json-patch+json")
+        self.assertEqual(r.json["metadata"]["labels"], {"m": "2", "n": "3"})
+        ops = [{"op": "test", "path": "/metadata/labels/m", "value": "wrong"},
+               {"op": "remove", "path": "/metadata/labels/n"}]
+        r = c.patch(NS + "/pods/patchme", ops, ctype="application/json-patch+json")
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("n", c.get(NS + "/pods/patchme").json["metadata"]["labels"])
+        c.post(WIDGETS, widget("pw"))
+        r = c.patch(WIDGETS + "/pw", {"spec": {"size": "L"}},
+                    ctype="application/strategic-merge-patch+json")
+        self.assertEqual(r.status, 415)
+        self.assertEqual(r.json["reason"], "UnsupportedMediaType")
+        r = c.patch(WIDGETS + "/pw", {"spec": {"size": "L"}})
+        self.assertEqual(r.json["spec"]["size"], "L")
+        self.assertEqual(r.json["metadata"]["generation"], 2)
+        r = c.patch(WIDGETS + "/pw", {"spec": {"size": "nope"}})
+        self.assertEqual(r.status, 422)
+        self.assertEqual(c.patch(NS + "/pods/ghost", {}).status, 404)
+        # A stale resourceVersion inside a patch is a conflict.
+        r = c.patch(WIDGETS + "/pw", {"metadata": {"resourceVersion": "1"}, "spec": {"size": "M"}})
+        self.assertEqual(r.status, 409)
+        del p
+
+    def test_status_subresource_isolation(self):
+        c = self.c
+        w = c.post(WIDGETS, widget("st")).json
+        self.assertNotIn("status", w)
+        w["status"] = {"phase": "Hacked"}
+        w["spec"]["size"] = "M"
+        r = c.put(WIDGETS + "/st", w).json
+        self.assertNotIn("status", r)  # status ignored on the main resource
+        self.assertEqual(r["spec"]["size"], "M")
+        r["status"] = {"phase": "Ready", "replicas": 2}
+        r["spec"]["size"] = "L"
+        s = c.put(WIDGETS + "/st/status", r)
+        self.assertEqual(s.status, 200, s)
+        self.assertEqual(s.json["status"]["phase"], "Ready")
+        self.assertEqual(s.json["spec"]["size"], "M")  # spec ignored on /status
+        s = c.patch(WIDGETS + "/st/status", {"status": {"phase": "Done"}, "spec": {"size": "S"}})
+        self.assertEqual(s.json["status"]["phase"], "Done")
+        self.assertEqual(s.json["spec"]["size"], "M")
+        self.assertEqual(s.json["metadata"]["generation"], 2)
+        s = c.patch(WIDGETS + "/st", {"status": {"phase": "X"}})
+        self.assertEqual(s.json["status"]["phase"], "Done")
+        # Pods too.
+        c.post(NS + "/pods", pod("st-pod"))
+        r = c.patch(NS + "/pods/st-pod/status", {"status": {"message": "hello"}})
+        self.assertEqual(r.json["status"]["message"], "hello")
+
+    def test_scale_subresource(self):
+        c = self.c
+        c.post(WIDGETS, widget("sc", replicas=2))
+        c.patch(WIDGETS + "/sc/status", {"status": {"replicas": 2, "selector": "app=sc"}})
+        s = c.get(WIDGETS + "/sc/scale").json
+        self.assertEqual(s["kind"], "Scale")
+        self.assertEqual(s["apiVersion"], "autoscaling/v1")
+        self.assertEqual(s["spec"]["replicas"], 2)
+        self.assertEqual(s["status"], {"replicas": 2, "selector": "app=sc"})
+        r = c.patch(WIDGETS + "/sc/scale", {"spec": {"replicas": 5}})
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json["spec"]["replicas"], 5)
+        w = c.get(WIDGETS + "/sc").json
+        self.assertEqual(w["spec"]["replicas"], 5)
+        self.assertEqual(w["metadata"]["generation"], 2)
+        s = c.get(WIDGETS + "/sc/scale").json
+        s["spec"]["replicas"] = 1
+        self.assertEqual(c.put(WIDGETS + "/sc/scale", s).json["spec"]["replicas"], 1)
+        s["spec"]["replicas"] = 3  # stale resourceVersion
+        self.assertEqual(c.put(WIDGETS + "/sc/scale", s).status, 409)
+        self.assertEqual(c.patch(WIDGETS + "/sc/scale", {"spec": {"replicas": -1}}).status, 422)
+
+    # ------------------------------------------------------------ deletion
+    def test_finalizers(self):
+        c = self.c
+        c.post(NS + "/configmaps", cm("fin", finalizers=["test.example.com/hold"]))
+        r = c.delete(NS + "/configmaps/fin")
+        self.assertEqual(r.status, 200)
+        obj = c.get(NS + "/configmaps/fin")
+        self.assertEqual(obj.status, 200)
+        self.assertIn("deletionTimestamp", obj.json["metadata"])
+        r = c.patch(NS + "/configmaps/fin", {"metadata": {"finalizers": None}})
+        self.assertEqual(r.status, 200)
+        self.assertEqual(c.get(NS + "/configmaps/fin").status, 404)
+        c.post(NS + "/configmaps", cm("pre"))
+        r = c.delete(NS + "/configmaps/pre", {"kind": "DeleteOptions", "apiVersion": "v1",
+                                              "preconditions": {"uid": "not-the-uid"}})
+        self.assertEqual(r.status, 409)
+        r = c.delete(NS + "/configmaps/pre", {"preconditions": {"resourceVersion": "1"}})
+        self.assertEqual(r.status, 409)
+        r = c.delete(NS + "/configmaps/pre?gracePeriodSeconds=0")
+        self.assertEqual(r.status, 200)
+
+    def _owned(self, name, owner, block=False, **meta):
+        ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"],
+               "uid": owner["metadata"]["uid"], "blockOwnerDeletion": block}
+        return cm(name, ownerReferences=[ref], **meta)
+
+    def test_gc_background_foreground_orphan(self):
+        c = self.c
+        base = NS + "/configmaps"
+        # Background: dependents of a deleted owner go away.
+        owner = c.post(base, cm("bg-owner")).json
+        c.post(base, self._owned("bg-dep", owner))
+        c.delete(base + "/bg-owner")
+        self.assertTrue(wait_until(lambda: c.get(base + "/bg-dep").status == 404))
+        # Orphan: dependents stay, without the owner reference.
+        owner = c.post(base, cm("or-owner")).json
+        c.post(base, self._owned("or-dep", owner))
+        c.delete(base + "/or-owner?propagationPolicy=Orphan")
+        time.sleep(0.1)
+        dep = c.get(base + "/or-dep")
+        self.assertEqual(dep.status, 200)
+        self.assertNotIn("ownerReferences", dep.json["metadata"])
+        # Foreground: the owner waits (finalizer + deletionTimestamp) for its dependents.
+        owner = c.post(base, cm("fg-owner")).json
+        c.post(base, self._owned("fg-dep", owner, block=True,
+                                 finalizers=["test.example.com/hold"]))
+        r = c.delete(base + "/fg-owner", {"propagationPolicy": "Foreground"})
+        self.assertEqual(r.status, 200)
+        time.sleep(0.1)
+        o = c.get(base + "/fg-owner").json
+        self.assertIn("foregroundDeletion", o["metadata"]["finalizers"])
+        self.assertIn("deletionTimestamp", o["metadata"])
+        self.assertIn("deletionTimestamp", c.get(base + "/fg-dep").json["metadata"])
+        c.patch(base + "/fg-dep", {"metadata": {"finalizers": None}})
+        self.assertTrue(wait_until(lambda: c.get(base + "/fg-owner").status == 404))
+        self.assertEqual(c.get(base + "/fg-dep").status, 404)
+
+    def test_namespace_and_crd_cascade(self):
+        c = self.c
+        c.post("/api/v1/namespaces", {"metadata": {"name": "doomed"}})
+        c.post("/api/v1/namespaces/doomed/configmaps", cm("x"))
+        self.assertEqual(c.delete("/api/v1/namespaces/doomed").status, 200)
+        self.assertTrue(wait_until(lambda: c.get("/api/v1/namespaces/doomed").status == 404))
+        self.assertEqual(c.get("/api/v1/namespaces/doomed/configmaps/x").status, 404)
+        crd = json.loads(json.dumps(WIDGET_CRD).replace("widget", "gadget").replace("Widget", "Gadget"))
+        self.assertEqual(c.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                                crd).status, 201)
+        gadgets = "/apis/test.example.com/v1/namespaces/default/gadgets"
+        r = c.post(gadgets, {"apiVersion": "test.example.com/v1", "kind": "Gadget",
+                             "metadata": {"name": "g"}, "spec": {"size": "S"}})
+        self.assertEqual(r.status, 201, r)
+        c.delete("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                 "gadgets.test.example.com")
+        self.assertEqual(c.get(gadgets).status, 404)
+
+    def test_deletecollection(self):
+        c = self.c
+        c.post("/api/v1/namespaces", {"metadata": {"name": "dc"}})
+        base = "/api/v1/namespaces/dc/configmaps"
+        for i in range(5):
+            c.post(base, cm("c%d" % i, {"grp": "a" if i < 3 else "b"}))
+        r = c.delete(base + "?labelSelector=grp%3Da")
+        self.assertEqual(r.status, 200)
+        self.assertEqual(sorted(x["metadata"]["name"] for x in c.get(base).json["items"]),
+                         ["c3", "c4"])
+
+    def test_dangling_owner_collected(self):
+        c = self.c
+        ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "no-such-uid"}
+        c.post(NS + "/configmaps", cm("dangling", ownerReferences=[ref]))
+        self.assertTrue(wait_until(lambda: c.get(NS + "/configmaps/dangling").status == 404))
+
+    def test_server_side_apply_and_field_validation(self):
+        c = self.c
+        body = widget("ssa", extra={"a": 1})
+        path = WIDGETS + "/ssa"
+        r = c.patch(path, body, ctype="application/apply-patch+yaml")
+        self.assertEqual(r.status, 422)
+        self.assertIn("fieldManager", r.json["message"])
+        r = c.patch(path + "?fieldManager=test", body, ctype="application/apply-patch+yaml")
+        self.assertEqual(r.status, 201, r)
+        body["spec"]["size"] = "L"
+        r = c.patch(path + "?fieldManager=test", body, ctype="application/apply-patch+yaml")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual((r.json["spec"]["size"], r.json["metadata"]["generation"]), ("L", 2))
+        yaml_body = ("apiVersion: test.example.com/v1\nkind: Widget\nmetadata:\n  name: ssa\n"
+                     "spec:\n  size: M\n  tags: [a, b]\n")
+        r = c.patch(path + "?fieldManager=test", yaml_body, ctype="application/apply-patch+yaml")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual((r.json["spec"]["size"], r.json["spec"]["tags"]), ("M", ["a", "b"]))
+        r = c.post(WIDGETS, "apiVersion: test.example.com/v1\nkind: Widget\n"
+                   "metadata: {name: from-yaml}\nspec: {size: S, replicas: 3}\n",
+                   ctype="application/yaml")
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual(r.json["spec"]["replicas"], 3)
+        typo = widget("strict")
+        typo["spec"]["colour"] = "red"
+        r = c.post(WIDGETS + "?fieldValidation=Strict", typo)
+        self.assertEqual(r.status, 400)
+        self.assertEqual(r.json["message"], 'Widget in version "v1" cannot be handled as a Widget: '
+                         'strict decoding error: unknown field "spec.colour"')
+        r = c.post(WIDGETS + "?fieldValidation=Warn", typo)
+        self.assertEqual(r.status, 201)
+        self.assertIn('unknown field \\"spec.colour\\"', r.headers.get("Warning", ""))
+        self.assertNotIn("colour", r.json["spec"])
+
+    # ------------------------------------------------------------ kubelet
+    def test_kubelet_ready_and_fail(self):
+        c = self.c
+        c.post(NS + "/pods", pod("kb-1"))
+        c.post(NS + "/pods", pod("kb-2"))
+
+        def ready(name):
+            p = c.get(NS + "/pods/" + name).json
+            conds = {x["type"]: x["status"] for x in p["status"].get("conditions", [])}
+            return p if p["status"]["phase"] == "Running" and conds.get("Ready") == "True" else None
+        p1 = wait_until(lambda: ready("kb-1"))
+        p2 = wait_until(lambda: ready("kb-2"))
+        self.assertTrue(p1 and p2)
+        self.assertRegex(p1["status"]["podIP"], r"^10\.\d+\.\d+\.\d+$")
+        self.assertNotEqual(p1["status"]["podIP"], p2["status"]["podIP"])
+        self.assertEqual(p1["status"]["podIPs"], [{"ip": p1["status"]["podIP"]}])
+        self.assertTrue(p1["spec"]["nodeName"].startswith("emu-node-"))
+        self.assertTrue(p1["status"]["hostIP"])
+        conds = {x["type"]: x["status"] for x in p1["status"]["conditions"]}
+        for t in ("Initialized", "ContainersReady", "Ready", "PodScheduled"):
+            self.assertEqual(conds[t], "True")
+        cs = p1["status"]["containerStatuses"][0]
+        self.assertTrue(cs["ready"] and cs["started"] and "running" in cs["state"])
+        r = c.post("/emulator/pods/fail", {"namespace": "default", "name": "kb-2",
+                                           "reason": "OOMKilled"})
+        self.assertEqual(r.status, 200)
+        p = c.get(NS + "/pods/kb-2").json
+        self.assertEqual(p["status"]["phase"], "Failed")
+        conds = {x["type"]: x["status"] for x in p["status"]["conditions"]}
+        self.assertEqual(conds["Ready"], "False")
+        self.assertEqual(p["status"]["containerStatuses"][0]["state"]["terminated"]["reason"],
+                         "OOMKilled")
+        # Every kubelet step is its own watch event.
+        rv = c.get(NS + "/pods").json["metadata"]["resourceVersion"]
+        w = Watch(self.emu, NS + "/pods?watch=true&resourceVersion=" + rv +
+                  "&fieldSelector=metadata.name%3Dkb-3")
+        try:
+            c.post(NS + "/pods", pod("kb-3"))
+            self.assertTrue(w.wait_for(lambda ev: any(
+                e["object"]["status"].get("phase") == "Running" for e in ev)))
+            self.assertEqual([e["type"] for e in w.events], ["ADDED", "MODIFIED", "MODIFIED"])
+        finally:
+            w.close()
+        # A bound pod terminates gracefully: deletionTimestamp first, gone after the kubelet delay.
+        r = c.delete(NS + "/pods/kb-1")
+        self.assertEqual(r.status, 200)
+        self.assertIn("deletionTimestamp", r.json["metadata"])
+        self.assertEqual(r.json["metadata"]["deletionGracePeriodSeconds"], 30)
+        self.assertTrue(wait_until(lambda: c.get(NS + "/pods/kb-1").status == 404))
+        r = c.delete(NS + "/pods/kb-2?gracePeriodSeconds=0")
+        self.assertEqual(c.get(NS + "/pods/kb-2").status, 404)
+        # fail_rate=1 makes new pods fail instead of starting.
+        c.post("/emulator/kubelet", {"fail_rate": 1.0})
+        try:
+            c.post(NS + "/pods", pod("kb-4"))
+            self.assertTrue(wait_until(
+                lambda: c.get(NS + "/pods/kb-4").json["status"]["phase"] == "Failed"))
+        finally:
+            c.post("/emulator/kubelet", {"fail_rate": 0})
+
+
+class FaultTest(unittest.TestCase):
+    def test_error_rate_retry_after_and_stats(self):
+        with Emulator(BINARY, "--error_rate", "429=0.3", "--retry_after_seconds", "3",
+                      "--seed", "1") as emu:
+            c = emu.client()
+            codes = []
+            retry = set()
+            for i in range(300):
+                r = c.get(NS + "/configmaps")
+                codes.append(r.status)
+                if r.status == 429:
+                    retry.add(r.headers.get("Retry-After"))
+                    self.assertEqual(r.json["reason"], "TooManyRequests")
+            frac = codes.count(429) / len(codes)
+            self.assertTrue(0.2 < frac < 0.4, frac)
+            self.assertEqual(retry, {"3"})
+            self.assertEqual(set(codes), {200, 429})
+            stats = c.get("/emulator/stats").json
+            self.assertEqual(stats["requests"]["list configmaps"], 300)
+            # Admin knobs: remove the error rate, add 500s for writes only through the endpoint.
+            r = c.post("/emulator/faults", {"errors": {"429": 0, "500": 1.0}})
+            self.assertEqual(r.json["errors"], {"500": 1.0})
+            self.assertEqual(c.post(NS + "/configmaps", cm("f")).status, 500)
+            c.post("/emulator/faults", {"errors": {"500": 0, "409": 1.0}})
+            self.assertEqual(c.get(NS + "/configmaps").status, 200)  # 409 is for writes only
+            self.assertEqual(c.post(NS + "/configmaps", cm("f")).status, 409)
+            c.post("/emulator/faults", {"errors": {"409": 0}, "latency_ms": 100})
+            t0 = time.time()
+            self.assertEqual(c.get(NS + "/configmaps").status, 200)
+            self.assertGreaterEqual(time.time() - t0, 0.09)
+            c.post("/emulator/faults", {"latency_ms": 0})
+            # Stats count writes, injected failures included.
+            c.post("/emulator/stats/reset", {})
+            c.post(NS + "/configmaps", cm("s1"))
+            c.post(NS + "/configmaps", cm("s2"))
+            c.patch(NS + "/configmaps/s1", {"data": {"a": "b"}})
+            c.delete(NS + "/configmaps/s2")
+            c.get(NS + "/configmaps/s1")
+            stats = c.get("/emulator/stats").json
+            self.assertEqual(stats["requests"], {"create configmaps": 2, "patch configmaps": 1,
+                                                 "delete configmaps": 1, "get configmaps": 1})
+            self.assertEqual(stats["writes"], 4)
+            self.assertEqual(stats["total"], 5)
+            self.assertGreater(stats["objects"], 5)
+            c.close()
+
+    def test_latency_is_per_connection(self):
+        import threading
+        with Emulator(BINARY, "--latency_ms", "400") as emu:
+            done = []
+
+            def one():
+                cl = emu.client()
+                done.append(cl.get(NS + "/configmaps").status)
+                cl.close()
+            t0 = time.time()
+            threads = [threading.Thread(target=one) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertEqual(done, [200] * 4)
+            # Four requests in parallel take one latency, not four.
+            self.assertLess(time.time() - t0, 1.5)
+            self.assertGreaterEqual(time.time() - t0, 0.39)
+
+    def test_stuck_watcher_does_not_block_writers(self):
+        import socket
+        with Emulator(BINARY) as emu:
+            c = emu.client()
+            s = socket.create_connection((emu.host, emu.port))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(("GET %s/configmaps?watch=true HTTP/1.1\r\nHost: x\r\n\r\n" % NS).encode())
+            big = "x" * 20000
+            for i in range(300):  # ~6 MB of events the watcher never reads
+                r = c.post(NS + "/configmaps", {"metadata": {"name": "big-%d" % i},
+                                                "data": {"k": big}})
+                self.assertEqual(r.status, 201)
+            self.assertEqual(c.get("/emulator/stats").json["watches_active"], 1)
+            s.close()
+            c.post(NS + "/configmaps", cm("after"))  # the next event fails its write
+            self.assertTrue(wait_until(
+                lambda: c.get("/emulator/stats").json["watches_active"] == 0, timeout=10))
+            c.close()
+
+    def test_watch_history_bound(self):
+        with Emulator(BINARY, "--watch_history", "5") as emu:
+            c = emu.client()
+            first = c.post(NS + "/configmaps", cm("h0")).json["metadata"]["resourceVersion"]
+            for i in range(1, 10):
+                c.post(NS + "/configmaps", cm("h%d" % i))
+            w = Watch(emu, NS + "/configmaps?watch=true&resourceVersion=" + first)
+            self.assertTrue(w.wait_end())
+            self.assertEqual(w.events[0]["object"]["reason"], "Expired")
+            w.close()
+            recent = c.get(NS + "/configmaps/h7").json["metadata"]["resourceVersion"]
+            w = Watch(emu, NS + "/configmaps?watch=true&resourceVersion=" + recent)
+            self.assertTrue(w.wait_for(lambda ev: len(ev) == 2))
+            self.assertEqual([e["object"]["metadata"]["name"] for e in w.events], ["h8", "h9"])
+            w.close()
+            c.close()
+
+    def test_qps_limit(self):
+        with Emulator(BINARY, "--qps_limit", "20") as emu:
+            c = emu.client()
+            codes = [c.get(NS + "/configmaps").status for _ in range(60)]
+            self.assertIn(429, codes)
+            self.assertLessEqual(codes.count(200), 41)  # at most 2 seconds' worth
+            time.sleep(1.1)
+            self.assertEqual(c.get(NS + "/configmaps").status, 200)
+            c.post("/emulator/faults", {"qps_limit": 0})
+            self.assertNotIn(429, [c.get(NS + "/configmaps").status for _ in range(50)])
+            c.close()
+
+    def test_watch_drop_and_410(self):
+        with Emulator(BINARY, "--watch_drop_rate", "1") as emu:
+            c = emu.client()
+            for i in range(3):
+                c.post(NS + "/configmaps", cm("d%d" % i))
+            w = Watch(emu, NS + "/configmaps?watch=true")
+            self.assertTrue(w.wait_end())
+            self.assertTrue(w.broken)  # cut without the end marker
+            self.assertEqual(len(w.events), 1)
+            w.close()
+            c.post("/emulator/faults", {"watch_drop_rate": 0, "errors": {"410": 1.0}})
+            w = Watch(emu, NS + "/configmaps?watch=true")
+            self.assertTrue(w.wait_end())
+            self.assertEqual(w.events[0]["object"]["code"], 410)
+            w.close()
+            self.assertEqual(c.get(NS + "/configmaps").status, 200)  # plain lists are spared
+            c.close()
+
+
+class AuthTlsTest(unittest.TestCase):
+    def test_token_file_reload(self):
+        with tempfile.TemporaryDirectory(prefix="emu-tok") as d:
+            tok = os.path.join(d, "token")
+            with open(tok, "w") as f:
+                f.write("first-token\n")
+            with Emulator(BINARY, "--token_file", tok) as emu:
+                anon = emu.client()
+                r = anon.get(NS + "/pods")
+                self.assertEqual(r.status, 401)
+                self.assertEqual(r.json["reason"], "Unauthorized")
+                self.assertEqual(anon.get("/emulator/stats").status, 200)  # admin is open
+                c1 = emu.client(token="first-token")
+                self.assertEqual(c1.get(NS + "/pods").status, 200)
+                time.sleep(0.02)
+                with open(tok, "w") as f:
+                    f.write("second-token-longer")
+                self.assertEqual(c1.get(NS + "/pods").status, 401)
+                c2 = emu.client(token="second-token-longer")
+                self.assertEqual(c2.get(NS + "/pods").status, 200)
+                for cl in (anon, c1, c2):
+                    cl.close()
+
+    def test_https(self):
+        with tempfile.TemporaryDirectory(prefix="emu-tls") as d:
+            ca, crt, key = make_tls(d)
+            with Emulator(BINARY, "--tls_cert_file", crt, "--tls_key_file", key) as emu:
+                self.assertTrue(emu.url.startswith("https://127.0.0.1:"))
+                ctx = ssl.create_default_context(cafile=ca)
+                ctx.set_alpn_protocols(["h2", "http/1.1"])
+                c = emu.client(ssl_context=ctx)
+                r = c.post(NS + "/configmaps", cm("tls"))
+                self.assertEqual(r.status, 201, r)
+                self.assertEqual(c.get(NS + "/configmaps/tls").json["metadata"]["name"], "tls")
+                self.assertEqual(c.conn.sock.selected_alpn_protocol(), "http/1.1")
+                c.close()
+                bad = emu.client(ssl_context=ssl.create_default_context())
+                with self.assertRaises(ssl.SSLError):
+                    bad.get("/version")
+
+
+class PerfTest(unittest.TestCase):
+    def test_create_rate(self):
+        """Prints creates/s over one keep-alive connection; asserts only correctness."""
+        with Emulator(BINARY, "--watch_history", "100000") as emu:
+            c = emu.client()
+            w = Watch(emu, NS + "/configmaps?watch=true")
+            n = 2000
+            t0 = time.time()
+            for i in range(n):
+                r = c.post(NS + "/configmaps", cm("perf-%05d" % i))
+                assert r.status == 201, r
+            dt = time.time() - t0
+            self.assertTrue(w.wait_for(lambda ev: len(ev) >= n, timeout=20))
+            print("\nkube-emulator: %d creates in %.2fs = %.0f creates/s (1 connection, "
+                  "1 watcher)" % (n, dt, n / dt), file=sys.stderr)
+            w.close()
+            c.close()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3:
+        sys.exit("usage: emulator_test.py KUBE_EMULATOR_BINARY PROJECT_SOURCE_DIR")
+    BINARY = sys.argv[1]
+    unittest.main(argv=[sys.argv[0], "-v"] + sys.argv[3:])

@@ -1,0 +1,98 @@
+#include "tests/kube_emulator/json_ops.h"
+
+#include <gtest/gtest.h>
+
+namespace kube_emulator {
+namespace {
+
+TEST(LabelSelectorTest, ParsesAndMatchesAllOperators) {
+  auto sel = ParseLabelSelector("app=web,tier!=db,env in (prod, staging),!legacy,team");
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  ASSERT_EQ(sel->size(), 5u);
+  EXPECT_TRUE(LabelsMatch(*sel, {{"app", "web"}, {"env", "prod"}, {"team", "x"}}));
+  EXPECT_FALSE(LabelsMatch(*sel, {{"app", "web"}, {"env", "dev"}, {"team", "x"}}));
+  EXPECT_FALSE(
+      LabelsMatch(*sel, {{"app", "web"}, {"env", "prod"}, {"team", "x"}, {"legacy", "1"}}));
+  EXPECT_FALSE(LabelsMatch(*sel, {{"app", "web"}, {"env", "prod"}, {"tier", "db"}, {"team", "x"}}));
+  auto notin = ParseLabelSelector("env notin (a,b)");
+  ASSERT_TRUE(notin.ok());
+  EXPECT_TRUE(LabelsMatch(*notin, json::object()));
+  EXPECT_FALSE(LabelsMatch(*notin, {{"env", "a"}}));
+  EXPECT_FALSE(ParseLabelSelector("a in b)").ok());
+}
+
+TEST(FieldSelectorTest, MatchesDottedPaths) {
+  auto sel = ParseFieldSelector("metadata.name=x,status.phase!=Running,spec.nodeName==");
+  ASSERT_TRUE(sel.ok());
+  json pod = {{"metadata", {{"name", "x"}}}, {"status", {{"phase", "Pending"}}}};
+  EXPECT_TRUE(FieldsMatch(*sel, pod));
+  pod["spec"]["nodeName"] = "n1";
+  EXPECT_FALSE(FieldsMatch(*sel, pod));
+}
+
+TEST(PatchTest, MergePatchRemovesNulls) {
+  json a = {{"a", 1}, {"b", {{"c", 2}, {"d", 3}}}};
+  EXPECT_EQ(MergePatch(a, {{"b", {{"c", nullptr}}}, {"e", 5}}),
+            json({{"a", 1}, {"b", {{"d", 3}}}, {"e", 5}}));
+}
+
+TEST(PatchTest, JsonPatchTestOpFails) {
+  json a = {{"a", 1}};
+  EXPECT_FALSE(JsonPatch(a, json::parse(R"([{"op":"test","path":"/a","value":2}])")).ok());
+  auto ok = JsonPatch(a, json::parse(R"([{"op":"test","path":"/a","value":1},
+                                         {"op":"add","path":"/b","value":2}])"));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ((*ok)["b"], 2);
+}
+
+TEST(PatchTest, StrategicMergeByKeyAndDirectives) {
+  json pod = json::parse(R"({"spec":{"containers":[
+      {"name":"a","image":"x","env":[{"name":"A","value":"1"}]},
+      {"name":"b","image":"y"}]}})");
+  json patch = json::parse(R"({"spec":{
+      "$setElementOrder/containers":[{"name":"a"},{"name":"b"}],
+      "containers":[{"name":"a","image":"x2","env":[{"name":"B","value":"2"}]},
+                    {"name":"b","$patch":"delete"}]}})");
+  json out = StrategicMergePatch(pod, patch);
+  ASSERT_EQ(out["spec"]["containers"].size(), 1u);
+  EXPECT_EQ(out["spec"]["containers"][0]["image"], "x2");
+  EXPECT_EQ(out["spec"]["containers"][0]["env"].size(), 2u);
+  EXPECT_FALSE(out["spec"].contains("$setElementOrder/containers"));
+  json replaced = StrategicMergePatch(pod, json::parse(R"({"spec":{"$patch":"replace","x":1}})"));
+  EXPECT_EQ(replaced["spec"], json({{"x", 1}}));
+}
+
+TEST(SchemaTest, PrunesDefaultsAndValidates) {
+  json schema = json::parse(R"({"type":"object","properties":{
+      "spec":{"type":"object","required":["ref"],"properties":{
+        "replicas":{"type":"integer","minimum":0,"default":1},
+        "mode":{"type":"string","enum":["A","B"]},
+        "ref":{"type":"object","properties":{"name":{"type":"string"}}},
+        "free":{"type":"object","x-kubernetes-preserve-unknown-fields":true},
+        "port":{"x-kubernetes-int-or-string":true}}}}})");
+  json obj = json::parse(R"({"apiVersion":"g/v1","kind":"K","metadata":{"name":"x"},
+      "spec":{"ref":{"name":"t","junk":1},"free":{"any":{"x":1}},"port":"http","junk":2}})");
+  EXPECT_TRUE(ApplySchema(obj, schema).empty());
+  EXPECT_EQ(obj["spec"]["replicas"], 1);
+  EXPECT_FALSE(obj["spec"].contains("junk"));
+  EXPECT_FALSE(obj["spec"]["ref"].contains("junk"));
+  EXPECT_EQ(obj["spec"]["free"]["any"]["x"], 1);
+  json bad = json::parse(R"({"spec":{"replicas":-1,"mode":"C"}})");
+  auto errors = ApplySchema(bad, schema);
+  ASSERT_EQ(errors.size(), 3u);
+  std::vector<std::string> fields;
+  for (const auto& e : errors) fields.push_back(e.field);
+  EXPECT_NE(std::find(fields.begin(), fields.end(), "spec.ref"), fields.end());
+  EXPECT_NE(std::find(fields.begin(), fields.end(), "spec.replicas"), fields.end());
+  EXPECT_NE(std::find(fields.begin(), fields.end(), "spec.mode"), fields.end());
+}
+
+TEST(YamlTest, ScalarsFollowTheCoreSchema) {
+  auto j = YamlToJson("a: 1\nb: \"1\"\nc: true\nd: null\ne: [x, 2.5]\nf: {g: h}\n");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(*j, json::parse(R"({"a":1,"b":"1","c":true,"d":null,"e":["x",2.5],"f":{"g":"h"}})"));
+  EXPECT_FALSE(YamlToJson("a: [").ok());
+}
+
+}  // namespace
+}  // namespace kube_emulator
