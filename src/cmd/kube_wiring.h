@@ -18,7 +18,7 @@ struct KubeFlags {
   std::string ns;  // "" = every namespace
   double qps = 1000;
   int burst = 2000;
-  int workers = 4;
+  int workers = 16;
   bool leader_election = false;
   std::string lease_namespace = "default";
   std::string identity;  // default: hostname + pid

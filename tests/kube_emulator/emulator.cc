@@ -1495,6 +1495,9 @@ ObjPtr EmulatorImpl::UpdateLocked(const ResourceType& t, const ObjPtr& old, json
   if (m.contains("labels") && m["labels"].is_null()) m.erase("labels");
   if (m.contains("annotations") && m["annotations"].is_null()) m.erase("annotations");
   std::vector<SchemaError> errors = ValidateLocked(t, next, false);
+  if (t.custom) {
+    for (SchemaError& e : CheckTransitionRules(next, o, t.schema)) errors.push_back(std::move(e));
+  }
   if (StrictFailureLocked(t, err)) return nullptr;
   if (!errors.empty()) {
     *err = Invalid(t, name, errors);

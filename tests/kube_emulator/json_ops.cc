@@ -545,6 +545,44 @@ std::vector<SchemaError> ApplySchema(json& object, const json& schema,
 
 namespace {
 
+void TransitionRules(const json& object, const json& old, const json& schema,
+                     const std::string& path, std::vector<SchemaError>& errors) {
+  if (!schema.is_object()) return;
+  if (auto rules = schema.find("x-kubernetes-validations");
+      rules != schema.end() && rules->is_array()) {
+    for (const json& rule : *rules) {
+      if (!rule.is_object() || rule.value("rule", "") != "self == oldSelf") continue;
+      if (object != old) {
+        errors.push_back({path, "FieldValueInvalid",
+                          absl::StrCat("Invalid value: \"object\": ",
+                                       rule.value("message", "Value is immutable"))});
+      }
+    }
+  }
+  auto properties = schema.find("properties");
+  if (properties == schema.end() || !properties->is_object() || !object.is_object() ||
+      !old.is_object()) {
+    return;
+  }
+  for (const auto& [key, sub] : properties->items()) {
+    auto now = object.find(key);
+    auto before = old.find(key);
+    if (now == object.end() || before == old.end()) continue;
+    TransitionRules(*now, *before, sub, path.empty() ? key : path + "." + key, errors);
+  }
+}
+
+}  // namespace
+
+std::vector<SchemaError> CheckTransitionRules(const json& object, const json& old,
+                                              const json& schema) {
+  std::vector<SchemaError> errors;
+  TransitionRules(object, old, schema, "", errors);
+  return errors;
+}
+
+namespace {
+
 json YamlNodeToJson(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Null:

@@ -65,6 +65,13 @@ struct SchemaError {
 std::vector<SchemaError> ApplySchema(json& object, const json& schema,
                                      std::vector<std::string>* pruned = nullptr);
 
+// Transition rules (x-kubernetes-validations) between the stored `old` object and its
+// update `object`. Only the rule "self == oldSelf" (immutability) is evaluated, on object
+// properties (not inside arrays); other CEL rules are not emulated. A rule applies only
+// when both versions have the field, as Kubernetes evaluates transition rules.
+std::vector<SchemaError> CheckTransitionRules(const json& object, const json& old,
+                                              const json& schema);
+
 // Parses a YAML document (YAML 1.2 core schema scalars) into JSON;
 // INVALID_ARGUMENT with the parser's message when it is not valid YAML.
 absl::StatusOr<json> YamlToJson(const std::string& text);

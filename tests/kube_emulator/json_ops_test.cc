@@ -87,6 +87,24 @@ TEST(SchemaTest, PrunesDefaultsAndValidates) {
   EXPECT_NE(std::find(fields.begin(), fields.end(), "spec.mode"), fields.end());
 }
 
+TEST(SchemaTest, ImmutabilityTransitionRule) {
+  json schema = json::parse(R"({"type":"object","properties":{"spec":{"type":"object",
+      "properties":{"claims":{"type":"array","items":{"type":"string"},
+        "x-kubernetes-validations":[{"rule":"self == oldSelf","message":"claims is immutable"}]},
+        "free":{"type":"string"}}}}})");
+  json old = json::parse(R"({"spec":{"claims":["a"],"free":"x"}})");
+  json same = json::parse(R"({"spec":{"claims":["a"],"free":"y"}})");
+  EXPECT_TRUE(CheckTransitionRules(same, old, schema).empty());
+  json changed = json::parse(R"({"spec":{"claims":["a","b"]}})");
+  auto errors = CheckTransitionRules(changed, old, schema);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].field, "spec.claims");
+  EXPECT_NE(errors[0].message.find("claims is immutable"), std::string::npos);
+  // Setting it for the first time is allowed ("immutable once set").
+  json unset = json::parse(R"({"spec":{"free":"x"}})");
+  EXPECT_TRUE(CheckTransitionRules(changed, unset, schema).empty());
+}
+
 TEST(YamlTest, ScalarsFollowTheCoreSchema) {
   auto j = YamlToJson("a: 1\nb: \"1\"\nc: true\nd: null\ne: [x, 2.5]\nf: {g: h}\n");
   ASSERT_TRUE(j.ok()) << j.status();
