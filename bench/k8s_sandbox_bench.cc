@@ -31,7 +31,6 @@
 #include "src/k8s/informer.h"
 #include "src/k8s/sandbox_objects.h"
 #include "tests/k8s/emulator_process.h"
-#include "yaml-cpp/yaml.h"
 
 extern char** environ;
 
@@ -48,31 +47,6 @@ struct Flags {
   int create_concurrency = 32;
   int timeout_s = 600;
 };
-
-Json YamlNode(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map: {
-      Json out = Json::object();
-      for (const auto& e : node) out[e.first.as<std::string>()] = YamlNode(e.second);
-      return out;
-    }
-    case YAML::NodeType::Sequence: {
-      Json out = Json::array();
-      for (const auto& e : node) out.push_back(YamlNode(e));
-      return out;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string& text = node.Scalar();
-      if (node.Tag() == "!") return text;
-      if (text == "true" || text == "false") return text == "true";
-      int64_t n;
-      if (absl::SimpleAtoi(text, &n)) return n;
-      return text;
-    }
-    default:
-      return nullptr;
-  }
-}
 
 // utime+stime in seconds and peak RSS in MiB of `pid`.
 void ProcessUsage(pid_t pid, double* cpu_s, double* peak_mib) {
@@ -108,18 +82,17 @@ int Run(const Flags& flags) {
   ClientOptions options;
   options.qps = 0;
   auto client = *Client::Create(emu.Cluster(), options);
-  for (const auto& entry : std::filesystem::directory_iterator(flags.crds)) {
-    if (entry.path().extension() != ".yaml") continue;
-    auto created = client->Create(kCustomResourceDefinitions, "",
-                                  YamlNode(YAML::LoadFile(entry.path().string())));
+  for (const Json& crd : emulator::LoadManifests(flags.crds)) {
+    auto created = client->Create(kCustomResourceDefinitions, "", crd);
     if (!created.ok()) {
-      std::fprintf(stderr, "CRD %s: %s\n", entry.path().c_str(), created.status().ToString().c_str());
+      std::fprintf(stderr, "CRD: %s\n", created.status().ToString().c_str());
       return 1;
     }
   }
 
   // The controller: sbx-server with a kubeconfig pointing at the emulator.
-  const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("sbx-k8s-bench-", getpid());
+  const std::string dir =
+      std::filesystem::temp_directory_path() / absl::StrCat("sbx-k8s-bench-", getpid());
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/kubeconfig")
       << "apiVersion: v1\nkind: Config\ncurrent-context: emu\nclusters: [{name: emu, cluster: "
@@ -127,13 +100,20 @@ int Run(const Flags& flags) {
       << emu.url()
       << "\"}}]\ncontexts: [{name: emu, context: {cluster: emu, user: u}}]\nusers: [{name: u, "
          "user: {token: x}}]\n";
-  std::vector<std::string> args = {flags.server,        "--listen",
-                                   "127.0.0.1:0",       "--data_dir",
-                                   dir + "/data",       "--runtime",
-                                   "none",              "--kubeconfig",
-                                   dir + "/kubeconfig", "--kube_workers",
-                                   absl::StrCat(flags.workers), "--kube_qps",
-                                   "0",                 "--log_level",
+  std::vector<std::string> args = {flags.server,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--data_dir",
+                                   dir + "/data",
+                                   "--runtime",
+                                   "none",
+                                   "--kubeconfig",
+                                   dir + "/kubeconfig",
+                                   "--kube_workers",
+                                   absl::StrCat(flags.workers),
+                                   "--kube_qps",
+                                   "0",
+                                   "--log_level",
                                    "warn"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -181,7 +161,8 @@ int Run(const Flags& flags) {
             {"metadata", {{"name", absl::StrCat("bench-", i)}}},
             {"spec",
              {{"podTemplate",
-               {{"spec", {{"containers", {{{"name", "main"}, {"image", "python:3.12-slim"}}}}}}}}}}};
+               {{"spec",
+                 {{"containers", {{{"name", "main"}, {"image", "python:3.12-slim"}}}}}}}}}}};
         if (!client->Create(kSandboxes, "default", sandbox).ok()) ++failed;
       }
     });
@@ -211,16 +192,18 @@ int Run(const Flags& flags) {
   std::printf("  all Ready after %.2f s (%d of %d Ready) -> %.0f Sandboxes/s\n",
               absl::ToDoubleSeconds(all_ready), ready.load(), flags.count,
               ready.load() / absl::ToDoubleSeconds(all_ready));
-  std::printf("  controller API writes: %lld (%.2f per Sandbox):", static_cast<long long>(writes - by_driver),
+  std::printf("  controller API writes: %lld (%.2f per Sandbox):",
+              static_cast<long long>(writes - by_driver),
               static_cast<double>(writes - by_driver) / flags.count);
   for (const char* key : {"create pods", "patch sandboxes/status", "update sandboxes/status",
                           "create services", "create persistentvolumeclaims"}) {
     std::printf(" %s=%lld", key, static_cast<long long>(requests.value(key, int64_t{0})));
   }
   std::printf("\n  (the emulator's fake kubelet adds its own pod writes, not counted here)\n");
-  std::printf("  controller (sbx-server) CPU: %.2f s during the run; peak RSS %.1f MiB (%.1f MiB "
-              "before the Sandboxes)\n",
-              cpu_after - cpu_before, peak_after, peak_before);
+  std::printf(
+      "  controller (sbx-server) CPU: %.2f s during the run; peak RSS %.1f MiB (%.1f MiB "
+      "before the Sandboxes)\n",
+      cpu_after - cpu_before, peak_after, peak_before);
   return ready.load() == flags.count ? 0 : 1;
 }
 

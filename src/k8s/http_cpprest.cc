@@ -94,7 +94,15 @@ struct Pending {
     result = std::move(value);
     done = true;
   }
-  // Waits until done or the deadline; nullopt-like UNKNOWN when the deadline passed.
+  // Sets the result from a finished task (its value, or its exception as a Status).
+  void Complete(pplx::task<T> done, const std::string& what_for) {
+    try {
+      Set(done.get());
+    } catch (...) {
+      Set(FromException(what_for, std::current_exception()));
+    }
+  }
+  // Waits until done or the deadline; false when the deadline passed first.
   bool Await(absl::Time deadline, absl::StatusOr<T>* out) {
     absl::MutexLock lock(&mu);
     if (!mu.AwaitWithDeadline(absl::Condition(&done), deadline)) return false;
@@ -252,11 +260,7 @@ class CpprestTransport final : public HttpTransport {
             });
           })
           .then([pending, what_for](pplx::task<HttpResponse> done) {
-            try {
-              pending->Set(done.get());
-            } catch (...) {
-              pending->Set(FromException(what_for, std::current_exception()));
-            }
+            pending->Complete(done, what_for);
           });
     } catch (...) {
       return FromException(what_for, std::current_exception());
@@ -280,11 +284,7 @@ class CpprestTransport final : public HttpTransport {
           std::make_unique<http_client>(web::uri(options_.server), Config(request.idle_timeout));
       client->request(ToCpprest(request), cts->get_token())
           .then([pending, what_for](pplx::task<web::http::http_response> done) {
-            try {
-              pending->Set(done.get());
-            } catch (...) {
-              pending->Set(FromException(what_for, std::current_exception()));
-            }
+            pending->Complete(done, what_for);
           });
     } catch (...) {
       return FromException(what_for, std::current_exception());

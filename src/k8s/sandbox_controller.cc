@@ -11,6 +11,7 @@
 #include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
+#include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
 
 namespace sbx::k8s {
@@ -63,17 +64,11 @@ class SandboxControllerMetrics {
 
 namespace {
 
-const Json& Field(const Json& object, const char* key) {
-  static const Json kNull;
-  if (!object.is_object()) return kNull;
-  auto it = object.find(key);
-  return it == object.end() ? kNull : *it;
-}
+// How often a Sandbox blocked by someone else's object is looked at again.
+constexpr absl::Duration kConflictRecheck = absl::Seconds(2);
 
-std::string Str(const Json& object, const char* key) {
-  const Json& value = Field(object, key);
-  return value.is_string() ? value.get<std::string>() : std::string();
-}
+using json_fields::Field;
+using json_fields::Str;
 
 InformerOptions InformerFor(const Resource& resource, const std::string& ns,
                             const std::string& label_selector) {
@@ -346,6 +341,11 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
     }
   }
   if (!problem.ok() && observed.error.empty()) observed.error = std::string(problem.message());
+  if (!observed.error.empty() && problem.ok()) {
+    // A conflict with someone else's object (a pod of our name) ends when they delete it,
+    // which no watch of ours sees (their pod lacks our label): look again every while.
+    queue_.AddAfter(key, kConflictRecheck);
+  }
 
   const Json& old_status = Field(sandbox, "status");
   Json status = ComputeStatus(sandbox, observed, old_status, now);

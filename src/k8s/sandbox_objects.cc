@@ -5,22 +5,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/k8s/json_fields.h"
 #include "src/k8s/leader_election.h"
 
 namespace sbx::k8s {
 namespace {
 
-const Json& Field(const Json& object, const char* key) {
-  static const Json kNull;
-  if (!object.is_object()) return kNull;
-  auto it = object.find(key);
-  return it == object.end() ? kNull : *it;
-}
-
-std::string Str(const Json& object, const char* key) {
-  const Json& value = Field(object, key);
-  return value.is_string() ? value.get<std::string>() : std::string();
-}
+using json_fields::Field;
+using json_fields::Str;
 
 bool Reserved(const std::string& key) {
   return absl::StartsWith(key, kReservedPrefix) || absl::StartsWith(key, kReservedExtensionsPrefix);

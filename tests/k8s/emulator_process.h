@@ -21,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "src/k8s/client.h"
 #include "src/k8s/http.h"
+#include "yaml-cpp/yaml.h"
 
 extern char** environ;
 
@@ -117,5 +118,46 @@ class EmulatorProcess {
   std::unique_ptr<HttpTransport> admin_;
   std::string error_;
 };
+
+// YAML (as in a manifest) to JSON, scalars typed the way YAML 1.2's core schema reads them.
+inline Json YamlToJson(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      Json out = Json::object();
+      for (const auto& entry : node) out[entry.first.as<std::string>()] = YamlToJson(entry.second);
+      return out;
+    }
+    case YAML::NodeType::Sequence: {
+      Json out = Json::array();
+      for (const auto& entry : node) out.push_back(YamlToJson(entry));
+      return out;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string text = node.Scalar();
+      if (node.Tag() == "!") return text;  // quoted
+      if (text == "true") return true;
+      if (text == "false") return false;
+      if (text == "null" || text == "~") return nullptr;
+      char* end = nullptr;
+      long long integer = std::strtoll(text.c_str(), &end, 10);
+      if (!text.empty() && end == text.c_str() + text.size()) return integer;
+      return text;
+    }
+    default:
+      return nullptr;
+  }
+}
+
+// Every document of every *.yaml file in `dir`.
+inline std::vector<Json> LoadManifests(const std::string& dir) {
+  std::vector<Json> out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    for (const YAML::Node& doc : YAML::LoadAllFromFile(entry.path().string())) {
+      if (doc.IsMap()) out.push_back(YamlToJson(doc));
+    }
+  }
+  return out;
+}
 
 }  // namespace sbx::k8s::emulator

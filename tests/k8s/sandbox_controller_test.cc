@@ -86,6 +86,14 @@ TEST_F(SandboxControllerTest, APodOfTheSameNameOwnedBySomeoneElseIsNeverTouched)
   ASSERT_TRUE(after.ok());
   EXPECT_EQ((*after)["metadata"]["uid"], (*pod)["metadata"]["uid"]);
   EXPECT_FALSE((*after)["metadata"].contains("ownerReferences"));
+  // Once the other owner deletes its pod, the Sandbox gets its own.
+  ASSERT_TRUE(client_->Delete(kPods, "default", "taken").ok());
+  ASSERT_TRUE(WaitForReason(*client_, "taken", "DependenciesReady"));
+  absl::StatusOr<Json> own = client_->Get(kPods, "default", "taken");
+  ASSERT_TRUE(own.ok());
+  absl::StatusOr<Json> sandbox = client_->Get(kSandboxes, "default", "taken");
+  ASSERT_TRUE(sandbox.ok());
+  EXPECT_EQ(ControllerUid(*own), (*sandbox)["metadata"]["uid"]);
   // The controller keeps going for others.
   ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("fine")).ok());
   EXPECT_TRUE(WaitForReason(*client_, "fine", "DependenciesReady"));

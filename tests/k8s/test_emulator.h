@@ -9,7 +9,6 @@
 
 #include "gtest/gtest.h"
 #include "tests/k8s/emulator_process.h"
-#include "yaml-cpp/yaml.h"
 
 namespace sbx::k8s::testing {
 
@@ -43,50 +42,10 @@ class TestEmulator : public emulator::EmulatorProcess {
   }
 };
 
-// YAML (as in a manifest) to JSON, scalars typed the way YAML 1.2's core schema reads them.
-inline Json YamlToJson(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map: {
-      Json out = Json::object();
-      for (const auto& entry : node) out[entry.first.as<std::string>()] = YamlToJson(entry.second);
-      return out;
-    }
-    case YAML::NodeType::Sequence: {
-      Json out = Json::array();
-      for (const auto& entry : node) out.push_back(YamlToJson(entry));
-      return out;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string text = node.Scalar();
-      if (node.Tag() == "!") return text;  // quoted
-      if (text == "true") return true;
-      if (text == "false") return false;
-      if (text == "null" || text == "~") return nullptr;
-      char* end = nullptr;
-      long long integer = std::strtoll(text.c_str(), &end, 10);
-      if (!text.empty() && end == text.c_str() + text.size()) return integer;
-      return text;
-    }
-    default:
-      return nullptr;
-  }
-}
-
-// Every document of every *.yaml file in `dir`.
-inline std::vector<Json> LoadManifests(const std::string& dir) {
-  std::vector<Json> out;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() != ".yaml") continue;
-    for (const YAML::Node& doc : YAML::LoadAllFromFile(entry.path().string())) {
-      if (doc.IsMap()) out.push_back(YamlToJson(doc));
-    }
-  }
-  return out;
-}
-
 // Creates the project's CRDs (charts/sbx/crds) through `client`.
 inline void InstallCrds(Client& client) {
-  for (const Json& crd : LoadManifests(std::string(SBX_SOURCE_DIR) + "/charts/sbx/crds")) {
+  for (const Json& crd :
+       emulator::LoadManifests(std::string(SBX_SOURCE_DIR) + "/charts/sbx/crds")) {
     absl::StatusOr<Json> created = client.Create(kCustomResourceDefinitions, "", crd);
     ASSERT_TRUE(created.ok()) << created.status();
   }

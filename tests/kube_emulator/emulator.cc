@@ -381,6 +381,7 @@ class EmulatorImpl {
     resp.Send(code, kJson, body.dump(), extra);
   }
   void SendError(HttpResponder& resp, const ApiError& e) { SendJson(resp, e.code, e.status); }
+  bool ParseSelectors(const HttpRequest& req, HttpResponder& resp, Selectors* out);
   bool Authorized(const HttpRequest& req) ABSL_LOCKS_EXCLUDED(auth_mu_);
   void HandleAdmin(const HttpRequest& req, HttpResponder& resp);
   bool HandleDiscovery(const HttpRequest& req, HttpResponder& resp) ABSL_LOCKS_EXCLUDED(mu_);
@@ -1932,15 +1933,25 @@ void EmulatorImpl::DoGet(const HttpRequest& req, HttpResponder& resp, const Targ
   resp.Send(200, kJson, obj->dump());
 }
 
-void EmulatorImpl::DoList(const HttpRequest& req, HttpResponder& resp, const Target& t) {
+// The request's label and field selectors; false (after a 400 naming the problem) when
+// either does not parse.
+bool EmulatorImpl::ParseSelectors(const HttpRequest& req, HttpResponder& resp, Selectors* out) {
   auto labels = ParseLabelSelector(req.Query("labelSelector"));
   auto fields = ParseFieldSelector(req.Query("fieldSelector"));
   if (!labels.ok() || !fields.ok()) {
     SendError(resp, Err(400, "BadRequest",
                         std::string(!labels.ok() ? labels.status().message()
                                                  : fields.status().message())));
-    return;
+    return false;
   }
+  out->labels = *std::move(labels);
+  out->fields = *std::move(fields);
+  return true;
+}
+
+void EmulatorImpl::DoList(const HttpRequest& req, HttpResponder& resp, const Target& t) {
+  Selectors selectors;
+  if (!ParseSelectors(req, resp, &selectors)) return;
   int64_t limit = 0;
   if (req.HasQuery("limit")) (void)absl::SimpleAtoi(req.Query("limit"), &limit);
   std::string start_after;
@@ -1983,7 +1994,8 @@ void EmulatorImpl::DoList(const HttpRequest& req, HttpResponder& resp, const Tar
       for (; it != bucket.end(); ++it) {
         if (!absl::StartsWith(it->first, prefix)) break;
         const json& o = *it->second;
-        if (!LabelsMatch(*labels, Labels(o)) || !FieldsMatch(*fields, o)) continue;
+        if (!LabelsMatch(selectors.labels, Labels(o)) || !FieldsMatch(selectors.fields, o))
+          continue;
         if (limit > 0 && static_cast<int64_t>(items.size()) >= limit) {
           ++remaining;
           continue;
@@ -2111,14 +2123,8 @@ json EmulatorImpl::ToTable(const ResourceType& t, const std::vector<ObjPtr>& ite
 }
 
 void EmulatorImpl::DoWatch(const HttpRequest& req, HttpResponder& resp, const Target& t) {
-  auto labels = ParseLabelSelector(req.Query("labelSelector"));
-  auto fields = ParseFieldSelector(req.Query("fieldSelector"));
-  if (!labels.ok() || !fields.ok()) {
-    SendError(resp, Err(400, "BadRequest",
-                        std::string(!labels.ok() ? labels.status().message()
-                                                 : fields.status().message())));
-    return;
-  }
+  Selectors selectors;
+  if (!ParseSelectors(req, resp, &selectors)) return;
   std::string rv_param = req.Query("resourceVersion");
   uint64_t since = 0;
   if (!rv_param.empty() && !absl::SimpleAtoi(rv_param, &since)) {
@@ -2135,8 +2141,8 @@ void EmulatorImpl::DoWatch(const HttpRequest& req, HttpResponder& resp, const Ta
   auto w = std::make_shared<Watcher>();
   w->store_key = t.type->StoreKey();
   w->ns = t.all_namespaces ? "" : t.ns;
-  w->labels = *labels;
-  w->fields = *fields;
+  w->labels = std::move(selectors.labels);
+  w->fields = std::move(selectors.fields);
   json expired;
   {
     absl::MutexLock l(&mu_);
@@ -2506,12 +2512,8 @@ void EmulatorImpl::DoDelete(const HttpRequest& req, HttpResponder& resp, const T
 
 void EmulatorImpl::DoDeleteCollection(const HttpRequest& req, HttpResponder& resp,
                                       const Target& t) {
-  auto labels = ParseLabelSelector(req.Query("labelSelector"));
-  auto fields = ParseFieldSelector(req.Query("fieldSelector"));
-  if (!labels.ok() || !fields.ok()) {
-    SendError(resp, Err(400, "BadRequest", "invalid selector"));
-    return;
-  }
+  Selectors selectors;
+  if (!ParseSelectors(req, resp, &selectors)) return;
   json options = json::object();
   auto body = ParseBody(req.body);
   if (body.ok() && body->is_object()) options = *body;
@@ -2530,7 +2532,8 @@ void EmulatorImpl::DoDeleteCollection(const HttpRequest& req, HttpResponder& res
       std::string prefix = t.all_namespaces ? "" : t.ns + "/";
       for (auto it = bucket->second.lower_bound(prefix); it != bucket->second.end(); ++it) {
         if (!absl::StartsWith(it->first, prefix)) break;
-        if (LabelsMatch(*labels, Labels(*it->second)) && FieldsMatch(*fields, *it->second)) {
+        if (LabelsMatch(selectors.labels, Labels(*it->second)) &&
+            FieldsMatch(selectors.fields, *it->second)) {
           victims.push_back(it->second);
         }
       }

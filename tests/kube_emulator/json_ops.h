@@ -38,6 +38,11 @@ using FieldSelector = std::vector<FieldRequirement>;
 absl::StatusOr<FieldSelector> ParseFieldSelector(absl::string_view text);
 bool FieldsMatch(const FieldSelector& selector, const json& object);
 
+struct Selectors {
+  LabelSelector labels;
+  FieldSelector fields;
+};
+
 // The value at a dotted path ("spec.replicas"), or nullptr when absent.
 const json* GetPath(const json& object, absl::string_view dotted);
 // Sets the value at a dotted path, creating objects on the way.

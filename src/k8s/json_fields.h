@@ -1,0 +1,25 @@
+#pragma once
+// Reading fields of Kubernetes objects held as JSON, without exceptions: a missing field
+// or one of another type reads as null / "".
+
+#include <string>
+
+#include "nlohmann/json.hpp"
+
+namespace sbx::k8s::json_fields {
+
+// object[key], or a null value when `object` is not a map or has no `key`.
+inline const nlohmann::json& Field(const nlohmann::json& object, const char* key) {
+  static const nlohmann::json kNull;
+  if (!object.is_object()) return kNull;
+  auto it = object.find(key);
+  return it == object.end() ? kNull : *it;
+}
+
+// object[key] when it is a string, else "".
+inline std::string Str(const nlohmann::json& object, const char* key) {
+  const nlohmann::json& value = Field(object, key);
+  return value.is_string() ? value.get<std::string>() : std::string();
+}
+
+}  // namespace sbx::k8s::json_fields
