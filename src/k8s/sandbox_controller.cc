@@ -66,6 +66,12 @@ namespace {
 
 // How often a Sandbox blocked by someone else's object is looked at again.
 constexpr absl::Duration kConflictRecheck = absl::Seconds(2);
+// How long a created object may stay unseen by the informers before it is looked for.
+constexpr absl::Duration kExpectationTimeout = absl::Seconds(10);
+
+std::string ObjectId(const Resource& resource, const std::string& ns, const std::string& name) {
+  return absl::StrCat(resource.resource, "/", ns, "/", name);
+}
 
 using json_fields::Field;
 using json_fields::Str;
@@ -124,13 +130,20 @@ SandboxController::SandboxController(Client* client, SandboxControllerOptions op
     counted_ready_.erase(Str(Field(*o, "metadata"), "uid"));
   };
   sandboxes_.AddHandler(std::move(sandbox_handler));
-  InformerHandler owned;
-  owned.on_add = [this](const ObjectPtr& o) { EnqueueOwner(o); };
-  owned.on_update = [this](const ObjectPtr&, const ObjectPtr& o) { EnqueueOwner(o); };
-  owned.on_delete = [this](const ObjectPtr& o) { EnqueueOwner(o); };
-  pods_.AddHandler(owned);
-  services_.AddHandler(owned);
-  pvcs_.AddHandler(owned);
+  for (auto [informer, resource] : {std::pair{&pods_, &kPods}, std::pair{&services_, &kServices},
+                                    std::pair{&pvcs_, &kPersistentVolumeClaims}}) {
+    InformerHandler owned;
+    owned.on_add = [this, resource = resource](const ObjectPtr& o) {
+      Seen(*resource, *o);
+      EnqueueOwner(o);
+    };
+    owned.on_update = [this, resource = resource](const ObjectPtr&, const ObjectPtr& o) {
+      Seen(*resource, *o);
+      EnqueueOwner(o);
+    };
+    owned.on_delete = [this](const ObjectPtr& o) { EnqueueOwner(o); };
+    informer->AddHandler(std::move(owned));
+  }
 }
 
 SandboxController::~SandboxController() { Stop(); }
@@ -218,14 +231,42 @@ absl::Status SandboxController::Reconcile(const std::string& key) {
   return ReconcileSandbox(*sandbox);
 }
 
+std::optional<Json> SandboxController::Expected(const std::string& id) {
+  absl::MutexLock lock(&expect_mu_);
+  auto it = expected_.find(id);
+  if (it == expected_.end()) return std::nullopt;
+  if (absl::Now() - it->second.created > kExpectationTimeout) {
+    expected_.erase(it);
+    return std::nullopt;
+  }
+  return it->second.object;
+}
+
+void SandboxController::Expect(const std::string& id, const Json& object) {
+  absl::MutexLock lock(&expect_mu_);
+  expected_[id] = Expectation{absl::Now(), object};
+}
+
+void SandboxController::Seen(const Resource& resource, const Json& object) {
+  const Json& meta = Field(object, "metadata");
+  const std::string id = ObjectId(resource, Str(meta, "namespace"), Str(meta, "name"));
+  absl::MutexLock lock(&expect_mu_);
+  expected_.erase(id);
+}
+
 absl::Status SandboxController::EnsurePvcs(const Json& sandbox) {
   for (Json& pvc : DesiredPvcs(sandbox)) {
     const std::string name = Str(pvc["metadata"], "name");
     const std::string ns = Str(pvc["metadata"], "namespace");
-    if (pvcs_.Get(ns, name) != nullptr) continue;
+    const std::string id = ObjectId(kPersistentVolumeClaims, ns, name);
+    if (pvcs_.Get(ns, name) != nullptr || Expected(id).has_value()) continue;
     pvc["metadata"]["labels"][kNameHashLabel] = NameHash(Str(sandbox["metadata"], "name"));
-    absl::Status created = client_->Create(kPersistentVolumeClaims, ns, pvc).status();
-    if (!created.ok() && !absl::IsAlreadyExists(created)) return created;
+    absl::StatusOr<Json> created = client_->Create(kPersistentVolumeClaims, ns, pvc);
+    if (created.ok()) {
+      Expect(id, *created);
+    } else if (!absl::IsAlreadyExists(created.status())) {
+      return created.status();
+    }
   }
   return absl::OkStatus();
 }
@@ -244,8 +285,13 @@ absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json&
       return absl::FailedPreconditionError(
           absl::StrCat("service \"", name, "\" exists and is not controlled by this Sandbox"));
     }
+    const std::string id = ObjectId(kServices, ns, name);
+    if (std::optional<Json> expected = Expected(id)) return expected;
     absl::StatusOr<Json> created = client_->Create(kServices, ns, DesiredService(sandbox));
-    if (created.ok()) return std::optional<Json>(*std::move(created));
+    if (created.ok()) {
+      Expect(id, *created);
+      return std::optional<Json>(*std::move(created));
+    }
     if (!absl::IsAlreadyExists(created.status())) return created.status();
     return std::optional<Json>();  // the informer will show it
   }
@@ -324,8 +370,13 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
       if (!deleted.ok() && !absl::IsNotFound(deleted) && problem.ok()) problem = deleted;
     }
   } else if (observed.pods.empty()) {
-    absl::StatusOr<Json> created = client_->Create(kPods, ns, DesiredPod(sandbox));
+    const std::string id = ObjectId(kPods, ns, name);
+    std::optional<Json> expected = Expected(id);
+    const bool was_expected = expected.has_value();
+    absl::StatusOr<Json> created = was_expected ? absl::StatusOr<Json>(*std::move(expected))
+                                                : client_->Create(kPods, ns, DesiredPod(sandbox));
     if (created.ok()) {
+      if (!was_expected) Expect(id, *created);
       observed.pods.push_back(*std::move(created));
     } else if (absl::IsAlreadyExists(created.status())) {
       // Not in our cache: either the cache lags, or the pod is someone else's.

@@ -82,6 +82,21 @@ class SandboxController {
   // Set once by Stop; read by workers between keys.
   std::atomic<bool> stopping_{false};
 
+  // Expectations: objects this controller created that its informers have not shown yet,
+  // by "resource/namespace/name", with the created object and when. While one is pending
+  // the object counts as existing, so a reconcile that runs before the watch event (say,
+  // after our own status write) does not create it again. Cleared by the informer's event
+  // for it, or after kExpectationTimeout (then a create meets AlreadyExists and reads it).
+  struct Expectation {
+    absl::Time created;
+    Json object;
+  };
+  std::optional<Json> Expected(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void Expect(const std::string& id, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void Seen(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  absl::Mutex expect_mu_;
+  absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);
+
   // Sandboxes whose first Ready=True was already counted in the creation-latency metric.
   absl::Mutex seen_mu_;
   absl::flat_hash_set<std::string> counted_ready_ ABSL_GUARDED_BY(seen_mu_);
