@@ -512,6 +512,14 @@ class SandboxControllerTest(unittest.TestCase):
         volumes = [v for v in pod["spec"].get("volumes") or [] if v["name"] == "data"]
         self.assertEqual(len(volumes), 1, pod["spec"].get("volumes"))
         self.assertEqual(volumes[0].get("persistentVolumeClaim"), {"claimName": "data-%s" % name})
+        # volumeClaimTemplates is immutable once set (the CRD's CEL transition rule).
+        r = c.kubectl("patch", "sandbox", name, "--type", "json", "-p",
+                      json.dumps([{"op": "replace",
+                                   "path": "/spec/volumeClaimTemplates/0/metadata/name",
+                                   "value": "other"}]), check=False)
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn("volumeClaimTemplates is immutable", r.stderr)
+        self.assertIsNone(c.pvc("other-%s" % name))
 
     # 6
     def test_06_shutdown_time(self):
