@@ -473,37 +473,34 @@ absl::StatusOr<Json> Client::Create(const Resource& r, const std::string& ns, co
   return DoJson(std::move(call));
 }
 
-absl::StatusOr<Json> Client::Update(const Resource& r, const std::string& ns, const Json& object) {
+absl::StatusOr<Json> Client::Put(const Resource& r, const std::string& ns, const Json& object,
+                                 const std::string& subresource) {
   const std::string name =
       object.is_object() ? object.value("metadata", Json::object()).value("name", std::string())
                          : std::string();
+  const std::string target = subresource.empty() ? r.resource : r.resource + "/" + subresource;
   if (name.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("k8s update ", r.resource, ": no metadata.name"));
+    return absl::InvalidArgumentError(absl::StrCat("k8s update ", target, ": no metadata.name"));
   }
-  Call call{"update", &r, "", Describe("update", r, ns, name), {}};
+  Call call{"update",
+            &r,
+            subresource,
+            Describe(subresource.empty() ? "update" : "update " + subresource + " of", r, ns, name),
+            {}};
   call.request.method = "PUT";
-  call.request.path = Path(r, ns, name, "");
+  call.request.path = Path(r, ns, name, subresource);
   call.request.headers.emplace_back("Content-Type", "application/json");
   call.request.body = object.dump();
   return DoJson(std::move(call));
 }
 
+absl::StatusOr<Json> Client::Update(const Resource& r, const std::string& ns, const Json& object) {
+  return Put(r, ns, object, "");
+}
+
 absl::StatusOr<Json> Client::UpdateStatus(const Resource& r, const std::string& ns,
                                           const Json& object) {
-  const std::string name =
-      object.is_object() ? object.value("metadata", Json::object()).value("name", std::string())
-                         : std::string();
-  if (name.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("k8s update ", r.resource, "/status: no metadata.name"));
-  }
-  Call call{"update", &r, "status", Describe("update status of", r, ns, name), {}};
-  call.request.method = "PUT";
-  call.request.path = Path(r, ns, name, "status");
-  call.request.headers.emplace_back("Content-Type", "application/json");
-  call.request.body = object.dump();
-  return DoJson(std::move(call));
+  return Put(r, ns, object, "status");
 }
 
 absl::StatusOr<Json> Client::Patch(const Resource& r, const std::string& ns,

@@ -183,6 +183,9 @@ class Client {
   };
   absl::StatusOr<HttpResponse> Do(Call call);
   absl::StatusOr<Json> DoJson(Call call);
+  // PUT of `object` to its name (and `subresource`, "" for the object itself).
+  absl::StatusOr<Json> Put(const Resource& r, const std::string& ns, const Json& object,
+                           const std::string& subresource);
   void Authorize(HttpRequest* request, bool force_reload);
   std::string Path(const Resource& r, const std::string& ns, const std::string& name,
                    const std::string& subresource) const;

@@ -1614,20 +1614,19 @@ ObjPtr EmulatorImpl::DeleteLocked(const ResourceType& t, const ObjPtr& obj, cons
   if (const json* pre = GetPath(options, "preconditions"); pre != nullptr && pre->is_object()) {
     std::string uid = pre->value("uid", "");
     std::string rv = pre->value("resourceVersion", "");
-    if (!uid.empty() && uid != m.value("uid", "")) {
+    auto failed = [&](const char* what, const std::string& want, const std::string& have) {
       *err = Err(409, "Conflict",
                  absl::StrCat("Operation cannot be fulfilled on ", t.Qualified(), " \"", name,
-                              "\": Precondition failed: UID in precondition: ", uid,
-                              ", UID in object meta: ", m.value("uid", "")),
+                              "\": Precondition failed: ", what, " in precondition: ", want, ", ",
+                              what, " in object meta: ", have),
                  {{"name", name}, {"group", t.group}, {"kind", t.plural}});
+    };
+    if (!uid.empty() && uid != m.value("uid", "")) {
+      failed("UID", uid, m.value("uid", ""));
       return nullptr;
     }
     if (!rv.empty() && rv != m.value("resourceVersion", "")) {
-      *err = Err(409, "Conflict",
-                 absl::StrCat("Operation cannot be fulfilled on ", t.Qualified(), " \"", name,
-                              "\": Precondition failed: ResourceVersion in precondition: ", rv,
-                              ", ResourceVersion in object meta: ", m.value("resourceVersion", "")),
-                 {{"name", name}, {"group", t.group}, {"kind", t.plural}});
+      failed("ResourceVersion", rv, m.value("resourceVersion", ""));
       return nullptr;
     }
   }
