@@ -297,6 +297,7 @@ bool Informer::SleepBackoff(int* failures) {
 void Informer::Run() {
   const std::string& resource = options_.resource.resource;
   int failures = 0;
+  int expired_in_a_row = 0;
   bool need_list = true;
   while (true) {
     {
@@ -336,8 +337,12 @@ void Informer::Run() {
       }
       client_->RecordWatchRestart(options_.resource, "expired");
       need_list = true;
+      // A fresh list's version should not be too old; if it is again at once, the server
+      // is in trouble: back off rather than list in a tight loop.
+      if (expired_in_a_row++ > 0 && !SleepBackoff(&failures)) return;
       continue;
     }
+    expired_in_a_row = 0;
     {
       absl::MutexLock lock(&mu_);
       ++stats_.errors;

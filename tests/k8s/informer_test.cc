@@ -160,10 +160,16 @@ TEST(InformerTest, RelistsAfterGoneAndReportsTheDifference) {
   ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
   ASSERT_TRUE(Converges(*client, informer, mirror));
 
-  // Every delivered event now cuts the stream; the changes below are therefore seen one
-  // stream at a time, and after the compaction the resume point is too old: 410, relist.
-  emulator.SetFaults({{"watch_drop_rate", 1.0}});
+  // Every delivered event now cuts the stream, and every watch is answered 410 Gone: the
+  // informer must relist, and learns the changes below from lists (as after a
+  // compaction), reporting the difference to its handlers.
+  emulator.SetFaults({{"watch_drop_rate", 1.0}, {"errors", {{"410", 1.0}}}});
   ASSERT_TRUE(client->Delete(kLeases, "default", "l0").ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (informer.stats().expired == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_GE(informer.stats().expired, 1);
   ASSERT_TRUE(client
                   ->Patch(kLeases, "default", "l1", PatchType::kMerge,
                           {{"spec", {{"holderIdentity", "b"}}}})
