@@ -35,10 +35,7 @@ struct ClaimArgs {
 };
 
 struct ListArgs {
-  std::string pool;
-  std::string selector;
-  std::vector<std::string> states;
-  std::string owner;
+  ClaimFilterFlags filter;
   bool quiet = false;
   int page_size = kPageSize;
 };
@@ -48,14 +45,6 @@ v1::EmptyPoolPolicy PolicyFromFlag(const std::string& policy) {
   if (policy == "cold") return v1::EMPTY_POOL_POLICY_COLD;
   if (policy == "fail") return v1::EMPTY_POOL_POLICY_FAIL;
   return v1::EMPTY_POOL_POLICY_UNSPECIFIED;
-}
-
-v1::ClaimState StateFromFlag(const std::string& state) {
-  if (state == "active") return v1::CLAIM_STATE_ACTIVE;
-  if (state == "released") return v1::CLAIM_STATE_RELEASED;
-  if (state == "expired") return v1::CLAIM_STATE_EXPIRED;
-  if (state == "lost") return v1::CLAIM_STATE_LOST;
-  return v1::CLAIM_STATE_UNSPECIFIED;
 }
 
 std::string StateName(v1::ClaimState state) {
@@ -265,11 +254,7 @@ absl::StatusOr<int> RunListClaims(Context& ctx, const ListArgs& a) {
   Client& client = **connected;
   v1::ListClaimsRequest req;
   req.set_page_size(a.page_size);
-  v1::ClaimFilter* filter = req.mutable_filter();
-  filter->set_pool(a.pool);
-  filter->set_label_selector(a.selector);
-  filter->set_owner(a.owner);
-  for (const std::string& s : a.states) filter->add_states(StateFromFlag(s));
+  FillClaimFilter(a.filter, req.mutable_filter());
   std::vector<v1::Claim> claims;
   std::string previous_token;
   while (true) {
@@ -292,7 +277,7 @@ absl::StatusOr<int> RunListClaims(Context& ctx, const ListArgs& a) {
     std::fprintf(stderr, "No claims found.\n");
     return 0;
   }
-  Show(ctx, claims, a.quiet, true, true, !a.owner.empty());
+  Show(ctx, claims, a.quiet, true, true, !a.filter.owner.empty());
   return 0;
 }
 
@@ -311,8 +296,6 @@ absl::StatusOr<int> RunGetClaim(Context& ctx, const std::string& id) {
   Show(ctx, {resp.claim()}, false, false, true);
   return 0;
 }
-
-const std::vector<std::string> kStates = {"active", "released", "expired", "lost"};
 
 }  // namespace
 
@@ -383,15 +366,7 @@ void AddClaimCommands(CLI::App& app, Context& ctx, Actions& actions) {
     CLI::App* sub =
         app.add_subcommand("claims", "List claims (all pages), or `claims get ID` to show one");
     sub->require_subcommand(0, 1);
-    sub->add_option("--pool", a->pool, "Only claims of this pool");
-    sub->add_option("--selector,-l", a->selector, "Label selector, e.g. 'team=rl,run!=3,!debug'");
-    sub->add_option("--state", a->states,
-                    "Only claims in these states (repeatable or comma-separated)")
-        ->allow_extra_args(false)
-        ->delimiter(',')
-        ->check(CLI::IsMember(kStates));
-    sub->add_option("--owner", a->owner,
-                    "Only claims of this tenant (admin token; default: your own)");
+    AddClaimFilterFlags(sub, &a->filter);
     sub->add_flag("-q,--quiet", a->quiet, "Print only the claim ids");
     sub->add_option("--page-size", a->page_size,
                     "Claims per ListClaims call; every page is read either way")

@@ -94,4 +94,29 @@ std::pair<std::string, std::string> SplitKeyValue(const std::string& text) {
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
+void AddClaimFilterFlags(CLI::App* sub, ClaimFilterFlags* flags) {
+  static const std::vector<std::string> kStates = {"active", "released", "expired", "lost"};
+  sub->add_option("--pool", flags->pool, "Only claims of this pool");
+  sub->add_option("--selector,-l", flags->selector, "Label selector, e.g. 'team=rl,run!=3,!debug'");
+  sub->add_option("--state", flags->states,
+                  "Only claims in these states (repeatable or comma-separated)")
+      ->allow_extra_args(false)
+      ->delimiter(',')
+      ->check(CLI::IsMember(kStates));
+  sub->add_option("--owner", flags->owner,
+                  "Only claims of this tenant (admin token; default: your own)");
+}
+
+void FillClaimFilter(const ClaimFilterFlags& flags, v1::ClaimFilter* filter) {
+  filter->set_pool(flags.pool);
+  filter->set_label_selector(flags.selector);
+  filter->set_owner(flags.owner);
+  for (const std::string& s : flags.states) {
+    if (s == "active") filter->add_states(v1::CLAIM_STATE_ACTIVE);
+    if (s == "released") filter->add_states(v1::CLAIM_STATE_RELEASED);
+    if (s == "expired") filter->add_states(v1::CLAIM_STATE_EXPIRED);
+    if (s == "lost") filter->add_states(v1::CLAIM_STATE_LOST);
+  }
+}
+
 }  // namespace sbx::cli

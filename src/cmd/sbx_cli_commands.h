@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
@@ -82,5 +83,16 @@ void ToProto(absl::Duration d, google::protobuf::Duration* out);
 absl::Duration FromProto(const google::protobuf::Duration& d);
 // Splits "KEY=VALUE" at the first '='.
 std::pair<std::string, std::string> SplitKeyValue(const std::string& text);
+
+// The claim filter flags that `claims` and `watch claims` share: --pool, --selector/-l,
+// --state (repeatable or comma-separated; active|released|expired|lost), --owner.
+struct ClaimFilterFlags {
+  std::string pool;
+  std::string selector;
+  std::vector<std::string> states;
+  std::string owner;
+};
+void AddClaimFilterFlags(CLI::App* sub, ClaimFilterFlags* flags);
+void FillClaimFilter(const ClaimFilterFlags& flags, v1::ClaimFilter* filter);
 
 }  // namespace sbx::cli

@@ -15,10 +15,7 @@ namespace sbx::cli {
 namespace {
 
 struct WatchClaimsArgs {
-  std::string pool;
-  std::string selector;
-  std::vector<std::string> states;
-  std::string owner;
+  ClaimFilterFlags filter;
   int64_t since = 0;
   int64_t max_events = 0;
 };
@@ -28,8 +25,6 @@ struct WatchPoolsArgs {
   std::string interval;
   int64_t max_events = 0;
 };
-
-const std::vector<std::string> kStates = {"active", "released", "expired", "lost"};
 
 std::string EventName(v1::WatchEventType type) {
   return ShortEnumName(v1::WatchEventType_Name(type), "WATCH_EVENT_TYPE_");
@@ -91,21 +86,12 @@ absl::StatusOr<int> RunWatchClaims(Context& ctx, const WatchClaimsArgs& a) {
   if (!connected.ok()) return connected.status();
   Client& client = **connected;
   v1::WatchClaimsRequest req;
-  v1::ClaimFilter* filter = req.mutable_filter();
-  filter->set_pool(a.pool);
-  filter->set_label_selector(a.selector);
-  filter->set_owner(a.owner);
-  for (const std::string& s : a.states) {
-    if (s == "active") filter->add_states(v1::CLAIM_STATE_ACTIVE);
-    if (s == "released") filter->add_states(v1::CLAIM_STATE_RELEASED);
-    if (s == "expired") filter->add_states(v1::CLAIM_STATE_EXPIRED);
-    if (s == "lost") filter->add_states(v1::CLAIM_STATE_LOST);
-  }
+  FillClaimFilter(a.filter, req.mutable_filter());
   req.set_start_revision(a.since);
   std::unique_ptr<grpc::ClientContext> call = client.NewContext(absl::InfiniteDuration());
   std::unique_ptr<grpc::ClientReader<v1::ClaimEvent>> reader =
       client.claims().WatchClaims(call.get(), req);
-  const bool owner = !a.owner.empty();
+  const bool owner = !a.filter.owner.empty();
   const std::string header = absl::StrFormat("%-9s %s%-36s %-16s %-9s %-36s %s\n", "EVENT",
                                              owner ? "OWNER            " : "", "CLAIM", "POOL",
                                              "STATE", "SANDBOX", "REVISION");
@@ -163,15 +149,7 @@ void AddWatchCommands(CLI::App& app, Context& ctx, Actions& actions) {
     auto a = std::make_shared<WatchClaimsArgs>();
     CLI::App* sub = watch->add_subcommand(
         "claims", "Watch claims: first the current ones (ADDED), then every change");
-    sub->add_option("--pool", a->pool, "Only claims of this pool");
-    sub->add_option("--selector,-l", a->selector, "Label selector, e.g. 'team=rl,run!=3'");
-    sub->add_option("--state", a->states,
-                    "Only claims in these states (repeatable or comma-separated)")
-        ->allow_extra_args(false)
-        ->delimiter(',')
-        ->check(CLI::IsMember(kStates));
-    sub->add_option("--owner", a->owner,
-                    "Only claims of this tenant (admin token; default: your own)");
+    AddClaimFilterFlags(sub, &a->filter);
     sub->add_option("--since", a->since,
                     "Resume after this revision (from an earlier event or `claims -o json`); "
                     "default: the current claims first, then changes")

@@ -51,13 +51,57 @@ class FailedStream final : public grpc::ServerWriteReactor<Message> {
   void OnDone() override { delete this; }
 };
 
+// What both watch streams share: one write in flight at a time (Pump starts the next),
+// and a cancel or a failed write finishes the call exactly once — at once, or, with a
+// write in flight, when that write is done. Subclasses guard their own state with mu_ too.
+template <typename Event>
+class WatchWriter : public grpc::ServerWriteReactor<Event> {
+ public:
+  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
+    bool end = false;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      // Cancelled while the write was in flight: the write may still have succeeded, and
+      // then this is the last chance to finish.
+      if ((!ok || cancelled_) && !finished_) finished_ = end = true;
+    }
+    if (end) {
+      this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the watch was cancelled"));
+      return;
+    }
+    Pump();
+  }
+
+  void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      // With a write in flight, OnWriteDone finishes the call.
+      if (finished_ || writing_) return;
+      finished_ = true;
+    }
+    this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the watch"));
+  }
+
+ protected:
+  // Starts the next write if there is one and none is in flight.
+  virtual void Pump() ABSL_LOCKS_EXCLUDED(mu_) = 0;
+
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // Finish has been (or is about to be) called.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 // ---- WatchClaims ----
 
 // Writes the events of one allocator watch. The allocator's `ready` (Pump) and gRPC's
 // reactions meet under mu_; the watch is cancelled in OnDone, which waits for a `ready`
 // still running (unless OnDone runs inside it, on the same thread), so nothing reaches
 // the reactor after it is deleted.
-class ClaimsReactor final : public grpc::ServerWriteReactor<v1::ClaimEvent> {
+class ClaimsReactor final : public WatchWriter<v1::ClaimEvent> {
  public:
   ClaimsReactor(allocator::Allocator* a, ClaimQuery query, uint64_t start_revision)
       : query_(std::move(query)) {
@@ -85,33 +129,6 @@ class ClaimsReactor final : public grpc::ServerWriteReactor<v1::ClaimEvent> {
     Pump();
   }
 
-  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
-    bool end = false;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      // Cancelled while the write was in flight: the write may still have succeeded, and
-      // then this is the last chance to finish.
-      if ((!ok || cancelled_) && !finished_) finished_ = end = true;
-    }
-    if (end) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the watch was cancelled"));
-      return;
-    }
-    Pump();
-  }
-
-  void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-      // With a write in flight, OnWriteDone finishes the call.
-      if (finished_ || writing_) return;
-      finished_ = true;
-    }
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the watch"));
-  }
-
   void OnDone() override ABSL_LOCKS_EXCLUDED(mu_) {
     std::unique_ptr<allocator::ClaimWatch> watch;
     {
@@ -127,7 +144,7 @@ class ClaimsReactor final : public grpc::ServerWriteReactor<v1::ClaimEvent> {
   // Starts the next write, or finishes when the watch has ended. Called by the allocator
   // (`ready`) and after each write. Touches nothing of the reactor after StartWrite or
   // Finish: either may end the call and delete it on this thread.
-  void Pump() ABSL_LOCKS_EXCLUDED(mu_) {
+  void Pump() override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::Status end;
     {
       absl::MutexLock lock(&mu_);
@@ -161,15 +178,10 @@ class ClaimsReactor final : public grpc::ServerWriteReactor<v1::ClaimEvent> {
   }
 
   const ClaimQuery query_;
-  absl::Mutex mu_;
   std::unique_ptr<allocator::ClaimWatch> watch_ ABSL_GUARDED_BY(mu_);
   // Events taken from the watch and not written yet: batch_[next_..].
   std::vector<allocator::ClaimEventPtr> batch_ ABSL_GUARDED_BY(mu_);
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  // Finish has been (or is about to be) called.
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   // The message being written; stable until OnWriteDone.
   v1::ClaimEvent response_;
 };
@@ -180,40 +192,13 @@ class ClaimsReactor final : public grpc::ServerWriteReactor<v1::ClaimEvent> {
 // (until OnDone) and the alarm (set, or its callback running); the last to let go deletes
 // it. The alarm is set under mu_ (its deadline is at least 100 ms away, so its callback
 // cannot run inside Set) and cancelled outside it.
-class PoolsReactor final : public grpc::ServerWriteReactor<v1::PoolEvent> {
+class PoolsReactor final : public WatchWriter<v1::PoolEvent> {
  public:
   PoolsReactor(allocator::Allocator* a, std::set<std::string> names, absl::Duration interval)
       : allocator_(a), names_(std::move(names)), interval_(interval) {}
 
   // The first poll (the initial state), run by the handler.
   void Start() { OnTick(true); }
-
-  void OnWriteDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
-    bool end = false;
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      // Cancelled while the write was in flight: the write may still have succeeded, and
-      // then this is the last chance to finish.
-      if ((!ok || cancelled_) && !finished_) finished_ = end = true;
-    }
-    if (end) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the watch was cancelled"));
-      return;
-    }
-    Pump();
-  }
-
-  void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::MutexLock lock(&mu_);
-      cancelled_ = true;
-      // With a write in flight, OnWriteDone finishes the call.
-      if (finished_ || writing_) return;
-      finished_ = true;
-    }
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the watch"));
-  }
 
   void OnDone() override ABSL_LOCKS_EXCLUDED(mu_) {
     grpc::Alarm* alarm;
@@ -296,7 +281,7 @@ class PoolsReactor final : public grpc::ServerWriteReactor<v1::PoolEvent> {
   }
 
   // Starts the next write if none is in flight. Touches nothing after StartWrite.
-  void Pump() ABSL_LOCKS_EXCLUDED(mu_) {
+  void Pump() override ABSL_LOCKS_EXCLUDED(mu_) {
     {
       absl::MutexLock lock(&mu_);
       if (writing_ || finished_ || cancelled_ || queue_.empty()) return;
@@ -316,14 +301,9 @@ class PoolsReactor final : public grpc::ServerWriteReactor<v1::PoolEvent> {
   const std::set<std::string> names_;
   const absl::Duration interval_;
 
-  absl::Mutex mu_;
   // gRPC's hold (until OnDone) and the first tick's.
   int holders_ ABSL_GUARDED_BY(mu_) = 2;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  // Finish has been (or is about to be) called.
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<grpc::Alarm> alarm_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::PoolEvent> queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Sent> sent_ ABSL_GUARDED_BY(mu_);
