@@ -19,7 +19,8 @@ ALLOWED = {
     "store": {"common"},
     "runtime": {"common"},
     "allocator": {"common", "store:interface", "runtime:interface"},
-    "k8s": {"common", "runtime:interface", "store:interface"},
+    # The warm-pool and claim controllers are front-ends of the allocator, like the server.
+    "k8s": {"common", "runtime:interface", "store:interface", "allocator:interface"},
     "sandboxd": {"common", "proto"},
     "server": {"allocator", "common", "proto"},
     "cmd": {"*"},
@@ -29,6 +30,8 @@ ALLOWED = {
 INTERFACES = {
     "store": {"src/store/store.h", "src/store/records.h"},
     "runtime": {"src/runtime/runtime.h"},
+    "allocator": {"src/allocator/allocator.h", "src/allocator/reconciler.h",
+                  "src/allocator/sandbox.h"},
 }
 
 # Third-party libraries whose types must stop at one adapter file (style.md). The value

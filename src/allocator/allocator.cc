@@ -474,6 +474,22 @@ class AllocatorImpl final : public Allocator {
     return absl::OkStatus();
   }
 
+  absl::Status RetireWarm(const std::string& id) override {
+    SandboxPtr sb = FindSandbox(id);
+    if (sb == nullptr) return absl::NotFoundError(absl::StrCat("sandbox \"", id, "\" not known"));
+    if (!sb->pool->MarkDeadIfWarm(sb)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sandbox \"", id, "\" is not warm (a claim holds it)"));
+    }
+    ForgetSandbox(id);
+    store::WriteBatch batch;
+    batch.DeleteSandbox(id);
+    store_->Commit(std::move(batch), [](absl::Status) {});
+    reconciler_->RetireSandbox(RecordOf(*sb));
+    reconciler_->PoolBelowTarget(sb->pool->name());
+    return absl::OkStatus();
+  }
+
   std::vector<std::string> ListSandboxIds() const override {
     absl::MutexLock lock(&sandboxes_mu_);
     std::vector<std::string> ids;
@@ -572,7 +588,7 @@ class AllocatorImpl final : public Allocator {
 
   std::vector<ClaimRecord> ListClaims(const ClaimFilter& f) const override {
     std::vector<ClaimRecord> out;
-    const std::string prefix = absl::StrCat(f.owner, "/");
+    const std::string prefix = f.all_owners ? std::string() : absl::StrCat(f.owner, "/");
     claims_.ForEach([&](const EntryPtr& e) {
       if (e->key.compare(0, prefix.size(), prefix) != 0) return;
       absl::MutexLock lock(&e->mu);
@@ -599,11 +615,16 @@ class AllocatorImpl final : public Allocator {
 
   absl::StatusOr<std::unique_ptr<ClaimWatch>> Watch(WatchRequest request,
                                                     std::function<void()> ready) override {
-    RETURN_IF_ERROR(ValidateKey("watch owner", request.owner));
+    if (request.all_owners) {
+      request.owner.clear();
+    } else {
+      RETURN_IF_ERROR(ValidateKey("watch owner", request.owner));
+    }
     if (!request.pool.empty()) RETURN_IF_ERROR(ValidateName("watch pool", request.pool));
     return hub_->Subscribe(std::move(request), std::move(ready), [this](const WatchRequest& w) {
       ClaimFilter f;
       f.owner = w.owner;
+      f.all_owners = w.all_owners;
       f.pool = w.pool;
       f.labels = w.labels;
       f.include_ended = w.include_ended;

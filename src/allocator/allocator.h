@@ -123,8 +123,11 @@ struct PoolStatus {
 };
 
 struct ClaimFilter {
-  std::string owner;  // required: a tenant lists only its own claims
-  std::string pool;   // empty: all pools
+  std::string owner;  // required (unless all_owners): a tenant lists only its own claims
+  // Every owner's claims (owner is ignored). For sbx's own components (the Kubernetes
+  // claim binder), never for a tenant's request.
+  bool all_owners = false;
+  std::string pool;  // empty: all pools
   // Every pair must match the claim's labels.
   std::map<std::string, std::string> labels;
   bool include_ended = false;
@@ -153,8 +156,11 @@ struct ClaimEvent {
 using ClaimEventPtr = std::shared_ptr<const ClaimEvent>;
 
 struct WatchRequest {
-  std::string owner;  // required: a watch sees one tenant's claims
-  std::string pool;   // empty: all pools
+  std::string owner;  // required (unless all_owners): a watch sees one tenant's claims
+  // Every owner's claims (owner is ignored). For sbx's own components, never for a
+  // tenant's request.
+  bool all_owners = false;
+  std::string pool;  // empty: all pools
   // Every pair must match the claim's labels (labels never change after the claim).
   std::map<std::string, std::string> labels;
   // 0: first the initial state (an ADDED event per matching claim, initial = true, all
@@ -234,6 +240,11 @@ class Allocator {
   // Sandbox `id` no longer exists. A warm one is skipped from now on; a claimed one
   // makes its claim LOST. NOT_FOUND for an unknown id.
   virtual absl::Status SandboxGone(const std::string& id) = 0;
+  // Takes warm sandbox `id` out of its pool for good (scale-down, a stale template): it
+  // will never be claimed, its record is deleted and the reconciler is asked to retire
+  // it. FAILED_PRECONDITION when it is not warm (a claim holds it or is taking it; the
+  // claim wins), NOT_FOUND for an unknown id.
+  virtual absl::Status RetireWarm(const std::string& id) = 0;
   // Ids of every sandbox the allocator tracks (warm or claimed), for reconciling with the
   // runtime after a restart: those the runtime does not have are reported SandboxGone.
   virtual std::vector<std::string> ListSandboxIds() const = 0;

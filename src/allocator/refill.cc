@@ -39,14 +39,21 @@ RefillReconciler::RefillReconciler(RefillOptions options, runtime::Runtime* runt
 RefillReconciler::~RefillReconciler() { Stop(); }
 
 void RefillReconciler::Start(Allocator* allocator) {
-  allocator_ = allocator;
+  Attach(allocator);
   worker_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "sbx-refill");
     Loop();
   });
 }
 
-void RefillReconciler::Attach(Allocator* allocator) { allocator_ = allocator; }
+void RefillReconciler::Attach(Allocator* allocator) {
+  allocator_ = allocator;
+  // Every pool is looked at once: after a restart some may be below target with no claim
+  // to say so (sandboxes that went while sbx was down, creates the crash cut short).
+  absl::MutexLock lock(&mu_);
+  for (const store::PoolRecord& p : allocator->ListPools()) dirty_.insert(p.name);
+  wake_ = true;
+}
 
 void RefillReconciler::Stop() {
   {

@@ -13,7 +13,7 @@ namespace {
 thread_local const void* running_ready = nullptr;
 
 bool MatchesFilter(const WatchRequest& f, const store::ClaimRecord& c) {
-  if (c.owner != f.owner) return false;
+  if (!f.all_owners && c.owner != f.owner) return false;
   if (!f.pool.empty() && c.pool != f.pool) return false;
   for (const auto& [k, v] : f.labels) {
     auto it = c.labels.find(k);
@@ -259,7 +259,13 @@ void WatchHub::PublishLocked(const ClaimEventPtr& event, std::vector<Subscriptio
     floor_ = event->revision;
   }
   published_.store(event->revision, std::memory_order_release);
-  auto it = subs_.find(event->claim.owner);
+  OfferLocked(event, event->claim.owner, wake);
+  OfferLocked(event, "", wake);  // the all-owners watches
+}
+
+void WatchHub::OfferLocked(const ClaimEventPtr& event, const std::string& owner,
+                           std::vector<SubscriptionPtr>* wake) {
+  auto it = subs_.find(owner);
   if (it == subs_.end()) return;
   std::vector<SubscriptionPtr>& subs = it->second;
   for (size_t i = 0; i < subs.size();) {
@@ -279,7 +285,9 @@ void WatchHub::PublishLocked(const ClaimEventPtr& event, std::vector<Subscriptio
 absl::StatusOr<std::unique_ptr<ClaimWatch>> WatchHub::Subscribe(WatchRequest request,
                                                                 std::function<void()> ready,
                                                                 Snapshot snapshot) {
-  if (request.owner.empty()) return absl::InvalidArgumentError("watch: owner is empty");
+  if (request.owner.empty() && !request.all_owners) {
+    return absl::InvalidArgumentError("watch: owner is empty");
+  }
   if (ready == nullptr) return absl::InvalidArgumentError("watch: no ready callback");
   const uint64_t start = request.start_revision;
   auto sub = std::make_shared<Subscription>(std::move(request), std::move(ready), queue_limit_);

@@ -85,6 +85,9 @@ class WatchHub : public std::enable_shared_from_this<WatchHub> {
   class Handle;
   using SubscriptionPtr = std::shared_ptr<Subscription>;
 
+  // Offers `event` to the watches registered under `owner` ("" = all owners).
+  void OfferLocked(const ClaimEventPtr& event, const std::string& owner,
+                   std::vector<SubscriptionPtr>* wake) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLocked(const ClaimEventPtr& event, std::vector<SubscriptionPtr>* wake)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remove(const SubscriptionPtr& sub) ABSL_LOCKS_EXCLUDED(mu_);

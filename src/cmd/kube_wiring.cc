@@ -26,9 +26,48 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
       ->capture_default_str();
   app.add_option("--kube_identity", flags->identity,
                  "this replica's name in the Lease (default: hostname-pid)");
+  app.add_option("--kube_pool_namespace", flags->pool_namespace,
+                 "with --runtime kubernetes: the namespace whose SandboxWarmPools and "
+                 "SandboxClaims sbx serves (default: --kube_namespace, else \"default\")");
+  app.add_option("--kube_write_workers", flags->write_workers,
+                 "threads writing Sandboxes and claim bindings (writes in flight at once)")
+      ->capture_default_str();
+  app.add_option("--kube_write_qps", flags->write_qps,
+                 "budget of those writes per second (claim bindings first, then refills, then "
+                 "clean-up)")
+      ->capture_default_str();
+  app.add_option("--kube_write_burst", flags->write_burst, "burst of that budget")
+      ->capture_default_str();
+  app.add_option("--kube_claim_workers", flags->claim_workers, "SandboxClaim reconcile workers")
+      ->capture_default_str();
+  app.add_option("--kube_ready_timeout_seconds", flags->ready_timeout_s,
+                 "a warm-pool member not Ready after this long is replaced (unless its pod is "
+                 "unschedulable)")
+      ->capture_default_str();
 }
 
-absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(const KubeFlags& flags) {
+KubeControllers::~KubeControllers() {
+  StopPools();
+  runtime_.reset();
+  sandboxes_.reset();
+  client_.reset();
+}
+
+absl::Status KubeControllers::StartPools(allocator::Allocator* allocator) {
+  if (pools_ == nullptr) return absl::OkStatus();
+  pools_->Start(allocator, runtime_.get());
+  return claims_->Start(allocator);
+}
+
+void KubeControllers::StopPools() {
+  if (claims_ != nullptr) claims_->Stop();
+  if (pools_ != nullptr) pools_->Stop();
+  if (writes_ != nullptr) writes_->Stop();
+  if (runtime_ != nullptr) runtime_->Shutdown();
+}
+
+absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
+    const KubeFlags& flags, bool serve_pools, std::function<void(const std::string&)> on_gone) {
   absl::StatusOr<k8s::ClusterConfig> cluster =
       flags.kubeconfig == "in-cluster" ? k8s::LoadInCluster()
                                        : k8s::LoadKubeconfig(flags.kubeconfig, flags.context);
@@ -36,8 +75,9 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(const KubeFlags& flag
   k8s::ClientOptions client_options;
   client_options.qps = flags.qps;
   client_options.burst = flags.burst;
-  ASSIGN_OR_RETURN(std::unique_ptr<k8s::Client> client,
-                   k8s::Client::Create(*cluster, client_options));
+  auto kube = std::make_unique<KubeControllers>();
+  ASSIGN_OR_RETURN(kube->client_, k8s::Client::Create(*cluster, client_options));
+  k8s::Client* client = kube->client_.get();
 
   k8s::SandboxControllerOptions options;
   options.ns = flags.ns;
@@ -51,13 +91,66 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(const KubeFlags& flag
     gethostname(host, sizeof(host) - 1);
     options.election.identity = absl::StrCat(host, "-", getpid());
   }
-  auto sandboxes = std::make_unique<k8s::SandboxController>(client.get(), options);
+  kube->sandboxes_ = std::make_unique<k8s::SandboxController>(client, options);
+  k8s::SandboxController* sandboxes = kube->sandboxes_.get();
+
+  std::string pool_ns = flags.pool_namespace;
+  if (pool_ns.empty()) pool_ns = flags.ns.empty() ? "default" : flags.ns;
+  if (serve_pools) {
+    if (!flags.ns.empty() && flags.ns != pool_ns) {
+      return absl::InvalidArgumentError(absl::StrCat("--kube_pool_namespace \"", pool_ns,
+                                                     "\" is outside --kube_namespace \"", flags.ns,
+                                                     "\""));
+    }
+    k8s::WriteSchedulerOptions write_options;
+    write_options.workers = flags.write_workers;
+    write_options.qps = flags.write_qps;
+    write_options.burst = flags.write_burst;
+    RETURN_IF_ERROR(write_options.Validate());
+    kube->writes_ = std::make_unique<k8s::WriteScheduler>(write_options);
+    auto is_leader = [sandboxes] { return sandboxes->IsLeader(); };
+    k8s::WarmPoolControllerOptions pool_options;
+    pool_options.ns = pool_ns;
+    pool_options.is_leader = is_leader;
+    kube->pools_ = std::make_unique<k8s::WarmPoolController>(client, &sandboxes->sandbox_informer(),
+                                                             pool_options);
+    k8s::ClaimControllerOptions claim_options;
+    claim_options.ns = pool_ns;
+    claim_options.workers = flags.claim_workers;
+    claim_options.is_leader = is_leader;
+    kube->claims_ = std::make_unique<k8s::ClaimController>(
+        client, kube->writes_.get(), &sandboxes->sandbox_informer(), &kube->pools_->pools(),
+        &kube->pools_->templates(), claim_options);
+    k8s::KubeRuntimeOptions runtime_options;
+    runtime_options.ns = pool_ns;
+    runtime_options.ready_timeout = absl::Seconds(flags.ready_timeout_s);
+    runtime_options.on_gone = std::move(on_gone);
+    RETURN_IF_ERROR(runtime_options.Validate());
+    kube->runtime_ = std::make_unique<k8s::KubeRuntime>(
+        client, kube->writes_.get(), &sandboxes->sandbox_informer(), &kube->pools_->pools(),
+        &kube->pools_->templates(), runtime_options);
+    k8s::KubeRuntime* runtime = kube->runtime_.get();
+    k8s::InformerHandler feed;
+    feed.on_add = [runtime](const k8s::ObjectPtr& o) { runtime->OnSandbox(o); };
+    feed.on_update = [runtime](const k8s::ObjectPtr&, const k8s::ObjectPtr& o) {
+      runtime->OnSandbox(o);
+    };
+    feed.on_delete = [runtime](const k8s::ObjectPtr& o) { runtime->OnSandboxDeleted(o); };
+    sandboxes->sandbox_informer().AddHandler(std::move(feed));
+  }
   RETURN_IF_ERROR(sandboxes->Start());
-  spdlog::info("kubernetes: {} at {}; Sandbox controller running ({} workers{}, namespace {})",
+  if (serve_pools) {
+    RETURN_IF_ERROR(kube->pools_->StartInformers(absl::Seconds(30)));
+    RETURN_IF_ERROR(kube->claims_->StartInformers(absl::Seconds(30)));
+  }
+  spdlog::info("kubernetes: {} at {}; Sandbox controller running ({} workers{}, namespace {}){}",
                cluster->source, cluster->server, flags.workers,
                flags.leader_election ? ", leader election as " + options.election.identity : "",
-               flags.ns.empty() ? "all" : flags.ns);
-  return std::make_unique<KubeControllers>(std::move(client), std::move(sandboxes));
+               flags.ns.empty() ? "all" : flags.ns,
+               serve_pools ? absl::StrCat("; serving SandboxWarmPools and SandboxClaims of \"",
+                                          pool_ns, "\"")
+                           : std::string());
+  return kube;
 }
 
 }  // namespace sbx::cmd

@@ -1,14 +1,22 @@
 #pragma once
 // The Kubernetes side of sbx-server: flags, the API client and the controllers it runs
-// when a cluster is configured (--kubeconfig PATH or --kubeconfig in-cluster).
+// when a cluster is configured (--kubeconfig PATH or --kubeconfig in-cluster). With
+// --runtime kubernetes it also serves the SandboxWarmPools and SandboxClaims of one
+// namespace from the allocator, whose sandboxes it makes (KubeRuntime).
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "src/allocator/allocator.h"
+#include "src/k8s/claim_controller.h"
 #include "src/k8s/client.h"
+#include "src/k8s/kube_runtime.h"
 #include "src/k8s/sandbox_controller.h"
+#include "src/k8s/warm_pool_controller.h"
+#include "src/k8s/write_scheduler.h"
 
 namespace sbx::cmd {
 
@@ -22,28 +30,50 @@ struct KubeFlags {
   bool leader_election = false;
   std::string lease_namespace = "default";
   std::string identity;  // default: hostname + pid
+  // Warm pools and claims (with --runtime kubernetes): their namespace (default: --ns, or
+  // "default" when that is every namespace), write workers and write budget.
+  std::string pool_namespace;
+  int write_workers = 32;
+  double write_qps = 2000;
+  int write_burst = 200;
+  int claim_workers = 8;
+  double ready_timeout_s = 300;
 };
 
 void AddKubeFlags(CLI::App& app, KubeFlags* flags);
 
-// The client and the Sandbox controller; stops them (controller first) when destroyed.
+// The client and the controllers; stops them (controllers first) when destroyed.
 class KubeControllers {
  public:
-  KubeControllers(std::unique_ptr<k8s::Client> client,
-                  std::unique_ptr<k8s::SandboxController> sandboxes)
-      : client_(std::move(client)), sandboxes_(std::move(sandboxes)) {}
-  ~KubeControllers() {
-    sandboxes_.reset();
-    client_.reset();
-  }
+  KubeControllers() = default;
+  ~KubeControllers();
+
+  // The runtime of warm-pool members (nullptr unless pools are served).
+  runtime::Runtime* runtime() { return runtime_.get(); }
+  // Starts the warm-pool and claim controllers on `allocator`.
+  absl::Status StartPools(allocator::Allocator* allocator);
+  // Stops the pool and claim controllers, then the writes and the runtime: queued writes
+  // are dropped and creates still pending (or asked later) fail with CANCELLED, so the
+  // refill reconciler can stop. The runtime stays (answering CANCELLED) until destruction.
+  // Idempotent.
+  void StopPools();
 
  private:
+  friend absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
+      const KubeFlags&, bool, std::function<void(const std::string&)>);
   std::unique_ptr<k8s::Client> client_;
   std::unique_ptr<k8s::SandboxController> sandboxes_;
+  std::unique_ptr<k8s::WriteScheduler> writes_;
+  std::unique_ptr<k8s::WarmPoolController> pools_;
+  std::unique_ptr<k8s::ClaimController> claims_;
+  std::unique_ptr<k8s::KubeRuntime> runtime_;
 };
 
-// Connects to the cluster and starts the controllers once their caches are in sync.
-// Errors name what is wrong (unreadable kubeconfig, unreachable server, missing CRDs).
-absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(const KubeFlags& flags);
+// Connects to the cluster and starts the controllers once their caches are in sync; with
+// `serve_pools`, also builds the runtime and the pool/claim controllers (started by
+// StartPools). `on_gone` hears of members that disappear. Errors name what is wrong
+// (unreadable kubeconfig, unreachable server, missing CRDs).
+absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
+    const KubeFlags& flags, bool serve_pools, std::function<void(const std::string&)> on_gone);
 
 }  // namespace sbx::cmd

@@ -90,7 +90,8 @@ int main(int argc, char** argv) {
   app.add_option("--runtime", runtime_name,
                  "local: bubblewrap sandboxes on this machine; instant: sandboxes that are "
                  "only names, for load tests of the claim path (nothing runs in them); none: no "
-                 "runtime (pools stay empty)")
+                 "runtime (pools stay empty); kubernetes: SandboxWarmPools of the cluster "
+                 "(needs --kubeconfig) are the pools, their members Sandboxes and pods")
       ->capture_default_str();
   app.add_option("--sandboxd", local_options.sandboxd_path, "sbx-sandboxd binary")
       ->capture_default_str();
@@ -101,6 +102,9 @@ int main(int argc, char** argv) {
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
   app.add_option("--refill_qps", refill_options.qps, "runtime writes per second")
+      ->capture_default_str();
+  app.add_option("--refill_max_creating", refill_options.max_creating_per_pool,
+                 "creates in flight per pool (until each sandbox is ready)")
       ->capture_default_str();
   app.add_option("--auth_tokens_file", server_options.auth.tokens_file,
                  "bearer tokens: one '<token> <tenant> [admin]' per line (SIGHUP reloads)");
@@ -126,9 +130,14 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
-  if (runtime_name != "local" && runtime_name != "instant" && runtime_name != "none") {
+  if (runtime_name != "local" && runtime_name != "instant" && runtime_name != "none" &&
+      runtime_name != "kubernetes") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "runtime \"", runtime_name, "\" is not one of local, instant, none, kubernetes")));
+  }
+  if (runtime_name == "kubernetes" && kube_flags.kubeconfig.empty()) {
     return Fail(absl::InvalidArgumentError(
-        absl::StrCat("runtime \"", runtime_name, "\" is not one of local, instant, none")));
+        "--runtime kubernetes needs a cluster: --kubeconfig PATH or --kubeconfig in-cluster"));
   }
   if (absl::Status s = refill_options.Validate(); !s.ok()) return Fail(s);
   sbx::cmd::ServerConfig config;
@@ -162,6 +171,9 @@ int main(int argc, char** argv) {
     if (!made.ok()) return Fail(made.status());
     local = std::move(*made);
     runtime = sbx::cmd::NewLocalSpecTranslator(local.get());
+  } else if (runtime_name == "kubernetes") {
+    // Started below, with the controllers, before the allocator: its caches are the
+    // runtime's List().
   } else if (runtime_name == "instant") {
     spdlog::warn(
         "INSTANT RUNTIME: sandboxes are only names, nothing can run in them; use this for load "
@@ -170,9 +182,21 @@ int main(int argc, char** argv) {
   } else {
     spdlog::warn("no runtime: pools are never filled; claims can only wait or fail");
   }
-  sbx::allocator::RefillReconciler refill(refill_options, runtime.get(), &sbx::Clock::Real());
+  std::unique_ptr<sbx::cmd::KubeControllers> kube;
+  sbx::runtime::Runtime* active_runtime = runtime.get();
+  if (!kube_flags.kubeconfig.empty()) {
+    auto started = sbx::cmd::StartKube(kube_flags, runtime_name == "kubernetes",
+                                       [&allocator_for_reports](const std::string& id) {
+                                         if (auto* a = allocator_for_reports.load())
+                                           a->SandboxGone(id).IgnoreError();
+                                       });
+    if (!started.ok()) return Fail(started.status());
+    kube = *std::move(started);
+    if (runtime_name == "kubernetes") active_runtime = kube->runtime();
+  }
+  sbx::allocator::RefillReconciler refill(refill_options, active_runtime, &sbx::Clock::Real());
   auto allocator = sbx::allocator::Allocator::Create(
-      {}, store->get(), runtime.get(), &refill, &sbx::Clock::Real(), &sbx::IdGenerator::Random());
+      {}, store->get(), active_runtime, &refill, &sbx::Clock::Real(), &sbx::IdGenerator::Random());
   if (!allocator.ok()) {
     return Fail(absl::Status(
         allocator.status().code(),
@@ -189,8 +213,8 @@ int main(int argc, char** argv) {
   // sandbox. What the store remembers and the runtime lacks is gone (warm ones are
   // dropped and refilled, claimed ones become LOST); what the runtime runs and the store
   // does not know (created after the last commit) is deleted.
-  if (runtime != nullptr) {
-    auto running = runtime->List();
+  if (active_runtime != nullptr) {
+    auto running = active_runtime->List();
     if (!running.ok()) return Fail(running.status());
     std::unordered_set<std::string> live;
     for (const sbx::runtime::SandboxInfo& s : *running) live.insert(s.id);
@@ -203,7 +227,7 @@ int main(int argc, char** argv) {
     for (const std::string& id : live) {
       if (known.contains(id)) continue;
       ++deleted;
-      runtime->Delete(id, [id](absl::Status s) {
+      active_runtime->Delete(id, [id](absl::Status s) {
         if (!s.ok() && !absl::IsNotFound(s)) {
           spdlog::warn("unknown sandbox {} not deleted: {}", id, s.ToString());
         }
@@ -215,13 +239,9 @@ int main(int argc, char** argv) {
         live.size() - deleted, gone, deleted);
   }
   if (absl::Status s = sbx::cmd::ApplyConfig(config, **allocator); !s.ok()) return Fail(s);
-  if (runtime != nullptr) refill.Start(allocator->get());
-
-  std::unique_ptr<sbx::cmd::KubeControllers> kube;
-  if (!kube_flags.kubeconfig.empty()) {
-    auto started = sbx::cmd::StartKube(kube_flags);
-    if (!started.ok()) return Fail(started.status());
-    kube = *std::move(started);
+  if (active_runtime != nullptr) refill.Start(allocator->get());
+  if (kube != nullptr) {
+    if (absl::Status s = kube->StartPools(allocator->get()); !s.ok()) return Fail(s);
   }
 
   server_options.allocator = allocator->get();
@@ -243,10 +263,11 @@ int main(int argc, char** argv) {
   spdlog::info("received {}, shutting down (grace {} s)", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                shutdown_grace_s);
   (*server)->Shutdown(absl::Seconds(shutdown_grace_s));
-  kube.reset();
+  if (kube != nullptr) kube->StopPools();
   refill.Stop();
   allocator_for_reports = nullptr;
   allocator->reset();
+  kube.reset();
   runtime.reset();
   local.reset();  // leaves the sandboxes running unless --delete_sandboxes_on_exit
   if (absl::Status s = (*store)->Close(); !s.ok()) return Fail(s);

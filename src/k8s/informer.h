@@ -124,6 +124,14 @@ class Informer {
   InformerStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
+// The options of an informer on every `resource` object of namespace `ns`.
+inline InformerOptions NamespaceInformer(const Resource& resource, const std::string& ns) {
+  InformerOptions options;
+  options.resource = resource;
+  options.ns = ns;
+  return options;
+}
+
 // "namespace/name" (or "name" for cluster-scoped objects): the cache key of an object.
 std::string KeyOf(const Json& object);
 

@@ -59,6 +59,9 @@ class SandboxController {
   // Reconciles one Sandbox ("namespace/name") now, from the caches.
   absl::Status Reconcile(const std::string& key);
   size_t QueueDepth() const { return queue_.Depth(); }
+  // The Sandbox informer, shared with the Kubernetes runtime and the warm-pool and claim
+  // controllers (they add their handlers before Start, and read its cache).
+  Informer& sandbox_informer() { return sandboxes_; }
 
  private:
   void Worker();

@@ -1,0 +1,829 @@
+#include "src/k8s/claim_controller.h"
+
+#include <pthread.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "spdlog/spdlog.h"
+#include "src/common/status_macros.h"
+#include "src/k8s/json_fields.h"
+#include "src/k8s/kube_runtime.h"
+#include "src/k8s/sandbox_objects.h"
+
+namespace sbx::k8s {
+
+using json_fields::Field;
+using json_fields::Str;
+
+class ClaimControllerMetrics {
+ public:
+  explicit ClaimControllerMetrics(std::shared_ptr<prometheus::Registry> registry)
+      : registry_(registry ? std::move(registry) : std::make_shared<prometheus::Registry>()),
+        startup_(prometheus::BuildHistogram()
+                     .Name("agent_sandbox_claim_startup_latency_ms")
+                     .Help("SandboxClaim creation (or client-first-requested-at) to Ready, ms")
+                     .Register(*registry_)),
+        controller_startup_(prometheus::BuildHistogram()
+                                .Name("agent_sandbox_claim_controller_startup_latency_ms")
+                                .Help("Controller first seeing a SandboxClaim to Ready, ms")
+                                .Register(*registry_)),
+        created_(prometheus::BuildCounter()
+                     .Name("agent_sandbox_claim_creation_total")
+                     .Help("SandboxClaims that became Ready, by launch type and warm pool")
+                     .Register(*registry_)) {}
+
+  void Ready(const std::string& launch_type, const std::string& sandbox_template,
+             const std::string& pool, double startup_ms, double controller_ms) {
+    static const prometheus::Histogram::BucketBoundaries kBuckets{
+        10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
+    const prometheus::Labels labels{{"launch_type", launch_type},
+                                    {"sandbox_template", sandbox_template}};
+    if (startup_ms >= 0) startup_.Add(labels, kBuckets).Observe(startup_ms);
+    if (controller_ms >= 0) controller_startup_.Add(labels, kBuckets).Observe(controller_ms);
+    created_.Add({{"launch_type", launch_type}, {"warmpool_name", pool}, {"namespace", ns_}})
+        .Increment();
+  }
+  void set_namespace(std::string ns) { ns_ = std::move(ns); }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& startup_;
+  prometheus::Family<prometheus::Histogram>& controller_startup_;
+  prometheus::Family<prometheus::Counter>& created_;
+  std::string ns_;
+};
+
+namespace {
+
+// Blocks until the allocator's callback runs (workers may wait; no claim RPC waits here).
+absl::StatusOr<allocator::ClaimResult> WaitClaim(
+    const std::function<void(allocator::ClaimCallback)>& call) {
+  absl::Notification done;
+  absl::StatusOr<allocator::ClaimResult> result;
+  call([&](absl::StatusOr<allocator::ClaimResult> r) {
+    result = std::move(r);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+bool Deleting(const Json& object) {
+  return !Field(Field(object, "metadata"), "deletionTimestamp").is_null();
+}
+
+const Json* FindCondition(const Json& status, const std::string& type) {
+  const Json& conditions = Field(status, "conditions");
+  if (!conditions.is_array()) return nullptr;
+  for (const Json& c : conditions) {
+    if (Str(c, "type") == type) return &c;
+  }
+  return nullptr;
+}
+
+std::string Now() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+}
+
+Json Condition(const std::string& type, bool status, const std::string& reason,
+               const std::string& message, const Json& old_status) {
+  const std::string s = status ? "True" : "False";
+  std::string since = Now();
+  if (const Json* old = FindCondition(old_status, type);
+      old != nullptr && Str(*old, "status") == s) {
+    since = Str(*old, "lastTransitionTime");
+  }
+  return {{"type", type},
+          {"status", s},
+          {"reason", reason},
+          {"message", message},
+          {"lastTransitionTime", since}};
+}
+
+uint64_t Fnv64(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+absl::Time ParseRfc3339(const std::string& s, absl::Time fallback) {
+  absl::Time t;
+  std::string err;
+  return absl::ParseTime(absl::RFC3339_full, s, &t, &err) ? t : fallback;
+}
+
+Json ClaimRef(const Json& claim) {
+  const Json& meta = Field(claim, "metadata");
+  return {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
+          {"kind", "SandboxClaim"},
+          {"name", Str(meta, "name")},
+          {"uid", Str(meta, "uid")},
+          {"controller", true},
+          {"blockOwnerDeletion", true}};
+}
+
+}  // namespace
+
+absl::Status ClaimControllerOptions::Validate() const {
+  if (ns.empty()) return absl::InvalidArgumentError("claim controller: namespace is empty");
+  if (workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("claim controller workers ", workers, " must be at least 1"));
+  }
+  return absl::OkStatus();
+}
+
+std::string KubeClaimOwner(const std::string& ns) { return absl::StrCat("k8s-", ns); }
+
+std::string GrpcClaimName(const std::string& owner, const std::string& id) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(Fnv64(absl::StrCat(owner, "/", id))));
+  return absl::StrCat("grpc-", hex);
+}
+
+ClaimController::ClaimController(Client* client, WriteScheduler* writes, Informer* sandboxes,
+                                 const Informer* pools, const Informer* templates,
+                                 ClaimControllerOptions options)
+    : client_(client),
+      writes_(writes),
+      sandboxes_(sandboxes),
+      pools_(pools),
+      templates_(templates),
+      options_(std::move(options)),
+      metrics_(std::make_unique<ClaimControllerMetrics>(options_.registry)),
+      claims_(client, NamespaceInformer(kSandboxClaims, options_.ns)) {
+  metrics_->set_namespace(options_.ns);
+  auto on_claim = [this](const ObjectPtr& o) {
+    const Json& meta = Field(*o, "metadata");
+    const Json& annotations = Field(meta, "annotations");
+    const std::string owner = Str(annotations, kSbxOwnerAnnotation);
+    if (!owner.empty()) {
+      Enqueue(absl::StrCat("g/", owner, "/", Str(annotations, kSbxClaimIdAnnotation)));
+    } else {
+      Enqueue(absl::StrCat("c/", Str(meta, "name")));
+    }
+  };
+  InformerHandler claim_handler;
+  claim_handler.on_add = [this, on_claim](const ObjectPtr& o) {
+    {
+      absl::MutexLock lock(&mu_);
+      first_seen_.try_emplace(Str(Field(*o, "metadata"), "uid"), absl::Now());
+    }
+    on_claim(o);
+  };
+  claim_handler.on_update = [on_claim](const ObjectPtr&, const ObjectPtr& o) { on_claim(o); };
+  claim_handler.on_delete = [this](const ObjectPtr& o) {
+    const Json& meta = Field(*o, "metadata");
+    const Json& annotations = Field(meta, "annotations");
+    const std::string uid = Str(meta, "uid");
+    {
+      absl::MutexLock lock(&mu_);
+      first_seen_.erase(uid);
+      written_.erase(uid);
+    }
+    allocator::Allocator* a = allocator_.load(std::memory_order_acquire);
+    if (a == nullptr) return;  // Start looks for claims that went while it was away
+    std::string owner = Str(annotations, kSbxOwnerAnnotation);
+    std::string id = Str(annotations, kSbxClaimIdAnnotation);
+    if (owner.empty()) {
+      owner = KubeClaimOwner(options_.ns);
+      id = uid;
+    }
+    // Ending an ended claim answers FAILED_PRECONDITION, which is fine: this is the
+    // deletion of the claim object that the end of a gRPC claim asked for.
+    a->Release(owner, id, [](absl::Status) {});
+  };
+  claims_.AddHandler(std::move(claim_handler));
+
+  // A Sandbox change concerns the claim that owns it.
+  auto on_sandbox = [this](const ObjectPtr& o) {
+    const Json& meta = Field(*o, "metadata");
+    if (Str(meta, "namespace") != options_.ns) return;
+    const Json& refs = Field(meta, "ownerReferences");
+    if (!refs.is_array()) return;
+    for (const Json& ref : refs) {
+      if (Str(ref, "kind") != "SandboxClaim") continue;
+      ObjectPtr claim = claims_.Get(options_.ns, Str(ref, "name"));
+      if (claim == nullptr) continue;
+      const Json& annotations = Field(Field(*claim, "metadata"), "annotations");
+      if (!Str(annotations, kSbxOwnerAnnotation).empty()) continue;  // gRPC: its own status
+      Enqueue(absl::StrCat("c/", Str(ref, "name")));
+    }
+  };
+  InformerHandler sandbox_handler;
+  sandbox_handler.on_add = on_sandbox;
+  sandbox_handler.on_update = [on_sandbox](const ObjectPtr&, const ObjectPtr& o) { on_sandbox(o); };
+  sandbox_handler.on_delete = on_sandbox;
+  sandboxes_->AddHandler(std::move(sandbox_handler));
+}
+
+ClaimController::~ClaimController() { Stop(); }
+
+void ClaimController::Enqueue(const std::string& key, absl::Duration delay) {
+  if (delay > absl::ZeroDuration()) {
+    queue_.AddAfter(key, delay);
+  } else {
+    queue_.Add(key);
+  }
+}
+
+absl::Status ClaimController::StartInformers(absl::Duration sync_timeout) {
+  RETURN_IF_ERROR(options_.Validate());
+  claims_.Start();
+  if (!claims_.WaitForSync(sync_timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("claim controller: SandboxClaims did not sync within ",
+                     absl::FormatDuration(sync_timeout)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClaimController::Start(allocator::Allocator* allocator) {
+  allocator::WatchRequest request;
+  request.all_owners = true;
+  request.include_ended = false;
+  ASSIGN_OR_RETURN(watch_, allocator->Watch(request, [this] {
+    absl::MutexLock lock(&mu_);
+    watch_ready_ = true;
+  }));
+  allocator_.store(allocator, std::memory_order_release);
+  // Claims that ended or whose objects went while sbx was away.
+  allocator::ClaimFilter mine;
+  mine.owner = KubeClaimOwner(options_.ns);
+  mine.limit = 0;
+  for (const store::ClaimRecord& c : allocator->ListClaims(mine)) {
+    bool present = false;
+    for (const ObjectPtr& claim : claims_.List()) {
+      if (Str(Field(*claim, "metadata"), "uid") == c.id) present = true;
+    }
+    if (!present) allocator->Release(c.owner, c.id, [](absl::Status) {});
+  }
+  for (const ObjectPtr& claim : claims_.List()) {
+    const Json& meta = Field(*claim, "metadata");
+    const std::string owner = Str(Field(meta, "annotations"), kSbxOwnerAnnotation);
+    if (owner.empty()) Enqueue(absl::StrCat("c/", Str(meta, "name")));
+  }
+  watcher_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "sbx-k8s-binder");
+    WatchLoop();
+  });
+  for (int i = 0; i < options_.workers; ++i) {
+    workers_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "sbx-k8s-claims");
+      Worker();
+    });
+  }
+  resync_ = std::thread([this] {
+    while (!stopping_.load(std::memory_order_acquire)) {
+      for (int i = 0; i < 100 && !stopping_.load(std::memory_order_acquire); ++i) {
+        absl::SleepFor(options_.resync / 100);
+      }
+      for (const ObjectPtr& claim : claims_.List()) {
+        const Json& meta = Field(*claim, "metadata");
+        if (Str(Field(meta, "annotations"), kSbxOwnerAnnotation).empty()) {
+          Enqueue(absl::StrCat("c/", Str(meta, "name")));
+        }
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+void ClaimController::Stop() {
+  if (stopping_.exchange(true, std::memory_order_acq_rel)) return;
+  {
+    absl::MutexLock lock(&mu_);
+    watch_ready_ = true;
+  }
+  if (watcher_.joinable()) watcher_.join();
+  if (watch_ != nullptr) watch_->Cancel();
+  queue_.ShutDown();
+  for (std::thread& w : workers_) w.join();
+  workers_.clear();
+  if (resync_.joinable()) resync_.join();
+  claims_.Stop();
+}
+
+void ClaimController::WatchLoop() {
+  allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
+  std::vector<allocator::ClaimEventPtr> events;
+  uint64_t last = 0;
+  while (!stopping_.load(std::memory_order_acquire)) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&watch_ready_), absl::Seconds(1));
+      watch_ready_ = false;
+    }
+    events.clear();
+    absl::Status s = watch_->Poll(&events, 4096);
+    for (const allocator::ClaimEventPtr& e : events) {
+      last = std::max(last, e->revision);
+      const store::ClaimRecord& c = e->claim;
+      if (c.owner.rfind("k8s-", 0) == 0) continue;  // kubectl claims have their objects
+      absl::StatusOr<store::TemplateRecord> t = allocator->GetTemplate(c.pool);
+      if (!t.ok() || t->runtime != "kubernetes") continue;
+      Enqueue(absl::StrCat("g/", c.owner, "/", c.id));
+    }
+    if (!s.ok() && !stopping_.load(std::memory_order_acquire)) {
+      // Too slow (ABORTED) or the history is gone: resume, or start over from the state.
+      allocator::WatchRequest request;
+      request.all_owners = true;
+      request.include_ended = false;
+      request.start_revision = last;
+      auto ready = [this] {
+        absl::MutexLock lock(&mu_);
+        watch_ready_ = true;
+      };
+      absl::StatusOr<std::unique_ptr<allocator::ClaimWatch>> again =
+          allocator->Watch(request, ready);
+      if (!again.ok()) {
+        request.start_revision = 0;
+        again = allocator->Watch(request, ready);
+      }
+      if (again.ok()) {
+        watch_ = *std::move(again);
+      } else {
+        spdlog::warn("claim binder: allocator watch failed: {}", again.status().ToString());
+        absl::SleepFor(absl::Seconds(1));
+      }
+    }
+  }
+}
+
+void ClaimController::Worker() {
+  std::string key;
+  while (queue_.Get(&key)) {
+    absl::Status s = Reconcile(key);
+    if (s.ok()) {
+      queue_.Forget(key);
+    } else {
+      spdlog::warn("SandboxClaim work \"{}\": {}", key, s.ToString());
+      queue_.AddRateLimited(key);
+    }
+    queue_.Done(key);
+  }
+}
+
+absl::Status ClaimController::Reconcile(const std::string& key) {
+  if (options_.is_leader && !options_.is_leader()) return absl::OkStatus();
+  if (key.rfind("c/", 0) == 0) return ReconcileKube(key.substr(2));
+  std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 2));
+  if (parts.size() != 3 || parts[0] != "g") {
+    return absl::InvalidArgumentError(absl::StrCat("bad work key \"", key, "\""));
+  }
+  return ReconcileGrpc(parts[1], parts[2]);
+}
+
+absl::Status ClaimController::BindSandbox(const Json& claim, const std::string& sandbox,
+                                          const char* launch_type) {
+  const std::string uid = Str(Field(claim, "metadata"), "uid");
+  if (ObjectPtr seen = sandboxes_->Get(options_.ns, sandbox)) {
+    if (Str(Field(Field(*seen, "metadata"), "labels"), kClaimUidLabel) == uid &&
+        ControllerUid(*seen) == uid) {
+      return absl::OkStatus();
+    }
+  }
+  Json patch = {{"metadata",
+                 {{"ownerReferences", Json::array({ClaimRef(claim)})},
+                  {"labels",
+                   {{kWarmPoolLabel, nullptr},
+                    {kTemplateRefHashLabel, nullptr},
+                    {kClaimUidLabel, uid},
+                    {kLaunchTypeLabel, launch_type}}}}}};
+  absl::Status s;
+  absl::Notification done;
+  writes_->Submit(
+      WritePriority::kClaim,
+      [&] {
+        s = client_->Patch(kSandboxes, options_.ns, sandbox, PatchType::kMerge, patch).status();
+        done.Notify();
+      },
+      [&] {
+        s = absl::CancelledError("shutting down");
+        done.Notify();
+      });
+  done.WaitForNotification();
+  return s;
+}
+
+absl::Status ClaimController::WriteStatus(const Json& claim, Json status) {
+  const std::string uid = Str(Field(claim, "metadata"), "uid");
+  Json old = Field(claim, "status");
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = written_.find(uid); it != written_.end()) old = it->second;
+  }
+  if (old.is_object()) {
+    bool same = true;
+    for (auto it = status.begin(); same && it != status.end(); ++it) {
+      same = old.contains(it.key()) && old[it.key()] == it.value();
+    }
+    if (same) return absl::OkStatus();
+  }
+  const std::string name = Str(Field(claim, "metadata"), "name");
+  absl::Status s;
+  absl::Notification done;
+  writes_->Submit(
+      WritePriority::kClaim,
+      [&] {
+        s = client_
+                ->Patch(kSandboxClaims, options_.ns, name, PatchType::kMerge,
+                        Json{{"status", status}}, "status")
+                .status();
+        done.Notify();
+      },
+      [&] {
+        s = absl::CancelledError("shutting down");
+        done.Notify();
+      });
+  done.WaitForNotification();
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    written_[uid] = std::move(status);
+  }
+  return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+}
+
+Json ClaimController::LastStatus(const Json& claim) {
+  absl::MutexLock lock(&mu_);
+  auto it = written_.find(Str(Field(claim, "metadata"), "uid"));
+  return it != written_.end() ? it->second : Field(claim, "status");
+}
+
+absl::Status ClaimController::NotReady(const Json& claim, const std::string& reason,
+                                       const std::string& message) {
+  Json status = LastStatus(claim);
+  if (!status.is_object()) status = Json::object();
+  status["conditions"] = Json::array({Condition("Ready", false, reason, message, status)});
+  return WriteStatus(claim, std::move(status));
+}
+
+absl::Status ClaimController::CreateColdSandbox(const Json& claim, const Json& sandbox_template) {
+  const Json& meta = Field(claim, "metadata");
+  const Json& spec = Field(claim, "spec");
+  const Json& tspec = Field(sandbox_template, "spec");
+  Json sb_spec = {{"podTemplate", Field(tspec, "podTemplate")}};
+  if (Field(tspec, "service").is_boolean()) sb_spec["service"] = tspec["service"];
+  const Json& vct = Field(spec, "volumeClaimTemplates").is_array()
+                        ? spec["volumeClaimTemplates"]
+                        : Field(tspec, "volumeClaimTemplates");
+  if (vct.is_array()) sb_spec["volumeClaimTemplates"] = vct;
+  Json& pod = sb_spec["podTemplate"];
+  if (!pod.is_object()) pod = Json::object();
+  Json& pod_spec = pod["spec"];
+  if (!pod_spec.is_object()) pod_spec = Json::object();
+  if (!pod_spec.contains("automountServiceAccountToken")) {
+    pod_spec["automountServiceAccountToken"] = false;
+  }
+  // env: appended, or replacing a template variable of the same name (policy checked).
+  const Json& env = Field(spec, "env");
+  if (env.is_array() && Field(pod_spec, "containers").is_array()) {
+    for (Json& c : pod_spec["containers"]) {
+      for (const Json& e : env) {
+        const std::string target = Str(e, "containerName");
+        if (!target.empty() && target != Str(c, "name")) continue;
+        Json& list = c["env"];
+        if (!list.is_array()) list = Json::array();
+        bool replaced = false;
+        for (Json& have : list) {
+          if (Str(have, "name") == Str(e, "name")) {
+            have = {{"name", Str(e, "name")}, {"value", Str(e, "value")}};
+            replaced = true;
+          }
+        }
+        if (!replaced) list.push_back({{"name", Str(e, "name")}, {"value", Str(e, "value")}});
+      }
+    }
+  }
+  const Json& extra = Field(spec, "additionalPodMetadata");
+  for (const char* part : {"labels", "annotations"}) {
+    if (!Field(extra, part).is_object()) continue;
+    Json& into = pod["metadata"][part];
+    if (!into.is_object()) into = Json::object();
+    into.update(extra[part]);
+  }
+  Json sandbox = {{"apiVersion", "agents.x-k8s.io/v1beta1"},
+                  {"kind", "Sandbox"},
+                  {"metadata",
+                   {{"name", Str(meta, "name")},
+                    {"namespace", options_.ns},
+                    {"labels", {{kClaimUidLabel, Str(meta, "uid")}, {kLaunchTypeLabel, "cold"}}},
+                    {"ownerReferences", Json::array({ClaimRef(claim)})}}},
+                  {"spec", std::move(sb_spec)}};
+  absl::Status s;
+  absl::Notification done;
+  writes_->Submit(
+      WritePriority::kClaim,
+      [&] {
+        s = client_->Create(kSandboxes, options_.ns, sandbox).status();
+        done.Notify();
+      },
+      [&] {
+        s = absl::CancelledError("shutting down");
+        done.Notify();
+      });
+  done.WaitForNotification();
+  return s.ok() || absl::IsAlreadyExists(s) ? absl::OkStatus() : s;
+}
+
+absl::Status ClaimController::ReconcileKube(const std::string& name) {
+  allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
+  ObjectPtr found = claims_.Get(options_.ns, name);
+  if (found == nullptr || Deleting(*found)) return absl::OkStatus();  // on_delete releases
+  const Json& claim = *found;
+  const Json& meta = Field(claim, "metadata");
+  const Json& spec = Field(claim, "spec");
+  const Json status = LastStatus(claim);
+  const std::string uid = Str(meta, "uid");
+  const std::string owner = KubeClaimOwner(options_.ns);
+  const absl::Time now = absl::Now();
+  const Json& lifecycle = Field(spec, "lifecycle");
+
+  // Lifecycle first: an expired claim is not (re)bound.
+  const std::string shutdown = Str(lifecycle, "shutdownTime");
+  if (!shutdown.empty()) {
+    const absl::Time at = ParseRfc3339(shutdown, absl::InfiniteFuture());
+    if (now >= at) {
+      const std::string policy = Str(lifecycle, "shutdownPolicy");
+      if (policy == "Delete" || policy == "DeleteForeground") {
+        DeleteOptions o;
+        o.propagation_policy = policy == "Delete" ? "Background" : "Foreground";
+        absl::Status s = client_->Delete(kSandboxClaims, options_.ns, name, o);
+        return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+      }
+      // Retain: the claim stays, its sandbox goes.
+      allocator->Release(owner, uid, [](absl::Status) {});
+      const std::string sandbox = Str(Field(status, "sandbox"), "name");
+      if (!sandbox.empty()) {
+        absl::Status s = client_->Delete(kSandboxes, options_.ns, sandbox, {});
+        if (!s.ok() && !absl::IsNotFound(s)) return s;
+      }
+      return NotReady(claim, "ClaimExpired", "the claim's shutdownTime has passed");
+    }
+    Enqueue(absl::StrCat("c/", name), at - now);
+  }
+
+  // Which sandbox: the one the allocator gave (durable), else the cold one named like the
+  // claim, else a new choice.
+  std::string sandbox;
+  const char* launch_type = "warm";
+  absl::StatusOr<store::ClaimRecord> have = allocator->GetClaim(owner, uid);
+  if (have.ok()) {
+    if (have->state != store::ClaimState::kActive) {
+      return NotReady(claim, "SandboxMissing",
+                      absl::StrCat("sandbox \"", have->sandbox_id, "\" is gone"));
+    }
+    sandbox = have->sandbox_id;
+  } else if (ObjectPtr cold = sandboxes_->Get(options_.ns, name);
+             cold != nullptr && ControllerUid(*cold) == uid) {
+    sandbox = name;
+    launch_type = "cold";
+  } else if (!Str(Field(status, "sandbox"), "name").empty()) {
+    // Bound before, and neither the allocator nor the cluster has it any more.
+    return NotReady(
+        claim, "SandboxMissing",
+        absl::StrCat("sandbox \"", Str(Field(status, "sandbox"), "name"), "\" is gone"));
+  }
+
+  if (sandbox.empty()) {
+    const std::string pool_name = Str(Field(spec, "warmPoolRef"), "name");
+    ObjectPtr pool = pools_->Get(options_.ns, pool_name);
+    if (pool == nullptr) {
+      return NotReady(claim, "WarmPoolNotFound",
+                      absl::StrCat("SandboxWarmPool \"", pool_name, "\" not found"));
+    }
+    const std::string template_name =
+        Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name");
+    ObjectPtr sandbox_template = templates_->Get(options_.ns, template_name);
+    if (sandbox_template == nullptr) {
+      return NotReady(claim, "TemplateNotFound",
+                      absl::StrCat("SandboxTemplate \"", template_name, "\" not found"));
+    }
+    const Json& env = Field(spec, "env");
+    const bool has_env = env.is_array() && !env.empty();
+    if (has_env) {
+      std::string policy = Str(Field(*sandbox_template, "spec"), "envVarsInjectionPolicy");
+      if (policy.empty()) policy = "Disallowed";
+      if (policy == "Disallowed") {
+        return NotReady(claim, "EnvVarsInjectionRejected",
+                        absl::StrCat("SandboxTemplate \"", template_name,
+                                     "\" does not allow env in claims (envVarsInjectionPolicy: "
+                                     "Disallowed)"));
+      }
+      if (policy == "Allowed") {  // new names only; Overrides may replace
+        const Json& containers = Field(
+            Field(Field(Field(*sandbox_template, "spec"), "podTemplate"), "spec"), "containers");
+        for (const Json& e : env) {
+          for (const Json& c : containers.is_array() ? containers : Json::array()) {
+            for (const Json& have_env : Field(c, "env").is_array() ? c["env"] : Json::array()) {
+              if (Str(have_env, "name") == Str(e, "name")) {
+                return NotReady(claim, "EnvVarsInjectionRejected",
+                                absl::StrCat("env \"", Str(e, "name"),
+                                             "\" is set by the template; its "
+                                             "envVarsInjectionPolicy Allowed forbids overriding"));
+              }
+            }
+          }
+        }
+      }
+    }
+    const Json& vct = Field(spec, "volumeClaimTemplates");
+    const bool has_vct = vct.is_array() && !vct.empty();
+    if (has_vct) {
+      std::string policy = Str(Field(*sandbox_template, "spec"), "volumeClaimTemplatesPolicy");
+      if (policy.empty() || policy == "Disallowed") {
+        return NotReady(claim, "InvalidMetadata",
+                        absl::StrCat("SandboxTemplate \"", template_name,
+                                     "\" does not allow volumeClaimTemplates in claims"));
+      }
+    }
+    // Warm members run already: env or volumes of the claim's own need a new sandbox.
+    bool warm_ok = !has_env && !has_vct;
+    if (warm_ok) {
+      allocator::ClaimRequest request;
+      request.owner = owner;
+      request.claim_id = uid;
+      request.pool = pool_name;
+      request.policy = store::EmptyPoolPolicy::kFail;
+      absl::StatusOr<allocator::ClaimResult> got =
+          WaitClaim([&](allocator::ClaimCallback cb) { allocator->Claim(request, std::move(cb)); });
+      if (got.ok()) {
+        sandbox = got->claim.sandbox_id;
+      } else if (!absl::IsResourceExhausted(got.status()) && !absl::IsNotFound(got.status())) {
+        return got.status();
+      }
+    }
+    if (sandbox.empty()) {
+      RETURN_IF_ERROR(CreateColdSandbox(claim, *sandbox_template));
+      sandbox = name;
+      launch_type = "cold";
+    }
+  }
+
+  // Bound: the Sandbox belongs to the claim; status follows the Sandbox.
+  if (std::string(launch_type) == "warm") {
+    RETURN_IF_ERROR(BindSandbox(claim, sandbox, "warm"));
+    const Json& extra = Field(spec, "additionalPodMetadata");
+    if (extra.is_object() && !extra.empty()) {
+      Json patch = {{"metadata", Json::object()}};
+      for (const char* part : {"labels", "annotations"}) {
+        if (Field(extra, part).is_object()) patch["metadata"][part] = extra[part];
+      }
+      absl::Status s =
+          client_->Patch(kPods, options_.ns, sandbox, PatchType::kMerge, patch).status();
+      if (!s.ok() && !absl::IsNotFound(s)) return s;
+    }
+  }
+  ObjectPtr sb = sandboxes_->Get(options_.ns, sandbox);
+  Json next = status.is_object() ? status : Json::object();
+  if (sb == nullptr) {
+    if (std::string(launch_type) == "cold") {
+      next["conditions"] = Json::array({Condition("Ready", false, "SandboxCreatePending",
+                                                  "the sandbox is being created", next)});
+      next["sandbox"] = {{"name", sandbox}};
+      return WriteStatus(claim, std::move(next));
+    }
+    next["sandbox"] = {{"name", sandbox}};
+  } else {
+    const Json& sb_status = Field(*sb, "status");
+    const Json* ready = FindCondition(sb_status, "Ready");
+    const bool is_ready = IsReady(sb_status);
+    Json conditions = Json::array();
+    conditions.push_back(Condition(
+        "Ready", is_ready,
+        ready != nullptr ? Str(*ready, "reason") : std::string("SandboxNotReady"),
+        ready != nullptr ? Str(*ready, "message") : std::string("the sandbox is not ready yet"),
+        next));
+    if (const Json* finished = FindCondition(sb_status, "Finished")) {
+      conditions.push_back(*finished);
+      // ttlSecondsAfterFinished: the claim goes that long after its sandbox finished.
+      const Json& ttl = Field(lifecycle, "ttlSecondsAfterFinished");
+      if (Str(*finished, "status") == "True" && ttl.is_number_integer()) {
+        const absl::Time at = ParseRfc3339(Str(*finished, "lastTransitionTime"), now) +
+                              absl::Seconds(ttl.get<int64_t>());
+        if (now >= at) {
+          absl::Status s = client_->Delete(kSandboxClaims, options_.ns, name, {});
+          return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+        }
+        Enqueue(absl::StrCat("c/", name), at - now);
+      }
+    }
+    next["conditions"] = std::move(conditions);
+    next["sandbox"] = {{"name", sandbox}};
+    if (Field(sb_status, "podIPs").is_array()) next["sandbox"]["podIPs"] = sb_status["podIPs"];
+    const bool was_ready = [&] {
+      const Json* c = FindCondition(status, "Ready");
+      return c != nullptr && Str(*c, "status") == "True";
+    }();
+    if (is_ready && !was_ready) {
+      absl::Time seen = now;
+      {
+        absl::MutexLock lock(&mu_);
+        if (auto it = first_seen_.find(uid); it != first_seen_.end()) seen = it->second;
+      }
+      const std::string asked =
+          Str(Field(meta, "annotations"), "agents.x-k8s.io/client-first-requested-at");
+      const absl::Time start =
+          ParseRfc3339(asked.empty() ? Str(meta, "creationTimestamp") : asked, seen);
+      ObjectPtr pool = pools_->Get(options_.ns, Str(Field(spec, "warmPoolRef"), "name"));
+      const std::string template_name =
+          pool ? Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") : "";
+      metrics_->Ready(launch_type, template_name, Str(Field(spec, "warmPoolRef"), "name"),
+                      absl::ToDoubleMilliseconds(now - start),
+                      absl::ToDoubleMilliseconds(now - seen));
+    }
+  }
+  return WriteStatus(claim, std::move(next));
+}
+
+absl::Status ClaimController::ReconcileGrpc(const std::string& owner, const std::string& id) {
+  allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
+  const std::string name = GrpcClaimName(owner, id);
+  absl::StatusOr<store::ClaimRecord> c = allocator->GetClaim(owner, id);
+  const bool active = c.ok() && c->state == store::ClaimState::kActive;
+  ObjectPtr object = claims_.Get(options_.ns, name);
+  if (!active) {
+    if (object == nullptr) return absl::OkStatus();
+    absl::Status s;
+    absl::Notification done;
+    writes_->Submit(
+        WritePriority::kCleanup,
+        [&] {
+          DeleteOptions o;
+          o.propagation_policy = "Background";
+          s = client_->Delete(kSandboxClaims, options_.ns, name, o);
+          done.Notify();
+        },
+        [&] {
+          s = absl::CancelledError("shutting down");
+          done.Notify();
+        });
+    done.WaitForNotification();
+    return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+  }
+  Json claim;
+  if (object != nullptr) {
+    claim = *object;
+  } else {
+    Json fresh = {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
+                  {"kind", "SandboxClaim"},
+                  {"metadata",
+                   {{"name", name},
+                    {"namespace", options_.ns},
+                    {"labels", {{"sbx.dev/source", "grpc"}}},
+                    {"annotations",
+                     {{kSbxOwnerAnnotation, owner},
+                      {kSbxClaimIdAnnotation, id},
+                      {kSandboxNameAnnotation, c->sandbox_id}}}}},
+                  {"spec", {{"warmPoolRef", {{"name", c->pool}}}}}};
+    absl::StatusOr<Json> created;
+    absl::Notification done;
+    writes_->Submit(
+        WritePriority::kClaim,
+        [&] {
+          created = client_->Create(kSandboxClaims, options_.ns, fresh);
+          if (absl::IsAlreadyExists(created.status())) {
+            created = client_->Get(kSandboxClaims, options_.ns, name);
+          }
+          done.Notify();
+        },
+        [&] {
+          created = absl::CancelledError("shutting down");
+          done.Notify();
+        });
+    done.WaitForNotification();
+    if (!created.ok()) return created.status();
+    claim = *std::move(created);
+  }
+  // The object names the sandbox the allocator chose; it never changes.
+  const std::string recorded =
+      Str(Field(Field(claim, "metadata"), "annotations"), kSandboxNameAnnotation);
+  if (recorded != c->sandbox_id) {
+    return absl::InternalError(absl::StrCat("SandboxClaim \"", name, "\" names sandbox \"",
+                                            recorded, "\", the allocator \"", c->sandbox_id,
+                                            "\": not rebinding"));
+  }
+  RETURN_IF_ERROR(BindSandbox(claim, c->sandbox_id, "warm"));
+  Json status = {{"conditions", Json::array({Condition("Ready", true, "DependenciesReady",
+                                                       "claimed over gRPC", LastStatus(claim))})},
+                 {"sandbox", {{"name", c->sandbox_id}}}};
+  if (ObjectPtr sb = sandboxes_->Get(options_.ns, c->sandbox_id)) {
+    const Json& ips = Field(Field(*sb, "status"), "podIPs");
+    if (ips.is_array()) status["sandbox"]["podIPs"] = ips;
+  }
+  return WriteStatus(claim, std::move(status));
+}
+
+}  // namespace sbx::k8s

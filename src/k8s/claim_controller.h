@@ -1,0 +1,132 @@
+#pragma once
+// ClaimController: extensions.agents.x-k8s.io SandboxClaims of one namespace, served by the
+// same allocator as gRPC claims, so that no sandbox is ever held by two claims.
+//
+// A claim made with kubectl or a client library (one without sbx's own annotations) is
+// claimed in the allocator under owner "k8s-<namespace>" with the claim's uid as its id
+// (the allocator's store makes the choice durable; a retry gets the same sandbox). With a
+// warm member it is bound: the Sandbox's controller owner becomes the claim, the warm-pool
+// labels go, agents.x-k8s.io/claim-uid and launch-type: warm are set (one patch), and the
+// claim's status says Ready with the sandbox's name and pod IPs (one status write). With
+// none warm, or with env to inject (a running pod cannot take new env), a Sandbox named
+// like the claim is made for it (launch-type: cold). Lifecycle (shutdownTime with Retain,
+// Delete or DeleteForeground; ttlSecondsAfterFinished), the template's env policy and
+// additionalPodMetadata follow upstream-api.md. Deleting a claim releases its allocator
+// claim; owner references delete its Sandbox.
+//
+// A gRPC claim on a Kubernetes-backed pool is answered from memory with no API write.
+// The controller hears of it afterwards (an all-owners allocator watch) and makes it
+// visible: a SandboxClaim named "grpc-<16 hex of owner/id>" carrying the sandbox name,
+// the same binding patch of the Sandbox, and a Ready status — idempotent writes at claim
+// priority, so a retry after a conflict or a crash never binds another sandbox. When the
+// gRPC claim ends, its SandboxClaim is deleted.
+//
+// Thread-safety: Start/Stop from one thread; workers reconcile different claims at once.
+// Lifetime: construct before the informers start, Start once the allocator exists, Stop
+// before the allocator and the informers go.
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "src/allocator/allocator.h"
+#include "src/k8s/client.h"
+#include "src/k8s/informer.h"
+#include "src/k8s/work_queue.h"
+#include "src/k8s/write_scheduler.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace sbx::k8s {
+
+inline constexpr char kSandboxNameAnnotation[] = "agents.x-k8s.io/sandbox-name";
+inline constexpr char kSbxOwnerAnnotation[] = "sbx.dev/owner";
+inline constexpr char kSbxClaimIdAnnotation[] = "sbx.dev/claim-id";
+
+struct ClaimControllerOptions {
+  std::string ns = "default";
+  int workers = 8;
+  // Every claim is looked at again this often.
+  absl::Duration resync = absl::Seconds(30);
+  // When set and false, this replica does not act (leader election).
+  std::function<bool()> is_leader;
+  // Metrics: agent_sandbox_claim_startup_latency_ms,
+  // agent_sandbox_claim_controller_startup_latency_ms, agent_sandbox_claim_creation_total.
+  std::shared_ptr<prometheus::Registry> registry;
+
+  absl::Status Validate() const;
+};
+
+// The allocator owner of kubectl-made claims in namespace `ns`.
+std::string KubeClaimOwner(const std::string& ns);
+// The SandboxClaim name of gRPC claim (owner, id).
+std::string GrpcClaimName(const std::string& owner, const std::string& id);
+
+class ClaimControllerMetrics;
+
+class ClaimController {
+ public:
+  ClaimController(Client* client, WriteScheduler* writes, Informer* sandboxes,
+                  const Informer* pools, const Informer* templates, ClaimControllerOptions options);
+  ~ClaimController();
+
+  const Informer& claims() const { return claims_; }
+  absl::Status StartInformers(absl::Duration sync_timeout);
+  // Starts the workers and the allocator watch. UNAVAILABLE if the watch cannot start.
+  absl::Status Start(allocator::Allocator* allocator);
+  void Stop();
+
+  // Reconciles one work key now ("c/<claim name>" or "g/<owner>/<id>"; tests).
+  absl::Status Reconcile(const std::string& key);
+
+ private:
+  void Worker();
+  void WatchLoop();
+  absl::Status ReconcileKube(const std::string& name);
+  absl::Status ReconcileGrpc(const std::string& owner, const std::string& id);
+  // Patches the Sandbox to belong to `claim` (skipped when it already does).
+  absl::Status BindSandbox(const Json& claim, const std::string& sandbox, const char* launch_type);
+  // Writes the claim's status when it differs from what it has.
+  absl::Status WriteStatus(const Json& claim, Json status);
+  // The claim's status as this controller last wrote it (else as the informer has it).
+  Json LastStatus(const Json& claim) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CreateColdSandbox(const Json& claim, const Json& sandbox_template);
+  // Ready=False with `reason` and `message` (claim errors the user must fix).
+  absl::Status NotReady(const Json& claim, const std::string& reason, const std::string& message);
+  void Enqueue(const std::string& key, absl::Duration delay = absl::ZeroDuration());
+
+  Client* const client_;
+  WriteScheduler* const writes_;
+  Informer* const sandboxes_;
+  const Informer* const pools_;
+  const Informer* const templates_;
+  const ClaimControllerOptions options_;
+  std::unique_ptr<ClaimControllerMetrics> metrics_;
+  WorkQueue queue_;
+  Informer claims_;
+  // Set by Start before the workers run; read by informer handlers, which may run before.
+  std::atomic<allocator::Allocator*> allocator_{nullptr};
+  std::unique_ptr<allocator::ClaimWatch> watch_;
+  std::thread watcher_;
+  std::vector<std::thread> workers_;
+  std::thread resync_;
+  // Set once by Stop; read by every thread between passes.
+  std::atomic<bool> stopping_{false};
+
+  absl::Mutex mu_;
+  bool watch_ready_ ABSL_GUARDED_BY(mu_) = false;
+  // When the controller first saw each kubectl claim (uid), for the startup metric.
+  absl::flat_hash_map<std::string, absl::Time> first_seen_ ABSL_GUARDED_BY(mu_);
+  // The status this controller last wrote to each claim (by uid): the informer's copy may
+  // lag behind our own write, and comparing with it would write the same status twice.
+  absl::flat_hash_map<std::string, Json> written_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sbx::k8s

@@ -1,0 +1,344 @@
+#include "src/k8s/kube_runtime.h"
+
+#include <pthread.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "src/k8s/json_fields.h"
+#include "src/k8s/sandbox_objects.h"
+
+namespace sbx::k8s {
+namespace {
+
+using json_fields::Field;
+using json_fields::Str;
+
+// True when the Sandbox's pod cannot be scheduled (it waits for capacity, not replaced).
+bool Unschedulable(const Json& sandbox) {
+  const Json& conditions = Field(Field(sandbox, "status"), "conditions");
+  if (!conditions.is_array()) return false;
+  for (const Json& c : conditions) {
+    if (Str(c, "type") == "PodScheduled" && Str(c, "status") == "False" &&
+        Str(c, "reason") == "Unschedulable") {
+      return true;
+    }
+  }
+  return false;
+}
+
+// True when the Sandbox's pod has ended (Finished=True): it will not serve again.
+bool Finished(const Json& sandbox) {
+  const Json& conditions = Field(Field(sandbox, "status"), "conditions");
+  if (!conditions.is_array()) return false;
+  for (const Json& c : conditions) {
+    if (Str(c, "type") == "Finished" && Str(c, "status") == "True") return true;
+  }
+  return false;
+}
+
+std::string FirstPodIp(const Json& sandbox) {
+  const Json& ips = Field(Field(sandbox, "status"), "podIPs");
+  if (!ips.is_array() || ips.empty()) return "";
+  const Json& first = ips[0];
+  return first.is_string() ? first.get<std::string>() : Str(first, "ip");
+}
+
+}  // namespace
+
+absl::Status KubeRuntimeOptions::Validate() const {
+  if (ns.empty()) return absl::InvalidArgumentError("kubernetes runtime: namespace is empty");
+  if (ready_timeout <= absl::ZeroDuration() || check_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("kubernetes runtime: timeouts must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+std::string TemplateSpecHash(const Json& sandbox_template) {
+  return NameHash(Field(sandbox_template, "spec").dump());
+}
+
+Json WarmMember(const Json& pool, const Json& sandbox_template) {
+  const Json& pool_meta = Field(pool, "metadata");
+  const std::string pool_name = Str(pool_meta, "name");
+  const std::string template_name = Str(Field(sandbox_template, "metadata"), "name");
+  const Json& tspec = Field(sandbox_template, "spec");
+  Json spec = {{"podTemplate", Field(tspec, "podTemplate")}};
+  if (Field(tspec, "volumeClaimTemplates").is_array()) {
+    spec["volumeClaimTemplates"] = tspec["volumeClaimTemplates"];
+  }
+  if (Field(tspec, "service").is_boolean()) spec["service"] = tspec["service"];
+  // Secure default of pods made from a template (upstream-api.md).
+  Json& pod_spec = spec["podTemplate"]["spec"];
+  if (!pod_spec.is_object()) pod_spec = Json::object();
+  if (!pod_spec.contains("automountServiceAccountToken")) {
+    pod_spec["automountServiceAccountToken"] = false;
+  }
+  Json owner = {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
+                {"kind", "SandboxWarmPool"},
+                {"name", pool_name},
+                {"uid", Str(pool_meta, "uid")},
+                {"controller", true},
+                {"blockOwnerDeletion", true}};
+  return {{"apiVersion", "agents.x-k8s.io/v1beta1"},
+          {"kind", "Sandbox"},
+          {"metadata",
+           {{"generateName", pool_name + "-"},
+            {"namespace", Str(pool_meta, "namespace")},
+            {"labels",
+             {{kWarmPoolLabel, NameHash(pool_name)},
+              {kTemplateRefHashLabel, NameHash(template_name)},
+              {kLaunchTypeLabel, "warm"},
+              {kSbxPoolLabel, pool_name},
+              {kSbxTemplateHashLabel, TemplateSpecHash(sandbox_template)}}},
+            {"ownerReferences", Json::array({owner})}}},
+          {"spec", std::move(spec)}};
+}
+
+std::string SandboxEndpoint(const Json& sandbox, const Json& sandbox_template,
+                            const std::string& port_name) {
+  const std::string ip = FirstPodIp(sandbox);
+  if (ip.empty()) return "";
+  const Json& containers =
+      Field(Field(Field(Field(sandbox_template, "spec"), "podTemplate"), "spec"), "containers");
+  if (containers.is_array()) {
+    for (const Json& c : containers) {
+      const Json& ports = Field(c, "ports");
+      if (!ports.is_array()) continue;
+      for (const Json& p : ports) {
+        if (Str(p, "name") == port_name && Field(p, "containerPort").is_number_integer()) {
+          return absl::StrCat(ip, ":", p["containerPort"].get<int64_t>());
+        }
+      }
+    }
+  }
+  return ip;
+}
+
+KubeRuntime::KubeRuntime(Client* client, WriteScheduler* writes, const Informer* sandboxes,
+                         const Informer* pools, const Informer* templates,
+                         KubeRuntimeOptions options)
+    : client_(client),
+      writes_(writes),
+      sandboxes_(sandboxes),
+      pools_(pools),
+      templates_(templates),
+      options_(std::move(options)) {
+  checker_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "sbx-k8s-ready");
+    absl::MutexLock lock(&mu_);
+    while (!stopping_) {
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.check_interval);
+      if (stopping_) break;
+      mu_.Unlock();
+      CheckTimeouts();
+      mu_.Lock();
+    }
+  });
+}
+
+KubeRuntime::~KubeRuntime() { Shutdown(); }
+
+void KubeRuntime::Shutdown() {
+  absl::flat_hash_map<std::string, Pending> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    pending.swap(pending_);
+  }
+  if (checker_.joinable()) checker_.join();
+  for (auto& [name, p] : pending) {
+    std::move(p.done)(absl::CancelledError(absl::StrCat("sandbox \"", name, "\": shutting down")));
+  }
+}
+
+void KubeRuntime::Create(runtime::CreateRequest request, runtime::CreateCallback done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return std::move(done)(absl::CancelledError("shutting down"));
+  }
+  ObjectPtr pool = pools_->Get(options_.ns, request.pool);
+  if (pool == nullptr) {
+    return std::move(done)(absl::NotFoundError(absl::StrCat(
+        "SandboxWarmPool \"", request.pool, "\" not found in namespace \"", options_.ns, "\"")));
+  }
+  const std::string template_name = Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name");
+  ObjectPtr sandbox_template = templates_->Get(options_.ns, template_name);
+  if (sandbox_template == nullptr) {
+    return std::move(done)(absl::FailedPreconditionError(
+        absl::StrCat("SandboxWarmPool \"", request.pool, "\": SandboxTemplate \"", template_name,
+                     "\" not found in namespace \"", options_.ns, "\"")));
+  }
+  Json member = WarmMember(*pool, *sandbox_template);
+  auto shared_done = std::make_shared<runtime::CreateCallback>(std::move(done));
+  writes_->Submit(
+      WritePriority::kRefill,
+      [this, member = std::move(member), pool_name = request.pool, shared_done] {
+        absl::StatusOr<Json> created = client_->Create(kSandboxes, options_.ns, member);
+        if (!created.ok()) return std::move(*shared_done)(created.status());
+        const std::string name = Str(Field(*created, "metadata"), "name");
+        {
+          absl::MutexLock lock(&mu_);
+          if (stopping_) {
+            return std::move(*shared_done)(absl::CancelledError("shutting down"));
+          }
+          pending_[name] = Pending{pool_name, absl::Now(), std::move(*shared_done)};
+        }
+        // The informer may have shown it Ready before the create answered.
+        if (ObjectPtr seen = sandboxes_->Get(options_.ns, name)) MaybeReady(*seen);
+      },
+      [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
+}
+
+void KubeRuntime::Delete(std::string id, runtime::DeleteCallback done) {
+  auto shared_done = std::make_shared<runtime::DeleteCallback>(std::move(done));
+  writes_->Submit(
+      WritePriority::kCleanup,
+      [this, id, shared_done] {
+        DeleteOptions options;
+        options.propagation_policy = "Background";
+        std::move (*shared_done)(client_->Delete(kSandboxes, options_.ns, id, options));
+      },
+      [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
+}
+
+void KubeRuntime::Suspend(std::string id, runtime::DoneCallback done) {
+  std::move(done)(absl::UnimplementedError(absl::StrCat(
+      "sandbox \"", id,
+      "\": the kubernetes runtime cannot suspend with memory kept (a Suspended Sandbox's pod "
+      "is deleted)")));
+}
+
+void KubeRuntime::Resume(std::string id, runtime::DoneCallback done) {
+  std::move(done)(absl::UnimplementedError(
+      absl::StrCat("sandbox \"", id, "\": the kubernetes runtime cannot suspend or resume")));
+}
+
+absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
+  std::vector<runtime::SandboxInfo> out;
+  for (const ObjectPtr& sandbox : sandboxes_->List()) {
+    const Json& meta = Field(*sandbox, "metadata");
+    if (Str(meta, "namespace") != options_.ns) continue;
+    const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
+    if (pool.empty() || !Field(meta, "deletionTimestamp").is_null()) continue;
+    if (!IsReady(Field(*sandbox, "status")) || Finished(*sandbox)) continue;
+    runtime::SandboxInfo info;
+    info.id = Str(meta, "name");
+    info.pool = pool;
+    info.endpoint = EndpointOf(*sandbox);
+    info.node = Str(Field(*sandbox, "status"), "nodeName");
+    if (info.endpoint.empty()) continue;
+    out.push_back(info);
+  }
+  absl::MutexLock lock(&mu_);
+  for (const runtime::SandboxInfo& info : out) live_[info.id] = info.pool;
+  return out;
+}
+
+std::string KubeRuntime::EndpointOf(const Json& sandbox) const {
+  // The port comes from the pool's template; a member whose pool or template is gone
+  // is reached by IP alone.
+  const std::string pool = Str(Field(Field(sandbox, "metadata"), "labels"), kSbxPoolLabel);
+  Json sandbox_template;
+  if (ObjectPtr p = pools_->Get(options_.ns, pool)) {
+    const std::string t = Str(Field(Field(*p, "spec"), "sandboxTemplateRef"), "name");
+    if (ObjectPtr found = templates_->Get(options_.ns, t)) sandbox_template = *found;
+  }
+  return SandboxEndpoint(sandbox, sandbox_template, options_.sandboxd_port_name);
+}
+
+void KubeRuntime::OnSandbox(const ObjectPtr& sandbox) {
+  const Json& meta = Field(*sandbox, "metadata");
+  if (Str(meta, "namespace") != options_.ns) return;
+  if (Finished(*sandbox) || !Field(meta, "deletionTimestamp").is_null()) {
+    OnSandboxDeleted(sandbox);
+    return;
+  }
+  MaybeReady(*sandbox);
+}
+
+void KubeRuntime::MaybeReady(const Json& sandbox) {
+  if (!IsReady(Field(sandbox, "status"))) return;
+  const std::string endpoint = EndpointOf(sandbox);
+  if (endpoint.empty()) return;
+  const std::string name = Str(Field(sandbox, "metadata"), "name");
+  runtime::CreateCallback done;
+  runtime::SandboxInfo info;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(name);
+    if (it == pending_.end()) return;
+    done = std::move(it->second.done);
+    info.pool = it->second.pool;
+    pending_.erase(it);
+    live_[name] = info.pool;
+  }
+  info.id = name;
+  info.endpoint = endpoint;
+  info.node = Str(Field(sandbox, "status"), "nodeName");
+  std::move(done)(std::move(info));
+}
+
+void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
+  const Json& meta = Field(*sandbox, "metadata");
+  if (Str(meta, "namespace") != options_.ns) return;
+  const std::string name = Str(meta, "name");
+  runtime::CreateCallback failed;
+  bool gone = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = pending_.find(name); it != pending_.end()) {
+      failed = std::move(it->second.done);
+      pending_.erase(it);
+    } else if (live_.erase(name) > 0) {
+      gone = true;
+    }
+  }
+  if (failed) {
+    std::move(failed)(absl::UnavailableError(
+        absl::StrCat("Sandbox \"", name, "\" was deleted or its pod ended before it was ready")));
+  }
+  if (gone && options_.on_gone) options_.on_gone(name);
+}
+
+void KubeRuntime::CheckTimeouts() {
+  const absl::Time now = absl::Now();
+  std::vector<std::string> late;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, p] : pending_) {
+      if (now - p.created >= options_.ready_timeout) late.push_back(name);
+    }
+  }
+  for (const std::string& name : late) {
+    ObjectPtr seen = sandboxes_->Get(options_.ns, name);
+    if (seen != nullptr && Unschedulable(*seen)) continue;  // waits for capacity
+    runtime::CreateCallback failed;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = pending_.find(name);
+      if (it == pending_.end()) continue;
+      failed = std::move(it->second.done);
+      pending_.erase(it);
+    }
+    spdlog::warn("Sandbox \"{}/{}\" not ready after {}: replacing it", options_.ns, name,
+                 absl::FormatDuration(options_.ready_timeout));
+    Delete(name, [](absl::Status) {});
+    std::move(failed)(absl::DeadlineExceededError(absl::StrCat(
+        "Sandbox \"", name, "\" not ready after ", absl::FormatDuration(options_.ready_timeout))));
+  }
+}
+
+bool KubeRuntime::IsPending(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  return pending_.contains(name);
+}
+
+size_t KubeRuntime::pending() const {
+  absl::MutexLock lock(&mu_);
+  return pending_.size();
+}
+
+}  // namespace sbx::k8s

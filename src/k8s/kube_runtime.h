@@ -1,0 +1,123 @@
+#pragma once
+// KubeRuntime: the Runtime whose sandboxes are agents.x-k8s.io Sandboxes (and their pods)
+// in one namespace. A sandbox of allocator pool P is a warm member of the
+// SandboxWarmPool named P: a Sandbox named `P-xxxxx`, owned by the pool, labelled as
+// upstream-api.md says (warm-pool-sandbox, sandbox-template-ref-hash, launch-type: warm)
+// plus sbx's own `sbx.dev/pool` (kept for the Sandbox's whole life, so a restart finds the
+// claimed ones) and `sbx.dev/template-hash` (what the member was made from).
+//
+// Create writes the Sandbox through the WriteScheduler (refill priority) and completes
+// when the Sandbox informer shows it Ready with a pod IP; the Sandbox controller makes the
+// pod. Members that never become Ready within `ready_timeout` are deleted and reported
+// failed (the reconciler makes another), unless their pod is unschedulable, which waits
+// for capacity instead. A Sandbox that is deleted, or whose pod ends, after it was
+// reported ready is reported through `on_gone`.
+//
+// Thread-safety: every method may be called from any thread; OnSandbox/OnSandboxDeleted
+// come from the Sandbox informer's thread. Callbacks run on the informer's thread, a
+// write worker or the timeout thread, never under the runtime's lock.
+// Lifetime: the client, scheduler and informers must outlive it; the destructor fails
+// the creates still pending with CANCELLED.
+
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "src/k8s/client.h"
+#include "src/k8s/informer.h"
+#include "src/k8s/write_scheduler.h"
+#include "src/runtime/runtime.h"
+
+namespace sbx::k8s {
+
+inline constexpr char kWarmPoolLabel[] = "agents.x-k8s.io/warm-pool-sandbox";
+inline constexpr char kTemplateRefHashLabel[] = "agents.x-k8s.io/sandbox-template-ref-hash";
+inline constexpr char kClaimUidLabel[] = "agents.x-k8s.io/claim-uid";
+inline constexpr char kSbxPoolLabel[] = "sbx.dev/pool";
+inline constexpr char kSbxTemplateHashLabel[] = "sbx.dev/template-hash";
+
+struct KubeRuntimeOptions {
+  // The namespace of the warm pools, their templates and members.
+  std::string ns = "default";
+  // A member not Ready after this long is replaced (unless its pod is unschedulable).
+  absl::Duration ready_timeout = absl::Minutes(5);
+  // How often pending creates are checked against ready_timeout.
+  absl::Duration check_interval = absl::Seconds(1);
+  // The container port with this name is where sbx-sandboxd listens in the pod; the
+  // endpoint is "podIP:port" (just "podIP" when no container has it).
+  std::string sandboxd_port_name = "sbx-sandboxd";
+  // A member reported ready and later gone (deleted, pod ended).
+  std::function<void(const std::string& id)> on_gone;
+
+  absl::Status Validate() const;
+};
+
+// A member's identity as a hash of its template's spec (stale when it differs).
+std::string TemplateSpecHash(const Json& sandbox_template);
+// The Sandbox of a new warm member of `pool` made from `sandbox_template`.
+Json WarmMember(const Json& pool, const Json& sandbox_template);
+// The endpoint of a ready Sandbox ("" when it has no pod IP).
+std::string SandboxEndpoint(const Json& sandbox, const Json& sandbox_template,
+                            const std::string& port_name);
+
+class KubeRuntime final : public runtime::Runtime {
+ public:
+  // `sandboxes`, `pools`, `templates`: informers (started elsewhere) on Sandboxes,
+  // SandboxWarmPools and SandboxTemplates of options.ns.
+  KubeRuntime(Client* client, WriteScheduler* writes, const Informer* sandboxes,
+              const Informer* pools, const Informer* templates, KubeRuntimeOptions options);
+  ~KubeRuntime() override;
+
+  // Fails the creates still pending with CANCELLED and every later one at once (so that
+  // the refill reconciler, which waits for its creates, can stop). Idempotent.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  void Create(runtime::CreateRequest request, runtime::CreateCallback done) override;
+  void Delete(std::string id, runtime::DeleteCallback done) override;
+  // UNIMPLEMENTED: a pod cannot be frozen with its memory kept through the API (the
+  // Sandbox's Suspended mode deletes the pod).
+  void Suspend(std::string id, runtime::DoneCallback done) override;
+  void Resume(std::string id, runtime::DoneCallback done) override;
+  // The Ready Sandboxes labelled sbx.dev/pool (warm or claimed), from the informer cache.
+  absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override;
+
+  // From the Sandbox informer's handlers.
+  void OnSandbox(const ObjectPtr& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnSandboxDeleted(const ObjectPtr& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Whether a create of Sandbox `name` is waiting for it to become Ready.
+  bool IsPending(const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t pending() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Pending {
+    std::string pool;
+    absl::Time created;
+    runtime::CreateCallback done;
+  };
+  // Completes the pending create of `name` if `sandbox` is Ready with a pod IP.
+  void MaybeReady(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  void CheckTimeouts() ABSL_LOCKS_EXCLUDED(mu_);
+  std::string EndpointOf(const Json& sandbox) const;
+
+  Client* const client_;
+  WriteScheduler* const writes_;
+  const Informer* const sandboxes_;
+  const Informer* const pools_;
+  const Informer* const templates_;
+  const KubeRuntimeOptions options_;
+  std::thread checker_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Members reported ready (and not yet gone), for on_gone.
+  absl::flat_hash_map<std::string, std::string> live_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sbx::k8s

@@ -1,0 +1,350 @@
+#include "src/k8s/warm_pool_controller.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "spdlog/spdlog.h"
+#include "src/common/ids.h"
+#include "src/common/status_macros.h"
+#include "src/k8s/json_fields.h"
+#include "src/k8s/sandbox_objects.h"
+
+namespace sbx::k8s {
+namespace {
+
+using json_fields::Field;
+using json_fields::Str;
+
+// Runs an allocator call with a status callback and waits for it (controller workers
+// may wait: they are not on the claim path).
+absl::Status Wait(const std::function<void(allocator::StatusCallback)>& call) {
+  absl::Notification done;
+  absl::Status result;
+  call([&](absl::Status s) {
+    result = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
+
+bool Deleting(const Json& object) {
+  return !Field(Field(object, "metadata"), "deletionTimestamp").is_null();
+}
+
+int64_t Replicas(const Json& pool) {
+  const Json& r = Field(Field(pool, "spec"), "replicas");
+  return r.is_number_integer() ? std::max<int64_t>(0, r.get<int64_t>()) : 1;
+}
+
+std::string Created(const Json& object) {
+  return Str(Field(object, "metadata"), "creationTimestamp");
+}
+
+}  // namespace
+
+absl::Status WarmPoolControllerOptions::Validate() const {
+  if (ns.empty()) return absl::InvalidArgumentError("warm pool controller: namespace is empty");
+  if (workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("warm pool controller workers ", workers, " must be at least 1"));
+  }
+  return absl::OkStatus();
+}
+
+WarmPoolController::WarmPoolController(Client* client, Informer* sandboxes,
+                                       WarmPoolControllerOptions options)
+    : client_(client),
+      sandboxes_(sandboxes),
+      options_(std::move(options)),
+      pools_(client, NamespaceInformer(kSandboxWarmPools, options_.ns)),
+      templates_(client, NamespaceInformer(kSandboxTemplates, options_.ns)) {
+  InformerHandler pool_handler;
+  pool_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(Str(o->at("metadata"), "name")); };
+  pool_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
+    queue_.Add(Str(o->at("metadata"), "name"));
+  };
+  pool_handler.on_delete = pool_handler.on_add;
+  pools_.AddHandler(std::move(pool_handler));
+
+  // A template change concerns the pools that use it.
+  auto template_changed = [this](const ObjectPtr& o) {
+    const std::string name = Str(Field(*o, "metadata"), "name");
+    for (const ObjectPtr& pool : pools_.List()) {
+      if (Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") == name) {
+        queue_.Add(Str(Field(*pool, "metadata"), "name"));
+      }
+    }
+  };
+  InformerHandler template_handler;
+  template_handler.on_add = template_changed;
+  template_handler.on_update = [template_changed](const ObjectPtr&, const ObjectPtr& o) {
+    template_changed(o);
+  };
+  template_handler.on_delete = template_changed;
+  templates_.AddHandler(std::move(template_handler));
+
+  InformerHandler member_handler;
+  member_handler.on_add = [this](const ObjectPtr& o) { EnqueueMember(o, options_.coalesce); };
+  member_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
+    EnqueueMember(o, options_.coalesce);
+  };
+  member_handler.on_delete = [this](const ObjectPtr& o) { EnqueueMember(o, options_.coalesce); };
+  sandboxes_->AddHandler(std::move(member_handler));
+}
+
+WarmPoolController::~WarmPoolController() { Stop(); }
+
+void WarmPoolController::EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay) {
+  const Json& meta = Field(*sandbox, "metadata");
+  if (Str(meta, "namespace") != options_.ns) return;
+  const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
+  if (!pool.empty()) queue_.AddAfter(pool, delay);
+}
+
+absl::Status WarmPoolController::StartInformers(absl::Duration sync_timeout) {
+  RETURN_IF_ERROR(options_.Validate());
+  pools_.Start();
+  templates_.Start();
+  const absl::Time deadline = absl::Now() + sync_timeout;
+  for (Informer* informer : {&pools_, &templates_}) {
+    if (!informer->WaitForSync(deadline - absl::Now())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "warm pool controller: caches did not sync within ", absl::FormatDuration(sync_timeout),
+          " (are the extensions.agents.x-k8s.io CRDs installed?)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void WarmPoolController::Start(allocator::Allocator* allocator, KubeRuntime* runtime) {
+  allocator_ = allocator;
+  runtime_ = runtime;
+  // Pools the allocator remembers whose SandboxWarmPool is gone are looked at too.
+  for (const store::PoolRecord& p : allocator_->ListPools()) queue_.Add(p.name);
+  for (const ObjectPtr& pool : pools_.List()) queue_.Add(Str(Field(*pool, "metadata"), "name"));
+  for (int i = 0; i < options_.workers; ++i) {
+    workers_.emplace_back([this] {
+      pthread_setname_np(pthread_self(), "sbx-k8s-pools");
+      Worker();
+    });
+  }
+  resync_ = std::thread([this] {
+    while (!stopping_.load(std::memory_order_acquire)) {
+      for (int i = 0; i < 100 && !stopping_.load(std::memory_order_acquire); ++i) {
+        absl::SleepFor(options_.resync / 100);
+      }
+      for (const ObjectPtr& pool : pools_.List()) {
+        queue_.Add(Str(Field(*pool, "metadata"), "name"));
+      }
+    }
+  });
+}
+
+void WarmPoolController::Stop() {
+  if (stopping_.exchange(true, std::memory_order_acq_rel)) return;
+  queue_.ShutDown();
+  for (std::thread& w : workers_) w.join();
+  workers_.clear();
+  if (resync_.joinable()) resync_.join();
+  pools_.Stop();
+  templates_.Stop();
+}
+
+void WarmPoolController::Worker() {
+  std::string name;
+  while (queue_.Get(&name)) {
+    absl::Status s = Reconcile(name);
+    if (s.ok()) {
+      queue_.Forget(name);
+    } else {
+      spdlog::warn("SandboxWarmPool \"{}/{}\": {}", options_.ns, name, s.ToString());
+      queue_.AddRateLimited(name);
+    }
+    queue_.Done(name);
+  }
+}
+
+absl::Status WarmPoolController::Reconcile(const std::string& name) {
+  if (options_.is_leader && !options_.is_leader()) return absl::OkStatus();
+  ObjectPtr pool = pools_.Get(options_.ns, name);
+  if (pool == nullptr || Deleting(*pool)) return RemovePool(name);
+  if (absl::Status valid = ValidateName("SandboxWarmPool name", name); !valid.ok()) {
+    return absl::OkStatus();  // served by nobody; said once at the informer's add
+  }
+  const std::string template_name = Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name");
+  ObjectPtr sandbox_template = templates_.Get(options_.ns, template_name);
+
+  // The allocator's template names the SandboxTemplate; its pool follows spec.replicas.
+  store::TemplateRecord t;
+  t.name = name;
+  t.runtime = "kubernetes";
+  t.spec = template_name;
+  absl::StatusOr<store::TemplateRecord> have_t = allocator_->GetTemplate(name);
+  if (!have_t.ok() || have_t->runtime != t.runtime || have_t->spec != t.spec) {
+    RETURN_IF_ERROR(
+        Wait([&](allocator::StatusCallback cb) { allocator_->PutTemplate(t, std::move(cb)); }));
+  }
+  store::PoolRecord p;
+  p.name = name;
+  p.template_name = name;
+  // No member can come while the template is missing: the target is zero until it does.
+  const int64_t replicas = sandbox_template == nullptr ? 0 : Replicas(*pool);
+  p.min_warm = p.max_warm = static_cast<int32_t>(std::min<int64_t>(replicas, 1 << 30));
+  p.empty_pool_policy = store::EmptyPoolPolicy::kFail;
+  absl::StatusOr<store::PoolRecord> have_p = allocator_->GetPool(name);
+  if (!have_p.ok() || have_p->template_name != p.template_name || have_p->min_warm != p.min_warm ||
+      have_p->max_warm != p.max_warm || have_p->empty_pool_policy != p.empty_pool_policy) {
+    if (have_p.ok()) {  // keep what an admin set over gRPC besides the target
+      store::PoolRecord merged = *have_p;
+      merged.template_name = p.template_name;
+      merged.min_warm = p.min_warm;
+      merged.max_warm = p.max_warm;
+      merged.empty_pool_policy = p.empty_pool_policy;
+      p = merged;
+    }
+    RETURN_IF_ERROR(
+        Wait([&](allocator::StatusCallback cb) { allocator_->PutPool(p, std::move(cb)); }));
+  }
+  if (sandbox_template != nullptr) RETURN_IF_ERROR(TrimMembers(*pool, *sandbox_template));
+  return WriteStatus(*pool);
+}
+
+absl::Status WarmPoolController::RemovePool(const std::string& name) {
+  absl::StatusOr<store::TemplateRecord> t = allocator_->GetTemplate(name);
+  if (!t.ok() || t->runtime != "kubernetes") return absl::OkStatus();  // not one of ours
+  if (allocator_->GetPool(name).ok()) {
+    absl::Status s =
+        Wait([&](allocator::StatusCallback cb) { allocator_->DeletePool(name, std::move(cb)); });
+    // Claims still hold sandboxes of it: the pool stays until they end.
+    if (absl::IsFailedPrecondition(s)) {
+      queue_.AddAfter(name, absl::Seconds(5));
+      return absl::OkStatus();
+    }
+    if (!s.ok() && !absl::IsNotFound(s)) return s;
+  }
+  absl::Status s =
+      Wait([&](allocator::StatusCallback cb) { allocator_->DeleteTemplate(name, std::move(cb)); });
+  if (!s.ok() && !absl::IsNotFound(s)) return s;
+  spdlog::info("SandboxWarmPool \"{}/{}\" is gone: its allocator pool is removed", options_.ns,
+               name);
+  return absl::OkStatus();
+}
+
+absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandbox_template) {
+  const std::string name = Str(Field(pool, "metadata"), "name");
+  const std::string hash = NameHash(name);
+  const std::string spec_hash = TemplateSpecHash(sandbox_template);
+  const bool recreate = Str(Field(Field(pool, "spec"), "updateStrategy"), "type") == "Recreate";
+  absl::flat_hash_set<std::string> tracked;
+  for (std::string& id : allocator_->ListSandboxIds()) tracked.insert(std::move(id));
+
+  // Members: still labelled as the pool's (a claimed one loses the label when bound).
+  std::vector<ObjectPtr> unready, warm;
+  const absl::Time now = absl::Now();
+  for (const ObjectPtr& member : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
+    const Json& meta = Field(*member, "metadata");
+    if (Str(meta, "namespace") != options_.ns || Deleting(*member)) continue;
+    if (Str(Field(meta, "labels"), kSbxPoolLabel) != name) continue;
+    const std::string id = Str(meta, "name");
+    if (tracked.contains(id)) {
+      warm.push_back(member);  // warm, or claimed and not yet bound
+    } else if (runtime_->IsPending(id)) {
+      unready.push_back(member);
+    } else {
+      absl::Time created;
+      std::string err;
+      if (absl::ParseTime(absl::RFC3339_full, Created(*member), &created, &err) &&
+          now - created >= options_.orphan_grace) {
+        spdlog::info("Sandbox \"{}/{}\" of pool \"{}\" is tracked by nobody: deleting it",
+                     options_.ns, id, name);
+        DeleteOptions o;
+        o.propagation_policy = "Background";
+        absl::Status s = client_->Delete(kSandboxes, options_.ns, id, o);
+        if (!s.ok() && !absl::IsNotFound(s)) return s;
+      } else {
+        unready.push_back(member);  // a create that has not reported back yet
+      }
+    }
+  }
+  auto newest_first = [](const ObjectPtr& a, const ObjectPtr& b) {
+    return Created(*a) > Created(*b);
+  };
+  std::sort(unready.begin(), unready.end(), newest_first);
+  std::sort(warm.begin(), warm.end(), newest_first);
+
+  auto delete_unready = [&](const ObjectPtr& member) -> absl::Status {
+    DeleteOptions o;
+    o.propagation_policy = "Background";
+    absl::Status s =
+        client_->Delete(kSandboxes, options_.ns, Str(Field(*member, "metadata"), "name"), o);
+    return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+  };
+  // Stale members (Recreate): replaced at once; the reconciler makes new ones.
+  if (recreate) {
+    for (auto* list : {&unready, &warm}) {
+      std::vector<ObjectPtr> keep;
+      for (const ObjectPtr& m : *list) {
+        if (Str(Field(Field(*m, "metadata"), "labels"), kSbxTemplateHashLabel) == spec_hash) {
+          keep.push_back(m);
+          continue;
+        }
+        if (list == &unready) {
+          RETURN_IF_ERROR(delete_unready(m));
+        } else if (!allocator_->RetireWarm(Str(Field(*m, "metadata"), "name")).ok()) {
+          keep.push_back(m);  // claimed meanwhile: it is the claim's now
+        }
+      }
+      *list = std::move(keep);
+    }
+  }
+  // Scale-down: unready members first, then the newest warm ones.
+  absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
+  if (!st.ok()) return absl::OkStatus();
+  int64_t surplus = st->warm + static_cast<int64_t>(unready.size()) - Replicas(pool);
+  for (const ObjectPtr& m : unready) {
+    if (surplus <= 0) break;
+    RETURN_IF_ERROR(delete_unready(m));
+    --surplus;
+  }
+  for (const ObjectPtr& m : warm) {
+    if (surplus <= 0) break;
+    if (allocator_->RetireWarm(Str(Field(*m, "metadata"), "name")).ok()) --surplus;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WarmPoolController::WriteStatus(const Json& pool) {
+  const Json& meta = Field(pool, "metadata");
+  const std::string name = Str(meta, "name");
+  absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
+  int64_t members = 0;
+  for (const ObjectPtr& m : sandboxes_->ByLabel(kWarmPoolLabel, NameHash(name))) {
+    if (!Deleting(*m) && Str(Field(*m, "metadata"), "namespace") == options_.ns) ++members;
+  }
+  const int64_t ready = st.ok() ? st->warm : 0;
+  Json status = {{"replicas", std::max(members, ready)},
+                 {"readyReplicas", ready},
+                 {"selector", absl::StrCat(kWarmPoolLabel, "=", NameHash(name))}};
+  if (Field(meta, "generation").is_number_integer()) {
+    status["observedGeneration"] = meta["generation"];
+  }
+  const Json& old = Field(pool, "status");
+  bool same = old.is_object();
+  for (auto it = status.begin(); same && it != status.end(); ++it) {
+    same = old.contains(it.key()) && old[it.key()] == it.value();
+  }
+  if (same) return absl::OkStatus();
+  absl::Status s = client_
+                       ->Patch(kSandboxWarmPools, options_.ns, name, PatchType::kMerge,
+                               Json{{"status", status}}, "status")
+                       .status();
+  return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+}
+
+}  // namespace sbx::k8s

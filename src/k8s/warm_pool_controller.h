@@ -1,0 +1,91 @@
+#pragma once
+// WarmPoolController: serves extensions.agents.x-k8s.io SandboxWarmPools of one namespace
+// from the allocator. Each pool (named like its SandboxWarmPool) gets an allocator pool
+// whose warm target is spec.replicas; the allocator's refill reconciler then fills it
+// through the KubeRuntime, which makes the members. This controller does what the
+// allocator cannot know about Kubernetes:
+//
+// - scale-down: removes members beyond spec.replicas, unready ones first, then the newest
+//   warm ones (taken out of the allocator with RetireWarm, so a claim never races it);
+// - updateStrategy Recreate: replaces unclaimed members made from an older template spec
+//   (OnReplenish, the default, leaves them until they are claimed);
+// - clean-up: deletes members that nobody tracks (left by a crash between the create and
+//   the store commit, or by an answer-less create), after a grace period;
+// - status: replicas, readyReplicas, selector, observedGeneration (merge patch of the
+//   status subresource, only when it changes);
+// - deletion: the allocator pool goes when its SandboxWarmPool does (after its claims).
+//
+// Thread-safety: Start/Stop from one thread; workers reconcile different pools at once.
+// Lifetime: construct before the informers start (it adds handlers), Start after the
+// allocator exists, Stop before the allocator, runtime and informers go.
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/allocator/allocator.h"
+#include "src/k8s/client.h"
+#include "src/k8s/informer.h"
+#include "src/k8s/kube_runtime.h"
+#include "src/k8s/work_queue.h"
+
+namespace sbx::k8s {
+
+struct WarmPoolControllerOptions {
+  std::string ns = "default";
+  int workers = 2;
+  // Every pool is looked at again this often.
+  absl::Duration resync = absl::Seconds(10);
+  // Untracked members younger than this are left alone (their create may still answer).
+  absl::Duration orphan_grace = absl::Seconds(30);
+  // Sandbox events reconcile their pool after this delay, so a burst of them makes one pass.
+  absl::Duration coalesce = absl::Milliseconds(100);
+  // When set and false, this replica does not act (leader election).
+  std::function<bool()> is_leader;
+
+  absl::Status Validate() const;
+};
+
+class WarmPoolController {
+ public:
+  WarmPoolController(Client* client, Informer* sandboxes, WarmPoolControllerOptions options);
+  ~WarmPoolController();
+
+  // The SandboxWarmPool and SandboxTemplate informers (the runtime reads their caches).
+  const Informer& pools() const { return pools_; }
+  const Informer& templates() const { return templates_; }
+
+  // Starts the pool and template informers and waits for their first list.
+  absl::Status StartInformers(absl::Duration sync_timeout);
+  // Starts reconciling into `allocator`, whose sandboxes `runtime` makes.
+  void Start(allocator::Allocator* allocator, KubeRuntime* runtime);
+  void Stop();
+
+  // Reconciles pool `name` now (tests).
+  absl::Status Reconcile(const std::string& name);
+
+ private:
+  void Worker();
+  void EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay);
+  absl::Status RemovePool(const std::string& name);
+  absl::Status TrimMembers(const Json& pool, const Json& sandbox_template);
+  absl::Status WriteStatus(const Json& pool);
+
+  Client* const client_;
+  Informer* const sandboxes_;
+  const WarmPoolControllerOptions options_;
+  WorkQueue queue_;
+  Informer pools_;
+  Informer templates_;
+  allocator::Allocator* allocator_ = nullptr;  // set by Start, before any worker runs
+  KubeRuntime* runtime_ = nullptr;
+  std::vector<std::thread> workers_;
+  std::thread resync_;
+  // Set once by Stop; read by the workers and the resync thread between passes.
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace sbx::k8s

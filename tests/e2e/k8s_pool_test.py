@@ -1,0 +1,328 @@
+"""End-to-end test of sbx serving SandboxWarmPools and SandboxClaims (--runtime kubernetes).
+
+sbx-server runs against kube-emulator; the real kubectl makes pools and claims as a user
+would, Python's grpcio makes gRPC claims. Every test starts its own emulator and server and
+kills them at the end, even on failure. Nothing here asserts timing.
+
+Usage: python3 k8s_pool_test.py SBX_SERVER KUBE_EMULATOR PROJECT_SOURCE_DIR
+"""
+import json
+import os
+import signal
+import sys
+import time
+import unittest
+
+import grpc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import k8s_sandbox_test as base  # noqa: E402  (Cluster, helpers)
+import sbx_e2e  # noqa: E402
+
+NS = base.NS
+WARM = "agents.x-k8s.io/warm-pool-sandbox"
+CLAIM_UID = "agents.x-k8s.io/claim-uid"
+LAUNCH = "agents.x-k8s.io/launch-type"
+POOLS = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/%s/sandboxwarmpools" % NS
+CLAIMS = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/%s/sandboxclaims" % NS
+note = base.note
+
+
+def template(name="python", env_policy=None, env=None):
+    container = {"name": "main", "image": "python:3.12-slim", "command": ["sleep", "infinity"]}
+    if env:
+        container["env"] = env
+    spec = {"podTemplate": {"spec": {"containers": [container]}}}
+    if env_policy:
+        spec["envVarsInjectionPolicy"] = env_policy
+    return {"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def pool(name, replicas, template_name="python", strategy=None):
+    spec = {"replicas": replicas, "sandboxTemplateRef": {"name": template_name}}
+    if strategy:
+        spec["updateStrategy"] = {"type": strategy}
+    return {"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def claim(name, pool_name, **spec):
+    body = {"warmPoolRef": {"name": pool_name}}
+    body.update(spec)
+    return {"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "metadata": {"name": name, "namespace": NS}, "spec": body}
+
+
+class PoolCluster(base.Cluster):
+    def start_pools(self, *flags):
+        # One store for every server of the cluster: a restart finds its claims.
+        server = self.start_server("--runtime", "kubernetes", "--kube_namespace", NS,
+                                   "--refill_qps", "1000", "--data_dir",
+                                   os.path.join(self.dir, "store"), *flags)
+        self.wait_for(lambda: "sbx-server serving on port" in self.read_log(server) or
+                      server["proc"].poll() is not None, 20, "gRPC to serve")
+        if server["proc"].poll() is not None:
+            raise AssertionError("sbx-server exited:\n" + self.read_log(server)[-3000:])
+        return server
+
+    def grpc_port(self, server):
+        for line in self.read_log(server).splitlines():
+            if "sbx-server serving on port " in line:
+                return int(line.split("serving on port ")[1].split()[0])
+        raise AssertionError("no port in the log:\n" + self.read_log(server)[-2000:])
+
+    def apply(self, *objects, check=True):
+        """kubectl apply, repeated while injected faults make it fail (it is idempotent)."""
+        for attempt in range(20):
+            r = super().apply(*objects, check=False)
+            if r.returncode == 0 or "injected fault" not in r.stderr:
+                break
+            time.sleep(0.2)
+        if check and r.returncode != 0:
+            raise AssertionError("apply failed: %s\n%s" % (r.stderr, self.logs_tail(2000)))
+        return r
+
+    def wait_ready(self, name, timeout=60):
+        self.wait_for(lambda: base.is_ready(self.claim_obj(name)), timeout,
+                      "SandboxClaim %s to be Ready" % name)
+
+    def members(self, pool_name):
+        return [s for s in self.list(base.SANDBOXES)
+                if (s["metadata"].get("labels") or {}).get(WARM) == base.name_hash(pool_name)
+                and not s["metadata"].get("deletionTimestamp")]
+
+    def swp(self, name):
+        return self.get("%s/%s" % (POOLS, name))
+
+    def claim_obj(self, name):
+        return self.get("%s/%s" % (CLAIMS, name))
+
+    def claims(self):
+        return self.list(CLAIMS)
+
+    def wait_pool(self, name, ready, timeout=60):
+        def done():
+            p = self.swp(name)
+            st = (p or {}).get("status") or {}
+            return st.get("readyReplicas") == ready and len(self.members(name)) == ready
+        self.wait_for(done, timeout, "pool %s to have %d ready members" % (name, ready))
+
+
+class PoolTest(unittest.TestCase):
+    def cluster(self, *emu_flags):
+        c = PoolCluster(self, *emu_flags)
+        return c
+
+    def grpc_stubs(self, c, server):
+        from sbx.v1 import claims_pb2, claims_pb2_grpc
+        channel = grpc.insecure_channel("127.0.0.1:%d" % c.grpc_port(server))
+        self.addCleanup(channel.close)
+        return claims_pb2, claims_pb2_grpc.ClaimServiceStub(channel)
+
+    def assert_no_double_binding(self, c):
+        """Every Sandbox has at most one claim, every claim at most one Sandbox."""
+        owners = {}
+        for s in c.list(base.SANDBOXES):
+            refs = [r for r in s["metadata"].get("ownerReferences") or []
+                    if r.get("kind") == "SandboxClaim"]
+            self.assertLessEqual(len(refs), 1, s["metadata"])
+            for r in refs:
+                self.assertNotIn(r["uid"], owners, "claim %s holds two sandboxes" % r["name"])
+                owners[r["uid"]] = s["metadata"]["name"]
+        named = [(cl.get("status") or {}).get("sandbox", {}).get("name") for cl in c.claims()]
+        named = [n for n in named if n]
+        self.assertEqual(len(named), len(set(named)), "two claims name one sandbox: %s" % named)
+
+    def test_01_pool_fills_scales_and_reports_status(self):
+        c = self.cluster()
+        c.start_pools()
+        c.apply(template(), pool("py", 5))
+        c.wait_pool("py", 5)
+        p = c.swp("py")
+        self.assertEqual(p["status"]["selector"], "%s=%s" % (WARM, base.name_hash("py")))
+        self.assertEqual(p["status"]["observedGeneration"], p["metadata"]["generation"])
+        for m in c.members("py"):
+            labels = m["metadata"]["labels"]
+            self.assertTrue(m["metadata"]["name"].startswith("py-"), m["metadata"]["name"])
+            self.assertEqual(labels[LAUNCH], "warm")
+            self.assertEqual(labels["agents.x-k8s.io/sandbox-template-ref-hash"],
+                             base.name_hash("python"))
+            self.assertEqual(m["metadata"]["ownerReferences"][0]["kind"], "SandboxWarmPool")
+            self.assertIsNotNone(c.pod(m["metadata"]["name"]), "member without a pod")
+        c.kubectl("scale", "swp/py", "--replicas=8")
+        c.wait_pool("py", 8)
+        got = c.kubectl("get", "swp", "py", "-o", "jsonpath={.status.readyReplicas}").stdout
+        self.assertEqual(got, "8")
+        newest = sorted(c.members("py"), key=lambda m: m["metadata"]["creationTimestamp"])
+        c.kubectl("scale", "swp/py", "--replicas=2")
+        c.wait_pool("py", 2)
+        left = {m["metadata"]["name"] for m in c.members("py")}
+        # Scale-down removes the newest first: the two left are among the oldest.
+        oldest = {m["metadata"]["name"] for m in newest[:5]}
+        self.assertTrue(left <= oldest, (left, oldest))
+        c.kubectl("scale", "swp/py", "--replicas=0")
+        c.wait_pool("py", 0)
+
+    def test_02_kubectl_claim_adopts_a_warm_member(self):
+        c = self.cluster()
+        c.start_pools()
+        c.apply(template(), pool("py", 3))
+        c.wait_pool("py", 3)
+        before = {m["metadata"]["name"] for m in c.members("py")}
+        c.http("POST", "/emulator/stats/reset")
+        c.apply(claim("job-1", "py", additionalPodMetadata={"labels": {"team": "rl"}}))
+        c.kubectl("wait", "sandboxclaim/job-1", "--for=condition=Ready", "--timeout=30s")
+        cl = c.claim_obj("job-1")
+        name = cl["status"]["sandbox"]["name"]
+        self.assertIn(name, before, "the claim did not get a warm member")
+        self.assertTrue(cl["status"]["sandbox"].get("podIPs"), cl["status"])
+        sb = c.sandbox(name)
+        labels = sb["metadata"]["labels"]
+        self.assertNotIn(WARM, labels)
+        self.assertEqual(labels[CLAIM_UID], cl["metadata"]["uid"])
+        self.assertEqual(labels[LAUNCH], "warm")
+        ref = sb["metadata"]["ownerReferences"][0]
+        self.assertEqual((ref["kind"], ref["uid"]), ("SandboxClaim", cl["metadata"]["uid"]))
+        self.assertEqual(c.pod(name)["metadata"]["labels"].get("team"), "rl")
+        c.wait_pool("py", 3)  # refilled
+        stats = c.stats()["requests"]
+        note("requests after the claim: %s", json.dumps(stats, sort_keys=True))
+        # The claim's own writes: one Sandbox patch, one status write (+ the pod metadata
+        # patch asked for by additionalPodMetadata).
+        self.assertEqual(stats.get("patch sandboxes", 0), 1, stats)
+        self.assertEqual(stats.get("patch sandboxclaims/status", 0), 1, stats)
+        c.kubectl("delete", "sandboxclaim", "job-1")
+        c.wait_for(lambda: c.sandbox(name) is None, 30, "the claim's Sandbox to go")
+        self.assert_no_double_binding(c)
+
+    def test_03_cold_claim_and_policies(self):
+        c = self.cluster()
+        c.start_pools()
+        c.apply(template(), template("strict", env_policy="Disallowed"),
+                template("open", env_policy="Allowed", env=[{"name": "A", "value": "1"}]),
+                pool("empty", 0), pool("strictp", 1, "strict"), pool("openp", 1, "open"))
+        c.apply(claim("cold-1", "empty"))
+        c.kubectl("wait", "sandboxclaim/cold-1", "--for=condition=Ready", "--timeout=30s")
+        sb = c.sandbox("cold-1")
+        self.assertEqual(sb["metadata"]["labels"][LAUNCH], "cold")
+        self.assertEqual(c.claim_obj("cold-1")["status"]["sandbox"]["name"], "cold-1")
+        c.apply(claim("env-no", "strictp", env=[{"name": "X", "value": "1"}]),
+                claim("env-clash", "openp", env=[{"name": "A", "value": "2"}]),
+                claim("env-ok", "openp", env=[{"name": "B", "value": "2"}]),
+                claim("nopool", "missing"))
+        for name, reason in (("env-no", "EnvVarsInjectionRejected"),
+                             ("env-clash", "EnvVarsInjectionRejected"),
+                             ("nopool", "WarmPoolNotFound")):
+            c.wait_for(lambda: base.cond_is(c.claim_obj(name), "Ready", "False", reason), 30,
+                       "%s to be rejected with %s" % (name, reason))
+        c.kubectl("wait", "sandboxclaim/env-ok", "--for=condition=Ready", "--timeout=30s")
+        env = c.pod("env-ok")["spec"]["containers"][0]["env"]
+        self.assertIn({"name": "B", "value": "2"}, env)
+        self.assertIn({"name": "A", "value": "1"}, env)
+        # shutdownTime in the past with Delete: the claim and its Sandbox go.
+        c.apply(claim("old", "empty", lifecycle={"shutdownTime": "2020-01-01T00:00:00Z",
+                                                 "shutdownPolicy": "Delete"}))
+        c.wait_for(lambda: c.claim_obj("old") is None, 30, "the expired claim to be deleted")
+
+    def test_04_grpc_claims_become_sandboxclaims(self):
+        c = self.cluster()
+        server = c.start_pools()
+        c.apply(template(), pool("py", 4))
+        c.wait_pool("py", 4)
+        pb, stub = self.grpc_stubs(c, server)
+        members = {m["metadata"]["name"] for m in c.members("py")}
+        resp = stub.Claim(pb.ClaimRequest(pool="py", claim_id="agent-1"), timeout=10)
+        sandbox = resp.claim.sandbox.id
+        self.assertIn(sandbox, members)
+
+        def bound():
+            objs = [o for o in c.claims()
+                    if (o.get("status") or {}).get("sandbox", {}).get("name") == sandbox]
+            return objs and base.is_ready(objs[0]) and objs[0]
+        c.wait_for(bound, 30, "the gRPC claim's SandboxClaim to be Ready")
+        obj = bound()
+        self.assertEqual(obj["metadata"]["annotations"]["sbx.dev/claim-id"], "agent-1")
+        sb = c.sandbox(sandbox)
+        self.assertEqual(sb["metadata"]["ownerReferences"][0]["uid"], obj["metadata"]["uid"])
+        out = c.kubectl("get", "sandboxclaims", "-o", "name").stdout
+        self.assertIn(obj["metadata"]["name"], out)
+        # A retry gets the same sandbox; no second SandboxClaim.
+        again = stub.Claim(pb.ClaimRequest(pool="py", claim_id="agent-1"), timeout=10)
+        self.assertEqual(again.claim.sandbox.id, sandbox)
+        stub.Release(pb.ReleaseRequest(claim_id="agent-1"), timeout=10)
+        c.wait_for(lambda: c.claim_obj(obj["metadata"]["name"]) is None, 30,
+                   "the SandboxClaim to go after Release")
+        c.wait_for(lambda: c.sandbox(sandbox) is None, 30, "the released Sandbox to go")
+        c.wait_pool("py", 4)
+
+    def test_05_restart_during_a_claim_storm(self):
+        c = self.cluster()
+        server = c.start_pools()
+        c.apply(template(), pool("py", 30))
+        c.wait_pool("py", 30)
+        pb, stub = self.grpc_stubs(c, server)
+        acked = {}
+        for i in range(12):
+            r = stub.Claim(pb.ClaimRequest(pool="py", claim_id="storm-%d" % i), timeout=10)
+            acked["storm-%d" % i] = r.claim.sandbox.id
+        c.apply(*[claim("k-%d" % i, "py") for i in range(6)])
+        server["proc"].send_signal(signal.SIGKILL)
+        server["proc"].wait()
+        note("killed sbx-server with %d gRPC claims acknowledged", len(acked))
+        server2 = c.start_pools()
+        pb, stub = self.grpc_stubs(c, server2)
+        for cid, sandbox in acked.items():
+            got = stub.GetClaim(pb.GetClaimRequest(claim_id=cid), timeout=10).claim
+            self.assertEqual(got.sandbox.id, sandbox, cid)
+            from sbx.v1 import types_pb2
+            self.assertEqual(types_pb2.ClaimState.Name(got.state), "CLAIM_STATE_ACTIVE", cid)
+        for i in range(6):
+            c.kubectl("wait", "sandboxclaim/k-%d" % i, "--for=condition=Ready", "--timeout=60s")
+
+        claimed_names = lambda: {(o.get("status") or {}).get("sandbox", {}).get("name")
+                                 for o in c.claims()}
+
+        def orphans():
+            """Pods without a Sandbox; Sandboxes that are neither members nor claimed."""
+            sandboxes = c.list(base.SANDBOXES)
+            names = {s["metadata"]["name"] for s in sandboxes}
+            keep = claimed_names() | {m["metadata"]["name"] for m in c.members("py")}
+            return ([p["metadata"]["name"] for p in c.pods() if p["metadata"]["name"] not in names]
+                    + [n for n in names if n not in keep])
+
+        def converged():
+            ready = [o for o in c.claims() if base.is_ready(o)]
+            return len(ready) == 18 and len(c.members("py")) == 30 and not orphans()
+        # Creates cut short by the kill are swept after the orphan grace period (30 s).
+        c.wait_for(converged, 120, "18 Ready claims, a full pool and no orphans after the restart",
+                   state=lambda: {"ready": sorted(o["metadata"]["name"] for o in c.claims()
+                                                  if base.is_ready(o)),
+                                  "members": len(c.members("py")),
+                                  "orphans": orphans()})
+        self.assert_no_double_binding(c)
+
+    def test_06_converges_under_api_faults(self):
+        c = self.cluster("--seed", "7")
+        c.start_pools()
+        # 10% of requests fail: 429, 500, 409 (writes), 410 (watches and continues), and
+        # watch streams drop.
+        c.faults({"errors": {"429": 0.03, "500": 0.03, "409": 0.02, "410": 0.02},
+                  "watch_drop_rate": 0.02})
+        c.apply(template(), pool("py", 20))
+        c.wait_pool("py", 20, timeout=120)
+        c.apply(*[claim("f-%d" % i, "py") for i in range(8)])
+        for i in range(8):
+            c.wait_ready("f-%d" % i, 120)
+        c.wait_pool("py", 20, timeout=120)
+        c.faults({"errors": {"429": 0, "500": 0, "409": 0, "410": 0}, "watch_drop_rate": 0})
+        total = len([s for s in c.list(base.SANDBOXES)])
+        # 20 members + 8 claimed; anything beyond is surplus, which must stay bounded.
+        self.assertLessEqual(total, 28 + 4, "surplus of %d Sandboxes" % (total - 28))
+        self.assert_no_double_binding(c)
+
+
+if __name__ == "__main__":
+    base.SBX_SERVER, base.KUBE_EMULATOR, base.SOURCE_DIR = sys.argv[1:4]
+    sbx_e2e.generate_stubs(os.path.join(base.SOURCE_DIR, "proto"))
+    unittest.main(argv=[sys.argv[0]] + sys.argv[4:], verbosity=2)
