@@ -38,6 +38,7 @@ void WorkQueue::AddAfter(const std::string& key, absl::Duration delay) {
   }
   delayed_.emplace(at, key);
   delayed_at_[key] = at;
+  ++delayed_changes_;  // wakes a Get sleeping until a later (or no) deadline
 }
 
 void WorkQueue::AddRateLimited(const std::string& key) {
@@ -78,8 +79,9 @@ bool WorkQueue::Get(std::string* key) {
     if (shutting_down_) return false;
     if (!queue_.empty()) break;
     const absl::Time wake = delayed_.empty() ? absl::InfiniteFuture() : delayed_.begin()->first;
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return shutting_down_ || !queue_.empty();
+    const uint64_t changes = delayed_changes_;
+    auto ready = [this, changes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutting_down_ || !queue_.empty() || delayed_changes_ != changes;
     };
     mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
   }

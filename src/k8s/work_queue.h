@@ -61,6 +61,8 @@ class WorkQueue {
   absl::flat_hash_set<std::string> processing_ ABSL_GUARDED_BY(mu_);  // handed out by Get
   std::multimap<absl::Time, std::string> delayed_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::Time> delayed_at_ ABSL_GUARDED_BY(mu_);
+  // Bumped by every AddAfter, so that a Get waiting for a later deadline looks again.
+  uint64_t delayed_changes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int> failures_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };

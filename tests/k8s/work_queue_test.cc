@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace sbx::k8s {
@@ -96,6 +97,24 @@ TEST(WorkQueueTest, ShutDownWakesWorkers) {
   worker.join();
   queue.Add("x");  // ignored after shutdown
   EXPECT_EQ(queue.Depth(), 0u);
+}
+
+// A worker already waiting on an empty queue (no deadline) gets a key added later with a
+// delay once the delay is over, not only when something else wakes it.
+TEST(WorkQueueTest, DelayedAddWakesAWorkerThatIsAlreadyWaiting) {
+  WorkQueue q;
+  std::string got;
+  absl::Notification done;
+  std::thread worker([&] {
+    if (q.Get(&got)) done.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(50));  // the worker is waiting with no deadline
+  q.AddAfter("late", absl::Milliseconds(20));
+  // Generous: without the wake-up the worker would sleep for ever.
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  q.ShutDown();
+  worker.join();
+  EXPECT_EQ(got, "late");
 }
 
 }  // namespace
