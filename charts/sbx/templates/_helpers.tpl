@@ -1,0 +1,115 @@
+{{/*
+Names and labels shared by the templates of the sbx chart.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "sbx.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of the objects: fullnameOverride, or "<release>-<chart>" (just the release
+name when it already contains the chart name). At most 52 characters: a StatefulSet's
+pods add "-<ordinal>" and its claims "data-" in front, and names of labels stop at 63.
+*/}}
+{{- define "sbx.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<chart>-<version>" for the helm.sh/chart label. */}}
+{{- define "sbx.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "sbx.labels" -}}
+helm.sh/chart: {{ include "sbx.chart" . }}
+{{ include "sbx.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select the pods (never change them: a StatefulSet's selector is immutable). */}}
+{{- define "sbx.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sbx.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The ServiceAccount the pods run as. */}}
+{{- define "sbx.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sbx.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Namespace of the leader-election Lease. */}}
+{{- define "sbx.leaseNamespace" -}}
+{{- default .Release.Namespace .Values.leaderElection.leaseNamespace }}
+{{- end }}
+
+{{/* True (non-empty) when the replicas elect a leader. */}}
+{{- define "sbx.leaderElection" -}}
+{{- if gt (int .Values.replicas) 1 }}true{{ end }}
+{{- end }}
+
+{{/*
+The rules sbx needs on the agents.x-k8s.io objects and the objects it makes for them, in
+the watched namespace(s). tests/chart/chart_test.py runs sbx-server against the API
+emulator and checks every request it makes against these rules, and that every rule is
+used (or listed there with the reason it is kept).
+*/}}
+{{- define "sbx.rules" -}}
+# Sandboxes: watched, created by warm pools and claims, status written by the controller.
+- apiGroups: ["agents.x-k8s.io"]
+  resources: ["sandboxes"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: ["agents.x-k8s.io"]
+  resources: ["sandboxes/status"]
+  verbs: ["update", "patch"]
+# Owner references with blockOwnerDeletion on objects owned by Sandboxes, claims and pools.
+- apiGroups: ["agents.x-k8s.io"]
+  resources: ["sandboxes/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxtemplates"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxwarmpools"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxwarmpools/status"]
+  verbs: ["update", "patch"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxclaims"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxclaims/status"]
+  verbs: ["update", "patch"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxwarmpools/finalizers", "sandboxclaims/finalizers"]
+  verbs: ["update"]
+# What a Sandbox is made of.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end }}
