@@ -73,14 +73,16 @@ emulator and checks every request it makes against these rules, and that every r
 used (or listed there with the reason it is kept).
 */}}
 {{- define "sbx.rules" -}}
-# Sandboxes: watched, created by warm pools and claims, status written by the controller.
+# Sandboxes: watched; deleted at expiry (shutdownPolicy Delete); created, relabelled and
+# deleted by the warm pool and claim controllers; status written with a merge patch.
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes/status"]
-  verbs: ["update", "patch"]
-# Owner references with blockOwnerDeletion on objects owned by Sandboxes, claims and pools.
+  verbs: ["patch"]
+# Owner references with blockOwnerDeletion on objects owned by Sandboxes, claims and pools
+# (the OwnerReferencesPermissionEnforcement admission plugin asks for this).
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes/finalizers"]
   verbs: ["update"]
@@ -102,13 +104,18 @@ used (or listed there with the reason it is kept).
 - apiGroups: ["extensions.agents.x-k8s.io"]
   resources: ["sandboxwarmpools/finalizers", "sandboxclaims/finalizers"]
   verbs: ["update"]
-# What a Sandbox is made of.
+# What a Sandbox is made of. Read from informers (list, watch); a pod is read directly
+# after a create that found one already there. PVCs are never deleted by sbx: they go
+# with their Sandbox (garbage collection).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
 - apiGroups: [""]
-  resources: ["services", "persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  resources: ["services"]
+  verbs: ["list", "watch", "create", "delete"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["list", "watch", "create"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
