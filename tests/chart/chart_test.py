@@ -421,6 +421,19 @@ class RenderTest(unittest.TestCase):
             self.assertIn(words, r.stderr, bad)
 
 
+    def test_crds_and_kube_version(self):
+        stream, objs = rendered("--include-crds")
+        crds = [o["metadata"]["name"] for o in objs if o["kind"] == "CustomResourceDefinition"]
+        self.assertEqual(len(crds), 4)
+        self.assertEqual(objs[0]["kind"], "CustomResourceDefinition")
+        self.assertIn("# Source: sbx/crds/agents.x-k8s.io_sandboxes.yaml", stream)
+        # Kubernetes gRPC probes are GA from 1.27: the chart says so in kubeVersion.
+        r = render("--kube-version", "v1.26.5", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("chart requires kubeVersion", r.stderr)
+        render("--kube-version", "v1.27.0")
+
+
 class RendererTest(unittest.TestCase):
     """chart-render itself, on a small chart that uses the Helm features it emulates."""
 

@@ -38,6 +38,7 @@ import (
 	"strings"
 	"text/template"
 
+	"github.com/Masterminds/semver"
 	"github.com/Masterminds/sprig"
 	"github.com/xeipuuv/gojsonschema"
 	"sigs.k8s.io/yaml"
@@ -200,6 +201,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkKubeVersion(chart, caps.KubeVersion.Version); err != nil {
+		return err
+	}
 	top := map[string]interface{}{
 		"Values":       values,
 		"Release":      Release{Name: *name, Namespace: *namespace, Service: "Helm", IsInstall: true, Revision: 1},
@@ -212,14 +216,16 @@ func run(args []string) error {
 		return err
 	}
 	var out bytes.Buffer
+	docs = sortByKind(docs)
 	if *includeCrds {
+		// First, as Helm installs them before anything else.
 		crds, err := crdDocs(chartDir, chart.Name)
 		if err != nil {
 			return err
 		}
 		docs = append(crds, docs...)
 	}
-	for _, d := range sortByKind(docs) {
+	for _, d := range docs {
 		fmt.Fprintf(&out, "---\n# Source: %s\n%s\n", d.source, d.body)
 	}
 	_, err = os.Stdout.Write(out.Bytes())
@@ -426,6 +432,27 @@ func capabilities(version string, extra []string) (Capabilities, error) {
 		APIVersions: apis,
 		HelmVersion: map[string]string{"Version": "v3-compatible (chart-render)"},
 	}, nil
+}
+
+// checkKubeVersion refuses a Kubernetes version outside the chart's kubeVersion
+// constraint, as Helm does.
+func checkKubeVersion(chart Chart, version string) error {
+	if chart.KubeVersion == "" {
+		return nil
+	}
+	c, err := semver.NewConstraint(chart.KubeVersion)
+	if err != nil {
+		return fmt.Errorf("Chart.yaml: kubeVersion %q: %v", chart.KubeVersion, err)
+	}
+	v, err := semver.NewVersion(version)
+	if err != nil {
+		return fmt.Errorf("--kube-version %q: %v", version, err)
+	}
+	if !c.Check(v) {
+		return fmt.Errorf("chart requires kubeVersion: %s which is incompatible with Kubernetes %s",
+			chart.KubeVersion, version)
+	}
+	return nil
 }
 
 type document struct {
