@@ -53,6 +53,9 @@ RUN apt-get update \
       libre2-9 libssl3 libcpprest2.10 libbrotli1 libspdlog1.10 libfmt9 libyaml-cpp0.7 \
       libprometheus-cpp-core1.0 libatomic1 \
  && rm -rf /var/lib/apt/lists/* \
+ && groupadd --gid 65532 sbx \
+ && useradd --uid 65532 --gid 65532 --home-dir /var/lib/sbx --no-create-home \
+      --shell /usr/sbin/nologin sbx \
  && mkdir -p /var/lib/sbx \
  && chown 65532:65532 /var/lib/sbx
 COPY --from=build /out/sbx-server /usr/local/bin/sbx-server

@@ -303,6 +303,9 @@ class RenderTest(unittest.TestCase):
         self.assertEqual([(p["name"], p["port"]) for p in grpc], [("grpc", 50051)])
         metrics = services["sbx-metrics"]["spec"]
         self.assertEqual([(p["name"], p["port"]) for p in metrics["ports"]], [("metrics", 9090)])
+        self.assertEqual(services["sbx-metrics"]["metadata"]["annotations"],
+                         {"prometheus.io/scrape": "true", "prometheus.io/port": "9090",
+                          "prometheus.io/path": "/metrics"})
         self.assertEqual(sts["spec"]["serviceName"], "sbx-metrics")
         binding = one(objs, "ClusterRoleBinding")
         self.assertEqual(binding["roleRef"]["name"], one(objs, "ClusterRole")["metadata"]["name"])
