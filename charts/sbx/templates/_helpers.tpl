@@ -61,6 +61,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default .Release.Namespace .Values.leaderElection.leaseNamespace }}
 {{- end }}
 
+{{/*
+The --kube_pool_namespace to pass: kube.poolNamespace, which with watchNamespace set must
+be that namespace (the Role grants nothing elsewhere). Empty: the server's default.
+*/}}
+{{- define "sbx.poolNamespace" -}}
+{{- $pool := .Values.kube.poolNamespace }}
+{{- if and .Values.watchNamespace $pool (ne $pool .Values.watchNamespace) }}
+{{- fail (printf "kube.poolNamespace %q must be empty or equal to watchNamespace %q: sbx may act only in the watched namespace" $pool .Values.watchNamespace) }}
+{{- end }}
+{{- $pool }}
+{{- end }}
+
 {{/* True (non-empty) when the replicas elect a leader. */}}
 {{- define "sbx.leaderElection" -}}
 {{- if gt (int .Values.replicas) 1 }}true{{ end }}
@@ -73,11 +85,12 @@ emulator and checks every request it makes against these rules, and that every r
 used (or listed there with the reason it is kept).
 */}}
 {{- define "sbx.rules" -}}
-# Sandboxes: watched; deleted at expiry (shutdownPolicy Delete); created, relabelled and
-# deleted by the warm pool and claim controllers; status written with a merge patch.
+# Sandboxes: watched; created as warm-pool members and cold claims, relabelled and
+# re-owned when a claim binds one (merge patch), deleted at scale-down, release and
+# expiry; status written with a merge patch.
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["agents.x-k8s.io"]
   resources: ["sandboxes/status"]
   verbs: ["patch"]
@@ -87,29 +100,30 @@ used (or listed there with the reason it is kept).
   resources: ["sandboxes/finalizers"]
   verbs: ["update"]
 - apiGroups: ["extensions.agents.x-k8s.io"]
-  resources: ["sandboxtemplates"]
-  verbs: ["get", "list", "watch"]
-- apiGroups: ["extensions.agents.x-k8s.io"]
-  resources: ["sandboxwarmpools"]
-  verbs: ["get", "list", "watch"]
-- apiGroups: ["extensions.agents.x-k8s.io"]
-  resources: ["sandboxwarmpools/status"]
-  verbs: ["update", "patch"]
-- apiGroups: ["extensions.agents.x-k8s.io"]
-  resources: ["sandboxclaims"]
-  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-- apiGroups: ["extensions.agents.x-k8s.io"]
-  resources: ["sandboxclaims/status"]
-  verbs: ["update", "patch"]
-- apiGroups: ["extensions.agents.x-k8s.io"]
   resources: ["sandboxwarmpools/finalizers", "sandboxclaims/finalizers"]
   verbs: ["update"]
+# Templates and pools are read (informers); pool status is written.
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxtemplates", "sandboxwarmpools"]
+  verbs: ["list", "watch"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxwarmpools/status"]
+  verbs: ["patch"]
+# Claims: watched; claims made over gRPC are created as SandboxClaims (read back when the
+# create finds one already there) and deleted on release; status written.
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxclaims"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- apiGroups: ["extensions.agents.x-k8s.io"]
+  resources: ["sandboxclaims/status"]
+  verbs: ["patch"]
 # What a Sandbox is made of. Read from informers (list, watch); a pod is read directly
-# after a create that found one already there. PVCs are never deleted by sbx: they go
-# with their Sandbox (garbage collection).
+# after a create that found one already there, and patched with a claim's
+# additionalPodMetadata. PVCs are never deleted by sbx: they go with their Sandbox
+# (garbage collection).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
   verbs: ["list", "watch", "create", "delete"]
