@@ -366,6 +366,206 @@ struct Target {
   bool all_namespaces = false;
 };
 
+// What RBAC would see of one API request, judged from the path and method alone (like the
+// API server's request-info resolver), so that requests for unknown resources are logged
+// too. `resource` is empty for non-resource paths (discovery, /version, /openapi).
+struct RequestRecord {
+  std::string verb, group, version, resource, subresource, ns, name, path, user_agent;
+
+  json ToJson() const {
+    return {{"verb", verb},
+            {"group", group},
+            {"version", version},
+            {"resource", resource},
+            {"subresource", subresource},
+            {"namespace", ns},
+            {"name", name},
+            {"path", path},
+            {"user_agent", user_agent}};
+  }
+};
+
+RequestRecord DescribeRequest(const HttpRequest& req) {
+  RequestRecord r;
+  r.path = req.path;
+  r.user_agent = req.Header("user-agent");
+  std::vector<std::string> segs = absl::StrSplit(req.path, '/', absl::SkipEmpty());
+  size_t i;
+  if (segs.size() >= 3 && segs[0] == "api") {
+    r.version = segs[1];
+    i = 2;
+  } else if (segs.size() >= 4 && segs[0] == "apis") {
+    r.group = segs[1];
+    r.version = segs[2];
+    i = 3;
+  } else {
+    r.verb = absl::AsciiStrToLower(req.method);
+    return r;
+  }
+  std::vector<std::string> rest(segs.begin() + static_cast<long>(i), segs.end());
+  bool legacy_watch = false;
+  if (!rest.empty() && rest[0] == "watch") {
+    legacy_watch = true;
+    rest.erase(rest.begin());
+  }
+  if (!rest.empty() && rest[0] == "namespaces" && rest.size() >= 2) {
+    r.ns = rest[1];
+    if (rest.size() > 2 && rest[2] != "status" && rest[2] != "finalize") {
+      rest.erase(rest.begin(), rest.begin() + 2);
+    }
+  }
+  if (!rest.empty()) r.resource = rest[0];
+  if (rest.size() >= 2) r.name = rest[1];
+  if (rest.size() >= 3) r.subresource = rest[2];
+  const std::string& m = req.method;
+  const std::string watch = req.Query("watch");
+  if (m == "GET" || m == "HEAD") {
+    if (legacy_watch || watch == "true" || watch == "1") {
+      r.verb = "watch";
+    } else {
+      r.verb = r.name.empty() ? "list" : "get";
+    }
+  } else if (m == "POST") {
+    r.verb = "create";
+  } else if (m == "PUT") {
+    r.verb = "update";
+  } else if (m == "PATCH") {
+    r.verb = "patch";
+  } else if (m == "DELETE") {
+    r.verb = r.name.empty() ? "deletecollection" : "delete";
+  } else {
+    r.verb = absl::AsciiStrToLower(m);
+  }
+  return r;
+}
+
+// Containers of a pod spec at `spec_path` ("spec" of a Pod, "spec.template.spec" of a
+// workload): at least one, each with a name and an image.
+void ValidateContainers(const json& obj, const std::string& spec_path,
+                        std::vector<SchemaError>* errors) {
+  const std::string field = spec_path + ".containers";
+  const json* containers = GetPath(obj, field);
+  if (containers == nullptr || !containers->is_array() || containers->empty()) {
+    errors->push_back({field, "FieldValueRequired", "Required value"});
+    return;
+  }
+  for (size_t i = 0; i < containers->size(); ++i) {
+    const json& c = (*containers)[i];
+    std::string base = absl::StrCat(field, "[", i, "]");
+    for (const char* key : {"name", "image"}) {
+      if (!c.is_object() || !c.contains(key) || !c[key].is_string() ||
+          c[key].get<std::string>().empty()) {
+        errors->push_back({absl::StrCat(base, ".", key), "FieldValueRequired", "Required value"});
+      }
+    }
+  }
+}
+
+// What the API server checks of a StatefulSet that a chart can get wrong: a selector
+// that selects the pod template's labels, and the template's containers. Defaults
+// spec.replicas to 1 on create, as the API server does.
+void ValidateStatefulSet(json& obj, bool create, std::vector<SchemaError>* errors) {
+  if (create && GetPath(obj, "spec.replicas") == nullptr) SetPath(obj, "spec.replicas", 1);
+  const json* match = GetPath(obj, "spec.selector.matchLabels");
+  const json* expr = GetPath(obj, "spec.selector.matchExpressions");
+  if ((match == nullptr || !match->is_object() || match->empty()) &&
+      (expr == nullptr || !expr->is_array() || expr->empty())) {
+    errors->push_back({"spec.selector", "FieldValueRequired", "Required value"});
+  } else if (match != nullptr && match->is_object()) {
+    const json* labels = GetPath(obj, "spec.template.metadata.labels");
+    for (auto it = match->begin(); it != match->end(); ++it) {
+      if (labels == nullptr || !labels->is_object() || !labels->contains(it.key()) ||
+          (*labels)[it.key()] != *it) {
+        errors->push_back({"spec.template.metadata.labels", "FieldValueInvalid",
+                           "Invalid value: `selector` does not match template `labels`"});
+        break;
+      }
+    }
+  }
+  ValidateContainers(obj, "spec.template.spec", errors);
+}
+
+// Roles and bindings as the RBAC API validates them: rules need verbs and either
+// API groups with resources or (cluster-wide only) non-resource URLs; bindings need a
+// roleRef to a Role or ClusterRole and named subjects.
+void ValidateRbac(const ResourceType& t, const json& obj, std::vector<SchemaError>* errors) {
+  auto non_empty_list = [](const json& o, const char* key) {
+    return o.is_object() && o.contains(key) && o[key].is_array() && !o[key].empty();
+  };
+  if (t.plural == "roles" || t.plural == "clusterroles") {
+    const json* rules = GetPath(obj, "rules");
+    if (rules == nullptr || !rules->is_array()) return;  // aggregated or empty roles
+    for (size_t i = 0; i < rules->size(); ++i) {
+      const json& r = (*rules)[i];
+      const std::string base = absl::StrCat("rules[", i, "]");
+      if (!non_empty_list(r, "verbs")) {
+        errors->push_back({base + ".verbs", "FieldValueRequired",
+                           "Required value: verbs must "
+                           "contain at least one value"});
+      }
+      if (non_empty_list(r, "nonResourceURLs")) {
+        if (t.namespaced) {
+          errors->push_back({base + ".nonResourceURLs", "FieldValueInvalid",
+                             "Invalid value: namespaced rules cannot apply to non-resource URLs"});
+        }
+        continue;
+      }
+      if (!r.is_object() || !r.contains("apiGroups") || !r["apiGroups"].is_array() ||
+          r["apiGroups"].empty()) {
+        errors->push_back({base + ".apiGroups", "FieldValueRequired",
+                           "Required value: resource rules must supply at least one api group"});
+      }
+      if (!non_empty_list(r, "resources")) {
+        errors->push_back({base + ".resources", "FieldValueRequired",
+                           "Required value: resource rules must supply at least one resource"});
+      }
+    }
+    return;
+  }
+  const json* ref = GetPath(obj, "roleRef");
+  if (ref == nullptr || !ref->is_object()) {
+    errors->push_back({"roleRef", "FieldValueRequired", "Required value"});
+  } else {
+    if (ref->value("apiGroup", "") != "rbac.authorization.k8s.io") {
+      errors->push_back({"roleRef.apiGroup", "FieldValueNotSupported",
+                         "Unsupported value: supported values: \"rbac.authorization.k8s.io\""});
+    }
+    const std::string kind = ref->value("kind", "");
+    if (kind != "ClusterRole" && (kind != "Role" || !t.namespaced)) {
+      errors->push_back(
+          {"roleRef.kind", "FieldValueNotSupported",
+           absl::StrCat("Unsupported value: \"", kind, "\": supported values: ",
+                        t.namespaced ? "\"Role\", \"ClusterRole\"" : "\"ClusterRole\"")});
+    }
+    if (ref->value("name", "").empty()) {
+      errors->push_back({"roleRef.name", "FieldValueRequired", "Required value"});
+    }
+  }
+  const json* subjects = GetPath(obj, "subjects");
+  if (subjects == nullptr || !subjects->is_array()) return;
+  for (size_t i = 0; i < subjects->size(); ++i) {
+    const json& sub = (*subjects)[i];
+    const std::string base = absl::StrCat("subjects[", i, "]");
+    const std::string kind = sub.is_object() ? sub.value("kind", "") : "";
+    if (kind != "ServiceAccount" && kind != "User" && kind != "Group") {
+      errors->push_back({base + ".kind", "FieldValueNotSupported",
+                         absl::StrCat("Unsupported value: \"", kind,
+                                      "\": supported values: \"Group\", \"ServiceAccount\", "
+                                      "\"User\"")});
+    }
+    if (!sub.is_object() || sub.value("name", "").empty()) {
+      errors->push_back({base + ".name", "FieldValueRequired", "Required value"});
+    }
+    if (kind == "ServiceAccount" && !t.namespaced && sub.value("namespace", "").empty()) {
+      errors->push_back({base + ".namespace", "FieldValueRequired", "Required value"});
+    }
+  }
+}
+
+// The request log keeps at most this many records (the oldest go first), so that a long
+// benchmark run cannot grow the emulator without bound.
+constexpr size_t kRequestLogLimit = 1000000;
+
 }  // namespace
 
 class EmulatorImpl {
@@ -390,6 +590,7 @@ class EmulatorImpl {
   bool InjectFault(const HttpRequest& req, HttpResponder& resp, const std::string& verb,
                    const Target& t) ABSL_LOCKS_EXCLUDED(faults_mu_);
   void Count(const std::string& verb, const Target& t) ABSL_LOCKS_EXCLUDED(stats_mu_);
+  void LogRequest(RequestRecord record) ABSL_LOCKS_EXCLUDED(stats_mu_);
   double Random() ABSL_LOCKS_EXCLUDED(rng_mu_);
   std::string RandomSuffix() ABSL_LOCKS_EXCLUDED(rng_mu_);
 
@@ -498,6 +699,8 @@ class EmulatorImpl {
   std::map<std::string, int64_t> stats_ ABSL_GUARDED_BY(stats_mu_);
   int64_t stats_writes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t stats_total_ ABSL_GUARDED_BY(stats_mu_) = 0;
+  std::deque<RequestRecord> request_log_ ABSL_GUARDED_BY(stats_mu_);
+  int64_t request_log_dropped_ ABSL_GUARDED_BY(stats_mu_) = 0;
 
   absl::Mutex rng_mu_;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(rng_mu_);
@@ -550,6 +753,26 @@ EmulatorImpl::EmulatorImpl(const EmulatorOptions& o)
       {"netpol"}, false);
   add("apiextensions.k8s.io", "v1", "customresourcedefinitions", "customresourcedefinition",
       "CustomResourceDefinition", false, {"crd", "crds"}, true);
+  // The kinds a Helm chart of sbx installs. No workload controller runs: a StatefulSet is
+  // stored (its scale subresource works) but makes no pods.
+  add("apps", "v1", "statefulsets", "statefulset", "StatefulSet", true, {"sts"}, true);
+  {
+    ResourceType sts = *types_["apps/v1/statefulsets"];
+    sts.scale_sub = true;
+    sts.spec_replicas_path = ".spec.replicas";
+    sts.status_replicas_path = ".status.replicas";
+    sts.categories = {"all"};
+    AddType(std::move(sts));
+  }
+  add("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", true, {}, false);
+  add("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding", true, {},
+      false);
+  add("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole", false, {},
+      false);
+  add("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding",
+      "ClusterRoleBinding", false, {}, false);
+  add("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", true,
+      {"pdb"}, true);
 
   for (const char* key : {"/v1/pods", "/v1/services"}) {
     ResourceType copy = *types_[key];
@@ -658,6 +881,15 @@ void EmulatorImpl::Count(const std::string& verb, const Target& t) {
   ++stats_[key];
   ++stats_total_;
   if (verb != "get" && verb != "list" && verb != "watch") ++stats_writes_;
+}
+
+void EmulatorImpl::LogRequest(RequestRecord record) {
+  absl::MutexLock l(&stats_mu_);
+  request_log_.push_back(std::move(record));
+  if (request_log_.size() > kRequestLogLimit) {
+    request_log_.pop_front();
+    ++request_log_dropped_;
+  }
 }
 
 bool EmulatorImpl::InjectFault(const HttpRequest& req, HttpResponder& resp, const std::string& verb,
@@ -807,6 +1039,9 @@ void EmulatorImpl::HandleUnsafe(const HttpRequest& req, HttpResponder& resp) {
     SendJson(resp, 401, MakeStatus(401, "Unauthorized", "Unauthorized"));
     return;
   }
+  // Logged before faults are injected: a request that failed was still asked for (and
+  // would have needed RBAC permission).
+  LogRequest(DescribeRequest(req));
   Target t;
   bool is_resource = ParseTarget(req.path, &t);
   std::string verb;
@@ -1140,22 +1375,16 @@ std::vector<SchemaError> EmulatorImpl::ValidateLocked(const ResourceType& t, jso
       unknown_fields_->unknown.insert(unknown_fields_->unknown.end(), pruned.begin(), pruned.end());
     }
   } else if (t.plural == "pods") {
-    const json* containers = GetPath(obj, "spec.containers");
-    if (containers == nullptr || !containers->is_array() || containers->empty()) {
-      errors.push_back({"spec.containers", "FieldValueRequired", "Required value"});
-    } else {
-      for (size_t i = 0; i < containers->size(); ++i) {
-        const json& c = (*containers)[i];
-        std::string base = absl::StrCat("spec.containers[", i, "]");
-        if (!c.is_object() || !c.contains("name") || !c["name"].is_string() ||
-            c["name"].get<std::string>().empty()) {
-          errors.push_back({base + ".name", "FieldValueRequired", "Required value"});
-        }
-        if (!c.is_object() || !c.contains("image") || !c["image"].is_string() ||
-            c["image"].get<std::string>().empty()) {
-          errors.push_back({base + ".image", "FieldValueRequired", "Required value"});
-        }
-      }
+    ValidateContainers(obj, "spec", &errors);
+  } else if (t.group == "apps" && t.plural == "statefulsets") {
+    ValidateStatefulSet(obj, create, &errors);
+  } else if (t.group == "rbac.authorization.k8s.io") {
+    ValidateRbac(t, obj, &errors);
+  } else if (t.group == "policy" && t.plural == "poddisruptionbudgets") {
+    if (GetPath(obj, "spec.minAvailable") != nullptr &&
+        GetPath(obj, "spec.maxUnavailable") != nullptr) {
+      errors.push_back({"spec", "FieldValueInvalid",
+                        "Invalid value: minAvailable and maxUnavailable cannot be both set"});
     }
   } else if (t.plural == "customresourcedefinitions") {
     const json& spec = obj.contains("spec") ? obj["spec"] : json::object();
@@ -1498,6 +1727,27 @@ ObjPtr EmulatorImpl::UpdateLocked(const ResourceType& t, const ObjPtr& old, json
   std::vector<SchemaError> errors = ValidateLocked(t, next, false);
   if (t.custom) {
     for (SchemaError& e : CheckTransitionRules(next, o, t.schema)) errors.push_back(std::move(e));
+  }
+  // Immutable fields of built-in kinds that an upgrade (kubectl apply, helm upgrade) can
+  // trip over.
+  if (t.group == "rbac.authorization.k8s.io" && absl::EndsWith(t.plural, "bindings") &&
+      next.value("roleRef", json()) != o.value("roleRef", json())) {
+    errors.push_back({"roleRef", "FieldValueInvalid", "Invalid value: cannot change roleRef"});
+  }
+  if (t.group == "apps" && t.plural == "statefulsets") {
+    for (const char* f :
+         {"selector", "serviceName", "volumeClaimTemplates", "podManagementPolicy"}) {
+      const json* a = GetPath(next, absl::StrCat("spec.", f));
+      const json* b = GetPath(o, absl::StrCat("spec.", f));
+      if ((a == nullptr) != (b == nullptr) || (a != nullptr && *a != *b)) {
+        errors.push_back({"spec", "FieldValueForbidden",
+                          "Forbidden: updates to statefulset spec for fields other than "
+                          "'replicas', 'ordinals', 'template', 'updateStrategy', "
+                          "'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are "
+                          "forbidden"});
+        break;
+      }
+    }
   }
   if (StrictFailureLocked(t, err)) return nullptr;
   if (!errors.empty()) {
@@ -1906,6 +2156,16 @@ json EmulatorImpl::ScaleFor(const ResourceType& t, const json& obj) {
   if (!t.label_selector_path.empty()) {
     const json* sel = GetPath(obj, t.label_selector_path);
     if (sel != nullptr && sel->is_string()) scale["status"]["selector"] = *sel;
+  } else if (!t.custom && t.plural == "statefulsets") {
+    // Built-in workloads report their spec.selector (matchLabels) in selector syntax.
+    const json* labels = GetPath(obj, "spec.selector.matchLabels");
+    if (labels != nullptr && labels->is_object() && !labels->empty()) {
+      std::vector<std::string> terms;
+      for (auto it = labels->begin(); it != labels->end(); ++it) {
+        terms.push_back(absl::StrCat(it.key(), "=", it->is_string() ? it->get<std::string>() : ""));
+      }
+      scale["status"]["selector"] = absl::StrJoin(terms, ",");
+    }
   }
   return scale;
 }
@@ -2586,11 +2846,28 @@ void EmulatorImpl::HandleAdmin(const HttpRequest& req, HttpResponder& resp) {
     SendJson(resp, 200, out);
     return;
   }
+  if (p == "/emulator/requests" && req.method == "GET") {
+    // Optional filter: ?user_agent=PREFIX keeps the records whose User-Agent starts so.
+    const std::string prefix = req.Query("user_agent");
+    json out = json::array();
+    int64_t dropped;
+    {
+      absl::MutexLock l(&stats_mu_);
+      for (const RequestRecord& r : request_log_) {
+        if (absl::StartsWith(r.user_agent, prefix)) out.push_back(r.ToJson());
+      }
+      dropped = request_log_dropped_;
+    }
+    SendJson(resp, 200, out, {{"X-Emulator-Requests-Dropped", std::to_string(dropped)}});
+    return;
+  }
   if (p == "/emulator/stats/reset" && req.method == "POST") {
     absl::MutexLock l(&stats_mu_);
     stats_.clear();
     stats_writes_ = 0;
     stats_total_ = 0;
+    request_log_.clear();
+    request_log_dropped_ = 0;
     SendJson(resp, 200, {{"ok", true}});
     return;
   }

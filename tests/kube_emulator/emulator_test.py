@@ -163,6 +163,125 @@ class ApiTest(unittest.TestCase):
             self.assertEqual(r.status, 201, (path, r))
         self.assertEqual(len(c.get("/api/v1/nodes").json["items"]), 3)
 
+    def test_workload_rbac_and_pdb_kinds(self):
+        c = self.c
+        apps = "/apis/apps/v1/namespaces/default/statefulsets"
+        sts = {"metadata": {"name": "db"}, "spec": {
+            "selector": {"matchLabels": {"app": "db"}}, "serviceName": "db",
+            "template": {"metadata": {"labels": {"app": "db", "x": "y"}},
+                         "spec": {"containers": [{"name": "main", "image": "busybox"}]}}}}
+        r = c.post(apps, sts)
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual(r.json["spec"]["replicas"], 1)  # defaulted like the API server
+        s = c.get(apps + "/db/scale").json
+        self.assertEqual(s["spec"]["replicas"], 1)
+        self.assertEqual(s["status"]["selector"], "app=db")
+        self.assertEqual(c.patch(apps + "/db/scale", {"spec": {"replicas": 3}}).status, 200)
+        self.assertEqual(c.get(apps + "/db").json["spec"]["replicas"], 3)
+        self.assertEqual(c.patch(apps + "/db/status", {"status": {"replicas": 3}}).status, 200)
+        # The selector must select the template's labels, and is immutable.
+        bad = json.loads(json.dumps(sts))
+        bad["metadata"]["name"] = "db2"
+        bad["spec"]["template"]["metadata"]["labels"] = {"app": "other"}
+        r = c.post(apps, bad)
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("`selector` does not match template `labels`", r.json["message"])
+        r = c.patch(apps + "/db", {"spec": {"selector": {"matchLabels": {"x": "y"}}}})
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("Forbidden: updates to statefulset spec", r.json["message"])
+        del bad["spec"]["template"]["spec"]["containers"][0]["image"]
+        bad["spec"]["template"]["metadata"]["labels"] = {"app": "db"}
+        r = c.post(apps, bad)
+        self.assertEqual(r.status, 422, r)
+        self.assertEqual(r.json["details"]["causes"][0]["field"],
+                         "spec.template.spec.containers[0].image")
+        self.assertIn("statefulsets/scale",
+                      {x["name"] for x in c.get("/apis/apps/v1").json["resources"]})
+
+        rbac = "/apis/rbac.authorization.k8s.io/v1"
+        rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}
+        self.assertEqual(c.post(rbac + "/namespaces/default/roles",
+                                {"metadata": {"name": "r"}, "rules": [rule]}).status, 201)
+        r = c.post(rbac + "/namespaces/default/roles",
+                   {"metadata": {"name": "r2"}, "rules": [{"nonResourceURLs": ["/x"],
+                                                          "verbs": ["get"]}]})
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("namespaced rules cannot apply to non-resource URLs", r.json["message"])
+        r = c.post(rbac + "/clusterroles", {"metadata": {"name": "cr"}, "rules": [
+            rule, {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]})
+        self.assertEqual(r.status, 201, r)
+        self.assertFalse(r.json["metadata"].get("namespace"))
+        r = c.post(rbac + "/clusterroles", {"metadata": {"name": "cr2"}, "rules": [
+            {"apiGroups": [""], "resources": ["pods"]}]})
+        self.assertEqual(r.status, 422, r)
+        self.assertEqual(r.json["details"]["causes"][0]["field"], "rules[0].verbs")
+        sa = {"kind": "ServiceAccount", "name": "sa", "namespace": "default"}
+        ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"}
+        self.assertEqual(c.post(rbac + "/namespaces/default/rolebindings",
+                                {"metadata": {"name": "rb"}, "roleRef": ref,
+                                 "subjects": [sa]}).status, 201)
+        r = c.patch(rbac + "/namespaces/default/rolebindings/rb",
+                    {"roleRef": dict(ref, name="other")})
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("cannot change roleRef", r.json["message"])
+        r = c.post(rbac + "/clusterrolebindings", {"metadata": {"name": "crb"}, "roleRef": ref,
+                                                   "subjects": [dict(sa, namespace="")]})
+        self.assertEqual(r.status, 422, r)
+        fields = {x["field"] for x in r.json["details"]["causes"]}
+        self.assertEqual(fields, {"roleRef.kind", "subjects[0].namespace"})
+        self.assertEqual(c.post(rbac + "/clusterrolebindings", {
+            "metadata": {"name": "crb"}, "roleRef": dict(ref, kind="ClusterRole", name="cr"),
+            "subjects": [sa]}).status, 201)
+
+        pdbs = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
+        self.assertEqual(c.post(pdbs, {"metadata": {"name": "p"}, "spec": {
+            "maxUnavailable": 1, "selector": {"matchLabels": {"app": "db"}}}}).status, 201)
+        r = c.post(pdbs, {"metadata": {"name": "p2"}, "spec": {"maxUnavailable": 1,
+                                                               "minAvailable": "50%"}})
+        self.assertEqual(r.status, 422, r)
+        self.assertEqual(c.patch(pdbs + "/p/status",
+                                 {"status": {"currentHealthy": 0}}).status, 200)
+
+    def test_request_log(self):
+        c = self.c
+        c.post("/emulator/stats/reset", {})
+        ua = {"User-Agent": "sbx/test-log"}
+        c.post(NS + "/configmaps", cm("log-1"), headers=ua)
+        c.get(NS + "/configmaps/log-1", headers=ua)
+        c.get(NS + "/configmaps?labelSelector=a%3Db", headers=ua)
+        c.get("/api/v1/pods?watch=true&timeoutSeconds=1", headers=ua)
+        c.patch(NS + "/pods/nope/status", {"status": {}}, headers=ua)
+        c.put(WIDGETS + "/nope/scale", {"spec": {"replicas": 1}}, headers=ua)
+        c.delete(NS + "/configmaps/log-1", headers=ua)
+        c.delete(NS + "/configmaps?labelSelector=nothing%3Dhere", headers=ua)
+        c.get("/apis/unknown.example.com/v1/namespaces/x/things/t", headers=ua)
+        c.get("/api/v1/namespaces/default", headers=ua)
+        c.get("/version", headers=ua)
+        c.get(NS + "/configmaps")  # another client
+        log = c.get("/emulator/requests").json
+        mine = c.get("/emulator/requests?user_agent=sbx/").json
+        self.assertEqual(len(log), len(mine) + 1)
+        self.assertTrue(all(r["user_agent"] == "sbx/test-log" for r in mine))
+        got = [(r["verb"], r["group"], r["resource"], r["subresource"], r["namespace"],
+                r["name"]) for r in mine]
+        self.assertEqual(got, [
+            ("create", "", "configmaps", "", "default", ""),
+            ("get", "", "configmaps", "", "default", "log-1"),
+            ("list", "", "configmaps", "", "default", ""),
+            ("watch", "", "pods", "", "", ""),
+            ("patch", "", "pods", "status", "default", "nope"),
+            ("update", "test.example.com", "widgets", "scale", "default", "nope"),
+            ("delete", "", "configmaps", "", "default", "log-1"),
+            ("deletecollection", "", "configmaps", "", "default", ""),
+            ("get", "unknown.example.com", "things", "", "x", "t"),
+            ("get", "", "namespaces", "", "default", "default"),
+            ("get", "", "", "", "", ""),
+        ])
+        self.assertEqual(mine[-1]["path"], "/version")
+        self.assertEqual(mine[0]["version"], "v1")
+        self.assertEqual(c.post("/emulator/stats/reset", {}).status, 200)
+        self.assertEqual(c.get("/emulator/requests").json, [])
+
     def test_generation_and_stale_update(self):
         c = self.c
         r = c.post(WIDGETS, widget("gen-1", junk="dropped", extra={"free": {"x": 1}}))
