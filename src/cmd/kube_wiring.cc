@@ -36,12 +36,14 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(const KubeFlags& flag
   k8s::ClientOptions client_options;
   client_options.qps = flags.qps;
   client_options.burst = flags.burst;
+  client_options.registry = flags.registry;
   ASSIGN_OR_RETURN(std::unique_ptr<k8s::Client> client,
                    k8s::Client::Create(*cluster, client_options));
 
   k8s::SandboxControllerOptions options;
   options.ns = flags.ns;
   options.workers = flags.workers;
+  options.registry = flags.registry;
   options.leader_election = flags.leader_election;
   options.election.lease_namespace = flags.lease_namespace;
   options.election.lease_name = "sbx-controller";

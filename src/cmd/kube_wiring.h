@@ -22,6 +22,9 @@ struct KubeFlags {
   bool leader_election = false;
   std::string lease_namespace = "default";
   std::string identity;  // default: hostname + pid
+  // Where the client and the controllers register their metrics (the registry sbx-server
+  // serves on /metrics); null: a private one, not served.
+  std::shared_ptr<prometheus::Registry> registry;
 };
 
 void AddKubeFlags(CLI::App& app, KubeFlags* flags);
