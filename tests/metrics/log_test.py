@@ -54,6 +54,7 @@ class LogTest(unittest.TestCase):
             claims.Claim(claims_pb2.ClaimRequest(pool="no-such-pool"), timeout=30,
                          metadata=[("x-request-id", "test-req-missing")])
         self.assertEqual(err.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(request_id_of(err.exception), "test-req-missing")
         _, call3 = claims.Release.with_call(
             claims_pb2.ReleaseRequest(claim_id=resp.claim.claim_id), timeout=30,
             metadata=[("x-request-id", "test-req-release")])
