@@ -124,7 +124,7 @@ def main():
              os.path.join(work, "data"), "--runtime", "kubernetes", "--kubeconfig", kubeconfig,
              "--kube_namespace", "default", "--kube_qps", "0", "--kube_workers", "64",
              "--kube_write_workers", "64", "--kube_write_qps", "0", "--refill_qps", "100000",
-             "--refill_max_creating", "4000", "--log_level", "warn"],
+             "--refill_max_creating", "4000", "--metrics_listen", "off", "--log_level", "warn"],
             stdout=server_log, stderr=subprocess.STDOUT)
         procs.append(server)
         deadline = time.time() + 60

@@ -103,6 +103,8 @@ int Run(const Flags& flags) {
   std::vector<std::string> args = {flags.server,
                                    "--listen",
                                    "127.0.0.1:0",
+                                   "--metrics_listen",
+                                   "127.0.0.1:0",
                                    "--data_dir",
                                    dir + "/data",
                                    "--runtime",

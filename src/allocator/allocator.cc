@@ -61,6 +61,8 @@ struct ClaimEntry {
   // While waiting in the pool's queue (policy WAIT).
   WaiterPtr waiter ABSL_GUARDED_BY(mu);
   TimerHandle expiry ABSL_GUARDED_BY(mu);
+  // How the claim gets its sandbox, for the pool's counters.
+  ClaimPath path ABSL_GUARDED_BY(mu) = ClaimPath::kWarm;
 };
 
 namespace {
@@ -359,6 +361,7 @@ class AllocatorImpl final : public Allocator {
     st.target = pool->Target();
     st.min_warm = settings.min_warm;
     st.max_warm = settings.max_warm;
+    st.counts = pool->counters().Snapshot();
     return st;
   }
 
@@ -548,6 +551,13 @@ class AllocatorImpl final : public Allocator {
     const EmptyPoolPolicy policy = req.policy.value_or(settings.empty_pool_policy);
     const absl::Duration wait = req.wait > absl::ZeroDuration() ? req.wait : settings.default_wait;
     reconciler_->PoolBelowTarget(pool->name());
+    pool->counters().CountExhausted();
+    {
+      absl::MutexLock lock(&entry->mu);
+      entry->path = policy == EmptyPoolPolicy::kWait   ? ClaimPath::kWait
+                    : policy == EmptyPoolPolicy::kCold ? ClaimPath::kCold
+                                                       : ClaimPath::kNone;
+    }
     switch (policy) {
       case EmptyPoolPolicy::kFail:
         FailEntry(entry,
@@ -793,6 +803,7 @@ class AllocatorImpl final : public Allocator {
   // caller attached to it. No-op if a sandbox was assigned first.
   void FailEntry(const EntryPtr& e, absl::Status status) {
     std::vector<std::pair<ClaimCallback, bool>> callbacks;
+    ClaimPath path;
     {
       absl::MutexLock lock(&e->mu);
       if (e->assigned || e->failed) return;
@@ -800,7 +811,9 @@ class AllocatorImpl final : public Allocator {
       e->phase = ClaimEntry::Phase::kEnded;
       callbacks = std::move(e->callbacks);
       e->waiter = nullptr;
+      path = e->path;
     }
+    e->pool->counters().CountClaims(status.code(), path);
     claims_.Erase(e);
     for (auto& [cb, _] : callbacks) std::move(cb)(status);
   }
@@ -919,6 +932,7 @@ class AllocatorImpl final : public Allocator {
     std::vector<std::pair<ClaimCallback, bool>> callbacks;
     ClaimRecord record;
     bool gone;
+    ClaimPath path;
     {
       absl::MutexLock lock(&e->mu);
       e->phase = ClaimEntry::Phase::kActive;
@@ -926,7 +940,11 @@ class AllocatorImpl final : public Allocator {
       record = RecordLocked(*e);
       ArmExpiryLocked(e);
       gone = e->sandbox->gone.load(std::memory_order_seq_cst);
+      path = e->path;
     }
+    PoolCounters& counters = e->pool->counters();
+    counters.CountClaims(absl::StatusCode::kOk, path);
+    counters.ObserveLatency(path, clock_->Now() - record.created);
     // Published after the entry is active: whoever sees the revision sees the claim.
     hub_->Complete(record.revision, MakeEvent(ClaimEvent::Type::kAdded, record));
     for (auto& [cb, replayed] : callbacks) std::move(cb)(ClaimResult{record, replayed});
@@ -987,6 +1005,7 @@ class AllocatorImpl final : public Allocator {
       hub_->Complete(revision, MakeEvent(ClaimEvent::Type::kModified, std::move(record)));
       sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
       e->pool->AddClaimed(-1);
+      e->pool->counters().CountEnded(end);
       ForgetSandbox(sb->id);
       if (end != ClaimState::kLost) reconciler_->RetireSandbox(RecordOf(*sb));
       reconciler_->PoolBelowTarget(e->pool->name());
@@ -1295,6 +1314,9 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       pool->AddWarm(std::move(sb));
     }
     reconciler_->PoolBelowTarget(pool->name());
+    pool->counters().CountExhausted();
+    pool->counters().CountClaims(absl::StatusCode::kResourceExhausted, ClaimPath::kNone,
+                                 static_cast<uint64_t>(req.count));
     return std::move(done)(absl::ResourceExhaustedError(absl::StrCat(
         "pool \"", pool->name(), "\" had ", had, " warm sandboxes; the batch asked for ", req.count,
         "; retry after about 1s")));

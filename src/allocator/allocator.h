@@ -38,6 +38,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/allocator/pool_counters.h"
 #include "src/allocator/reconciler.h"
 #include "src/allocator/sandbox.h"
 #include "src/common/clock.h"
@@ -120,6 +121,8 @@ struct PoolStatus {
   int64_t target = 0;
   int32_t min_warm = 0;
   int32_t max_warm = 0;
+  // Claim outcomes, latencies and ends of this pool since it was created in this process.
+  PoolCountsSnapshot counts;
 };
 
 struct ClaimFilter {

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
+#include "src/allocator/pool_counters.h"
 #include "src/allocator/ready_set.h"
 #include "src/allocator/sandbox.h"
 #include "src/store/records.h"
@@ -74,6 +75,10 @@ class Pool {
   int64_t waiting() const ABSL_LOCKS_EXCLUDED(mu_);
   void AddClaimed(int64_t delta) { claimed_.fetch_add(delta, std::memory_order_relaxed); }
 
+  // Claim outcomes and latencies of this pool, for metrics.
+  PoolCounters& counters() { return counters_; }
+  const PoolCounters& counters() const { return counters_; }
+
   // The floor, readable without the lock on the claim path.
   int32_t min_warm() const { return min_warm_.load(std::memory_order_relaxed); }
 
@@ -99,6 +104,7 @@ class Pool {
   // increment, fence, pop): either the waiter's pop sees the pushed sandbox or AddWarm
   // sees the waiter and matches them under the lock, so no wakeup is lost.
   std::atomic<int64_t> waiting_{0};
+  PoolCounters counters_;
 
   mutable absl::Mutex mu_;
   store::PoolRecord settings_ ABSL_GUARDED_BY(mu_);

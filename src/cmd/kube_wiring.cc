@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
   k8s::ClientOptions client_options;
   client_options.qps = flags.qps;
   client_options.burst = flags.burst;
+  client_options.registry = flags.registry;
   auto kube = std::make_unique<KubeControllers>();
   ASSIGN_OR_RETURN(kube->client_, k8s::Client::Create(*cluster, client_options));
   k8s::Client* client = kube->client_.get();
@@ -82,6 +83,7 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
   k8s::SandboxControllerOptions options;
   options.ns = flags.ns;
   options.workers = flags.workers;
+  options.registry = flags.registry;
   options.leader_election = flags.leader_election;
   options.election.lease_namespace = flags.lease_namespace;
   options.election.lease_name = "sbx-controller";
@@ -118,6 +120,7 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
     claim_options.ns = pool_ns;
     claim_options.workers = flags.claim_workers;
     claim_options.is_leader = is_leader;
+    claim_options.registry = flags.registry;
     kube->claims_ = std::make_unique<k8s::ClaimController>(
         client, kube->writes_.get(), &sandboxes->sandbox_informer(), &kube->pools_->pools(),
         &kube->pools_->templates(), claim_options);

@@ -38,6 +38,9 @@ struct KubeFlags {
   int write_burst = 200;
   int claim_workers = 8;
   double ready_timeout_s = 300;
+  // Where the client and the controllers register their metrics (the registry sbx-server
+  // serves on /metrics); null: a private one, not served.
+  std::shared_ptr<prometheus::Registry> registry;
 };
 
 void AddKubeFlags(CLI::App& app, KubeFlags* flags);

@@ -12,6 +12,8 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "grpc/support/log.h"
+#include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
 #include "src/allocator/allocator.h"
 #include "src/allocator/refill.h"
@@ -25,6 +27,7 @@
 #include "src/common/signals.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/runtime/instant_runtime.h"
+#include "src/server/metrics.h"
 #include "src/server/server.h"
 #include "src/store/rocksdb_store.h"
 
@@ -42,6 +45,16 @@ std::string DefaultSandboxd() {
   return ec ? std::string() : (self.parent_path() / "sbx-sandboxd").string();
 }
 
+// gRPC's own log lines go through spdlog, so that they take --log_format (a JSON log
+// stays one object per line).
+void LogFromGrpc(gpr_log_func_args* args) {
+  const spdlog::level::level_enum level =
+      args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::err
+      : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
+                                                : spdlog::level::debug;
+  spdlog::log(level, "grpc: {} ({}:{})", args->message, args->file, args->line);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,6 +63,7 @@ int main(int argc, char** argv) {
   const sigset_t stop_signals = sbx::BlockSignals({SIGTERM, SIGINT, SIGHUP});
 
   sbx::server::ServerOptions server_options;
+  sbx::server::MetricsOptions metrics_options;
   sbx::LogOptions log_options;
   double shutdown_grace_s = 10;
   sbx::store::RocksDbStoreOptions store_options;
@@ -123,6 +137,12 @@ int main(int argc, char** argv) {
   app.add_option("--tls_key_file", server_options.tls_key_file, "PEM private key for TLS");
   app.add_option("--tls_client_ca_file", server_options.tls_client_ca_file,
                  "require client certificates signed by this PEM CA (mTLS)");
+  app.add_option("--metrics_listen", metrics_options.listen,
+                 "host:port to serve Prometheus metrics on (GET /metrics; port 0: any); \"\" or "
+                 "\"off\": no metrics endpoint")
+      ->capture_default_str();
+  app.add_option("--metrics_port_file", metrics_options.port_file,
+                 "write the bound metrics port to this file once serving");
   app.add_option("--log_level", log_options.level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str();
   app.add_option("--log_format", log_options.format, "text|json")->capture_default_str();
@@ -130,6 +150,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
+  gpr_set_log_function(LogFromGrpc);
   if (runtime_name != "local" && runtime_name != "instant" && runtime_name != "none" &&
       runtime_name != "kubernetes") {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -140,6 +161,7 @@ int main(int argc, char** argv) {
         "--runtime kubernetes needs a cluster: --kubeconfig PATH or --kubeconfig in-cluster"));
   }
   if (absl::Status s = refill_options.Validate(); !s.ok()) return Fail(s);
+  if (absl::Status s = metrics_options.Validate(); !s.ok()) return Fail(s);
   sbx::cmd::ServerConfig config;
   if (!config_path.empty()) {
     auto loaded = sbx::cmd::LoadConfig(config_path);
@@ -182,6 +204,13 @@ int main(int argc, char** argv) {
   } else {
     spdlog::warn("no runtime: pools are never filled; claims can only wait or fail");
   }
+  // One registry for every Prometheus metric of the process: the Kubernetes client and
+  // controllers register theirs in it; the server's own families are read at scrape time
+  // from the allocator, refill reconciler, store and request counters (metrics.h).
+  auto registry = std::make_shared<prometheus::Registry>();
+  sbx::server::RegisterBuildInfo(*registry);
+  sbx::server::RequestCounters request_counters;
+  kube_flags.registry = registry;
   std::unique_ptr<sbx::cmd::KubeControllers> kube;
   sbx::runtime::Runtime* active_runtime = runtime.get();
   if (!kube_flags.kubeconfig.empty()) {
@@ -240,11 +269,33 @@ int main(int argc, char** argv) {
   }
   if (absl::Status s = sbx::cmd::ApplyConfig(config, **allocator); !s.ok()) return Fail(s);
   if (active_runtime != nullptr) refill.Start(allocator->get());
+
+  std::unique_ptr<sbx::server::MetricsEndpoint> metrics;
+  if (metrics_options.enabled()) {
+    sbx::server::MetricsSources sources;
+    sources.allocator = allocator->get();
+    if (active_runtime != nullptr) sources.refill = &refill;
+    sources.store = [store = store->get()] {
+      const sbx::store::StoreStats st = store->Stats();
+      sbx::server::StoreCounts c;
+      c.commits = st.commits;
+      c.write_batches = st.write_batches;
+      c.syncs = st.syncs;
+      c.write_seconds = st.write_seconds;
+      c.group_commits = st.group_commits;
+      return c;
+    };
+    sources.requests = &request_counters;
+    auto started = sbx::server::MetricsEndpoint::Start(metrics_options, registry, sources);
+    if (!started.ok()) return Fail(started.status());
+    metrics = *std::move(started);
+  }
   if (kube != nullptr) {
     if (absl::Status s = kube->StartPools(allocator->get()); !s.ok()) return Fail(s);
   }
 
   server_options.allocator = allocator->get();
+  server_options.request_counters = &request_counters;
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
   auto server = sbx::server::Server::Start(server_options);
   if (!server.ok()) return Fail(server.status());
@@ -264,6 +315,7 @@ int main(int argc, char** argv) {
                shutdown_grace_s);
   (*server)->Shutdown(absl::Seconds(shutdown_grace_s));
   if (kube != nullptr) kube->StopPools();
+  metrics.reset();  // reads the allocator, refill and store: goes before them
   refill.Stop();
   allocator_for_reports = nullptr;
   allocator->reset();

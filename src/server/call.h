@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -78,6 +79,13 @@ class AsyncUnary final : public grpc::ServerUnaryReactor {
 
   grpc::ServerUnaryReactor* reactor() { return this; }
 
+  // Runs once with the status the call finishes with (including CANCELLED when the client
+  // cancels first), on the finishing thread, before Finish. Set it before the call can
+  // complete (right after Create).
+  void set_on_finish(absl::AnyInvocable<void(const absl::Status&)> on_finish) {
+    on_finish_ = std::move(on_finish);
+  }
+
   // On OK runs fill(response) and finishes OK; otherwise finishes with `status`. `fill`
   // may return a non-OK status to finish with that instead.
   template <typename Fill>
@@ -86,6 +94,7 @@ class AsyncUnary final : public grpc::ServerUnaryReactor {
     absl::Status final_status = status;
     // The response and context stay valid until Finish: gRPC calls OnDone only after it.
     if (final_status.ok()) final_status = std::forward<Fill>(fill)(response_);
+    if (on_finish_) on_finish_(final_status);
     AddErrorMetadata(ctx_, final_status);
     Finish(ToGrpcStatus(final_status));
   }
@@ -95,6 +104,7 @@ class AsyncUnary final : public grpc::ServerUnaryReactor {
 
   void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!Claim()) return;
+    if (on_finish_) on_finish_(absl::CancelledError("the client cancelled the call"));
     Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call"));
   }
 
@@ -118,6 +128,8 @@ class AsyncUnary final : public grpc::ServerUnaryReactor {
 
   grpc::CallbackServerContext* const ctx_;
   Response* const response_;
+  // Set before the call can complete; run by the one caller that finishes (Claim()).
+  absl::AnyInvocable<void(const absl::Status&)> on_finish_;
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   // Set by Create, cleared by OnDone (only gRPC's thread touches it after Create).

@@ -15,6 +15,7 @@
 #include "src/common/status_macros.h"
 #include "src/server/call.h"
 #include "src/server/convert.h"
+#include "src/server/request_id.h"
 #include "src/server/sandboxd_client.h"
 #include "src/server/watch_service.h"
 
@@ -162,16 +163,32 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
   return r;
 }
 
+// Finishes a claim-method call now, counting and logging it.
+grpc::ServerUnaryReactor* FinishCall(grpc::CallbackServerContext* ctx, const CallRecord& record,
+                                     const absl::Status& status) {
+  record.Done(status);
+  return FinishNow(ctx, status);
+}
+
+std::string ClaimWhat(absl::string_view pool, absl::string_view id, absl::string_view id_kind) {
+  std::string what = absl::StrCat("pool \"", pool, "\"");
+  if (!id.empty()) absl::StrAppend(&what, " ", id_kind, " \"", id, "\"");
+  return what;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* ClaimService::Claim(grpc::CallbackServerContext* ctx,
                                               const v1::ClaimRequest* req,
                                               v1::ClaimResponse* resp) {
+  CallRecord record{counters_, CountedMethod::kClaim, RequestId(ctx),
+                    ClaimWhat(req->pool(), req->claim_id(), "claim")};
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, false, "Claim");
-  if (!caller.ok()) return FinishNow(ctx, caller.status());
+  if (!caller.ok()) return FinishCall(ctx, record, caller.status());
   absl::StatusOr<allocator::ClaimRequest> request = ToClaimRequest(*allocator_, *req, *caller);
-  if (!request.ok()) return FinishNow(ctx, request.status());
+  if (!request.ok()) return FinishCall(ctx, record, request.status());
   auto call = AsyncUnary<v1::ClaimResponse>::Create(ctx, resp);
+  call->set_on_finish([record = std::move(record)](const absl::Status& s) { record.Done(s); });
   auto reply = [call](const ClaimResult& result) {
     call->Complete(absl::OkStatus(), [&](v1::ClaimResponse* out) {
       ToProto(result.claim, out->mutable_claim());
@@ -205,11 +222,15 @@ grpc::ServerUnaryReactor* ClaimService::Claim(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* ctx,
                                                    const v1::ClaimBatchRequest* req,
                                                    v1::ClaimBatchResponse* resp) {
+  CallRecord record{counters_, CountedMethod::kClaimBatch, RequestId(ctx),
+                    ClaimWhat(req->pool(), req->batch_id(), "batch")};
+  absl::StrAppend(&record.what, " count ", req->count());
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, false, "ClaimBatch");
-  if (!caller.ok()) return FinishNow(ctx, caller.status());
+  if (!caller.ok()) return FinishCall(ctx, record, caller.status());
   absl::StatusOr<allocator::BatchRequest> request = ToBatchRequest(*allocator_, *req, *caller);
-  if (!request.ok()) return FinishNow(ctx, request.status());
+  if (!request.ok()) return FinishCall(ctx, record, request.status());
   auto call = AsyncUnary<v1::ClaimBatchResponse>::Create(ctx, resp);
+  call->set_on_finish([record = std::move(record)](const absl::Status& s) { record.Done(s); });
   auto reply = [call](const std::vector<ClaimResult>& results) {
     call->Complete(absl::OkStatus(), [&](v1::ClaimBatchResponse* out) {
       bool replayed = !results.empty();
@@ -246,18 +267,23 @@ grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* ClaimService::Release(grpc::CallbackServerContext* ctx,
                                                 const v1::ReleaseRequest* req,
                                                 v1::ReleaseResponse* resp) {
+  CallRecord record{counters_, CountedMethod::kRelease, RequestId(ctx),
+                    absl::StrCat("claim \"", req->claim_id(), "\"")};
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, false, "Release");
-  if (!caller.ok()) return FinishNow(ctx, caller.status());
-  if (absl::Status s = RequireClaimId(req->claim_id()); !s.ok()) return FinishNow(ctx, s);
+  if (!caller.ok()) return FinishCall(ctx, record, caller.status());
+  if (absl::Status s = RequireClaimId(req->claim_id()); !s.ok()) {
+    return FinishCall(ctx, record, s);
+  }
   // Release is idempotent on the wire (claims.proto): an ended claim is OK with its final
   // state, answered here without asking the allocator (which says FAILED_PRECONDITION).
   absl::StatusOr<store::ClaimRecord> before = allocator_->GetClaim(caller->tenant, req->claim_id());
-  if (!before.ok()) return FinishNow(ctx, before.status());
+  if (!before.ok()) return FinishCall(ctx, record, before.status());
   if (before->state != store::ClaimState::kActive) {
     ToProto(*before, resp->mutable_claim());
-    return FinishNow(ctx, absl::OkStatus());
+    return FinishCall(ctx, record, absl::OkStatus());
   }
   auto call = AsyncUnary<v1::ReleaseResponse>::Create(ctx, resp);
+  call->set_on_finish([record = std::move(record)](const absl::Status& s) { record.Done(s); });
   allocator_->Release(
       caller->tenant, req->claim_id(),
       [call, a = allocator_, owner = caller->tenant, id = req->claim_id()](absl::Status s) {

@@ -7,6 +7,9 @@
 // sandbox's daemon (sbx-sandboxd Configure) before the claim returns; if that fails the
 // claim is released and the call fails with the daemon's error.
 //
+// Claim, ClaimBatch and Release carry a request id (request_id.h) and are counted by
+// final status in RequestCounters.
+//
 // Thread-safety: handlers run concurrently on gRPC's threads.
 // Lifetime: the Allocator and Authenticator must outlive the service and every call in
 // flight (shut the gRPC server down before destroying them).
@@ -15,14 +18,17 @@
 #include "sbx/v1/claims.grpc.pb.h"
 #include "src/allocator/allocator.h"
 #include "src/server/auth.h"
+#include "src/server/metrics.h"
 #include "src/server/sandboxd_client.h"
 
 namespace sbx::server {
 
 class ClaimService final : public sbx::v1::ClaimService::CallbackService {
  public:
-  ClaimService(allocator::Allocator* allocator, const Authenticator* auth, SandboxdClients* daemons)
-      : allocator_(allocator), auth_(auth), daemons_(daemons) {}
+  // `counters` may be null (calls are then not counted).
+  ClaimService(allocator::Allocator* allocator, const Authenticator* auth, SandboxdClients* daemons,
+               RequestCounters* counters = nullptr)
+      : allocator_(allocator), auth_(auth), daemons_(daemons), counters_(counters) {}
 
   grpc::ServerUnaryReactor* Claim(grpc::CallbackServerContext* ctx, const v1::ClaimRequest* req,
                                   v1::ClaimResponse* resp) override;
@@ -46,6 +52,7 @@ class ClaimService final : public sbx::v1::ClaimService::CallbackService {
   allocator::Allocator* const allocator_;
   const Authenticator* const auth_;
   SandboxdClients* const daemons_;
+  RequestCounters* const counters_;
 };
 
 }  // namespace sbx::server

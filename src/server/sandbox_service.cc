@@ -202,7 +202,7 @@ absl::StatusOr<store::ClaimRecord> SandboxService::ActiveClaim(const Caller& cal
 class ExecCall final : public grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse> {
  public:
   ExecCall(SandboxService* service, grpc::CallbackServerContext* ctx)
-      : service_(service), ctx_(ctx) {
+      : service_(service), ctx_(ctx), started_(absl::Now()) {
     StartRead(&in_);
   }
 
@@ -246,6 +246,7 @@ class ExecCall final : public grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecR
 
   SandboxService* const service_;
   grpc::CallbackServerContext* const ctx_;
+  const absl::Time started_;  // for the exec duration metric
   v1::ExecRequest in_;
   v1::ExecResponse out_;
   // Set by Begin (on the first read, before any daemon callback); then constant.
@@ -423,6 +424,9 @@ void ExecCall::FinishWith(const absl::Status& status) {
     finished_ = true;
     defer = client_write_pending_;
     if (defer) deferred_finish_ = status;
+  }
+  if (service_->counters_ != nullptr) {
+    service_->counters_->CountExec(status.code(), absl::Now() - started_);
   }
   if (daemon_ != nullptr) {
     daemon_->ctx->TryCancel();  // a no-op once the daemon call has ended

@@ -24,6 +24,7 @@
 #include "sbx/v1/sandboxes.grpc.pb.h"
 #include "src/allocator/allocator.h"
 #include "src/server/auth.h"
+#include "src/server/metrics.h"
 #include "src/server/sandboxd_client.h"
 
 namespace sbx::server {
@@ -55,12 +56,15 @@ class ExecSlots {
 
 class SandboxService final : public sbx::v1::SandboxService::CallbackService {
  public:
+  // `counters` may be null (Exec calls are then not counted).
   SandboxService(allocator::Allocator* allocator, const Authenticator* auth,
-                 SandboxdClients* daemons, SandboxLimits limits)
+                 SandboxdClients* daemons, SandboxLimits limits,
+                 RequestCounters* counters = nullptr)
       : allocator_(allocator),
         auth_(auth),
         daemons_(daemons),
         limits_(limits),
+        counters_(counters),
         slots_(limits.max_concurrent_execs) {}
 
   grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* Exec(
@@ -91,6 +95,7 @@ class SandboxService final : public sbx::v1::SandboxService::CallbackService {
   const Authenticator* const auth_;
   SandboxdClients* const daemons_;
   const SandboxLimits limits_;
+  RequestCounters* const counters_;
   ExecSlots slots_;
 };
 

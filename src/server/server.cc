@@ -175,10 +175,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       spdlog::info("auth: {} tokens from \"{}\"", services->auth->size(), options.auth.tokens_file);
     }
     services->daemons = std::make_unique<SandboxdClients>();
-    services->services.push_back(std::make_unique<ClaimService>(
-        options.allocator, services->auth.get(), services->daemons.get()));
+    services->services.push_back(
+        std::make_unique<ClaimService>(options.allocator, services->auth.get(),
+                                       services->daemons.get(), options.request_counters));
     services->services.push_back(std::make_unique<SandboxService>(
-        options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits));
+        options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits,
+        options.request_counters));
     services->services.push_back(
         std::make_unique<AdminService>(options.allocator, services->auth.get()));
   } else {

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "src/server/auth.h"
+#include "src/server/metrics.h"
 #include "src/server/sandbox_service.h"
 
 namespace sbx::allocator {
@@ -41,6 +42,9 @@ struct ServerOptions {
   // Who may call ClaimService and AdminService. Checked (Validate) only with an allocator:
   // then exactly one of auth.tokens_file and auth.insecure_no_auth must be set.
   AuthOptions auth;
+  // Where ClaimService and SandboxService count their calls (metrics.h); not owned, must
+  // outlive the server. nullptr: not counted.
+  RequestCounters* request_counters = nullptr;
   // Limits of SandboxService (Exec output, concurrent Execs per sandbox).
   SandboxLimits sandbox_limits;
   // TLS: both set → the port serves TLS only (PEM files). With tls_client_ca_file too,

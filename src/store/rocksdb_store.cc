@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -315,6 +316,8 @@ class RocksDbStore final : public Store {
     s.commits = commits_.load(std::memory_order_relaxed);
     s.write_batches = write_batches_.load(std::memory_order_relaxed);
     s.syncs = syncs_.load(std::memory_order_relaxed);
+    s.write_seconds = write_seconds_.Snapshot();
+    s.group_commits = group_commits_.Snapshot();
     return s;
   }
 
@@ -384,11 +387,15 @@ class RocksDbStore final : public Store {
     absl::Status result;
     if (batch_.Count() > 0) {
       rocksdb::Status s;
+      const auto start = std::chrono::steady_clock::now();
       {
         // Shared: only keeps Close() from freeing the database during the write.
         absl::ReaderMutexLock lock(&db_mu_);
         s = db_->Write(write_options_, &batch_);
       }
+      write_seconds_.Observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      group_commits_.Observe(static_cast<double>(group.size()));
       write_batches_.fetch_add(1, std::memory_order_relaxed);
       if (write_options_.sync) syncs_.fetch_add(1, std::memory_order_relaxed);
       result = FromRocks(s, absl::StrCat("group write of ", group.size(), " commits to store at ",
@@ -430,6 +437,9 @@ class RocksDbStore final : public Store {
   std::atomic<uint64_t> commits_{0};
   std::atomic<uint64_t> write_batches_{0};
   std::atomic<uint64_t> syncs_{0};
+  // Observed by the committer only; read by Stats() (lock-free, see histogram.h).
+  AtomicHistogram write_seconds_{CommitLatencyBuckets()};
+  AtomicHistogram group_commits_{GroupSizeBuckets()};
 };
 
 // Classifies options.path. Sets *create when the database is to be created (the path is

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/common/histogram.h"
 #include "src/store/records.h"
 
 namespace sbx::store {
@@ -75,6 +76,10 @@ struct StoreStats {
   uint64_t commits = 0;        // Commit() calls completed
   uint64_t write_batches = 0;  // physical writes (one per group commit)
   uint64_t syncs = 0;          // fsyncs issued
+  // Per physical write (group commit): how long the write and its fsync took (seconds),
+  // and how many Commit() calls it carried. Empty (no bounds) for stores without groups.
+  HistogramSnapshot write_seconds;
+  HistogramSnapshot group_commits;
 };
 
 class Store {

@@ -172,7 +172,8 @@ async function startServer() {
   // sandboxes by this path in their command lines.
   tmpDir = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), 'sbx-node-client-')));
   const portFile = path.join(tmpDir, 'port');
-  const args = ['--listen=127.0.0.1:0', `--port_file=${portFile}`, ...extraServerFlags];
+  const args = ['--listen=127.0.0.1:0', '--metrics_listen=127.0.0.1:0', `--port_file=${portFile}`,
+    ...extraServerFlags];
   console.log(`starting ${serverPath} ${args.join(' ')}`);
   // cwd is the temp dir so that anything the server writes by default stays there. The
   // server leads its own process group so that clean-up can kill everything it started.

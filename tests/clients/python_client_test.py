@@ -179,7 +179,8 @@ class ServerProcess:
         self.port_file = os.path.join(work_dir, "port")
         self.log_path = os.path.join(work_dir, "server.log")
         # Absolute, because the server runs in work_dir.
-        self.args = [os.path.abspath(binary), "--listen=127.0.0.1:0", f"--port_file={self.port_file}",
+        self.args = [os.path.abspath(binary), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                     f"--port_file={self.port_file}",
                      *extra_flags]
         self._log = open(self.log_path, "wb")
         # cwd is the temp dir so that anything the server writes by default stays there.

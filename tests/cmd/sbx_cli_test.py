@@ -79,7 +79,7 @@ class Server:
             flags.append("--delete_sandboxes_on_exit")
         self.log = open(os.path.join(self.dir, "server.log"), "w")
         self.proc = subprocess.Popen(
-            [SERVER, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+            [SERVER, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", f"--port_file={port_file}",
              f"--data_dir={self.dir}/data", f"--sandbox_root={self.dir}/sb",
              f"--config={self.dir}/config.yaml", f"--auth_tokens_file={self.dir}/tokens",
              f"--runtime={runtime}", "--durability=buffered", "--shutdown_grace_seconds=2",

@@ -25,7 +25,8 @@ def start(args, cwd):
     port_file = os.path.join(cwd, "port")
     if os.path.exists(port_file):
         os.remove(port_file)
-    p = subprocess.Popen([SERVER, "--listen=127.0.0.1:0", f"--port_file={port_file}"] + args,
+    p = subprocess.Popen([SERVER, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                          f"--port_file={port_file}"] + args,
                          cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 20
     while time.time() < deadline and not os.path.exists(port_file):

@@ -148,7 +148,8 @@ class Cluster:
         log = open(log_path, "w")
         try:
             proc = subprocess.Popen(
-                [SBX_SERVER, "--listen", "127.0.0.1:0", "--data_dir", data, "--runtime", "none",
+                [SBX_SERVER, "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0",
+                 "--data_dir", data, "--runtime", "none",
                  "--kubeconfig", self.kubeconfig, "--log_level", "debug", *flags],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         except BaseException:

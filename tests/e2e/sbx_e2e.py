@@ -45,7 +45,7 @@ class Server:
         self.log = open(os.path.join(workdir, "server.log"), "a")
         auth = [f"--auth_tokens_file={auth_tokens}"] if auth_tokens else ["--insecure_no_auth"]
         self.proc = subprocess.Popen(
-            [binary, "--listen=127.0.0.1:0", f"--port_file={self.port_file}",
+            [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", f"--port_file={self.port_file}",
              f"--data_dir={workdir}/data", f"--sandbox_root={workdir}/sb", f"--config={config}",
              *auth, *extra],
             cwd=workdir, stdout=self.log, stderr=self.log)

@@ -107,7 +107,8 @@ class TlsTest(unittest.TestCase):
         ]
         for flags, message in cases:
             proc = subprocess.run(
-                [SERVER, "--listen=127.0.0.1:0", "--runtime=none", f"--data_dir={d}/data-bad",
+                [SERVER, "--listen=127.0.0.1:0", "--metrics_listen=off", "--runtime=none",
+                 f"--data_dir={d}/data-bad",
                  "--insecure_no_auth", *flags], capture_output=True, text=True, timeout=30)
             self.assertNotEqual(proc.returncode, 0, flags)
             self.assertIn(message, proc.stderr, flags)

@@ -52,7 +52,7 @@ class LoadgenTest(unittest.TestCase):
         port_file = os.path.join(cls.dir, "port")
         cls.log = open(os.path.join(cls.dir, "server.log"), "w+")
         cls.server = subprocess.Popen(
-            [SERVER, "--listen=127.0.0.1:0", f"--port_file={port_file}",
+            [SERVER, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", f"--port_file={port_file}",
              f"--data_dir={os.path.join(cls.dir, 'data')}", "--runtime=instant",
              f"--config={config}", "--refill_qps=100000"],
             cwd=cls.dir, stdout=cls.log, stderr=subprocess.STDOUT)

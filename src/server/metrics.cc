@@ -1,0 +1,361 @@
+#include "src/server/metrics.h"
+
+#include <cmath>
+#include <exception>
+#include <fstream>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "spdlog/spdlog.h"
+#include "src/allocator/allocator.h"
+#include "src/allocator/refill.h"
+#include "src/common/build_info.h"
+
+namespace sbx::server {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using Labels = std::vector<ClientMetric::Label>;
+
+constexpr int kCodes = 17;
+
+const char* PathName(int path) {
+  switch (static_cast<allocator::ClaimPath>(path)) {
+    case allocator::ClaimPath::kWarm:
+      return "warm";
+    case allocator::ClaimPath::kWait:
+      return "wait";
+    case allocator::ClaimPath::kCold:
+      return "cold";
+    case allocator::ClaimPath::kNone:
+      return "none";
+  }
+  return "none";
+}
+
+// The `result` label of a claim: ok, exhausted, timeout, or the status code in lower case.
+std::string ResultName(int code) {
+  switch (static_cast<absl::StatusCode>(code)) {
+    case absl::StatusCode::kOk:
+      return "ok";
+    case absl::StatusCode::kResourceExhausted:
+      return "exhausted";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "timeout";
+    default:
+      return absl::AsciiStrToLower(absl::StatusCodeToString(static_cast<absl::StatusCode>(code)));
+  }
+}
+
+std::string CodeName(int code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+const char* MethodName(int method) {
+  switch (static_cast<CountedMethod>(method)) {
+    case CountedMethod::kClaim:
+      return "Claim";
+    case CountedMethod::kClaimBatch:
+      return "ClaimBatch";
+    case CountedMethod::kRelease:
+      return "Release";
+  }
+  return "unknown";
+}
+
+MetricFamily Family(std::string name, std::string help, MetricType type) {
+  MetricFamily f;
+  f.name = std::move(name);
+  f.help = std::move(help);
+  f.type = type;
+  return f;
+}
+
+void AddValue(MetricFamily* f, Labels labels, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (f->type == MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  f->metric.push_back(std::move(m));
+}
+
+void AddHistogram(MetricFamily* f, Labels labels, const HistogramSnapshot& h) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < h.counts.size(); ++i) {
+    cumulative += h.counts[i];
+    ClientMetric::Bucket b;
+    b.cumulative_count = cumulative;
+    b.upper_bound = i < h.bounds.size() ? h.bounds[i] : std::numeric_limits<double>::infinity();
+    m.histogram.bucket.push_back(b);
+  }
+  m.histogram.sample_count = cumulative;
+  m.histogram.sample_sum = h.sum;
+  f->metric.push_back(std::move(m));
+}
+
+class ServerCollector final : public prometheus::Collectable {
+ public:
+  explicit ServerCollector(MetricsSources sources) : sources_(std::move(sources)) {}
+
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> out;
+    if (sources_.allocator != nullptr) CollectPools(&out);
+    if (sources_.refill != nullptr) CollectRefill(&out);
+    if (sources_.store) CollectStore(&out);
+    if (sources_.requests != nullptr) CollectRequests(&out);
+    return out;
+  }
+
+ private:
+  void CollectPools(std::vector<MetricFamily>* out) const {
+    auto claims = Family("sbx_claims_total",
+                         "Claims answered, by pool, result (ok, exhausted, timeout, or the error "
+                         "code) and launch_type (warm, wait, cold, none); a batch counts once per "
+                         "claim it asked for",
+                         MetricType::Counter);
+    auto latency = Family("sbx_claim_latency_seconds",
+                          "Time from a claim reaching the allocator until it was durable, of "
+                          "granted claims, by pool and launch_type",
+                          MetricType::Histogram);
+    auto ended =
+        Family("sbx_claims_ended_total",
+               "Claims ended, by pool and reason (released, expired, lost)", MetricType::Counter);
+    auto exhausted = Family("sbx_pool_exhausted_total",
+                            "Claims and batches that found no warm sandbox to take in the pool",
+                            MetricType::Counter);
+    auto warm =
+        Family("sbx_pool_warm_sandboxes", "Warm sandboxes ready to be claimed", MetricType::Gauge);
+    auto claimed =
+        Family("sbx_pool_claimed_sandboxes", "Sandboxes held by active claims", MetricType::Gauge);
+    auto starting =
+        Family("sbx_pool_starting_sandboxes",
+               "Sandboxes being created for the pool by the refill reconciler", MetricType::Gauge);
+    auto target = Family("sbx_pool_target_sandboxes",
+                         "Warm sandboxes the pool should have now (floor plus waiting claims, "
+                         "capped by the ceiling)",
+                         MetricType::Gauge);
+    auto waiting =
+        Family("sbx_pool_waiting_claims", "Claims queued for a sandbox (the wait queue's depth)",
+               MetricType::Gauge);
+    auto min_warm =
+        Family("sbx_pool_min_warm", "The pool's floor of warm sandboxes", MetricType::Gauge);
+    auto max_warm =
+        Family("sbx_pool_max_warm", "The pool's ceiling of warm sandboxes", MetricType::Gauge);
+
+    for (const store::PoolRecord& record : sources_.allocator->ListPools()) {
+      absl::StatusOr<allocator::PoolStatus> st = sources_.allocator->GetPoolStatus(record.name);
+      if (!st.ok()) continue;  // deleted since the list
+      const std::string& pool = record.name;
+      const allocator::PoolCountsSnapshot& c = st->counts;
+      for (int code = 0; code < kCodes; ++code) {
+        for (int path = 0; path < allocator::kClaimPaths; ++path) {
+          const uint64_t n = c.claims[code][path];
+          // ok/warm always, so that the series exists from the pool's creation.
+          if (n == 0 && !(code == 0 && path == 0)) continue;
+          AddValue(&claims,
+                   {{"pool", pool}, {"result", ResultName(code)}, {"launch_type", PathName(path)}},
+                   static_cast<double>(n));
+        }
+      }
+      for (int path = 0; path < allocator::kClaimPaths; ++path) {
+        if (path != 0 && c.latency[path].count() == 0) continue;
+        AddHistogram(&latency, {{"pool", pool}, {"launch_type", PathName(path)}}, c.latency[path]);
+      }
+      static constexpr const char* kReasons[] = {"released", "expired", "lost"};
+      for (int i = 0; i < 3; ++i) {
+        AddValue(&ended, {{"pool", pool}, {"reason", kReasons[i]}},
+                 static_cast<double>(c.ended[i]));
+      }
+      AddValue(&exhausted, {{"pool", pool}}, static_cast<double>(c.exhausted));
+      AddValue(&warm, {{"pool", pool}}, static_cast<double>(st->warm));
+      AddValue(&claimed, {{"pool", pool}}, static_cast<double>(st->claimed));
+      AddValue(&target, {{"pool", pool}}, static_cast<double>(st->target));
+      AddValue(&waiting, {{"pool", pool}}, static_cast<double>(st->waiting));
+      AddValue(&min_warm, {{"pool", pool}}, st->min_warm);
+      AddValue(&max_warm, {{"pool", pool}}, st->max_warm);
+      if (sources_.refill != nullptr) {
+        AddValue(&starting, {{"pool", pool}}, sources_.refill->creating(pool));
+      }
+    }
+    for (MetricFamily* f : {&claims, &latency, &ended, &exhausted, &warm, &claimed, &starting,
+                            &target, &waiting, &min_warm, &max_warm}) {
+      if (!f->metric.empty()) out->push_back(std::move(*f));
+    }
+  }
+
+  void CollectRefill(std::vector<MetricFamily>* out) const {
+    const allocator::RefillStats s = sources_.refill->stats();
+    auto add = [&](const char* name, const char* help, uint64_t v) {
+      auto f = Family(name, help, MetricType::Counter);
+      AddValue(&f, {}, static_cast<double>(v));
+      out->push_back(std::move(f));
+    };
+    add("sbx_refill_creates_started_total", "Sandbox creates the refill reconciler started",
+        s.creates_started);
+    add("sbx_refill_creates_succeeded_total", "Sandbox creates that succeeded",
+        s.creates_succeeded);
+    add("sbx_refill_creates_failed_total", "Sandbox creates that failed (retried with backoff)",
+        s.creates_failed);
+    add("sbx_refill_deletes_started_total", "Sandbox deletes (retired sandboxes) started",
+        s.deletes_started);
+    add("sbx_refill_deletes_failed_total", "Sandbox deletes that failed", s.deletes_failed);
+    auto pending = Family("sbx_refill_pending_deletes",
+                          "Retired sandboxes waiting for their delete", MetricType::Gauge);
+    AddValue(&pending, {}, static_cast<double>(sources_.refill->pending_deletes()));
+    out->push_back(std::move(pending));
+  }
+
+  void CollectStore(std::vector<MetricFamily>* out) const {
+    const StoreCounts s = sources_.store();
+    auto add = [&](const char* name, const char* help, uint64_t v) {
+      auto f = Family(name, help, MetricType::Counter);
+      AddValue(&f, {}, static_cast<double>(v));
+      out->push_back(std::move(f));
+    };
+    add("sbx_store_commits_total", "Store commits completed (each claim, release, ... is one)",
+        s.commits);
+    add("sbx_store_writes_total", "Physical store writes (one per group commit)", s.write_batches);
+    add("sbx_store_syncs_total", "fsyncs the store issued", s.syncs);
+    if (!s.write_seconds.bounds.empty()) {
+      auto f = Family("sbx_store_commit_duration_seconds",
+                      "Time of one group commit: the RocksDB write and its fsync",
+                      MetricType::Histogram);
+      AddHistogram(&f, {}, s.write_seconds);
+      out->push_back(std::move(f));
+    }
+    if (!s.group_commits.bounds.empty()) {
+      auto f = Family("sbx_store_commit_group_size", "Commits carried by one group commit",
+                      MetricType::Histogram);
+      AddHistogram(&f, {}, s.group_commits);
+      out->push_back(std::move(f));
+    }
+  }
+
+  void CollectRequests(std::vector<MetricFamily>* out) const {
+    const RequestCounters& r = *sources_.requests;
+    auto calls = Family("sbx_grpc_requests_total",
+                        "Calls of the claim methods by method and final gRPC status code",
+                        MetricType::Counter);
+    for (int m = 0; m < kCountedMethods; ++m) {
+      for (int code = 0; code < kCodes; ++code) {
+        const uint64_t n = r.calls(static_cast<CountedMethod>(m), code);
+        if (n == 0 && code != 0) continue;
+        AddValue(&calls, {{"method", MethodName(m)}, {"code", CodeName(code)}},
+                 static_cast<double>(n));
+      }
+    }
+    out->push_back(std::move(calls));
+    auto execs =
+        Family("sbx_execs_total", "Exec calls by final gRPC status code", MetricType::Counter);
+    for (int code = 0; code < kCodes; ++code) {
+      const uint64_t n = r.execs(code);
+      if (n == 0 && code != 0) continue;
+      AddValue(&execs, {{"code", CodeName(code)}}, static_cast<double>(n));
+    }
+    out->push_back(std::move(execs));
+    auto exec_seconds =
+        Family("sbx_exec_duration_seconds",
+               "Exec calls from their first message until their final status (the command's run "
+               "time plus set-up)",
+               MetricType::Histogram);
+    AddHistogram(&exec_seconds, {}, r.exec_seconds());
+    out->push_back(std::move(exec_seconds));
+  }
+
+  const MetricsSources sources_;
+};
+
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write port file \"", tmp, "\""));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename \"", tmp, "\" to \"", path, "\""));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MetricsOptions::Validate() const {
+  if (!enabled()) return absl::OkStatus();
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(absl::string_view(listen).substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics listen address \"", listen,
+                     "\" is not host:port with a port from 0 to 65535 (or \"off\")"));
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<prometheus::Collectable> NewServerCollector(MetricsSources sources) {
+  return std::make_shared<ServerCollector>(std::move(sources));
+}
+
+void RegisterBuildInfo(prometheus::Registry& registry) {
+  prometheus::BuildGauge()
+      .Name("sbx_build_info")
+      .Help("Always 1; the labels say which sbx-server build is running")
+      .Register(registry)
+      .Add({{"version", Version()}, {"commit", GitCommit()}})
+      .Set(1);
+}
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
+    const MetricsOptions& options, std::shared_ptr<prometheus::Registry> registry,
+    MetricsSources sources) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (!options.enabled()) {
+    return absl::InvalidArgumentError("metrics are off (--metrics_listen); nothing to start");
+  }
+  std::unique_ptr<MetricsEndpoint> endpoint(new MetricsEndpoint());
+  endpoint->registry_ = std::move(registry);
+  endpoint->collector_ = NewServerCollector(std::move(sources));
+  try {
+    // civetweb takes "host:port"; one worker thread is plenty for a scraper or two.
+    endpoint->exposer_ = std::make_unique<prometheus::Exposer>(options.listen, 1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on \"", options.listen,
+                                               "\" (address in use, or not local): ", e.what()));
+  }
+  endpoint->exposer_->RegisterCollectable(endpoint->registry_);
+  endpoint->exposer_->RegisterCollectable(endpoint->collector_);
+  const std::vector<int> ports = endpoint->exposer_->GetListeningPorts();
+  endpoint->port_ = ports.empty() ? 0 : ports.front();
+  if (!options.port_file.empty()) {
+    if (absl::Status s = WritePortFile(options.port_file, endpoint->port_); !s.ok()) return s;
+  }
+  spdlog::info("metrics: serving /metrics on port {} (listen \"{}\")", endpoint->port_,
+               options.listen);
+  return endpoint;
+}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  // Stop serving before the collector and registry go.
+  exposer_.reset();
+}
+
+}  // namespace sbx::server
