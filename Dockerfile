@@ -51,7 +51,7 @@ RUN apt-get update \
       ca-certificates libstdc++6 zlib1g libbz2-1.0 liblz4-1 libzstd1 libsnappy1v5 \
       libgflags2.2 libabsl20220623 libprotobuf32 libgrpc29 libgrpc++1.51 libc-ares2 \
       libre2-9 libssl3 libcpprest2.10 libbrotli1 libspdlog1.10 libfmt9 libyaml-cpp0.7 \
-      libprometheus-cpp-core1.0 libatomic1 \
+      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libatomic1 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 sbx \
  && useradd --uid 65532 --gid 65532 --home-dir /var/lib/sbx --no-create-home \

@@ -241,6 +241,11 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   const std::string hash = NameHash(name);
   const std::string spec_hash = TemplateSpecHash(sandbox_template);
   const bool recreate = Str(Field(Field(pool, "spec"), "updateStrategy"), "type") == "Recreate";
+  // The warm count first, then the tracked ids: a member that turns warm in between is
+  // counted once (as tracked), never as warm and unready both.
+  absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
+  if (!st.ok()) return absl::OkStatus();
+  int64_t warm_count = st->warm;
   absl::flat_hash_set<std::string> tracked;
   for (std::string& id : allocator_->ListSandboxIds()) tracked.insert(std::move(id));
 
@@ -267,9 +272,10 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
         o.propagation_policy = "Background";
         absl::Status s = client_->Delete(kSandboxes, options_.ns, id, o);
         if (!s.ok() && !absl::IsNotFound(s)) return s;
-      } else {
-        unready.push_back(member);  // a create that has not reported back yet
       }
+      // Younger: in passage (its create has not answered yet, or it has just become warm
+      // after the snapshot above). Not counted: counting it twice would delete a member
+      // the pool needs; missing it at most leaves a surplus for the next pass.
     }
   }
   auto newest_first = [](const ObjectPtr& a, const ObjectPtr& b) {
@@ -296,7 +302,9 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
         }
         if (list == &unready) {
           RETURN_IF_ERROR(delete_unready(m));
-        } else if (!allocator_->RetireWarm(Str(Field(*m, "metadata"), "name")).ok()) {
+        } else if (allocator_->RetireWarm(Str(Field(*m, "metadata"), "name")).ok()) {
+          --warm_count;
+        } else {
           keep.push_back(m);  // claimed meanwhile: it is the claim's now
         }
       }
@@ -304,9 +312,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
     }
   }
   // Scale-down: unready members first, then the newest warm ones.
-  absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
-  if (!st.ok()) return absl::OkStatus();
-  int64_t surplus = st->warm + static_cast<int64_t>(unready.size()) - Replicas(pool);
+  int64_t surplus = warm_count + static_cast<int64_t>(unready.size()) - Replicas(pool);
   for (const ObjectPtr& m : unready) {
     if (surplus <= 0) break;
     RETURN_IF_ERROR(delete_unready(m));
