@@ -17,6 +17,7 @@
 #include "src/k8s/json_fields.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/sandbox_objects.h"
+#include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 
@@ -277,11 +278,13 @@ absl::Status ClaimController::Start(allocator::Allocator* allocator) {
   }
   watcher_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "sbx-k8s-binder");
+    LowerThreadPriority();
     WatchLoop();
   });
   for (int i = 0; i < options_.workers; ++i) {
     workers_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "sbx-k8s-claims");
+      LowerThreadPriority();
       Worker();
     });
   }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 namespace {
@@ -35,7 +36,10 @@ Informer::~Informer() { Stop(); }
 void Informer::AddHandler(InformerHandler handler) { handlers_.push_back(std::move(handler)); }
 
 void Informer::Start() {
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    LowerThreadPriority();
+    Run();
+  });
 }
 
 void Informer::Stop() {

@@ -9,6 +9,7 @@
 #include "spdlog/spdlog.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
+#include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 namespace {
@@ -128,6 +129,7 @@ KubeRuntime::KubeRuntime(Client* client, WriteScheduler* writes, const Informer*
       options_(std::move(options)) {
   checker_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "sbx-k8s-ready");
+    LowerThreadPriority();
     absl::MutexLock lock(&mu_);
     while (!stopping_) {
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.check_interval);
@@ -334,6 +336,13 @@ void KubeRuntime::CheckTimeouts() {
 bool KubeRuntime::IsPending(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   return pending_.contains(name);
+}
+
+int64_t KubeRuntime::PendingIn(const std::string& pool) const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [name, p] : pending_) n += p.pool == pool;
+  return n;
 }
 
 size_t KubeRuntime::pending() const {

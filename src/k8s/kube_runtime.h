@@ -93,6 +93,8 @@ class KubeRuntime final : public runtime::Runtime {
   // Whether a create of Sandbox `name` is waiting for it to become Ready.
   bool IsPending(const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
   size_t pending() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Creates of `pool` waiting for their Sandbox to become Ready.
+  int64_t PendingIn(const std::string& pool) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Pending {

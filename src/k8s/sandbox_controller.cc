@@ -13,6 +13,7 @@
 #include "src/common/status_macros.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
+#include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 
@@ -181,7 +182,12 @@ absl::Status SandboxController::Start(absl::Duration sync_timeout) {
         nullptr);
     elector_->Start();
   }
-  for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { Worker(); });
+  for (int i = 0; i < options_.workers; ++i) {
+    workers_.emplace_back([this] {
+      LowerThreadPriority();
+      Worker();
+    });
+  }
   return absl::OkStatus();
 }
 

@@ -13,6 +13,7 @@
 #include "src/common/status_macros.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
+#include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 namespace {
@@ -32,6 +33,10 @@ absl::Status Wait(const std::function<void(allocator::StatusCallback)>& call) {
   done.WaitForNotification();
   return result;
 }
+
+// Work keys: "<pool>" is a full pass; "~<pool>" (after member changes) writes the status
+// and looks for a surplus only when the counts say there may be one.
+constexpr char kQuickPrefix[] = "~";
 
 bool Deleting(const Json& object) {
   return !Field(Field(object, "metadata"), "deletionTimestamp").is_null();
@@ -66,8 +71,15 @@ WarmPoolController::WarmPoolController(Client* client, Informer* sandboxes,
       templates_(client, NamespaceInformer(kSandboxTemplates, options_.ns)) {
   InformerHandler pool_handler;
   pool_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(Str(o->at("metadata"), "name")); };
-  pool_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
-    queue_.Add(Str(o->at("metadata"), "name"));
+  pool_handler.on_update = [this](const ObjectPtr& old, const ObjectPtr& o) {
+    // Our own status writes come back as updates: they need no full pass.
+    const Json& before = Field(*old, "metadata");
+    const Json& after = Field(*o, "metadata");
+    const bool changed = Field(before, "generation") != Field(after, "generation") ||
+                         Field(before, "deletionTimestamp") != Field(after, "deletionTimestamp") ||
+                         Field(before, "uid") != Field(after, "uid");
+    const std::string name = Str(after, "name");
+    queue_.Add(changed ? name : absl::StrCat(kQuickPrefix, name));
   };
   pool_handler.on_delete = pool_handler.on_add;
   pools_.AddHandler(std::move(pool_handler));
@@ -104,7 +116,8 @@ void WarmPoolController::EnqueueMember(const ObjectPtr& sandbox, absl::Duration 
   const Json& meta = Field(*sandbox, "metadata");
   if (Str(meta, "namespace") != options_.ns) return;
   const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
-  if (!pool.empty()) queue_.AddAfter(pool, delay);
+  // A member's change needs the pool's status and a surplus check, not a full pass.
+  if (!pool.empty()) queue_.AddAfter(absl::StrCat(kQuickPrefix, pool), delay);
 }
 
 absl::Status WarmPoolController::StartInformers(absl::Duration sync_timeout) {
@@ -131,6 +144,7 @@ void WarmPoolController::Start(allocator::Allocator* allocator, KubeRuntime* run
   for (int i = 0; i < options_.workers; ++i) {
     workers_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "sbx-k8s-pools");
+      LowerThreadPriority();
       Worker();
     });
   }
@@ -170,8 +184,19 @@ void WarmPoolController::Worker() {
   }
 }
 
-absl::Status WarmPoolController::Reconcile(const std::string& name) {
+absl::Status WarmPoolController::Reconcile(const std::string& key) {
   if (options_.is_leader && !options_.is_leader()) return absl::OkStatus();
+  if (key.rfind(kQuickPrefix, 0) == 0) {
+    const std::string name = key.substr(1);
+    ObjectPtr pool = pools_.Get(options_.ns, name);
+    absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
+    if (pool == nullptr || Deleting(*pool) || !st.ok()) return absl::OkStatus();
+    if (st->warm + runtime_->PendingIn(name) > Replicas(*pool)) {
+      queue_.Add(name);  // maybe a surplus: the full pass decides
+    }
+    return WriteStatus(*pool);
+  }
+  const std::string& name = key;
   ObjectPtr pool = pools_.Get(options_.ns, name);
   if (pool == nullptr || Deleting(*pool)) return RemovePool(name);
   if (absl::Status valid = ValidateName("SandboxWarmPool name", name); !valid.ok()) {
@@ -278,11 +303,21 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
       // the pool needs; missing it at most leaves a surplus for the next pass.
     }
   }
-  auto newest_first = [](const ObjectPtr& a, const ObjectPtr& b) {
-    return Created(*a) > Created(*b);
+  // Newest first (by creationTimestamp, then name), keys read once per member.
+  auto newest_first = [](std::vector<ObjectPtr>* members) {
+    std::vector<std::pair<std::string, ObjectPtr>> keyed;
+    keyed.reserve(members->size());
+    for (ObjectPtr& m : *members) {
+      keyed.emplace_back(absl::StrCat(Created(*m), " ", Str(Field(*m, "metadata"), "name")),
+                         std::move(m));
+    }
+    std::sort(keyed.begin(), keyed.end(),
+              [](const auto& a, const auto& b) { return a.first > b.first; });
+    members->clear();
+    for (auto& [key, m] : keyed) members->push_back(std::move(m));
   };
-  std::sort(unready.begin(), unready.end(), newest_first);
-  std::sort(warm.begin(), warm.end(), newest_first);
+  newest_first(&unready);
+  newest_first(&warm);
 
   auto delete_unready = [&](const ObjectPtr& member) -> absl::Status {
     DeleteOptions o;
@@ -329,12 +364,11 @@ absl::Status WarmPoolController::WriteStatus(const Json& pool) {
   const Json& meta = Field(pool, "metadata");
   const std::string name = Str(meta, "name");
   absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
-  int64_t members = 0;
-  for (const ObjectPtr& m : sandboxes_->ByLabel(kWarmPoolLabel, NameHash(name))) {
-    if (!Deleting(*m) && Str(Field(*m, "metadata"), "namespace") == options_.ns) ++members;
-  }
+  // Counts, not a scan of the members: ready ones are the allocator's warm sandboxes, the
+  // others the runtime's creates that wait for Ready.
   const int64_t ready = st.ok() ? st->warm : 0;
-  Json status = {{"replicas", std::max(members, ready)},
+  const int64_t members = ready + runtime_->PendingIn(name);
+  Json status = {{"replicas", members},
                  {"readyReplicas", ready},
                  {"selector", absl::StrCat(kWarmPoolLabel, "=", NameHash(name))}};
   if (Field(meta, "generation").is_number_integer()) {

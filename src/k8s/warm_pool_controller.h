@@ -64,8 +64,9 @@ class WarmPoolController {
   void Start(allocator::Allocator* allocator, KubeRuntime* runtime);
   void Stop();
 
-  // Reconciles pool `name` now (tests).
-  absl::Status Reconcile(const std::string& name);
+  // Reconciles pool `key` now: a pool name (a full pass), or "~" and a pool name (status,
+  // and a full pass only if the counts show a surplus).
+  absl::Status Reconcile(const std::string& key);
 
  private:
   void Worker();

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 
@@ -23,6 +24,7 @@ WriteScheduler::WriteScheduler(WriteSchedulerOptions options)
   for (int i = 0; i < options_.workers; ++i) {
     workers_.emplace_back([this] {
       pthread_setname_np(pthread_self(), "sbx-k8s-write");
+      LowerThreadPriority();
       Worker();
     });
   }
