@@ -88,6 +88,12 @@ def main():
     ap.add_argument("--claims", type=int, default=300)
     ap.add_argument("--grpc_requests", type=int, default=3000)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 unless every claim succeeded and a SandboxClaim took at most "
+                         "3 API writes (counts, never times: for the scaled-down ctest)")
+    ap.add_argument("--kube_workers", type=int, default=64,
+                    help="Sandbox controller workers (each waits on one request at a time)")
+    ap.add_argument("--write_workers", type=int, default=64, help="--kube_write_workers")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="k8s-pool-bench-")
@@ -129,8 +135,8 @@ def main():
         server = subprocess.Popen(
             [args.server, "--listen", "127.0.0.1:0", "--port_file", port_file, "--data_dir",
              os.path.join(work, "data"), "--runtime", "kubernetes", "--kubeconfig", kubeconfig,
-             "--kube_namespace", "default", "--kube_qps", "0", "--kube_workers", "64",
-             "--kube_write_workers", "64", "--kube_write_qps", "0", "--refill_qps", "100000",
+             "--kube_namespace", "default", "--kube_qps", "0", "--kube_workers", str(args.kube_workers),
+             "--kube_write_workers", str(args.write_workers), "--kube_write_qps", "0", "--refill_qps", "100000",
              "--refill_max_creating", "4000", "--metrics_listen", "off", "--log_level", "warn"],
             stdout=server_log, stderr=subprocess.STDOUT)
         procs.append(server)
@@ -282,6 +288,15 @@ def main():
                   "p99 %.0f us; %d failed; their SandboxClaims all Ready %.2f s after the last"
                   % (rate, n, r["p50"], r["p99"], r["max"], b["p50"], b["p99"],
                      grpc_result["result"]["failed"], grpc_result.get("sandboxclaims_bound_s", -1)))
+        if args.check:
+            problems = []
+            if grpc_result["result"]["failed"]:
+                problems.append("%d gRPC claims failed" % grpc_result["result"]["failed"])
+            if claims["claim_writes_per_claim"] > 3:
+                problems.append("%.2f writes per SandboxClaim" % claims["claim_writes_per_claim"])
+            if problems:
+                print("CHECK FAILED: " + "; ".join(problems))
+                return 1
         return 0
     finally:
         cleanup()

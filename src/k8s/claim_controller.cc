@@ -522,7 +522,10 @@ absl::Status ClaimController::CreateColdSandbox(const Json& claim, const Json& s
                   {"metadata",
                    {{"name", Str(meta, "name")},
                     {"namespace", options_.ns},
-                    {"labels", {{kClaimUidLabel, Str(meta, "uid")}, {kLaunchTypeLabel, "cold"}}},
+                    {"labels",
+                     {{kClaimUidLabel, Str(meta, "uid")},
+                      {kLaunchTypeLabel, "cold"},
+                      {"sbx.dev/template", Str(Field(sandbox_template, "metadata"), "name")}}},
                     {"ownerReferences", Json::array({ClaimRef(claim)})}}},
                   {"spec", std::move(sb_spec)}};
   absl::Status s;

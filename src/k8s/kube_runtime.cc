@@ -93,7 +93,8 @@ Json WarmMember(const Json& pool, const Json& sandbox_template) {
               {kTemplateRefHashLabel, NameHash(template_name)},
               {kLaunchTypeLabel, "warm"},
               {kSbxPoolLabel, pool_name},
-              {kSbxTemplateHashLabel, TemplateSpecHash(sandbox_template)}}},
+              {kSbxTemplateHashLabel, TemplateSpecHash(sandbox_template)},
+              {"sbx.dev/template", template_name}}},
             {"ownerReferences", Json::array({owner})}}},
           {"spec", std::move(spec)}};
 }

@@ -42,9 +42,31 @@ class SandboxControllerMetrics {
                       .Name("agent_sandbox_creation_latency_ms")
                       .Help("From a Sandbox's creationTimestamp until the controller first saw "
                             "it Ready, in milliseconds")
-                      .Register(*registry_)) {}
+                      .Register(*registry_)),
+        sandboxes_(prometheus::BuildGauge()
+                       .Name("agent_sandboxes")
+                       .Help("Sandbox objects by Ready condition, launch type and template")
+                       .Register(*registry_)) {}
 
   prometheus::Histogram& duration() { return duration_; }
+  // Counts `sandbox` in (+1) or out (-1) of agent_sandboxes.
+  void CountSandbox(const Json& sandbox, double delta) {
+    using json_fields::Field;
+    using json_fields::Str;
+    const Json& labels = Field(Field(sandbox, "metadata"), "labels");
+    std::string ready = "Unknown";
+    const Json& conditions = Field(Field(sandbox, "status"), "conditions");
+    if (conditions.is_array()) {
+      for (const Json& c : conditions) {
+        if (Str(c, "type") == "Ready") ready = Str(c, "status");
+      }
+    }
+    sandboxes_
+        .Add({{"ready_condition", ready},
+              {"launch_type", Str(labels, kLaunchTypeLabel)},
+              {"sandbox_template", Str(labels, "sbx.dev/template")}})
+        .Increment(delta);
+  }
   prometheus::Counter& errors() { return errors_; }
   prometheus::Gauge& depth() { return depth_; }
   void Created(const std::string& launch_type, double ms) {
@@ -61,6 +83,7 @@ class SandboxControllerMetrics {
   prometheus::Counter& errors_;
   prometheus::Gauge& depth_;
   prometheus::Family<prometheus::Histogram>& creation_;
+  prometheus::Family<prometheus::Gauge>& sandboxes_;
 };
 
 namespace {
@@ -122,11 +145,17 @@ SandboxController::SandboxController(Client* client, SandboxControllerOptions op
       services_(client, InformerFor(kServices, options_.ns, kNameHashLabel)),
       pvcs_(client, InformerFor(kPersistentVolumeClaims, options_.ns, kNameHashLabel)) {
   InformerHandler sandbox_handler;
-  sandbox_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(KeyOf(*o)); };
-  sandbox_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
+  sandbox_handler.on_add = [this](const ObjectPtr& o) {
+    metrics_->CountSandbox(*o, 1);
+    queue_.Add(KeyOf(*o));
+  };
+  sandbox_handler.on_update = [this](const ObjectPtr& old, const ObjectPtr& o) {
+    metrics_->CountSandbox(*old, -1);
+    metrics_->CountSandbox(*o, 1);
     queue_.Add(KeyOf(*o));
   };
   sandbox_handler.on_delete = [this](const ObjectPtr& o) {
+    metrics_->CountSandbox(*o, -1);
     absl::MutexLock lock(&seen_mu_);
     counted_ready_.erase(Str(Field(*o, "metadata"), "uid"));
   };

@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 import unittest
+import urllib.request
 
 import grpc
 
@@ -57,14 +58,24 @@ def claim(name, pool_name, **spec):
 class PoolCluster(base.Cluster):
     def start_pools(self, *flags):
         # One store for every server of the cluster: a restart finds its claims.
+        metrics_port_file = os.path.join(self.dir, "metrics-port-%d" % len(self.servers))
         server = self.start_server("--runtime", "kubernetes", "--kube_namespace", NS,
                                    "--refill_qps", "1000", "--data_dir",
-                                   os.path.join(self.dir, "store"), *flags)
+                                   os.path.join(self.dir, "store"), "--metrics_port_file",
+                                   metrics_port_file, *flags)
+        server["metrics_port_file"] = metrics_port_file
         self.wait_for(lambda: "sbx-server serving on port" in self.read_log(server) or
                       server["proc"].poll() is not None, 20, "gRPC to serve")
         if server["proc"].poll() is not None:
             raise AssertionError("sbx-server exited:\n" + self.read_log(server)[-3000:])
         return server
+
+    def metrics(self, server):
+        """The server's /metrics text."""
+        with open(server["metrics_port_file"]) as f:
+            port = int(f.read().strip())
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+            return r.read().decode()
 
     def grpc_port(self, server):
         for line in self.read_log(server).splitlines():
@@ -166,7 +177,7 @@ class PoolTest(unittest.TestCase):
 
     def test_02_kubectl_claim_adopts_a_warm_member(self):
         c = self.cluster()
-        c.start_pools()
+        server = c.start_pools()
         c.apply(template(), pool("py", 3))
         c.wait_pool("py", 3)
         before = {m["metadata"]["name"] for m in c.members("py")}
@@ -192,6 +203,14 @@ class PoolTest(unittest.TestCase):
         # patch asked for by additionalPodMetadata).
         self.assertEqual(stats.get("patch sandboxes", 0), 1, stats)
         self.assertEqual(stats.get("patch sandboxclaims/status", 0), 1, stats)
+        # The upstream-compatible metrics saw it.
+        text = c.metrics(server)
+        self.assertIn('agent_sandbox_claim_creation_total{launch_type="warm",namespace="default",'
+                      'warmpool_name="py"} 1', text)
+        self.assertIn('agent_sandbox_claim_startup_latency_ms_count{launch_type="warm",'
+                      'sandbox_template="python"} 1', text)
+        self.assertRegex(text, r'agent_sandboxes\{launch_type="warm",ready_condition="True",'
+                               r'sandbox_template="python"\} [1-9]')
         c.kubectl("delete", "sandboxclaim", "job-1")
         c.wait_for(lambda: c.sandbox(name) is None, 30, "the claim's Sandbox to go")
         self.assert_no_double_binding(c)

@@ -6,3 +6,13 @@ set_tests_properties(e2e.k8s_sandbox PROPERTIES TIMEOUT 300)
 # sbx serving SandboxWarmPools and SandboxClaims (--runtime kubernetes), with kubectl and grpcio.
 add_test(NAME e2e.k8s_pool COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_pool_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
 set_tests_properties(e2e.k8s_pool PROPERTIES TIMEOUT 600)
+
+# bench/k8s_pool_bench.py scaled down (300 members, 30 claims): it must run and count at
+# most 3 API writes per SandboxClaim; its timings are printed, never asserted.
+if(TARGET sbx-loadgen)
+  add_test(NAME bench.k8s_pool_smoke COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/bench/k8s_pool_bench.py
+           --server $<TARGET_FILE:sbx-server> --emulator $<TARGET_FILE:kube-emulator>
+           --loadgen $<TARGET_FILE:sbx-loadgen> --source ${PROJECT_SOURCE_DIR}
+           --members 300 --claims 30 --grpc_requests 100 --kube_workers 16 --write_workers 16 --check)
+  set_tests_properties(bench.k8s_pool_smoke PROPERTIES TIMEOUT 300)
+endif()
