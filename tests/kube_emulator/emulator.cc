@@ -1306,7 +1306,11 @@ void EmulatorImpl::CommitLocked(const std::string& store_key, const std::string&
     }
     return out;
   };
-  if (old_obj != nullptr) {
+  // The owner index changes only when the owners do (an owner with many dependents makes
+  // every scan of its entries long; status updates must not pay for it).
+  const bool same_owners =
+      old_obj != nullptr && type != "DELETED" && owner_uids(*old_obj) == owner_uids(o);
+  if (old_obj != nullptr && !same_owners) {
     std::string old_key = ObjKey(MetaStr(*old_obj, "namespace"), MetaStr(*old_obj, "name"));
     for (const std::string& ou : owner_uids(*old_obj)) {
       auto range = dependents_.equal_range(ou);
@@ -1318,7 +1322,7 @@ void EmulatorImpl::CommitLocked(const std::string& store_key, const std::string&
       }
     }
   }
-  if (type != "DELETED") {
+  if (type != "DELETED" && !same_owners) {
     for (const std::string& ou : owner_uids(o))
       dependents_.emplace(ou, std::make_pair(store_key, key));
   }
