@@ -37,6 +37,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "src/allocator/pool_counters.h"
 #include "src/allocator/reconciler.h"
@@ -112,6 +113,19 @@ struct BatchRequest {
 };
 using BatchCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<ClaimResult>>) &&>;
 using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+// Runs `call` (an allocator method given a StatusCallback) and blocks until its callback
+// has run; returns that status. For start-up code and controllers, never the claim path.
+inline absl::Status Wait(const std::function<void(StatusCallback)>& call) {
+  absl::Notification done;
+  absl::Status result;
+  call([&](absl::Status s) {
+    result = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
+}
 
 struct PoolStatus {
   std::string name;

@@ -48,17 +48,6 @@ class LocalSpecTranslator final : public runtime::Runtime {
   runtime::Runtime* const local_;
 };
 
-absl::Status Wait(const std::function<void(allocator::StatusCallback)>& call) {
-  absl::Notification done;
-  absl::Status result;
-  call([&](absl::Status s) {
-    result = std::move(s);
-    done.Notify();
-  });
-  done.WaitForNotification();
-  return result;
-}
-
 }  // namespace
 
 std::unique_ptr<runtime::Runtime> NewLocalSpecTranslator(runtime::Runtime* local) {
@@ -72,8 +61,8 @@ absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& alloc
       return absl::InvalidArgumentError(
           absl::StrCat("config: template \"", t.name(), "\": ", record.status().message()));
     }
-    absl::Status s =
-        Wait([&](allocator::StatusCallback cb) { allocator.PutTemplate(*record, std::move(cb)); });
+    absl::Status s = allocator::Wait(
+        [&](allocator::StatusCallback cb) { allocator.PutTemplate(*record, std::move(cb)); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("config: ", s.message()));
   }
   for (const sbx::v1::Pool& p : config.pools) {
@@ -82,8 +71,8 @@ absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& alloc
       return absl::InvalidArgumentError(
           absl::StrCat("config: pool \"", p.name(), "\": ", record.status().message()));
     }
-    absl::Status s =
-        Wait([&](allocator::StatusCallback cb) { allocator.PutPool(*record, std::move(cb)); });
+    absl::Status s = allocator::Wait(
+        [&](allocator::StatusCallback cb) { allocator.PutPool(*record, std::move(cb)); });
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("config: ", s.message()));
   }
   return absl::OkStatus();

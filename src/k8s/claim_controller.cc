@@ -1,10 +1,9 @@
 #include "src/k8s/claim_controller.h"
 
-#include <pthread.h>
-
 #include <cstdio>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
@@ -264,40 +263,26 @@ absl::Status ClaimController::Start(allocator::Allocator* allocator) {
   allocator::ClaimFilter mine;
   mine.owner = KubeClaimOwner(options_.ns);
   mine.limit = 0;
+  absl::flat_hash_set<std::string> present;
+  for (const ObjectPtr& claim : claims_.List())
+    present.insert(Str(Field(*claim, "metadata"), "uid"));
   for (const store::ClaimRecord& c : allocator->ListClaims(mine)) {
-    bool present = false;
-    for (const ObjectPtr& claim : claims_.List()) {
-      if (Str(Field(*claim, "metadata"), "uid") == c.id) present = true;
-    }
-    if (!present) allocator->Release(c.owner, c.id, [](absl::Status) {});
+    if (!present.contains(c.id)) allocator->Release(c.owner, c.id, [](absl::Status) {});
   }
   for (const ObjectPtr& claim : claims_.List()) {
     const Json& meta = Field(*claim, "metadata");
     const std::string owner = Str(Field(meta, "annotations"), kSbxOwnerAnnotation);
     if (owner.empty()) Enqueue(absl::StrCat("c/", Str(meta, "name")));
   }
-  watcher_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "sbx-k8s-binder");
-    LowerThreadPriority();
-    WatchLoop();
-  });
+  watcher_ = BackgroundThread("sbx-k8s-binder", [this] { WatchLoop(); });
   for (int i = 0; i < options_.workers; ++i) {
-    workers_.emplace_back([this] {
-      pthread_setname_np(pthread_self(), "sbx-k8s-claims");
-      LowerThreadPriority();
-      Worker();
-    });
+    workers_.push_back(BackgroundThread("sbx-k8s-claims", [this] { Worker(); }));
   }
-  resync_ = std::thread([this] {
-    while (!stopping_.load(std::memory_order_acquire)) {
-      for (int i = 0; i < 100 && !stopping_.load(std::memory_order_acquire); ++i) {
-        absl::SleepFor(options_.resync / 100);
-      }
-      for (const ObjectPtr& claim : claims_.List()) {
-        const Json& meta = Field(*claim, "metadata");
-        if (Str(Field(meta, "annotations"), kSbxOwnerAnnotation).empty()) {
-          Enqueue(absl::StrCat("c/", Str(meta, "name")));
-        }
+  resync_ = PeriodicThread("sbx-k8s-claimsy", &stopping_, options_.resync, [this] {
+    for (const ObjectPtr& claim : claims_.List()) {
+      const Json& meta = Field(*claim, "metadata");
+      if (Str(Field(meta, "annotations"), kSbxOwnerAnnotation).empty()) {
+        Enqueue(absl::StrCat("c/", Str(meta, "name")));
       }
     }
   });

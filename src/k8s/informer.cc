@@ -36,10 +36,7 @@ Informer::~Informer() { Stop(); }
 void Informer::AddHandler(InformerHandler handler) { handlers_.push_back(std::move(handler)); }
 
 void Informer::Start() {
-  thread_ = std::thread([this] {
-    LowerThreadPriority();
-    Run();
-  });
+  thread_ = BackgroundThread("sbx-k8s-inform", [this] { Run(); });
 }
 
 void Informer::Stop() {

@@ -1,7 +1,5 @@
 #include "src/k8s/kube_runtime.h"
 
-#include <pthread.h>
-
 #include <cstdio>
 #include <utility>
 
@@ -128,9 +126,7 @@ KubeRuntime::KubeRuntime(Client* client, WriteScheduler* writes, const Informer*
       pools_(pools),
       templates_(templates),
       options_(std::move(options)) {
-  checker_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "sbx-k8s-ready");
-    LowerThreadPriority();
+  checker_ = BackgroundThread("sbx-k8s-ready", [this] {
     absl::MutexLock lock(&mu_);
     while (!stopping_) {
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.check_interval);

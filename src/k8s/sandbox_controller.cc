@@ -212,10 +212,7 @@ absl::Status SandboxController::Start(absl::Duration sync_timeout) {
     elector_->Start();
   }
   for (int i = 0; i < options_.workers; ++i) {
-    workers_.emplace_back([this] {
-      LowerThreadPriority();
-      Worker();
-    });
+    workers_.push_back(BackgroundThread("sbx-k8s-sandbox", [this] { Worker(); }));
   }
   return absl::OkStatus();
 }

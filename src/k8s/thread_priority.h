@@ -3,9 +3,18 @@
 // writes and the HTTP client's I/O threads are background work that must not take CPU
 // from gRPC claims when the machine is busy (a claim's answer needs no API request).
 
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <thread>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace sbx::k8s {
 
@@ -16,6 +25,29 @@ inline constexpr int kBackgroundNice = 10;
 // afterwards inherit it. Best effort: a failure leaves the priority as it was.
 inline void LowerThreadPriority() {
   (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), kBackgroundNice);
+}
+
+// A thread named `name` (at most 15 characters) at background priority, running `body`.
+inline std::thread BackgroundThread(const char* name, std::function<void()> body) {
+  return std::thread([name, body = std::move(body)] {
+    pthread_setname_np(pthread_self(), name);
+    LowerThreadPriority();
+    body();
+  });
+}
+
+// A background thread that calls `pass` every `every` until `stopping` is set (looked at
+// a hundred times per period, so that a stop is quick).
+inline std::thread PeriodicThread(const char* name, const std::atomic<bool>* stopping,
+                                  absl::Duration every, std::function<void()> pass) {
+  return BackgroundThread(name, [stopping, every, pass = std::move(pass)] {
+    while (!stopping->load(std::memory_order_acquire)) {
+      for (int i = 0; i < 100 && !stopping->load(std::memory_order_acquire); ++i) {
+        absl::SleepFor(every / 100);
+      }
+      if (!stopping->load(std::memory_order_acquire)) pass();
+    }
+  });
 }
 
 }  // namespace sbx::k8s

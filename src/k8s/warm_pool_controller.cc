@@ -1,7 +1,5 @@
 #include "src/k8s/warm_pool_controller.h"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -21,18 +19,8 @@ namespace {
 using json_fields::Field;
 using json_fields::Str;
 
-// Runs an allocator call with a status callback and waits for it (controller workers
-// may wait: they are not on the claim path).
-absl::Status Wait(const std::function<void(allocator::StatusCallback)>& call) {
-  absl::Notification done;
-  absl::Status result;
-  call([&](absl::Status s) {
-    result = std::move(s);
-    done.Notify();
-  });
-  done.WaitForNotification();
-  return result;
-}
+// Controller workers may wait for the allocator: they are not on the claim path.
+using allocator::Wait;
 
 // Work keys: "<pool>" is a full pass; "~<pool>" (after member changes) writes the status
 // and looks for a surplus only when the counts say there may be one.
@@ -142,21 +130,10 @@ void WarmPoolController::Start(allocator::Allocator* allocator, KubeRuntime* run
   for (const store::PoolRecord& p : allocator_->ListPools()) queue_.Add(p.name);
   for (const ObjectPtr& pool : pools_.List()) queue_.Add(Str(Field(*pool, "metadata"), "name"));
   for (int i = 0; i < options_.workers; ++i) {
-    workers_.emplace_back([this] {
-      pthread_setname_np(pthread_self(), "sbx-k8s-pools");
-      LowerThreadPriority();
-      Worker();
-    });
+    workers_.push_back(BackgroundThread("sbx-k8s-pools", [this] { Worker(); }));
   }
-  resync_ = std::thread([this] {
-    while (!stopping_.load(std::memory_order_acquire)) {
-      for (int i = 0; i < 100 && !stopping_.load(std::memory_order_acquire); ++i) {
-        absl::SleepFor(options_.resync / 100);
-      }
-      for (const ObjectPtr& pool : pools_.List()) {
-        queue_.Add(Str(Field(*pool, "metadata"), "name"));
-      }
-    }
+  resync_ = PeriodicThread("sbx-k8s-poolsy", &stopping_, options_.resync, [this] {
+    for (const ObjectPtr& pool : pools_.List()) queue_.Add(Str(Field(*pool, "metadata"), "name"));
   });
 }
 

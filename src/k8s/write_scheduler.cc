@@ -1,7 +1,5 @@
 #include "src/k8s/write_scheduler.h"
 
-#include <pthread.h>
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,11 +20,7 @@ WriteScheduler::WriteScheduler(WriteSchedulerOptions options)
     : options_(std::move(options)), limiter_(options_.qps, options_.burst) {
   workers_.reserve(options_.workers);
   for (int i = 0; i < options_.workers; ++i) {
-    workers_.emplace_back([this] {
-      pthread_setname_np(pthread_self(), "sbx-k8s-write");
-      LowerThreadPriority();
-      Worker();
-    });
+    workers_.push_back(BackgroundThread("sbx-k8s-write", [this] { Worker(); }));
   }
 }
 
