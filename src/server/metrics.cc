@@ -62,18 +62,6 @@ std::string CodeName(int code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
-const char* MethodName(int method) {
-  switch (static_cast<CountedMethod>(method)) {
-    case CountedMethod::kClaim:
-      return "Claim";
-    case CountedMethod::kClaimBatch:
-      return "ClaimBatch";
-    case CountedMethod::kRelease:
-      return "Release";
-  }
-  return "unknown";
-}
-
 MetricFamily Family(std::string name, std::string help, MetricType type) {
   MetricFamily f;
   f.name = std::move(name);
@@ -256,7 +244,8 @@ class ServerCollector final : public prometheus::Collectable {
       for (int code = 0; code < kCodes; ++code) {
         const uint64_t n = r.calls(static_cast<CountedMethod>(m), code);
         if (n == 0 && code != 0) continue;
-        AddValue(&calls, {{"method", MethodName(m)}, {"code", CodeName(code)}},
+        AddValue(&calls,
+                 {{"method", MethodName(static_cast<CountedMethod>(m))}, {"code", CodeName(code)}},
                  static_cast<double>(n));
       }
     }
@@ -281,6 +270,8 @@ class ServerCollector final : public prometheus::Collectable {
   const MetricsSources sources_;
 };
 
+}  // namespace
+
 absl::Status WritePortFile(const std::string& path, int port) {
   const std::string tmp = absl::StrCat(path, ".tmp");
   {
@@ -295,7 +286,17 @@ absl::Status WritePortFile(const std::string& path, int port) {
   return absl::OkStatus();
 }
 
-}  // namespace
+const char* MethodName(CountedMethod m) {
+  switch (m) {
+    case CountedMethod::kClaim:
+      return "Claim";
+    case CountedMethod::kClaimBatch:
+      return "ClaimBatch";
+    case CountedMethod::kRelease:
+      return "Release";
+  }
+  return "call";
+}
 
 absl::Status MetricsOptions::Validate() const {
   if (!enabled()) return absl::OkStatus();

@@ -55,6 +55,12 @@ struct MetricsOptions {
 
 // The gRPC methods whose calls are counted by final status code.
 enum class CountedMethod : uint8_t { kClaim = 0, kClaimBatch = 1, kRelease = 2 };
+// "Claim", "ClaimBatch", "Release".
+const char* MethodName(CountedMethod m);
+
+// Writes `port` and a newline to `path` through a temporary file renamed over it, so a
+// reader never sees half a number. INTERNAL naming the file when it cannot.
+absl::Status WritePortFile(const std::string& path, int port);
 inline constexpr int kCountedMethods = 3;
 
 // Counters the services keep on their request paths: fixed arrays of relaxed atomics,

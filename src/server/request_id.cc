@@ -27,18 +27,6 @@ bool Sane(absl::string_view id) {
   return true;
 }
 
-const char* MethodName(CountedMethod m) {
-  switch (m) {
-    case CountedMethod::kClaim:
-      return "Claim";
-    case CountedMethod::kClaimBatch:
-      return "ClaimBatch";
-    case CountedMethod::kRelease:
-      return "Release";
-  }
-  return "call";
-}
-
 }  // namespace
 
 std::string NewRequestId() {

@@ -24,20 +24,6 @@
 namespace sbx::server {
 namespace {
 
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = absl::StrCat(path, ".tmp");
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    out.close();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write port file \"", tmp, "\""));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename \"", tmp, "\" to \"", path, "\""));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::string> ReadPem(const char* what, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -64,14 +64,14 @@ class MetricsTest : public ::testing::Test {
     store::TemplateRecord t;
     t.name = "t";
     t.runtime = "local";
-    ASSERT_TRUE(Wait([&](auto cb) { allocator_->PutTemplate(t, std::move(cb)); }).ok());
+    ASSERT_TRUE(allocator::Wait([&](auto cb) { allocator_->PutTemplate(t, std::move(cb)); }).ok());
     store::PoolRecord p;
     p.name = "p";
     p.template_name = "t";
     p.min_warm = 3;
     p.max_warm = 3;
     p.empty_pool_policy = store::EmptyPoolPolicy::kFail;
-    ASSERT_TRUE(Wait([&](auto cb) { allocator_->PutPool(p, std::move(cb)); }).ok());
+    ASSERT_TRUE(allocator::Wait([&](auto cb) { allocator_->PutPool(p, std::move(cb)); }).ok());
     for (int i = 0; i < 3; ++i) {
       runtime::SandboxInfo info;
       info.id = absl::StrCat("sb", i);
@@ -79,17 +79,6 @@ class MetricsTest : public ::testing::Test {
       info.endpoint = "unix:/tmp/none";
       ASSERT_TRUE(allocator_->AddSandbox(info).ok());
     }
-  }
-
-  static absl::Status Wait(const std::function<void(allocator::StatusCallback)>& call) {
-    absl::Notification done;
-    absl::Status result;
-    call([&](absl::Status s) {
-      result = std::move(s);
-      done.Notify();
-    });
-    done.WaitForNotification();
-    return result;
   }
 
   absl::StatusOr<allocator::ClaimResult> Claim(const std::string& id) {
@@ -135,7 +124,8 @@ TEST_F(MetricsTest, PoolFamiliesFollowTheAllocator) {
   ASSERT_TRUE(Claim("c3").ok());
   absl::StatusOr<allocator::ClaimResult> none = Claim("c4");  // FAIL policy, pool empty
   ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(Wait([&](auto cb) { allocator_->Release("alice", "c1", std::move(cb)); }).ok());
+  ASSERT_TRUE(
+      allocator::Wait([&](auto cb) { allocator_->Release("alice", "c1", std::move(cb)); }).ok());
   requests.CountCall(CountedMethod::kClaim, absl::StatusCode::kOk);
   requests.CountCall(CountedMethod::kClaim, absl::StatusCode::kResourceExhausted);
   requests.CountExec(absl::StatusCode::kOk, absl::Milliseconds(3));
