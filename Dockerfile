@@ -40,7 +40,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/sbx-sandboxd /usr/local/bin/sbx-sandboxd
 USER 65532:65532
+# In a pod: serve on the container port named sbx-sandboxd (docs/kubernetes.md).
 ENTRYPOINT ["/usr/local/bin/sbx-sandboxd"]
+CMD ["--listen=0.0.0.0:7070", "--workspace=/tmp"]
 
 # ---------------------------------------------------------------------------- server
 FROM debian:12-slim AS server

@@ -3,10 +3,12 @@
 
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "src/common/build_info.h"
@@ -50,9 +52,14 @@ int main(int argc, char** argv) {
   CLI::App app{"sbx-sandboxd: the daemon inside an sbx sandbox (exec, files, health over gRPC)"};
   app.set_version_flag("--version",
                        std::string(sbx::Version()) + " (" + std::string(sbx::GitCommit()) + ")");
-  app.add_option("--socket", options.socket_path,
-                 "unix socket to serve on (a stale socket file is removed)")
-      ->required();
+  std::string port_file;
+  auto* socket = app.add_option("--socket", options.socket_path,
+                                "unix socket to serve on (a stale socket file is removed)");
+  auto* listen = app.add_option("--listen", options.listen,
+                                "or TCP host:port to serve on, e.g. 0.0.0.0:7070 in a pod (plain "
+                                "text, no auth: admit only sbx-server to it)");
+  socket->excludes(listen);
+  app.add_option("--port_file", port_file, "with --listen: write the bound port to this file");
   app.add_option("--workspace", options.workspace,
                  "workspace directory (must exist); commands and file paths are relative to it")
       ->required()
@@ -85,6 +92,16 @@ int main(int argc, char** argv) {
   spdlog::info("sbx-sandboxd {} ({}) starting", sbx::Version(), sbx::GitCommit());
   auto daemon = sbx::sandboxd::Daemon::Start(options);
   if (!daemon.ok()) return Fail(daemon.status());
+  if (!port_file.empty()) {
+    // Written whole under another name, then renamed: a reader never sees half a number.
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream out(tmp, std::ios::trunc);
+    out << (*daemon)->port() << "\n";
+    out.close();
+    if (!out || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      return Fail(absl::InternalError("cannot write port file \"" + port_file + "\""));
+    }
+  }
 
   int signal = 0;
   sigwait(&stop_signals, &signal);

@@ -29,10 +29,11 @@ constexpr int kMessageSlackBytes = 1 << 20;
 
 class DaemonImpl final : public Daemon {
  public:
-  DaemonImpl(std::string socket_path, std::unique_ptr<Workspace> workspace,
+  DaemonImpl(std::string socket_path, int port, std::unique_ptr<Workspace> workspace,
              std::unique_ptr<ExecManager> execs, std::unique_ptr<SandboxdService> service,
              std::unique_ptr<grpc::Server> server)
       : socket_path_(std::move(socket_path)),
+        port_(port),
         workspace_(std::move(workspace)),
         execs_(std::move(execs)),
         service_(std::move(service)),
@@ -51,16 +52,18 @@ class DaemonImpl final : public Daemon {
     server_->Wait();
     execs_->JoinAll();
     struct stat st;
-    if (::lstat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    if (!socket_path_.empty() && ::lstat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
       ::unlink(socket_path_.c_str());
     }
   }
 
   int running_execs() const override { return execs_->running(); }
   bool uses_openat2() const override { return workspace_->uses_openat2(); }
+  int port() const override { return port_; }
 
  private:
   const std::string socket_path_;
+  const int port_;
   // Destroyed in reverse order: the server first (no more calls), then the service, then
   // the exec manager (joins runner threads), then the workspace.
   std::unique_ptr<Workspace> workspace_;
@@ -87,7 +90,12 @@ void EnsureStandardDescriptors() {
 }  // namespace
 
 absl::Status DaemonOptions::Validate() const {
-  if (socket_path.empty()) return absl::InvalidArgumentError("socket_path is required");
+  if (socket_path.empty() == listen.empty()) {
+    return absl::InvalidArgumentError("exactly one of socket_path and listen is required");
+  }
+  if (!listen.empty() && listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("listen \"", listen, "\" is not host:port"));
+  }
   if (socket_path.size() > kMaxSocketPathBytes) {
     return absl::InvalidArgumentError(absl::StrCat("socket_path \"", socket_path, "\" is ",
                                                    socket_path.size(), " bytes long; the limit is ",
@@ -124,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (!workspace.ok()) return workspace.status();
 
   struct stat st;
-  if (::lstat(options.socket_path.c_str(), &st) == 0) {
+  if (!options.socket_path.empty() && ::lstat(options.socket_path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "socket_path \"", options.socket_path, "\" exists and is not a socket; not removing it"));
@@ -146,22 +154,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", options.socket_path),
-                           grpc::InsecureServerCredentials());
+  int port = 0;
+  const std::string address =
+      options.listen.empty() ? absl::StrCat("unix:", options.socket_path) : options.listen;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           options.listen.empty() ? nullptr : &port);
   const int message_limit = static_cast<int>(options.max_file_bytes) + kMessageSlackBytes;
   builder.SetMaxReceiveMessageSize(message_limit);
   builder.SetMaxSendMessageSize(message_limit);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on unix socket \"", options.socket_path, "\""));
+  if (server == nullptr || (!options.listen.empty() && port == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on \"", address, "\""));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
-  spdlog::info("sandboxd serving on unix:{} (workspace \"{}\", paths confined with {})",
-               options.socket_path, options.workspace,
+  spdlog::info("sandboxd serving on {}{} (workspace \"{}\", paths confined with {})", address,
+               port != 0 ? absl::StrCat(" (port ", port, ")") : std::string(), options.workspace,
                (*workspace)->uses_openat2() ? "openat2(RESOLVE_BENEATH)" : "an O_NOFOLLOW walk");
-  return std::unique_ptr<Daemon>(new DaemonImpl(options.socket_path, std::move(*workspace),
+  return std::unique_ptr<Daemon>(new DaemonImpl(options.socket_path, port, std::move(*workspace),
                                                 std::move(execs), std::move(service),
                                                 std::move(server)));
 }

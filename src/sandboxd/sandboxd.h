@@ -27,9 +27,13 @@
 namespace sbx::sandboxd {
 
 struct DaemonOptions {
-  // Unix socket to serve on. Required; at most 107 bytes. A stale socket file there is
-  // removed first; any other kind of file there is an error.
+  // Unix socket to serve on (the local runtime); at most 107 bytes. A stale socket file
+  // there is removed first; any other kind of file there is an error.
   std::string socket_path;
+  // Or TCP "host:port" to serve on (in a pod, where sbx-server reaches it at podIP:port;
+  // port 0 picks one, see Daemon::port). Exactly one of socket_path and listen is given.
+  // Plaintext and unauthenticated: the pod's network policy must admit only sbx-server.
+  std::string listen;
   // The workspace directory: commands start there and every file path is relative to
   // it. Required; must exist.
   std::string workspace;
@@ -74,6 +78,9 @@ class Daemon {
 
   // True when paths are confined with openat2 (false: the component walk).
   virtual bool uses_openat2() const = 0;
+
+  // The TCP port served (with DaemonOptions::listen), 0 on a unix socket.
+  virtual int port() const = 0;
 };
 
 }  // namespace sbx::sandboxd

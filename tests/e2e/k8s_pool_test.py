@@ -9,6 +9,7 @@ Usage: python3 k8s_pool_test.py SBX_SERVER KUBE_EMULATOR PROJECT_SOURCE_DIR
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import unittest
@@ -339,6 +340,49 @@ class PoolTest(unittest.TestCase):
         # 20 members + 8 claimed; anything beyond is surplus, which must stay bounded.
         self.assertLessEqual(total, 28 + 4, "surplus of %d Sandboxes" % (total - 28))
         self.assert_no_double_binding(c)
+
+    def test_07_exec_and_files_through_sandboxd_in_the_pod(self):
+        """A template whose pod runs sbx-sandboxd on a container port named sbx-sandboxd:
+        the claim's endpoint is podIP:port and exec and files go through that daemon (here
+        every pod's IP is 127.0.0.1 and one real sbx-sandboxd listens there)."""
+        from sbx.v1 import sandboxes_pb2, sandboxes_pb2_grpc
+        sandboxd = os.path.join(os.path.dirname(base.SBX_SERVER), "sbx-sandboxd")
+        c = self.cluster("--pod_ip", "127.0.0.1")
+        work = os.path.join(c.dir, "workspace")
+        os.makedirs(work)
+        port_file = os.path.join(c.dir, "sandboxd-port")
+        log = open(os.path.join(c.dir, "sandboxd.log"), "w")
+        daemon = subprocess.Popen([sandboxd, "--listen", "127.0.0.1:0", "--port_file", port_file,
+                                   "--workspace", work], stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(log.close)
+        self.addCleanup(base.proc_stop, daemon)
+        c.wait_for(lambda: os.path.exists(port_file) or daemon.poll() is not None, 20,
+                   "sbx-sandboxd to listen")
+        with open(port_file) as f:
+            port = int(f.read().strip())
+        server = c.start_pools()
+        t = template()
+        t["spec"]["podTemplate"]["spec"]["containers"][0]["ports"] = [
+            {"name": "sbx-sandboxd", "containerPort": port}]
+        c.apply(t, pool("py", 1))
+        c.wait_pool("py", 1)
+        pb, stub = self.grpc_stubs(c, server)
+        resp = stub.Claim(pb.ClaimRequest(pool="py", claim_id="exec-1"), timeout=10)
+        self.assertEqual(resp.claim.sandbox.endpoint, "127.0.0.1:%d" % port)
+        channel = grpc.insecure_channel("127.0.0.1:%d" % c.grpc_port(server))
+        self.addCleanup(channel.close)
+        sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(channel)
+        start = sandboxes_pb2.ExecStart(claim_id="exec-1",
+                                        argv=["/bin/sh", "-c", "echo hello > f.txt; cat f.txt"])
+        out, code = b"", None
+        for r in sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]), timeout=20):
+            if r.HasField("stdout_chunk"):
+                out += r.stdout_chunk
+            if r.HasField("exit"):
+                code = r.exit.exit_code
+        self.assertEqual((out, code), (b"hello\n", 0))
+        with open(os.path.join(work, "f.txt")) as f:
+            self.assertEqual(f.read(), "hello\n")
 
 
 if __name__ == "__main__":

@@ -2063,7 +2063,9 @@ void EmulatorImpl::StartPod(std::string key, std::string uid) {
     (void)absl::SimpleAtoi(node.substr(9), &node_index);
   }
   uint64_t n = ++pod_ip_counter_;
-  std::string ip = absl::StrCat("10.", 244 + (n >> 16) % 10, ".", (n >> 8) & 0xff, ".", n & 0xff);
+  std::string ip = !options_.pod_ip.empty() ? options_.pod_ip
+                                            : absl::StrCat("10.", 244 + (n >> 16) % 10, ".",
+                                                           (n >> 8) & 0xff, ".", n & 0xff);
   std::string host_ip = absl::StrCat("172.18.0.", node_index + 1);
   std::string now = Now();
   json& st = next["status"];

@@ -29,9 +29,12 @@ struct EmulatorOptions {
   int bookmark_interval_ms = 1000;    // for allowWatchBookmarks=true
   int64_t watch_history = 100000;     // events kept for watch resume
   int pod_ready_delay_ms = 50;        // scheduled -> Running/Ready
-  int nodes = 3;                      // fake nodes pods are bound to
-  uint64_t seed = 0;                  // 0 = random
-  std::string token_file;             // bearer token file; empty = no auth
+  // Every pod's IP when set (tests that reach a daemon "in the pod" on loopback);
+  // otherwise 10.244.x.y, one per pod.
+  std::string pod_ip;
+  int nodes = 3;           // fake nodes pods are bound to
+  uint64_t seed = 0;       // 0 = random
+  std::string token_file;  // bearer token file; empty = no auth
 
   // INVALID_ARGUMENT naming the bad knob.
   absl::Status Validate() const;

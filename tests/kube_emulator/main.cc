@@ -2,7 +2,7 @@
 // Usage: kube-emulator [--listen HOST:PORT] [--tls_cert_file F --tls_key_file F]
 //   [--token_file F] [--latency_ms N] [--error_rate CODE=FRACTION]...
 //   [--retry_after_seconds N] [--qps_limit N] [--watch_drop_rate F]
-//   [--bookmark_interval_ms N] [--watch_history N] [--pod_ready_delay_ms N]
+//   [--bookmark_interval_ms N] [--watch_history N] [--pod_ready_delay_ms N] [--pod_ip IP]
 //   [--nodes N] [--seed N]
 #include <signal.h>
 #include <unistd.h>
@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
       options.watch_history = ParseNumber<int64_t>(name, value);
     } else if (name == "pod_ready_delay_ms") {
       options.pod_ready_delay_ms = ParseNumber<int>(name, value);
+    } else if (name == "pod_ip") {
+      options.pod_ip = value;
     } else if (name == "nodes") {
       options.nodes = ParseNumber<int>(name, value);
     } else if (name == "seed") {
