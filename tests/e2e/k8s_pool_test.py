@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 import urllib.request
@@ -282,14 +283,31 @@ class PoolTest(unittest.TestCase):
         c.apply(template(), pool("py", 30))
         c.wait_pool("py", 30)
         pb, stub = self.grpc_stubs(c, server)
+        # A storm: four clients claim as fast as they can while kubectl claims arrive; the
+        # server is killed in the middle of it.
         acked = {}
-        for i in range(12):
-            r = stub.Claim(pb.ClaimRequest(pool="py", claim_id="storm-%d" % i), timeout=10)
-            acked["storm-%d" % i] = r.claim.sandbox.id
+        lock = threading.Lock()
+
+        def client(t):
+            for i in range(100):
+                cid = "storm-%d-%d" % (t, i)
+                try:
+                    r = stub.Claim(pb.ClaimRequest(pool="py", claim_id=cid), timeout=10)
+                except grpc.RpcError:
+                    return  # the server is gone (or the pool empty): the storm is over
+                with lock:
+                    acked[cid] = r.claim.sandbox.id
+                time.sleep(0.02)  # paced, so that the kill lands in the middle of the storm
+        threads = [threading.Thread(target=client, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
         c.apply(*[claim("k-%d" % i, "py") for i in range(6)])
+        c.wait_for(lambda: len(acked) >= 12, 30, "12 acknowledged gRPC claims")
         server["proc"].send_signal(signal.SIGKILL)
         server["proc"].wait()
-        note("killed sbx-server with %d gRPC claims acknowledged", len(acked))
+        for th in threads:
+            th.join()
+        note("killed sbx-server during the storm with %d gRPC claims acknowledged", len(acked))
         server2 = c.start_pools()
         pb, stub = self.grpc_stubs(c, server2)
         for cid, sandbox in acked.items():
@@ -297,6 +315,9 @@ class PoolTest(unittest.TestCase):
             self.assertEqual(got.sandbox.id, sandbox, cid)
             from sbx.v1 import types_pb2
             self.assertEqual(types_pb2.ClaimState.Name(got.state), "CLAIM_STATE_ACTIVE", cid)
+        # Claims whose answer the kill cut off may exist too; all of them count.
+        active = len(stub.ListClaims(pb.ListClaimsRequest(), timeout=10).claims)
+        self.assertGreaterEqual(active, len(acked))
         for i in range(6):
             c.kubectl("wait", "sandboxclaim/k-%d" % i, "--for=condition=Ready", "--timeout=60s")
 
@@ -313,9 +334,9 @@ class PoolTest(unittest.TestCase):
 
         def converged():
             ready = [o for o in c.claims() if base.is_ready(o)]
-            return len(ready) == 18 and len(c.members("py")) == 30 and not orphans()
+            return len(ready) == active + 6 and len(c.members("py")) == 30 and not orphans()
         # Creates cut short by the kill are swept after the orphan grace period (30 s).
-        c.wait_for(converged, 120, "18 Ready claims, a full pool and no orphans after the restart",
+        c.wait_for(converged, 120, "every claim Ready, a full pool and no orphans after the restart",
                    state=lambda: {"ready": sorted(o["metadata"]["name"] for o in c.claims()
                                                   if base.is_ready(o)),
                                   "members": len(c.members("py")),
