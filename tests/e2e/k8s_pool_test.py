@@ -405,6 +405,23 @@ class PoolTest(unittest.TestCase):
         with open(os.path.join(work, "f.txt")) as f:
             self.assertEqual(f.read(), "hello\n")
 
+    def test_08_members_that_never_become_ready_are_replaced(self):
+        c = self.cluster()
+        c.start_pools("--kube_ready_timeout_seconds", "1")
+        # Pods take 8 s to become Ready: longer than the 1 s the pool waits for a member.
+        code, _ = c.http("POST", "/emulator/kubelet", {"ready_delay_ms": 8000})
+        self.assertEqual(code, 200)
+        c.http("POST", "/emulator/stats/reset")
+        c.apply(template(), pool("py", 3))
+        c.wait_for(lambda: c.request_count("delete sandboxes") >= 3, 30,
+                   "the members that did not become Ready to be deleted")
+        self.assertEqual((c.swp("py").get("status") or {}).get("readyReplicas", 0), 0)
+        c.http("POST", "/emulator/kubelet", {"ready_delay_ms": 50})
+        c.wait_pool("py", 3)
+        # The replacements did not leave extra members behind.
+        time.sleep(1.5)
+        self.assertEqual(len(c.members("py")), 3)
+
 
 if __name__ == "__main__":
     base.SBX_SERVER, base.KUBE_EMULATOR, base.SOURCE_DIR = sys.argv[1:4]
