@@ -572,7 +572,10 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
   const char* launch_type = "warm";
   absl::StatusOr<store::ClaimRecord> have = allocator->GetClaim(owner, uid);
   if (have.ok()) {
-    if (have->state != store::ClaimState::kActive) {
+    // An ended allocator claim (its sandbox died or finished) still shows what its Sandbox
+    // says while that exists (Finished, and ttlSecondsAfterFinished runs from it).
+    if (have->state != store::ClaimState::kActive &&
+        sandboxes_->Get(options_.ns, have->sandbox_id) == nullptr) {
       return NotReady(claim, "SandboxMissing",
                       absl::StrCat("sandbox \"", have->sandbox_id, "\" is gone"));
     }

@@ -422,6 +422,26 @@ class PoolTest(unittest.TestCase):
         time.sleep(1.5)
         self.assertEqual(len(c.members("py")), 3)
 
+    def test_09_finished_sandbox_and_ttl_after_finished(self):
+        c = self.cluster()
+        c.start_pools()
+        c.apply(template(), pool("py", 1))
+        c.wait_pool("py", 1)
+        c.apply(claim("done-1", "py", lifecycle={"ttlSecondsAfterFinished": 1}))
+        c.wait_ready("done-1", 30)
+        name = c.claim_obj("done-1")["status"]["sandbox"]["name"]
+        code, out = c.http("POST", "/emulator/pods/fail",
+                           {"namespace": NS, "name": name, "reason": "Error"})
+        self.assertEqual(code, 200, out)
+        # The claim mirrors Finished, then goes 1 s after it (and its Sandbox with it).
+        c.wait_for(lambda: c.claim_obj("done-1") is None or
+                   base.cond_is(c.claim_obj("done-1"), "Finished", "True"), 30,
+                   "the claim to show Finished")
+        c.wait_for(lambda: c.claim_obj("done-1") is None, 30,
+                   "the claim to be deleted after ttlSecondsAfterFinished")
+        c.wait_for(lambda: c.sandbox(name) is None, 30, "its Sandbox to go")
+        c.wait_pool("py", 1)
+
 
 if __name__ == "__main__":
     base.SBX_SERVER, base.KUBE_EMULATOR, base.SOURCE_DIR = sys.argv[1:4]
