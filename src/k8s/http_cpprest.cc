@@ -17,14 +17,11 @@
 #include <cpprest/http_client.h>
 #include <pplx/threadpool.h>
 
-#include <thread>
-
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "src/k8s/http.h"
-#include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 namespace {
@@ -348,16 +345,11 @@ absl::StatusOr<std::unique_ptr<HttpTransport>> NewCpprestTransport(
   // only before its first use, hence once per process.
   static std::once_flag pool_once;
   std::call_once(pool_once, [] {
-    // Started from a thread of background priority, so the pool's threads inherit it.
-    std::thread starter([] {
-      LowerThreadPriority();
-      try {
-        crossplat::threadpool::initialize_with_threads(kCpprestThreads);
-      } catch (...) {
-        // Already started by someone else in this process: keep its size.
-      }
-    });
-    starter.join();
+    try {
+      crossplat::threadpool::initialize_with_threads(kCpprestThreads);
+    } catch (...) {
+      // Already started by someone else in this process: keep its size.
+    }
   });
   if (options.client_cert_pem.empty() != options.client_key_pem.empty()) {
     return absl::InvalidArgumentError(

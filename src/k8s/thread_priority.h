@@ -1,7 +1,8 @@
 #pragma once
-// Background priority for the Kubernetes side of sbx: informers, reconcile workers, API
-// writes and the HTTP client's I/O threads are background work that must not take CPU
-// from gRPC claims when the machine is busy (a claim's answer needs no API request).
+// Background priority for the Kubernetes side of sbx: informers, reconcile workers and API
+// writes are background work that must not take CPU from gRPC claims when the machine is
+// busy (a claim's answer needs no API request). cpprest's own I/O threads keep the normal
+// priority (they are started by the library; see docs/benchmarks.md).
 
 #include <pthread.h>
 #include <sys/resource.h>
