@@ -390,20 +390,9 @@ absl::Status ClaimController::BindSandbox(const Json& claim, const std::string& 
                     {kTemplateRefHashLabel, nullptr},
                     {kClaimUidLabel, uid},
                     {kLaunchTypeLabel, launch_type}}}}}};
-  absl::Status s;
-  absl::Notification done;
-  writes_->Submit(
-      WritePriority::kClaim,
-      [&] {
-        s = client_->Patch(kSandboxes, options_.ns, sandbox, PatchType::kMerge, patch).status();
-        done.Notify();
-      },
-      [&] {
-        s = absl::CancelledError("shutting down");
-        done.Notify();
-      });
-  done.WaitForNotification();
-  return s;
+  return writes_->Run(WritePriority::kClaim, [&] {
+    return client_->Patch(kSandboxes, options_.ns, sandbox, PatchType::kMerge, patch).status();
+  });
 }
 
 absl::Status ClaimController::WriteStatus(const Json& claim, Json status) {
@@ -421,22 +410,12 @@ absl::Status ClaimController::WriteStatus(const Json& claim, Json status) {
     if (same) return absl::OkStatus();
   }
   const std::string name = Str(Field(claim, "metadata"), "name");
-  absl::Status s;
-  absl::Notification done;
-  writes_->Submit(
-      WritePriority::kClaim,
-      [&] {
-        s = client_
-                ->Patch(kSandboxClaims, options_.ns, name, PatchType::kMerge,
-                        Json{{"status", status}}, "status")
-                .status();
-        done.Notify();
-      },
-      [&] {
-        s = absl::CancelledError("shutting down");
-        done.Notify();
-      });
-  done.WaitForNotification();
+  absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
+    return client_
+        ->Patch(kSandboxClaims, options_.ns, name, PatchType::kMerge, Json{{"status", status}},
+                "status")
+        .status();
+  });
   if (s.ok()) {
     absl::MutexLock lock(&mu_);
     written_[uid] = std::move(status);
@@ -513,19 +492,9 @@ absl::Status ClaimController::CreateColdSandbox(const Json& claim, const Json& s
                       {"sbx.dev/template", Str(Field(sandbox_template, "metadata"), "name")}}},
                     {"ownerReferences", Json::array({ClaimRef(claim)})}}},
                   {"spec", std::move(sb_spec)}};
-  absl::Status s;
-  absl::Notification done;
-  writes_->Submit(
-      WritePriority::kClaim,
-      [&] {
-        s = client_->Create(kSandboxes, options_.ns, sandbox).status();
-        done.Notify();
-      },
-      [&] {
-        s = absl::CancelledError("shutting down");
-        done.Notify();
-      });
-  done.WaitForNotification();
+  absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
+    return client_->Create(kSandboxes, options_.ns, sandbox).status();
+  });
   return s.ok() || absl::IsAlreadyExists(s) ? absl::OkStatus() : s;
 }
 
@@ -750,21 +719,11 @@ absl::Status ClaimController::ReconcileGrpc(const std::string& owner, const std:
   ObjectPtr object = claims_.Get(options_.ns, name);
   if (!active) {
     if (object == nullptr) return absl::OkStatus();
-    absl::Status s;
-    absl::Notification done;
-    writes_->Submit(
-        WritePriority::kCleanup,
-        [&] {
-          DeleteOptions o;
-          o.propagation_policy = "Background";
-          s = client_->Delete(kSandboxClaims, options_.ns, name, o);
-          done.Notify();
-        },
-        [&] {
-          s = absl::CancelledError("shutting down");
-          done.Notify();
-        });
-    done.WaitForNotification();
+    absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
+      DeleteOptions o;
+      o.propagation_policy = "Background";
+      return client_->Delete(kSandboxClaims, options_.ns, name, o);
+    });
     return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
   }
   Json claim;
@@ -783,22 +742,13 @@ absl::Status ClaimController::ReconcileGrpc(const std::string& owner, const std:
                       {kSandboxNameAnnotation, c->sandbox_id}}}}},
                   {"spec", {{"warmPoolRef", {{"name", c->pool}}}}}};
     absl::StatusOr<Json> created;
-    absl::Notification done;
-    writes_->Submit(
-        WritePriority::kClaim,
-        [&] {
-          created = client_->Create(kSandboxClaims, options_.ns, fresh);
-          if (absl::IsAlreadyExists(created.status())) {
-            created = client_->Get(kSandboxClaims, options_.ns, name);
-          }
-          done.Notify();
-        },
-        [&] {
-          created = absl::CancelledError("shutting down");
-          done.Notify();
-        });
-    done.WaitForNotification();
-    if (!created.ok()) return created.status();
+    RETURN_IF_ERROR(writes_->Run(WritePriority::kClaim, [&] {
+      created = client_->Create(kSandboxClaims, options_.ns, fresh);
+      if (absl::IsAlreadyExists(created.status())) {
+        created = client_->Get(kSandboxClaims, options_.ns, name);  // ours, from a retry
+      }
+      return created.status();
+    }));
     claim = *std::move(created);
   }
   // The object names the sandbox the allocator chose; it never changes.

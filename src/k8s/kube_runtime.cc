@@ -260,9 +260,11 @@ void KubeRuntime::OnSandbox(const ObjectPtr& sandbox) {
 
 void KubeRuntime::MaybeReady(const Json& sandbox) {
   if (!IsReady(Field(sandbox, "status"))) return;
+  const std::string name = Str(Field(sandbox, "metadata"), "name");
+  // Most Ready events are of members reported long ago: no endpoint to work out for them.
+  if (!IsPending(name)) return;
   const std::string endpoint = EndpointOf(sandbox);
   if (endpoint.empty()) return;
-  const std::string name = Str(Field(sandbox, "metadata"), "name");
   runtime::CreateCallback done;
   runtime::SandboxInfo info;
   {

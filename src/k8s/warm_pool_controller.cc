@@ -169,7 +169,8 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
     absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
     if (pool == nullptr || Deleting(*pool) || !st.ok()) return absl::OkStatus();
     if (st->warm + runtime_->PendingIn(name) > Replicas(*pool)) {
-      queue_.Add(name);  // maybe a surplus: the full pass decides
+      queue_.Add(name);  // maybe a surplus: the full pass decides (and writes the status)
+      return absl::OkStatus();
     }
     return WriteStatus(*pool);
   }

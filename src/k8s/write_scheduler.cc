@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
@@ -38,6 +39,23 @@ void WriteScheduler::Submit(WritePriority priority, std::function<void()> write,
     }
   }
   if (dropped) dropped();
+}
+
+absl::Status WriteScheduler::Run(WritePriority priority, std::function<absl::Status()> write) {
+  absl::Status result;
+  absl::Notification done;
+  Submit(
+      priority,
+      [&] {
+        result = write();
+        done.Notify();
+      },
+      [&] {
+        result = absl::CancelledError("shutting down: the write was not made");
+        done.Notify();
+      });
+  done.WaitForNotification();
+  return result;
 }
 
 void WriteScheduler::Stop() {

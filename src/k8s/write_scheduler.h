@@ -55,6 +55,10 @@ class WriteScheduler {
   // Queues `write`. After Stop, `write` is not run (`dropped` runs instead, if given).
   void Submit(WritePriority priority, std::function<void()> write,
               std::function<void()> dropped = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `write` and blocks until it has run; returns its status, or CANCELLED when the
+  // scheduler stopped first. For callers that may wait (controller workers).
+  absl::Status Run(WritePriority priority, std::function<absl::Status()> write)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
   WriteSchedulerStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -96,11 +96,14 @@ def kill_all_with(text):
             pass
 
 
-def wait_for(predicate, timeout, what):
+def wait_for(predicate, timeout, what, interval=0.05):
+    """Calls `predicate` every `interval` s until it returns something true (returned);
+    fails after `timeout` s."""
     deadline = time.time() + timeout
+    value = None
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {value!r})")

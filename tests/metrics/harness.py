@@ -39,16 +39,7 @@ def generate_stubs(proto_dir):
     sbx_e2e.generate_stubs(proto_dir)
 
 
-def wait_for(predicate, timeout, what, interval=0.1):
-    """Calls `predicate` until it returns something true; fails after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %s s waiting for %s (last: %r)" % (timeout, what, last))
+wait_for = sbx_e2e.wait_for
 
 
 def stop(proc, sig=signal.SIGTERM, wait=20):
