@@ -566,6 +566,24 @@ void ValidateRbac(const ResourceType& t, const json& obj, std::vector<SchemaErro
 // benchmark run cannot grow the emulator without bound.
 constexpr size_t kRequestLogLimit = 1000000;
 
+// True when two objects differ only in metadata and status (no change of generation),
+// compared field by field without copying either.
+bool SameOutsideMetadataAndStatus(const json& a, const json& b) {
+  auto counted = [](const json& x) {
+    size_t n = x.size();
+    for (const char* k : {"metadata", "status"}) n -= x.contains(k) ? 1 : 0;
+    return n;
+  };
+  if (!a.is_object() || !b.is_object()) return a == b;
+  if (counted(a) != counted(b)) return false;
+  for (auto it = a.begin(); it != a.end(); ++it) {
+    if (it.key() == "metadata" || it.key() == "status") continue;
+    auto other = b.find(it.key());
+    if (other == b.end() || *other != *it) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 class EmulatorImpl {
@@ -1698,7 +1716,7 @@ ObjPtr EmulatorImpl::UpdateLocked(const ResourceType& t, const ObjPtr& old, json
   if (sub == "status") {
     json merged = o;
     if (next.contains("status")) {
-      merged["status"] = next["status"];
+      merged["status"] = std::move(next["status"]);
     } else {
       merged.erase("status");
     }
@@ -1759,12 +1777,7 @@ ObjPtr EmulatorImpl::UpdateLocked(const ResourceType& t, const ObjPtr& old, json
     return nullptr;
   }
   // Generation follows changes outside metadata and status.
-  json a = o, b = next;
-  for (json* x : {&a, &b}) {
-    x->erase("metadata");
-    x->erase("status");
-  }
-  if (a != b) m["generation"] = om.value("generation", 1) + 1;
+  if (!SameOutsideMetadataAndStatus(o, next)) m["generation"] = om.value("generation", 1) + 1;
   m["resourceVersion"] = om.value("resourceVersion", "");
   if (next == o) return old;  // no-op writes do not bump the resourceVersion
   m["resourceVersion"] = std::to_string(++rv_);
@@ -1854,7 +1867,7 @@ void EmulatorImpl::CollectGarbageLocked(const std::string& owner_uid) {
         if (r.value("uid", "") != owner_uid) refs.push_back(r);
       }
       next["metadata"]["ownerReferences"] = refs;
-      UpdateLocked(*dt, cur, next, "", false, &err);
+      UpdateLocked(*dt, cur, std::move(next), "", false, &err);
     } else {
       DeleteLocked(*dt, cur, json::object(), &err);
     }
@@ -1903,7 +1916,7 @@ ObjPtr EmulatorImpl::DeleteLocked(const ResourceType& t, const ObjPtr& obj, cons
         next["metadata"]["ownerReferences"] = refs;
       }
       ApiError ignored;
-      UpdateLocked(*dt, dep, next, "", false, &ignored);
+      UpdateLocked(*dt, dep, std::move(next), "", false, &ignored);
     }
   }
   // Current version (orphaning may not touch it, but be safe).
@@ -2006,7 +2019,7 @@ void EmulatorImpl::ForegroundGc(std::string uid) {
   } else {
     next["metadata"]["finalizers"] = fins;
   }
-  UpdateLocked(*t, owner, next, "", false, &err);
+  UpdateLocked(*t, owner, std::move(next), "", false, &err);
 }
 
 // ---------------------------------------------------------------- kubelet
@@ -2039,7 +2052,7 @@ void EmulatorImpl::BindPod(std::string key, std::string uid) {
                                    {"lastProbeTime", nullptr},
                                    {"lastTransitionTime", Now()}}};
   ApiError err;
-  if (UpdateLocked(*t, old, next, "", false, &err) == nullptr) return;
+  if (UpdateLocked(*t, old, std::move(next), "", false, &err) == nullptr) return;
   scheduler_.After(absl::Milliseconds(ready_delay_ms_), [this, key, uid] { StartPod(key, uid); });
 }
 
@@ -2096,7 +2109,7 @@ void EmulatorImpl::StartPod(std::string key, std::string uid) {
   }
   st["containerStatuses"] = statuses;
   ApiError err;
-  UpdateLocked(*t, old, next, "status", false, &err);
+  UpdateLocked(*t, old, std::move(next), "status", false, &err);
 }
 
 bool EmulatorImpl::FailPodLocked(const ObjPtr& old, const std::string& reason) {
@@ -2140,7 +2153,7 @@ bool EmulatorImpl::FailPodLocked(const ObjPtr& old, const std::string& reason) {
   }
   st["containerStatuses"] = statuses;
   ApiError err;
-  return UpdateLocked(*t, old, next, "status", false, &err) != nullptr;
+  return UpdateLocked(*t, old, std::move(next), "status", false, &err) != nullptr;
 }
 
 // ---------------------------------------------------------------- verbs
@@ -2494,26 +2507,26 @@ void EmulatorImpl::DoWatch(const HttpRequest& req, HttpResponder& resp, const Ta
       absl::MutexLock l(&faults_mu_);
       drop_rate = watch_drop_rate_;
     }
+    // One chunk (one write) per batch of events; a dropped watch ends after the event
+    // that drew the drop, as before.
+    std::string out;
     for (const WatchEvent& e : batch) {
-      std::string body;
+      absl::StrAppend(&out, "{\"type\":\"", e.type, "\",\"object\":");
       if (as_table && e.type != "BOOKMARK" && e.type != "ERROR") {
-        body = ToTable(*t.type, {e.object},
-                       {{"resourceVersion", MetaStr(*e.object, "resourceVersion")}})
-                   .dump();
+        absl::StrAppend(&out, ToTable(*t.type, {e.object},
+                                      {{"resourceVersion", MetaStr(*e.object, "resourceVersion")}})
+                                  .dump());
       } else {
-        body = e.object->dump();
+        absl::StrAppend(&out, e.object->dump());
       }
-      std::string line = absl::StrCat("{\"type\":\"", e.type, "\",\"object\":", body, "}\n");
-      if (!resp.WriteChunk(line)) {
-        alive = false;
-        break;
-      }
+      out += "}\n";
       if (drop_rate > 0 && e.type != "BOOKMARK" && Random() < drop_rate) {
         clean_end = false;
         alive = false;
         break;
       }
     }
+    if (!out.empty() && !resp.WriteChunk(out)) alive = false;
     if (!alive) break;
     if (overflow) break;
     absl::Time now = absl::Now();
@@ -2662,7 +2675,8 @@ void EmulatorImpl::DoUpdate(const HttpRequest& req, HttpResponder& resp, const T
       SendError(resp, NotFound(*t.type, t.name));
       return;
     }
-    json base = t.sub == "scale" ? ScaleFor(*t.type, *old) : *old;
+    json scale_base;
+    const json& base = t.sub == "scale" ? (scale_base = ScaleFor(*t.type, *old)) : *old;
     json next;
     if (!patch) {
       next = std::move(*body);

@@ -188,16 +188,24 @@ void SetPath(json& object, absl::string_view dotted, json value) {
   *cur = std::move(value);
 }
 
-json MergePatch(const json& target, const json& patch) {
-  if (!patch.is_object()) return patch;
-  json result = target.is_object() ? target : json::object();
+void MergePatchInto(json& target, const json& patch) {
+  if (!patch.is_object()) {
+    target = patch;
+    return;
+  }
+  if (!target.is_object()) target = json::object();
   for (auto it = patch.begin(); it != patch.end(); ++it) {
     if (it->is_null()) {
-      result.erase(it.key());
+      target.erase(it.key());
     } else {
-      result[it.key()] = MergePatch(result.contains(it.key()) ? result[it.key()] : json(), *it);
+      MergePatchInto(target[it.key()], *it);
     }
   }
+}
+
+json MergePatch(const json& target, const json& patch) {
+  json result = patch.is_object() ? target : json();
+  MergePatchInto(result, patch);
   return result;
 }
 
