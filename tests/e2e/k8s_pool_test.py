@@ -422,6 +422,35 @@ class PoolTest(unittest.TestCase):
         time.sleep(1.5)
         self.assertEqual(len(c.members("py")), 3)
 
+    def test_08b_unschedulable_members_wait_for_capacity(self):
+        c = self.cluster()
+        c.start_pools("--kube_ready_timeout_seconds", "1")
+        c.http("POST", "/emulator/stats/reset")
+        t = template()
+        # No node carries this label: the scheduler leaves the pods Pending/Unschedulable.
+        t["spec"]["podTemplate"]["spec"]["nodeSelector"] = {"sbx.dev/e2e-accelerator": "tpu"}
+        c.apply(t, pool("py", 2))
+
+        def unschedulable():
+            members = c.members("py")
+            return len(members) == 2 and all(
+                any(cond.get("type") == "PodScheduled" and cond.get("status") == "False" and
+                    cond.get("reason") == "Unschedulable"
+                    for cond in (m.get("status") or {}).get("conditions") or [])
+                for m in members)
+        c.wait_for(unschedulable, 30, "both members to report PodScheduled=False/Unschedulable")
+        # Several ready timeouts pass: an unschedulable member waits, it is not replaced.
+        time.sleep(3.5)
+        self.assertEqual(c.request_count("delete sandboxes"), 0, c.stats())
+        self.assertEqual(c.request_count("create sandboxes"), 2, c.stats())
+        self.assertEqual((c.swp("py").get("status") or {}).get("readyReplicas", 0), 0)
+        # Capacity arrives (a node gets the label): the same two members become Ready.
+        names = sorted(m["metadata"]["name"] for m in c.members("py"))
+        c.kubectl("label", "node", "emu-node-1", "sbx.dev/e2e-accelerator=tpu")
+        c.wait_pool("py", 2)
+        self.assertEqual(sorted(m["metadata"]["name"] for m in c.members("py")), names)
+        self.assertEqual(c.request_count("delete sandboxes"), 0, c.stats())
+
     def test_09_finished_sandbox_and_ttl_after_finished(self):
         c = self.cluster()
         c.start_pools()

@@ -2043,9 +2043,55 @@ void EmulatorImpl::BindPod(std::string key, std::string uid) {
   if (it == bucket.end() || MetaStr(*it->second, "uid") != uid) return;
   ObjPtr old = it->second;
   if (Meta(*old).contains("deletionTimestamp")) return;
+  // spec.nodeSelector must match a node's labels (round robin over the nodes that do);
+  // with none, the pod stays Pending with PodScheduled=False/Unschedulable, as the
+  // scheduler reports it, and is tried again every 500 ms (a node may be labelled).
+  std::vector<std::string> fit;
+  const json* selector = GetPath(*old, "spec.nodeSelector");
+  const auto node_bucket = objects_.find("/nodes");
+  if (node_bucket != objects_.end()) {
+    for (const auto& [node_key, node_obj] : node_bucket->second) {
+      bool matches = true;
+      if (selector != nullptr && selector->is_object()) {
+        const json* labels = GetPath(*node_obj, "metadata.labels");
+        for (auto sel = selector->begin(); sel != selector->end() && matches; ++sel) {
+          matches = labels != nullptr && labels->is_object() && labels->contains(sel.key()) &&
+                    (*labels)[sel.key()] == *sel;
+        }
+      }
+      if (matches) fit.push_back(MetaStr(*node_obj, "name"));
+    }
+  }
+  if (fit.empty()) {
+    const size_t nodes = node_bucket == objects_.end() ? 0 : node_bucket->second.size();
+    const json* conditions = GetPath(*old, "status.conditions");
+    bool reported = false;
+    if (conditions != nullptr && conditions->is_array()) {
+      for (const json& c : *conditions) {
+        reported = reported || (c.value("type", "") == "PodScheduled" &&
+                                c.value("reason", "") == "Unschedulable");
+      }
+    }
+    if (!reported) {
+      json next = *old;
+      next["status"]["phase"] = "Pending";
+      next["status"]["conditions"] = {
+          {{"type", "PodScheduled"},
+           {"status", "False"},
+           {"lastProbeTime", nullptr},
+           {"lastTransitionTime", Now()},
+           {"reason", "Unschedulable"},
+           {"message", absl::StrCat("0/", nodes, " nodes are available: ", nodes,
+                                    " node(s) didn't match Pod's node affinity/selector.")}}};
+      ApiError err;
+      if (UpdateLocked(*t, old, std::move(next), "status", false, &err) == nullptr) return;
+    }
+    scheduler_.After(absl::Milliseconds(500), [this, key, uid] { BindPod(key, uid); });
+    return;
+  }
+  std::sort(fit.begin(), fit.end());
   json next = *old;
-  std::string node =
-      absl::StrCat("emu-node-", node_rr_++ % static_cast<uint64_t>(options_.nodes) + 1);
+  std::string node = fit[node_rr_++ % fit.size()];
   next["spec"]["nodeName"] = node;
   next["status"]["conditions"] = {{{"type", "PodScheduled"},
                                    {"status", "True"},
