@@ -391,7 +391,7 @@ absl::Status ClaimController::BindSandbox(const Json& claim, const std::string& 
                     {kClaimUidLabel, uid},
                     {kLaunchTypeLabel, launch_type}}}}}};
   return writes_->Run(WritePriority::kClaim, [&] {
-    return client_->Patch(kSandboxes, options_.ns, sandbox, PatchType::kMerge, patch).status();
+    return client_->PatchNoResult(kSandboxes, options_.ns, sandbox, PatchType::kMerge, patch);
   });
 }
 
@@ -411,10 +411,8 @@ absl::Status ClaimController::WriteStatus(const Json& claim, Json status) {
   }
   const std::string name = Str(Field(claim, "metadata"), "name");
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
-    return client_
-        ->Patch(kSandboxClaims, options_.ns, name, PatchType::kMerge, Json{{"status", status}},
-                "status")
-        .status();
+    return client_->PatchNoResult(kSandboxClaims, options_.ns, name, PatchType::kMerge,
+                                  Json{{"status", status}}, "status");
   });
   if (s.ok()) {
     absl::MutexLock lock(&mu_);
@@ -645,7 +643,7 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
         if (Field(extra, part).is_object()) patch["metadata"][part] = extra[part];
       }
       absl::Status s =
-          client_->Patch(kPods, options_.ns, sandbox, PatchType::kMerge, patch).status();
+          client_->PatchNoResult(kPods, options_.ns, sandbox, PatchType::kMerge, patch);
       if (!s.ok() && !absl::IsNotFound(s)) return s;
     }
   }

@@ -396,6 +396,15 @@ absl::StatusOr<Json> Client::DoJson(Call call) {
   return parsed;
 }
 
+absl::Status Client::DoNoResult(Call call) {
+  std::string what = call.what;
+  ASSIGN_OR_RETURN(HttpResponse response, Do(std::move(call)));
+  if (response.status < 200 || response.status >= 300) {
+    return StatusFromResponse(what, response.status, response.body);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Json> Client::Get(const Resource& r, const std::string& ns, const std::string& name,
                                  const std::string& subresource) {
   Call call{"get", &r, subresource, Describe("get", r, ns, name), {}};
@@ -506,6 +515,17 @@ absl::StatusOr<Json> Client::UpdateStatus(const Resource& r, const std::string& 
 absl::StatusOr<Json> Client::Patch(const Resource& r, const std::string& ns,
                                    const std::string& name, PatchType type, const Json& patch,
                                    const std::string& subresource) {
+  return DoJson(PatchCall(r, ns, name, type, patch, subresource));
+}
+
+absl::Status Client::PatchNoResult(const Resource& r, const std::string& ns,
+                                   const std::string& name, PatchType type, const Json& patch,
+                                   const std::string& subresource) {
+  return DoNoResult(PatchCall(r, ns, name, type, patch, subresource));
+}
+
+Client::Call Client::PatchCall(const Resource& r, const std::string& ns, const std::string& name,
+                               PatchType type, const Json& patch, const std::string& subresource) {
   Call call{"patch",
             &r,
             subresource,
@@ -518,7 +538,7 @@ absl::StatusOr<Json> Client::Patch(const Resource& r, const std::string& ns,
   // A JSON patch may add to a list; repeating one that was applied but not answered would
   // apply it twice. Merge patches set values and are safe to repeat.
   call.retry_unanswered = type != PatchType::kJson;
-  return DoJson(std::move(call));
+  return call;
 }
 
 absl::Status Client::Delete(const Resource& r, const std::string& ns, const std::string& name,

@@ -454,11 +454,9 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
 
 absl::Status SandboxController::WriteStatus(const Json& sandbox, const Json& status) {
   const Json& meta = sandbox["metadata"];
-  absl::Status written =
-      client_
-          ->Patch(kSandboxes, Str(meta, "namespace"), Str(meta, "name"), PatchType::kMerge,
-                  StatusPatch(Field(sandbox, "status"), status), "status")
-          .status();
+  absl::Status written = client_->PatchNoResult(
+      kSandboxes, Str(meta, "namespace"), Str(meta, "name"), PatchType::kMerge,
+      StatusPatch(Field(sandbox, "status"), status), "status");
   return written.ok() || absl::IsNotFound(written) ? absl::OkStatus() : written;
 }
 

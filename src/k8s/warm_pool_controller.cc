@@ -358,10 +358,8 @@ absl::Status WarmPoolController::WriteStatus(const Json& pool) {
     same = old.contains(it.key()) && old[it.key()] == it.value();
   }
   if (same) return absl::OkStatus();
-  absl::Status s = client_
-                       ->Patch(kSandboxWarmPools, options_.ns, name, PatchType::kMerge,
-                               Json{{"status", status}}, "status")
-                       .status();
+  absl::Status s = client_->PatchNoResult(kSandboxWarmPools, options_.ns, name, PatchType::kMerge,
+                                          Json{{"status", status}}, "status");
   return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 
