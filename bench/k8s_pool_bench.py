@@ -13,6 +13,7 @@ Usage: k8s_pool_bench.py --server sbx-server --emulator kube-emulator --loadgen 
                          --source REPO [--members 10000] [--latency_ms 5] [--claims 300]
                          [--grpc_requests 3000] [--json]
 Prints numbers; never passes or fails on them (exit 1 only when something breaks).
+With SBX_BENCH_KEEP=1 in the environment the work folder (server.log, emu.log) is kept.
 """
 import argparse
 import http.client
@@ -107,7 +108,8 @@ def main():
                     p.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("SBX_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
 
     try:
         emu = subprocess.Popen([args.emulator, "--listen", "127.0.0.1:0", "--latency_ms",
