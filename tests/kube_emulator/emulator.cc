@@ -2062,16 +2062,16 @@ void EmulatorImpl::BindPod(std::string key, std::string uid) {
       if (matches) fit.push_back(MetaStr(*node_obj, "name"));
     }
   }
+  const json* conditions = GetPath(*old, "status.conditions");
+  bool reported = false;  // PodScheduled=False/Unschedulable is on the pod already
+  if (conditions != nullptr && conditions->is_array()) {
+    for (const json& c : *conditions) {
+      reported = reported || (c.value("type", "") == "PodScheduled" &&
+                              c.value("reason", "") == "Unschedulable");
+    }
+  }
   if (fit.empty()) {
     const size_t nodes = node_bucket == objects_.end() ? 0 : node_bucket->second.size();
-    const json* conditions = GetPath(*old, "status.conditions");
-    bool reported = false;
-    if (conditions != nullptr && conditions->is_array()) {
-      for (const json& c : *conditions) {
-        reported = reported || (c.value("type", "") == "PodScheduled" &&
-                                c.value("reason", "") == "Unschedulable");
-      }
-    }
     if (!reported) {
       json next = *old;
       next["status"]["phase"] = "Pending";
@@ -2097,8 +2097,16 @@ void EmulatorImpl::BindPod(std::string key, std::string uid) {
                                    {"status", "True"},
                                    {"lastProbeTime", nullptr},
                                    {"lastTransitionTime", Now()}}};
+  json scheduled = next["status"]["conditions"];
   ApiError err;
-  if (UpdateLocked(*t, old, std::move(next), "", false, &err) == nullptr) return;
+  ObjPtr bound = UpdateLocked(*t, old, std::move(next), "", false, &err);
+  if (bound == nullptr) return;
+  if (reported) {
+    // The status (not written by the update above) still says Unschedulable: replace it.
+    json status_next = *bound;
+    status_next["status"]["conditions"] = std::move(scheduled);
+    if (UpdateLocked(*t, bound, std::move(status_next), "status", false, &err) == nullptr) return;
+  }
   scheduler_.After(absl::Milliseconds(ready_delay_ms_), [this, key, uid] { StartPod(key, uid); });
 }
 

@@ -684,6 +684,45 @@ class ApiTest(unittest.TestCase):
         self.assertNotIn("colour", r.json["spec"])
 
     # ------------------------------------------------------------ kubelet
+    def test_scheduler_honours_node_selector(self):
+        c = self.c
+        body = pod("sched-1")
+        body["spec"]["nodeSelector"] = {"example.com/accelerator": "tpu"}
+        self.assertEqual(c.post(NS + "/pods", body).status, 201)
+
+        def condition(name):
+            p = c.get(NS + "/pods/" + name).json
+            return p, {x["type"]: x for x in p["status"].get("conditions", [])}
+        self.assertTrue(wait_until(lambda: condition("sched-1")[1].get("PodScheduled")))
+        p, conds = condition("sched-1")
+        self.assertEqual(conds["PodScheduled"]["status"], "False")
+        self.assertEqual(conds["PodScheduled"]["reason"], "Unschedulable")
+        self.assertIn("didn't match Pod's node affinity/selector", conds["PodScheduled"]["message"])
+        self.assertEqual(p["status"]["phase"], "Pending")
+        self.assertNotIn("nodeName", p["spec"])
+        time.sleep(1.2)  # retried, still unschedulable, written once
+        self.assertEqual(condition("sched-1")[0]["metadata"]["resourceVersion"],
+                         p["metadata"]["resourceVersion"])
+        # A node gets the label: the pod is bound to it, PodScheduled turns True before
+        # the kubelet starts it (slowed down here to see the step).
+        c.post("/emulator/kubelet", {"ready_delay_ms": 3000})
+        try:
+            r = c.patch("/api/v1/nodes/emu-node-2",
+                        {"metadata": {"labels": {"example.com/accelerator": "tpu"}}})
+            self.assertEqual(r.status, 200)
+            self.assertTrue(wait_until(
+                lambda: condition("sched-1")[1]["PodScheduled"]["status"] == "True", timeout=2))
+            p, conds = condition("sched-1")
+            self.assertEqual(p["status"]["phase"], "Pending")  # bound, not started yet
+            self.assertEqual(p["spec"]["nodeName"], "emu-node-2")
+            self.assertNotIn("reason", conds["PodScheduled"])
+        finally:
+            c.post("/emulator/kubelet", {"ready_delay_ms": 50})
+            c.patch("/api/v1/nodes/emu-node-2",
+                    {"metadata": {"labels": {"example.com/accelerator": None}}})
+        self.assertTrue(wait_until(
+            lambda: condition("sched-1")[0]["status"]["phase"] == "Running", timeout=10))
+
     def test_kubelet_ready_and_fail(self):
         c = self.c
         c.post(NS + "/pods", pod("kb-1"))
