@@ -382,27 +382,24 @@ absl::StatusOr<HttpResponse> Client::Do(Call call) {
   }
 }
 
-absl::StatusOr<Json> Client::DoJson(Call call) {
+absl::StatusOr<HttpResponse> Client::DoOk(Call call) {
   std::string what = call.what;
   ASSIGN_OR_RETURN(HttpResponse response, Do(std::move(call)));
   if (response.status < 200 || response.status >= 300) {
     return StatusFromResponse(what, response.status, response.body);
   }
+  return response;
+}
+
+absl::StatusOr<Json> Client::DoJson(Call call) {
+  std::string what = call.what;
+  ASSIGN_OR_RETURN(HttpResponse response, DoOk(std::move(call)));
   Json parsed = Json::parse(response.body, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
     return absl::UnavailableError(
         absl::StrCat(what, ": the answer is not JSON: ", response.body.substr(0, 200)));
   }
   return parsed;
-}
-
-absl::Status Client::DoNoResult(Call call) {
-  std::string what = call.what;
-  ASSIGN_OR_RETURN(HttpResponse response, Do(std::move(call)));
-  if (response.status < 200 || response.status >= 300) {
-    return StatusFromResponse(what, response.status, response.body);
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<Json> Client::Get(const Resource& r, const std::string& ns, const std::string& name,
@@ -521,7 +518,7 @@ absl::StatusOr<Json> Client::Patch(const Resource& r, const std::string& ns,
 absl::Status Client::PatchNoResult(const Resource& r, const std::string& ns,
                                    const std::string& name, PatchType type, const Json& patch,
                                    const std::string& subresource) {
-  return DoNoResult(PatchCall(r, ns, name, type, patch, subresource));
+  return DoOk(PatchCall(r, ns, name, type, patch, subresource)).status();
 }
 
 Client::Call Client::PatchCall(const Resource& r, const std::string& ns, const std::string& name,

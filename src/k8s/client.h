@@ -187,9 +187,10 @@ class Client {
     bool retry_unanswered = true;  // repeat after 5xx / connection errors / timeouts
   };
   absl::StatusOr<HttpResponse> Do(Call call);
+  // Do, with a non-2xx answer turned into its error (the server's reason and message).
+  absl::StatusOr<HttpResponse> DoOk(Call call);
+  // DoOk, with the answer's body parsed.
   absl::StatusOr<Json> DoJson(Call call);
-  // Do, with a non-2xx answer turned into its error; the body is not parsed.
-  absl::Status DoNoResult(Call call);
   Call PatchCall(const Resource& r, const std::string& ns, const std::string& name, PatchType type,
                  const Json& patch, const std::string& subresource);
   // PUT of `object` to its name (and `subresource`, "" for the object itself).

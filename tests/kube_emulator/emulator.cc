@@ -2046,20 +2046,20 @@ void EmulatorImpl::BindPod(std::string key, std::string uid) {
   // spec.nodeSelector must match a node's labels (round robin over the nodes that do);
   // with none, the pod stays Pending with PodScheduled=False/Unschedulable, as the
   // scheduler reports it, and is tried again every 500 ms (a node may be labelled).
+  LabelSelector wanted;
+  if (const json* selector = GetPath(*old, "spec.nodeSelector");
+      selector != nullptr && selector->is_object()) {
+    for (auto sel = selector->begin(); sel != selector->end(); ++sel) {
+      wanted.push_back({sel.key(),
+                        LabelRequirement::Op::kEquals,
+                        {sel->is_string() ? sel->get<std::string>() : sel->dump()}});
+    }
+  }
   std::vector<std::string> fit;
-  const json* selector = GetPath(*old, "spec.nodeSelector");
   const auto node_bucket = objects_.find("/nodes");
   if (node_bucket != objects_.end()) {
     for (const auto& [node_key, node_obj] : node_bucket->second) {
-      bool matches = true;
-      if (selector != nullptr && selector->is_object()) {
-        const json* labels = GetPath(*node_obj, "metadata.labels");
-        for (auto sel = selector->begin(); sel != selector->end() && matches; ++sel) {
-          matches = labels != nullptr && labels->is_object() && labels->contains(sel.key()) &&
-                    (*labels)[sel.key()] == *sel;
-        }
-      }
-      if (matches) fit.push_back(MetaStr(*node_obj, "name"));
+      if (LabelsMatch(wanted, Labels(*node_obj))) fit.push_back(MetaStr(*node_obj, "name"));
     }
   }
   const json* conditions = GetPath(*old, "status.conditions");

@@ -188,6 +188,9 @@ void SetPath(json& object, absl::string_view dotted, json value) {
   *cur = std::move(value);
 }
 
+namespace {
+
+// MergePatch on `target` in place: each level is patched where it is, not copied.
 void MergePatchInto(json& target, const json& patch) {
   if (!patch.is_object()) {
     target = patch;
@@ -202,6 +205,8 @@ void MergePatchInto(json& target, const json& patch) {
     }
   }
 }
+
+}  // namespace
 
 json MergePatch(const json& target, const json& patch) {
   json result = patch.is_object() ? target : json();

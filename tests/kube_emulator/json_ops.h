@@ -48,9 +48,8 @@ const json* GetPath(const json& object, absl::string_view dotted);
 // Sets the value at a dotted path, creating objects on the way.
 void SetPath(json& object, absl::string_view dotted, json value);
 
-// RFC 7386 JSON merge patch: the patched copy of `target`, or `target` patched in place.
+// RFC 7386 JSON merge patch.
 json MergePatch(const json& target, const json& patch);
-void MergePatchInto(json& target, const json& patch);
 // RFC 6902 JSON patch; INVALID_ARGUMENT (test op failure, bad path) or the result.
 absl::StatusOr<json> JsonPatch(const json& target, const json& patch);
 // Strategic merge patch for built-in kinds: lists of objects merged by their
