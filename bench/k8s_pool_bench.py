@@ -95,6 +95,8 @@ def main():
     ap.add_argument("--kube_workers", type=int, default=64,
                     help="Sandbox controller workers (each waits on one request at a time)")
     ap.add_argument("--write_workers", type=int, default=64, help="--kube_write_workers")
+    ap.add_argument("--max_creating", type=int, default=500,
+                    help="--refill_max_creating (members in flight per pool)")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="k8s-pool-bench-")
@@ -139,7 +141,7 @@ def main():
              os.path.join(work, "data"), "--runtime", "kubernetes", "--kubeconfig", kubeconfig,
              "--kube_namespace", "default", "--kube_qps", "0", "--kube_workers", str(args.kube_workers),
              "--kube_write_workers", str(args.write_workers), "--kube_write_qps", "0", "--refill_qps", "100000",
-             "--refill_max_creating", "4000", "--metrics_listen", "off", "--log_level", "warn"],
+             "--refill_max_creating", str(args.max_creating), "--metrics_listen", "off", "--log_level", "warn"],
             stdout=server_log, stderr=subprocess.STDOUT)
         procs.append(server)
         deadline = time.time() + 60

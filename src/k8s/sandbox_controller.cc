@@ -124,12 +124,32 @@ bool Deleting(const Json& object) {
   return !Str(Field(object, "metadata"), "deletionTimestamp").empty();
 }
 
+// True when `status` may be held back (options.first_status_hold): no status was written yet, and
+// it only says that the pod is on its way. An error, an unschedulable pod, a suspension or an
+// expiry is written at once (the runtime keeps unschedulable members by this condition).
+bool MayHoldFirstStatus(const Json& old_status, const Json& status) {
+  if (Field(old_status, "conditions").is_array()) return false;
+  for (const Json& c : status["conditions"]) {
+    const std::string type = Str(c, "type");
+    if (type == "Ready" && Str(c, "reason") == "DependenciesNotReady") continue;
+    if (type == "Suspended" && Str(c, "reason") == "NotSuspended") continue;
+    if (type == "PodScheduled" && Str(c, "status") == "True") continue;
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::Status SandboxControllerOptions::Validate() const {
   if (workers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("sandbox controller workers ", workers, " must be at least 1"));
+  }
+  if (first_status_hold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("sandbox controller first_status_hold ",
+                                                   absl::FormatDuration(first_status_hold),
+                                                   " must not be negative"));
   }
   if (leader_election) RETURN_IF_ERROR(election.Validate());
   return absl::OkStatus();
@@ -432,7 +452,15 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
 
   const Json& old_status = Field(sandbox, "status");
   Json status = ComputeStatus(sandbox, observed, old_status, now);
-  if (status != old_status) RETURN_IF_ERROR(WriteStatus(sandbox, status));
+  const absl::Time created = ParseTime(Str(meta, "creationTimestamp"));
+  if (status != old_status) {
+    if (MayHoldFirstStatus(old_status, status) && created != absl::InfinitePast() &&
+        now < created + options_.first_status_hold) {
+      queue_.AddAfter(key, created + options_.first_status_hold - now);
+    } else {
+      RETURN_IF_ERROR(WriteStatus(sandbox, status));
+    }
+  }
   if (IsReady(status)) {
     bool first = false;
     {
@@ -440,7 +468,6 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
       first = counted_ready_.insert(uid).second;
     }
     if (first && !IsReady(old_status)) {
-      const absl::Time created = ParseTime(Str(meta, "creationTimestamp"));
       if (created != absl::InfinitePast()) {
         const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
         metrics_->Created(launch.empty() ? "none" : launch,

@@ -36,6 +36,11 @@ struct SandboxControllerOptions {
   bool leader_election = false;
   LeaderElectionOptions election;
   WorkQueueOptions queue;
+  // A new Sandbox's first status, while it only says that the pod is on its way, is
+  // written no earlier than this after the Sandbox's creation (creationTimestamp, whole
+  // seconds): a member Ready sooner gets one status write, the Ready one. Errors,
+  // unschedulable pods, suspension and expiry are written at once. Zero writes at once.
+  absl::Duration first_status_hold = absl::Seconds(2);
   // Metrics: sbx_k8s_reconcile_duration_seconds{controller}, sbx_k8s_reconcile_errors_total,
   // sbx_k8s_workqueue_depth, agent_sandbox_creation_latency_ms.
   std::shared_ptr<prometheus::Registry> registry;

@@ -86,10 +86,12 @@ class PoolCluster(base.Cluster):
         raise AssertionError("no port in the log:\n" + self.read_log(server)[-2000:])
 
     def apply(self, *objects, check=True):
-        """kubectl apply, repeated while injected faults make it fail (it is idempotent)."""
+        """kubectl apply, repeated while injected faults make it fail (it is idempotent). An
+        injected 409 reads like any conflict, and the answer to a conflict is to apply again."""
+        retried = ("injected fault", "the object has been modified", "try again later")
         for attempt in range(20):
             r = super().apply(*objects, check=False)
-            if r.returncode == 0 or "injected fault" not in r.stderr:
+            if r.returncode == 0 or not any(text in r.stderr for text in retried):
                 break
             time.sleep(0.2)
         if check and r.returncode != 0:

@@ -52,6 +52,26 @@ class SandboxControllerTest : public ::testing::Test {
   }
   void TearDown() override { controller_.reset(); }
 
+  // Replaces the controller by one that holds a new Sandbox's first status for `hold`.
+  void RestartWithHold(absl::Duration hold) {
+    controller_.reset();
+    SandboxControllerOptions options;
+    options.workers = 2;
+    options.first_status_hold = hold;
+    controller_ = std::make_unique<SandboxController>(client_.get(), options);
+    ASSERT_TRUE(controller_->Start().ok());
+  }
+
+  // The Sandbox's status condition of `type` (null when absent).
+  Json Condition(const std::string& name, const std::string& type) {
+    absl::StatusOr<Json> sandbox = client_->Get(kSandboxes, "default", name);
+    if (!sandbox.ok() || !sandbox->contains("status")) return nullptr;
+    for (const Json& c : (*sandbox)["status"].value("conditions", Json::array())) {
+      if (c["type"] == type) return c;
+    }
+    return nullptr;
+  }
+
   std::unique_ptr<testing::TestEmulator> emulator_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<SandboxController> controller_;
@@ -109,6 +129,38 @@ TEST_F(SandboxControllerTest, TwoPodsOfOneSandboxAreReported) {
   EXPECT_TRUE(WaitForReason(*client_, "twin", "MultiplePods"));
   ASSERT_TRUE(client_->Delete(kPods, "default", "twin-extra").ok());
   EXPECT_TRUE(WaitForReason(*client_, "twin", "DependenciesReady"));
+}
+
+TEST_F(SandboxControllerTest, ASandboxReadyWithinTheHoldGetsOnlyItsReadyStatus) {
+  RestartWithHold(absl::Minutes(5));  // far longer than the pod takes (20 ms)
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("quick")).ok());
+  ASSERT_TRUE(WaitForReason(*client_, "quick", "DependenciesReady"));
+  EXPECT_EQ(emulator_->Requests("patch sandboxes/status"), 1);
+}
+
+TEST_F(SandboxControllerTest, AWaitingSandboxIsReportedOnceTheHoldHasPassed) {
+  emulator_->Admin("POST", "/emulator/kubelet", {{"ready_delay_ms", 600000}});  // never Ready
+  RestartWithHold(absl::Seconds(1));
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("slow")).ok());
+  ASSERT_TRUE(WaitForReason(*client_, "slow", "DependenciesNotReady"));
+  EXPECT_GE(emulator_->Requests("patch sandboxes/status"), 1);
+}
+
+TEST_F(SandboxControllerTest, AnUnschedulablePodIsReportedAtOnceDespiteTheHold) {
+  RestartWithHold(absl::Minutes(5));
+  Json sandbox = SandboxObject("nowhere");
+  sandbox["spec"]["podTemplate"]["spec"]["nodeSelector"] = {{"no-such-label", "x"}};
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", sandbox).ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  Json scheduled;
+  while (absl::Now() < deadline && scheduled.is_null()) {
+    scheduled = Condition("nowhere", "PodScheduled");
+    if (scheduled.is_null()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_FALSE(scheduled.is_null()) << "no PodScheduled condition within 20 s of a 5 min hold";
+  EXPECT_EQ(scheduled.value("status", ""), "False");
+  EXPECT_EQ(scheduled.value("reason", ""), "Unschedulable");
+  EXPECT_EQ(ReadyReason(*client_, "nowhere"), "DependenciesNotReady");
 }
 
 }  // namespace
