@@ -457,6 +457,19 @@ absl::StatusOr<std::vector<Json>> Client::ListAll(const Resource& r, const std::
 }
 
 absl::StatusOr<Json> Client::Create(const Resource& r, const std::string& ns, const Json& object) {
+  absl::StatusOr<Call> call = CreateCall(r, ns, object);
+  if (!call.ok()) return call.status();
+  return DoJson(*std::move(call));
+}
+
+absl::Status Client::CreateNoResult(const Resource& r, const std::string& ns, const Json& object) {
+  absl::StatusOr<Call> call = CreateCall(r, ns, object);
+  if (!call.ok()) return call.status();
+  return DoOk(*std::move(call)).status();
+}
+
+absl::StatusOr<Client::Call> Client::CreateCall(const Resource& r, const std::string& ns,
+                                                const Json& object) {
   if (!object.is_object())
     return absl::InvalidArgumentError("k8s create: object is not a JSON map");
   Json body = object;
@@ -476,7 +489,7 @@ absl::StatusOr<Json> Client::Create(const Resource& r, const std::string& ns, co
   call.request.headers.emplace_back("Content-Type", "application/json");
   call.request.body = body.dump();
   call.retry_unanswered = !name.empty();
-  return DoJson(std::move(call));
+  return call;
 }
 
 absl::StatusOr<Json> Client::Put(const Resource& r, const std::string& ns, const Json& object,

@@ -148,6 +148,9 @@ class Client {
   // The object's metadata.name or metadata.generateName names it; apiVersion and kind are
   // filled in when missing. Returns the stored object.
   absl::StatusOr<Json> Create(const Resource& r, const std::string& ns, const Json& object);
+  // The same create when the caller does not need the stored object (its answer is not
+  // parsed).
+  absl::Status CreateNoResult(const Resource& r, const std::string& ns, const Json& object);
   // PUT with the object's metadata.resourceVersion (a stale one is ABORTED).
   absl::StatusOr<Json> Update(const Resource& r, const std::string& ns, const Json& object);
   absl::StatusOr<Json> UpdateStatus(const Resource& r, const std::string& ns, const Json& object);
@@ -191,6 +194,7 @@ class Client {
   absl::StatusOr<HttpResponse> DoOk(Call call);
   // DoOk, with the answer's body parsed.
   absl::StatusOr<Json> DoJson(Call call);
+  absl::StatusOr<Call> CreateCall(const Resource& r, const std::string& ns, const Json& object);
   Call PatchCall(const Resource& r, const std::string& ns, const std::string& name, PatchType type,
                  const Json& patch, const std::string& subresource);
   // PUT of `object` to its name (and `subresource`, "" for the object itself).

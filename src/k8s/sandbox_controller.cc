@@ -424,13 +424,20 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
   } else if (observed.pods.empty()) {
     const std::string id = ObjectId(kPods, ns, name);
     std::optional<Json> expected = Expected(id);
-    const bool was_expected = expected.has_value();
-    absl::StatusOr<Json> created = was_expected ? absl::StatusOr<Json>(*std::move(expected))
-                                                : client_->Create(kPods, ns, DesiredPod(sandbox));
+    absl::Status created = absl::OkStatus();
+    if (!expected.has_value()) {
+      // Until the informer has it, the pod as sent stands for it (no phase: Pending); the
+      // stored object in the answer is not needed, so it is not parsed.
+      Json pod = DesiredPod(sandbox);
+      created = client_->CreateNoResult(kPods, ns, pod);
+      if (created.ok()) {
+        Expect(id, pod);
+        expected = std::move(pod);
+      }
+    }
     if (created.ok()) {
-      if (!was_expected) Expect(id, *created);
-      observed.pods.push_back(*std::move(created));
-    } else if (absl::IsAlreadyExists(created.status())) {
+      observed.pods.push_back(*std::move(expected));
+    } else if (absl::IsAlreadyExists(created)) {
       // Not in our cache: either the cache lags, or the pod is someone else's.
       absl::StatusOr<Json> pod = client_->Get(kPods, ns, name);
       if (pod.ok() && ControllerUid(*pod) != uid) {
@@ -440,7 +447,7 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
         observed.pods.push_back(*std::move(pod));
       }
     } else if (problem.ok()) {
-      problem = created.status();
+      problem = created;
     }
   }
   if (!problem.ok() && observed.error.empty()) observed.error = std::string(problem.message());
