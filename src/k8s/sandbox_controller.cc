@@ -459,11 +459,11 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
 
   const Json& old_status = Field(sandbox, "status");
   Json status = ComputeStatus(sandbox, observed, old_status, now);
-  const absl::Time created = ParseTime(Str(meta, "creationTimestamp"));
+  const absl::Time created_at = ParseTime(Str(meta, "creationTimestamp"));
   if (status != old_status) {
-    if (MayHoldFirstStatus(old_status, status) && created != absl::InfinitePast() &&
-        now < created + options_.first_status_hold) {
-      queue_.AddAfter(key, created + options_.first_status_hold - now);
+    if (MayHoldFirstStatus(old_status, status) && created_at != absl::InfinitePast() &&
+        now < created_at + options_.first_status_hold) {
+      queue_.AddAfter(key, created_at + options_.first_status_hold - now);
     } else {
       RETURN_IF_ERROR(WriteStatus(sandbox, status));
     }
@@ -475,10 +475,10 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
       first = counted_ready_.insert(uid).second;
     }
     if (first && !IsReady(old_status)) {
-      if (created != absl::InfinitePast()) {
+      if (created_at != absl::InfinitePast()) {
         const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
         metrics_->Created(launch.empty() ? "none" : launch,
-                          absl::ToDoubleMilliseconds(now - created));
+                          absl::ToDoubleMilliseconds(now - created_at));
       }
     }
   }
