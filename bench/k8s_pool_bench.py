@@ -11,7 +11,7 @@ Measures, in one run on one machine:
 
 Usage: k8s_pool_bench.py --server sbx-server --emulator kube-emulator --loadgen sbx-loadgen
                          --source REPO [--members 10000] [--latency_ms 5] [--claims 300]
-                         [--grpc_requests 3000] [--json]
+                         [--grpc_requests 3000] [--max_creating 500] [--emulator_nice 0] [--json]
 Prints numbers; never passes or fails on them (exit 1 only when something breaks).
 With SBX_BENCH_KEEP=1 in the environment the work folder (server.log, emu.log) is kept.
 """
@@ -95,6 +95,9 @@ def main():
     ap.add_argument("--kube_workers", type=int, default=64,
                     help="Sandbox controller workers (each waits on one request at a time)")
     ap.add_argument("--write_workers", type=int, default=64, help="--kube_write_workers")
+    ap.add_argument("--emulator_nice", type=int, default=0,
+                    help="run the emulator at this nice value (a stand-in for an API server on "
+                         "other machines: its CPU then stops sitting in front of sbx's)")
     ap.add_argument("--max_creating", type=int, default=500,
                     help="--refill_max_creating (members in flight per pool)")
     args = ap.parse_args()
@@ -114,7 +117,8 @@ def main():
             shutil.rmtree(work, ignore_errors=True)
 
     try:
-        emu = subprocess.Popen([args.emulator, "--listen", "127.0.0.1:0", "--latency_ms",
+        niced = ["nice", "-n", str(args.emulator_nice)] if args.emulator_nice else []
+        emu = subprocess.Popen(niced + [args.emulator, "--listen", "127.0.0.1:0", "--latency_ms",
                                 str(args.latency_ms), "--pod_ready_delay_ms", "0",
                                 "--watch_history", "1000000"],
                                stdout=subprocess.PIPE, stderr=open(os.path.join(work, "emu.log"), "w"),
