@@ -276,6 +276,9 @@ def main():
                   "ready_max_ms": round(max(lat), 2),
                   "claim_writes_per_claim": round(claim_writes / len(names), 2),
                   "all_writes_per_claim_incl_refill": round(stats["writes"] / len(names), 2),
+                  # The slowest claims by name, to look them up in server.log / emu.log.
+                  "slowest": sorted(((round((ready_at[n_] - created_at[n_]) * 1000, 2), n_)
+                                     for n_ in names), reverse=True)[:5],
                   "requests": req}
         log("kubectl-style claims: %s" % json.dumps(claims))
         result = {"latency_ms": args.latency_ms, "refill": refill, "grpc": grpc_result,
