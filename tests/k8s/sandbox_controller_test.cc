@@ -19,13 +19,19 @@ Json SandboxObject(const std::string& name) {
              {{"spec", {{"containers", {{{"name", "main"}, {"image", "python:3.12-slim"}}}}}}}}}}};
 }
 
-std::string ReadyReason(Client& client, const std::string& name) {
+// The Sandbox's status condition of `type` (null when absent).
+Json Condition(Client& client, const std::string& name, const std::string& type) {
   absl::StatusOr<Json> sandbox = client.Get(kSandboxes, "default", name);
-  if (!sandbox.ok() || !sandbox->contains("status")) return "";
+  if (!sandbox.ok() || !sandbox->contains("status")) return nullptr;
   for (const Json& c : (*sandbox)["status"].value("conditions", Json::array())) {
-    if (c["type"] == "Ready") return c["reason"].get<std::string>();
+    if (c["type"] == type) return c;
   }
-  return "";
+  return nullptr;
+}
+
+std::string ReadyReason(Client& client, const std::string& name) {
+  const Json ready = Condition(client, name, "Ready");
+  return ready.is_null() ? "" : ready.value("reason", "");
 }
 
 bool WaitForReason(Client& client, const std::string& name, const std::string& reason) {
@@ -60,16 +66,6 @@ class SandboxControllerTest : public ::testing::Test {
     options.first_status_hold = hold;
     controller_ = std::make_unique<SandboxController>(client_.get(), options);
     ASSERT_TRUE(controller_->Start().ok());
-  }
-
-  // The Sandbox's status condition of `type` (null when absent).
-  Json Condition(const std::string& name, const std::string& type) {
-    absl::StatusOr<Json> sandbox = client_->Get(kSandboxes, "default", name);
-    if (!sandbox.ok() || !sandbox->contains("status")) return nullptr;
-    for (const Json& c : (*sandbox)["status"].value("conditions", Json::array())) {
-      if (c["type"] == type) return c;
-    }
-    return nullptr;
   }
 
   std::unique_ptr<testing::TestEmulator> emulator_;
@@ -149,7 +145,7 @@ TEST_F(SandboxControllerTest, AWaitingSandboxIsReportedOnceTheHoldHasPassed) {
   std::string message;
   while (absl::Now() < deadline && message != "the pod is Pending") {
     absl::SleepFor(absl::Milliseconds(20));
-    message = Condition("slow", "Ready").value("message", "");
+    message = Condition(*client_, "slow", "Ready").value("message", "");
   }
   EXPECT_EQ(message, "the pod is Pending");
 }
@@ -162,7 +158,7 @@ TEST_F(SandboxControllerTest, AnUnschedulablePodIsReportedAtOnceDespiteTheHold) 
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   Json scheduled;
   while (absl::Now() < deadline && scheduled.is_null()) {
-    scheduled = Condition("nowhere", "PodScheduled");
+    scheduled = Condition(*client_, "nowhere", "PodScheduled");
     if (scheduled.is_null()) absl::SleepFor(absl::Milliseconds(20));
   }
   ASSERT_FALSE(scheduled.is_null()) << "no PodScheduled condition within 20 s of a 5 min hold";
