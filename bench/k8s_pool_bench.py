@@ -100,6 +100,8 @@ def main():
                          "other machines: its CPU then stops sitting in front of sbx's)")
     ap.add_argument("--max_creating", type=int, default=500,
                     help="--refill_max_creating (members in flight per pool)")
+    ap.add_argument("--kube_http", default="socket", choices=["socket", "cpprest"],
+                    help="sbx's HTTP client for the API server (--kube_http)")
     args = ap.parse_args()
 
     work = tempfile.mkdtemp(prefix="k8s-pool-bench-")
@@ -145,7 +147,8 @@ def main():
              os.path.join(work, "data"), "--runtime", "kubernetes", "--kubeconfig", kubeconfig,
              "--kube_namespace", "default", "--kube_qps", "0", "--kube_workers", str(args.kube_workers),
              "--kube_write_workers", str(args.write_workers), "--kube_write_qps", "0", "--refill_qps", "100000",
-             "--refill_max_creating", str(args.max_creating), "--metrics_listen", "off", "--log_level", "warn"],
+             "--refill_max_creating", str(args.max_creating), "--kube_http", args.kube_http,
+             "--metrics_listen", "off", "--log_level", "warn"],
             stdout=server_log, stderr=subprocess.STDOUT)
         procs.append(server)
         deadline = time.time() + 60

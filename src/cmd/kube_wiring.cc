@@ -18,6 +18,11 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
   app.add_option("--kube_qps", flags->qps, "API requests per second (client-side limit)")
       ->capture_default_str();
   app.add_option("--kube_burst", flags->burst, "API request burst")->capture_default_str();
+  app.add_option("--kube_http", flags->http_transport,
+                 "HTTP client for the API server: socket (requests on their callers' threads) "
+                 "or cpprest (cpprestsdk's asynchronous client)")
+      ->check(CLI::IsMember({"socket", "cpprest"}))
+      ->capture_default_str();
   app.add_option("--kube_workers", flags->workers, "reconcile workers per controller")
       ->capture_default_str();
   app.add_flag("--kube_leader_election", flags->leader_election,
@@ -75,6 +80,7 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
   k8s::ClientOptions client_options;
   client_options.qps = flags.qps;
   client_options.burst = flags.burst;
+  client_options.transport = flags.http_transport;
   client_options.registry = flags.registry;
   auto kube = std::make_unique<KubeControllers>();
   ASSIGN_OR_RETURN(kube->client_, k8s::Client::Create(*cluster, client_options));

@@ -26,6 +26,7 @@ struct KubeFlags {
   std::string ns;  // "" = every namespace
   double qps = 1000;
   int burst = 2000;
+  std::string http_transport = "socket";
   int workers = 16;
   bool leader_election = false;
   std::string lease_namespace = "default";

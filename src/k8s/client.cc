@@ -237,6 +237,10 @@ absl::Status ClientOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("k8s max_retries ", max_retries, " is negative"));
   }
+  if (transport != "socket" && transport != "cpprest") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("k8s HTTP transport \"", transport, "\" is not socket or cpprest"));
+  }
   return absl::OkStatus();
 }
 
@@ -248,7 +252,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const ClusterConfig& clus
   transport.insecure_skip_tls_verify = cluster.insecure_skip_tls_verify;
   transport.client_cert_pem = cluster.client_cert_pem;
   transport.client_key_pem = cluster.client_key_pem;
-  ASSIGN_OR_RETURN(std::unique_ptr<HttpTransport> http, NewCpprestTransport(transport));
+  RETURN_IF_ERROR(options.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<HttpTransport> http, options.transport == "cpprest"
+                                                            ? NewCpprestTransport(transport)
+                                                            : NewSocketTransport(transport));
   return Create(cluster, options, std::move(http));
 }
 

@@ -60,6 +60,9 @@ struct ClientOptions {
   // How often a token file is checked for a new token.
   absl::Duration token_recheck = absl::Seconds(1);
   std::string user_agent = "sbx/0.1";
+  // The HTTP transport (http.h): "socket" (the default: each request on its caller's
+  // thread) or "cpprest" (cpprestsdk's asynchronous client, the earlier default).
+  std::string transport = "socket";
   // Metrics land here when set: sbx_k8s_requests_total{verb,resource,code},
   // sbx_k8s_request_duration_seconds{verb,resource}, sbx_k8s_watch_restarts_total{resource,reason}.
   std::shared_ptr<prometheus::Registry> registry;

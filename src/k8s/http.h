@@ -82,4 +82,13 @@ class HttpTransport {
 // The cpprestsdk transport. INVALID_ARGUMENT when the server URL or a PEM is malformed.
 absl::StatusOr<std::unique_ptr<HttpTransport>> NewCpprestTransport(const TransportOptions& options);
 
+// The socket transport (http_socket.cc): HTTP/1.1 on sockets driven by the calling thread
+// itself (no I/O threads, no hand-offs), TLS through OpenSSL. A pool of idle keep-alive
+// connections serves Send; a pooled connection that the server closed is noticed before
+// reuse, and a request that fails on a reused connection before any byte of its answer is
+// sent again once on a new connection when that cannot do it twice (its bytes were not
+// all written, or its method is idempotent). INVALID_ARGUMENT when the server URL or a PEM
+// is malformed.
+absl::StatusOr<std::unique_ptr<HttpTransport>> NewSocketTransport(const TransportOptions& options);
+
 }  // namespace sbx::k8s

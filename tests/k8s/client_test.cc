@@ -62,13 +62,20 @@ double CounterValue(prometheus::Registry& registry, const std::string& name,
   return total;
 }
 
-class ClientTest : public ::testing::Test {
+// Every test runs on both HTTP transports (the parameter is ClientOptions::transport).
+class ClientTest : public ::testing::TestWithParam<std::string> {
  protected:
+  ClientOptions Options() const {
+    ClientOptions options;
+    options.transport = GetParam();
+    return options;
+  }
+
   void SetUp() override {
     emulator_ = std::make_unique<TestEmulator>(
         std::vector<std::string>{"--bookmark_interval_ms", "200", "--pod_ready_delay_ms", "20"});
     ASSERT_TRUE(emulator_->ok());
-    ClientOptions options;
+    ClientOptions options = Options();
     options.registry = registry_;
     options.retry_initial_backoff = absl::Milliseconds(5);
     // RetriesThroughInjectedFaults fails 40% of attempts: with 20 retries a request gives
@@ -83,7 +90,7 @@ class ClientTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
-TEST_F(ClientTest, CreateGetUpdateDelete) {
+TEST_P(ClientTest, CreateGetUpdateDelete) {
   absl::StatusOr<Json> created = client_->Create(kLeases, "default", Lease("a"));
   ASSERT_TRUE(created.ok()) << created.status();
   const Json& meta = (*created)["metadata"];
@@ -119,7 +126,7 @@ TEST_F(ClientTest, CreateGetUpdateDelete) {
   EXPECT_EQ(client_->Delete(kLeases, "default", "a").code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(ClientTest, BadInputGetsTheServersReason) {
+TEST_P(ClientTest, BadInputGetsTheServersReason) {
   Json nameless = Lease("x");
   nameless["metadata"].erase("name");
   EXPECT_EQ(client_->Create(kLeases, "default", nameless).status().code(),
@@ -135,7 +142,7 @@ TEST_F(ClientTest, BadInputGetsTheServersReason) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(ClientTest, GenerateName) {
+TEST_P(ClientTest, GenerateName) {
   Json lease = Lease("");
   lease["metadata"].erase("name");
   lease["metadata"]["generateName"] = "warm-";
@@ -151,7 +158,7 @@ TEST_F(ClientTest, GenerateName) {
   EXPECT_EQ(names.size(), 5u);
 }
 
-TEST_F(ClientTest, PatchKinds) {
+TEST_P(ClientTest, PatchKinds) {
   ASSERT_TRUE(client_->Create(kPods, "default", Pod("p")).ok());
   absl::StatusOr<Json> merged = client_->Patch(kPods, "default", "p", PatchType::kMerge,
                                                {{"metadata", {{"labels", {{"tier", "gold"}}}}}});
@@ -193,7 +200,7 @@ TEST_F(ClientTest, PatchKinds) {
             absl::StatusCode::kNotFound);
 }
 
-TEST_F(ClientTest, PaginationAndSelectors) {
+TEST_P(ClientTest, PaginationAndSelectors) {
   for (int i = 0; i < 25; ++i) {
     Json labels = {{"parity", i % 2 == 0 ? "even" : "odd"}};
     ASSERT_TRUE(client_->Create(kLeases, "default", Lease(absl::StrCat("l", i), labels)).ok());
@@ -244,7 +251,7 @@ TEST_F(ClientTest, PaginationAndSelectors) {
   EXPECT_EQ(expired.code(), absl::StatusCode::kOutOfRange) << expired;
 }
 
-TEST_F(ClientTest, StatusAndScaleSubresources) {
+TEST_P(ClientTest, StatusAndScaleSubresources) {
   ASSERT_NO_FATAL_FAILURE(testing::InstallCrds(*client_));
   Json pool = {{"metadata", {{"name", "py"}}},
                {"spec", {{"replicas", 2}, {"sandboxTemplateRef", {{"name", "python"}}}}}};
@@ -277,7 +284,7 @@ TEST_F(ClientTest, StatusAndScaleSubresources) {
   EXPECT_EQ(rejected.code(), absl::StatusCode::kInvalidArgument) << rejected;
 }
 
-TEST_F(ClientTest, DeletePreconditionsAndPropagation) {
+TEST_P(ClientTest, DeletePreconditionsAndPropagation) {
   absl::StatusOr<Json> owner = client_->Create(kLeases, "default", Lease("owner"));
   ASSERT_TRUE(owner.ok());
   const std::string uid = (*owner)["metadata"]["uid"];
@@ -312,7 +319,7 @@ TEST_F(ClientTest, DeletePreconditionsAndPropagation) {
               (*kept)["metadata"]["ownerReferences"].empty());
 }
 
-TEST_F(ClientTest, WatchDeliversChangesInOrderAndResumes) {
+TEST_P(ClientTest, WatchDeliversChangesInOrderAndResumes) {
   std::string version;
   ASSERT_TRUE(client_->ListAll(kLeases, "default", {}, &version).ok());
   WatchOptions options;
@@ -359,7 +366,7 @@ TEST_F(ClientTest, WatchDeliversChangesInOrderAndResumes) {
   EXPECT_EQ(event.type, WatchEvent::Type::kDeleted);
 }
 
-TEST_F(ClientTest, WatchBookmarksTimeoutAndGone) {
+TEST_P(ClientTest, WatchBookmarksTimeoutAndGone) {
   std::string version;
   ASSERT_TRUE(client_->ListAll(kLeases, "default", {}, &version).ok());
   WatchOptions options;
@@ -393,7 +400,7 @@ TEST_F(ClientTest, WatchBookmarksTimeoutAndGone) {
   EXPECT_EQ(gone.code(), absl::StatusCode::kOutOfRange) << gone;
 }
 
-TEST_F(ClientTest, CancelEndsABlockedWatch) {
+TEST_P(ClientTest, CancelEndsABlockedWatch) {
   absl::StatusOr<std::unique_ptr<Watch>> watch = client_->StartWatch(kLeases, "default", {});
   ASSERT_TRUE(watch.ok()) << watch.status();
   std::thread canceller([&] {
@@ -413,7 +420,7 @@ TEST_F(ClientTest, CancelEndsABlockedWatch) {
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
 }
 
-TEST_F(ClientTest, RetriesThroughInjectedFaults) {
+TEST_P(ClientTest, RetriesThroughInjectedFaults) {
   emulator_->SetFaults(
       {{"errors", {{"429", 0.2}, {"500", 0.1}, {"503", 0.1}}}, {"retry_after_seconds", 0}});
   for (int i = 0; i < 40; ++i) {
@@ -435,8 +442,8 @@ TEST_F(ClientTest, RetriesThroughInjectedFaults) {
             40);
 }
 
-TEST_F(ClientTest, GivesUpAfterMaxRetriesAndHonoursRetryAfter) {
-  ClientOptions options;
+TEST_P(ClientTest, GivesUpAfterMaxRetriesAndHonoursRetryAfter) {
+  ClientOptions options = Options();
   options.max_retries = 2;
   options.retry_initial_backoff = absl::Milliseconds(1);
   auto client = NewClient(emulator_->Cluster(), options);
@@ -463,8 +470,8 @@ TEST_F(ClientTest, GivesUpAfterMaxRetriesAndHonoursRetryAfter) {
   EXPECT_EQ(emulator_->Requests("create leases"), 1);
 }
 
-TEST_F(ClientTest, RequestDeadline) {
-  ClientOptions options;
+TEST_P(ClientTest, RequestDeadline) {
+  ClientOptions options = Options();
   options.request_timeout = absl::Milliseconds(200);
   options.max_retries = 0;
   auto client = NewClient(emulator_->Cluster(), options);
@@ -474,10 +481,10 @@ TEST_F(ClientTest, RequestDeadline) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
 
-TEST_F(ClientTest, ConnectionRefusedIsUnavailable) {
+TEST_P(ClientTest, ConnectionRefusedIsUnavailable) {
   ClusterConfig nowhere;
   nowhere.server = "http://127.0.0.1:1";
-  ClientOptions options;
+  ClientOptions options = Options();
   options.max_retries = 1;
   options.retry_initial_backoff = absl::Milliseconds(1);
   auto client = NewClient(nowhere, options);
@@ -486,22 +493,38 @@ TEST_F(ClientTest, ConnectionRefusedIsUnavailable) {
   EXPECT_THAT(status.message(), HasSubstr("get leases \"x\""));
 }
 
+INSTANTIATE_TEST_SUITE_P(Transports, ClientTest, ::testing::Values("socket", "cpprest"),
+                         [](const auto& info) { return info.param; });
+
 TEST(ClientOptionsTest, BadOptionsAndServers) {
+  for (const std::string transport : {"socket", "cpprest"}) {
+    SCOPED_TRACE(transport);
+    ClientOptions options;
+    options.transport = transport;
+    ClusterConfig cluster;
+    cluster.server = "ftp://host";
+    EXPECT_EQ(Client::Create(cluster, options).status().code(), absl::StatusCode::kInvalidArgument);
+    cluster.server = "https://127.0.0.1:6443";
+    cluster.ca_pem = "not a pem";
+    EXPECT_EQ(Client::Create(cluster, options).status().code(), absl::StatusCode::kInvalidArgument);
+    cluster.ca_pem.clear();
+    cluster.client_cert_pem = "only a cert";
+    EXPECT_EQ(Client::Create(cluster, options).status().code(), absl::StatusCode::kInvalidArgument);
+    cluster.client_cert_pem.clear();
+    ClientOptions negative = options;
+    negative.qps = -1;
+    EXPECT_EQ(Client::Create(cluster, negative).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    cluster.token_file = "/nonexistent/token";
+    EXPECT_EQ(Client::Create(cluster, options).status().code(), absl::StatusCode::kNotFound);
+  }
   ClusterConfig cluster;
-  cluster.server = "ftp://host";
-  EXPECT_EQ(Client::Create(cluster).status().code(), absl::StatusCode::kInvalidArgument);
   cluster.server = "https://127.0.0.1:6443";
-  cluster.ca_pem = "not a pem";
-  EXPECT_EQ(Client::Create(cluster).status().code(), absl::StatusCode::kInvalidArgument);
-  cluster.ca_pem.clear();
-  cluster.client_cert_pem = "only a cert";
-  EXPECT_EQ(Client::Create(cluster).status().code(), absl::StatusCode::kInvalidArgument);
-  cluster.client_cert_pem.clear();
-  ClientOptions options;
-  options.qps = -1;
-  EXPECT_EQ(Client::Create(cluster, options).status().code(), absl::StatusCode::kInvalidArgument);
-  cluster.token_file = "/nonexistent/token";
-  EXPECT_EQ(Client::Create(cluster).status().code(), absl::StatusCode::kNotFound);
+  ClientOptions unknown;
+  unknown.transport = "curl";
+  absl::Status status = Client::Create(cluster, unknown).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("\"curl\""));
 }
 
 class TempDir {
@@ -554,7 +577,11 @@ TEST(ClientAuthTest, TokenFileIsReadAgainWhenItChanges) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
 }
 
-TEST(ClientTlsTest, SelfSignedCa) {
+class ClientTlsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ClientTlsTest, SelfSignedCa) {
+  ClientOptions options;
+  options.transport = GetParam();
   TempDir dir;
   const std::string d = dir.path();
   const std::string script = absl::StrCat(
@@ -575,7 +602,7 @@ TEST(ClientTlsTest, SelfSignedCa) {
 
   ClusterConfig trusted = emulator.Cluster();
   trusted.ca_pem = ca;
-  auto client = NewClient(trusted);
+  auto client = NewClient(trusted, options);
   absl::StatusOr<Json> created = client->Create(kLeases, "default", Lease("tls"));
   EXPECT_TRUE(created.ok()) << created.status();
   absl::StatusOr<std::unique_ptr<Watch>> watch = client->StartWatch(kLeases, "default", {});
@@ -586,7 +613,7 @@ TEST(ClientTlsTest, SelfSignedCa) {
   EXPECT_EQ(event.object["metadata"]["name"], "tls");
 
   ClusterConfig untrusted = emulator.Cluster();
-  ClientOptions no_retries;
+  ClientOptions no_retries = options;
   no_retries.max_retries = 0;
   auto stranger = NewClient(untrusted, no_retries);
   absl::Status refused = stranger->Get(kLeases, "default", "tls").status();
@@ -594,9 +621,12 @@ TEST(ClientTlsTest, SelfSignedCa) {
 
   ClusterConfig insecure = emulator.Cluster();
   insecure.insecure_skip_tls_verify = true;
-  auto careless = NewClient(insecure);
+  auto careless = NewClient(insecure, options);
   EXPECT_TRUE(careless->Get(kLeases, "default", "tls").ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ClientTlsTest, ::testing::Values("socket", "cpprest"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace sbx::k8s
