@@ -50,7 +50,8 @@ class HttpStream {
   // body, UNAVAILABLE when the connection broke, DEADLINE_EXCEEDED when it idled past
   // the request's idle_timeout, CANCELLED after Cancel.
   virtual absl::StatusOr<bool> ReadLine(std::string* line) = 0;
-  // Reads what is left of the body (for error statuses).
+  // Reads what is left of the body (for error statuses): the socket transport gives its
+  // bytes as sent; cpprest's joins the remaining lines with "\n".
   virtual absl::StatusOr<std::string> ReadAll() = 0;
   // Ends the stream from any thread; a blocked ReadLine returns CANCELLED.
   virtual void Cancel() = 0;

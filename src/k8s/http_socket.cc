@@ -770,6 +770,11 @@ bool IdempotentMethod(absl::string_view method) {
          method == "OPTIONS";
 }
 
+// `status` with the request it belongs to in front of its message.
+absl::Status Prefixed(const std::string& what_for, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(what_for, ": ", status.message()));
+}
+
 class SocketStream final : public HttpStream {
  public:
   SocketStream(std::unique_ptr<Connection> conn, const Head& head, absl::Duration idle_timeout,
@@ -802,8 +807,7 @@ class SocketStream final : public HttpStream {
       absl::StatusOr<bool> more = body_.Next(&pending_, absl::Now() + idle_timeout_);
       if (cancelled_.load(std::memory_order_acquire)) return Cancelled();
       if (!more.ok()) {
-        return absl::Status(more.status().code(),
-                            absl::StrCat(what_for_, ": ", more.status().message()));
+        return Prefixed(what_for_, more.status());
       }
       if (!*more) {
         if (pos_ == pending_.size()) return false;
@@ -814,14 +818,19 @@ class SocketStream final : public HttpStream {
     }
   }
 
+  // The body's bytes as sent, from where ReadLine left off.
   absl::StatusOr<std::string> ReadAll() override {
-    std::string all;
-    std::string line;
+    std::string all = pending_.substr(pos_);
+    pending_.clear();
+    pos_ = 0;
     while (true) {
-      ASSIGN_OR_RETURN(bool more, ReadLine(&line));
-      if (!more) return all;
-      if (!all.empty()) all.push_back('\n');
-      all += line;
+      if (cancelled_.load(std::memory_order_acquire)) return Cancelled();
+      absl::StatusOr<bool> more = body_.Next(&all, absl::Now() + idle_timeout_);
+      if (cancelled_.load(std::memory_order_acquire)) return Cancelled();
+      if (!more.ok()) {
+        return Prefixed(what_for_, more.status());
+      }
+      if (!*more) return all;
     }
   }
 
@@ -857,7 +866,9 @@ class SocketTransport final : public HttpTransport {
     if (!wire.ok()) return Prefixed(what_for, wire.status());
     const bool head_request = request.method == "HEAD";
     for (int attempt = 0;; ++attempt) {
-      std::unique_ptr<Connection> conn = TakeIdle();
+      // The retry takes a new connection: the other pooled ones are likely stale too (a
+      // server or balancer tends to drop its idle connections together).
+      std::unique_ptr<Connection> conn = attempt == 0 ? TakeIdle() : nullptr;
       if (conn == nullptr) {
         absl::StatusOr<std::unique_ptr<Connection>> opened = Open(deadline);
         if (!opened.ok()) return Prefixed(what_for, opened.status());
@@ -936,10 +947,6 @@ class SocketTransport final : public HttpTransport {
 
   std::string WhatFor(const HttpRequest& request) const {
     return absl::StrCat(request.method, " ", options_.server, request.path);
-  }
-
-  static absl::Status Prefixed(const std::string& what_for, const absl::Status& status) {
-    return absl::Status(status.code(), absl::StrCat(what_for, ": ", status.message()));
   }
 
   absl::StatusOr<std::string> Wire(const HttpRequest& request) const {
