@@ -190,7 +190,7 @@ absl::Status Informer::Relist(std::vector<Notice>* notices) {
   return absl::OkStatus();
 }
 
-void Informer::Apply(const WatchEvent& event, std::vector<Notice>* notices) {
+void Informer::Apply(WatchEvent event, std::vector<Notice>* notices) {
   absl::MutexLock lock(&mu_);
   const std::string version = ResourceVersionOf(event.object);
   if (!version.empty()) resource_version_ = version;
@@ -202,11 +202,12 @@ void Informer::Apply(const WatchEvent& event, std::vector<Notice>* notices) {
   if (event.type == WatchEvent::Type::kDeleted) {
     if (previous == nullptr) return;
     Remove(key);
-    notices->push_back({Change::kDelete, nullptr, std::make_shared<const Json>(event.object)});
+    notices->push_back(
+        {Change::kDelete, nullptr, std::make_shared<const Json>(std::move(event.object))});
     return;
   }
   if (previous != nullptr && ResourceVersionOf(*previous) == version) return;
-  auto fresh = std::make_shared<const Json>(event.object);
+  auto fresh = std::make_shared<const Json>(std::move(event.object));
   Put(key, fresh);
   if (previous == nullptr) {
     notices->push_back({Change::kAdd, nullptr, std::move(fresh)});
@@ -269,7 +270,7 @@ absl::Status Informer::WatchOnce() {
     if (!*more) break;
     ++events;
     std::vector<Notice> notices;
-    Apply(event, &notices);
+    Apply(std::move(event), &notices);
     Notify(notices);
   }
   std::unique_ptr<Watch> done;

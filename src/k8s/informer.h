@@ -97,7 +97,8 @@ class Informer {
   absl::Status Relist(std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
   // Watches until the stream ends or fails; applies events as they come.
   absl::Status WatchOnce() ABSL_LOCKS_EXCLUDED(mu_);
-  void Apply(const WatchEvent& event, std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the event's object into the cache (moved, not copied).
+  void Apply(WatchEvent event, std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
   void Notify(const std::vector<Notice>& notices);
   void Put(const std::string& key, ObjectPtr object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remove(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -283,20 +283,20 @@ absl::Status SandboxController::Reconcile(const std::string& key) {
   return ReconcileSandbox(*sandbox);
 }
 
-std::optional<Json> SandboxController::Expected(const std::string& id) {
+ObjectPtr SandboxController::Expected(const std::string& id) {
   absl::MutexLock lock(&expect_mu_);
   auto it = expected_.find(id);
-  if (it == expected_.end()) return std::nullopt;
+  if (it == expected_.end()) return nullptr;
   if (absl::Now() - it->second.created > kExpectationTimeout) {
     expected_.erase(it);
-    return std::nullopt;
+    return nullptr;
   }
   return it->second.object;
 }
 
-void SandboxController::Expect(const std::string& id, const Json& object) {
+void SandboxController::Expect(const std::string& id, ObjectPtr object) {
   absl::MutexLock lock(&expect_mu_);
-  expected_[id] = Expectation{absl::Now(), object};
+  expected_[id] = Expectation{absl::Now(), std::move(object)};
 }
 
 void SandboxController::Seen(const Resource& resource, const Json& object) {
@@ -311,11 +311,11 @@ absl::Status SandboxController::EnsurePvcs(const Json& sandbox) {
     const std::string name = Str(pvc["metadata"], "name");
     const std::string ns = Str(pvc["metadata"], "namespace");
     const std::string id = ObjectId(kPersistentVolumeClaims, ns, name);
-    if (pvcs_.Get(ns, name) != nullptr || Expected(id).has_value()) continue;
+    if (pvcs_.Get(ns, name) != nullptr || Expected(id) != nullptr) continue;
     pvc["metadata"]["labels"][kNameHashLabel] = NameHash(Str(sandbox["metadata"], "name"));
     absl::StatusOr<Json> created = client_->Create(kPersistentVolumeClaims, ns, pvc);
     if (created.ok()) {
-      Expect(id, *created);
+      Expect(id, std::make_shared<const Json>(*std::move(created)));
     } else if (!absl::IsAlreadyExists(created.status())) {
       return created.status();
     }
@@ -338,10 +338,10 @@ absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json&
           absl::StrCat("service \"", name, "\" exists and is not controlled by this Sandbox"));
     }
     const std::string id = ObjectId(kServices, ns, name);
-    if (std::optional<Json> expected = Expected(id)) return expected;
+    if (ObjectPtr expected = Expected(id)) return std::optional<Json>(*expected);
     absl::StatusOr<Json> created = client_->Create(kServices, ns, DesiredService(sandbox));
     if (created.ok()) {
-      Expect(id, *created);
+      Expect(id, std::make_shared<const Json>(*created));
       return std::optional<Json>(*std::move(created));
     }
     if (!absl::IsAlreadyExists(created.status())) return created.status();
@@ -407,36 +407,36 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
 
   // The pod.
   for (const ObjectPtr& pod : pods_.ByOwner(uid)) {
-    if (ControllerUid(*pod) == uid) observed.pods.push_back(*pod);
+    if (ControllerUid(*pod) == uid) observed.pods.push_back(pod);
   }
   ObjectPtr named = pods_.Get(ns, name);
   if (named != nullptr && ControllerUid(*named) != uid) {
     observed.error =
         absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");
   } else if (observed.suspended || observed.expired) {
-    for (const Json& pod : observed.pods) {
-      if (Deleting(pod)) continue;
+    for (const ObjectPtr& pod : observed.pods) {
+      if (Deleting(*pod)) continue;
       DeleteOptions options;
-      options.precondition_uid = Str(pod["metadata"], "uid");
-      absl::Status deleted = client_->Delete(kPods, ns, Str(pod["metadata"], "name"), options);
+      options.precondition_uid = Str((*pod)["metadata"], "uid");
+      absl::Status deleted = client_->Delete(kPods, ns, Str((*pod)["metadata"], "name"), options);
       if (!deleted.ok() && !absl::IsNotFound(deleted) && problem.ok()) problem = deleted;
     }
   } else if (observed.pods.empty()) {
     const std::string id = ObjectId(kPods, ns, name);
-    std::optional<Json> expected = Expected(id);
+    ObjectPtr expected = Expected(id);
     absl::Status created = absl::OkStatus();
-    if (!expected.has_value()) {
+    if (expected == nullptr) {
       // Until the informer has it, the pod as sent stands for it (no phase: Pending); the
       // stored object in the answer is not needed, so it is not parsed.
-      Json pod = DesiredPod(sandbox);
-      created = client_->CreateNoResult(kPods, ns, pod);
+      auto pod = std::make_shared<const Json>(DesiredPod(sandbox));
+      created = client_->CreateNoResult(kPods, ns, *pod);
       if (created.ok()) {
         Expect(id, pod);
         expected = std::move(pod);
       }
     }
     if (created.ok()) {
-      observed.pods.push_back(*std::move(expected));
+      observed.pods.push_back(std::move(expected));
     } else if (absl::IsAlreadyExists(created)) {
       // Not in our cache: either the cache lags, or the pod is someone else's.
       absl::StatusOr<Json> pod = client_->Get(kPods, ns, name);
@@ -444,7 +444,7 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
         observed.error =
             absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");
       } else if (pod.ok()) {
-        observed.pods.push_back(*std::move(pod));
+        observed.pods.push_back(std::make_shared<const Json>(*std::move(pod)));
       }
     } else if (problem.ok()) {
       problem = created;

@@ -97,10 +97,11 @@ class SandboxController {
   // for it, or after kExpectationTimeout (then a create meets AlreadyExists and reads it).
   struct Expectation {
     absl::Time created;
-    Json object;
+    ObjectPtr object;
   };
-  std::optional<Json> Expected(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
-  void Expect(const std::string& id, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  // The object written as `id` that the informer has not shown yet, or null.
+  ObjectPtr Expected(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void Expect(const std::string& id, ObjectPtr object) ABSL_LOCKS_EXCLUDED(expect_mu_);
   void Seen(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
   absl::Mutex expect_mu_;
   absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);

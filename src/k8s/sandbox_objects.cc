@@ -182,7 +182,7 @@ Json ComputeStatus(const Json& sandbox, const Observed& observed, const Json& ol
   const std::string ns = Str(meta, "namespace");
   const int64_t generation =
       Field(meta, "generation").is_number_integer() ? meta["generation"].get<int64_t>() : 0;
-  const Json* pod = observed.pods.size() == 1 ? &observed.pods[0] : nullptr;
+  const Json* pod = observed.pods.size() == 1 ? observed.pods[0].get() : nullptr;
   const std::string phase = pod != nullptr ? Str(Field(*pod, "status"), "phase") : "";
   const Json& pod_status = pod != nullptr ? Field(*pod, "status") : Field(Json(), "x");
 

@@ -3,6 +3,7 @@
 // like, and what its status says given what exists. Pure functions of their inputs, used
 // by the Sandbox controller and tested on their own. Facts from upstream-api.md.
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,8 +39,9 @@ Json DesiredService(const Json& sandbox);
 
 // What the controller saw while reconciling a Sandbox.
 struct Observed {
-  // Pods controlled by the Sandbox (normally zero or one).
-  std::vector<Json> pods;
+  // Pods controlled by the Sandbox (normally zero or one), shared with the informer's cache
+  // (never copied on the reconcile path).
+  std::vector<std::shared_ptr<const Json>> pods;
   // The Service, when one named like the Sandbox is owned by it.
   std::optional<Json> service;
   bool service_wanted = false;

@@ -46,6 +46,13 @@ std::string Reason(const Json& status, const std::string& type) {
   return "absent";
 }
 
+// Observed::pods as the controller fills it (shared with the informer's cache).
+std::vector<std::shared_ptr<const Json>> Pods(const std::vector<Json>& pods) {
+  std::vector<std::shared_ptr<const Json>> out;
+  for (const Json& pod : pods) out.push_back(std::make_shared<const Json>(pod));
+  return out;
+}
+
 TEST(SandboxObjectsTest, NameHashIsFnv1a32) {
   // Reference values computed independently (Python) for FNV-1a 32-bit.
   EXPECT_EQ(NameHash("my-sandbox"), "374de8f5");
@@ -95,7 +102,7 @@ TEST(SandboxObjectsTest, PvcsAndService) {
 
 TEST(SandboxObjectsTest, ReadyWhenThePodIsRunningReadyWithAnIp) {
   Observed observed;
-  observed.pods = {RunningPod()};
+  observed.pods = Pods({RunningPod()});
   Json status = ComputeStatus(Sandbox(), observed, Json::object(), kNow);
   EXPECT_EQ(Reason(status, "Ready"), "DependenciesReady/True");
   EXPECT_EQ(Reason(status, "Suspended"), "NotSuspended/False");
@@ -123,24 +130,25 @@ TEST(SandboxObjectsTest, NotReadyReasons) {
   EXPECT_EQ(Reason(ComputeStatus(Sandbox(), none, {}, kNow), "Ready"),
             "DependenciesNotReady/False");
   Observed unready;
-  unready.pods = {RunningPod(/*ready=*/false)};
+  unready.pods = Pods({RunningPod(/*ready=*/false)});
   EXPECT_EQ(Reason(ComputeStatus(Sandbox(), unready, {}, kNow), "Ready"),
             "DependenciesNotReady/False");
   Observed failed;
-  failed.pods = {RunningPod()};
-  failed.pods[0]["status"]["phase"] = "Failed";
+  Json failed_pod = RunningPod();
+  failed_pod["status"]["phase"] = "Failed";
+  failed.pods = Pods({failed_pod});
   Json status = ComputeStatus(Sandbox(), failed, {}, kNow);
   EXPECT_EQ(Reason(status, "Ready"), "PodFailed/False");
   EXPECT_EQ(Reason(status, "Finished"), "PodFailed/True");
   Observed two;
-  two.pods = {RunningPod(), RunningPod()};
+  two.pods = Pods({RunningPod(), RunningPod()});
   EXPECT_EQ(Reason(ComputeStatus(Sandbox(), two, {}, kNow), "Ready"), "MultiplePods/False");
   Observed suspended;
   suspended.suspended = true;
   status = ComputeStatus(Sandbox(), suspended, {}, kNow);
   EXPECT_EQ(Reason(status, "Ready"), "SandboxSuspended/False");
   EXPECT_EQ(Reason(status, "Suspended"), "PodTerminated/True");
-  suspended.pods = {RunningPod()};
+  suspended.pods = Pods({RunningPod()});
   EXPECT_EQ(Reason(ComputeStatus(Sandbox(), suspended, {}, kNow), "Suspended"),
             "PodTerminating/False");
   Observed expired;
@@ -156,13 +164,15 @@ TEST(SandboxObjectsTest, NotReadyReasons) {
 
 TEST(SandboxObjectsTest, UnchangedWorldGivesAnEqualStatus) {
   Observed observed;
-  observed.pods = {RunningPod()};
+  Json pod = RunningPod();
+  observed.pods = Pods({pod});
   Json first = ComputeStatus(Sandbox(), observed, Json::object(), kNow);
   // Later, nothing changed: transition times are kept, so the status is equal (no write).
   Json again = ComputeStatus(Sandbox(), observed, first, kNow + absl::Minutes(5));
   EXPECT_EQ(first, again);
   // Ready flips: its transition time moves, the others' stay.
-  observed.pods[0]["status"]["phase"] = "Failed";
+  pod["status"]["phase"] = "Failed";
+  observed.pods = Pods({pod});
   Json failed = ComputeStatus(Sandbox(), observed, first, kNow + absl::Minutes(5));
   EXPECT_NE(failed["conditions"][0]["lastTransitionTime"],
             first["conditions"][0]["lastTransitionTime"]);
