@@ -1,8 +1,9 @@
 #pragma once
 // Background priority for the Kubernetes side of sbx: informers, reconcile workers and API
 // writes are background work that must not take CPU from gRPC claims when the machine is
-// busy (a claim's answer needs no API request). cpprest's own I/O threads keep the normal
-// priority (they are started by the library; see docs/benchmarks.md).
+// busy (a claim's answer needs no API request). With the default socket transport the API
+// requests run on these threads too; with `--kube_http cpprest` cpprest's own I/O threads
+// keep the normal priority (they are started by the library; see docs/benchmarks.md).
 
 #include <pthread.h>
 #include <sys/resource.h>
