@@ -2,8 +2,9 @@
 // watch events/s, with 0 and 5 ms of injected latency per request. The baseline is a GET of
 // one small object through the same client in the same run.
 //
-//   k8s_client_bench --emulator build/clang/tests/kube_emulator/kube-emulator
+//   k8s_client_bench --emulator build/clang/tests/kube_emulator/kube-emulator [--transport cpprest]
 //
+// --transport picks the client's HTTP transport (ClientOptions::transport, default socket).
 // The client runs with its rate limiter off (qps 0) so that the numbers are the client's
 // and the emulator's, not the limiter's.
 
@@ -134,15 +135,22 @@ BENCHMARK(BM_K8s_WatchEvents)->ArgName("latency_ms")->Arg(0)->Arg(5)->UseRealTim
 
 int main(int argc, char** argv) {
   std::vector<char*> rest;
+  sbx::k8s::ClientOptions options;
+  options.qps = 0;
   for (int i = 0; i < argc; ++i) {
     if (std::strcmp(argv[i], "--emulator") == 0 && i + 1 < argc) {
       sbx::k8s::g_emulator_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--transport") == 0 && i + 1 < argc) {
+      options.transport = argv[++i];
     } else {
       rest.push_back(argv[i]);
     }
   }
   if (sbx::k8s::g_emulator_path.empty()) {
-    std::fprintf(stderr, "usage: %s --emulator PATH/kube-emulator [benchmark flags]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s --emulator PATH/kube-emulator [--transport socket|cpprest] "
+                 "[benchmark flags]\n",
+                 argv[0]);
     return 2;
   }
   sbx::k8s::emulator::EmulatorProcess emulator(sbx::k8s::g_emulator_path,
@@ -152,8 +160,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   sbx::k8s::g_emulator = &emulator;
-  sbx::k8s::ClientOptions options;
-  options.qps = 0;
   auto client = sbx::k8s::Client::Create(emulator.Cluster(), options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
