@@ -8,7 +8,9 @@
 //
 // Deadlines are whole-request: connect, TLS handshake, writing and reading all wait in
 // poll() with what is left of the request's timeout (a stream's body reads use its idle
-// timeout per read instead). Signals: writes use send(MSG_NOSIGNAL), also under TLS (a
+// timeout per read instead). One exception: resolving the server's name (getaddrinfo)
+// blocks outside the deadline; it happens only when a connection is opened, which the pool
+// makes rare. Signals: writes use send(MSG_NOSIGNAL), also under TLS (a
 // BIO of our own), so a closed peer never raises SIGPIPE.
 
 #include <arpa/inet.h>
@@ -276,6 +278,44 @@ int PollTimeoutMs(absl::Time deadline) {
       absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1 << 30));
 }
 
+// Bytes read from a connection and not yet consumed. Unlike a std::string it does not
+// zero the space a read may fill (64 KiB per read, mostly unused by small answers).
+class ReadBuffer {
+ public:
+  absl::string_view unread() const {
+    return absl::string_view(data_.get() + begin_, end_ - begin_);
+  }
+  void Consume(size_t n) {
+    begin_ += n;
+    if (begin_ == end_) begin_ = end_ = 0;
+  }
+  // Room for `n` more bytes after the unread ones; Added(k) then keeps k of them.
+  char* Space(size_t n) {
+    if (capacity_ - end_ < n) {
+      const size_t used = end_ - begin_;
+      if (capacity_ - used >= n) {
+        std::memmove(data_.get(), data_.get() + begin_, used);
+      } else {
+        const size_t grown = std::max(capacity_ * 2, used + n);
+        std::unique_ptr<char[]> bigger(new char[grown]);
+        if (used > 0) std::memcpy(bigger.get(), data_.get() + begin_, used);
+        data_ = std::move(bigger);
+        capacity_ = grown;
+      }
+      begin_ = 0;
+      end_ = used;
+    }
+    return data_.get() + end_;
+  }
+  void Added(size_t n) { end_ += n; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  size_t capacity_ = 0;
+  size_t begin_ = 0;  // unread bytes are [begin_, end_)
+  size_t end_ = 0;
+};
+
 // One TCP (and maybe TLS) connection with its read buffer. Used by one thread at a time;
 // only Shutdown may be called from another.
 class Connection {
@@ -337,7 +377,7 @@ class Connection {
   // For pooled connections: false when the server closed it, or sent something unasked
   // (nothing may arrive between answers on HTTP/1.1).
   bool StillIdle() {
-    if (pos_ != in_.size()) return false;
+    if (!unread().empty()) return false;
     pollfd p{state_.fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, 0);
     if (ready == 0) return true;
@@ -386,20 +426,12 @@ class Connection {
 
   // Reads at least one more byte onto the buffer. Returns false at EOF.
   absl::StatusOr<bool> Fill(absl::Time deadline) {
-    if (pos_ == in_.size()) {
-      in_.clear();
-      pos_ = 0;
-    } else if (pos_ > kReadSize && pos_ * 2 > in_.size()) {
-      in_.erase(0, pos_);
-      pos_ = 0;
-    }
-    const size_t old_size = in_.size();
-    in_.resize(old_size + kReadSize);
+    char* const into = in_.Space(kReadSize);
     while (true) {
       ssize_t n;
       if (ssl_ != nullptr) {
         ERR_clear_error();
-        const int r = SSL_read(ssl_, in_.data() + old_size, static_cast<int>(kReadSize));
+        const int r = SSL_read(ssl_, into, static_cast<int>(kReadSize));
         if (r <= 0) {
           const int err = SSL_get_error(ssl_, r);
           if (err == SSL_ERROR_ZERO_RETURN) {
@@ -407,7 +439,6 @@ class Connection {
           } else {
             absl::Status waited = AfterSslError(r, deadline, "read");
             if (!waited.ok()) {
-              in_.resize(old_size);
               // A peer that closed without close_notify is an EOF for HTTP, which frames
               // its bodies itself.
               if (state_.eof && state_.error == 0) return false;
@@ -419,32 +450,27 @@ class Connection {
           n = r;
         }
       } else {
-        n = ::recv(state_.fd, in_.data() + old_size, kReadSize, 0);
+        n = ::recv(state_.fd, into, kReadSize, 0);
         if (n < 0) {
           if (errno == EINTR) continue;
           if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            absl::Status waited = Wait(POLLIN, deadline, "read");
-            if (!waited.ok()) {
-              in_.resize(old_size);
-              return waited;
-            }
+            RETURN_IF_ERROR(Wait(POLLIN, deadline, "read"));
             continue;
           }
           state_.error = errno;
-          in_.resize(old_size);
           return Broken("read");
         }
       }
       if (n == 0) state_.eof = true;
-      in_.resize(old_size + static_cast<size_t>(n));
+      in_.Added(static_cast<size_t>(n));
       if (n > 0) answered_ = true;
       return n > 0;
     }
   }
 
   // The unread bytes, and consuming them.
-  absl::string_view unread() const { return absl::string_view(in_).substr(pos_); }
-  void Consume(size_t n) { pos_ += n; }
+  absl::string_view unread() const { return in_.unread(); }
+  void Consume(size_t n) { in_.Consume(n); }
 
  private:
   absl::Status Connect(const sockaddr* address, socklen_t length, absl::Time deadline) {
@@ -530,8 +556,7 @@ class Connection {
   bool reused_;
   bool wrote_all_ = false;
   bool answered_ = false;
-  std::string in_;  // bytes read, unread from pos_ on
-  size_t pos_ = 0;
+  ReadBuffer in_;
 };
 
 // --- HTTP/1.1 framing -------------------------------------------------------------------
