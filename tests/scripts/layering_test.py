@@ -53,6 +53,13 @@ class LayeringTest(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("rocksdb may be used only in src/store/rocksdb_store.cc", out)
 
+    def test_openssl_only_in_the_socket_transport(self):
+        rc, out = run({"src/k8s/http_socket.cc": '#include <openssl/ssl.h>\n'})
+        self.assertEqual(rc, 0, out)
+        rc, out = run({"src/k8s/client.cc": '#include <openssl/ssl.h>\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("openssl may be used only in src/k8s/http_socket.cc", out)
+
     def test_server_may_not_use_store_or_runtime(self):
         rc, out = run({"src/server/a.cc": '#include "src/runtime/runtime.h"\n'})
         self.assertEqual(rc, 1, out)
