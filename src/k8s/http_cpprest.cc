@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "src/k8s/http.h"
+#include "src/k8s/http_lines.h"
 
 namespace sbx::k8s {
 namespace {
@@ -131,19 +132,8 @@ class CpprestStream final : public HttpStream {
       if (cancelled_.load(std::memory_order_acquire)) {
         return absl::CancelledError(absl::StrCat(what_for_, ": cancelled"));
       }
-      const size_t newline = pending_.find('\n', pos_);
-      if (newline != std::string::npos) {
-        line->assign(pending_, pos_, newline - pos_);
-        pos_ = newline + 1;
-        if (!line->empty() && line->back() == '\r') line->pop_back();
-        return true;
-      }
-      if (eof_) {
-        if (pos_ == pending_.size()) return false;
-        line->assign(pending_, pos_);  // a last line without its newline
-        pos_ = pending_.size();
-        return true;
-      }
+      if (lines_.TakeLine(line)) return true;
+      if (eof_) return lines_.TakeRest(line);
       absl::Status filled = Fill();
       if (!filled.ok()) return filled;
     }
@@ -161,26 +151,20 @@ class CpprestStream final : public HttpStream {
     }
   }
 
-  // Reads what has arrived (waiting for at least one byte) onto pending_. cpprest reads a
-  // line byte by byte through a task each; reading what is available in one call is what
-  // makes a busy watch cheap.
+  // Reads what has arrived (waiting for at least one byte) onto the line splitter. cpprest
+  // reads a line byte by byte through a task each; reading what is available in one call is
+  // what makes a busy watch cheap.
   absl::Status Fill() {
-    if (pos_ > 0 && pos_ == pending_.size()) {
-      pending_.clear();
-      pos_ = 0;
-    } else if (pos_ > (size_t{1} << 16)) {
-      pending_.erase(0, pos_);
-      pos_ = 0;
-    }
+    std::string& pending = *lines_.buffer();
     try {
       auto buffer = body_.streambuf();
       const size_t available = buffer.in_avail();
       const size_t want = available > 0 ? std::min<size_t>(available, size_t{1} << 18) : 1;
-      const size_t old_size = pending_.size();
-      pending_.resize(old_size + want);
+      const size_t old_size = pending.size();
+      pending.resize(old_size + want);
       const size_t n =
-          buffer.getn(reinterpret_cast<uint8_t*>(pending_.data() + old_size), want).get();
-      pending_.resize(old_size + n);
+          buffer.getn(reinterpret_cast<uint8_t*>(pending.data() + old_size), want).get();
+      pending.resize(old_size + n);
       if (n == 0) eof_ = true;
     } catch (...) {
       if (cancelled_.load(std::memory_order_acquire)) {
@@ -210,9 +194,8 @@ class CpprestStream final : public HttpStream {
   web::http::http_response response_;
   concurrency::streams::istream body_;
   std::string what_for_;
-  // Bytes read from the body and not yet returned as lines, from pos_ on.
-  std::string pending_;
-  size_t pos_ = 0;
+  // Bytes read from the body and not yet returned as lines.
+  LineSplitter lines_;
   bool eof_ = false;
   // Set once by Cancel (any thread), read by ReadLine (the reader's thread).
   std::atomic<bool> cancelled_{false};

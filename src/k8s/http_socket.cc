@@ -46,6 +46,7 @@
 #include "absl/synchronization/mutex.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/http.h"
+#include "src/k8s/http_lines.h"
 
 namespace sbx::k8s {
 namespace {
@@ -815,39 +816,19 @@ class SocketStream final : public HttpStream {
   absl::StatusOr<bool> ReadLine(std::string* line) override {
     while (true) {
       if (cancelled_.load(std::memory_order_acquire)) return Cancelled();
-      const size_t newline = pending_.find('\n', pos_);
-      if (newline != std::string::npos) {
-        line->assign(pending_, pos_, newline - pos_);
-        pos_ = newline + 1;
-        if (!line->empty() && line->back() == '\r') line->pop_back();
-        return true;
-      }
-      if (pos_ == pending_.size()) {
-        pending_.clear();
-        pos_ = 0;
-      } else if (pos_ > (size_t{1} << 16)) {
-        pending_.erase(0, pos_);
-        pos_ = 0;
-      }
-      absl::StatusOr<bool> more = body_.Next(&pending_, absl::Now() + idle_timeout_);
+      if (lines_.TakeLine(line)) return true;
+      absl::StatusOr<bool> more = body_.Next(lines_.buffer(), absl::Now() + idle_timeout_);
       if (cancelled_.load(std::memory_order_acquire)) return Cancelled();
       if (!more.ok()) {
         return Prefixed(what_for_, more.status());
       }
-      if (!*more) {
-        if (pos_ == pending_.size()) return false;
-        line->assign(pending_, pos_);  // a last line without its newline
-        pos_ = pending_.size();
-        return true;
-      }
+      if (!*more) return lines_.TakeRest(line);
     }
   }
 
   // The body's bytes as sent, from where ReadLine left off.
   absl::StatusOr<std::string> ReadAll() override {
-    std::string all = pending_.substr(pos_);
-    pending_.clear();
-    pos_ = 0;
+    std::string all = lines_.TakeAll();
     while (true) {
       if (cancelled_.load(std::memory_order_acquire)) return Cancelled();
       absl::StatusOr<bool> more = body_.Next(&all, absl::Now() + idle_timeout_);
@@ -874,8 +855,7 @@ class SocketStream final : public HttpStream {
   BodyReader body_;
   const absl::Duration idle_timeout_;
   const std::string what_for_;
-  std::string pending_;  // decoded body bytes not yet returned as lines, from pos_ on
-  size_t pos_ = 0;
+  LineSplitter lines_;  // decoded body bytes not yet returned as lines
   std::atomic<bool> cancelled_{false};
 };
 

@@ -14,11 +14,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "tests/k8s/temp_dir.h"
 #include "tests/k8s/test_emulator.h"
 
 namespace sbx::k8s {
 namespace {
 
+using ::sbx::k8s::testing::TempDir;
 using ::sbx::k8s::testing::TestEmulator;
 using ::testing::HasSubstr;
 
@@ -526,30 +528,6 @@ TEST(ClientOptionsTest, BadOptionsAndServers) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("\"curl\""));
 }
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "sbx_k8s_client_XXXXXX";
-    EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  std::string Write(const std::string& name, const std::string& text) const {
-    std::ofstream(path_ + "/" + name) << text;
-    return path_ + "/" + name;
-  }
-  std::string Read(const std::string& name) const {
-    std::ifstream in(path_ + "/" + name);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-
- private:
-  std::string path_;
-};
 
 TEST(ClientAuthTest, TokenFileIsReadAgainWhenItChanges) {
   TempDir dir;

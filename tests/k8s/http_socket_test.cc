@@ -47,10 +47,12 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/k8s/temp_dir.h"
 
 namespace sbx::k8s {
 namespace {
 
+using ::sbx::k8s::testing::TempDir;
 using ::testing::HasSubstr;
 
 // Bounds every request of these tests: a transport that hangs fails the test, not the run.
@@ -1148,39 +1150,34 @@ TEST(HttpSocketStreamTest, CancelFromAnotherThreadEndsABlockedRead) {
   (*stream)->Cancel();  // twice is harmless
 }
 
-TEST(HttpSocketStreamTest, ErrorStatusGivesItsBody) {
+TEST(HttpSocketStreamTest, ErrorStatusGivesItsBodyAsSent) {
   const std::string status_body =
       R"({"kind":"Status","status":"Failure","reason":"Forbidden","code":403})";
-  ScriptedServer server(AnswerOnceAndHold(Response(403, "Forbidden", status_body)));
-  ASSERT_TRUE(server.ok());
-  std::unique_ptr<HttpTransport> transport = NewTransport(server.url());
-  ASSERT_NE(transport, nullptr);
-  absl::StatusOr<std::unique_ptr<HttpStream>> stream =
-      transport->OpenStream(Request("GET", "/watch"));
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  EXPECT_EQ((*stream)->status(), 403);
-  absl::StatusOr<std::string> body = (*stream)->ReadAll();
-  ASSERT_TRUE(body.ok()) << body.status();
-  EXPECT_EQ(*body, status_body);
-}
-
-TEST(HttpSocketStreamTest, ReadAllGivesTheBodyBytesAsSent) {
   // An API server's error body ends in a newline (Go's json.Encoder); ReadAll "reads what
-  // is left of the body", so it should come back byte for byte.
+  // is left of the body", so it comes back byte for byte, also across chunks.
   const std::string chunked_body = "{\"code\":410}\n";
-  ScriptedServer server(
-      AnswerOnceAndHold(absl::StrCat("HTTP/1.1 410 Gone\r\nTransfer-Encoding: chunked\r\n\r\n",
-                                     Chunk("{\"code\""), Chunk(":410}\n"), "0\r\n\r\n")));
-  ASSERT_TRUE(server.ok());
-  std::unique_ptr<HttpTransport> transport = NewTransport(server.url());
-  ASSERT_NE(transport, nullptr);
-  absl::StatusOr<std::unique_ptr<HttpStream>> stream =
-      transport->OpenStream(Request("GET", "/watch"));
-  ASSERT_TRUE(stream.ok()) << stream.status();
-  EXPECT_EQ((*stream)->status(), 410);
-  absl::StatusOr<std::string> body = (*stream)->ReadAll();
-  ASSERT_TRUE(body.ok()) << body.status();
-  EXPECT_EQ(*body, chunked_body);
+  struct Case {
+    std::string answer;
+    int status;
+    std::string body;
+  };
+  for (const Case& c : {Case{Response(403, "Forbidden", status_body), 403, status_body},
+                        Case{absl::StrCat("HTTP/1.1 410 Gone\r\nTransfer-Encoding: chunked\r\n\r\n",
+                                          Chunk("{\"code\""), Chunk(":410}\n"), "0\r\n\r\n"),
+                             410, chunked_body}}) {
+    SCOPED_TRACE(c.status);
+    ScriptedServer server(AnswerOnceAndHold(c.answer));
+    ASSERT_TRUE(server.ok());
+    std::unique_ptr<HttpTransport> transport = NewTransport(server.url());
+    ASSERT_NE(transport, nullptr);
+    absl::StatusOr<std::unique_ptr<HttpStream>> stream =
+        transport->OpenStream(Request("GET", "/watch"));
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    EXPECT_EQ((*stream)->status(), c.status);
+    absl::StatusOr<std::string> body = (*stream)->ReadAll();
+    ASSERT_TRUE(body.ok()) << body.status();
+    EXPECT_EQ(*body, c.body);
+  }
 }
 
 TEST(HttpSocketStreamTest, BrokenMidBodyIsUnavailable) {
@@ -1356,26 +1353,6 @@ TEST(HttpSocketTest, ConcurrentSendsShareThePool) {
 // ---------------------------------------------------------------------------------------
 // TLS
 // ---------------------------------------------------------------------------------------
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "sbx_k8s_http_socket_XXXXXX";
-    EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  std::string Read(const std::string& name) const {
-    std::ifstream in(path_ + "/" + name);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-
- private:
-  std::string path_;
-};
 
 struct SslCtxFree {
   void operator()(SSL_CTX* ctx) const { SSL_CTX_free(ctx); }
