@@ -119,6 +119,9 @@ absl::StatusOr<Endpoint> ParseServer(const std::string& server) {
     }
   }
   if (e.host.empty()) return bad("no host");
+  if (!e.host_is_ip && absl::StrContains(e.host, ':')) {
+    return bad("more than one ':' (an IPv6 address goes in [ ])");
+  }
   for (char c : e.host) {
     if (!absl::ascii_isalnum(c) && c != '.' && c != '-' && c != '_' && c != ':' && c != '%') {
       return bad(absl::StrCat("invalid character '", std::string(1, c), "' in the host"));
@@ -321,7 +324,7 @@ class ReadBuffer {
 // only Shutdown may be called from another.
 class Connection {
  public:
-  Connection(int fd, bool reused) : reused_(reused) { state_.fd = fd; }
+  explicit Connection(int fd) { state_.fd = fd; }
   ~Connection() {
     if (ssl_ != nullptr) SSL_free(ssl_);  // frees the BIO too
     if (state_.fd >= 0) ::close(state_.fd);
@@ -350,7 +353,7 @@ class Connection {
         last = absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
         continue;
       }
-      auto conn = std::make_unique<Connection>(fd, /*reused=*/false);
+      auto conn = std::make_unique<Connection>(fd);
       absl::Status connected = conn->Connect(a->ai_addr, a->ai_addrlen, deadline);
       if (connected.ok() && e.tls) connected = conn->Handshake(e, ctx, verify, deadline);
       if (connected.ok()) return conn;
@@ -554,7 +557,7 @@ class Connection {
 
   SocketState state_;
   SSL* ssl_ = nullptr;
-  bool reused_;
+  bool reused_ = false;  // it came from the pool
   bool wrote_all_ = false;
   bool answered_ = false;
   ReadBuffer in_;
@@ -681,8 +684,6 @@ class BodyReader {
       : conn_(conn), framing_(head.framing), left_(head.length) {
     done_ = framing_ == Framing::kNone;
   }
-
-  bool done() const { return done_; }
 
   // Appends the next decoded bytes (at least one, unless the body ended) to *out.
   // Returns false when the body has ended.

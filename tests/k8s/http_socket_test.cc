@@ -1620,7 +1620,7 @@ TEST_F(HttpSocketTlsTest, StreamLinesAndCancel) {
 
 TEST(HttpSocketUrlTest, BadServerUrlsAreInvalidArgument) {
   for (const char* url : {"ftp://x", "http://", "https://host:notaport", "http://host:99999", "",
-                          "127.0.0.1:6443", "http://host:", "http://[::1"}) {
+                          "127.0.0.1:6443", "http://host:", "http://[::1", "http://::1:6443"}) {
     SCOPED_TRACE(url);
     TransportOptions options;
     options.server = url;
