@@ -41,7 +41,7 @@ THIRD_PARTY = {
     "rocksdb/": ["src/store/rocksdb_store.cc"],
     "cpprest/": ["src/k8s/http_cpprest.cc"],
     "pplx/": ["src/k8s/http_cpprest.cc"],
-    "openssl/": ["src/k8s/http_socket.cc"],
+    "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc"],
     "boost/": [],
     "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/"],
     "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/"],

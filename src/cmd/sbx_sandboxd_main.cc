@@ -1,8 +1,14 @@
 // sbx-sandboxd: the daemon inside each sandbox. Parse flags, serve on a unix socket, wait
 // for SIGTERM/SIGINT, kill running commands and shut down with a deadline.
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
@@ -25,6 +31,34 @@ int Fail(const absl::Status& status) {
   return 2;
 }
 
+// The environment variable that may carry the secret (on Kubernetes, where the pod spec
+// is the only way in). Taken out of the environment at once: commands never see it.
+constexpr char kSecretEnv[] = "SBX_SANDBOXD_SECRET";
+
+// Reads the secret from `fd` to its end and closes it.
+absl::Status ReadSecretFd(int fd, std::string* out) {
+  char buf[256];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      close(fd);
+      return absl::FailedPreconditionError(
+          std::string("cannot read the secret from --secret_fd: ") + std::strerror(err));
+    }
+    if (n == 0) break;
+    out->append(buf, static_cast<size_t>(n));
+    if (out->size() > 4096) {
+      close(fd);
+      return absl::InvalidArgumentError("the secret on --secret_fd is longer than 4096 bytes");
+    }
+  }
+  close(fd);
+  while (!out->empty() && (out->back() == '\n' || out->back() == '\r')) out->pop_back();
+  return absl::OkStatus();
+}
+
 std::map<std::string, std::string> OwnEnvironment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
@@ -43,6 +77,14 @@ int main(int argc, char** argv) {
   // threads inherit this mask), then wait for them synchronously here. Commands get an
   // empty mask when they start.
   const sigset_t stop_signals = sbx::BlockSignals({SIGTERM, SIGINT});
+  // Not dumpable: the commands it runs (same uid) can neither ptrace it nor open its
+  // /proc files (memory, descriptors, environment), where the secret lives.
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  std::string secret;
+  if (const char* from_env = std::getenv(kSecretEnv); from_env != nullptr) {
+    secret = from_env;
+    unsetenv(kSecretEnv);
+  }
 
   sbx::sandboxd::DaemonOptions options;
   sbx::LogOptions log_options;
@@ -58,7 +100,23 @@ int main(int argc, char** argv) {
   auto* listen = app.add_option("--listen", options.listen,
                                 "or TCP host:port to serve on, e.g. 0.0.0.0:7070 in a pod (plain "
                                 "text, no auth: admit only sbx-server to it)");
+  auto* listen_fd = app.add_option("--listen_fd", options.listen_fd,
+                                   "or serve on this inherited listening unix socket (the local "
+                                   "runtime binds it outside the sandbox)");
   socket->excludes(listen);
+  socket->excludes(listen_fd);
+  listen->excludes(listen_fd);
+  int secret_fd = -1;
+  app.add_option("--secret_fd", secret_fd,
+                 "read the secret every call must carry from this descriptor (to its end); or "
+                 "set " + std::string(kSecretEnv));
+  int ready_fd = -1;
+  app.add_option("--ready_fd", ready_fd, "write one byte to this descriptor once serving");
+  std::string sandbox_id;
+  app.add_option("--id", sandbox_id, "the sandbox's id (for the logs)");
+  app.add_flag("--insecure_no_auth", options.allow_unauthenticated,
+               "DEVELOPMENT ONLY: serve without a secret (anyone who reaches the socket can run "
+               "commands)");
   app.add_option("--port_file", port_file, "with --listen: write the bound port to this file");
   app.add_option("--workspace", options.workspace,
                  "workspace directory (must exist); commands and file paths are relative to it")
@@ -86,12 +144,22 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
+  if (secret_fd >= 0) {
+    if (absl::Status s = ReadSecretFd(secret_fd, &secret); !s.ok()) return Fail(s);
+  }
+  options.secret = std::move(secret);
   options.output_drain_grace = absl::Milliseconds(drain_grace_ms);
   options.env = OwnEnvironment();
 
-  spdlog::info("sbx-sandboxd {} ({}) starting", sbx::Version(), sbx::GitCommit());
+  spdlog::info("sbx-sandboxd {} ({}) starting{}", sbx::Version(), sbx::GitCommit(),
+               sandbox_id.empty() ? std::string() : " in sandbox " + sandbox_id);
   auto daemon = sbx::sandboxd::Daemon::Start(options);
   if (!daemon.ok()) return Fail(daemon.status());
+  if (ready_fd >= 0) {
+    const char ready = '1';
+    if (write(ready_fd, &ready, 1) != 1) spdlog::warn("cannot write to --ready_fd");
+    close(ready_fd);
+  }
   if (!port_file.empty()) {
     // Written whole under another name, then renamed: a reader never sees half a number.
     const std::string tmp = port_file + ".tmp";

@@ -21,6 +21,7 @@
 #include "src/cmd/kube_wiring.h"
 #include "src/cmd/wiring.h"
 #include "src/common/build_info.h"
+#include "src/common/sandbox_secret.h"
 #include "src/common/clock.h"
 #include "src/common/ids.h"
 #include "src/common/logging.h"
@@ -112,6 +113,19 @@ int main(int argc, char** argv) {
   app.add_option("--sandbox_root", local_options.root_dir,
                  "folder for the local sandboxes' sockets")
       ->capture_default_str();
+  app.add_option("--bwrap", local_options.bwrap_path, "bubblewrap binary of the local runtime")
+      ->capture_default_str();
+  app.add_flag("--insecure_local_no_isolation", local_options.allow_unisolated,
+               "DEVELOPMENT ONLY: when bubblewrap cannot isolate sandboxes, run them as plain "
+               "processes with the server's own user, files and network (default: refuse to "
+               "start)");
+  app.add_option("--sandbox_uid_base", local_options.sandbox_uid_base,
+                 "as root: the first host uid of the local sandboxes (each gets its own)")
+      ->capture_default_str();
+  std::string sandbox_key_file;
+  app.add_option("--sandbox_key_file", sandbox_key_file,
+                 "key of the sandboxes' daemon secrets (made on first start, mode 0600; "
+                 "default: sandbox.key in --data_dir)");
   app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
@@ -179,6 +193,24 @@ int main(int argc, char** argv) {
       "store: RocksDB at \"{}\", durability {} ({})", store_options.path,
       std::string(sbx::store::DurabilityName(*mode)),
       *mode == sbx::store::Durability::kSync ? "fsync per group commit" : "OS-buffered, no fsync");
+
+  // The key of the daemons' secrets: beside the store, which must exist first (RocksDB
+  // makes its folder only when it is missing or empty).
+  if (sandbox_key_file.empty()) sandbox_key_file = store_options.path + "/sandbox.key";
+  auto sandbox_secrets = sbx::SandboxSecrets::LoadOrCreate(sandbox_key_file);
+  if (!sandbox_secrets.ok()) return Fail(sandbox_secrets.status());
+  auto secret_of = [secrets = *sandbox_secrets](absl::string_view id) {
+    return secrets.For(id);
+  };
+  server_options.sandbox_secret = secret_of;
+  local_options.secret_for = [secret_of](const std::string& id) { return secret_of(id); };
+  // What no sandbox may see: the server's store, key and credentials.
+  for (const std::string& path : {store_options.path, sandbox_key_file,
+                                  server_options.auth.tokens_file, server_options.tls_key_file}) {
+    if (!path.empty()) {
+      local_options.hidden_paths.push_back(std::filesystem::absolute(path).lexically_normal());
+    }
+  }
 
   // The runtime reports sandboxes that die; the allocator exists only later, so the
   // report goes through this pointer (set before any sandbox can exist).

@@ -6,8 +6,12 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/file.h>
-#include <sys/inotify.h>
+#include <grp.h>
+#include <seccomp.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -29,7 +33,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -38,6 +45,7 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "src/common/ids.h"
+#include "src/common/status_macros.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -49,14 +57,34 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kDefaultWorkspaceBytes = int64_t{256} << 20;
-constexpr char kSockDirInside[] = "/run/sbx/sock";
 constexpr char kWorkspaceInside[] = "/run/sbx/workspace";
 constexpr char kSandboxdInside[] = "/run/sbx/bin/sbx-sandboxd";
 constexpr char kSocketName[] = "sandboxd.sock";
 constexpr char kStateName[] = "state.json";
+constexpr char kLogName[] = "sandboxd.log";
 constexpr char kIdPrefix[] = "lb-";
-// The fd on which bwrap tells the host pid of the sandbox's pid 1 (--info-fd).
-constexpr int kInfoFd = 3;
+// The state file's version; files of other versions are not trusted (version 1 lived in a
+// folder the sandbox could write).
+constexpr int kStateVersion = 2;
+// The uid and gid of the workload inside its user namespace.
+constexpr int kUidInside = 1000;
+// The descriptors the sandbox's first process gets (see SpawnPlan::fds).
+constexpr int kInfoFd = 3;      // bwrap's --info-fd: the host pid of the sandbox's pid 1
+constexpr int kListenFd = 4;    // the daemon's listening socket
+constexpr int kSecretFd = 5;    // a pipe holding the daemon's secret
+constexpr int kReadyFd = 6;     // the daemon writes a byte here once serving
+constexpr int kSeccompFd = 7;   // bwrap's --seccomp: the filter's BPF program
+constexpr int kSandboxdFd = 8;  // bwrap's --ro-bind-fd: the daemon's binary (O_PATH)
+// What the sandbox's first process finds in its environment (bwrap, or the daemon in the
+// plain fallback): nothing of sbx's own.
+constexpr char kPathEnv[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+// Files of /etc that hold secrets of the host, masked in every sandbox (besides being
+// unreadable to the sandbox's unprivileged uid).
+constexpr const char* kEtcSecrets[] = {
+    "/etc/shadow",   "/etc/shadow-",       "/etc/gshadow",          "/etc/gshadow-",
+    "/etc/sudoers",  "/etc/sudoers.d",     "/etc/ssl/private",      "/etc/security/opasswd",
+    "/etc/ssh",      "/etc/krb5.keytab",   "/etc/machine-id",       "/etc/kubernetes",
+};
 // How long a kill, freeze or thaw may take before the runtime gives up waiting.
 constexpr absl::Duration kSettleTimeout = absl::Seconds(10);
 // waitid()'s P_PIDFD (Linux 5.4); glibc 2.36's idtype_t does not name it.
@@ -214,7 +242,7 @@ struct Sandbox {
   std::string id;
   std::string pool;
   std::string endpoint;
-  std::string dir;  // root_dir/<id>, absolute
+  std::string dir;  // root_dir/<id>, absolute: the host folder, never seen by the sandbox
   // The top process (bwrap, or sbx-sandboxd without isolation), its start time, and a
   // pidfd on it (invalid where the kernel has no pidfd_open).
   pid_t pid = -1;
@@ -226,6 +254,8 @@ struct Sandbox {
   // kills every process of the namespace. -1 without isolation.
   pid_t init_pid = -1;
   uint64_t init_start_time = 0;
+  // The host uid its processes run as (sbx's own when sbx is not root).
+  uid_t host_uid = 0;
   // Every cgroup made for it (limits and freezer), and the freezer one (or empty).
   std::vector<std::string> cgroup_dirs;
   std::string freezer;
@@ -240,37 +270,32 @@ struct Sandbox {
 };
 using SandboxPtr = std::shared_ptr<Sandbox>;
 
-// The state file: what a later runtime needs to adopt the sandbox or clean it up.
+// The state file: what a later runtime needs to adopt the sandbox or clean it up. Paths
+// (socket, cgroups) are not in it: they follow from the id.
 std::string EncodeState(const Sandbox& sb) {
   nlohmann::json j;
-  j["version"] = 1;
+  j["version"] = kStateVersion;
   j["id"] = sb.id;
   j["pool"] = sb.pool;
-  j["endpoint"] = sb.endpoint;
   j["pid"] = sb.pid;
   j["start_time"] = sb.start_time;
   j["init_pid"] = sb.init_pid;
   j["init_start_time"] = sb.init_start_time;
-  j["cgroups"] = sb.cgroup_dirs;
-  j["freezer"] = sb.freezer;
   j["suspended"] = sb.suspended.load(std::memory_order_relaxed);
   return j.dump();
 }
 
-// Fills `sb` from a state file; false if it is missing or unreadable.
+// Fills `sb` from a state file; false if it is missing, unreadable or of another version.
 bool DecodeState(const std::string& text, Sandbox* sb) {
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
-    if (j.value("version", 0) != 1) return false;
+    if (j.value("version", 0) != kStateVersion) return false;
     sb->id = j.at("id").get<std::string>();
     sb->pool = j.at("pool").get<std::string>();
-    sb->endpoint = j.at("endpoint").get<std::string>();
     sb->pid = j.at("pid").get<pid_t>();
     sb->start_time = j.at("start_time").get<uint64_t>();
     sb->init_pid = j.value("init_pid", -1);
     sb->init_start_time = j.value("init_start_time", uint64_t{0});
-    sb->cgroup_dirs = j.value("cgroups", std::vector<std::string>());
-    sb->freezer = j.value("freezer", std::string());
     sb->suspended.store(j.value("suspended", false), std::memory_order_relaxed);
     return sb->pid > 0;
   } catch (const nlohmann::json::exception&) {
@@ -278,16 +303,46 @@ bool DecodeState(const std::string& text, Sandbox* sb) {
   }
 }
 
-// Writes the state file atomically (a reader sees the old file or the new one).
+// Opens `name` in the folder `dir` without following a symbolic link at either step;
+// -1 with errno otherwise.
+int OpenInDir(const std::string& dir, const char* name, int flags, mode_t mode = 0) {
+  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return -1;
+  const int fd = openat(dfd, name, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+  const int err = errno;
+  close(dfd);
+  errno = err;
+  return fd;
+}
+
+// Reads a file of ours in `dir`: a regular file owned by this process's user, reached
+// without symbolic links. Empty when it is anything else.
+std::string ReadOwnFile(const std::string& dir, const char* name) {
+  Fd fd(OpenInDir(dir, name, O_RDONLY));
+  struct stat st;
+  if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      st.st_uid != geteuid() || st.st_size > (1 << 20)) {
+    return "";
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  const ssize_t n = read(fd.get(), text.data(), text.size());
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return text;
+}
+
+// Writes the state file atomically (a reader sees the old file or the new one), in the
+// sandbox's host folder, following no symbolic link.
 bool WriteState(const Sandbox& sb) {
-  const std::string path = sb.dir + "/" + kStateName;
-  const std::string tmp = path + ".tmp";
+  const Fd dfd(open(sb.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!dfd.valid()) return false;
+  const std::string tmp = absl::StrCat(kStateName, ".tmp");
   const std::string text = EncodeState(sb);
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = openat(dfd.get(), tmp.c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return false;
   const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   if (close(fd) != 0 || !ok) return false;
-  return rename(tmp.c_str(), path.c_str()) == 0;
+  return renameat(dfd.get(), tmp.c_str(), dfd.get(), kStateName) == 0;
 }
 
 bool Connects(const std::string& path) {
@@ -423,15 +478,33 @@ void KillSandbox(Sandbox& sb) {
 // (the child may not allocate).
 struct SpawnPlan {
   char* const* argv = nullptr;
+  char* const* envp = nullptr;
   const std::vector<std::string>* cgroup_procs = nullptr;  // cgroup.procs files to join
-  int log_fd = -1;                                         // stdout and stderr; -1: inherited
-  int info_fd = -1;  // becomes kInfoFd (bwrap's --info-fd); -1: none
-  int error = 0;     // set by the child when it cannot exec
+  const char* cwd = "/";                                   // the sandbox's host folder
+  // Descriptors the new process gets: fds[i].second becomes descriptor fds[i].first
+  // (stdout and stderr included); every other descriptor is closed at exec.
+  std::pair<int, int> fds[10];
+  int nfds = 0;
+  // When set (sbx is root): the host uid and gid to run as, with no supplementary groups.
+  bool switch_user = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int error = 0;  // set by the child when it cannot exec
+  const char* failed_step = "";
+
+  void Give(int target, int fd) { fds[nfds++] = {target, fd}; }
 };
 
-// The child's side: only raw system calls (it shares the parent's memory until exec).
+// The child's side: only raw system calls (it shares the parent's memory until exec; in
+// particular glibc's setresuid would signal the parent's threads, so the raw system calls
+// are used).
 int SpawnChild(void* arg) {
   SpawnPlan& plan = *static_cast<SpawnPlan*>(arg);
+  auto fail = [&plan](const char* step) {
+    plan.error = errno;
+    plan.failed_step = step;
+    _exit(127);
+  };
   // Its own session: a signal to sbx's terminal or process group does not reach the
   // sandbox; nor does sbx's death.
   setsid();
@@ -449,26 +522,31 @@ int SpawnChild(void* arg) {
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
-  if (plan.log_fd >= 0) {
-    dup2(plan.log_fd, STDOUT_FILENO);
-    dup2(plan.log_fd, STDERR_FILENO);
+  // Out of the way first (a source may be another one's target), then into place.
+  int moved[10];
+  for (int i = 0; i < plan.nfds; ++i) {
+    moved[i] = fcntl(plan.fds[i].second, F_DUPFD_CLOEXEC, 64);
+    if (moved[i] < 0) fail("dup");
   }
-  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-  if (plan.info_fd >= 0) {
-    // dup2 onto itself would keep close-on-exec.
-    if (plan.info_fd == kInfoFd) {
-      fcntl(kInfoFd, F_SETFD, 0);
-    } else {
-      dup2(plan.info_fd, kInfoFd);
-    }
+  for (int i = 0; i < plan.nfds; ++i) {
+    if (dup2(moved[i], plan.fds[i].first) < 0) fail("dup2");
   }
   // Nothing else of sbx (its sockets, its store's files) may live on in the sandbox,
   // which outlives sbx.
-  syscall(SYS_close_range, plan.info_fd >= 0 ? kInfoFd + 1 : kInfoFd, ~0U, CLOSE_RANGE_CLOEXEC);
-  if (chdir("/") == 0) execv(plan.argv[0], plan.argv);
-  plan.error = errno;
-  _exit(127);
+  syscall(SYS_close_range, 3 + 0U, ~0U, CLOSE_RANGE_CLOEXEC);
+  for (int i = 0; i < plan.nfds; ++i) {
+    if (plan.fds[i].first >= 3) fcntl(plan.fds[i].first, F_SETFD, 0);
+  }
+  if (chdir(plan.cwd) != 0) fail("chdir");
+  if (syscall(SYS_prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) fail("no_new_privs");
+  if (plan.switch_user) {
+    if (syscall(SYS_setgroups, 0, nullptr) != 0) fail("setgroups");
+    if (syscall(SYS_setresgid, plan.gid, plan.gid, plan.gid) != 0) fail("setresgid");
+    if (syscall(SYS_setresuid, plan.uid, plan.uid, plan.uid) != 0) fail("setresuid");
+  }
+  execve(plan.argv[0], plan.argv, plan.envp);
+  fail("exec");
+  return 127;
 }
 
 // Starts plan.argv as a new process, detached from sbx (see SpawnChild). It uses
@@ -564,21 +642,162 @@ void ContinueAll(const Sandbox& sb) {
   for (pid_t p : Members(sb)) kill(p, SIGCONT);
 }
 
+// The seccomp filter of every sandbox, as the BPF program bwrap loads (--seccomp) just
+// before it starts the daemon: everything the daemon and the workload run is under it.
+// It refuses (EPERM) what a sandboxed workload never needs and what has given kernels
+// their escapes: mounts, ptrace and reading other processes' memory, keyrings, bpf,
+// perf, kexec, modules, userfaultfd, file handles, io_uring, clocks, swap, reboot, new
+// user namespaces (also refused by bwrap's --disable-userns), and TIOCSTI. clone3 answers
+// ENOSYS (its flags cannot be inspected), so libc falls back to clone, whose flags can.
+// Other architectures' system calls (e.g. int 0x80) kill the process.
+absl::StatusOr<std::string> SeccompProgram() {
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (ctx == nullptr) return absl::FailedPreconditionError("libseccomp: seccomp_init failed");
+  auto release = absl::MakeCleanup([ctx] { seccomp_release(ctx); });
+  static constexpr const char* kDenied[] = {
+      "mount", "umount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
+      "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "ptrace", "process_vm_readv",
+      "process_vm_writev", "pidfd_getfd", "kcmp", "keyctl", "add_key", "request_key", "bpf",
+      "perf_event_open", "userfaultfd", "open_by_handle_at", "name_to_handle_at", "kexec_load",
+      "kexec_file_load", "init_module", "finit_module", "delete_module", "create_module",
+      "query_module", "get_kernel_syms", "reboot", "swapon", "swapoff", "acct", "syslog",
+      "iopl", "ioperm", "quotactl", "quotactl_fd", "lookup_dcookie", "setns", "vhangup",
+      "nfsservctl", "uselib", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
+      "fanotify_init", "io_uring_setup", "io_uring_enter", "io_uring_register"};
+  for (const char* name : kDenied) {
+    const int nr = seccomp_syscall_resolve_name(name);
+    if (nr == __NR_SCMP_ERROR) continue;  // not a system call of this architecture
+    if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0); rc != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("libseccomp: cannot add a rule for ", name, ": ", std::strerror(-rc)));
+    }
+  }
+  const uint64_t newuser = CLONE_NEWUSER;
+  int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(unshare), 1,
+                            SCMP_A0(SCMP_CMP_MASKED_EQ, newuser, newuser));
+  if (rc == 0) {
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1,
+                          SCMP_A0(SCMP_CMP_MASKED_EQ, newuser, newuser));
+  }
+  if (rc == 0) rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+  if (rc == 0) {
+    rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
+                          SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffffU, TIOCSTI));
+  }
+  if (rc != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("libseccomp: cannot add an argument rule: ", std::strerror(-rc)));
+  }
+  Fd mem(static_cast<int>(syscall(SYS_memfd_create, "sbx-seccomp", MFD_CLOEXEC)));
+  if (!mem.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+  }
+  if (rc = seccomp_export_bpf(ctx, mem.get()); rc != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("libseccomp: cannot export the filter: ", std::strerror(-rc)));
+  }
+  std::string program;
+  char buf[4096];
+  ssize_t n;
+  lseek(mem.get(), 0, SEEK_SET);
+  while ((n = read(mem.get(), buf, sizeof(buf))) > 0) program.append(buf, static_cast<size_t>(n));
+  if (program.empty()) return absl::FailedPreconditionError("libseccomp: an empty filter");
+  return program;
+}
+
+// A pipe whose read end holds `content` (the write end is closed): what bwrap and the
+// daemon read to its end. The content must fit the pipe's buffer.
+absl::StatusOr<Fd> PipeWith(const std::string& content) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::UnavailableError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  Fd r(fds[0]), w(fds[1]);
+  if (content.size() > 65536) return absl::InternalError("pipe content above 64 KiB");
+  if (write(w.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size())) {
+    return absl::UnavailableError(absl::StrCat("pipe write: ", std::strerror(errno)));
+  }
+  return r;
+}
+
+// The real uid of process `pid` (from the kernel's /proc), or -1.
+int64_t ProcessUid(pid_t pid) {
+  const std::string status = ReadSmallFile(absl::StrCat("/proc/", pid, "/status"));
+  const size_t at = status.find("\nUid:");
+  if (at == std::string::npos) return -1;
+  std::vector<absl::string_view> f =
+      absl::StrSplit(absl::string_view(status).substr(at + 5, 64), absl::ByAnyChar(" \t\n"),
+                     absl::SkipEmpty());
+  int64_t uid = -1;
+  if (f.empty() || !absl::SimpleAtoi(f[0], &uid)) return -1;
+  return uid;
+}
+
+// The working directory of process `pid`, or empty.
+std::string ProcessCwd(pid_t pid) {
+  std::error_code ec;
+  const fs::path cwd = fs::read_symlink(absl::StrCat("/proc/", pid, "/cwd"), ec);
+  return ec ? std::string() : cwd.string();
+}
+
+// Whether `path` is `base` or lies below it (both normalized absolute paths).
+bool Within(absl::string_view path, absl::string_view base) {
+  if (base == "/") return true;
+  return path == base || (absl::StartsWith(path, base) && path.size() > base.size() &&
+                          path[base.size()] == '/');
+}
+
+// A normalized absolute path: starts with '/', no empty, "." or ".." component, no
+// trailing '/', no NUL. INVALID_ARGUMENT naming `what` otherwise.
+absl::Status CheckNormalPath(absl::string_view what, absl::string_view path) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" ", why));
+  };
+  if (path.empty() || path[0] != '/') return bad("is not an absolute path");
+  if (path.find('\0') != absl::string_view::npos) return bad("contains a NUL byte");
+  if (path == "/") return absl::OkStatus();
+  if (path.back() == '/') return bad("ends with '/'");
+  for (absl::string_view part : absl::StrSplit(path.substr(1), '/')) {
+    if (part.empty()) return bad("has an empty component ('//')");
+    if (part == "." || part == "..") return bad("has a '.' or '..' component");
+  }
+  return absl::OkStatus();
+}
+
+// What Make() found out about isolation on this machine, for every sandbox to use.
+struct Isolation {
+  // bubblewrap with a user namespace works; false: the plain-process fallback.
+  bool isolated = false;
+  // The seccomp filter's BPF program (isolated only).
+  std::string seccomp;
+  // The daemon's binary, opened as root may (O_PATH): bwrap binds it by descriptor, so
+  // the sandbox's unprivileged uid needs no access to the folders it lives in.
+  Fd sandboxd;
+  // Hidden host paths (absolute, normalized, symbolic links resolved).
+  std::vector<std::string> hidden;
+  // Whether each sandbox gets a host uid of its own (sbx is root).
+  bool own_uids = false;
+};
+
 class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
  public:
-  BubblewrapRuntimeImpl(BubblewrapRuntimeOptions options, std::string root, Fd lock, bool isolated,
-                        Cgroups cgroups, std::vector<SandboxPtr> adopted)
+  BubblewrapRuntimeImpl(BubblewrapRuntimeOptions options, std::string root, Fd lock,
+                        Isolation isolation, Cgroups cgroups, std::vector<SandboxPtr> adopted)
       : options_(std::move(options)),
         root_(std::move(root)),
         lock_(std::move(lock)),
-        isolated_(isolated),
+        iso_(std::move(isolation)),
+        isolated_(iso_.isolated),
         cgroups_(std::move(cgroups)),
-        root_args_(RootArgs()),
+        system_args_(SystemArgs(iso_.hidden)),
         adopted_(adopted.size()),
         wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     {
       absl::MutexLock lock(&mu_);
-      for (SandboxPtr& sb : adopted) running_.emplace(sb->id, std::move(sb));
+      for (SandboxPtr& sb : adopted) {
+        uids_.insert(sb->host_uid);
+        running_.emplace(sb->id, std::move(sb));
+      }
     }
     for (int i = 0; i < options_.workers; ++i) workers_.emplace_back([this] { Work(); });
     reaper_ = std::thread([this] { Reap(); });
@@ -649,6 +868,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         sb->ended = true;
         KillSandbox(*sb);
       }
+      GiveBackUid(sb->host_uid);
       std::move(done)(absl::OkStatus());
     });
   }
@@ -745,43 +965,139 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     return absl::OkStatus();
   }
 
-  std::vector<std::string> Argv(const std::string& id, const std::string& dir,
-                                const LocalSpec& spec) const {
-    const std::string socket_inside = absl::StrCat(kSockDirInside, "/", kSocketName);
-    if (!isolated_) {
-      return {options_.sandboxd_path, "--socket", absl::StrCat(dir, "/", kSocketName),
-              "--workspace", dir + "/workspace"};
-    }
-    // The root is bubblewrap's own tmpfs with every top-level entry of the host bound
-    // read-only onto it (symlinks recreated), so that template mounts can add new
-    // top-level paths while the host stays read-only. No --die-with-parent: the sandbox
-    // must outlive sbx (and that option ties bwrap to the thread that forked it).
-    std::vector<std::string> a = {options_.bwrap_path,     "--unshare-pid", "--unshare-ipc",
-                                  "--unshare-uts",         "--new-session", "--info-fd",
-                                  std::to_string(kInfoFd), "--hostname",    id};
-    a.insert(a.end(), root_args_.begin(), root_args_.end());
-    for (const char* x :
-         {"--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"}) {
-      a.emplace_back(x);
-    }
-    if (!spec.network) a.push_back("--unshare-net");
-    const int64_t ws =
-        spec.workspace_size_bytes > 0 ? spec.workspace_size_bytes : kDefaultWorkspaceBytes;
-    a.insert(a.end(), {"--size", std::to_string(ws), "--tmpfs", kWorkspaceInside});
-    a.insert(a.end(), {"--bind", dir, kSockDirInside});
+  // The daemon's arguments (after its path).
+  static std::vector<std::string> DaemonArgs(const std::string& id, const std::string& workspace) {
+    return {"--listen_fd", std::to_string(kListenFd), "--secret_fd", std::to_string(kSecretFd),
+            "--ready_fd",  std::to_string(kReadyFd),  "--id",        id,
+            "--workspace", workspace};
+  }
+
+  // Where the template's mounts and the hidden paths meet: the bwrap arguments that mask
+  // hidden paths inside the template's mount sources, or INVALID_ARGUMENT when a source
+  // is (or lies in) a hidden path.
+  absl::StatusOr<std::vector<std::string>> MountArgs(const LocalSpec& spec) const {
+    std::vector<std::string> a;
     for (const auto& m : spec.mounts) {
+      std::error_code ec;
+      const std::string source = fs::weakly_canonical(m.source, ec).string();
+      for (const std::string& h : iso_.hidden) {
+        if (Within(source, h)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("mount source \"", m.source, "\" lies in \"", h,
+                           "\", which sandboxes may not see (the server's own files)"));
+        }
+      }
       a.push_back(m.read_only ? "--ro-bind" : "--bind");
       a.push_back(m.source);
       a.push_back(m.target);
+      for (const std::string& h : iso_.hidden) {
+        if (Within(h, source)) AppendMask(h, m.target + h.substr(source.size()), &a);
+      }
     }
-    for (const auto& [k, v] : spec.env) a.insert(a.end(), {"--setenv", k, v});
-    a.insert(a.end(), {"--chdir", kWorkspaceInside});
-    // The daemon is bound in at a fixed path: its host path may be under /tmp, which the
-    // sandbox replaces with its own tmpfs.
-    a.insert(a.end(), {"--ro-bind", options_.sandboxd_path, kSandboxdInside});
-    a.insert(a.end(), {kSandboxdInside, "--socket", socket_inside, "--workspace",
-                       std::string(kWorkspaceInside)});
     return a;
+  }
+
+  // The sandbox's command line: bwrap with the daemon inside, or (plain fallback) the
+  // daemon alone.
+  absl::StatusOr<std::vector<std::string>> Argv(const std::string& id, const std::string& dir,
+                                                const LocalSpec& spec) const {
+    if (!isolated_) {
+      std::vector<std::string> a = {options_.sandboxd_path};
+      for (std::string& x : DaemonArgs(id, dir + "/workspace")) a.push_back(std::move(x));
+      return a;
+    }
+    // A user namespace in which the workload is uid 1000 with no capability (and which
+    // cannot nest another), new pid/ipc/uts/cgroup namespaces, the seccomp filter, and a
+    // root of bubblewrap's own tmpfs holding only the system folders (read-only), fresh
+    // /dev, /proc, /tmp and /run, the workspace, the daemon and the template's mounts.
+    // No --die-with-parent: the sandbox must outlive sbx (and that option ties bwrap to
+    // the thread that forked it).
+    std::vector<std::string> a = {
+        options_.bwrap_path, "--unshare-user", "--uid", std::to_string(kUidInside), "--gid",
+        std::to_string(kUidInside), "--disable-userns", "--unshare-pid", "--unshare-ipc",
+        "--unshare-uts", "--unshare-cgroup-try", "--new-session", "--cap-drop", "ALL",
+        "--info-fd", std::to_string(kInfoFd), "--seccomp", std::to_string(kSeccompFd),
+        "--hostname", id};
+    if (!spec.network) a.push_back("--unshare-net");
+    a.insert(a.end(), system_args_.begin(), system_args_.end());
+    const int64_t ws =
+        spec.workspace_size_bytes > 0 ? spec.workspace_size_bytes : kDefaultWorkspaceBytes;
+    a.insert(a.end(), {"--size", std::to_string(ws), "--tmpfs", kWorkspaceInside});
+    a.insert(a.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside});
+    ASSIGN_OR_RETURN(std::vector<std::string> mounts, MountArgs(spec));
+    a.insert(a.end(), mounts.begin(), mounts.end());
+    a.insert(a.end(), {"--setenv", "HOME", kWorkspaceInside});
+    for (const auto& [k, v] : spec.env) a.insert(a.end(), {"--setenv", k, v});
+    a.insert(a.end(), {"--chdir", kWorkspaceInside, kSandboxdInside});
+    for (std::string& x : DaemonArgs(id, kWorkspaceInside)) a.push_back(std::move(x));
+    return a;
+  }
+
+  // Masks the host path `host`, seen in the sandbox at `inside`: an empty read-only tmpfs
+  // over a folder, /dev/null over anything else.
+  static void AppendMask(const std::string& host, const std::string& inside,
+                         std::vector<std::string>* a) {
+    struct stat st;
+    if (lstat(host.c_str(), &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+      a->insert(a->end(), {"--tmpfs", inside, "--remount-ro", inside});
+    } else {
+      a->insert(a->end(), {"--ro-bind", "/dev/null", inside});
+    }
+  }
+
+  // The system part of every sandbox's root: /usr, /etc and the top-level /bin, /sbin,
+  // /lib* (as the host has them: folders bound read-only, symbolic links recreated), the
+  // secrets of /etc and the hidden paths under them masked, and fresh /dev, /proc, /tmp,
+  // /var/tmp and /run.
+  static std::vector<std::string> SystemArgs(const std::vector<std::string>& hidden) {
+    std::vector<std::string> a;
+    std::vector<std::string> bound;
+    for (const char* top : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                            "/etc"}) {
+      struct stat st;
+      if (lstat(top, &st) != 0) continue;
+      if (S_ISLNK(st.st_mode)) {
+        std::error_code ec;
+        const fs::path target = fs::read_symlink(top, ec);
+        if (!ec) a.insert(a.end(), {"--symlink", target.string(), top});
+      } else if (S_ISDIR(st.st_mode)) {
+        a.insert(a.end(), {"--ro-bind", top, top});
+        bound.emplace_back(top);
+      }
+    }
+    std::vector<std::string> masked(std::begin(kEtcSecrets), std::end(kEtcSecrets));
+    for (const std::string& h : hidden) {
+      for (const std::string& b : bound) {
+        if (Within(h, b)) masked.push_back(h);
+      }
+    }
+    for (const std::string& m : masked) AppendMask(m, m, &a);
+    for (const char* x : {"--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var",
+                          "--tmpfs", "/var/tmp", "--tmpfs", "/run"}) {
+      a.emplace_back(x);
+    }
+    return a;
+  }
+
+  // A host uid no running sandbox has (sbx is root), or NotFound when all are taken.
+  absl::StatusOr<uid_t> TakeUid() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    const uint32_t count = options_.sandbox_uid_count;
+    absl::BitGen gen;
+    const uint32_t start = absl::Uniform<uint32_t>(gen, 0, count);
+    for (uint32_t i = 0; i < count; ++i) {
+      const uid_t uid = options_.sandbox_uid_base + (start + i) % count;
+      if (uids_.insert(uid).second) return uid;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "all ", count, " sandbox uids from ", options_.sandbox_uid_base, " are in use"));
+  }
+
+  void GiveBackUid(uid_t uid) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (!iso_.own_uids) return;
+    absl::MutexLock lock(&mu_);
+    uids_.erase(uid);
   }
 
   // Makes the sandbox's cgroups: the freezer one (for Suspend) and those that carry its
@@ -834,70 +1150,119 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     sb->dir = absl::StrCat(root_, "/", sb->id);
     sb->child = true;
     const std::string& id = sb->id;
-    const std::string socket = absl::StrCat(sb->dir, "/", kSocketName);
-    sb->endpoint = absl::StrCat("unix:", socket);
-    if (mkdir(sb->dir.c_str(), 0755) != 0 ||
-        (!isolated_ && mkdir((sb->dir + "/workspace").c_str(), 0755) != 0)) {
+    absl::StatusOr<std::vector<std::string>> argv = Argv(id, sb->dir, spec);
+    if (!argv.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("template \"", request.template_name, "\": ", argv.status().message()));
+    }
+    sb->host_uid = geteuid();
+    if (iso_.own_uids) {
+      ASSIGN_OR_RETURN(sb->host_uid, TakeUid());
+    }
+    absl::StatusOr<SandboxInfo> out = Spawn(sb, request, spec, *argv);
+    if (!out.ok()) GiveBackUid(sb->host_uid);
+    return out;
+  }
+
+  absl::StatusOr<SandboxInfo> Spawn(SandboxPtr sb, const CreateRequest& request,
+                                    const LocalSpec& spec, const std::vector<std::string>& argv) {
+    const std::string& id = sb->id;
+    const std::string socket_path = absl::StrCat(sb->dir, "/", kSocketName);
+    sb->endpoint = absl::StrCat("unix:", socket_path);
+    // The host folder: only sbx may enter it. In the plain fallback the workspace lies in it.
+    if (mkdir(sb->dir.c_str(), 0700) != 0 ||
+        (!isolated_ && mkdir((sb->dir + "/workspace").c_str(), 0700) != 0)) {
       return absl::UnavailableError(
           absl::StrCat("cannot create \"", sb->dir, "\": ", std::strerror(errno)));
     }
-    // Watch the folder before the daemon can create its socket there.
-    Fd inotify(inotify_init1(IN_CLOEXEC | IN_NONBLOCK));
-    if (inotify.valid()) inotify_add_watch(inotify.get(), sb->dir.c_str(), IN_CREATE);
+    auto fail = [&](absl::Status s) {
+      KillSandbox(*sb);
+      return s;
+    };
+    // The daemon's socket, bound and listening here, outside the sandbox: connections
+    // queue from now on and are served once the daemon runs.
+    Fd listener(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+    if (!listener.valid() ||
+        bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(listener.get(), 128) != 0) {
+      return fail(absl::UnavailableError(
+          absl::StrCat("cannot listen on \"", socket_path, "\": ", std::strerror(errno))));
+    }
     sb->cgroup_dirs = MakeCgroups(id, spec, &sb->freezer);
 
-    const std::vector<std::string> argv = Argv(id, sb->dir, spec);
     std::vector<char*> cargv;
-    for (const std::string& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
+    for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);
+    char* envp[] = {const_cast<char*>(kPathEnv), nullptr};
     std::vector<std::string> procs;
     for (const std::string& cg : sb->cgroup_dirs) procs.push_back(cg + "/cgroup.procs");
-    const std::string log_path = sb->dir + "/sandboxd.log";
-    Fd log(open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    int info[2] = {-1, -1};
-    if (isolated_ && pipe2(info, O_CLOEXEC) != 0) {
-      const int err = errno;
-      KillSandbox(*sb);
-      return absl::UnavailableError(absl::StrCat("pipe failed: ", std::strerror(err)));
+    const std::string log_path = sb->dir + "/" + kLogName;
+    Fd log(OpenInDir(sb->dir, kLogName, O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    Fd null(open("/dev/null", O_RDONLY | O_CLOEXEC));
+    absl::StatusOr<Fd> secret = PipeWith(options_.secret_for(id));
+    if (!secret.ok()) return fail(secret.status());
+    absl::StatusOr<Fd> seccomp = isolated_ ? PipeWith(iso_.seccomp) : absl::StatusOr<Fd>(Fd());
+    if (!seccomp.ok()) return fail(seccomp.status());
+    int info[2] = {-1, -1}, ready[2] = {-1, -1};
+    if ((isolated_ && pipe2(info, O_CLOEXEC) != 0) || pipe2(ready, O_CLOEXEC) != 0) {
+      return fail(absl::UnavailableError(absl::StrCat("pipe failed: ", std::strerror(errno))));
     }
-    Fd info_r(info[0]), info_w(info[1]);
+    Fd info_r(info[0]), info_w(info[1]), ready_r(ready[0]), ready_w(ready[1]);
     if (info_r.valid()) fcntl(info_r.get(), F_SETFL, O_NONBLOCK);
+    fcntl(ready_r.get(), F_SETFL, O_NONBLOCK);
 
     SpawnPlan plan;
     plan.argv = cargv.data();
+    plan.envp = envp;
     plan.cgroup_procs = &procs;
-    plan.log_fd = log.get();
-    plan.info_fd = info_w.get();
+    plan.cwd = sb->dir.c_str();
+    plan.Give(STDIN_FILENO, null.get());
+    plan.Give(STDOUT_FILENO, log.get());
+    plan.Give(STDERR_FILENO, log.get());
+    plan.Give(kListenFd, listener.get());
+    plan.Give(kSecretFd, secret->get());
+    plan.Give(kReadyFd, ready_w.get());
+    if (isolated_) {
+      plan.Give(kInfoFd, info_w.get());
+      plan.Give(kSeccompFd, seccomp->get());
+      plan.Give(kSandboxdFd, iso_.sandboxd.get());
+    }
+    plan.switch_user = iso_.own_uids;
+    plan.uid = sb->host_uid;
+    plan.gid = sb->host_uid;
     const pid_t pid = SpawnDetached(plan);
     log.Reset();
     info_w.Reset();
+    ready_w.Reset();
+    listener.Reset();
+    secret->Reset();
     if (pid < 0 || plan.error != 0) {
       const int err = pid < 0 ? errno : plan.error;
       if (pid > 0) {
         while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
         }
       }
-      KillSandbox(*sb);
-      return absl::UnavailableError(absl::StrCat("cannot start \"", argv[0], "\" for sandbox ", id,
-                                                 ": ", std::strerror(err)));
+      return fail(absl::UnavailableError(absl::StrCat("cannot start \"", argv[0], "\" for sandbox ",
+                                                      id, " (", plan.failed_step,
+                                                      "): ", std::strerror(err))));
     }
     sb->pid = pid;
     sb->start_time = StartTime(pid);
     sb->pidfd.Reset(PidfdOpen(pid));
 
-    // Ready when the daemon accepts connections on its socket. Wait on the folder (the
-    // socket's creation), the info pipe (bwrap names the sandbox's pid 1) and the pidfd
-    // (an early exit); try to connect only once the socket exists.
+    // Ready when the daemon says so on the ready pipe. Wait on it, the info pipe (bwrap
+    // names the sandbox's pid 1) and the pidfd (an early exit).
     const absl::Time deadline = absl::Now() + options_.ready_timeout;
     std::string info_text;
-    bool socket_seen = !inotify.valid();
     absl::Status failed;
     while (true) {
-      if (socket_seen && Connects(socket)) break;
       const absl::Time now = absl::Now();
       if (now > deadline) {
         failed = absl::DeadlineExceededError(
-            absl::StrCat("sandbox ", id, " did not listen on ", socket, " within ",
+            absl::StrCat("sandbox ", id, " was not serving within ",
                          absl::FormatDuration(options_.ready_timeout), ": ", Tail(log_path)));
         break;
       }
@@ -910,11 +1275,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       }
       pollfd fds[3];
       nfds_t n = 0;
-      int inotify_at = -1, info_at = -1, pidfd_at = -1;
-      if (!socket_seen) {
-        inotify_at = static_cast<int>(n);
-        fds[n++] = {inotify.get(), POLLIN, 0};
-      }
+      int info_at = -1, pidfd_at = -1;
+      fds[n++] = {ready_r.get(), POLLIN, 0};
       if (info_r.valid()) {
         info_at = static_cast<int>(n);
         fds[n++] = {info_r.get(), POLLIN, 0};
@@ -923,31 +1285,19 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         pidfd_at = static_cast<int>(n);
         fds[n++] = {sb->pidfd.get(), POLLIN, 0};
       }
-      // Between the daemon's bind() and listen() the socket exists but refuses: retry
-      // soon. Without a pidfd, look for an early exit every 2 ms.
       absl::Duration wait = std::min(deadline - now, absl::Seconds(1));
-      if (socket_seen) {
-        wait = absl::Microseconds(200);
-      } else if (!sb->pidfd.valid()) {
-        wait = std::min(wait, absl::Milliseconds(2));
-      }
+      if (!sb->pidfd.valid()) wait = std::min(wait, absl::Milliseconds(2));
       const timespec ts = absl::ToTimespec(std::max(wait, absl::ZeroDuration()));
       if (ppoll(fds, n, &ts, nullptr) < 0 && errno != EINTR) {
         failed = absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
         break;
       }
-      if (inotify_at >= 0 && fds[inotify_at].revents != 0) {
-        alignas(inotify_event) char buf[4096];
-        ssize_t len;
-        while ((len = read(inotify.get(), buf, sizeof(buf))) > 0) {
-          for (char* p = buf; p < buf + len;) {
-            auto* ev = reinterpret_cast<inotify_event*>(p);
-            if (ev->len > 0 && std::strcmp(ev->name, kSocketName) == 0) socket_seen = true;
-            p += sizeof(inotify_event) + ev->len;
-          }
-        }
-      }
       if (info_at >= 0 && fds[info_at].revents != 0) ReadInfo(info_r, &info_text, sb.get());
+      if (fds[0].revents != 0) {
+        char byte;
+        if (read(ready_r.get(), &byte, 1) == 1) break;
+        // The write end closed without a byte: the daemon ended; the pidfd tells how.
+      }
       if (pidfd_at >= 0 && fds[pidfd_at].revents != 0) {
         failed = Exited(*sb, log_path, ReapIfChild(*sb, /*block=*/false));
         break;
@@ -956,14 +1306,15 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     // bwrap has written the info pipe before the daemon started.
     while (failed.ok() && info_r.valid() && ReadInfo(info_r, &info_text, sb.get())) {
     }
+    if (failed.ok() && isolated_ && sb->init_pid <= 0) {
+      failed = absl::InternalError(
+          absl::StrCat("sandbox ", id, ": bubblewrap did not name the sandbox's pid 1"));
+    }
     if (failed.ok() && !WriteState(*sb)) {
       failed = absl::UnavailableError(
           absl::StrCat("sandbox ", id, ": cannot write its state file in ", sb->dir));
     }
-    if (!failed.ok()) {
-      KillSandbox(*sb);
-      return failed;
-    }
+    if (!failed.ok()) return fail(failed);
     SandboxInfo out;
     out.id = id;
     out.pool = request.pool;
@@ -1062,36 +1413,21 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         spdlog::warn("sandbox {} ended by itself ({})", sb->id,
                      status >= 0 ? DescribeExit(status) : std::string("not our child"));
         KillSandbox(*sb);
+        GiveBackUid(sb->host_uid);
         if (options_.on_gone) options_.on_gone(sb->id);
       }
     }
-  }
-
-  // bwrap arguments that rebuild the host's top level read-only.
-  static std::vector<std::string> RootArgs() {
-    std::vector<std::string> args;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator("/", ec)) {
-      const std::string path = entry.path().string();
-      if (path == "/proc" || path == "/dev" || path == "/tmp" || path == "/run") continue;
-      if (entry.is_symlink(ec)) {
-        const fs::path target = fs::read_symlink(entry.path(), ec);
-        if (ec) continue;
-        args.insert(args.end(), {"--symlink", target.string(), path});
-      } else if (entry.is_directory(ec)) {
-        args.insert(args.end(), {"--ro-bind", path, path});
-      }
-    }
-    return args;
   }
 
   const BubblewrapRuntimeOptions options_;
   const std::string root_;  // options_.root_dir, absolute
   // Held (flock) while the runtime exists.
   const Fd lock_;
+  const Isolation iso_;
   const bool isolated_;
   const Cgroups cgroups_;
-  const std::vector<std::string> root_args_;
+  // SystemArgs(): the same for every sandbox.
+  const std::vector<std::string> system_args_;
   const size_t adopted_;
   // Tells the reaper that the table changed or that the runtime stops.
   const Fd wake_fd_;
@@ -1102,16 +1438,18 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SandboxPtr> running_ ABSL_GUARDED_BY(mu_);
+  // The host uids of running sandboxes and of those being made (own_uids only).
+  absl::flat_hash_set<uid_t> uids_ ABSL_GUARDED_BY(mu_);
 };
 
-// The sandbox id a process's command line names, if it names a folder under `root`
-// (bwrap binds the sandbox's folder; the plain fallback passes its socket path).
-std::string IdInCmdline(const std::string& cmdline, const std::string& marker) {
-  const size_t at = cmdline.find(marker);
-  if (at == std::string::npos) return "";
-  const size_t from = at + marker.size() - std::strlen(kIdPrefix);
-  const size_t end = cmdline.find_first_of(std::string("/\0", 2), from);
-  return cmdline.substr(from, end == std::string::npos ? std::string::npos : end - from);
+// The sandbox id whose host folder (root/lb-...) a working directory lies in, or empty:
+// every sandbox's top process (bwrap, or the plain daemon) works in its host folder.
+std::string IdOfCwd(const std::string& cwd, const std::string& root) {
+  const std::string marker = absl::StrCat(root, "/", kIdPrefix);
+  if (!absl::StartsWith(cwd, marker)) return "";
+  const size_t end = cwd.find('/', root.size() + 1);
+  return cwd.substr(root.size() + 1, end == std::string::npos ? std::string::npos
+                                                              : end - root.size() - 1);
 }
 
 // Removes the empty sandbox cgroups older than a minute, whatever root they came from: a
@@ -1135,7 +1473,10 @@ void PruneEmptyCgroups(const Cgroups& cgroups) {
 }
 
 // Adopts the live sandboxes under `root` and cleans up everything else there: what a
-// runtime finds when it starts (see the header's Lifetime section).
+// runtime finds when it starts (see the header's Lifetime section). Only what the kernel
+// says and what this runtime wrote in folders no sandbox reaches is believed: the state
+// file must be a regular file of ours in a real folder of ours; the top process must be
+// the same process and work in that folder; the socket and cgroups follow from the id.
 std::vector<SandboxPtr> AdoptOrCleanUp(const std::string& root, const Cgroups& cgroups) {
   std::vector<SandboxPtr> adopted;
   std::vector<SandboxPtr> dead;
@@ -1145,13 +1486,27 @@ std::vector<SandboxPtr> AdoptOrCleanUp(const std::string& root, const Cgroups& c
     const std::string name = entry.path().filename().string();
     if (name.rfind(kIdPrefix, 0) != 0) continue;
     auto sb = std::make_shared<Sandbox>();
-    const bool has_state = DecodeState(ReadSmallFile(entry.path() / kStateName), sb.get());
     sb->dir = entry.path().string();
-    if (has_state && sb->id == name && Alive(sb->pid, sb->start_time)) {
+    struct stat st;
+    const bool own_dir = lstat(sb->dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+                         st.st_uid == geteuid();
+    const bool has_state = own_dir && DecodeState(ReadOwnFile(sb->dir, kStateName), sb.get());
+    sb->endpoint = absl::StrCat("unix:", sb->dir, "/", kSocketName);
+    for (const std::string& cg : cgroups.DirsOf(name)) {
+      if (fs::exists(cg)) {
+        sb->cgroup_dirs.push_back(cg);
+        if (!cgroups.freezer.empty() && cg.rfind(cgroups.freezer, 0) == 0) sb->freezer = cg;
+      }
+    }
+    if (has_state && sb->id == name && Alive(sb->pid, sb->start_time) &&
+        ProcessCwd(sb->pid) == sb->dir) {
       // The pidfd names the process for good; the start time is checked again after
       // opening it, in case the pid was recycled in between.
       sb->pidfd.Reset(PidfdOpen(sb->pid));
-      if (Alive(sb->pid, sb->start_time) && Connects(sb->endpoint.substr(std::strlen("unix:")))) {
+      if (Alive(sb->pid, sb->start_time) && Connects(sb->dir + "/" + kSocketName)) {
+        if (!Alive(sb->init_pid, sb->init_start_time)) sb->init_pid = -1;
+        const int64_t uid = ProcessUid(sb->pid);
+        sb->host_uid = uid >= 0 ? static_cast<uid_t>(uid) : geteuid();
         if (!sb->freezer.empty()) {
           std::string state = ReadSmallFile(sb->freezer + "/freezer.state");
           sb->suspended.store(state.rfind("FROZEN", 0) == 0, std::memory_order_relaxed);
@@ -1161,31 +1516,34 @@ std::vector<SandboxPtr> AdoptOrCleanUp(const std::string& root, const Cgroups& c
         continue;
       }
     }
-    if (!has_state) sb->pid = -1;  // nothing known; found below by command line
+    // Not adoptable: its processes are found below by their working folder; what the state
+    // file said about pids is not used to kill anything.
     sb->id = name;
-    sb->pidfd.Reset(sb->pid > 0 && Alive(sb->pid, sb->start_time) ? PidfdOpen(sb->pid) : -1);
-    if (sb->pidfd.valid() && !Alive(sb->pid, sb->start_time)) sb->pidfd.Reset();
-    if (!sb->pidfd.valid() && !Alive(sb->pid, sb->start_time)) sb->pid = -1;
-    // Whatever cgroups a half-created sandbox got before its state file was written.
-    for (const std::string& cg : cgroups.DirsOf(name)) {
-      if (std::find(sb->cgroup_dirs.begin(), sb->cgroup_dirs.end(), cg) == sb->cgroup_dirs.end() &&
-          fs::exists(cg)) {
-        sb->cgroup_dirs.push_back(cg);
-        if (cg.rfind(cgroups.freezer, 0) == 0 && !cgroups.freezer.empty()) sb->freezer = cg;
-      }
-    }
+    sb->pid = -1;
+    sb->init_pid = -1;
+    sb->pidfd.Reset();
+    if (!own_dir) sb->dir.clear();  // not ours to remove
     dead.push_back(std::move(sb));
   }
-  // Processes of the dead ones (or of folders already removed) found by command line:
-  // a bwrap still starting when its sbx was killed has no state file yet.
-  const std::string marker = absl::StrCat(root, "/", kIdPrefix);
+  // Processes of the dead ones (or of folders already removed), found by the folder they
+  // work in: a bwrap still starting when its sbx was killed has no state file yet. With
+  // each such top process goes its children: bwrap's pid 1 of the sandbox, whose end
+  // ends the sandbox's pid namespace.
   int killed = 0;
+  std::vector<std::pair<pid_t, pid_t>> parent_of;  // (pid, ppid)
+  absl::flat_hash_set<pid_t> strays;
   for (const auto& entry : fs::directory_iterator("/proc", ec)) {
     pid_t pid = 0;
     if (!absl::SimpleAtoi(entry.path().filename().string(), &pid) || pid == getpid()) continue;
-    const std::string cmd = ReadSmallFile(entry.path() / "cmdline");
-    const std::string id = IdInCmdline(cmd, marker);
-    if (!id.empty() && !keep.contains(id) && kill(pid, SIGKILL) == 0) ++killed;
+    if (auto st = ReadStat(pid)) parent_of.emplace_back(pid, st->ppid);
+    const std::string id = IdOfCwd(ProcessCwd(pid), root);
+    if (!id.empty() && !keep.contains(id)) strays.insert(pid);
+  }
+  for (const auto& [pid, ppid] : parent_of) {
+    if (strays.contains(ppid) && kill(pid, SIGKILL) == 0) ++killed;
+  }
+  for (pid_t pid : strays) {
+    if (kill(pid, SIGKILL) == 0) ++killed;
   }
   for (SandboxPtr& sb : dead) {
     absl::MutexLock lock(&sb->op_mu);
@@ -1193,8 +1551,8 @@ std::vector<SandboxPtr> AdoptOrCleanUp(const std::string& root, const Cgroups& c
   }
   if (!adopted.empty() || !dead.empty() || killed > 0) {
     spdlog::warn(
-        "local runtime: under {}: adopted {} running sandboxes, cleaned up {} dead or half-made "
-        "ones (killed {} stray processes)",
+        "local runtime: under {}: adopted {} running sandboxes, cleaned up {} dead, half-made or "
+        "older ones (killed {} stray processes)",
         root, adopted.size(), dead.size(), killed);
   }
   return adopted;
@@ -1229,11 +1587,16 @@ absl::StatusOr<LocalSpec> ParseLocalSpec(const std::string& json) {
         mount.source = m.at("source").get<std::string>();
         mount.target = m.at("target").get<std::string>();
         mount.read_only = m.value("read_only", true);
-        if (mount.source.empty() || mount.source[0] != '/' || mount.target.empty() ||
-            mount.target[0] != '/') {
-          return absl::InvalidArgumentError(absl::StrCat("mount \"", mount.source, "\" -> \"",
-                                                         mount.target,
-                                                         "\": both paths must be absolute"));
+        RETURN_IF_ERROR(CheckNormalPath("mount source", mount.source));
+        RETURN_IF_ERROR(CheckNormalPath("mount target", mount.target));
+        for (const char* own : {"/", "/run/sbx", "/proc", "/dev"}) {
+          if (own == std::string_view("/") ? mount.target == "/" : Within(mount.target, own)) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("mount target \"", mount.target, "\" is ",
+                             own == std::string_view("/") ? "the sandbox's root"
+                                                          : absl::StrCat("in ", own),
+                             ", which the runtime owns"));
+          }
         }
         s.mounts.push_back(std::move(mount));
       }
@@ -1261,8 +1624,73 @@ absl::Status BubblewrapRuntimeOptions::Validate() const {
   if (ready_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("ready_timeout must be positive");
   }
+  if (!secret_for) {
+    return absl::InvalidArgumentError("secret_for is required (the sandboxes' daemon secrets)");
+  }
+  if (sandbox_uid_base == 0 || sandbox_uid_count == 0 ||
+      uint64_t{sandbox_uid_base} + sandbox_uid_count > uint64_t{1} << 32) {
+    return absl::InvalidArgumentError(absl::StrCat("sandbox uids ", sandbox_uid_base, " + ",
+                                                   sandbox_uid_count, " are not a range of "
+                                                   "non-root uids"));
+  }
+  for (const std::string& h : hidden_paths) {
+    if (h.empty() || h[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("hidden path \"", h, "\" must be an absolute path"));
+    }
+  }
   return absl::OkStatus();
 }
+
+namespace {
+
+// Runs `argv` once as a sandbox would be run (same user, descriptors, no_new_privs) and
+// waits for it: OK when it exits 0, else FAILED_PRECONDITION with its output.
+absl::Status Probe(const std::vector<std::string>& argv, const Isolation& iso, uid_t uid) {
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  char* envp[] = {const_cast<char*>(kPathEnv), nullptr};
+  int out[2];
+  if (pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe failed");
+  Fd out_r(out[0]), out_w(out[1]);
+  Fd null(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  absl::StatusOr<Fd> seccomp = PipeWith(iso.seccomp);
+  if (!seccomp.ok()) return seccomp.status();
+  const std::vector<std::string> no_cgroups;
+  SpawnPlan plan;
+  plan.argv = cargv.data();
+  plan.envp = envp;
+  plan.cgroup_procs = &no_cgroups;
+  plan.Give(STDIN_FILENO, null.get());
+  plan.Give(STDOUT_FILENO, out_w.get());
+  plan.Give(STDERR_FILENO, out_w.get());
+  plan.Give(kSeccompFd, seccomp->get());
+  plan.Give(kSandboxdFd, iso.sandboxd.get());
+  plan.switch_user = iso.own_uids;
+  plan.uid = uid;
+  plan.gid = uid;
+  const pid_t pid = SpawnDetached(plan);
+  out_w.Reset();
+  if (pid < 0) return absl::FailedPreconditionError(absl::StrCat("spawn: ", std::strerror(errno)));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(out_r.get(), buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  if (plan.error != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(plan.failed_step, ": ", std::strerror(plan.error)));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return absl::FailedPreconditionError(
+      absl::StrCat(DescribeExit(status), ": ", text.empty() ? "(no output)" : text));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
     BubblewrapRuntimeOptions options) {
@@ -1284,33 +1712,101 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
         absl::StrCat("runtime root \"", options.root_dir, "\" is too long for unix socket paths (",
                      longest.size(), " of at most ", sizeof(sockaddr_un::sun_path) - 1, " bytes)"));
   }
-  bool isolated = !options.bwrap_path.empty() && access(options.bwrap_path.c_str(), X_OK) == 0;
-  if (isolated) {
-    // bubblewrap may be installed yet unusable (no user namespaces, seccomp): try it.
-    const std::string probe =
-        absl::StrCat(options.bwrap_path,
-                     " --unshare-pid --unshare-net --ro-bind / / --dev /dev --proc /proc "
-                     "/bin/true >/dev/null 2>&1");
-    isolated = std::system(probe.c_str()) == 0;
-  }
-  if (!isolated) {
-    spdlog::error(
-        "*** bubblewrap (\"{}\") is missing or cannot run here: sandboxes will be PLAIN "
-        "PROCESSES with NO ISOLATION (same user, filesystem and network as sbx) ***",
-        options.bwrap_path);
+  Isolation iso;
+  iso.sandboxd.Reset(open(options.sandboxd_path.c_str(), O_PATH | O_CLOEXEC));
+  if (!iso.sandboxd.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sandboxd \"", options.sandboxd_path, "\" cannot be opened: ", std::strerror(errno)));
   }
   std::string root = fs::absolute(options.root_dir).lexically_normal().string();
   while (root.size() > 1 && root.back() == '/') root.pop_back();
+  for (const std::string& h : options.hidden_paths) {
+    iso.hidden.push_back(fs::weakly_canonical(h, ec).string());
+  }
+  iso.hidden.push_back(fs::weakly_canonical(root, ec).string());
+  iso.own_uids = geteuid() == 0;
+  absl::Status why;
+  if (options.bwrap_path.empty()) {
+    why = absl::FailedPreconditionError("no bubblewrap given");
+  } else if (access(options.bwrap_path.c_str(), X_OK) != 0) {
+    why = absl::FailedPreconditionError(absl::StrCat("not installed: ", std::strerror(errno)));
+  } else if (absl::StatusOr<std::string> program = SeccompProgram(); !program.ok()) {
+    why = program.status();
+  } else {
+    iso.seccomp = *std::move(program);
+    // bubblewrap may be installed yet unusable (no user namespaces for this uid, seccomp
+    // refused): run the daemon's --version in a sandbox made as the real ones are.
+    iso.isolated = true;
+    std::vector<std::string> argv = {options.bwrap_path,
+                                     "--unshare-user",
+                                     "--uid",
+                                     std::to_string(kUidInside),
+                                     "--gid",
+                                     std::to_string(kUidInside),
+                                     "--disable-userns",
+                                     "--unshare-pid",
+                                     "--unshare-net",
+                                     "--cap-drop",
+                                     "ALL",
+                                     "--seccomp",
+                                     std::to_string(kSeccompFd)};
+    for (const char* top : {"/usr", "/bin", "/lib", "/lib64"}) {
+      struct stat st;
+      if (lstat(top, &st) != 0) continue;
+      if (S_ISLNK(st.st_mode)) {
+        argv.insert(argv.end(), {"--symlink", fs::read_symlink(top, ec).string(), top});
+      } else {
+        argv.insert(argv.end(), {"--ro-bind", top, top});
+      }
+    }
+    argv.insert(argv.end(), {"--proc", "/proc", "--dev", "/dev", "--ro-bind-fd",
+                             std::to_string(kSandboxdFd), kSandboxdInside, kSandboxdInside,
+                             "--version"});
+    why = Probe(argv, iso, options.sandbox_uid_base);
+    iso.isolated = why.ok();
+  }
+  if (!iso.isolated) {
+    if (!options.allow_unisolated) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bubblewrap (\"", options.bwrap_path, "\") cannot isolate sandboxes here (",
+          why.message(),
+          "). Install it (apt-get install bubblewrap) and allow user namespaces "
+          "(sysctl user.max_user_namespaces > 0, and kernel.unprivileged_userns_clone=1 or "
+          "kernel.apparmor_restrict_unprivileged_userns=0 where those exist); or, for "
+          "development only, run sandboxes as plain processes with "
+          "--insecure_local_no_isolation"));
+    }
+    iso.own_uids = false;
+    spdlog::error(
+        "*** bubblewrap (\"{}\") cannot isolate sandboxes here ({}): sandboxes are PLAIN "
+        "PROCESSES with NO ISOLATION (same user, filesystem and network as sbx), as "
+        "--insecure_local_no_isolation asked ***",
+        options.bwrap_path, std::string(why.message()));
+  }
+  // Only sbx may enter the root and the sandboxes' host folders.
+  struct stat root_st;
+  if (lstat(root.c_str(), &root_st) != 0 || !S_ISDIR(root_st.st_mode) ||
+      root_st.st_uid != geteuid() || chmod(root.c_str(), 0700) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "runtime root \"", root, "\" must be a folder (not a symbolic link) owned by uid ",
+        geteuid()));
+  }
   // One runtime per root: a second one would adopt, or clean up as half-made, the
   // sandboxes the first is starting.
-  Fd lock(open((root + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  Fd lock(OpenInDir(root, ".lock", O_RDWR | O_CREAT, 0600));
   if (!lock.valid() || flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "runtime root \"", root, "\" is in use by another runtime (", root, "/.lock is locked)"));
   }
   Cgroups cgroups = Cgroups::Detect(options.use_freezer);
   spdlog::info("local runtime: root \"{}\", {}, memory limits {}, pids limits {}, suspend with {}",
-               root, isolated ? "bubblewrap isolation" : "NO isolation",
+               root,
+               !iso.isolated ? "NO isolation"
+               : iso.own_uids
+                   ? absl::StrCat("bubblewrap isolation (user namespace, seccomp; host uids from ",
+                                  options.sandbox_uid_base, ")")
+                   : absl::StrCat("bubblewrap isolation (user namespace, seccomp; host uid ",
+                                  geteuid(), ", sbx's own)"),
                cgroups.memory.empty() ? "unavailable" : "cgroup v1",
                cgroups.pids.empty() ? "unavailable" : "cgroup v1",
                cgroups.freezer.empty() ? "SIGSTOP/SIGCONT (no writable freezer cgroup)"
@@ -1318,8 +1814,8 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
   std::vector<SandboxPtr> adopted = AdoptOrCleanUp(root, cgroups);
   PruneEmptyCgroups(cgroups);
   return std::unique_ptr<BubblewrapRuntime>(
-      new BubblewrapRuntimeImpl(std::move(options), std::move(root), std::move(lock), isolated,
-                                std::move(cgroups), std::move(adopted)));
+      new BubblewrapRuntimeImpl(std::move(options), std::move(root), std::move(lock),
+                                std::move(iso), std::move(cgroups), std::move(adopted)));
 }
 
 }  // namespace sbx::runtime

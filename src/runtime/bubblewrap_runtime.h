@@ -1,9 +1,23 @@
 #pragma once
-// The local runtime: each sandbox is a bubblewrap (`bwrap`) process tree with its own pid,
-// mount, ipc, uts and (unless the template asks for the host's) network namespaces, the
-// host filesystem read-only, a private writable workspace (a size-limited tmpfs), running
-// `sbx-sandboxd` on a unix socket that sbx connects to. Without bubblewrap it falls back
-// to plain processes and says so loudly at start.
+// The local runtime: each sandbox is a bubblewrap (`bwrap`) process tree that treats its
+// workload as hostile:
+// - its own user namespace: the workload runs as uid 1000 with no capability, mapped to
+//   an unprivileged host uid (when sbx runs as root, bwrap itself is started as a host
+//   uid of its own per sandbox, from sandbox_uid_base; otherwise as sbx's uid), and it
+//   cannot make further user namespaces;
+// - its own pid, mount, ipc, uts, cgroup and (unless the template asks for the host's)
+//   network namespaces; no_new_privs; a seccomp filter refusing what a workload never
+//   needs (mounts, ptrace, keyrings, bpf, perf, kexec, modules, userfaultfd, handles);
+// - a minimal root: /usr, /bin, /sbin, /lib* and /etc read-only (secrets of /etc and the
+//   operator's hidden_paths masked), fresh /dev, /proc, /tmp, /var/tmp, /run, a private
+//   size-limited tmpfs workspace, and the template's mounts; never /root, /home, /var,
+//   /srv, the project's folders, the server's data or the sandbox root;
+// - a daemon (`sbx-sandboxd`) serving on a unix socket that the runtime binds in the
+//   sandbox's host folder, root_dir/<id>/ (mode 0700, outside the sandbox), and hands over
+//   as a descriptor; the daemon takes calls only with the sandbox's secret
+//   (options.secret_for), which it reads from a pipe.
+// Without working bubblewrap and user namespaces Make() fails; plain processes (no
+// isolation at all) need allow_unisolated, meant for development only.
 //
 // Thread-safety: every method may be called from any thread. Create, Delete, Suspend and
 // Resume return at once and do the slow work (spawn, wait for the daemon, freeze, kill) on
@@ -16,18 +30,20 @@
 //
 // Lifetime: sandboxes outlive the runtime and the sbx process. Each runs in its own
 // session (a Ctrl-C in sbx's terminal does not reach it) and is not tied to sbx by a
-// parent-death signal. Once ready, a sandbox's folder (root_dir/<id>/) holds a state file
-// (id, pool, endpoint, its top process with that process's start time, its cgroups).
-// Make() scans root_dir: a sandbox whose top process is still the same process (same
-// start time) and whose daemon accepts connections is adopted — watched like the
-// runtime's own (its end is reported through `on_gone`), listed by List(), deletable and
-// suspendable. Anything else found there (a dead sandbox, a half-created one, a folder
-// without a state file) is killed and removed with its cgroups. Delete (of an own, adopted
-// or suspended sandbox alike) kills the sandbox's pid namespace through its pid 1 and
-// whatever its cgroups hold, then removes its folder and cgroups. The destructor waits for
-// the runtime's threads; it kills every sandbox when `delete_on_exit` is set, and
-// otherwise leaves them running for the next runtime on the same root_dir to adopt. Calls
-// still queued when it runs get CANCELLED.
+// parent-death signal. Once ready, a sandbox's host folder holds a state file (id, pool,
+// its top process with that process's start time); nothing in that folder is reachable
+// from any sandbox, and it is written without following symbolic links. Make() scans
+// root_dir: a sandbox whose top process is still the same process (same start time,
+// working in that folder) and whose daemon accepts connections is adopted — watched like
+// the runtime's own (its end is reported through `on_gone`), listed by List(), deletable
+// and suspendable. Its socket and cgroups are derived from its id, never read from a file.
+// Anything else found there (a dead sandbox, a half-created one, a folder without a state
+// file, a state file of an older version) is killed and removed with its cgroups. Delete
+// (of an own, adopted or suspended sandbox alike) kills the sandbox's pid namespace
+// through its pid 1 and whatever its cgroups hold, then removes its folder and cgroups.
+// The destructor waits for the runtime's threads; it kills every sandbox when
+// `delete_on_exit` is set, and otherwise leaves them running for the next runtime on the
+// same root_dir to adopt. Calls still queued when it runs get CANCELLED.
 
 #include <cstdint>
 #include <functional>
@@ -59,18 +75,38 @@ struct LocalSpec {
   int64_t workspace_size_bytes = 0;  // 0: 256 MiB
 };
 
-// JSON encoding of a LocalSpec. Parse errors are INVALID_ARGUMENT naming the field.
+// JSON encoding of a LocalSpec. Parse errors are INVALID_ARGUMENT naming the field; so are
+// mounts that are not normalized absolute paths (no ".", "..", empty components or
+// trailing "/") and mount targets on "/" or under the sandbox's own paths (/run/sbx,
+// /proc, /dev).
 std::string EncodeLocalSpec(const LocalSpec& spec);
 absl::StatusOr<LocalSpec> ParseLocalSpec(const std::string& json);
 
 struct BubblewrapRuntimeOptions {
-  // Folder for the sandboxes' sockets (one subfolder per sandbox). Created if missing.
-  // Keep it short: a unix socket path must fit in 107 bytes.
+  // Folder for the sandboxes' host folders (sockets, state, logs; one subfolder per
+  // sandbox). Created if missing and kept at mode 0700. Keep it short: a unix socket path
+  // must fit in 107 bytes.
   std::string root_dir = ".sbx/sandboxes";
   // The daemon binary started in every sandbox.
   std::string sandboxd_path;
-  // bubblewrap; empty or missing: plain processes (no isolation), with a warning.
+  // bubblewrap. Missing, or unable to make a user namespace: Make() fails (see
+  // allow_unisolated).
   std::string bwrap_path = "/usr/bin/bwrap";
+  // DEVELOPMENT ONLY: when bubblewrap cannot isolate (or bwrap_path is empty), run
+  // sandboxes as plain processes with sbx's own user, files and network. Loudly logged.
+  bool allow_unisolated = false;
+  // When sbx runs as root, each sandbox gets a host uid (and gid) of its own from
+  // [sandbox_uid_base, sandbox_uid_base + sandbox_uid_count): no two running sandboxes
+  // share one. Unused when sbx is not root (sandboxes run as sbx's uid).
+  uint32_t sandbox_uid_base = 200000;
+  uint32_t sandbox_uid_count = 65536;
+  // The secret of sandbox `id`, handed to its daemon (which refuses calls without it).
+  // Required.
+  std::function<std::string(const std::string& id)> secret_for;
+  // Host files and folders no sandbox may see (the server's data dir, token files, keys):
+  // masked where they lie in a folder sandboxes see; a template mount whose source holds
+  // one is refused. The root dir is always hidden.
+  std::vector<std::string> hidden_paths;
   // How long a new sandbox may take until its daemon accepts connections.
   absl::Duration ready_timeout = absl::Seconds(10);
   // Threads that start and delete sandboxes (each start blocks one of them).
@@ -91,11 +127,13 @@ struct BubblewrapRuntimeOptions {
 
 class BubblewrapRuntime : public Runtime {
  public:
-  // Checks the options and the environment (bwrap runs; the root dir is writable), adopts
+  // Checks the options and the environment (bwrap can make a sandbox as it will for real,
+  // user namespace included; the root dir is writable), adopts
   // the live sandboxes of an earlier run under the root dir and cleans up the rest (see
   // Lifetime above), and logs what isolation, limits and suspension are available. One
   // runtime at a time may use a root dir (it holds a lock on root_dir/.lock). Errors:
-  // INVALID_ARGUMENT, FAILED_PRECONDITION naming what is missing or the root in use.
+  // INVALID_ARGUMENT, FAILED_PRECONDITION naming what is missing (with what to install or
+  // enable) or the root in use.
   static absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> Make(BubblewrapRuntimeOptions options);
 
   ~BubblewrapRuntime() override = default;

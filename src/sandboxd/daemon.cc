@@ -1,5 +1,8 @@
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,11 +11,13 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
 #include "src/sandboxd/exec.h"
 #include "src/sandboxd/sandboxd.h"
@@ -27,17 +32,65 @@ constexpr size_t kMaxSocketPathBytes = 107;
 constexpr int64_t kMaxMaxFileBytes = int64_t{1} << 30;
 constexpr int kMessageSlackBytes = 1 << 20;
 
+// Serves an inherited listening socket: gRPC 1.51 cannot listen on a descriptor, so this
+// thread accepts and hands each connection to the server (AddInsecureChannelFromFd).
+class Acceptor {
+ public:
+  Acceptor(int listen_fd, grpc::Server* server)
+      : listen_fd_(listen_fd), stop_fd_(::eventfd(0, EFD_CLOEXEC)), server_(server) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Acceptor() { Stop(); }
+
+  // Stops accepting (connections already handed over stay with the server). Idempotent.
+  void Stop() {
+    if (!thread_.joinable()) return;
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof(one));
+    thread_.join();
+  }
+
+ private:
+  void Run() {
+    while (true) {
+      pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        spdlog::error("accept loop: poll: {}", std::strerror(errno));
+        return;
+      }
+      if (fds[1].revents != 0) return;
+      const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
+        spdlog::error("accept: {}", std::strerror(errno));
+        // EMFILE and the like: do not spin.
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      grpc::AddInsecureChannelFromFd(server_, fd);
+    }
+  }
+
+  const UniqueFd listen_fd_;
+  const UniqueFd stop_fd_;
+  grpc::Server* const server_;
+  std::thread thread_;
+};
+
 class DaemonImpl final : public Daemon {
  public:
   DaemonImpl(std::string socket_path, int port, std::unique_ptr<Workspace> workspace,
              std::unique_ptr<ExecManager> execs, std::unique_ptr<SandboxdService> service,
-             std::unique_ptr<grpc::Server> server)
+             std::unique_ptr<grpc::Server> server, int listen_fd)
       : socket_path_(std::move(socket_path)),
         port_(port),
         workspace_(std::move(workspace)),
         execs_(std::move(execs)),
         service_(std::move(service)),
-        server_(std::move(server)) {}
+        server_(std::move(server)) {
+    if (listen_fd >= 0) acceptor_ = std::make_unique<Acceptor>(listen_fd, server_.get());
+  }
 
   ~DaemonImpl() override { Shutdown(absl::ZeroDuration()); }
 
@@ -47,6 +100,7 @@ class DaemonImpl final : public Daemon {
     if (shut_down_.exchange(true, std::memory_order_acq_rel)) return;
     spdlog::info("sandboxd shutting down: killing {} running command(s)", execs_->running());
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+    if (acceptor_ != nullptr) acceptor_->Stop();
     execs_->KillAll();
     server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
     server_->Wait();
@@ -70,6 +124,8 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<ExecManager> execs_;
   std::unique_ptr<SandboxdService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // With listen_fd: accepts connections for server_ (stopped before it shuts down).
+  std::unique_ptr<Acceptor> acceptor_;
   std::atomic<bool> shut_down_{false};
 };
 
@@ -90,8 +146,18 @@ void EnsureStandardDescriptors() {
 }  // namespace
 
 absl::Status DaemonOptions::Validate() const {
-  if (socket_path.empty() == listen.empty()) {
-    return absl::InvalidArgumentError("exactly one of socket_path and listen is required");
+  if (int{!socket_path.empty()} + int{!listen.empty()} + int{listen_fd >= 0} != 1) {
+    return absl::InvalidArgumentError(
+        "exactly one of socket_path, listen and listen_fd is required");
+  }
+  if (secret.empty() && !allow_unauthenticated) {
+    return absl::InvalidArgumentError(
+        "no secret: the daemon serves only callers that present the sandbox's secret (give "
+        "one, or allow_unauthenticated for development)");
+  }
+  if (!secret.empty() && secret.size() < 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the secret is ", secret.size(), " bytes long; at least 16 are required"));
   }
   if (!listen.empty() && listen.rfind(':') == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("listen \"", listen, "\" is not host:port"));
@@ -150,15 +216,30 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
 
   auto execs = std::make_unique<ExecManager>(workspace->get(), options.max_concurrent_execs,
                                              options.output_drain_grace);
-  auto service = std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env);
+  if (options.listen_fd >= 0) {
+    int type = 0;
+    socklen_t len = sizeof(type);
+    if (::getsockopt(options.listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+        type != SOCK_STREAM) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "listen_fd ", options.listen_fd, " is not a stream socket: ", std::strerror(errno)));
+    }
+    ::fcntl(options.listen_fd, F_SETFD, FD_CLOEXEC);
+  }
+  auto service = std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env,
+                                                   options.secret);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string address =
-      options.listen.empty() ? absl::StrCat("unix:", options.socket_path) : options.listen;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                           options.listen.empty() ? nullptr : &port);
+  std::string address;
+  if (options.listen_fd >= 0) {
+    address = absl::StrCat("descriptor ", options.listen_fd);
+  } else {
+    address = options.listen.empty() ? absl::StrCat("unix:", options.socket_path) : options.listen;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                             options.listen.empty() ? nullptr : &port);
+  }
   const int message_limit = static_cast<int>(options.max_file_bytes) + kMessageSlackBytes;
   builder.SetMaxReceiveMessageSize(message_limit);
   builder.SetMaxSendMessageSize(message_limit);
@@ -168,12 +249,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::UnavailableError(absl::StrCat("cannot listen on \"", address, "\""));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
-  spdlog::info("sandboxd serving on {}{} (workspace \"{}\", paths confined with {})", address,
-               port != 0 ? absl::StrCat(" (port ", port, ")") : std::string(), options.workspace,
-               (*workspace)->uses_openat2() ? "openat2(RESOLVE_BENEATH)" : "an O_NOFOLLOW walk");
+  spdlog::info("sandboxd serving on {}{} (workspace \"{}\", paths confined with {}, {})",
+               address, port != 0 ? absl::StrCat(" (port ", port, ")") : std::string(),
+               options.workspace,
+               (*workspace)->uses_openat2() ? "openat2(RESOLVE_BENEATH)" : "an O_NOFOLLOW walk",
+               options.secret.empty() ? "NO AUTHENTICATION" : "calls need the sandbox's secret");
   return std::unique_ptr<Daemon>(new DaemonImpl(options.socket_path, port, std::move(*workspace),
                                                 std::move(execs), std::move(service),
-                                                std::move(server)));
+                                                std::move(server), options.listen_fd));
 }
 
 }  // namespace sbx::sandboxd

@@ -1,9 +1,15 @@
 #pragma once
 // sbx::sandboxd: the daemon that runs inside every sandbox (a bubblewrap jail locally, a
 // pod on Kubernetes). It serves sbx.sandboxd.v1.Sandboxd (proto/sbx/sandboxd/v1/
-// sandboxd.proto) and grpc.health.v1.Health on a unix socket: it runs commands (Exec),
-// takes late-bound configuration from a claim (Configure) and moves files confined to
-// its workspace (WriteFile, ReadFile, ListFiles).
+// sandboxd.proto) and grpc.health.v1.Health: it runs commands (Exec), takes late-bound
+// configuration from a claim (Configure) and moves files confined to its workspace
+// (WriteFile, ReadFile, ListFiles).
+//
+// Only sbx-server may drive it: every Sandboxd call must carry the sandbox's secret in
+// the metadata entry `sbx-sandbox-secret` (kSecretMetadata), compared in constant time;
+// a call without it, or with another, ends UNAUTHENTICATED before it does anything.
+// Health stays open. The local runtime hands the daemon a socket it bound outside the
+// sandbox (listen_fd), so no path in the sandbox leads to it.
 //
 // Process-wide effects of Start: SIGPIPE is ignored, the standard descriptors 0-2 are
 // opened on /dev/null when closed, a reaper thread waits for every child of the process
@@ -23,17 +29,30 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "src/common/sandbox_secret.h"
 
 namespace sbx::sandboxd {
 
+// The metadata entry that carries the sandbox's secret.
+inline constexpr const char* kSecretMetadata = kSandboxSecretMetadata;
+
 struct DaemonOptions {
-  // Unix socket to serve on (the local runtime); at most 107 bytes. A stale socket file
-  // there is removed first; any other kind of file there is an error.
+  // Unix socket to serve on; at most 107 bytes. A stale socket file there is removed
+  // first; any other kind of file there is an error.
   std::string socket_path;
   // Or TCP "host:port" to serve on (in a pod, where sbx-server reaches it at podIP:port;
-  // port 0 picks one, see Daemon::port). Exactly one of socket_path and listen is given.
-  // Plaintext and unauthenticated: the pod's network policy must admit only sbx-server.
+  // port 0 picks one, see Daemon::port). Plaintext: the secret keeps other callers out,
+  // and the pod's network policy should admit only sbx-server.
   std::string listen;
+  // Or a listening unix stream socket inherited from the parent (the local runtime binds
+  // it in a folder outside the sandbox). Exactly one of socket_path, listen and
+  // listen_fd is given. The daemon owns it from Start on (made close-on-exec).
+  int listen_fd = -1;
+  // The secret every call must carry (see the header comment). Required unless
+  // allow_unauthenticated is set.
+  std::string secret;
+  // Development only: serve without a secret.
+  bool allow_unauthenticated = false;
   // The workspace directory: commands start there and every file path is relative to
   // it. Required; must exist.
   std::string workspace;

@@ -9,6 +9,7 @@
 #include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "spdlog/spdlog.h"
+#include "src/sandboxd/sandboxd.h"
 
 namespace sbx::sandboxd {
 namespace {
@@ -55,6 +56,13 @@ const char* KindName(v1::ExecRequest::KindCase kind) {
       return "an empty message";
   }
 }
+
+// An Exec call refused before it started (no or wrong secret): ends at once.
+class RefusedExec final : public grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse> {
+ public:
+  explicit RefusedExec(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
 
 // One Exec call. The stream's writes are sequenced here: at most one write is in flight
 // (`writing_`); messages produced meanwhile wait in `queue_` and the next one starts from
@@ -419,8 +427,31 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 SandboxdService::SandboxdService(const Workspace* workspace, ExecManager* execs,
-                                 std::map<std::string, std::string> base_env)
-    : workspace_(workspace), execs_(execs), base_env_(std::move(base_env)) {}
+                                 std::map<std::string, std::string> base_env, std::string secret)
+    : workspace_(workspace),
+      execs_(execs),
+      base_env_(std::move(base_env)),
+      secret_(std::move(secret)) {}
+
+absl::Status SandboxdService::CheckCaller(const grpc::CallbackServerContext& context) const {
+  if (secret_.empty()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kSecretMetadata);
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("no sandbox secret: the call carries no \"", kSecretMetadata, "\" entry"));
+  }
+  // Constant time in the secret's bytes: a wrong guess says nothing about how much of it
+  // was right. (Only the length is public.)
+  const grpc::string_ref given = it->second;
+  unsigned char diff = given.size() == secret_.size() ? 0 : 1;
+  for (size_t i = 0; i < secret_.size(); ++i) {
+    diff |= static_cast<unsigned char>(secret_[i]) ^
+            static_cast<unsigned char>(i < given.size() ? given.data()[i] : 0);
+  }
+  if (diff != 0) return absl::UnauthenticatedError("wrong sandbox secret");
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ExecSpec> SandboxdService::MakeSpec(const v1::ExecStart& start) const {
   ExecSpec spec;
@@ -461,6 +492,7 @@ absl::StatusOr<ExecSpec> SandboxdService::MakeSpec(const v1::ExecStart& start) c
 
 grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* SandboxdService::Exec(
     grpc::CallbackServerContext* context) {
+  if (absl::Status s = CheckCaller(*context); !s.ok()) return new RefusedExec(ToGrpcStatus(s));
   return new ExecReactor(this);
 }
 
@@ -483,6 +515,10 @@ grpc::ServerUnaryReactor* SandboxdService::Configure(grpc::CallbackServerContext
                                                      const v1::ConfigureRequest* request,
                                                      v1::ConfigureResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckCaller(*context); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   absl::Status status = DoConfigure(*request);
   spdlog::info("configure: {} env variables, {} files: {}", request->env_size(),
                request->files_size(), status.ToString());
@@ -494,6 +530,10 @@ grpc::ServerUnaryReactor* SandboxdService::WriteFile(grpc::CallbackServerContext
                                                      const v1::WriteFileRequest* request,
                                                      v1::WriteFileResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckCaller(*context); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   Workspace::WriteOptions options;
   options.mode = request->mode();
   options.append = request->append();
@@ -508,6 +548,10 @@ grpc::ServerUnaryReactor* SandboxdService::ReadFile(grpc::CallbackServerContext*
                                                     const v1::ReadFileRequest* request,
                                                     v1::ReadFileResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckCaller(*context); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   auto result = workspace_->ReadFile(request->path(), request->offset(), request->limit());
   if (result.ok()) {
     response->set_content(std::move(result->content));
@@ -523,6 +567,10 @@ grpc::ServerUnaryReactor* SandboxdService::ListFiles(grpc::CallbackServerContext
                                                      const v1::ListFilesRequest* request,
                                                      v1::ListFilesResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (absl::Status s = CheckCaller(*context); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
   auto result = workspace_->List(request->path(), request->recursive());
   if (result.ok()) {
     for (const Workspace::Entry& e : result->entries) {

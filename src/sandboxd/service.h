@@ -31,8 +31,9 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 
 class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackService {
  public:
+  // `secret`: what every call must carry (kSecretMetadata); empty: no check.
   SandboxdService(const Workspace* workspace, ExecManager* execs,
-                  std::map<std::string, std::string> base_env);
+                  std::map<std::string, std::string> base_env, std::string secret);
 
   grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* Exec(
       grpc::CallbackServerContext* context) override;
@@ -55,10 +56,13 @@ class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackServic
 
  private:
   absl::Status DoConfigure(const v1::ConfigureRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  // OK when the call carries the secret (or none is required), else UNAUTHENTICATED.
+  absl::Status CheckCaller(const grpc::CallbackServerContext& context) const;
 
   const Workspace* const workspace_;
   ExecManager* const execs_;
   const std::map<std::string, std::string> base_env_;
+  const std::string secret_;
   mutable absl::Mutex mu_;
   // The env of the last Configure.
   std::map<std::string, std::string> configured_env_ ABSL_GUARDED_BY(mu_);

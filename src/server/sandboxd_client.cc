@@ -5,6 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "grpcpp/support/client_interceptor.h"
+#include "src/common/sandbox_secret.h"
 
 namespace sbx::server {
 namespace {
@@ -79,6 +81,41 @@ absl::Status ValidateSandboxConfig(absl::string_view field, const v1::SandboxCon
   return absl::OkStatus();
 }
 
+namespace {
+
+// Adds the sandbox's secret to every call of one channel, so that no call site can forget
+// it.
+class SecretInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit SecretInterceptor(const std::string* secret) : secret_(secret) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->emplace(kSandboxSecretMetadata, *secret_);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* const secret_;
+};
+
+class SecretInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit SecretInterceptorFactory(std::string secret) : secret_(std::move(secret)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new SecretInterceptor(&secret_);
+  }
+
+ private:
+  // Lives as long as the channel (which owns its factories).
+  const std::string secret_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> SandboxdClients::Stub(
     const store::ClaimRecord& claim) {
   if (!absl::StartsWith(claim.endpoint, "unix:") && !absl::StrContains(claim.endpoint, ":")) {
@@ -91,8 +128,11 @@ absl::StatusOr<std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> SandboxdClients::S
                      "\" comes from the instant runtime (a load-test runtime): nothing can run "
                      "in it"));
   }
+  // Keyed by sandbox and endpoint: a pod IP may come back for another sandbox, with
+  // another secret.
+  const std::string key = absl::StrCat(claim.sandbox_id, "@", claim.endpoint);
   absl::MutexLock lock(&mu_);
-  auto it = stubs_.find(claim.endpoint);
+  auto it = stubs_.find(key);
   if (it != stubs_.end()) return it->second;
   // Sandboxes come and go; a full cache is simply emptied (channels in use stay alive
   // through the calls' references).
@@ -102,11 +142,13 @@ absl::StatusOr<std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> SandboxdClients::S
   // A sandbox that vanished should fail calls at once rather than wait for reconnects.
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel =
-      grpc::CreateCustomChannel(claim.endpoint, grpc::InsecureChannelCredentials(), args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> secret;
+  if (secret_) secret.push_back(std::make_unique<SecretInterceptorFactory>(secret_(claim.sandbox_id)));
+  auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      claim.endpoint, grpc::InsecureChannelCredentials(), args, std::move(secret));
   auto stub =
       std::shared_ptr<sandboxd::v1::Sandboxd::Stub>(sandboxd::v1::Sandboxd::NewStub(channel));
-  stubs_.emplace(claim.endpoint, stub);
+  stubs_.emplace(key, stub);
   return stub;
 }
 

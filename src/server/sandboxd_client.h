@@ -1,6 +1,6 @@
 #pragma once
 // The server's side of sbx-sandboxd, the daemon in every sandbox: one gRPC channel per
-// sandbox endpoint (cached), the translation of sbx.v1 requests into the daemon's
+// sandbox (cached; each call on it carries that sandbox's secret), the translation of sbx.v1 requests into the daemon's
 // sbx.sandboxd.v1 ones, and the checks of per-claim configuration (env, files) shared by
 // ClaimService (late binding) and SandboxService (Exec's env).
 //
@@ -9,6 +9,7 @@
 // (channels are reference-counted by gRPC); it must outlive nothing but its callers.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -44,8 +45,13 @@ bool HasConfig(const v1::SandboxConfig& config);
 
 class SandboxdClients {
  public:
+  // The secret of sandbox `id`, which every call to its daemon carries (sandboxd.h,
+  // kSecretMetadata). Empty function: calls carry none.
+  using SecretFn = std::function<std::string(absl::string_view id)>;
+
   // `max_channels` bounds the cache (each channel holds a socket to one sandbox).
-  explicit SandboxdClients(size_t max_channels = 4096) : max_channels_(max_channels) {}
+  explicit SandboxdClients(SecretFn secret = nullptr, size_t max_channels = 4096)
+      : secret_(std::move(secret)), max_channels_(max_channels) {}
 
   // The daemon stub of the sandbox a claim holds. FAILED_PRECONDITION when the sandbox
   // cannot run anything (the instant runtime's sandboxes) or its endpoint is unknown.
@@ -59,6 +65,7 @@ class SandboxdClients {
                  absl::Duration timeout, absl::AnyInvocable<void(absl::Status) &&> done);
 
  private:
+  const SecretFn secret_;
   const size_t max_channels_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> stubs_

@@ -160,7 +160,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     } else {
       spdlog::info("auth: {} tokens from \"{}\"", services->auth->size(), options.auth.tokens_file);
     }
-    services->daemons = std::make_unique<SandboxdClients>();
+    services->daemons = std::make_unique<SandboxdClients>(options.sandbox_secret);
     services->services.push_back(
         std::make_unique<ClaimService>(options.allocator, services->auth.get(),
                                        services->daemons.get(), options.request_counters));

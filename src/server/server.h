@@ -11,6 +11,7 @@
 // Lifetime: Start() returns a serving server; Shutdown() stops it (idempotent); the
 // destructor shuts down with a zero grace period if Shutdown was not called.
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -52,6 +53,9 @@ struct ServerOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  // The secret of a sandbox's daemon (sbx-sandboxd refuses calls without it), sent with
+  // every call to it. Unset: calls carry none (daemons started without one).
+  std::function<std::string(absl::string_view sandbox_id)> sandbox_secret;
 
   // INVALID_ARGUMENT naming the bad field and value.
   absl::Status Validate() const;

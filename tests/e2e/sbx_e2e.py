@@ -37,7 +37,7 @@ def generate_stubs(proto_dir):
 class Server:
     """sbx-server on 127.0.0.1 with an ephemeral port, its data and sandboxes in `workdir`."""
 
-    def __init__(self, binary, workdir, config, extra=(), auth_tokens=None):
+    def __init__(self, binary, workdir, config, extra=(), auth_tokens=None, prefix=()):
         self.workdir = workdir
         self.port_file = os.path.join(workdir, "port")
         if os.path.exists(self.port_file):
@@ -45,7 +45,7 @@ class Server:
         self.log = open(os.path.join(workdir, "server.log"), "a")
         auth = [f"--auth_tokens_file={auth_tokens}"] if auth_tokens else ["--insecure_no_auth"]
         self.proc = subprocess.Popen(
-            [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", f"--port_file={self.port_file}",
+            [*prefix, binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", f"--port_file={self.port_file}",
              f"--data_dir={workdir}/data", f"--sandbox_root={workdir}/sb", f"--config={config}",
              *auth, *extra],
             cwd=workdir, stdout=self.log, stderr=self.log)
