@@ -8,6 +8,8 @@ that claims whose sandboxes survived are intact).
 Usage: local_claim_test.py PATH_TO_SBX_SERVER PROTO_DIR CONFIG_YAML
 """
 
+import hashlib
+import hmac
 import os
 import shutil
 import signal
@@ -57,13 +59,18 @@ class LocalClaimTest(unittest.TestCase):
             time.sleep(0.05)
         self.fail(f"pool never reached {n} warm: {pool}\n{self.server.logtext()}")
 
-    def run_in(self, endpoint, argv):
+    def run_in(self, claim, argv):
+        """Runs argv through the sandbox's daemon directly, as the server does: with the
+        sandbox's secret, HMAC-SHA256 of its id under the key beside the store."""
         from sbx.sandboxd.v1 import sandboxd_pb2, sandboxd_pb2_grpc
-        with grpc.insecure_channel(endpoint) as ch:
+        with open(os.path.join(self.dir, "data", "sandbox.key"), "rb") as f:
+            secret = hmac.new(f.read(), claim.sandbox.id.encode(), hashlib.sha256).hexdigest()
+        with grpc.insecure_channel(claim.sandbox.endpoint) as ch:
             stub = sandboxd_pb2_grpc.SandboxdStub(ch)
             out, code = b"", None
             start = sandboxd_pb2.ExecRequest(start=sandboxd_pb2.ExecStart(argv=argv))
-            for r in stub.Exec(iter([start]), timeout=20):
+            for r in stub.Exec(iter([start]), timeout=20,
+                               metadata=(("sbx-sandbox-secret", secret),)):
                 if r.HasField("stdout_chunk"):
                     out += r.stdout_chunk
                 if r.HasField("exit"):
@@ -79,7 +86,7 @@ class LocalClaimTest(unittest.TestCase):
         claim = resp.claim
         self.assertEqual(claim.claim_id, "e2e-1")
         self.assertTrue(claim.sandbox.endpoint.startswith("unix:"), claim)
-        out, code = self.run_in(claim.sandbox.endpoint, ["/bin/sh", "-c", "echo hi; hostname"])
+        out, code = self.run_in(claim, ["/bin/sh", "-c", "echo hi; hostname"])
         self.assertEqual(code, 0)
         self.assertEqual(out, f"hi\n{claim.sandbox.id}\n")
         # The same id again: the same sandbox.

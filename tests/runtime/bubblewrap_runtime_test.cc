@@ -2,6 +2,8 @@
 
 #include "src/runtime/bubblewrap_runtime.h"
 
+#include "src/common/sandbox_secret.h"
+
 #include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -34,6 +36,8 @@ constexpr char kInterfaces[] = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d '
 
 // Pids of processes whose command line contains `text` (bwrap names its sandbox's id and
 // folder on its command line).
+// Processes naming `text` on their command line or working in a folder that names it
+// (a sandbox's top process works in its host folder).
 std::vector<pid_t> ProcessesNaming(const std::string& text) {
   std::vector<pid_t> pids;
   for (const auto& entry : fs::directory_iterator("/proc")) {
@@ -41,8 +45,13 @@ std::vector<pid_t> ProcessesNaming(const std::string& text) {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream in(entry.path() / "cmdline");
     std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::error_code ec;
+    const std::string cwd = fs::read_symlink(entry.path() / "cwd", ec).string();
     const pid_t pid = std::stoi(name);
-    if (cmd.find(text) != std::string::npos && pid != getpid()) pids.push_back(pid);
+    if ((cmd.find(text) != std::string::npos || cwd.find(text) != std::string::npos) &&
+        pid != getpid()) {
+      pids.push_back(pid);
+    }
   }
   return pids;
 }
@@ -71,6 +80,9 @@ class BubblewrapRuntimeTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = "/tmp/sbx-rt-" + std::to_string(getpid());
+    share_ = "/tmp/sbx-rt-share-" + std::to_string(getpid());
+    fs::create_directories(share_);
+    fs::permissions(share_, fs::perms::all);
     fs::remove_all(root_);
   }
   void TearDown() override {
@@ -83,12 +95,14 @@ class BubblewrapRuntimeTest : public ::testing::Test {
     if (auto rt = BubblewrapRuntime::Make(o); rt.ok()) rt->reset();
     for (pid_t p : ProcessesNaming(root_)) kill(p, SIGKILL);
     fs::remove_all(root_);
+    fs::remove_all(share_);
   }
 
   BubblewrapRuntimeOptions Options() {
     BubblewrapRuntimeOptions o;
     o.root_dir = root_;
     o.sandboxd_path = SBX_SANDBOXD;
+    o.secret_for = [](const std::string& id) { return "secret-of-" + id; };
     o.delete_on_exit = true;
     o.on_gone = [this](const std::string& id) {
       absl::MutexLock lock(&mu_);
@@ -136,6 +150,7 @@ class BubblewrapRuntimeTest : public ::testing::Test {
     auto stub = pb::Sandboxd::NewStub(channel);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    ctx.AddMetadata(kSandboxSecretMetadata, "secret-of-" + info.id);
     auto stream = stub->Exec(&ctx);
     pb::ExecRequest start;
     for (auto& a : argv) start.mutable_start()->add_argv(a);
@@ -179,11 +194,18 @@ class BubblewrapRuntimeTest : public ::testing::Test {
     return std::nullopt;
   }
 
-  // Starts a busy loop in the sandbox that counts in a file of the sandbox's host folder
-  // (the daemon's socket folder, bound in), and returns that file's path.
+  // A spec that binds share_ (a host folder anyone may write) at /share.
+  std::string SharedSpec() const {
+    LocalSpec spec;
+    spec.mounts.push_back({share_, "/share", false});
+    return EncodeLocalSpec(spec);
+  }
+
+  // Starts a busy loop in the sandbox (made with SharedSpec) that counts in a file of the
+  // shared host folder, and returns that file's host path.
   std::string StartCounter(const SandboxInfo& info) {
-    const std::string host_file = absl::StrCat(root_, "/", info.id, "/count");
-    const std::string file = runtime_->isolated() ? "/run/sbx/sock/count" : host_file;
+    const std::string host_file = absl::StrCat(share_, "/count-", info.id);
+    const std::string file = runtime_->isolated() ? "/share/count-" + info.id : host_file;
     int code = -1;
     Exec(info,
          {"/bin/sh", "-c",
@@ -252,6 +274,8 @@ class BubblewrapRuntimeTest : public ::testing::Test {
   }
 
   std::string root_;
+  // A host folder outside root_ (which sandboxes may not see) that they may write.
+  std::string share_;
   std::unique_ptr<BubblewrapRuntime> runtime_;
   absl::Mutex mu_;
   std::vector<std::string> gone_ ABSL_GUARDED_BY(mu_);
@@ -311,12 +335,11 @@ TEST_F(BubblewrapRuntimeTest, SandboxesAreIsolated) {
 TEST_F(BubblewrapRuntimeTest, NetworkAndMountsFollowTheSpec) {
   StartRuntime();
   if (!runtime_->isolated()) GTEST_SKIP() << "bubblewrap cannot run on this machine";
-  fs::create_directories(root_ + "/shared");
-  std::ofstream(root_ + "/shared/data.txt") << "from host";
+  std::ofstream(share_ + "/data.txt") << "from host";
   LocalSpec spec;
   spec.network = true;
   spec.env["GREETING"] = "hi";
-  spec.mounts.push_back({fs::absolute(root_ + "/shared").string(), "/data", true});
+  spec.mounts.push_back({share_, "/data", true});
   auto info = CreateNow(EncodeLocalSpec(spec));
   ASSERT_TRUE(info.ok()) << info.status();
   int code = 0;
@@ -361,15 +384,16 @@ TEST_F(BubblewrapRuntimeTest, ReportsASandboxThatDies) {
 TEST_F(BubblewrapRuntimeTest, StraySandboxesOfAnEarlierRunAreKilled) {
   const std::string stray_dir = fs::absolute(root_).string() + "/lb-0000000000000000";
   fs::create_directories(stray_dir);
-  // A stand-in for a stray bwrap: a process naming the sandbox folder on its command
-  // line, blocked reading a pipe this test holds open.
+  // A stand-in for a stray bwrap: a process working in the sandbox folder, blocked
+  // reading a pipe this test holds open.
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
   const pid_t stray = fork();
   if (stray == 0) {
     dup2(fds[0], STDIN_FILENO);
     close(fds[1]);
-    execl("/bin/cat", "/bin/cat", "-", stray_dir.c_str(), nullptr);
+    if (chdir(stray_dir.c_str()) != 0) _exit(126);
+    execl("/bin/cat", "/bin/cat", "-", nullptr);
     _exit(127);
   }
   close(fds[0]);
@@ -392,8 +416,7 @@ TEST_F(BubblewrapRuntimeTest, BadSpecsAndOptionsAreRefused) {
   EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(runtime_->running(), 0u);
 
-  BubblewrapRuntimeOptions o;
-  o.root_dir = root_;
+  BubblewrapRuntimeOptions o = Options();
   o.sandboxd_path = "/nonexistent/sbx-sandboxd";
   EXPECT_EQ(BubblewrapRuntime::Make(o).status().code(), absl::StatusCode::kFailedPrecondition);
   o.sandboxd_path = "relative/sbx-sandboxd";
@@ -427,7 +450,7 @@ TEST_F(BubblewrapRuntimeTest, MemoryLimitGoesToTheCgroup) {
 
 TEST_F(BubblewrapRuntimeTest, SuspendFreezesAndResumeContinues) {
   StartRuntime();
-  auto info = CreateNow();
+  auto info = CreateNow(SharedSpec());
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_FALSE(Listed(info->id)->suspended);
   CheckSuspendAndResume(*info);
@@ -446,7 +469,7 @@ TEST_F(BubblewrapRuntimeTest, SuspendWithSignalsWithoutTheFreezer) {
   BubblewrapRuntimeOptions o = Options();
   o.use_freezer = false;
   StartRuntime(o);
-  auto info = CreateNow();
+  auto info = CreateNow(SharedSpec());
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_FALSE(fs::exists(absl::StrCat(kFreezer, "/", info->id)));
   CheckSuspendAndResume(*info);
@@ -458,7 +481,7 @@ TEST_F(BubblewrapRuntimeTest, DeletingASuspendedSandboxKillsIt) {
     BubblewrapRuntimeOptions o = Options();
     o.use_freezer = freezer;
     StartRuntime(o);
-    auto info = CreateNow();
+    auto info = CreateNow(SharedSpec());
     ASSERT_TRUE(info.ok()) << info.status();
     StartCounter(*info);
     const std::vector<pid_t> pids = SandboxProcesses(info->id);

@@ -163,6 +163,8 @@ class SandboxdTest : public ::testing::Test {
     options_.socket_path = dir_ + "/sd.sock";
     options_.workspace = workspace_;
     options_.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"BASE", "base"}};
+    // The calls of these tests carry no secret; SecretTest covers the secret.
+    options_.allow_unauthenticated = true;
   }
 
   void TearDown() override {
@@ -817,6 +819,13 @@ TEST(DaemonOptionsTest, ValidateNamesTheBadField) {
   DaemonOptions options;
   EXPECT_THAT(std::string(options.Validate().message()), HasSubstr("socket_path"));
   options.socket_path = "/tmp/x.sock";
+  options.listen_fd = 4;
+  EXPECT_THAT(std::string(options.Validate().message()), HasSubstr("exactly one"));
+  options.listen_fd = -1;
+  EXPECT_THAT(std::string(options.Validate().message()), HasSubstr("no secret"));
+  options.secret = "short";
+  EXPECT_THAT(std::string(options.Validate().message()), HasSubstr("at least 16"));
+  options.secret = std::string(64, 'a');
   EXPECT_THAT(std::string(options.Validate().message()), HasSubstr("workspace"));
   options.workspace = "/tmp";
   EXPECT_TRUE(options.Validate().ok());
@@ -830,8 +839,131 @@ TEST(DaemonOptionsTest, ValidateNamesTheBadField) {
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Only a caller with the sandbox's secret may drive the daemon (issue 17: at 660dada any
+// process that reached the socket could exec and write files). Health stays open.
+class SecretTest : public SandboxdTest {
+ protected:
+  void SetUp() override {
+    SandboxdTest::SetUp();
+    options_.allow_unauthenticated = false;
+    options_.secret = std::string(64, 'k');
+  }
+};
+
+TEST_F(SecretTest, CallsWithoutTheRightSecretAreRefusedAndDoNothing) {
+  Start();
+  for (const char* given : {"", "kkkk", "x", "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkj",
+                            "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk"}) {
+    SCOPED_TRACE(given);
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      if (*given != '\0') ctx.AddMetadata(kSecretMetadata, given);
+      pb::WriteFileRequest req;
+      req.set_path("pwned");
+      req.set_content("x");
+      pb::WriteFileResponse resp;
+      EXPECT_EQ(stub_->WriteFile(&ctx, req, &resp).error_code(), grpc::UNAUTHENTICATED);
+    }
+    {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      if (*given != '\0') ctx.AddMetadata(kSecretMetadata, given);
+      auto stream = stub_->Exec(&ctx);
+      pb::ExecRequest req;
+      req.mutable_start()->add_argv("/bin/sh");
+      req.mutable_start()->add_argv("-c");
+      req.mutable_start()->add_argv("touch pwned-by-exec");
+      stream->Write(req);
+      stream->WritesDone();
+      pb::ExecResponse resp;
+      while (stream->Read(&resp)) {
+      }
+      EXPECT_EQ(stream->Finish().error_code(), grpc::UNAUTHENTICATED);
+    }
+    for (int call = 0; call < 3; ++call) {
+      grpc::ClientContext ctx;
+      SetDeadline(ctx);
+      if (*given != '\0') ctx.AddMetadata(kSecretMetadata, given);
+      grpc::Status status;
+      if (call == 0) {
+        pb::ReadFileRequest req;
+        req.set_path("x");
+        pb::ReadFileResponse resp;
+        status = stub_->ReadFile(&ctx, req, &resp);
+      } else if (call == 1) {
+        pb::ListFilesRequest req;
+        pb::ListFilesResponse resp;
+        status = stub_->ListFiles(&ctx, req, &resp);
+      } else {
+        pb::ConfigureRequest req;
+        pb::ConfigureResponse resp;
+        status = stub_->Configure(&ctx, req, &resp);
+      }
+      EXPECT_EQ(status.error_code(), grpc::UNAUTHENTICATED) << "call " << call;
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(std::filesystem::exists(workspace_ + "/pwned"));
+  EXPECT_FALSE(std::filesystem::exists(workspace_ + "/pwned-by-exec"));
+}
+
+TEST_F(SecretTest, TheRightSecretWorksAndHealthNeedsNone) {
+  Start();
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  ctx.AddMetadata(kSecretMetadata, options_.secret);
+  pb::WriteFileRequest req;
+  req.set_path("ok");
+  req.set_content("fine");
+  pb::WriteFileResponse resp;
+  ASSERT_TRUE(stub_->WriteFile(&ctx, req, &resp).ok());
+  EXPECT_TRUE(std::filesystem::exists(workspace_ + "/ok"));
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext hctx;
+  SetDeadline(hctx);
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  generic.UnaryCall(&hctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&done](grpc::Status s) { done.set_value(s); });
+  EXPECT_TRUE(done.get_future().get().ok());
+}
+
+// The local runtime binds the socket outside the sandbox and hands it over.
+TEST_F(SecretTest, ServesAnInheritedListeningSocket) {
+  const std::string path = dir_ + "/inherited.sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  options_.socket_path.clear();
+  options_.listen_fd = fd;
+  auto daemon = Daemon::Start(options_);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  daemon_ = std::move(*daemon);
+  auto channel = grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials());
+  auto stub = pb::Sandboxd::NewStub(channel);
+  for (int i = 0; i < 3; ++i) {  // several calls, on one connection and on new ones
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    ctx.AddMetadata(kSecretMetadata, options_.secret);
+    pb::WriteFileRequest req;
+    req.set_path("via-fd-" + std::to_string(i));
+    req.set_content("x");
+    pb::WriteFileResponse resp;
+    ASSERT_TRUE(stub->WriteFile(&ctx, req, &resp).ok());
+  }
+  EXPECT_TRUE(std::filesystem::exists(workspace_ + "/via-fd-2"));
+}
+
 TEST(DaemonStartTest, MissingWorkspaceIsNotFound) {
   DaemonOptions options;
+  options.allow_unauthenticated = true;
   options.socket_path = "/tmp/sbx-sd-never.sock";
   options.workspace = "/nonexistent/sbx-workspace";
   auto daemon = Daemon::Start(options);
