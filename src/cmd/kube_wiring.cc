@@ -2,7 +2,12 @@
 
 #include <unistd.h>
 
+#include <map>
+#include <utility>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/config.h"
@@ -49,11 +54,41 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
                  "a warm-pool member not Ready after this long is replaced (unless its pod is "
                  "unschedulable)")
       ->capture_default_str();
+  app.add_option("--kube_server_pod_labels", flags->server_pod_labels,
+                 "labels of sbx-server's pods (\"k=v,k2=v2\"): the default NetworkPolicy of a "
+                 "SandboxTemplate admits them to the sbx-sandboxd port of its pods (\"\": "
+                 "none)")
+      ->capture_default_str();
+  app.add_option("--kube_server_namespace", flags->server_namespace,
+                 "namespace of sbx-server's pods, for that rule (default: the kubeconfig "
+                 "context's namespace; in-cluster, the pod's own)");
 }
+
+namespace {
+
+// "k=v,k2=v2" as a map; INVALID_ARGUMENT naming the flag and the bad entry.
+absl::StatusOr<std::map<std::string, std::string>> ParseLabels(const std::string& flag,
+                                                               const std::string& text) {
+  std::map<std::string, std::string> labels;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
+    kv.first = std::string(absl::StripAsciiWhitespace(kv.first));
+    kv.second = std::string(absl::StripAsciiWhitespace(kv.second));
+    if (kv.first.empty() || entry.find('=') == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": \"", entry, "\" is not key=value (in \"", text, "\")"));
+    }
+    labels[kv.first] = kv.second;
+  }
+  return labels;
+}
+
+}  // namespace
 
 KubeControllers::~KubeControllers() {
   StopPools();
   runtime_.reset();
+  templates_.reset();
   sandboxes_.reset();
   client_.reset();
 }
@@ -73,6 +108,8 @@ void KubeControllers::StopPools() {
 
 absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
     const KubeFlags& flags, bool serve_pools, std::function<void(const std::string&)> on_gone) {
+  ASSIGN_OR_RETURN(auto server_pod_labels,
+                   ParseLabels("--kube_server_pod_labels", flags.server_pod_labels));
   absl::StatusOr<k8s::ClusterConfig> cluster =
       flags.kubeconfig == "in-cluster" ? k8s::LoadInCluster()
                                        : k8s::LoadKubeconfig(flags.kubeconfig, flags.context);
@@ -148,17 +185,27 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
     sandboxes->sandbox_informer().AddHandler(std::move(feed));
   }
   RETURN_IF_ERROR(sandboxes->Start());
+  k8s::TemplateControllerOptions template_options;
+  template_options.ns = flags.ns;
+  template_options.is_leader = [sandboxes] { return sandboxes->IsLeader(); };
+  template_options.network_policy.server_pod_labels = std::move(server_pod_labels);
+  template_options.network_policy.server_namespace =
+      flags.server_namespace.empty() ? cluster->default_namespace : flags.server_namespace;
+  kube->templates_ = std::make_unique<k8s::TemplateController>(client, template_options);
+  RETURN_IF_ERROR(kube->templates_->Start());
   if (serve_pools) {
     RETURN_IF_ERROR(kube->pools_->StartInformers(absl::Seconds(30)));
     RETURN_IF_ERROR(kube->claims_->StartInformers(absl::Seconds(30)));
   }
-  spdlog::info("kubernetes: {} at {}; Sandbox controller running ({} workers{}, namespace {}){}",
-               cluster->source, cluster->server, flags.workers,
-               flags.leader_election ? ", leader election as " + options.election.identity : "",
-               flags.ns.empty() ? "all" : flags.ns,
-               serve_pools ? absl::StrCat("; serving SandboxWarmPools and SandboxClaims of \"",
-                                          pool_ns, "\"")
-                           : std::string());
+  spdlog::info(
+      "kubernetes: {} at {}; Sandbox controller running ({} workers{}, namespace {}), "
+      "SandboxTemplate NetworkPolicies kept{}",
+      cluster->source, cluster->server, flags.workers,
+      flags.leader_election ? ", leader election as " + options.election.identity : "",
+      flags.ns.empty() ? "all" : flags.ns,
+      serve_pools
+          ? absl::StrCat("; serving SandboxWarmPools and SandboxClaims of \"", pool_ns, "\"")
+          : std::string());
   return kube;
 }
 

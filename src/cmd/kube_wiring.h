@@ -1,6 +1,7 @@
 #pragma once
 // The Kubernetes side of sbx-server: flags, the API client and the controllers it runs
-// when a cluster is configured (--kubeconfig PATH or --kubeconfig in-cluster). With
+// when a cluster is configured (--kubeconfig PATH or --kubeconfig in-cluster): Sandboxes,
+// and the NetworkPolicy of each SandboxTemplate. With
 // --runtime kubernetes it also serves the SandboxWarmPools and SandboxClaims of one
 // namespace from the allocator, whose sandboxes it makes (KubeRuntime).
 
@@ -15,6 +16,7 @@
 #include "src/k8s/client.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/sandbox_controller.h"
+#include "src/k8s/template_controller.h"
 #include "src/k8s/warm_pool_controller.h"
 #include "src/k8s/write_scheduler.h"
 
@@ -39,6 +41,11 @@ struct KubeFlags {
   int write_burst = 200;
   int claim_workers = 8;
   double ready_timeout_s = 300;
+  // sbx-server's own pods, admitted to sbx-sandboxd's port by the default NetworkPolicy of
+  // each SandboxTemplate: their labels ("k=v,k2=v2"; "" admits none) and namespace (""
+  // = the namespace of the kubeconfig context, or in-cluster the pod's own).
+  std::string server_pod_labels = "app.kubernetes.io/name=sbx";
+  std::string server_namespace;
   // Where the client and the controllers register their metrics (the registry sbx-server
   // serves on /metrics); null: a private one, not served.
   std::shared_ptr<prometheus::Registry> registry;
@@ -67,6 +74,7 @@ class KubeControllers {
       const KubeFlags&, bool, std::function<void(const std::string&)>);
   std::unique_ptr<k8s::Client> client_;
   std::unique_ptr<k8s::SandboxController> sandboxes_;
+  std::unique_ptr<k8s::TemplateController> templates_;
   std::unique_ptr<k8s::WriteScheduler> writes_;
   std::unique_ptr<k8s::WarmPoolController> pools_;
   std::unique_ptr<k8s::ClaimController> claims_;

@@ -16,6 +16,7 @@
 #include "src/k8s/json_fields.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/sandbox_objects.h"
+#include "src/k8s/template_objects.h"
 #include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
@@ -383,13 +384,13 @@ absl::Status ClaimController::BindSandbox(const Json& claim, const std::string& 
       return absl::OkStatus();
     }
   }
-  Json patch = {{"metadata",
-                 {{"ownerReferences", Json::array({ClaimRef(claim)})},
-                  {"labels",
-                   {{kWarmPoolLabel, nullptr},
-                    {kTemplateRefHashLabel, nullptr},
-                    {kClaimUidLabel, uid},
-                    {kLaunchTypeLabel, launch_type}}}}}};
+  // The warm-pool label goes; sandbox-template-ref-hash stays (upstream keeps it, and the
+  // template's NetworkPolicy selects the pod by it).
+  Json patch = {
+      {"metadata",
+       {{"ownerReferences", Json::array({ClaimRef(claim)})},
+        {"labels",
+         {{kWarmPoolLabel, nullptr}, {kClaimUidLabel, uid}, {kLaunchTypeLabel, launch_type}}}}}};
   return writes_->Run(WritePriority::kClaim, [&] {
     return client_->PatchNoResult(kSandboxes, options_.ns, sandbox, PatchType::kMerge, patch);
   });
@@ -449,9 +450,7 @@ absl::Status ClaimController::CreateColdSandbox(const Json& claim, const Json& s
   if (!pod.is_object()) pod = Json::object();
   Json& pod_spec = pod["spec"];
   if (!pod_spec.is_object()) pod_spec = Json::object();
-  if (!pod_spec.contains("automountServiceAccountToken")) {
-    pod_spec["automountServiceAccountToken"] = false;
-  }
+  ApplyPodSecureDefaults(sandbox_template, &pod_spec);
   // env: appended, or replacing a template variable of the same name (policy checked).
   const Json& env = Field(spec, "env");
   if (env.is_array() && Field(pod_spec, "containers").is_array()) {
@@ -479,17 +478,19 @@ absl::Status ClaimController::CreateColdSandbox(const Json& claim, const Json& s
     if (!into.is_object()) into = Json::object();
     into.update(extra[part]);
   }
-  Json sandbox = {{"apiVersion", "agents.x-k8s.io/v1beta1"},
-                  {"kind", "Sandbox"},
-                  {"metadata",
-                   {{"name", Str(meta, "name")},
-                    {"namespace", options_.ns},
-                    {"labels",
-                     {{kClaimUidLabel, Str(meta, "uid")},
-                      {kLaunchTypeLabel, "cold"},
-                      {"sbx.dev/template", Str(Field(sandbox_template, "metadata"), "name")}}},
-                    {"ownerReferences", Json::array({ClaimRef(claim)})}}},
-                  {"spec", std::move(sb_spec)}};
+  Json sandbox = {
+      {"apiVersion", "agents.x-k8s.io/v1beta1"},
+      {"kind", "Sandbox"},
+      {"metadata",
+       {{"name", Str(meta, "name")},
+        {"namespace", options_.ns},
+        {"labels",
+         {{kClaimUidLabel, Str(meta, "uid")},
+          {kLaunchTypeLabel, "cold"},
+          {kTemplateRefHashLabel, NameHash(Str(Field(sandbox_template, "metadata"), "name"))},
+          {"sbx.dev/template", Str(Field(sandbox_template, "metadata"), "name")}}},
+        {"ownerReferences", Json::array({ClaimRef(claim)})}}},
+      {"spec", std::move(sb_spec)}};
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
     return client_->Create(kSandboxes, options_.ns, sandbox).status();
   });

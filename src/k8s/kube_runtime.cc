@@ -7,6 +7,7 @@
 #include "spdlog/spdlog.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
+#include "src/k8s/template_objects.h"
 #include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
@@ -69,12 +70,10 @@ Json WarmMember(const Json& pool, const Json& sandbox_template) {
     spec["volumeClaimTemplates"] = tspec["volumeClaimTemplates"];
   }
   if (Field(tspec, "service").is_boolean()) spec["service"] = tspec["service"];
-  // Secure default of pods made from a template (upstream-api.md).
+  // Secure defaults of pods made from a template (upstream-api.md).
   Json& pod_spec = spec["podTemplate"]["spec"];
   if (!pod_spec.is_object()) pod_spec = Json::object();
-  if (!pod_spec.contains("automountServiceAccountToken")) {
-    pod_spec["automountServiceAccountToken"] = false;
-  }
+  ApplyPodSecureDefaults(sandbox_template, &pod_spec);
   Json owner = {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
                 {"kind", "SandboxWarmPool"},
                 {"name", pool_name},

@@ -30,13 +30,13 @@
 #include "absl/time/time.h"
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
+#include "src/k8s/sandbox_objects.h"
 #include "src/k8s/write_scheduler.h"
 #include "src/runtime/runtime.h"
 
 namespace sbx::k8s {
 
 inline constexpr char kWarmPoolLabel[] = "agents.x-k8s.io/warm-pool-sandbox";
-inline constexpr char kTemplateRefHashLabel[] = "agents.x-k8s.io/sandbox-template-ref-hash";
 inline constexpr char kClaimUidLabel[] = "agents.x-k8s.io/claim-uid";
 inline constexpr char kSbxPoolLabel[] = "sbx.dev/pool";
 inline constexpr char kSbxTemplateHashLabel[] = "sbx.dev/template-hash";

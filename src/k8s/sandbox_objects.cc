@@ -45,6 +45,18 @@ const Json* PodCondition(const Json& pod, const std::string& type) {
   return nullptr;
 }
 
+// True when `object`'s controller owner is in the extensions.agents.x-k8s.io group.
+bool ControlledByExtensions(const Json& object) {
+  const Json& refs = Field(Field(object, "metadata"), "ownerReferences");
+  if (!refs.is_array()) return false;
+  for (const Json& ref : refs) {
+    if (Field(ref, "controller").is_boolean() && ref["controller"].get<bool>()) {
+      return absl::StartsWith(Str(ref, "apiVersion"), absl::StrCat(kExtensionsGroup, "/"));
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string NameHash(const std::string& name) {
@@ -87,6 +99,11 @@ Json DesiredPod(const Json& sandbox) {
   // The launch type is the controller's to state (warm members keep theirs).
   const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
   if (!launch.empty()) labels[kLaunchTypeLabel] = launch;
+  // The template's NetworkPolicy selects the pods of warm members and claims by this label.
+  const std::string template_hash = Str(Field(meta, "labels"), kTemplateRefHashLabel);
+  if (!template_hash.empty() && ControlledByExtensions(sandbox)) {
+    labels[kTemplateRefHashLabel] = template_hash;
+  }
   Json pod = {{"apiVersion", "v1"},
               {"kind", "Pod"},
               {"metadata",

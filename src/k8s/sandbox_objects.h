@@ -19,6 +19,10 @@ inline constexpr char kNameHashLabel[] = "agents.x-k8s.io/sandbox-name-hash";
 inline constexpr char kReservedPrefix[] = "agents.x-k8s.io/";
 inline constexpr char kReservedExtensionsPrefix[] = "extensions.agents.x-k8s.io/";
 inline constexpr char kLaunchTypeLabel[] = "agents.x-k8s.io/launch-type";
+// FNV-1a 32-bit (NameHash) of the SandboxTemplate a Sandbox was made from; its template's
+// NetworkPolicy selects the pods by it.
+inline constexpr char kTemplateRefHashLabel[] = "agents.x-k8s.io/sandbox-template-ref-hash";
+inline constexpr char kExtensionsGroup[] = "extensions.agents.x-k8s.io";
 
 // FNV-1a 32-bit of `name` as 8 lower-case hex digits.
 std::string NameHash(const std::string& name);
@@ -30,7 +34,10 @@ std::string ControllerUid(const Json& object);
 
 // The pod of `sandbox`: named like it, in its namespace, owned by it, labelled with the
 // name hash, the podTemplate's labels and annotations without reserved prefixes, and PVC
-// volumes for volumeClaimTemplates.
+// volumes for volumeClaimTemplates. The Sandbox's launch-type label is passed on; its
+// sandbox-template-ref-hash label only when an extensions.agents.x-k8s.io object (a
+// SandboxWarmPool or SandboxClaim) controls it, as upstream does, so that a Sandbox anyone
+// else made cannot place its pod under a template's NetworkPolicy.
 Json DesiredPod(const Json& sandbox);
 // The PVCs of `sandbox`'s volumeClaimTemplates, named "<entry>-<sandbox>", owned by it.
 std::vector<Json> DesiredPvcs(const Json& sandbox);

@@ -48,8 +48,10 @@ _allow("agents.x-k8s.io", ["sandboxes/finalizers"], ["update"],
        "objects sbx creates carry owner references with blockOwnerDeletion, which the "
        "OwnerReferencesPermissionEnforcement admission plugin allows only with update on the "
        "owner's finalizers; the emulator runs no admission, so no request shows it")
-_allow("extensions.agents.x-k8s.io", ["sandboxwarmpools/finalizers", "sandboxclaims/finalizers"],
-       ["update"], "the same, for Sandboxes owned by warm pools and claims")
+_allow("extensions.agents.x-k8s.io", ["sandboxwarmpools/finalizers", "sandboxclaims/finalizers",
+                                     "sandboxtemplates/finalizers"],
+       ["update"], "the same, for Sandboxes owned by warm pools and claims and for the "
+       "NetworkPolicies owned by SandboxTemplates")
 _allow("", ["events"], ["create", "patch"],
        "Kubernetes Events about Sandboxes, pools and claims: planned (issue 8's brief asks "
        "for them in the chart); no code writes Events yet")
@@ -306,8 +308,19 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(np["policyTypes"], ["Ingress", "Egress"])
         self.assertEqual(sorted(p["port"] for r in np["ingress"] for p in r["ports"]),
                          ["grpc", "metrics"])
-        egress_ports = sorted((p["port"], p["protocol"]) for r in np["egress"] for p in r["ports"])
-        self.assertEqual(egress_ports, [(53, "TCP"), (53, "UDP"), (443, "TCP"), (6443, "TCP")])
+        egress_ports = sorted((str(p["port"]), p["protocol"])
+                              for r in np["egress"] for p in r["ports"])
+        self.assertEqual(egress_ports, [("443", "TCP"), ("53", "TCP"), ("53", "UDP"),
+                                        ("6443", "TCP"), ("sbx-sandboxd", "TCP")])
+        # sbx-sandboxd: in the pods sbx made, in any namespace (the templates' policies admit
+        # these pods, named by the flags below, to that port).
+        [sandboxd] = [r for r in np["egress"] if r["ports"][0]["port"] == "sbx-sandboxd"]
+        self.assertEqual(sandboxd["to"], [{"namespaceSelector": {}, "podSelector": {
+            "matchExpressions": [{"key": "agents.x-k8s.io/sandbox-name-hash",
+                                  "operator": "Exists"}]}}])
+        self.assertEqual(f["--kube_server_namespace"], RELEASE_NS)
+        self.assertEqual(dict(kv.split("=", 1) for kv in f["--kube_server_pod_labels"].split(",")),
+                         sts["spec"]["selector"]["matchLabels"])
         self.assertEqual(one(objs, "PodDisruptionBudget")["spec"]["maxUnavailable"], 1)
 
     def test_every_flag_is_a_flag_of_sbx_server(self):
@@ -778,6 +791,28 @@ class RbacTest(unittest.TestCase):
         wait_until(lambda: json.loads(cluster.kubectl(
             "get", "-n", work_ns, "swp/" + pool, "-o", "json").stdout).get(
                 "status", {}).get("replicas") == 1, 60, "the pool to scale down to 1")
+        # The NetworkPolicy of a SandboxTemplate: made for the default, replaced (update) for
+        # custom rules, deleted when the template turns Unmanaged.
+        netpol_template = {
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxTemplate",
+            "metadata": {"name": "rbac-netpol", "namespace": work_ns},
+            "spec": {"podTemplate": {"spec": {"containers": [{"name": "main",
+                                                               "image": "busybox"}]}}}}
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(netpol_template))
+
+        def netpol():
+            r = cluster.kubectl("get", "-n", work_ns, "networkpolicy/rbac-netpol-network-policy",
+                                "-o", "json", check=False)
+            return json.loads(r.stdout) if r.returncode == 0 else None
+        wait_until(lambda: netpol() is not None, 30, "the template's NetworkPolicy")
+        cluster.kubectl("patch", "-n", work_ns, "sandboxtemplate/rbac-netpol", "--type", "merge",
+                        "-p", '{"spec":{"networkPolicy":{"egress":[{"ports":[{"port":443}]}]}}}')
+        wait_until(lambda: "ingress" not in ((netpol() or {}).get("spec") or {"ingress": 1}),
+                   30, "the NetworkPolicy to take the template's rules")
+        cluster.kubectl("patch", "-n", work_ns, "sandboxtemplate/rbac-netpol", "--type", "merge",
+                        "-p", '{"spec":{"networkPolicyManagement":"Unmanaged"}}')
+        wait_until(lambda: netpol() is None, 30, "the NetworkPolicy to go (Unmanaged)")
+        cluster.kubectl("delete", "-n", work_ns, "sandboxtemplate/rbac-netpol", "--wait=true")
         # And the rest of a Sandbox's life: a Service and a PVC, suspension, the Service
         # turned off, expiry with shutdownPolicy Delete.
         full = {"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",

@@ -16,3 +16,8 @@ if(TARGET sbx-loadgen)
            --members 300 --claims 30 --grpc_requests 100 --kube_workers 16 --write_workers 16 --check)
   set_tests_properties(bench.k8s_pool_smoke PROPERTIES TIMEOUT 300)
 endif()
+
+# The NetworkPolicy of each SandboxTemplate (sbx-server --kubeconfig, kubectl), and the
+# template label and secure defaults of the pods it selects (--runtime kubernetes).
+add_test(NAME e2e.k8s_template COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_template_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
+set_tests_properties(e2e.k8s_template PROPERTIES TIMEOUT 180)

@@ -84,6 +84,37 @@ TEST(SandboxObjectsTest, PodFollowsTheTemplateWithoutReservedMetadata) {
   EXPECT_EQ(volumes[2]["persistentVolumeClaim"]["claimName"], "cache-my-sandbox");
 }
 
+// The template's NetworkPolicy selects pods by sandbox-template-ref-hash: a Sandbox of a
+// warm pool or a claim passes it on; one anybody else made does not (upstream's
+// computeExtensionPodLabels). Fails on 660dada, whose pods never had the label.
+TEST(SandboxObjectsTest, PodCarriesTheTemplateRefHashOnlyFromPoolsAndClaims) {
+  for (const char* kind : {"SandboxWarmPool", "SandboxClaim"}) {
+    Json sandbox = Sandbox();
+    sandbox["metadata"]["labels"] = {{kTemplateRefHashLabel, NameHash("python")}};
+    sandbox["metadata"]["ownerReferences"] = {{{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
+                                               {"kind", kind},
+                                               {"name", "owner"},
+                                               {"uid", "o-1"},
+                                               {"controller", true}}};
+    EXPECT_EQ(DesiredPod(sandbox)["metadata"]["labels"].value(kTemplateRefHashLabel, ""),
+              NameHash("python"))
+        << kind;
+  }
+  Json plain = Sandbox();
+  plain["metadata"]["labels"] = {{kTemplateRefHashLabel, NameHash("python")}};
+  EXPECT_FALSE(DesiredPod(plain)["metadata"]["labels"].contains(kTemplateRefHashLabel));
+  plain["metadata"]["ownerReferences"] = {{{"apiVersion", "example.com/v1"},
+                                           {"kind", "Thing"},
+                                           {"name", "t"},
+                                           {"uid", "t-1"},
+                                           {"controller", true}}};
+  EXPECT_FALSE(DesiredPod(plain)["metadata"]["labels"].contains(kTemplateRefHashLabel));
+  // Through the pod template it is reserved, as every agents.x-k8s.io/ label.
+  Json sneaky = Sandbox();
+  sneaky["spec"]["podTemplate"]["metadata"]["labels"][kTemplateRefHashLabel] = "00000000";
+  EXPECT_FALSE(DesiredPod(sneaky)["metadata"]["labels"].contains(kTemplateRefHashLabel));
+}
+
 TEST(SandboxObjectsTest, PvcsAndService) {
   std::vector<Json> pvcs = DesiredPvcs(Sandbox());
   ASSERT_EQ(pvcs.size(), 2u);

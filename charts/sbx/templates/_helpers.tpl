@@ -100,7 +100,8 @@ used (or listed there with the reason it is kept).
   resources: ["sandboxes/finalizers"]
   verbs: ["update"]
 - apiGroups: ["extensions.agents.x-k8s.io"]
-  resources: ["sandboxwarmpools/finalizers", "sandboxclaims/finalizers"]
+  resources: ["sandboxwarmpools/finalizers", "sandboxclaims/finalizers",
+              "sandboxtemplates/finalizers"]
   verbs: ["update"]
 # Templates and pools are read (informers); pool status is written.
 - apiGroups: ["extensions.agents.x-k8s.io"]
@@ -133,4 +134,23 @@ used (or listed there with the reason it is kept).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create", "patch"]
+# The NetworkPolicy "<template>-network-policy" of each SandboxTemplate: watched (informer),
+# created, replaced with an update when it drifts from the template, deleted when the
+# template turns Unmanaged (with the template, garbage collection deletes it). Never read
+# directly and never patched.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "watch", "create", "update", "delete"]
+{{- end }}
+
+{{/*
+--kube_server_pod_labels: the labels that select sbx-server's pods (sbx.selectorLabels as
+k=v,k=v), which the default NetworkPolicy of each SandboxTemplate admits to sbx-sandboxd.
+*/}}
+{{- define "sbx.serverPodLabelsFlag" -}}
+{{- $pairs := list }}
+{{- range $k, $v := (include "sbx.selectorLabels" . | fromYaml) }}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) }}
+{{- end }}
+{{- join "," $pairs }}
 {{- end }}

@@ -1,0 +1,252 @@
+#include "src/k8s/template_controller.h"
+
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
+#include "src/common/status_macros.h"
+#include "src/k8s/json_fields.h"
+#include "src/k8s/sandbox_objects.h"
+#include "src/k8s/thread_priority.h"
+
+namespace sbx::k8s {
+namespace {
+
+using json_fields::Field;
+using json_fields::Str;
+
+// How long a written policy may stay unseen by the informer before the cache is trusted.
+constexpr absl::Duration kExpectationTimeout = absl::Seconds(10);
+
+bool Deleting(const Json& object) {
+  return !Str(Field(object, "metadata"), "deletionTimestamp").empty();
+}
+
+}  // namespace
+
+absl::Status TemplateControllerOptions::Validate() const {
+  if (workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("template controller workers ", workers, " must be at least 1"));
+  }
+  if (resync <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "template controller resync ", absl::FormatDuration(resync), " must be positive"));
+  }
+  for (const auto& [key, value] : network_policy.server_pod_labels) {
+    if (key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sbx-server pod label with an empty key (value \"", value, "\")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+TemplateController::TemplateController(Client* client, TemplateControllerOptions options)
+    : client_(client),
+      options_(std::move(options)),
+      queue_(options_.queue),
+      templates_(client, NamespaceInformer(kSandboxTemplates, options_.ns)),
+      policies_(client, NamespaceInformer(kNetworkPolicies, options_.ns)) {
+  InformerHandler template_handler;
+  template_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(KeyOf(*o)); };
+  template_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
+    queue_.Add(KeyOf(*o));
+  };
+  // Garbage collection deletes the policy with its template: nothing to do.
+  templates_.AddHandler(std::move(template_handler));
+
+  // Our policies changed or deleted behind our back are put back; a foreign policy of the
+  // name going away lets the template have its own.
+  InformerHandler policy_handler;
+  policy_handler.on_add = [this](const ObjectPtr& o) {
+    Seen(KeyOf(*o));
+    EnqueueFor(*o);
+  };
+  policy_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
+    Seen(KeyOf(*o));
+    EnqueueFor(*o);
+  };
+  policy_handler.on_delete = policy_handler.on_add;
+  policies_.AddHandler(std::move(policy_handler));
+}
+
+TemplateController::~TemplateController() { Stop(); }
+
+void TemplateController::EnqueueFor(const Json& policy) {
+  const Json& meta = Field(policy, "metadata");
+  const std::string ns = Str(meta, "namespace");
+  const std::string name = Str(meta, "name");
+  if (absl::EndsWith(name, kNetworkPolicySuffix)) {
+    queue_.Add(absl::StrCat(ns, "/", name.substr(0, name.size() - strlen(kNetworkPolicySuffix))));
+  }
+  const Json& refs = Field(meta, "ownerReferences");
+  if (!refs.is_array()) return;
+  for (const Json& ref : refs) {
+    if (Str(ref, "kind") == "SandboxTemplate" && Field(ref, "controller").is_boolean() &&
+        ref["controller"].get<bool>()) {
+      queue_.Add(absl::StrCat(ns, "/", Str(ref, "name")));
+    }
+  }
+}
+
+absl::Status TemplateController::Start(absl::Duration sync_timeout) {
+  RETURN_IF_ERROR(options_.Validate());
+  templates_.Start();
+  policies_.Start();
+  const absl::Time deadline = absl::Now() + sync_timeout;
+  for (Informer* informer : {&templates_, &policies_}) {
+    if (!informer->WaitForSync(deadline - absl::Now())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "template controller: caches did not sync within ", absl::FormatDuration(sync_timeout),
+          " (are the extensions.agents.x-k8s.io CRDs installed, and may sbx list "
+          "networkpolicies.networking.k8s.io?)"));
+    }
+  }
+  for (int i = 0; i < options_.workers; ++i) {
+    workers_.push_back(BackgroundThread("sbx-k8s-tmpl", [this] { Worker(); }));
+  }
+  resync_ = PeriodicThread("sbx-k8s-tmplsy", &stopping_, options_.resync, [this] {
+    for (const ObjectPtr& t : templates_.List()) queue_.Add(KeyOf(*t));
+  });
+  return absl::OkStatus();
+}
+
+void TemplateController::Stop() {
+  if (stopping_.exchange(true, std::memory_order_acq_rel)) return;
+  queue_.ShutDown();
+  for (std::thread& w : workers_) w.join();
+  workers_.clear();
+  if (resync_.joinable()) resync_.join();
+  templates_.Stop();
+  policies_.Stop();
+}
+
+void TemplateController::Worker() {
+  std::string key;
+  while (queue_.Get(&key)) {
+    if (options_.is_leader && !options_.is_leader()) {
+      // The leader writes; the resync hands every template to a new leader.
+      queue_.Forget(key);
+      queue_.Done(key);
+      continue;
+    }
+    absl::Status s = Reconcile(key);
+    if (s.ok()) {
+      queue_.Forget(key);
+      absl::MutexLock lock(&warned_mu_);
+      warned_.erase(key);
+    } else if (absl::IsFailedPrecondition(s)) {
+      // Someone else's policy has the name: no retry (its deletion queues the template
+      // again), and said once, not at every resync.
+      queue_.Forget(key);
+      bool first = false;
+      {
+        absl::MutexLock lock(&warned_mu_);
+        first = warned_.insert(key).second;
+      }
+      if (first) spdlog::warn("SandboxTemplate \"{}\": {}", key, std::string(s.message()));
+    } else {
+      spdlog::warn("SandboxTemplate \"{}\": {} (retry {})", key, s.ToString(),
+                   queue_.Failures(key) + 1);
+      queue_.AddRateLimited(key);
+    }
+    queue_.Done(key);
+  }
+}
+
+ObjectPtr TemplateController::Expected(const std::string& id) {
+  absl::MutexLock lock(&expect_mu_);
+  auto it = expected_.find(id);
+  if (it == expected_.end()) return nullptr;
+  if (absl::Now() - it->second.written > kExpectationTimeout) {
+    expected_.erase(it);
+    return nullptr;
+  }
+  return it->second.policy;
+}
+
+void TemplateController::Expect(const std::string& id, ObjectPtr policy) {
+  absl::MutexLock lock(&expect_mu_);
+  expected_[id] = Expectation{absl::Now(), std::move(policy)};
+}
+
+void TemplateController::Seen(const std::string& id) {
+  absl::MutexLock lock(&expect_mu_);
+  expected_.erase(id);
+}
+
+absl::Status TemplateController::Reconcile(const std::string& key) {
+  std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 1));
+  if (parts.size() != 2) return absl::InvalidArgumentError(absl::StrCat("bad key \"", key, "\""));
+  const std::string& ns = parts[0];
+  const std::string& name = parts[1];
+  ObjectPtr sandbox_template = templates_.Get(ns, name);
+  // Garbage collection deletes the policy of a deleted template (it owns it).
+  if (sandbox_template == nullptr || Deleting(*sandbox_template)) return absl::OkStatus();
+  const std::string uid = Str(Field(*sandbox_template, "metadata"), "uid");
+  const std::string policy_name = NetworkPolicyName(name);
+  const std::string id = absl::StrCat(ns, "/", policy_name);
+  ObjectPtr existing = Expected(id);
+  if (existing == nullptr) existing = policies_.Get(ns, policy_name);
+  const bool ours = existing != nullptr && ControllerUid(*existing) == uid;
+
+  // The API server refusing the template's rules is the template's problem: said, and not
+  // retried until the template changes (or the resync).
+  auto refused = [&](const absl::Status& s) {
+    if (!absl::IsInvalidArgument(s)) return s;
+    spdlog::warn("SandboxTemplate \"{}\": the API server refuses its NetworkPolicy \"{}\": {}", key,
+                 policy_name, std::string(s.message()));
+    return absl::OkStatus();
+  };
+
+  if (!NetworkPolicyManaged(*sandbox_template)) {
+    if (!ours) return absl::OkStatus();  // none, or someone else's: left alone
+    DeleteOptions options;
+    options.precondition_uid = Str(Field(*existing, "metadata"), "uid");
+    absl::Status deleted = client_->Delete(kNetworkPolicies, ns, policy_name, options);
+    if (!deleted.ok() && !absl::IsNotFound(deleted)) return deleted;
+    Seen(id);
+    spdlog::info("SandboxTemplate \"{}\" is Unmanaged: its NetworkPolicy \"{}\" is deleted", key,
+                 policy_name);
+    return absl::OkStatus();
+  }
+
+  Json desired = DesiredNetworkPolicy(*sandbox_template, options_.network_policy);
+  if (existing != nullptr) {
+    if (!ours) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("NetworkPolicy \"", id,
+                       "\" exists and is not controlled by this "
+                       "SandboxTemplate: it is left alone, and the template's pods get no "
+                       "policy from sbx until it is deleted"));
+    }
+    if (NormalizedNetworkPolicySpec(Field(*existing, "spec")) == desired["spec"]) {
+      return absl::OkStatus();
+    }
+    // The whole object back with its resourceVersion: a concurrent change is a conflict
+    // (ABORTED), retried from the newer cache.
+    Json updated = *existing;
+    updated["spec"] = desired["spec"];
+    absl::StatusOr<Json> written = client_->Update(kNetworkPolicies, ns, updated);
+    if (!written.ok()) return refused(written.status());
+    Expect(id, std::make_shared<const Json>(*std::move(written)));
+    spdlog::info("SandboxTemplate \"{}\": NetworkPolicy \"{}\" updated", key, policy_name);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Json> created = client_->Create(kNetworkPolicies, ns, desired);
+  if (created.ok()) {
+    Expect(id, std::make_shared<const Json>(*std::move(created)));
+    spdlog::info("SandboxTemplate \"{}\": NetworkPolicy \"{}\" created", key, policy_name);
+    return absl::OkStatus();
+  }
+  // Already there and not in the cache yet: its watch event queues the template again.
+  if (absl::IsAlreadyExists(created.status())) return absl::OkStatus();
+  return refused(created.status());
+}
+
+}  // namespace sbx::k8s

@@ -1,0 +1,102 @@
+#pragma once
+// TemplateController: the network isolation of extensions.agents.x-k8s.io SandboxTemplates,
+// as upstream's SandboxTemplate controller does it. Each template with
+// networkPolicyManagement Managed (the default) gets a NetworkPolicy named
+// "<template>-network-policy" in its namespace, controlled by the template (so garbage
+// collection deletes it with the template), selecting the template's pods by
+// agents.x-k8s.io/sandbox-template-ref-hash: the template's own networkPolicy rules when
+// it gives them, else the secure default (template_objects.h). A policy that drifts from
+// that is updated; Unmanaged deletes ours and makes none. A NetworkPolicy of that name that
+// the template does not control is never touched (said once in the log; its deletion lets
+// the template have its own).
+//
+// Level-triggered: informers on SandboxTemplates and NetworkPolicies feed a work queue
+// keyed "namespace/name" of the template; workers reconcile from the caches. Only the
+// leader writes (`is_leader`); every template is looked at again every `resync`, which is
+// also how a new leader picks up work the previous one left.
+//
+// Thread-safety: Start/Stop from one thread; workers reconcile different templates at once.
+// Lifetime: the client must outlive the controller; Stop joins every thread.
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "src/k8s/client.h"
+#include "src/k8s/informer.h"
+#include "src/k8s/template_objects.h"
+#include "src/k8s/work_queue.h"
+
+namespace sbx::k8s {
+
+struct TemplateControllerOptions {
+  // "" watches every namespace.
+  std::string ns;
+  int workers = 2;
+  // What the secure default admits besides upstream's router.
+  NetworkPolicyOptions network_policy;
+  // Every template is looked at again this often.
+  absl::Duration resync = absl::Seconds(30);
+  WorkQueueOptions queue;
+  // When set and false, this replica does not write (leader election).
+  std::function<bool()> is_leader;
+
+  absl::Status Validate() const;
+};
+
+class TemplateController {
+ public:
+  TemplateController(Client* client, TemplateControllerOptions options);
+  ~TemplateController();
+
+  // Starts the informers, waits until they have synced (DEADLINE_EXCEEDED, naming the
+  // likely cause, when `sync_timeout` passes first), then the workers.
+  absl::Status Start(absl::Duration sync_timeout = absl::Seconds(30));
+  void Stop();
+
+  // Reconciles the template "namespace/name" now, from the caches. INVALID_ARGUMENT for a
+  // bad key; FAILED_PRECONDITION when a NetworkPolicy of its policy's name belongs to
+  // someone else; the API server's error when a write fails (rules the API server refuses
+  // are logged and not retried until the template changes or the next resync).
+  absl::Status Reconcile(const std::string& key);
+
+ private:
+  void Worker();
+  // Queues the template a NetworkPolicy belongs to (by owner, and by name).
+  void EnqueueFor(const Json& policy);
+
+  // Expectations: policies this controller wrote that its informer has not shown yet, by
+  // "namespace/name", with what was written and when, so that a reconcile running before
+  // the watch event neither creates the policy again nor updates it from a stale copy.
+  ObjectPtr Expected(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void Expect(const std::string& id, ObjectPtr policy) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void Seen(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
+
+  Client* const client_;
+  const TemplateControllerOptions options_;
+  WorkQueue queue_;
+  Informer templates_;
+  Informer policies_;
+  std::vector<std::thread> workers_;
+  std::thread resync_;
+  // Set once by Stop; read by the workers and the resync thread between passes.
+  std::atomic<bool> stopping_{false};
+
+  struct Expectation {
+    absl::Time written;
+    ObjectPtr policy;
+  };
+  // Templates whose policy name is taken by someone else's policy, said once.
+  absl::Mutex warned_mu_;
+  absl::flat_hash_set<std::string> warned_ ABSL_GUARDED_BY(warned_mu_);
+
+  absl::Mutex expect_mu_;
+  absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);
+};
+
+}  // namespace sbx::k8s

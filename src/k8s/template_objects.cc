@@ -1,0 +1,171 @@
+#include "src/k8s/template_objects.h"
+
+#include <initializer_list>
+#include <utility>
+
+#include "src/k8s/json_fields.h"
+#include "src/k8s/sandbox_objects.h"
+
+namespace sbx::k8s {
+namespace {
+
+using json_fields::Field;
+using json_fields::Str;
+
+// Upstream's router: the only peer its default policy admits.
+constexpr char kRouterNamespace[] = "agent-sandbox-system";
+constexpr char kRouterApp[] = "sandbox-router";
+// Upstream's public resolvers for pods under the default policy.
+constexpr const char* kPublicNameservers[] = {"8.8.8.8", "1.1.1.1"};
+
+// True when a container of the template's pod declares a port named `port_name`.
+bool DeclaresPort(const Json& sandbox_template, const std::string& port_name) {
+  const Json& containers =
+      Field(Field(Field(Field(sandbox_template, "spec"), "podTemplate"), "spec"), "containers");
+  if (!containers.is_array()) return false;
+  for (const Json& c : containers) {
+    const Json& ports = Field(c, "ports");
+    if (!ports.is_array()) continue;
+    for (const Json& p : ports) {
+      if (Str(p, "name") == port_name) return true;
+    }
+  }
+  return false;
+}
+
+Json MatchLabels(Json labels) { return {{"matchLabels", std::move(labels)}}; }
+
+Json NamespaceNamed(const std::string& ns) {
+  return MatchLabels({{"kubernetes.io/metadata.name", ns}});
+}
+
+Json DefaultIngress(const Json& sandbox_template, const NetworkPolicyOptions& options) {
+  Json router = Json::object();
+  router["namespaceSelector"] = NamespaceNamed(kRouterNamespace);
+  router["podSelector"] = MatchLabels({{"app", kRouterApp}});
+  Json ingress = Json::array();
+  ingress.push_back({{"from", Json::array({router})}});
+  if (!options.server_pod_labels.empty() && !options.sandboxd_port_name.empty() &&
+      DeclaresPort(sandbox_template, options.sandboxd_port_name)) {
+    Json labels = Json::object();
+    for (const auto& [key, value] : options.server_pod_labels) labels[key] = value;
+    Json server = Json::object();
+    if (!options.server_namespace.empty()) {
+      server["namespaceSelector"] = NamespaceNamed(options.server_namespace);
+    }
+    server["podSelector"] = MatchLabels(std::move(labels));
+    Json port = {{"port", options.sandboxd_port_name}, {"protocol", "TCP"}};
+    ingress.push_back({{"from", Json::array({server})}, {"ports", Json::array({port})}});
+  }
+  return ingress;
+}
+
+Json IpBlock(const std::string& cidr, std::initializer_list<const char*> except) {
+  Json list = Json::array();
+  for (const char* e : except) list.push_back(e);
+  return {{"ipBlock", {{"cidr", cidr}, {"except", std::move(list)}}}};
+}
+
+Json DefaultEgress() {
+  // Every port to public addresses; private (RFC 1918), link-local (the metadata server)
+  // and IPv6 unique-local and link-local ranges blocked.
+  Json to = Json::array(
+      {IpBlock("0.0.0.0/0", {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"}),
+       IpBlock("::/0", {"fc00::/7", "fe80::/10"})});
+  Json egress = Json::array();
+  egress.push_back({{"to", std::move(to)}});
+  return egress;
+}
+
+// Drops nulls and empty lists everywhere, and empty matchLabels maps.
+Json Compact(const Json& value) {
+  if (value.is_array()) {
+    Json out = Json::array();
+    for (const Json& v : value) out.push_back(Compact(v));
+    return out;
+  }
+  if (!value.is_object()) return value;
+  Json out = Json::object();
+  for (const auto& [key, v] : value.items()) {
+    if (v.is_null() || (v.is_array() && v.empty())) continue;
+    if (key == "matchLabels" && v.is_object() && v.empty()) continue;
+    out[key] = Compact(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string NetworkPolicyName(const std::string& template_name) {
+  return template_name + kNetworkPolicySuffix;
+}
+
+bool NetworkPolicyManaged(const Json& sandbox_template) {
+  return Str(Field(sandbox_template, "spec"), "networkPolicyManagement") != "Unmanaged";
+}
+
+bool SecureByDefault(const Json& sandbox_template) {
+  return NetworkPolicyManaged(sandbox_template) &&
+         Field(Field(sandbox_template, "spec"), "networkPolicy").is_null();
+}
+
+Json NormalizedNetworkPolicySpec(const Json& spec) {
+  Json out = Compact(spec);
+  for (const char* direction : {"ingress", "egress"}) {
+    if (!Field(out, direction).is_array()) continue;
+    for (Json& rule : out[direction]) {
+      if (!Field(rule, "ports").is_array()) continue;
+      for (Json& port : rule["ports"]) {
+        if (port.is_object() && !port.contains("protocol")) port["protocol"] = "TCP";
+      }
+    }
+  }
+  return out;
+}
+
+Json DesiredNetworkPolicy(const Json& sandbox_template, const NetworkPolicyOptions& options) {
+  const Json& meta = Field(sandbox_template, "metadata");
+  const std::string name = Str(meta, "name");
+  Json spec = {{"podSelector", {{"matchLabels", {{kTemplateRefHashLabel, NameHash(name)}}}}},
+               {"policyTypes", {"Ingress", "Egress"}}};
+  const Json& custom = Field(Field(sandbox_template, "spec"), "networkPolicy");
+  if (custom.is_null()) {
+    spec["ingress"] = DefaultIngress(sandbox_template, options);
+    spec["egress"] = DefaultEgress();
+  } else {
+    // The template's rules as they are: a list it leaves out denies that direction.
+    if (Field(custom, "ingress").is_array()) spec["ingress"] = custom["ingress"];
+    if (Field(custom, "egress").is_array()) spec["egress"] = custom["egress"];
+  }
+  Json owner = {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
+                {"kind", "SandboxTemplate"},
+                {"name", name},
+                {"uid", Str(meta, "uid")},
+                {"controller", true},
+                {"blockOwnerDeletion", true}};
+  return {{"apiVersion", "networking.k8s.io/v1"},
+          {"kind", "NetworkPolicy"},
+          {"metadata",
+           {{"name", NetworkPolicyName(name)},
+            {"namespace", Str(meta, "namespace")},
+            {"ownerReferences", Json::array({std::move(owner)})}}},
+          {"spec", NormalizedNetworkPolicySpec(spec)}};
+}
+
+void ApplyPodSecureDefaults(const Json& sandbox_template, Json* pod_spec) {
+  Json& spec = *pod_spec;
+  if (Field(spec, "automountServiceAccountToken").is_null()) {
+    spec["automountServiceAccountToken"] = false;
+  }
+  // The default policy blocks the cluster DNS (so that a sandbox cannot enumerate the
+  // cluster's services); public names still resolve through public resolvers. Custom rules
+  // and Unmanaged templates keep the pod's DNS as it is (air-gapped or proxied clusters).
+  if (SecureByDefault(sandbox_template) && Str(spec, "dnsPolicy").empty()) {
+    spec["dnsPolicy"] = "None";
+    Json nameservers = Json::array();
+    for (const char* ns : kPublicNameservers) nameservers.push_back(ns);
+    spec["dnsConfig"] = {{"nameservers", std::move(nameservers)}};
+  }
+}
+
+}  // namespace sbx::k8s
