@@ -127,6 +127,7 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
   options.ns = flags.ns;
   options.workers = flags.workers;
   options.registry = flags.registry;
+  options.sandboxd_secret = flags.sandboxd_secret;
   options.leader_election = flags.leader_election;
   options.election.lease_namespace = flags.lease_namespace;
   options.election.lease_name = "sbx-controller";

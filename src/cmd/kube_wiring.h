@@ -49,6 +49,9 @@ struct KubeFlags {
   // Where the client and the controllers register their metrics (the registry sbx-server
   // serves on /metrics); null: a private one, not served.
   std::shared_ptr<prometheus::Registry> registry;
+  // The secret of a Sandbox's daemon (by Sandbox name), put into its pod (see
+  // SandboxControllerOptions::sandboxd_secret).
+  std::function<std::string(const std::string& sandbox_name)> sandboxd_secret;
 };
 
 void AddKubeFlags(CLI::App& app, KubeFlags* flags);

@@ -204,6 +204,7 @@ int main(int argc, char** argv) {
   };
   server_options.sandbox_secret = secret_of;
   local_options.secret_for = [secret_of](const std::string& id) { return secret_of(id); };
+  kube_flags.sandboxd_secret = [secret_of](const std::string& name) { return secret_of(name); };
   // What no sandbox may see: the server's store, key and credentials.
   for (const std::string& path : {store_options.path, sandbox_key_file,
                                   server_options.auth.tokens_file, server_options.tls_key_file}) {

@@ -428,7 +428,11 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
     if (expected == nullptr) {
       // Until the informer has it, the pod as sent stands for it (no phase: Pending); the
       // stored object in the answer is not needed, so it is not parsed.
-      auto pod = std::make_shared<const Json>(DesiredPod(sandbox));
+      Json desired = DesiredPod(sandbox);
+      if (options_.sandboxd_secret) {
+        SetSandboxdSecret(&desired, kSandboxdPortName, options_.sandboxd_secret(name));
+      }
+      auto pod = std::make_shared<const Json>(std::move(desired));
       created = client_->CreateNoResult(kPods, ns, *pod);
       if (created.ok()) {
         Expect(id, pod);

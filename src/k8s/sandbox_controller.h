@@ -14,6 +14,7 @@
 // Lifetime: the client must outlive the controller; Stop joins every thread.
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,10 @@ struct SandboxControllerOptions {
   // seconds): a member Ready sooner gets one status write, the Ready one. Errors,
   // unschedulable pods, suspension and expiry are written at once. Zero writes at once.
   absl::Duration first_status_hold = absl::Seconds(2);
+  // The secret of a Sandbox's daemon, by Sandbox name: every container of its pod that
+  // declares the port named `sbx-sandboxd` gets it as SBX_SANDBOXD_SECRET (sbx-sandboxd
+  // takes it out of its environment at start and refuses calls without it). Unset: none.
+  std::function<std::string(const std::string& sandbox_name)> sandboxd_secret;
   // Metrics: sbx_k8s_reconcile_duration_seconds{controller}, sbx_k8s_reconcile_errors_total,
   // sbx_k8s_workqueue_depth, agent_sandbox_creation_latency_ms.
   std::shared_ptr<prometheus::Registry> registry;

@@ -136,6 +136,26 @@ Json DesiredPod(const Json& sandbox) {
   return pod;
 }
 
+void SetSandboxdSecret(Json* pod, const std::string& port_name, const std::string& secret) {
+  Json& containers = (*pod)["spec"]["containers"];
+  if (!containers.is_array()) return;
+  for (Json& container : containers) {
+    const Json& ports = Field(container, "ports");
+    if (!ports.is_array()) continue;
+    bool serves = false;
+    for (const Json& p : ports) serves = serves || Str(p, "name") == port_name;
+    if (!serves) continue;
+    Json& env = container["env"];
+    if (!env.is_array()) env = Json::array();
+    Json kept = Json::array();
+    for (Json& e : env) {
+      if (Str(e, "name") != kSandboxdSecretEnv) kept.push_back(std::move(e));
+    }
+    kept.push_back({{"name", kSandboxdSecretEnv}, {"value", secret}});
+    env = std::move(kept);
+  }
+}
+
 std::vector<Json> DesiredPvcs(const Json& sandbox) {
   std::vector<Json> out;
   const Json& meta = Field(sandbox, "metadata");

@@ -39,6 +39,14 @@ std::string ControllerUid(const Json& object);
 // SandboxWarmPool or SandboxClaim) controls it, as upstream does, so that a Sandbox anyone
 // else made cannot place its pod under a template's NetworkPolicy.
 Json DesiredPod(const Json& sandbox);
+
+// The environment variable that carries a sandbox daemon's secret into its pod.
+inline constexpr char kSandboxdSecretEnv[] = "SBX_SANDBOXD_SECRET";
+// The container port through which sbx-server reaches a pod's daemon.
+inline constexpr char kSandboxdPortName[] = "sbx-sandboxd";
+// Gives `secret` (as kSandboxdSecretEnv) to every container of `pod` that declares the port
+// named `port_name`, replacing a value the template set.
+void SetSandboxdSecret(Json* pod, const std::string& port_name, const std::string& secret);
 // The PVCs of `sandbox`'s volumeClaimTemplates, named "<entry>-<sandbox>", owned by it.
 std::vector<Json> DesiredPvcs(const Json& sandbox);
 // The headless Service of `sandbox` (selector: its name hash; ports from its containers).

@@ -8,6 +8,7 @@ Usage: python3 k8s_pool_test.py SBX_SERVER KUBE_EMULATOR PROJECT_SOURCE_DIR
 """
 import json
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -367,22 +368,18 @@ class PoolTest(unittest.TestCase):
     def test_07_exec_and_files_through_sandboxd_in_the_pod(self):
         """A template whose pod runs sbx-sandboxd on a container port named sbx-sandboxd:
         the claim's endpoint is podIP:port and exec and files go through that daemon (here
-        every pod's IP is 127.0.0.1 and one real sbx-sandboxd listens there)."""
+        every pod's IP is 127.0.0.1 and one real sbx-sandboxd listens there, started with
+        the secret sbx put into the claimed member's pod). A call without that secret is
+        refused (issue 17: at 660dada the daemon took calls from anyone who reached it)."""
         from sbx.v1 import sandboxes_pb2, sandboxes_pb2_grpc
+        from sbx.sandboxd.v1 import sandboxd_pb2, sandboxd_pb2_grpc
         sandboxd = os.path.join(os.path.dirname(base.SBX_SERVER), "sbx-sandboxd")
         c = self.cluster("--pod_ip", "127.0.0.1")
         work = os.path.join(c.dir, "workspace")
         os.makedirs(work)
-        port_file = os.path.join(c.dir, "sandboxd-port")
-        log = open(os.path.join(c.dir, "sandboxd.log"), "w")
-        daemon = subprocess.Popen([sandboxd, "--listen", "127.0.0.1:0", "--port_file", port_file,
-                                   "--workspace", work], stdout=log, stderr=subprocess.STDOUT)
-        self.addCleanup(log.close)
-        self.addCleanup(base.proc_stop, daemon)
-        c.wait_for(lambda: os.path.exists(port_file) or daemon.poll() is not None, 20,
-                   "sbx-sandboxd to listen")
-        with open(port_file) as f:
-            port = int(f.read().strip())
+        with socket.socket() as probe:  # a free port for the template to declare
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
         server = c.start_pools()
         t = template()
         t["spec"]["podTemplate"]["spec"]["containers"][0]["ports"] = [
@@ -392,18 +389,41 @@ class PoolTest(unittest.TestCase):
         pb, stub = self.grpc_stubs(c, server)
         resp = stub.Claim(pb.ClaimRequest(pool="py", claim_id="exec-1"), timeout=10)
         self.assertEqual(resp.claim.sandbox.endpoint, "127.0.0.1:%d" % port)
+        pod = c.get("/api/v1/namespaces/%s/pods/%s" % (NS, resp.claim.sandbox.id))
+        env = {e["name"]: e.get("value") for e in
+               pod["spec"]["containers"][0].get("env", [])}
+        secret = env.get("SBX_SANDBOXD_SECRET")
+        self.assertTrue(secret and len(secret) == 64, pod["spec"]["containers"][0])
+        log = open(os.path.join(c.dir, "sandboxd.log"), "w")
+        self.addCleanup(log.close)
+        daemon = subprocess.Popen([sandboxd, "--listen", "127.0.0.1:%d" % port,
+                                   "--workspace", work], stdout=log, stderr=subprocess.STDOUT,
+                                  env={"PATH": os.environ["PATH"], "SBX_SANDBOXD_SECRET": secret})
+        self.addCleanup(base.proc_stop, daemon)
+        direct = grpc.insecure_channel("127.0.0.1:%d" % port)
+        self.addCleanup(direct.close)
+        grpc.channel_ready_future(direct).result(timeout=20)
+        daemon_stub = sandboxd_pb2_grpc.SandboxdStub(direct)
+        for md in ((), (("sbx-sandbox-secret", "f" * 64),)):
+            with self.assertRaises(grpc.RpcError) as e:
+                daemon_stub.WriteFile(sandboxd_pb2.WriteFileRequest(path="pwned", content=b"x"),
+                                      metadata=md, timeout=10)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+        self.assertFalse(os.path.exists(os.path.join(work, "pwned")))
         channel = grpc.insecure_channel("127.0.0.1:%d" % c.grpc_port(server))
         self.addCleanup(channel.close)
         sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(channel)
-        start = sandboxes_pb2.ExecStart(claim_id="exec-1",
-                                        argv=["/bin/sh", "-c", "echo hello > f.txt; cat f.txt"])
+        start = sandboxes_pb2.ExecStart(
+            claim_id="exec-1",
+            argv=["/bin/sh", "-c", "echo hello > f.txt; cat f.txt; env | grep -c SBX_ || true"])
         out, code = b"", None
         for r in sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]), timeout=20):
             if r.HasField("stdout_chunk"):
                 out += r.stdout_chunk
             if r.HasField("exit"):
                 code = r.exit.exit_code
-        self.assertEqual((out, code), (b"hello\n", 0))
+        # The command does not see the secret in its environment.
+        self.assertEqual((out, code), (b"hello\n0\n", 0))
         with open(os.path.join(work, "f.txt")) as f:
             self.assertEqual(f.read(), "hello\n")
 
