@@ -1273,7 +1273,8 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   if (!ttl.ok()) return std::move(done)(ttl.status());
 
   auto id_of = [&](int i) { return absl::StrCat(req.batch_id, "#", i); };
-  // A retried batch: answer from the claims it made.
+  // A retried batch: answer from the claims it made, if it is the same batch (claims.proto:
+  // a batch id reused for another pool or count is ALREADY_EXISTS).
   if (EntryPtr first = claims_.Find(ClaimKey(req.owner, id_of(0)))) {
     std::vector<ClaimResult> results;
     for (int i = 0;; ++i) {
@@ -1283,9 +1284,14 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       {
         absl::MutexLock lock(&e->mu);
         if (e->pool != pool) {
-          refused = absl::AlreadyExistsError(absl::StrCat("batch id \"", req.batch_id,
-                                                          "\" already names a batch on pool \"",
-                                                          e->record.pool, "\""));
+          refused = absl::AlreadyExistsError(absl::StrCat(
+              "batch id \"", req.batch_id, "\" already names a batch on pool \"", e->record.pool,
+              "\"; this request is for pool \"", req.pool, "\""));
+        } else if (e->record.batch_count != 0 && e->record.batch_count != req.count) {
+          refused = absl::AlreadyExistsError(absl::StrCat(
+              "batch id \"", req.batch_id, "\" already names a batch of count ",
+              e->record.batch_count, " on pool \"", e->record.pool,
+              "\"; this request asks for count ", req.count));
         } else if (e->phase == ClaimEntry::Phase::kCommitting) {
           refused = absl::AbortedError(
               absl::StrCat("batch \"", req.batch_id, "\" is still being granted; retry"));
@@ -1294,6 +1300,14 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
         }
       }
       if (!refused.ok()) return std::move(done)(refused);
+    }
+    // Claims stored without their batch's count (batch_count 0, from an older build): a
+    // BEST_EFFORT batch may hold fewer claims than it asked for, so only more claims than
+    // this request's count prove a different count.
+    if (results.size() > static_cast<size_t>(req.count)) {
+      return std::move(done)(absl::AlreadyExistsError(absl::StrCat(
+          "batch id \"", req.batch_id, "\" already names a batch of ", results.size(),
+          " claims on pool \"", req.pool, "\"; this request asks for count ", req.count)));
     }
     return std::move(done)(std::move(results));
   }
@@ -1341,6 +1355,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       r.expires = *ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : now + *ttl;
       r.launch_type = LaunchType::kWarm;
       r.revision = first_revision + i;
+      r.batch_count = req.count;
       e->assigned = true;
       e->sandbox = taken[i];
       batch.Put(RecordLocked(*e));

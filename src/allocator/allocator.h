@@ -274,7 +274,9 @@ class Allocator {
   // names a claim that has ended), the store's error (the sandbox returns to the pool).
   virtual void Claim(ClaimRequest request, ClaimCallback done) = 0;
   // N claims in one durable write. kAllOrNothing: RESOURCE_EXHAUSTED unless all N are
-  // warm now. kBestEffort: as many as are warm (RESOURCE_EXHAUSTED if none).
+  // warm now. kBestEffort: as many as are warm (RESOURCE_EXHAUSTED if none). A batch id
+  // that names an existing batch answers with its claims (replayed) when pool and count
+  // match, ALREADY_EXISTS when they do not, ABORTED while it is being committed.
   virtual void ClaimBatch(BatchRequest request, BatchCallback done) = 0;
   // Ends the claim; its sandbox is retired (deleted, never reused) and the pool refilled.
   // NOT_FOUND (unknown to this owner), FAILED_PRECONDITION (already ended), ABORTED (its

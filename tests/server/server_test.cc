@@ -314,6 +314,11 @@ TEST_F(ServerTest, BatchIsAllOrNothing) {
   EXPECT_TRUE(again.replayed());
   ASSERT_EQ(again.claims_size(), 2);
   EXPECT_EQ(again.claims(1).sandbox().id(), resp.claims(1).sandbox().id());
+  // The same batch id with another count is another batch (failed on 660dada: replayed).
+  req.set_count(1);
+  s = claims_->ClaimBatch(Ctx(kAlice).get(), req, &again);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("batch id \"b2\" already names a batch of count 2"));
 
   // Each batch claim can be read on its own.
   v1::GetClaimRequest get;
