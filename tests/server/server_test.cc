@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "sbx/v1/admin.grpc.pb.h"
@@ -55,6 +56,38 @@ std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token, int seconds =
 
 std::string Describe(const grpc::Status& s) {
   return absl::StrCat("status ", static_cast<int>(s.error_code()), ": ", s.error_message());
+}
+
+// Calls `method` with `bytes` as its one request message, as a client that does not
+// use the generated stubs would (no checks of the bytes), and returns the call's status.
+// Works for unary and server-streaming methods: responses are read and dropped.
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::string& bytes, const std::string& token) {
+  grpc::GenericStub stub(channel);
+  std::unique_ptr<grpc::ClientContext> ctx = Ctx(token);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(ctx.get(), method, &cq);
+  if (call == nullptr) return grpc::Status(grpc::StatusCode::INTERNAL, "PrepareCall failed");
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](int want) { return cq.Next(&tag, &ok) && tag == reinterpret_cast<void*>(want); };
+  call->StartCall(reinterpret_cast<void*>(1));
+  if (!step(1)) return grpc::Status(grpc::StatusCode::INTERNAL, "StartCall did not complete");
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  step(2);  // not ok when the server has already finished the call
+  grpc::ByteBuffer response;
+  do {
+    call->Read(&response, reinterpret_cast<void*>(3));
+  } while (step(3) && ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  if (!step(4)) return grpc::Status(grpc::StatusCode::INTERNAL, "Finish did not complete");
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
 }
 
 class ServerTest : public ::testing::Test {
@@ -858,6 +891,46 @@ TEST_F(ServerTest, AdminTemplatesAndPools) {
   EXPECT_TRUE(dtr.deleted());
   s = admin_->GetTemplate(admin().get(), gt, &gtr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+}
+
+// A request whose bytes do not parse as the method's message is INVALID_ARGUMENT naming
+// the method, for unary and streaming methods alike. Failed on 660dada: gRPC's callback
+// handlers answered UNIMPLEMENTED with an empty message.
+TEST_F(ServerTest, RequestsThatDoNotParseAreInvalidArgument) {
+  MakePool("py", 1, 5);
+  // ClaimRequest.pool (field 2, a proto3 string) holding bytes that are not UTF-8, which
+  // protobuf refuses to parse.
+  const std::string bad_utf8("\x12\x02\xff\xfe", 4);
+  // A length-delimited field that claims more bytes than follow.
+  const std::string truncated("\x12\x10py", 4);
+  struct Case {
+    std::string method;
+    std::string bytes;
+  };
+  const std::vector<Case> cases = {
+      {"/sbx.v1.ClaimService/Claim", bad_utf8},
+      {"/sbx.v1.ClaimService/Claim", truncated},
+      {"/sbx.v1.ClaimService/ClaimBatch", bad_utf8},
+      {"/sbx.v1.AdminService/PutTemplate", truncated},
+      {"/sbx.v1.ClaimService/WatchClaims", truncated},  // server streaming
+      {"/sbx.v1.DiagnosticsService/Ping", truncated},   // no token needed
+  };
+  for (const Case& c : cases) {
+    grpc::Status s = RawCall(channel_, c.method, c.bytes, Token(kAdmin));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": " << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr("could not be parsed")) << c.method;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.method)) << c.method;
+  }
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
+
+  // Bytes that parse are served as usual, and an unknown method is still UNIMPLEMENTED.
+  v1::ClaimRequest good = ClaimReq("raw");
+  grpc::Status s =
+      RawCall(channel_, "/sbx.v1.ClaimService/Claim", good.SerializeAsString(), Token(kAlice));
+  EXPECT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 1);
+  s = RawCall(channel_, "/sbx.v1.ClaimService/NoSuchMethod", "", Token(kAlice));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
 }
 
 // WatchClaims and WatchPools are tested in watch_test.cc.
