@@ -719,6 +719,8 @@ class AllocatorImpl final : public Allocator {
       return absl::InvalidArgumentError(
           absl::StrCat("pool \"", p.name, "\": durations must not be negative"));
     }
+    RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": default_ttl"), p.default_ttl));
+    RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": max_ttl"), p.max_ttl));
     RETURN_IF_ERROR(NewSelectionPolicy(p.selection_policy).status());
     return absl::OkStatus();
   }
@@ -740,11 +742,13 @@ class AllocatorImpl final : public Allocator {
       return absl::InvalidArgumentError(
           absl::StrCat("ttl ", absl::FormatDuration(requested), " is negative"));
     }
+    RETURN_IF_ERROR(CheckMaxTtl("ttl", requested));
     absl::Duration ttl = requested > absl::ZeroDuration() ? requested : p.default_ttl;
     if (p.max_ttl > absl::ZeroDuration() && (ttl == absl::ZeroDuration() || ttl > p.max_ttl)) {
       ttl = p.max_ttl;
     }
-    return ttl;
+    // A pool stored before TTLs were bounded may still carry a longer default or bound.
+    return std::min(ttl, kMaxTtl);
   }
 
   absl::StatusOr<Pool*> FindPool(const std::string& name) const {
@@ -1407,8 +1411,13 @@ void AllocatorImpl::Renew(const std::string& owner, const std::string& claim_id,
     return std::move(done)(absl::InvalidArgumentError(
         absl::StrCat("renew ttl ", absl::FormatDuration(ttl), " must be positive")));
   }
+  if (ttl != absl::InfiniteDuration()) {
+    if (absl::Status s = CheckMaxTtl("ttl", ttl); !s.ok()) return std::move(done)(s);
+  }
   const store::PoolRecord settings = e->pool->settings();
   if (settings.max_ttl > absl::ZeroDuration() && ttl > settings.max_ttl) ttl = settings.max_ttl;
+  // A pool stored before TTLs were bounded may carry a max_ttl above kMaxTtl.
+  if (ttl != absl::InfiniteDuration()) ttl = std::min(ttl, kMaxTtl);
   const absl::Time expires = clock_->Now() + ttl;
   store::WriteBatch batch;
   absl::Status refused;
@@ -1558,6 +1567,13 @@ absl::Status AllocatorImpl::Recover() {
 }
 
 }  // namespace
+
+absl::Status CheckMaxTtl(absl::string_view field, absl::Duration ttl) {
+  if (ttl <= kMaxTtl) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", absl::FormatDuration(ttl),
+                                                 " is above the maximum ",
+                                                 absl::FormatDuration(kMaxTtl), " (100 years)"));
+}
 
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(AllocatorOptions options,
                                                              store::Store* store,

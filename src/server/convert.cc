@@ -147,7 +147,27 @@ void ToProto(absl::Duration d, google::protobuf::Duration* out) {
   out->set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d)));
 }
 
+absl::StatusOr<absl::Duration> TtlFromProto(absl::string_view field,
+                                            const google::protobuf::Duration& d) {
+  ASSIGN_OR_RETURN(absl::Duration ttl, FromProto(field, d));
+  RETURN_IF_ERROR(allocator::CheckMaxTtl(field, ttl));
+  return ttl;
+}
+
 void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
+  // The ends of google/protobuf/timestamp.proto's range.
+  static constexpr int64_t kMinSeconds = -62135596800;  // 0001-01-01T00:00:00Z
+  static constexpr int64_t kMaxSeconds = 253402300799;  // 9999-12-31T23:59:59Z
+  if (t < absl::FromUnixSeconds(kMinSeconds)) {
+    out->set_seconds(kMinSeconds);
+    out->set_nanos(0);
+    return;
+  }
+  if (t >= absl::FromUnixSeconds(kMaxSeconds + 1)) {
+    out->set_seconds(kMaxSeconds);
+    out->set_nanos(999999999);
+    return;
+  }
   const absl::Duration since = t - absl::UnixEpoch();
   const int64_t seconds = absl::ToInt64Seconds(since);
   out->set_seconds(seconds);
@@ -452,8 +472,8 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p) {
     return bad("default_wait ", absl::FormatDuration(wait), " is above 1h");
   }
   r.default_wait = wait == absl::ZeroDuration() ? absl::Seconds(30) : wait;
-  ASSIGN_OR_RETURN(r.default_ttl, FromProto(prefix + "default_ttl", p.default_ttl()));
-  ASSIGN_OR_RETURN(r.max_ttl, FromProto(prefix + "max_ttl", p.max_ttl()));
+  ASSIGN_OR_RETURN(r.default_ttl, TtlFromProto(prefix + "default_ttl", p.default_ttl()));
+  ASSIGN_OR_RETURN(r.max_ttl, TtlFromProto(prefix + "max_ttl", p.max_ttl()));
   RETURN_IF_ERROR(CheckMaxTtl(p.name(), r.default_ttl, r.max_ttl, "default_ttl"));
   r.selection_policy = p.selection_policy().empty() ? "fifo" : p.selection_policy();
   if (r.selection_policy != "fifo") {

@@ -357,6 +357,66 @@ TEST_F(AllocatorTest, PoolMaxTtlCapsClaims) {
   EXPECT_EQ(c->claim.expires, clock_.Now() + absl::Seconds(30));
 }
 
+// The allocator refuses a TTL above 100 years itself (its callers are not only the gRPC
+// server), so that no expiry leaves the range of google.protobuf.Timestamp. Failed on
+// 660dada: the claim was granted with an expiry 31 million years ahead.
+TEST_F(AllocatorTest, TtlsAboveTheMaximumAreRefused) {
+  AddWarm("s1");
+  AddWarm("s2");
+  const absl::Duration huge = absl::Seconds(1'000'000'000'000'000);
+  ClaimRequest r = Req("c1");
+  r.ttl = huge;
+  absl::StatusOr<ClaimResult> c = ClaimNow(r);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("876000h (100 years)"));
+  EXPECT_EQ(Warm(), 2);
+
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "b1";
+  b.pool = "py";
+  b.ttl = huge;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> batch;
+  allocator_->ClaimBatch(b, batch.callback());
+  ASSERT_TRUE(batch.value.has_value());
+  EXPECT_EQ(batch.value->status().code(), absl::StatusCode::kInvalidArgument);
+
+  r.ttl = absl::Seconds(10);
+  ASSERT_TRUE(ClaimNow(r).ok());
+  Result<absl::StatusOr<ClaimResult>> renewed;
+  allocator_->Renew("alice", "c1", huge, renewed.callback());
+  ASSERT_TRUE(renewed.value.has_value());
+  EXPECT_EQ(renewed.value->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->expires, clock_.Now() + absl::Seconds(10));
+  // An infinite renewal is how "no longer expires" is asked for (ClaimService.Renew).
+  renewed.value.reset();
+  allocator_->Renew("alice", "c1", absl::InfiniteDuration(), renewed.callback());
+  ASSERT_TRUE(renewed.value.has_value() && renewed.value->ok()) << renewed.value->status();
+  EXPECT_EQ((*renewed.value)->claim.expires, absl::InfiniteFuture());
+
+  store::PoolRecord p = PoolRec("py", 0, 10, EmptyPoolPolicy::kFail);
+  p.default_ttl = huge;
+  Result<absl::Status> put;
+  allocator_->PutPool(p, put.callback());
+  ASSERT_TRUE(put.value.has_value());
+  EXPECT_EQ(put.value->code(), absl::StatusCode::kInvalidArgument) << *put.value;
+}
+
+// A pool stored by an older build with a default_ttl above the maximum: its claims get
+// the maximum (a restart must not fail over it, and no expiry may leave the range).
+TEST_F(AllocatorTest, PoolsStoredWithALongerTtlGiveTheMaximum) {
+  store::Contents contents = store_->Snapshot();
+  ASSERT_EQ(contents.pools.size(), 1u);
+  contents.pools[0].default_ttl = absl::Seconds(1'000'000'000'000'000);
+  allocator_.reset();
+  store_ = std::make_unique<MemoryStore>(contents, Inline());
+  Start();
+  AddWarm("s1");
+  absl::StatusOr<ClaimResult> c = ClaimNow(Req("c1"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->claim.expires, clock_.Now() + kMaxTtl);
+}
+
 TEST_F(AllocatorTest, RenewMovesExpiry) {
   AddWarm("s1");
   ClaimRequest r = Req("c1");

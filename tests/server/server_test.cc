@@ -893,6 +893,56 @@ TEST_F(ServerTest, AdminTemplatesAndPools) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
 }
 
+// A TTL whose expiry would not fit google.protobuf.Timestamp (up to 9999-12-31) is
+// refused, naming the TTL and the maximum (100 years), wherever a TTL becomes a time:
+// Claim, ClaimBatch, Renew, and a pool's default_ttl and max_ttl. Failed on 660dada:
+// all were accepted, and the claim's expires_at was some 31 million years ahead.
+TEST_F(ServerTest, TtlsAboveTheMaximumAreInvalidArgument) {
+  MakePool("py", 2, 5);  // no max_ttl
+  constexpr int64_t kHuge = 1'000'000'000'000'000;  // 10^15 s
+  constexpr int64_t kMax = int64_t{100} * 365 * 86400;
+  auto expect_refused = [](const grpc::Status& s, const std::string& field) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field << ": " << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr(field + " 277777777777h46m40s")) << field;
+    EXPECT_THAT(s.error_message(), HasSubstr("876000h (100 years)")) << field;
+  };
+  v1::ClaimRequest claim = ClaimReq("forever");
+  claim.mutable_ttl()->set_seconds(kHuge);
+  v1::ClaimResponse claimed;
+  expect_refused(Claim(kAlice, claim, &claimed), "ttl");
+  v1::ClaimBatchRequest batch;
+  batch.set_batch_id("forever");
+  batch.set_pool("py");
+  batch.set_count(1);
+  batch.mutable_ttl()->set_seconds(kHuge);
+  v1::ClaimBatchResponse batched;
+  expect_refused(claims_->ClaimBatch(Ctx(kAlice).get(), batch, &batched), "ttl");
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
+
+  // The maximum itself is accepted and gives a valid Timestamp.
+  claim.mutable_ttl()->set_seconds(kMax);
+  grpc::Status s = Claim(kAlice, claim, &claimed);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_LE(claimed.claim().expires_at().seconds(), absl::ToUnixSeconds(absl::Now()) + kMax);
+  EXPECT_LE(claimed.claim().expires_at().seconds(), 253402300799);  // 9999-12-31T23:59:59Z
+
+  v1::RenewRequest renew;
+  renew.set_claim_id("forever");
+  renew.mutable_ttl()->set_seconds(kHuge);
+  v1::RenewResponse renewed;
+  expect_refused(claims_->Renew(Ctx(kAlice).get(), renew, &renewed), "ttl");
+
+  v1::PutPoolRequest pool;
+  pool.mutable_pool()->set_name("long");
+  pool.mutable_pool()->set_template_("py");
+  pool.mutable_pool()->mutable_default_ttl()->set_seconds(kHuge);
+  v1::PutPoolResponse put;
+  expect_refused(admin_->PutPool(Ctx(kAdmin).get(), pool, &put), "default_ttl");
+  pool.mutable_pool()->clear_default_ttl();
+  pool.mutable_pool()->mutable_max_ttl()->set_seconds(kHuge);
+  expect_refused(admin_->PutPool(Ctx(kAdmin).get(), pool, &put), "max_ttl");
+}
+
 // A request whose bytes do not parse as the method's message is INVALID_ARGUMENT naming
 // the method, for unary and streaming methods alike. Failed on 660dada: gRPC's callback
 // handlers answered UNIMPLEMENTED with an empty message.
