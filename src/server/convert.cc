@@ -12,6 +12,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "src/common/ids.h"
+#include "src/common/paths.h"
 #include "src/common/status_macros.h"
 
 namespace sbx::server {
@@ -78,12 +79,12 @@ absl::Status ValidateLocalSpec(absl::string_view name, const v1::LocalSpec& s) {
   if (s.mounts_size() > 64) return bad("mounts has ", s.mounts_size(), " entries; at most 64");
   for (int i = 0; i < s.mounts_size(); ++i) {
     const v1::BindMount& m = s.mounts(i);
-    if (m.source().empty() || m.source()[0] != '/') {
-      return bad("mounts[", i, "].source ", Quote(m.source()), " is not an absolute path");
-    }
-    if (!m.target().empty() && m.target()[0] != '/') {
-      return bad("mounts[", i, "].target ", Quote(m.target()), " is not an absolute path");
-    }
+    const std::string mount = absl::StrCat("template \"", name, "\": local.mounts[", i, "]");
+    RETURN_IF_ERROR(CheckNormalAbsolutePath(mount + ".source", m.source()));
+    // An empty target is the source's path inside the sandbox (admin.proto).
+    RETURN_IF_ERROR(m.target().empty()
+                        ? CheckSandboxMountTarget(mount + ".target (empty: the source)", m.source())
+                        : CheckSandboxMountTarget(mount + ".target", m.target()));
   }
   if (s.env_size() > 256) return bad("env has ", s.env_size(), " entries; at most 256");
   for (const auto& [k, v] : s.env()) {

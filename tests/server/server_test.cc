@@ -893,12 +893,72 @@ TEST_F(ServerTest, AdminTemplatesAndPools) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
 }
 
+// PutTemplate checks a local template's mounts: source and target absolute and normal
+// (no ".", "..", empty components, trailing "/" or NUL), and a target that neither
+// equals, lies under nor covers a path the runtime mounts itself (/run/sbx, /proc,
+// /dev). The message names the mount and the rule. Failed on 660dada: only "starts with
+// /" was checked, so e.g. "/a/../b", "/run/sbx/sock" and "/" were accepted.
+TEST_F(ServerTest, PutTemplateRefusesMountsThatAreNotNormalOrCoverControlPaths) {
+  struct Case {
+    std::string source;
+    std::string target;
+    std::string want;  // in the message, after the mount's name
+  };
+  const std::vector<Case> bad = {
+      {"/data", "/a/../b", "mounts[0].target \"/a/../b\" has a \"..\" component"},
+      {"/data", "/a/./b", "mounts[0].target \"/a/./b\" has a \".\" component"},
+      {"/data", "/a//b", "mounts[0].target \"/a//b\" has an empty component"},
+      {"/data", "/a/", "mounts[0].target \"/a/\" ends with \"/\""},
+      {"/data", "a/b", "mounts[0].target \"a/b\" is not an absolute path"},
+      {"/data", std::string("/a\0b", 4), "mounts[0].target \"/a\\x00\\x62\" contains a NUL byte"},
+      {"/srv/../etc", "/etc2", "mounts[0].source \"/srv/../etc\" has a \"..\" component"},
+      {"/data", "/", "mounts[0].target \"/\" covers \"/run/sbx\""},
+      {"/data", "/run", "mounts[0].target \"/run\" covers \"/run/sbx\""},
+      {"/data", "/run/sbx", "mounts[0].target \"/run/sbx\" is \"/run/sbx\""},
+      {"/data", "/run/sbx/sock", "mounts[0].target \"/run/sbx/sock\" lies under \"/run/sbx\""},
+      {"/data", "/run/sbx/workspace/x", "mounts[0].target \"/run/sbx/workspace/x\" lies under"},
+      {"/data", "/proc/self", "mounts[0].target \"/proc/self\" lies under \"/proc\""},
+      {"/data", "/dev", "mounts[0].target \"/dev\" is \"/dev\""},
+      // No target: the source's path, which here is a control path.
+      {"/dev/shm", "", "mounts[0].target (empty: the source) \"/dev/shm\" lies under \"/dev\""},
+  };
+  v1::PutTemplateRequest put;
+  v1::Template* t = put.mutable_template_();
+  t->set_name("py");
+  t->set_runtime("local");
+  v1::PutTemplateResponse resp;
+  for (const Case& c : bad) {
+    t->mutable_local()->clear_mounts();
+    v1::BindMount* m = t->mutable_local()->add_mounts();
+    m->set_source(c.source);
+    m->set_target(c.target);
+    grpc::Status s = admin_->PutTemplate(Ctx(kAdmin).get(), put, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.target << ": " << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr("template \"py\": local." + c.want)) << c.target;
+  }
+  v1::ListTemplatesResponse listed;
+  ASSERT_TRUE(admin_->ListTemplates(Ctx(kAdmin).get(), v1::ListTemplatesRequest(), &listed).ok());
+  EXPECT_EQ(listed.templates_size(), 0) << "a refused template was stored";
+
+  // Paths that only look like control paths, and the usual ones, are fine.
+  t->mutable_local()->clear_mounts();
+  for (const char* target : {"/data", "/run/sbxdata", "/devices", "/run/other", "/opt/x/y"}) {
+    v1::BindMount* m = t->mutable_local()->add_mounts();
+    m->set_source("/srv/data");
+    m->set_target(target);
+  }
+  t->mutable_local()->add_mounts()->set_source("/usr/share/dict");  // target: the same
+  grpc::Status s = admin_->PutTemplate(Ctx(kAdmin).get(), put, &resp);
+  EXPECT_TRUE(s.ok()) << Describe(s);
+}
+
 // A TTL whose expiry would not fit google.protobuf.Timestamp (up to 9999-12-31) is
 // refused, naming the TTL and the maximum (100 years), wherever a TTL becomes a time:
 // Claim, ClaimBatch, Renew, and a pool's default_ttl and max_ttl. Failed on 660dada:
 // all were accepted, and the claim's expires_at was some 31 million years ahead.
 TEST_F(ServerTest, TtlsAboveTheMaximumAreInvalidArgument) {
-  MakePool("py", 2, 5);  // no max_ttl
+  MakePool("py", 2, 5);                             // no max_ttl
   constexpr int64_t kHuge = 1'000'000'000'000'000;  // 10^15 s
   constexpr int64_t kMax = int64_t{100} * 365 * 86400;
   auto expect_refused = [](const grpc::Status& s, const std::string& field) {
@@ -967,7 +1027,8 @@ TEST_F(ServerTest, RequestsThatDoNotParseAreInvalidArgument) {
   };
   for (const Case& c : cases) {
     grpc::Status s = RawCall(channel_, c.method, c.bytes, Token(kAdmin));
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": " << Describe(s);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.method << ": " << Describe(s);
     EXPECT_THAT(s.error_message(), HasSubstr("could not be parsed")) << c.method;
     EXPECT_THAT(s.error_message(), HasSubstr(c.method)) << c.method;
   }
