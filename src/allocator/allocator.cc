@@ -1288,14 +1288,14 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       {
         absl::MutexLock lock(&e->mu);
         if (e->pool != pool) {
-          refused = absl::AlreadyExistsError(absl::StrCat(
-              "batch id \"", req.batch_id, "\" already names a batch on pool \"", e->record.pool,
-              "\"; this request is for pool \"", req.pool, "\""));
+          refused = absl::AlreadyExistsError(
+              absl::StrCat("batch id \"", req.batch_id, "\" already names a batch on pool \"",
+                           e->record.pool, "\"; this request is for pool \"", req.pool, "\""));
         } else if (e->record.batch_count != 0 && e->record.batch_count != req.count) {
-          refused = absl::AlreadyExistsError(absl::StrCat(
-              "batch id \"", req.batch_id, "\" already names a batch of count ",
-              e->record.batch_count, " on pool \"", e->record.pool,
-              "\"; this request asks for count ", req.count));
+          refused = absl::AlreadyExistsError(
+              absl::StrCat("batch id \"", req.batch_id, "\" already names a batch of count ",
+                           e->record.batch_count, " on pool \"", e->record.pool,
+                           "\"; this request asks for count ", req.count));
         } else if (e->phase == ClaimEntry::Phase::kCommitting) {
           refused = absl::AbortedError(
               absl::StrCat("batch \"", req.batch_id, "\" is still being granted; retry"));
