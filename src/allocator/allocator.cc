@@ -1341,10 +1341,12 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   }
 
   const absl::Time now = clock_->Now();
-  store::WriteBatch batch;
   std::vector<EntryPtr> entries;
   entries.reserve(taken.size());
-  const uint64_t first_revision = hub_->Reserve(taken.size());
+  // Every member's id must be new. The replay check above looked at member #0 only: a
+  // later member of an earlier batch with this id may outlive it (members end and are
+  // purged one by one), and a concurrent batch with this id may be inserting its members
+  // now. The entries are invisible while committing (GetClaim, ListClaims).
   for (size_t i = 0; i < taken.size(); ++i) {
     const std::string id = id_of(static_cast<int>(i));
     auto e = std::make_shared<ClaimEntry>(ClaimKey(req.owner, id), pool);
@@ -1358,18 +1360,45 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       r.created = now;
       r.expires = *ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : now + *ttl;
       r.launch_type = LaunchType::kWarm;
-      r.revision = first_revision + i;
       r.batch_count = req.count;
       e->assigned = true;
       e->sandbox = taken[i];
+    }
+    auto [existing, inserted] = claims_.Insert(e);
+    if (inserted) {
+      entries.push_back(std::move(e));
+      continue;
+    }
+    bool committing;
+    {
+      absl::MutexLock lock(&existing->mu);
+      committing = existing->phase == ClaimEntry::Phase::kCommitting;
+    }
+    for (const EntryPtr& mine : entries) claims_.Erase(mine);
+    for (SandboxPtr& sb : taken) {
+      sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
+      pool->AddWarm(std::move(sb));
+    }
+    if (committing) {
+      return std::move(done)(absl::AbortedError(
+          absl::StrCat("batch \"", req.batch_id, "\" is still being granted; retry")));
+    }
+    return std::move(done)(absl::AlreadyExistsError(
+        absl::StrCat("batch id \"", req.batch_id, "\" still names claim \"", id,
+                     "\" of an earlier batch with this id (its claim \"", id_of(0),
+                     "\" is gone); use a new batch id")));
+  }
+  store::WriteBatch batch;
+  const uint64_t first_revision = hub_->Reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const EntryPtr& e = entries[i];
+    {
+      absl::MutexLock lock(&e->mu);
+      e->record.revision = first_revision + i;
       batch.Put(RecordLocked(*e));
     }
-    {
-      absl::MutexLock lock(&taken[i]->mu);
-      taken[i]->claim = e;
-    }
-    claims_.Insert(e);
-    entries.push_back(std::move(e));
+    absl::MutexLock lock(&taken[i]->mu);
+    taken[i]->claim = e;
   }
   if (pool->warm() < pool->min_warm()) reconciler_->PoolBelowTarget(pool->name());
   store_->Commit(std::move(batch), [this, pool, first_revision, entries = std::move(entries),

@@ -560,6 +560,43 @@ TEST_F(AllocatorTest, BatchIdReusedWithAnotherCountIsAlreadyExists) {
   check();
 }
 
+// A batch's members end and leave the table one by one: when member #0 is gone but #1
+// is still there, a batch with the same id must not be granted again over it. Failed on
+// 660dada: the new batch was granted, its "b1#1" was silently not put in the claim
+// table, and its record replaced the live claim's in the store (after a restart the old
+// claim's sandbox would have been warm again while its tenant still used it).
+TEST_F(AllocatorTest, BatchIdWithAMemberStillKnownIsNotGrantedAgain) {
+  AddWarm("s1");
+  AddWarm("s2");
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "b1";
+  b.pool = "py";
+  b.count = 2;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value() && r.value->ok());
+  const std::string held = (**r.value)[1].claim.sandbox_id;
+  ASSERT_TRUE(ReleaseNow("b1#0").ok());
+  clock_.Advance(absl::Minutes(11));  // past the idempotency window of b1#0
+  allocator_->Tick();
+  ASSERT_EQ(allocator_->GetClaim("alice", "b1#0").status().code(), absl::StatusCode::kNotFound);
+
+  AddWarm("s3");
+  AddWarm("s4");
+  r.value.reset();
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->status().code(), absl::StatusCode::kAlreadyExists) << r.value->status();
+  EXPECT_THAT(r.value->status().message(), HasSubstr("\"b1#1\""));
+  EXPECT_EQ(Warm(), 2) << "the refused batch kept sandboxes";
+  EXPECT_FALSE(StoredClaim("alice/b1#0").has_value());
+  ASSERT_TRUE(StoredClaim("alice/b1#1").has_value());
+  EXPECT_EQ(StoredClaim("alice/b1#1")->sandbox_id, held);
+  EXPECT_EQ(allocator_->GetClaim("alice", "b1#1")->sandbox_id, held);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 1);
+}
+
 // Claims stored before batch_count existed (0) give no count: a reuse is refused only when
 // the batch holds more claims than the request asks for (it may have been a BEST_EFFORT
 // batch that got fewer than it asked).
