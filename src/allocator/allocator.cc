@@ -719,6 +719,8 @@ class AllocatorImpl final : public Allocator {
       return absl::InvalidArgumentError(
           absl::StrCat("pool \"", p.name, "\": durations must not be negative"));
     }
+    RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": default_ttl"), p.default_ttl));
+    RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": max_ttl"), p.max_ttl));
     RETURN_IF_ERROR(NewSelectionPolicy(p.selection_policy).status());
     return absl::OkStatus();
   }
@@ -740,11 +742,13 @@ class AllocatorImpl final : public Allocator {
       return absl::InvalidArgumentError(
           absl::StrCat("ttl ", absl::FormatDuration(requested), " is negative"));
     }
+    RETURN_IF_ERROR(CheckMaxTtl("ttl", requested));
     absl::Duration ttl = requested > absl::ZeroDuration() ? requested : p.default_ttl;
     if (p.max_ttl > absl::ZeroDuration() && (ttl == absl::ZeroDuration() || ttl > p.max_ttl)) {
       ttl = p.max_ttl;
     }
-    return ttl;
+    // A pool stored before TTLs were bounded may still carry a longer default or bound.
+    return std::min(ttl, kMaxTtl);
   }
 
   absl::StatusOr<Pool*> FindPool(const std::string& name) const {
@@ -1273,7 +1277,8 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   if (!ttl.ok()) return std::move(done)(ttl.status());
 
   auto id_of = [&](int i) { return absl::StrCat(req.batch_id, "#", i); };
-  // A retried batch: answer from the claims it made.
+  // A retried batch: answer from the claims it made, if it is the same batch (claims.proto:
+  // a batch id reused for another pool or count is ALREADY_EXISTS).
   if (EntryPtr first = claims_.Find(ClaimKey(req.owner, id_of(0)))) {
     std::vector<ClaimResult> results;
     for (int i = 0;; ++i) {
@@ -1283,9 +1288,14 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       {
         absl::MutexLock lock(&e->mu);
         if (e->pool != pool) {
-          refused = absl::AlreadyExistsError(absl::StrCat("batch id \"", req.batch_id,
-                                                          "\" already names a batch on pool \"",
-                                                          e->record.pool, "\""));
+          refused = absl::AlreadyExistsError(
+              absl::StrCat("batch id \"", req.batch_id, "\" already names a batch on pool \"",
+                           e->record.pool, "\"; this request is for pool \"", req.pool, "\""));
+        } else if (e->record.batch_count != 0 && e->record.batch_count != req.count) {
+          refused = absl::AlreadyExistsError(
+              absl::StrCat("batch id \"", req.batch_id, "\" already names a batch of count ",
+                           e->record.batch_count, " on pool \"", e->record.pool,
+                           "\"; this request asks for count ", req.count));
         } else if (e->phase == ClaimEntry::Phase::kCommitting) {
           refused = absl::AbortedError(
               absl::StrCat("batch \"", req.batch_id, "\" is still being granted; retry"));
@@ -1294,6 +1304,14 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
         }
       }
       if (!refused.ok()) return std::move(done)(refused);
+    }
+    // Claims stored without their batch's count (batch_count 0, from an older build): a
+    // BEST_EFFORT batch may hold fewer claims than it asked for, so only more claims than
+    // this request's count prove a different count.
+    if (results.size() > static_cast<size_t>(req.count)) {
+      return std::move(done)(absl::AlreadyExistsError(absl::StrCat(
+          "batch id \"", req.batch_id, "\" already names a batch of ", results.size(),
+          " claims on pool \"", req.pool, "\"; this request asks for count ", req.count)));
     }
     return std::move(done)(std::move(results));
   }
@@ -1323,10 +1341,12 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   }
 
   const absl::Time now = clock_->Now();
-  store::WriteBatch batch;
   std::vector<EntryPtr> entries;
   entries.reserve(taken.size());
-  const uint64_t first_revision = hub_->Reserve(taken.size());
+  // Every member's id must be new. The replay check above looked at member #0 only: a
+  // later member of an earlier batch with this id may outlive it (members end and are
+  // purged one by one), and a concurrent batch with this id may be inserting its members
+  // now. The entries are invisible while committing (GetClaim, ListClaims).
   for (size_t i = 0; i < taken.size(); ++i) {
     const std::string id = id_of(static_cast<int>(i));
     auto e = std::make_shared<ClaimEntry>(ClaimKey(req.owner, id), pool);
@@ -1340,17 +1360,45 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       r.created = now;
       r.expires = *ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : now + *ttl;
       r.launch_type = LaunchType::kWarm;
-      r.revision = first_revision + i;
+      r.batch_count = req.count;
       e->assigned = true;
       e->sandbox = taken[i];
+    }
+    auto [existing, inserted] = claims_.Insert(e);
+    if (inserted) {
+      entries.push_back(std::move(e));
+      continue;
+    }
+    bool committing;
+    {
+      absl::MutexLock lock(&existing->mu);
+      committing = existing->phase == ClaimEntry::Phase::kCommitting;
+    }
+    for (const EntryPtr& mine : entries) claims_.Erase(mine);
+    for (SandboxPtr& sb : taken) {
+      sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
+      pool->AddWarm(std::move(sb));
+    }
+    if (committing) {
+      return std::move(done)(absl::AbortedError(
+          absl::StrCat("batch \"", req.batch_id, "\" is still being granted; retry")));
+    }
+    return std::move(done)(absl::AlreadyExistsError(
+        absl::StrCat("batch id \"", req.batch_id, "\" still names claim \"", id,
+                     "\" of an earlier batch with this id (its claim \"", id_of(0),
+                     "\" is gone); use a new batch id")));
+  }
+  store::WriteBatch batch;
+  const uint64_t first_revision = hub_->Reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const EntryPtr& e = entries[i];
+    {
+      absl::MutexLock lock(&e->mu);
+      e->record.revision = first_revision + i;
       batch.Put(RecordLocked(*e));
     }
-    {
-      absl::MutexLock lock(&taken[i]->mu);
-      taken[i]->claim = e;
-    }
-    claims_.Insert(e);
-    entries.push_back(std::move(e));
+    absl::MutexLock lock(&taken[i]->mu);
+    taken[i]->claim = e;
   }
   if (pool->warm() < pool->min_warm()) reconciler_->PoolBelowTarget(pool->name());
   store_->Commit(std::move(batch), [this, pool, first_revision, entries = std::move(entries),
@@ -1392,8 +1440,13 @@ void AllocatorImpl::Renew(const std::string& owner, const std::string& claim_id,
     return std::move(done)(absl::InvalidArgumentError(
         absl::StrCat("renew ttl ", absl::FormatDuration(ttl), " must be positive")));
   }
+  if (ttl != absl::InfiniteDuration()) {
+    if (absl::Status s = CheckMaxTtl("ttl", ttl); !s.ok()) return std::move(done)(s);
+  }
   const store::PoolRecord settings = e->pool->settings();
   if (settings.max_ttl > absl::ZeroDuration() && ttl > settings.max_ttl) ttl = settings.max_ttl;
+  // A pool stored before TTLs were bounded may carry a max_ttl above kMaxTtl.
+  if (ttl != absl::InfiniteDuration()) ttl = std::min(ttl, kMaxTtl);
   const absl::Time expires = clock_->Now() + ttl;
   store::WriteBatch batch;
   absl::Status refused;
@@ -1543,6 +1596,13 @@ absl::Status AllocatorImpl::Recover() {
 }
 
 }  // namespace
+
+absl::Status CheckMaxTtl(absl::string_view field, absl::Duration ttl) {
+  if (ttl <= kMaxTtl) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", absl::FormatDuration(ttl),
+                                                 " is above the maximum ",
+                                                 absl::FormatDuration(kMaxTtl), " (100 years)"));
+}
 
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(AllocatorOptions options,
                                                              store::Store* store,

@@ -37,6 +37,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "src/allocator/pool_counters.h"
@@ -49,6 +50,16 @@
 #include "src/store/store.h"
 
 namespace sbx::allocator {
+
+// The longest claim TTL, and the largest pool default_ttl and max_ttl: 100 years of 365
+// days. Every expiry (now + ttl) then stays far inside google.protobuf.Timestamp's range
+// (up to 9999-12-31) and never saturates absl::Time to InfiniteFuture (which means "no
+// expiry"). Longer TTLs are INVALID_ARGUMENT; a claim that should not expire has none.
+inline constexpr absl::Duration kMaxTtl = absl::Hours(24 * 365 * 100);
+
+// INVALID_ARGUMENT when `ttl` is above kMaxTtl, naming `field`, the TTL and the maximum;
+// OK otherwise (sign and zero are the caller's business).
+absl::Status CheckMaxTtl(absl::string_view field, absl::Duration ttl);
 
 struct AllocatorOptions {
   // Ended (released, expired, lost) claims are kept this long so that a retried claim
@@ -87,7 +98,8 @@ struct ClaimRequest {
   std::optional<store::EmptyPoolPolicy> policy;
   // How long WAIT/COLD may wait; the pool's default_wait when zero.
   absl::Duration wait = absl::ZeroDuration();
-  // Claim lifetime; the pool's default_ttl when zero (and that zero: no expiry).
+  // Claim lifetime; the pool's default_ttl when zero (and that zero: no expiry). At most
+  // kMaxTtl.
   absl::Duration ttl = absl::ZeroDuration();
   std::map<std::string, std::string> labels;
 };
@@ -274,15 +286,19 @@ class Allocator {
   // names a claim that has ended), the store's error (the sandbox returns to the pool).
   virtual void Claim(ClaimRequest request, ClaimCallback done) = 0;
   // N claims in one durable write. kAllOrNothing: RESOURCE_EXHAUSTED unless all N are
-  // warm now. kBestEffort: as many as are warm (RESOURCE_EXHAUSTED if none).
+  // warm now. kBestEffort: as many as are warm (RESOURCE_EXHAUSTED if none). A batch id
+  // that names an existing batch answers with its claims (replayed) when pool and count
+  // match, ALREADY_EXISTS when they do not, ABORTED while it is being committed.
   virtual void ClaimBatch(BatchRequest request, BatchCallback done) = 0;
   // Ends the claim; its sandbox is retired (deleted, never reused) and the pool refilled.
   // NOT_FOUND (unknown to this owner), FAILED_PRECONDITION (already ended), ABORTED (its
   // claim is still being committed).
   virtual void Release(const std::string& owner, const std::string& claim_id,
                        StatusCallback done) = 0;
-  // Sets expiry to now + ttl (capped by the pool's max_ttl). Same errors as Release, and
-  // ABORTED while another update (renew, suspend, resume) of the claim is in flight.
+  // Sets expiry to now + ttl (capped by the pool's max_ttl); an infinite ttl (and no
+  // max_ttl) means the claim no longer expires. Same errors as Release, INVALID_ARGUMENT
+  // for a ttl that is not positive or is finite and above kMaxTtl, and ABORTED while
+  // another update (renew, suspend, resume) of the claim is in flight.
   virtual void Renew(const std::string& owner, const std::string& claim_id, absl::Duration ttl,
                      ClaimCallback done) = 0;
   // Freezes / thaws the claim's sandbox through Runtime::Suspend / Resume, then records

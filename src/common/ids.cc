@@ -5,6 +5,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace sbx {
@@ -75,6 +76,12 @@ absl::Status ValidateKey(absl::string_view what, absl::string_view key) {
     }
   }
   return absl::OkStatus();
+}
+
+std::string KubeClaimOwner(absl::string_view ns) { return absl::StrCat(kKubeClaimOwnerPrefix, ns); }
+
+bool IsKubeClaimOwner(absl::string_view owner) {
+  return absl::StartsWith(owner, kKubeClaimOwnerPrefix);
 }
 
 }  // namespace sbx

@@ -6,9 +6,9 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace sbx {
 
@@ -44,5 +44,18 @@ absl::Status ValidateName(absl::string_view what, absl::string_view name);
 // Checks a client-chosen identifier (claim id / idempotency key): 1-128 characters of
 // [A-Za-z0-9._:-]. Returns INVALID_ARGUMENT naming `what` and the value.
 absl::Status ValidateKey(absl::string_view what, absl::string_view key);
+
+// Owners starting with this prefix belong to the Kubernetes claim controller: it holds
+// the allocator claims of SandboxClaims made in namespace <ns> (by kubectl or a client
+// library) under owner "k8s-<ns>" (KubeClaimOwner). It does not mirror the claims of
+// such owners as SandboxClaims, and releases any it finds no SandboxClaim for (at start,
+// for instance), so no tenant may have a name in this space: the server refuses one in
+// its tokens file (src/server/auth.h).
+inline constexpr absl::string_view kKubeClaimOwnerPrefix = "k8s-";
+// The owner of the claims of SandboxClaims in namespace `ns`: "k8s-<ns>".
+std::string KubeClaimOwner(absl::string_view ns);
+// Whether `owner` is in the reserved space (starts with kKubeClaimOwnerPrefix; case
+// matters, as it does for owners).
+bool IsKubeClaimOwner(absl::string_view owner);
 
 }  // namespace sbx

@@ -12,6 +12,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
+#include "src/common/ids.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/kube_runtime.h"
@@ -144,8 +145,6 @@ absl::Status ClaimControllerOptions::Validate() const {
   }
   return absl::OkStatus();
 }
-
-std::string KubeClaimOwner(const std::string& ns) { return absl::StrCat("k8s-", ns); }
 
 std::string GrpcClaimName(const std::string& owner, const std::string& id) {
   char hex[17];
@@ -320,7 +319,7 @@ void ClaimController::WatchLoop() {
     for (const allocator::ClaimEventPtr& e : events) {
       last = std::max(last, e->revision);
       const store::ClaimRecord& c = e->claim;
-      if (c.owner.rfind("k8s-", 0) == 0) continue;  // kubectl claims have their objects
+      if (IsKubeClaimOwner(c.owner)) continue;  // kubectl claims have their objects
       absl::StatusOr<store::TemplateRecord> t = allocator->GetTemplate(c.pool);
       if (!t.ok() || t->runtime != "kubernetes") continue;
       Enqueue(absl::StrCat("g/", c.owner, "/", c.id));

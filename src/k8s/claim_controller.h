@@ -64,8 +64,9 @@ struct ClaimControllerOptions {
   absl::Status Validate() const;
 };
 
-// The allocator owner of kubectl-made claims in namespace `ns`.
-std::string KubeClaimOwner(const std::string& ns);
+// The allocator owner of kubectl-made claims in namespace `ns` is sbx::KubeClaimOwner(ns)
+// (src/common/ids.h), "k8s-<ns>": that owner space is reserved for this controller.
+
 // The SandboxClaim name of gRPC claim (owner, id).
 std::string GrpcClaimName(const std::string& owner, const std::string& id);
 

@@ -70,6 +70,13 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
     Caller caller;
     caller.tenant = std::string(fields[1]);
     if (absl::Status s = ValidateKey("tenant", caller.tenant); !s.ok()) return bad(s.message());
+    if (IsKubeClaimOwner(caller.tenant)) {
+      return bad(absl::StrCat("tenant \"", caller.tenant, "\" starts with \"",
+                              kKubeClaimOwnerPrefix,
+                              "\", which is reserved for the owners of the Kubernetes claim "
+                              "controller's claims (\"",
+                              kKubeClaimOwnerPrefix, "<namespace>\"); choose another name"));
+    }
     if (fields.size() == 3) {
       if (fields[2] != "admin") {
         return bad(absl::StrCat("third field \"", std::string(fields[2]), "\" is not \"admin\""));

@@ -8,7 +8,9 @@
 //   <token> <tenant> [admin]
 //
 // Tokens are any run of non-blank characters; tenants follow the claim-id syntax
-// ([A-Za-z0-9._:-], 1-128 characters) because they become the owner of claims. Blank
+// ([A-Za-z0-9._:-], 1-128 characters) because they become the owner of claims, and may
+// not start with "k8s-" (kKubeClaimOwnerPrefix, src/common/ids.h): those owners belong to
+// the Kubernetes claim controller. Blank
 // lines and lines starting with '#' are skipped. With `insecure_no_auth` there is no file
 // and every caller is the tenant "anonymous" with admin rights.
 //

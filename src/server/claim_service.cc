@@ -113,7 +113,7 @@ absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocato
   r.pool = req.pool();
   ASSIGN_OR_RETURN(r.policy, FromProto("empty_pool_policy", req.empty_pool_policy()));
   ASSIGN_OR_RETURN(r.wait, WaitTimeout(req.wait_timeout()));
-  ASSIGN_OR_RETURN(r.ttl, FromProto("ttl", req.ttl()));
+  ASSIGN_OR_RETURN(r.ttl, TtlFromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
@@ -156,7 +156,7 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
   // answer RESOURCE_EXHAUSTED at once when there are too few (docs/architecture.md).
   RETURN_IF_ERROR(FromProto("empty_pool_policy", req.empty_pool_policy()).status());
   RETURN_IF_ERROR(WaitTimeout(req.wait_timeout()).status());
-  ASSIGN_OR_RETURN(r.ttl, FromProto("ttl", req.ttl()));
+  ASSIGN_OR_RETURN(r.ttl, TtlFromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
@@ -311,7 +311,7 @@ grpc::ServerUnaryReactor* ClaimService::Renew(grpc::CallbackServerContext* ctx,
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, false, "Renew");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
   if (absl::Status s = RequireClaimId(req->claim_id()); !s.ok()) return FinishNow(ctx, s);
-  absl::StatusOr<absl::Duration> ttl = FromProto("ttl", req->ttl());
+  absl::StatusOr<absl::Duration> ttl = TtlFromProto("ttl", req->ttl());
   if (!ttl.ok()) return FinishNow(ctx, ttl.status());
   absl::StatusOr<store::ClaimRecord> claim = allocator_->GetClaim(caller->tenant, req->claim_id());
   if (!claim.ok()) return FinishNow(ctx, claim.status());
@@ -322,8 +322,10 @@ grpc::ServerUnaryReactor* ClaimService::Renew(grpc::CallbackServerContext* ctx,
     // Unset: the pool's default_ttl; if that is 0 too, the claim no longer expires (an
     // infinite ttl, which the allocator caps at max_ttl like any other).
     if (*ttl == absl::ZeroDuration()) {
-      *ttl =
-          pool->default_ttl > absl::ZeroDuration() ? pool->default_ttl : absl::InfiniteDuration();
+      // min: a pool stored before TTLs were bounded may have a longer default_ttl.
+      *ttl = pool->default_ttl > absl::ZeroDuration()
+                 ? std::min(pool->default_ttl, allocator::kMaxTtl)
+                 : absl::InfiniteDuration();
     }
   } else if (*ttl == absl::ZeroDuration()) {
     *ttl = absl::InfiniteDuration();  // the pool was deleted: no default to take

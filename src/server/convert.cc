@@ -12,6 +12,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "src/common/ids.h"
+#include "src/common/paths.h"
 #include "src/common/status_macros.h"
 
 namespace sbx::server {
@@ -78,12 +79,12 @@ absl::Status ValidateLocalSpec(absl::string_view name, const v1::LocalSpec& s) {
   if (s.mounts_size() > 64) return bad("mounts has ", s.mounts_size(), " entries; at most 64");
   for (int i = 0; i < s.mounts_size(); ++i) {
     const v1::BindMount& m = s.mounts(i);
-    if (m.source().empty() || m.source()[0] != '/') {
-      return bad("mounts[", i, "].source ", Quote(m.source()), " is not an absolute path");
-    }
-    if (!m.target().empty() && m.target()[0] != '/') {
-      return bad("mounts[", i, "].target ", Quote(m.target()), " is not an absolute path");
-    }
+    const std::string mount = absl::StrCat("template \"", name, "\": local.mounts[", i, "]");
+    RETURN_IF_ERROR(CheckNormalAbsolutePath(mount + ".source", m.source()));
+    // An empty target is the source's path inside the sandbox (admin.proto).
+    RETURN_IF_ERROR(m.target().empty()
+                        ? CheckSandboxMountTarget(mount + ".target (empty: the source)", m.source())
+                        : CheckSandboxMountTarget(mount + ".target", m.target()));
   }
   if (s.env_size() > 256) return bad("env has ", s.env_size(), " entries; at most 256");
   for (const auto& [k, v] : s.env()) {
@@ -147,7 +148,27 @@ void ToProto(absl::Duration d, google::protobuf::Duration* out) {
   out->set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d)));
 }
 
+absl::StatusOr<absl::Duration> TtlFromProto(absl::string_view field,
+                                            const google::protobuf::Duration& d) {
+  ASSIGN_OR_RETURN(absl::Duration ttl, FromProto(field, d));
+  RETURN_IF_ERROR(allocator::CheckMaxTtl(field, ttl));
+  return ttl;
+}
+
 void ToProto(absl::Time t, google::protobuf::Timestamp* out) {
+  // The ends of google/protobuf/timestamp.proto's range.
+  static constexpr int64_t kMinSeconds = -62135596800;  // 0001-01-01T00:00:00Z
+  static constexpr int64_t kMaxSeconds = 253402300799;  // 9999-12-31T23:59:59Z
+  if (t < absl::FromUnixSeconds(kMinSeconds)) {
+    out->set_seconds(kMinSeconds);
+    out->set_nanos(0);
+    return;
+  }
+  if (t >= absl::FromUnixSeconds(kMaxSeconds + 1)) {
+    out->set_seconds(kMaxSeconds);
+    out->set_nanos(999999999);
+    return;
+  }
   const absl::Duration since = t - absl::UnixEpoch();
   const int64_t seconds = absl::ToInt64Seconds(since);
   out->set_seconds(seconds);
@@ -452,8 +473,8 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p) {
     return bad("default_wait ", absl::FormatDuration(wait), " is above 1h");
   }
   r.default_wait = wait == absl::ZeroDuration() ? absl::Seconds(30) : wait;
-  ASSIGN_OR_RETURN(r.default_ttl, FromProto(prefix + "default_ttl", p.default_ttl()));
-  ASSIGN_OR_RETURN(r.max_ttl, FromProto(prefix + "max_ttl", p.max_ttl()));
+  ASSIGN_OR_RETURN(r.default_ttl, TtlFromProto(prefix + "default_ttl", p.default_ttl()));
+  ASSIGN_OR_RETURN(r.max_ttl, TtlFromProto(prefix + "max_ttl", p.max_ttl()));
   RETURN_IF_ERROR(CheckMaxTtl(p.name(), r.default_ttl, r.max_ttl, "default_ttl"));
   r.selection_policy = p.selection_policy().empty() ? "fifo" : p.selection_policy();
   if (r.selection_policy != "fifo") {

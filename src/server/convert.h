@@ -44,7 +44,14 @@ inline constexpr size_t kMaxSelectorBytes = 1024;
 // (seconds and nanos of different signs, nanos out of range). Unset is zero.
 absl::StatusOr<absl::Duration> FromProto(absl::string_view field,
                                          const google::protobuf::Duration& d);
+// A TTL (a claim's, or a pool's default_ttl / max_ttl): as FromProto, and
+// INVALID_ARGUMENT above allocator::kMaxTtl (100 years), naming the TTL and the maximum.
+absl::StatusOr<absl::Duration> TtlFromProto(absl::string_view field,
+                                            const google::protobuf::Duration& d);
 void ToProto(absl::Duration d, google::protobuf::Duration* out);
+// Times outside google.protobuf.Timestamp's range (0001-01-01T00:00:00Z to
+// 9999-12-31T23:59:59.999999999Z) are clamped to its ends; sbx makes none (TTLs are
+// bounded), but a store may hold one from before that bound.
 void ToProto(absl::Time t, google::protobuf::Timestamp* out);
 
 // UNSPECIFIED is nullopt (the pool's default). INVALID_ARGUMENT for unknown numbers.

@@ -20,6 +20,7 @@
 #include "src/server/claim_service.h"
 #include "src/server/diagnostics_service.h"
 #include "src/server/pending_services.h"
+#include "src/server/unparsed_request.h"
 
 namespace sbx::server {
 namespace {
@@ -183,6 +184,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
   for (const auto& service : services->services) builder.RegisterService(service.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(NewUnparsedRequestInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -214,6 +214,7 @@ void EncodeValue(const Mutation& m, std::string* out) {
               [&](int32_t ns) { msg.set_ended_ns(ns); });
           msg.set_revision(r.revision);
           msg.set_suspended(r.suspended);
+          msg.set_batch_count(r.batch_count);
           Serialize(msg, out);
         } else {
           static_assert(std::is_same_v<R, RevisionRecord>);
@@ -311,6 +312,7 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
     if (s.ok()) s = DecodeTime(key, "ended", msg.ended_s(), msg.ended_ns(), &r.ended);
     r.revision = msg.revision();
     r.suspended = msg.suspended();
+    r.batch_count = msg.batch_count();
     if (!s.ok()) out->claims.pop_back();
     return s;
   }

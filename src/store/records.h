@@ -101,6 +101,11 @@ struct ClaimRecord {
   uint64_t revision = 0;
   // Whether the claim's sandbox is suspended (frozen by the runtime).
   bool suspended = false;
+  // For a member of a ClaimBatch (id "<batch_id>#<i>"): the count the batch asked for, so
+  // that a reuse of the batch id with another count is recognised, also after a restart
+  // and also when a BEST_EFFORT batch got fewer. 0 for a claim made alone, and in records
+  // from before batch counts were stored.
+  int32_t batch_count = 0;
 };
 
 // The claim revision mark: at least the revision of every claim change whose record is no

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/store/memory_store.h"
@@ -356,6 +357,66 @@ TEST_F(AllocatorTest, PoolMaxTtlCapsClaims) {
   EXPECT_EQ(c->claim.expires, clock_.Now() + absl::Seconds(30));
 }
 
+// The allocator refuses a TTL above 100 years itself (its callers are not only the gRPC
+// server), so that no expiry leaves the range of google.protobuf.Timestamp. Failed on
+// 660dada: the claim was granted with an expiry 31 million years ahead.
+TEST_F(AllocatorTest, TtlsAboveTheMaximumAreRefused) {
+  AddWarm("s1");
+  AddWarm("s2");
+  const absl::Duration huge = absl::Seconds(1'000'000'000'000'000);
+  ClaimRequest r = Req("c1");
+  r.ttl = huge;
+  absl::StatusOr<ClaimResult> c = ClaimNow(r);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("876000h (100 years)"));
+  EXPECT_EQ(Warm(), 2);
+
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "b1";
+  b.pool = "py";
+  b.ttl = huge;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> batch;
+  allocator_->ClaimBatch(b, batch.callback());
+  ASSERT_TRUE(batch.value.has_value());
+  EXPECT_EQ(batch.value->status().code(), absl::StatusCode::kInvalidArgument);
+
+  r.ttl = absl::Seconds(10);
+  ASSERT_TRUE(ClaimNow(r).ok());
+  Result<absl::StatusOr<ClaimResult>> renewed;
+  allocator_->Renew("alice", "c1", huge, renewed.callback());
+  ASSERT_TRUE(renewed.value.has_value());
+  EXPECT_EQ(renewed.value->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->expires, clock_.Now() + absl::Seconds(10));
+  // An infinite renewal is how "no longer expires" is asked for (ClaimService.Renew).
+  renewed.value.reset();
+  allocator_->Renew("alice", "c1", absl::InfiniteDuration(), renewed.callback());
+  ASSERT_TRUE(renewed.value.has_value() && renewed.value->ok()) << renewed.value->status();
+  EXPECT_EQ((*renewed.value)->claim.expires, absl::InfiniteFuture());
+
+  store::PoolRecord p = PoolRec("py", 0, 10, EmptyPoolPolicy::kFail);
+  p.default_ttl = huge;
+  Result<absl::Status> put;
+  allocator_->PutPool(p, put.callback());
+  ASSERT_TRUE(put.value.has_value());
+  EXPECT_EQ(put.value->code(), absl::StatusCode::kInvalidArgument) << *put.value;
+}
+
+// A pool stored by an older build with a default_ttl above the maximum: its claims get
+// the maximum (a restart must not fail over it, and no expiry may leave the range).
+TEST_F(AllocatorTest, PoolsStoredWithALongerTtlGiveTheMaximum) {
+  store::Contents contents = store_->Snapshot();
+  ASSERT_EQ(contents.pools.size(), 1u);
+  contents.pools[0].default_ttl = absl::Seconds(1'000'000'000'000'000);
+  allocator_.reset();
+  store_ = std::make_unique<MemoryStore>(contents, Inline());
+  Start();
+  AddWarm("s1");
+  absl::StatusOr<ClaimResult> c = ClaimNow(Req("c1"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->claim.expires, clock_.Now() + kMaxTtl);
+}
+
 TEST_F(AllocatorTest, RenewMovesExpiry) {
   AddWarm("s1");
   ClaimRequest r = Req("c1");
@@ -441,6 +502,133 @@ TEST_F(AllocatorTest, BatchBestEffortTakesWhatIsWarm) {
   r.value.reset();
   allocator_->ClaimBatch(b, r.callback());
   EXPECT_EQ(r.value->status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A batch id names one batch: a request reusing it with another count is refused, also
+// after a restart and also when a BEST_EFFORT batch got fewer claims than it asked for
+// (the count is in the claims' records). Failed on 660dada: the reuse was answered as a
+// replay of the first batch.
+TEST_F(AllocatorTest, BatchIdReusedWithAnotherCountIsAlreadyExists) {
+  for (const char* id : {"s1", "s2", "s3", "s4"}) AddWarm(id);
+  auto batch = [&](const std::string& id, int count, BatchMode mode) {
+    BatchRequest b;
+    b.owner = "alice";
+    b.batch_id = id;
+    b.pool = "py";
+    b.count = count;
+    b.mode = mode;
+    Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+    allocator_->ClaimBatch(b, r.callback());
+    EXPECT_TRUE(r.value.has_value()) << "batch did not complete synchronously";
+    return r.value.value_or(absl::InternalError("no result"));
+  };
+  auto expect_refused = [&](const std::string& id, int count, BatchMode mode, int stored) {
+    absl::StatusOr<std::vector<ClaimResult>> r = batch(id, count, mode);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAlreadyExists)
+        << id << " count " << count << ": " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("batch id \"", id, "\"")));
+    EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("count ", stored)));
+    EXPECT_THAT(r.status().message(), HasSubstr(absl::StrCat("count ", count)));
+  };
+  ASSERT_TRUE(batch("b1", 2, BatchMode::kAllOrNothing).ok());
+  // 2 of the 4 warm sandboxes are left: a best-effort batch asking for 5 gets those 2.
+  absl::StatusOr<std::vector<ClaimResult>> partial = batch("b2", 5, BatchMode::kBestEffort);
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  ASSERT_EQ(partial->size(), 2u);
+  AddWarm("s5");
+
+  auto check = [&] {
+    expect_refused("b1", 3, BatchMode::kAllOrNothing, 2);
+    expect_refused("b1", 1, BatchMode::kAllOrNothing, 2);
+    expect_refused("b2", 2, BatchMode::kBestEffort, 5);  // as many as it got, not as asked
+    absl::StatusOr<std::vector<ClaimResult>> again = batch("b1", 2, BatchMode::kAllOrNothing);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->size(), 2u);
+    for (const ClaimResult& c : *again) EXPECT_TRUE(c.replayed);
+    again = batch("b2", 5, BatchMode::kBestEffort);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->size(), 2u);
+    EXPECT_EQ(Warm(), 1) << "a refused or replayed batch took a sandbox";
+  };
+  check();
+  EXPECT_EQ(StoredClaim("alice/b1#0")->batch_count, 2);
+  EXPECT_EQ(StoredClaim("alice/b2#1")->batch_count, 5);
+
+  allocator_.reset();
+  store_ = std::make_unique<MemoryStore>(store_->Snapshot(), Inline());
+  Start();
+  check();
+}
+
+// A batch's members end and leave the table one by one: when member #0 is gone but #1
+// is still there, a batch with the same id must not be granted again over it. Failed on
+// 660dada: the new batch was granted, its "b1#1" was silently not put in the claim
+// table, and its record replaced the live claim's in the store (after a restart the old
+// claim's sandbox would have been warm again while its tenant still used it).
+TEST_F(AllocatorTest, BatchIdWithAMemberStillKnownIsNotGrantedAgain) {
+  AddWarm("s1");
+  AddWarm("s2");
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "b1";
+  b.pool = "py";
+  b.count = 2;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value() && r.value->ok());
+  const std::string held = (**r.value)[1].claim.sandbox_id;
+  ASSERT_TRUE(ReleaseNow("b1#0").ok());
+  clock_.Advance(absl::Minutes(11));  // past the idempotency window of b1#0
+  allocator_->Tick();
+  ASSERT_EQ(allocator_->GetClaim("alice", "b1#0").status().code(), absl::StatusCode::kNotFound);
+
+  AddWarm("s3");
+  AddWarm("s4");
+  r.value.reset();
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->status().code(), absl::StatusCode::kAlreadyExists) << r.value->status();
+  EXPECT_THAT(r.value->status().message(), HasSubstr("\"b1#1\""));
+  EXPECT_EQ(Warm(), 2) << "the refused batch kept sandboxes";
+  EXPECT_FALSE(StoredClaim("alice/b1#0").has_value());
+  ASSERT_TRUE(StoredClaim("alice/b1#1").has_value());
+  EXPECT_EQ(StoredClaim("alice/b1#1")->sandbox_id, held);
+  EXPECT_EQ(allocator_->GetClaim("alice", "b1#1")->sandbox_id, held);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 1);
+}
+
+// Claims stored before batch_count existed (0) give no count: a reuse is refused only when
+// the batch holds more claims than the request asks for (it may have been a BEST_EFFORT
+// batch that got fewer than it asked).
+TEST_F(AllocatorTest, BatchesStoredWithoutTheirCountAreJudgedByTheirSize) {
+  AddWarm("s1");
+  AddWarm("s2");
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "old";
+  b.pool = "py";
+  b.count = 2;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value() && r.value->ok());
+  store::Contents contents = store_->Snapshot();
+  for (store::ClaimRecord& c : contents.claims) c.batch_count = 0;
+  allocator_.reset();
+  store_ = std::make_unique<MemoryStore>(contents, Inline());
+  Start();
+  b.count = 1;
+  r.value.reset();
+  allocator_->ClaimBatch(b, r.callback());
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->status().code(), absl::StatusCode::kAlreadyExists) << r.value->status();
+  EXPECT_THAT(r.value->status().message(), HasSubstr("2 claims"));
+  for (int count : {2, 3}) {
+    b.count = count;
+    r.value.reset();
+    allocator_->ClaimBatch(b, r.callback());
+    ASSERT_TRUE(r.value.has_value() && r.value->ok()) << count << ": " << r.value->status();
+    EXPECT_EQ((*r.value)->size(), 2u);
+  }
 }
 
 // --- The races that matter, made deterministic ---

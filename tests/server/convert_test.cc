@@ -51,6 +51,21 @@ TEST(LabelSelectorTest, Matches) {
   EXPECT_TRUE(m("other!=x"));  // absent counts as "not equal"
 }
 
+// Timestamps stay inside google.protobuf.Timestamp's range (0001-01-01 to 9999-12-31),
+// for times stored before TTLs were bounded. Failed on 660dada: seconds were copied.
+TEST(ConvertTest, TimestampsAreClampedToTheirValidRange) {
+  google::protobuf::Timestamp t;
+  ToProto(absl::FromUnixSeconds(1'000'000'000'000'000), &t);
+  EXPECT_EQ(t.seconds(), 253402300799);
+  EXPECT_EQ(t.nanos(), 999999999);
+  ToProto(absl::FromUnixSeconds(-1'000'000'000'000'000), &t);
+  EXPECT_EQ(t.seconds(), -62135596800);
+  EXPECT_EQ(t.nanos(), 0);
+  ToProto(absl::FromUnixSeconds(1'700'000'000) + absl::Nanoseconds(5), &t);
+  EXPECT_EQ(t.seconds(), 1'700'000'000);
+  EXPECT_EQ(t.nanos(), 5);
+}
+
 TEST(ConvertTest, DurationsRejectNegativeAndMalformed) {
   google::protobuf::Duration d;
   d.set_seconds(-1);

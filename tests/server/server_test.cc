@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "sbx/v1/admin.grpc.pb.h"
@@ -55,6 +56,38 @@ std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token, int seconds =
 
 std::string Describe(const grpc::Status& s) {
   return absl::StrCat("status ", static_cast<int>(s.error_code()), ": ", s.error_message());
+}
+
+// Calls `method` with `bytes` as its one request message, as a client that does not
+// use the generated stubs would (no checks of the bytes), and returns the call's status.
+// Works for unary and server-streaming methods: responses are read and dropped.
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::string& bytes, const std::string& token) {
+  grpc::GenericStub stub(channel);
+  std::unique_ptr<grpc::ClientContext> ctx = Ctx(token);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(ctx.get(), method, &cq);
+  if (call == nullptr) return grpc::Status(grpc::StatusCode::INTERNAL, "PrepareCall failed");
+  void* tag = nullptr;
+  bool ok = false;
+  auto step = [&](int want) { return cq.Next(&tag, &ok) && tag == reinterpret_cast<void*>(want); };
+  call->StartCall(reinterpret_cast<void*>(1));
+  if (!step(1)) return grpc::Status(grpc::StatusCode::INTERNAL, "StartCall did not complete");
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  call->WriteLast(request, grpc::WriteOptions(), reinterpret_cast<void*>(2));
+  step(2);  // not ok when the server has already finished the call
+  grpc::ByteBuffer response;
+  do {
+    call->Read(&response, reinterpret_cast<void*>(3));
+  } while (step(3) && ok);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(4));
+  if (!step(4)) return grpc::Status(grpc::StatusCode::INTERNAL, "Finish did not complete");
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
 }
 
 class ServerTest : public ::testing::Test {
@@ -314,6 +347,11 @@ TEST_F(ServerTest, BatchIsAllOrNothing) {
   EXPECT_TRUE(again.replayed());
   ASSERT_EQ(again.claims_size(), 2);
   EXPECT_EQ(again.claims(1).sandbox().id(), resp.claims(1).sandbox().id());
+  // The same batch id with another count is another batch (failed on 660dada: replayed).
+  req.set_count(1);
+  s = claims_->ClaimBatch(Ctx(kAlice).get(), req, &again);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("batch id \"b2\" already names a batch of count 2"));
 
   // Each batch claim can be read on its own.
   v1::GetClaimRequest get;
@@ -853,6 +891,157 @@ TEST_F(ServerTest, AdminTemplatesAndPools) {
   EXPECT_TRUE(dtr.deleted());
   s = admin_->GetTemplate(admin().get(), gt, &gtr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << Describe(s);
+}
+
+// PutTemplate checks a local template's mounts: source and target absolute and normal
+// (no ".", "..", empty components, trailing "/" or NUL), and a target that neither
+// equals, lies under nor covers a path the runtime mounts itself (/run/sbx, /proc,
+// /dev). The message names the mount and the rule. Failed on 660dada: only "starts with
+// /" was checked, so e.g. "/a/../b", "/run/sbx/sock" and "/" were accepted.
+TEST_F(ServerTest, PutTemplateRefusesMountsThatAreNotNormalOrCoverControlPaths) {
+  struct Case {
+    std::string source;
+    std::string target;
+    std::string want;  // in the message, after the mount's name
+  };
+  const std::vector<Case> bad = {
+      {"/data", "/a/../b", "mounts[0].target \"/a/../b\" has a \"..\" component"},
+      {"/data", "/a/./b", "mounts[0].target \"/a/./b\" has a \".\" component"},
+      {"/data", "/a//b", "mounts[0].target \"/a//b\" has an empty component"},
+      {"/data", "/a/", "mounts[0].target \"/a/\" ends with \"/\""},
+      {"/data", "a/b", "mounts[0].target \"a/b\" is not an absolute path"},
+      {"/data", std::string("/a\0b", 4), "mounts[0].target \"/a\\x00\\x62\" contains a NUL byte"},
+      {"/srv/../etc", "/etc2", "mounts[0].source \"/srv/../etc\" has a \"..\" component"},
+      {"/data", "/", "mounts[0].target \"/\" covers \"/run/sbx\""},
+      {"/data", "/run", "mounts[0].target \"/run\" covers \"/run/sbx\""},
+      {"/data", "/run/sbx", "mounts[0].target \"/run/sbx\" is \"/run/sbx\""},
+      {"/data", "/run/sbx/sock", "mounts[0].target \"/run/sbx/sock\" lies under \"/run/sbx\""},
+      {"/data", "/run/sbx/workspace/x", "mounts[0].target \"/run/sbx/workspace/x\" lies under"},
+      {"/data", "/proc/self", "mounts[0].target \"/proc/self\" lies under \"/proc\""},
+      {"/data", "/dev", "mounts[0].target \"/dev\" is \"/dev\""},
+      // No target: the source's path, which here is a control path.
+      {"/dev/shm", "", "mounts[0].target (empty: the source) \"/dev/shm\" lies under \"/dev\""},
+  };
+  v1::PutTemplateRequest put;
+  v1::Template* t = put.mutable_template_();
+  t->set_name("py");
+  t->set_runtime("local");
+  v1::PutTemplateResponse resp;
+  for (const Case& c : bad) {
+    t->mutable_local()->clear_mounts();
+    v1::BindMount* m = t->mutable_local()->add_mounts();
+    m->set_source(c.source);
+    m->set_target(c.target);
+    grpc::Status s = admin_->PutTemplate(Ctx(kAdmin).get(), put, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.target << ": " << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr("template \"py\": local." + c.want)) << c.target;
+  }
+  v1::ListTemplatesResponse listed;
+  ASSERT_TRUE(admin_->ListTemplates(Ctx(kAdmin).get(), v1::ListTemplatesRequest(), &listed).ok());
+  EXPECT_EQ(listed.templates_size(), 0) << "a refused template was stored";
+
+  // Paths that only look like control paths, and the usual ones, are fine.
+  t->mutable_local()->clear_mounts();
+  for (const char* target : {"/data", "/run/sbxdata", "/devices", "/run/other", "/opt/x/y"}) {
+    v1::BindMount* m = t->mutable_local()->add_mounts();
+    m->set_source("/srv/data");
+    m->set_target(target);
+  }
+  t->mutable_local()->add_mounts()->set_source("/usr/share/dict");  // target: the same
+  grpc::Status s = admin_->PutTemplate(Ctx(kAdmin).get(), put, &resp);
+  EXPECT_TRUE(s.ok()) << Describe(s);
+}
+
+// A TTL whose expiry would not fit google.protobuf.Timestamp (up to 9999-12-31) is
+// refused, naming the TTL and the maximum (100 years), wherever a TTL becomes a time:
+// Claim, ClaimBatch, Renew, and a pool's default_ttl and max_ttl. Failed on 660dada:
+// all were accepted, and the claim's expires_at was some 31 million years ahead.
+TEST_F(ServerTest, TtlsAboveTheMaximumAreInvalidArgument) {
+  MakePool("py", 2, 5);                             // no max_ttl
+  constexpr int64_t kHuge = 1'000'000'000'000'000;  // 10^15 s
+  constexpr int64_t kMax = int64_t{100} * 365 * 86400;
+  auto expect_refused = [](const grpc::Status& s, const std::string& field) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field << ": " << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr(field + " 277777777777h46m40s")) << field;
+    EXPECT_THAT(s.error_message(), HasSubstr("876000h (100 years)")) << field;
+  };
+  v1::ClaimRequest claim = ClaimReq("forever");
+  claim.mutable_ttl()->set_seconds(kHuge);
+  v1::ClaimResponse claimed;
+  expect_refused(Claim(kAlice, claim, &claimed), "ttl");
+  v1::ClaimBatchRequest batch;
+  batch.set_batch_id("forever");
+  batch.set_pool("py");
+  batch.set_count(1);
+  batch.mutable_ttl()->set_seconds(kHuge);
+  v1::ClaimBatchResponse batched;
+  expect_refused(claims_->ClaimBatch(Ctx(kAlice).get(), batch, &batched), "ttl");
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
+
+  // The maximum itself is accepted and gives a valid Timestamp.
+  claim.mutable_ttl()->set_seconds(kMax);
+  grpc::Status s = Claim(kAlice, claim, &claimed);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_LE(claimed.claim().expires_at().seconds(), absl::ToUnixSeconds(absl::Now()) + kMax);
+  EXPECT_LE(claimed.claim().expires_at().seconds(), 253402300799);  // 9999-12-31T23:59:59Z
+
+  v1::RenewRequest renew;
+  renew.set_claim_id("forever");
+  renew.mutable_ttl()->set_seconds(kHuge);
+  v1::RenewResponse renewed;
+  expect_refused(claims_->Renew(Ctx(kAlice).get(), renew, &renewed), "ttl");
+
+  v1::PutPoolRequest pool;
+  pool.mutable_pool()->set_name("long");
+  pool.mutable_pool()->set_template_("py");
+  pool.mutable_pool()->mutable_default_ttl()->set_seconds(kHuge);
+  v1::PutPoolResponse put;
+  expect_refused(admin_->PutPool(Ctx(kAdmin).get(), pool, &put), "default_ttl");
+  pool.mutable_pool()->clear_default_ttl();
+  pool.mutable_pool()->mutable_max_ttl()->set_seconds(kHuge);
+  expect_refused(admin_->PutPool(Ctx(kAdmin).get(), pool, &put), "max_ttl");
+}
+
+// A request whose bytes do not parse as the method's message is INVALID_ARGUMENT naming
+// the method, for unary and streaming methods alike. Failed on 660dada: gRPC's callback
+// handlers answered UNIMPLEMENTED with an empty message.
+TEST_F(ServerTest, RequestsThatDoNotParseAreInvalidArgument) {
+  MakePool("py", 1, 5);
+  // ClaimRequest.pool (field 2, a proto3 string) holding bytes that are not UTF-8, which
+  // protobuf refuses to parse.
+  const std::string bad_utf8("\x12\x02\xff\xfe", 4);
+  // A length-delimited field that claims more bytes than follow.
+  const std::string truncated("\x12\x10py", 4);
+  struct Case {
+    std::string method;
+    std::string bytes;
+  };
+  const std::vector<Case> cases = {
+      {"/sbx.v1.ClaimService/Claim", bad_utf8},
+      {"/sbx.v1.ClaimService/Claim", truncated},
+      {"/sbx.v1.ClaimService/ClaimBatch", bad_utf8},
+      {"/sbx.v1.AdminService/PutTemplate", truncated},
+      {"/sbx.v1.ClaimService/WatchClaims", truncated},  // server streaming
+      {"/sbx.v1.DiagnosticsService/Ping", truncated},   // no token needed
+  };
+  for (const Case& c : cases) {
+    grpc::Status s = RawCall(channel_, c.method, c.bytes, Token(kAdmin));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.method << ": " << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr("could not be parsed")) << c.method;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.method)) << c.method;
+  }
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
+
+  // Bytes that parse are served as usual, and an unknown method is still UNIMPLEMENTED.
+  v1::ClaimRequest good = ClaimReq("raw");
+  grpc::Status s =
+      RawCall(channel_, "/sbx.v1.ClaimService/Claim", good.SerializeAsString(), Token(kAlice));
+  EXPECT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 1);
+  s = RawCall(channel_, "/sbx.v1.ClaimService/NoSuchMethod", "", Token(kAlice));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << Describe(s);
 }
 
 // WatchClaims and WatchPools are tested in watch_test.cc.

@@ -49,7 +49,7 @@ TEST(RecordCodecTest, RevisionMarkRoundTrips) {
 }
 
 // A claim written before revisions existed (fields 1-13 only) still decodes: revision 0,
-// not suspended. The bytes are what the previous build wrote for this claim.
+// not suspended, no batch count. The bytes are what the previous build wrote for this claim.
 TEST(RecordCodecTest, ClaimsFromBeforeRevisionsDecode) {
   // owner "o" (1), pool "py" (2), sandbox_id "s" (3), launch_type 1 (6), state 1 (7),
   // created_s 1 (8, zigzag 2), expires_s INT64_MAX (10, zigzag), ended_s 0.
@@ -75,6 +75,7 @@ TEST(RecordCodecTest, ClaimsFromBeforeRevisionsDecode) {
   EXPECT_EQ(c.expires, absl::InfiniteFuture());
   EXPECT_EQ(c.revision, 0u);
   EXPECT_FALSE(c.suspended);
+  EXPECT_EQ(c.batch_count, 0);
   EXPECT_EQ(out.revision, 0u);
 }
 

@@ -69,6 +69,7 @@ inline ClaimRecord FullClaim(const std::string& id) {
   r.ended = absl::FromUnixSeconds(-86'400) + absl::Nanoseconds(999'999'999);  // before 1970
   r.revision = 0xFFFF'FFFF'FFFF'FFF1ULL;
   r.suspended = true;
+  r.batch_count = 1000;
   return r;
 }
 
@@ -139,6 +140,7 @@ inline ::testing::AssertionResult Same(const ClaimRecord& a, const ClaimRecord& 
   SBX_CMP_FIELD(ended);
   SBX_CMP_FIELD(revision);
   SBX_CMP_FIELD(suspended);
+  SBX_CMP_FIELD(batch_count);
   return ::testing::AssertionSuccess();
 }
 
