@@ -45,6 +45,7 @@
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "src/common/ids.h"
+#include "src/common/paths.h"
 #include "src/common/status_macros.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -740,30 +741,6 @@ std::string ProcessCwd(pid_t pid) {
   return ec ? std::string() : cwd.string();
 }
 
-// Whether `path` is `base` or lies below it (both normalized absolute paths).
-bool Within(absl::string_view path, absl::string_view base) {
-  if (base == "/") return true;
-  return path == base || (absl::StartsWith(path, base) && path.size() > base.size() &&
-                          path[base.size()] == '/');
-}
-
-// A normalized absolute path: starts with '/', no empty, "." or ".." component, no
-// trailing '/', no NUL. INVALID_ARGUMENT naming `what` otherwise.
-absl::Status CheckNormalPath(absl::string_view what, absl::string_view path) {
-  auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " \"", path, "\" ", why));
-  };
-  if (path.empty() || path[0] != '/') return bad("is not an absolute path");
-  if (path.find('\0') != absl::string_view::npos) return bad("contains a NUL byte");
-  if (path == "/") return absl::OkStatus();
-  if (path.back() == '/') return bad("ends with '/'");
-  for (absl::string_view part : absl::StrSplit(path.substr(1), '/')) {
-    if (part.empty()) return bad("has an empty component ('//')");
-    if (part == "." || part == "..") return bad("has a '.' or '..' component");
-  }
-  return absl::OkStatus();
-}
-
 // What Make() found out about isolation on this machine, for every sandbox to use.
 struct Isolation {
   // bubblewrap with a user namespace works; false: the plain-process fallback.
@@ -981,7 +958,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       std::error_code ec;
       const std::string source = fs::weakly_canonical(m.source, ec).string();
       for (const std::string& h : iso_.hidden) {
-        if (Within(source, h)) {
+        if (PathIsWithin(source, h)) {
           return absl::InvalidArgumentError(
               absl::StrCat("mount source \"", m.source, "\" lies in \"", h,
                            "\", which sandboxes may not see (the server's own files)"));
@@ -991,7 +968,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       a.push_back(m.source);
       a.push_back(m.target);
       for (const std::string& h : iso_.hidden) {
-        if (Within(h, source)) AppendMask(h, m.target + h.substr(source.size()), &a);
+        if (PathIsWithin(h, source)) AppendMask(h, m.target + h.substr(source.size()), &a);
       }
     }
     return a;
@@ -1069,7 +1046,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     std::vector<std::string> masked(std::begin(kEtcSecrets), std::end(kEtcSecrets));
     for (const std::string& h : hidden) {
       for (const std::string& b : bound) {
-        if (Within(h, b)) masked.push_back(h);
+        if (PathIsWithin(h, b)) masked.push_back(h);
       }
     }
     for (const std::string& m : masked) AppendMask(m, m, &a);
@@ -1587,17 +1564,8 @@ absl::StatusOr<LocalSpec> ParseLocalSpec(const std::string& json) {
         mount.source = m.at("source").get<std::string>();
         mount.target = m.at("target").get<std::string>();
         mount.read_only = m.value("read_only", true);
-        RETURN_IF_ERROR(CheckNormalPath("mount source", mount.source));
-        RETURN_IF_ERROR(CheckNormalPath("mount target", mount.target));
-        for (const char* own : {"/", "/run/sbx", "/proc", "/dev"}) {
-          if (own == std::string_view("/") ? mount.target == "/" : Within(mount.target, own)) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("mount target \"", mount.target, "\" is ",
-                             own == std::string_view("/") ? "the sandbox's root"
-                                                          : absl::StrCat("in ", own),
-                             ", which the runtime owns"));
-          }
-        }
+        RETURN_IF_ERROR(CheckNormalAbsolutePath("mount source", mount.source));
+        RETURN_IF_ERROR(CheckSandboxMountTarget("mount target", mount.target));
         s.mounts.push_back(std::move(mount));
       }
     }
