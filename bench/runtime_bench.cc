@@ -18,6 +18,7 @@
 #include "benchmark/benchmark.h"
 #include "grpcpp/grpcpp.h"
 #include "sbx/sandboxd/v1/sandboxd.grpc.pb.h"
+#include "src/common/sandbox_secret.h"
 #include "src/runtime/bubblewrap_runtime.h"
 
 namespace {
@@ -49,12 +50,17 @@ class Samples {
   std::vector<double> ms_;
 };
 
+// The daemons' secrets (what sbx-server derives from its key; any string of 16+ bytes).
+std::string SecretOf(const std::string& id) { return "bench-secret-" + id; }
+
 std::unique_ptr<BubblewrapRuntime> MakeRuntime() {
   sbx::runtime::BubblewrapRuntimeOptions o;
   o.root_dir = "/tmp/sbx-bench-rt-" + std::to_string(getpid());
   o.sandboxd_path = g_sandboxd;
+  o.secret_for = SecretOf;
   o.delete_on_exit = true;
   auto rt = BubblewrapRuntime::Make(o);
+  if (!rt.ok()) std::fprintf(stderr, "runtime: %s\n", rt.status().ToString().c_str());
   return rt.ok() ? std::move(*rt) : nullptr;
 }
 
@@ -77,8 +83,9 @@ void DeleteSync(BubblewrapRuntime& rt, const std::string& id) {
   done.WaitForNotification();
 }
 
-bool ExecTrue(pb::Sandboxd::Stub& stub) {
+bool ExecTrue(pb::Sandboxd::Stub& stub, const std::string& id) {
   grpc::ClientContext ctx;
+  ctx.AddMetadata(sbx::kSandboxSecretMetadata, SecretOf(id));
   auto stream = stub.Exec(&ctx);
   pb::ExecRequest start;
   start.mutable_start()->add_argv("/bin/true");
@@ -118,13 +125,13 @@ void BM_Local_ExecTrue(benchmark::State& state, bool reuse_channel) {
   for (auto _ : state) {
     samples.Start();
     if (reuse_channel) {
-      if (!ExecTrue(*stub)) return state.SkipWithError("exec failed");
+      if (!ExecTrue(*stub, info->id)) return state.SkipWithError("exec failed");
     } else {
       grpc::ChannelArguments args;
       args.SetInt("grpc.use_local_subchannel_pool", 1);  // a fresh connection every time
       auto fresh = pb::Sandboxd::NewStub(
           grpc::CreateCustomChannel(info->endpoint, grpc::InsecureChannelCredentials(), args));
-      if (!ExecTrue(*fresh)) return state.SkipWithError("exec failed");
+      if (!ExecTrue(*fresh, info->id)) return state.SkipWithError("exec failed");
     }
     samples.Stop();
   }
