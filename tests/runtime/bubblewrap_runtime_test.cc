@@ -407,6 +407,58 @@ TEST_F(BubblewrapRuntimeTest, StraySandboxesOfAnEarlierRunAreKilled) {
   close(fds[1]);
 }
 
+// Fail closed (issue 17: at 660dada a runtime without bubblewrap ran plain processes and
+// only logged it): without isolation Make() refuses, naming the way out; plain processes
+// only when asked for, and then they still take calls only with the secret.
+TEST_F(BubblewrapRuntimeTest, PlainProcessesOnlyWhenAskedFor) {
+  BubblewrapRuntimeOptions o = Options();
+  o.bwrap_path = "/nonexistent/bwrap";
+  auto refused = BubblewrapRuntime::Make(o);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("--insecure_local_no_isolation"));
+  o.allow_unisolated = true;
+  StartRuntime(o);
+  EXPECT_FALSE(runtime_->isolated());
+  auto info = CreateNow();
+  ASSERT_TRUE(info.ok()) << info.status();
+  int code = -1;
+  EXPECT_EQ(Exec(*info, {"/bin/sh", "-c", "echo plain"}, &code), "plain\n");
+  EXPECT_EQ(code, 0);
+  ASSERT_TRUE(DeleteNow(info->id).ok());
+}
+
+// Template mounts are normalized and keep off the runtime's own paths; a mount source
+// holding the runtime's root (which sandboxes may not see) is refused.
+TEST_F(BubblewrapRuntimeTest, TemplateMountsAreChecked) {
+  StartRuntime();
+  if (!runtime_->isolated()) GTEST_SKIP() << "bubblewrap cannot run on this machine";
+  for (const char* mount : {R"({"source":"/usr/../etc","target":"/x"})",
+                            R"({"source":"/usr","target":"/run/sbx/workspace"})",
+                            R"({"source":"/usr","target":"/a/../b"})",
+                            R"({"source":"/usr","target":"/"})",
+                            R"({"source":"/usr","target":"/proc/x"})"}) {
+    SCOPED_TRACE(mount);
+    auto info = CreateNow(absl::StrCat(R"({"mounts":[)", mount, "]}"));
+    EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  LocalSpec inside_root;
+  inside_root.mounts.push_back({root_, "/sandboxes", true});
+  auto refused = CreateNow(EncodeLocalSpec(inside_root));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("may not see"));
+  EXPECT_EQ(runtime_->running(), 0u);
+  // A mount that holds the root (it lies in /tmp) shows it empty.
+  LocalSpec holding_root;
+  holding_root.mounts.push_back({"/tmp", "/hosttmp", true});
+  auto info = CreateNow(EncodeLocalSpec(holding_root));
+  ASSERT_TRUE(info.ok()) << info.status();
+  int code = -1;
+  const std::string inside = "/hosttmp" + root_.substr(std::string("/tmp").size());
+  EXPECT_EQ(Exec(*info, {"/bin/sh", "-c", "ls -A " + inside + " | wc -l"}, &code), "0\n");
+  EXPECT_EQ(code, 0);
+}
+
 TEST_F(BubblewrapRuntimeTest, BadSpecsAndOptionsAreRefused) {
   StartRuntime();
   auto info = CreateNow("{not json");
