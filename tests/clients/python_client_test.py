@@ -36,6 +36,9 @@ import threading
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+import sandbox_procs  # noqa: E402
+
 try:
     import grpc
     from grpc_tools import protoc
@@ -107,21 +110,10 @@ _LIVE_SERVERS = set()
 
 
 def processes_naming(path):
-    """Pids of live processes (not this one) whose command line names a path below
-    the directory `path`."""
-    needle = os.fsencode(os.path.join(path, ""))
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue  # Gone meanwhile, or not ours to read.
-        if needle in cmdline:
-            pids.append(int(entry))
-    return pids
+    """Pids of live processes (not this one) that name a path below the directory `path` on
+    their command line or work in such a folder, and the processes below them (a local
+    sandbox's bwrap works in its host folder)."""
+    return sandbox_procs.processes_with(os.path.join(path, ""))
 
 
 def _cmdline(pid):

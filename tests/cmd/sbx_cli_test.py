@@ -25,6 +25,9 @@ import threading
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
+import sandbox_procs  # noqa: E402
+
 SBX = SERVER = None
 ADMIN = "admin-token-1"
 TENANT = "tenant-token-1"
@@ -122,17 +125,7 @@ class Server:
 
 
 def processes_mentioning(text):
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    pids.append(int(entry))
-        except OSError:
-            pass
-    return pids
+    return sandbox_procs.processes_with(text)
 
 
 SRV = None

@@ -16,6 +16,8 @@ import tempfile
 import time
 
 import grpc
+
+from sandbox_procs import processes_with  # noqa: F401  (used by the tests)
 from grpc_tools import protoc
 
 STUBS = tempfile.mkdtemp(prefix="sbx-e2e-stubs-")
@@ -70,22 +72,6 @@ class Server:
             self.proc.wait(timeout=60)
         self.log.close()
         return self.proc.returncode
-
-
-def processes_with(text):
-    """Pids of processes whose command line contains `text` (a sandbox id, which is bwrap's
-    --hostname, or a folder its sockets live under)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    pids.append(int(entry))
-        except OSError:
-            pass
-    return pids
 
 
 def kill_all_with(text):
