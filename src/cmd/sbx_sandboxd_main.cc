@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
   int secret_fd = -1;
   app.add_option("--secret_fd", secret_fd,
                  "read the secret every call must carry from this descriptor (to its end); or "
-                 "set " + std::string(kSecretEnv));
+                 "set " +
+                     std::string(kSecretEnv));
   int ready_fd = -1;
   app.add_option("--ready_fd", ready_fd, "write one byte to this descriptor once serving");
   std::string sandbox_id;

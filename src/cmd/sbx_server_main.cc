@@ -21,10 +21,10 @@
 #include "src/cmd/kube_wiring.h"
 #include "src/cmd/wiring.h"
 #include "src/common/build_info.h"
-#include "src/common/sandbox_secret.h"
 #include "src/common/clock.h"
 #include "src/common/ids.h"
 #include "src/common/logging.h"
+#include "src/common/sandbox_secret.h"
 #include "src/common/signals.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/runtime/instant_runtime.h"
@@ -199,9 +199,7 @@ int main(int argc, char** argv) {
   if (sandbox_key_file.empty()) sandbox_key_file = store_options.path + "/sandbox.key";
   auto sandbox_secrets = sbx::SandboxSecrets::LoadOrCreate(sandbox_key_file);
   if (!sandbox_secrets.ok()) return Fail(sandbox_secrets.status());
-  auto secret_of = [secrets = *sandbox_secrets](absl::string_view id) {
-    return secrets.For(id);
-  };
+  auto secret_of = [secrets = *sandbox_secrets](absl::string_view id) { return secrets.For(id); };
   server_options.sandbox_secret = secret_of;
   local_options.secret_for = [secret_of](const std::string& id) { return secret_of(id); };
   kube_flags.sandboxd_secret = [secret_of](const std::string& name) { return secret_of(name); };

@@ -38,8 +38,8 @@ absl::StatusOr<SandboxSecrets> SandboxSecrets::LoadOrCreate(const std::string& p
     const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
     const int out = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (out < 0) return Errno(tmp, "cannot create");
-    const bool written = write(out, key, sizeof(key)) == static_cast<ssize_t>(sizeof(key)) &&
-                         fsync(out) == 0;
+    const bool written =
+        write(out, key, sizeof(key)) == static_cast<ssize_t>(sizeof(key)) && fsync(out) == 0;
     close(out);
     if (!written) {
       unlink(tmp.c_str());
@@ -66,15 +66,16 @@ absl::StatusOr<SandboxSecrets> SandboxSecrets::LoadOrCreate(const std::string& p
   }
   if ((st.st_mode & 077) != 0) {
     close(fd);
-    return KeyError(path, absl::StrCat("is readable or writable by others (mode ",
-                                       absl::StrCat(absl::Hex(st.st_mode & 0777)),
-                                       "); it must be 0600"));
+    return KeyError(path,
+                    absl::StrCat("is readable or writable by others (mode ",
+                                 absl::StrCat(absl::Hex(st.st_mode & 0777)), "); it must be 0600"));
   }
   std::string key(kKeyBytes + 1, '\0');
   const ssize_t n = read(fd, key.data(), key.size());
   close(fd);
   if (n != static_cast<ssize_t>(kKeyBytes)) {
-    return KeyError(path, absl::StrCat("holds ", n < 0 ? 0 : n, " bytes, not a key of ", kKeyBytes));
+    return KeyError(path,
+                    absl::StrCat("holds ", n < 0 ? 0 : n, " bytes, not a key of ", kKeyBytes));
   }
   key.resize(kKeyBytes);
   return SandboxSecrets(std::move(key));

@@ -1,15 +1,15 @@
 #include "src/runtime/bubblewrap_runtime.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <seccomp.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <sys/file.h>
-#include <grp.h>
-#include <seccomp.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -32,8 +32,8 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
@@ -82,9 +82,9 @@ constexpr char kPathEnv[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/
 // Files of /etc that hold secrets of the host, masked in every sandbox (besides being
 // unreadable to the sandbox's unprivileged uid).
 constexpr const char* kEtcSecrets[] = {
-    "/etc/shadow",   "/etc/shadow-",       "/etc/gshadow",          "/etc/gshadow-",
-    "/etc/sudoers",  "/etc/sudoers.d",     "/etc/ssl/private",      "/etc/security/opasswd",
-    "/etc/ssh",      "/etc/krb5.keytab",   "/etc/machine-id",       "/etc/kubernetes",
+    "/etc/shadow",  "/etc/shadow-",     "/etc/gshadow",     "/etc/gshadow-",
+    "/etc/sudoers", "/etc/sudoers.d",   "/etc/ssl/private", "/etc/security/opasswd",
+    "/etc/ssh",     "/etc/krb5.keytab", "/etc/machine-id",  "/etc/kubernetes",
 };
 // How long a kill, freeze or thaw may take before the runtime gives up waiting.
 constexpr absl::Duration kSettleTimeout = absl::Seconds(10);
@@ -321,8 +321,8 @@ int OpenInDir(const std::string& dir, const char* name, int flags, mode_t mode =
 std::string ReadOwnFile(const std::string& dir, const char* name) {
   Fd fd(OpenInDir(dir, name, O_RDONLY));
   struct stat st;
-  if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
-      st.st_uid != geteuid() || st.st_size > (1 << 20)) {
+  if (!fd.valid() || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+      st.st_size > (1 << 20)) {
     return "";
   }
   std::string text(static_cast<size_t>(st.st_size), '\0');
@@ -338,8 +338,8 @@ bool WriteState(const Sandbox& sb) {
   if (!dfd.valid()) return false;
   const std::string tmp = absl::StrCat(kStateName, ".tmp");
   const std::string text = EncodeState(sb);
-  const int fd = openat(dfd.get(), tmp.c_str(),
-                        O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const int fd =
+      openat(dfd.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return false;
   const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   if (close(fd) != 0 || !ok) return false;
@@ -655,16 +655,61 @@ absl::StatusOr<std::string> SeccompProgram() {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
   if (ctx == nullptr) return absl::FailedPreconditionError("libseccomp: seccomp_init failed");
   auto release = absl::MakeCleanup([ctx] { seccomp_release(ctx); });
-  static constexpr const char* kDenied[] = {
-      "mount", "umount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
-      "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr", "ptrace", "process_vm_readv",
-      "process_vm_writev", "pidfd_getfd", "kcmp", "keyctl", "add_key", "request_key", "bpf",
-      "perf_event_open", "userfaultfd", "open_by_handle_at", "name_to_handle_at", "kexec_load",
-      "kexec_file_load", "init_module", "finit_module", "delete_module", "create_module",
-      "query_module", "get_kernel_syms", "reboot", "swapon", "swapoff", "acct", "syslog",
-      "iopl", "ioperm", "quotactl", "quotactl_fd", "lookup_dcookie", "setns", "vhangup",
-      "nfsservctl", "uselib", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
-      "fanotify_init", "io_uring_setup", "io_uring_enter", "io_uring_register"};
+  static constexpr const char* kDenied[] = {"mount",
+                                            "umount",
+                                            "umount2",
+                                            "pivot_root",
+                                            "chroot",
+                                            "move_mount",
+                                            "open_tree",
+                                            "fsopen",
+                                            "fsconfig",
+                                            "fsmount",
+                                            "fspick",
+                                            "mount_setattr",
+                                            "ptrace",
+                                            "process_vm_readv",
+                                            "process_vm_writev",
+                                            "pidfd_getfd",
+                                            "kcmp",
+                                            "keyctl",
+                                            "add_key",
+                                            "request_key",
+                                            "bpf",
+                                            "perf_event_open",
+                                            "userfaultfd",
+                                            "open_by_handle_at",
+                                            "name_to_handle_at",
+                                            "kexec_load",
+                                            "kexec_file_load",
+                                            "init_module",
+                                            "finit_module",
+                                            "delete_module",
+                                            "create_module",
+                                            "query_module",
+                                            "get_kernel_syms",
+                                            "reboot",
+                                            "swapon",
+                                            "swapoff",
+                                            "acct",
+                                            "syslog",
+                                            "iopl",
+                                            "ioperm",
+                                            "quotactl",
+                                            "quotactl_fd",
+                                            "lookup_dcookie",
+                                            "setns",
+                                            "vhangup",
+                                            "nfsservctl",
+                                            "uselib",
+                                            "settimeofday",
+                                            "clock_settime",
+                                            "clock_adjtime",
+                                            "adjtimex",
+                                            "fanotify_init",
+                                            "io_uring_setup",
+                                            "io_uring_enter",
+                                            "io_uring_register"};
   for (const char* name : kDenied) {
     const int nr = seccomp_syscall_resolve_name(name);
     if (nr == __NR_SCMP_ERROR) continue;  // not a system call of this architecture
@@ -726,9 +771,8 @@ int64_t ProcessUid(pid_t pid) {
   const std::string status = ReadSmallFile(absl::StrCat("/proc/", pid, "/status"));
   const size_t at = status.find("\nUid:");
   if (at == std::string::npos) return -1;
-  std::vector<absl::string_view> f =
-      absl::StrSplit(absl::string_view(status).substr(at + 5, 64), absl::ByAnyChar(" \t\n"),
-                     absl::SkipEmpty());
+  std::vector<absl::string_view> f = absl::StrSplit(absl::string_view(status).substr(at + 5, 64),
+                                                    absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
   int64_t uid = -1;
   if (f.empty() || !absl::SimpleAtoi(f[0], &uid)) return -1;
   return uid;
@@ -944,8 +988,10 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
 
   // The daemon's arguments (after its path).
   static std::vector<std::string> DaemonArgs(const std::string& id, const std::string& workspace) {
-    return {"--listen_fd", std::to_string(kListenFd), "--secret_fd", std::to_string(kSecretFd),
-            "--ready_fd",  std::to_string(kReadyFd),  "--id",        id,
+    return {"--listen_fd", std::to_string(kListenFd),
+            "--secret_fd", std::to_string(kSecretFd),
+            "--ready_fd",  std::to_string(kReadyFd),
+            "--id",        id,
             "--workspace", workspace};
   }
 
@@ -989,12 +1035,26 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     // /dev, /proc, /tmp and /run, the workspace, the daemon and the template's mounts.
     // No --die-with-parent: the sandbox must outlive sbx (and that option ties bwrap to
     // the thread that forked it).
-    std::vector<std::string> a = {
-        options_.bwrap_path, "--unshare-user", "--uid", std::to_string(kUidInside), "--gid",
-        std::to_string(kUidInside), "--disable-userns", "--unshare-pid", "--unshare-ipc",
-        "--unshare-uts", "--unshare-cgroup-try", "--new-session", "--cap-drop", "ALL",
-        "--info-fd", std::to_string(kInfoFd), "--seccomp", std::to_string(kSeccompFd),
-        "--hostname", id};
+    std::vector<std::string> a = {options_.bwrap_path,
+                                  "--unshare-user",
+                                  "--uid",
+                                  std::to_string(kUidInside),
+                                  "--gid",
+                                  std::to_string(kUidInside),
+                                  "--disable-userns",
+                                  "--unshare-pid",
+                                  "--unshare-ipc",
+                                  "--unshare-uts",
+                                  "--unshare-cgroup-try",
+                                  "--new-session",
+                                  "--cap-drop",
+                                  "ALL",
+                                  "--info-fd",
+                                  std::to_string(kInfoFd),
+                                  "--seccomp",
+                                  std::to_string(kSeccompFd),
+                                  "--hostname",
+                                  id};
     if (!spec.network) a.push_back("--unshare-net");
     a.insert(a.end(), system_args_.begin(), system_args_.end());
     const int64_t ws =
@@ -1030,8 +1090,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   static std::vector<std::string> SystemArgs(const std::vector<std::string>& hidden) {
     std::vector<std::string> a;
     std::vector<std::string> bound;
-    for (const char* top : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
-                            "/etc"}) {
+    for (const char* top :
+         {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}) {
       struct stat st;
       if (lstat(top, &st) != 0) continue;
       if (S_ISLNK(st.st_mode)) {
@@ -1067,8 +1127,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       const uid_t uid = options_.sandbox_uid_base + (start + i) % count;
       if (uids_.insert(uid).second) return uid;
     }
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "all ", count, " sandbox uids from ", options_.sandbox_uid_base, " are in use"));
+    return absl::ResourceExhaustedError(absl::StrCat("all ", count, " sandbox uids from ",
+                                                     options_.sandbox_uid_base, " are in use"));
   }
 
   void GiveBackUid(uid_t uid) ABSL_LOCKS_EXCLUDED(mu_) {
@@ -1222,9 +1282,9 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
         }
       }
-      return fail(absl::UnavailableError(absl::StrCat("cannot start \"", argv[0], "\" for sandbox ",
-                                                      id, " (", plan.failed_step,
-                                                      "): ", std::strerror(err))));
+      return fail(
+          absl::UnavailableError(absl::StrCat("cannot start \"", argv[0], "\" for sandbox ", id,
+                                              " (", plan.failed_step, "): ", std::strerror(err))));
     }
     sb->pid = pid;
     sb->start_time = StartTime(pid);
@@ -1425,8 +1485,8 @@ std::string IdOfCwd(const std::string& cwd, const std::string& root) {
   const std::string marker = absl::StrCat(root, "/", kIdPrefix);
   if (!absl::StartsWith(cwd, marker)) return "";
   const size_t end = cwd.find('/', root.size() + 1);
-  return cwd.substr(root.size() + 1, end == std::string::npos ? std::string::npos
-                                                              : end - root.size() - 1);
+  return cwd.substr(root.size() + 1,
+                    end == std::string::npos ? std::string::npos : end - root.size() - 1);
 }
 
 // Removes the empty sandbox cgroups older than a minute, whatever root they came from: a
@@ -1465,8 +1525,8 @@ std::vector<SandboxPtr> AdoptOrCleanUp(const std::string& root, const Cgroups& c
     auto sb = std::make_shared<Sandbox>();
     sb->dir = entry.path().string();
     struct stat st;
-    const bool own_dir = lstat(sb->dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-                         st.st_uid == geteuid();
+    const bool own_dir =
+        lstat(sb->dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid();
     const bool has_state = own_dir && DecodeState(ReadOwnFile(sb->dir, kStateName), sb.get());
     sb->endpoint = absl::StrCat("unix:", sb->dir, "/", kSocketName);
     for (const std::string& cg : cgroups.DirsOf(name)) {
@@ -1598,7 +1658,8 @@ absl::Status BubblewrapRuntimeOptions::Validate() const {
   if (sandbox_uid_base == 0 || sandbox_uid_count == 0 ||
       uint64_t{sandbox_uid_base} + sandbox_uid_count > uint64_t{1} << 32) {
     return absl::InvalidArgumentError(absl::StrCat("sandbox uids ", sandbox_uid_base, " + ",
-                                                   sandbox_uid_count, " are not a range of "
+                                                   sandbox_uid_count,
+                                                   " are not a range of "
                                                    "non-root uids"));
   }
   for (const std::string& h : hidden_paths) {
@@ -1727,9 +1788,9 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
         argv.insert(argv.end(), {"--ro-bind", top, top});
       }
     }
-    argv.insert(argv.end(), {"--proc", "/proc", "--dev", "/dev", "--ro-bind-fd",
-                             std::to_string(kSandboxdFd), kSandboxdInside, kSandboxdInside,
-                             "--version"});
+    argv.insert(argv.end(),
+                {"--proc", "/proc", "--dev", "/dev", "--ro-bind-fd", std::to_string(kSandboxdFd),
+                 kSandboxdInside, kSandboxdInside, "--version"});
     why = Probe(argv, iso, options.sandbox_uid_base);
     iso.isolated = why.ok();
   }
@@ -1755,9 +1816,9 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
   struct stat root_st;
   if (lstat(root.c_str(), &root_st) != 0 || !S_ISDIR(root_st.st_mode) ||
       root_st.st_uid != geteuid() || chmod(root.c_str(), 0700) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "runtime root \"", root, "\" must be a folder (not a symbolic link) owned by uid ",
-        geteuid()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("runtime root \"", root,
+                     "\" must be a folder (not a symbolic link) owned by uid ", geteuid()));
   }
   // One runtime per root: a second one would adopt, or clean up as half-made, the
   // sandboxes the first is starting.

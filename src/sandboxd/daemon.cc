@@ -2,8 +2,8 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/socket.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -226,8 +226,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     ::fcntl(options.listen_fd, F_SETFD, FD_CLOEXEC);
   }
-  auto service = std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env,
-                                                   options.secret);
+  auto service =
+      std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env, options.secret);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -249,9 +249,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     return absl::UnavailableError(absl::StrCat("cannot listen on \"", address, "\""));
   }
   server->GetHealthCheckService()->SetServingStatus(true);
-  spdlog::info("sandboxd serving on {}{} (workspace \"{}\", paths confined with {}, {})",
-               address, port != 0 ? absl::StrCat(" (port ", port, ")") : std::string(),
-               options.workspace,
+  spdlog::info("sandboxd serving on {}{} (workspace \"{}\", paths confined with {}, {})", address,
+               port != 0 ? absl::StrCat(" (port ", port, ")") : std::string(), options.workspace,
                (*workspace)->uses_openat2() ? "openat2(RESOLVE_BENEATH)" : "an O_NOFOLLOW walk",
                options.secret.empty() ? "NO AUTHENTICATION" : "calls need the sandbox's secret");
   return std::unique_ptr<Daemon>(new DaemonImpl(options.socket_path, port, std::move(*workspace),

@@ -143,7 +143,8 @@ absl::StatusOr<std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> SandboxdClients::S
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> secret;
-  if (secret_) secret.push_back(std::make_unique<SecretInterceptorFactory>(secret_(claim.sandbox_id)));
+  if (secret_)
+    secret.push_back(std::make_unique<SecretInterceptorFactory>(secret_(claim.sandbox_id)));
   auto channel = grpc::experimental::CreateCustomChannelWithInterceptors(
       claim.endpoint, grpc::InsecureChannelCredentials(), args, std::move(secret));
   auto stub =

@@ -1,8 +1,8 @@
 #pragma once
 // The server's side of sbx-sandboxd, the daemon in every sandbox: one gRPC channel per
-// sandbox (cached; each call on it carries that sandbox's secret), the translation of sbx.v1 requests into the daemon's
-// sbx.sandboxd.v1 ones, and the checks of per-claim configuration (env, files) shared by
-// ClaimService (late binding) and SandboxService (Exec's env).
+// sandbox (cached; each call on it carries that sandbox's secret), the translation of sbx.v1
+// requests into the daemon's sbx.sandboxd.v1 ones, and the checks of per-claim configuration (env,
+// files) shared by ClaimService (late binding) and SandboxService (Exec's env).
 //
 // Thread-safety: SandboxdClients may be used from any thread.
 // Lifetime: callbacks of calls in flight run even after the SandboxdClients is gone

@@ -433,11 +433,11 @@ TEST_F(BubblewrapRuntimeTest, PlainProcessesOnlyWhenAskedFor) {
 TEST_F(BubblewrapRuntimeTest, TemplateMountsAreChecked) {
   StartRuntime();
   if (!runtime_->isolated()) GTEST_SKIP() << "bubblewrap cannot run on this machine";
-  for (const char* mount : {R"({"source":"/usr/../etc","target":"/x"})",
-                            R"({"source":"/usr","target":"/run/sbx/workspace"})",
-                            R"({"source":"/usr","target":"/a/../b"})",
-                            R"({"source":"/usr","target":"/"})",
-                            R"({"source":"/usr","target":"/proc/x"})"}) {
+  for (const char* mount :
+       {R"({"source":"/usr/../etc","target":"/x"})",
+        R"({"source":"/usr","target":"/run/sbx/workspace"})",
+        R"({"source":"/usr","target":"/a/../b"})", R"({"source":"/usr","target":"/"})",
+        R"({"source":"/usr","target":"/proc/x"})"}) {
     SCOPED_TRACE(mount);
     auto info = CreateNow(absl::StrCat(R"({"mounts":[)", mount, "]}"));
     EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);

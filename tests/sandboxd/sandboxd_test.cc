@@ -852,8 +852,9 @@ class SecretTest : public SandboxdTest {
 
 TEST_F(SecretTest, CallsWithoutTheRightSecretAreRefusedAndDoNothing) {
   Start();
-  for (const char* given : {"", "kkkk", "x", "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkj",
-                            "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk"}) {
+  for (const char* given :
+       {"", "kkkk", "x", "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkj",
+        "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk"}) {
     SCOPED_TRACE(given);
     {
       grpc::ClientContext ctx;
@@ -926,8 +927,8 @@ TEST_F(SecretTest, TheRightSecretWorksAndHealthNeedsNone) {
   grpc::ByteBuffer request(&empty, 1);
   grpc::ByteBuffer response;
   std::promise<grpc::Status> done;
-  generic.UnaryCall(&hctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&done](grpc::Status s) { done.set_value(s); });
+  generic.UnaryCall(&hctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                    [&done](grpc::Status s) { done.set_value(s); });
   EXPECT_TRUE(done.get_future().get().ok());
 }
 
