@@ -785,6 +785,73 @@ std::string ProcessCwd(pid_t pid) {
   return ec ? std::string() : cwd.string();
 }
 
+// Masks the host path `host`, seen in the sandbox at `inside`: an empty read-only tmpfs
+// over a folder, /dev/null over anything else.
+void AppendMask(const std::string& host, const std::string& inside, std::vector<std::string>* a) {
+  struct stat st;
+  if (lstat(host.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    a->insert(a->end(), {"--tmpfs", inside, "--remount-ro", inside});
+  } else {
+    a->insert(a->end(), {"--ro-bind", "/dev/null", inside});
+  }
+}
+
+// The system part of every sandbox's root: /usr, /etc and the top-level /bin, /sbin,
+// /lib* (as the host has them: folders bound read-only, symbolic links recreated), the
+// secrets of /etc and the hidden paths under them masked, and fresh /dev, /proc, /tmp,
+// /var/tmp and /run.
+std::vector<std::string> SystemArgs(const std::vector<std::string>& hidden) {
+  std::vector<std::string> a;
+  std::vector<std::string> bound;
+  for (const char* top : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}) {
+    struct stat st;
+    if (lstat(top, &st) != 0) continue;
+    if (S_ISLNK(st.st_mode)) {
+      std::error_code ec;
+      const fs::path target = fs::read_symlink(top, ec);
+      if (!ec) a.insert(a.end(), {"--symlink", target.string(), top});
+    } else if (S_ISDIR(st.st_mode)) {
+      a.insert(a.end(), {"--ro-bind", top, top});
+      bound.emplace_back(top);
+    }
+  }
+  std::vector<std::string> masked(std::begin(kEtcSecrets), std::end(kEtcSecrets));
+  for (const std::string& h : hidden) {
+    for (const std::string& b : bound) {
+      if (PathIsWithin(h, b)) masked.push_back(h);
+    }
+  }
+  for (const std::string& m : masked) AppendMask(m, m, &a);
+  for (const char* x : {"--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var",
+                        "--tmpfs", "/var/tmp", "--tmpfs", "/run"}) {
+    a.emplace_back(x);
+  }
+  return a;
+}
+
+// The bubblewrap options of every sandbox: a user namespace in which the workload is uid
+// 1000 with no capability (and which cannot nest another), new pid/ipc/uts/cgroup
+// namespaces, its own session, and the seccomp filter (on kSeccompFd).
+std::vector<std::string> IsolationArgs(const std::string& bwrap) {
+  return {bwrap,
+          "--unshare-user",
+          "--uid",
+          std::to_string(kUidInside),
+          "--gid",
+          std::to_string(kUidInside),
+          "--disable-userns",
+          "--unshare-pid",
+          "--unshare-ipc",
+          "--unshare-uts",
+          "--unshare-cgroup-try",
+          "--new-session",
+          "--cap-drop",
+          "ALL",
+          "--seccomp",
+          std::to_string(kSeccompFd)};
+}
+
 // What Make() found out about isolation on this machine, for every sandbox to use.
 struct Isolation {
   // bubblewrap with a user namespace works; false: the plain-process fallback.
@@ -1029,32 +1096,12 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       for (std::string& x : DaemonArgs(id, dir + "/workspace")) a.push_back(std::move(x));
       return a;
     }
-    // A user namespace in which the workload is uid 1000 with no capability (and which
-    // cannot nest another), new pid/ipc/uts/cgroup namespaces, the seccomp filter, and a
-    // root of bubblewrap's own tmpfs holding only the system folders (read-only), fresh
-    // /dev, /proc, /tmp and /run, the workspace, the daemon and the template's mounts.
-    // No --die-with-parent: the sandbox must outlive sbx (and that option ties bwrap to
-    // the thread that forked it).
-    std::vector<std::string> a = {options_.bwrap_path,
-                                  "--unshare-user",
-                                  "--uid",
-                                  std::to_string(kUidInside),
-                                  "--gid",
-                                  std::to_string(kUidInside),
-                                  "--disable-userns",
-                                  "--unshare-pid",
-                                  "--unshare-ipc",
-                                  "--unshare-uts",
-                                  "--unshare-cgroup-try",
-                                  "--new-session",
-                                  "--cap-drop",
-                                  "ALL",
-                                  "--info-fd",
-                                  std::to_string(kInfoFd),
-                                  "--seccomp",
-                                  std::to_string(kSeccompFd),
-                                  "--hostname",
-                                  id};
+    // The isolation options, a root of bubblewrap's own tmpfs holding only the system
+    // folders (read-only), fresh /dev, /proc, /tmp and /run, the workspace, the daemon and
+    // the template's mounts. No --die-with-parent: the sandbox must outlive sbx (and that
+    // option ties bwrap to the thread that forked it).
+    std::vector<std::string> a = IsolationArgs(options_.bwrap_path);
+    a.insert(a.end(), {"--info-fd", std::to_string(kInfoFd), "--hostname", id});
     if (!spec.network) a.push_back("--unshare-net");
     a.insert(a.end(), system_args_.begin(), system_args_.end());
     const int64_t ws =
@@ -1067,53 +1114,6 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     for (const auto& [k, v] : spec.env) a.insert(a.end(), {"--setenv", k, v});
     a.insert(a.end(), {"--chdir", kWorkspaceInside, kSandboxdInside});
     for (std::string& x : DaemonArgs(id, kWorkspaceInside)) a.push_back(std::move(x));
-    return a;
-  }
-
-  // Masks the host path `host`, seen in the sandbox at `inside`: an empty read-only tmpfs
-  // over a folder, /dev/null over anything else.
-  static void AppendMask(const std::string& host, const std::string& inside,
-                         std::vector<std::string>* a) {
-    struct stat st;
-    if (lstat(host.c_str(), &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-      a->insert(a->end(), {"--tmpfs", inside, "--remount-ro", inside});
-    } else {
-      a->insert(a->end(), {"--ro-bind", "/dev/null", inside});
-    }
-  }
-
-  // The system part of every sandbox's root: /usr, /etc and the top-level /bin, /sbin,
-  // /lib* (as the host has them: folders bound read-only, symbolic links recreated), the
-  // secrets of /etc and the hidden paths under them masked, and fresh /dev, /proc, /tmp,
-  // /var/tmp and /run.
-  static std::vector<std::string> SystemArgs(const std::vector<std::string>& hidden) {
-    std::vector<std::string> a;
-    std::vector<std::string> bound;
-    for (const char* top :
-         {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}) {
-      struct stat st;
-      if (lstat(top, &st) != 0) continue;
-      if (S_ISLNK(st.st_mode)) {
-        std::error_code ec;
-        const fs::path target = fs::read_symlink(top, ec);
-        if (!ec) a.insert(a.end(), {"--symlink", target.string(), top});
-      } else if (S_ISDIR(st.st_mode)) {
-        a.insert(a.end(), {"--ro-bind", top, top});
-        bound.emplace_back(top);
-      }
-    }
-    std::vector<std::string> masked(std::begin(kEtcSecrets), std::end(kEtcSecrets));
-    for (const std::string& h : hidden) {
-      for (const std::string& b : bound) {
-        if (PathIsWithin(h, b)) masked.push_back(h);
-      }
-    }
-    for (const std::string& m : masked) AppendMask(m, m, &a);
-    for (const char* x : {"--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var",
-                          "--tmpfs", "/var/tmp", "--tmpfs", "/run"}) {
-      a.emplace_back(x);
-    }
     return a;
   }
 
@@ -1766,31 +1766,11 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
     // bubblewrap may be installed yet unusable (no user namespaces for this uid, seccomp
     // refused): run the daemon's --version in a sandbox made as the real ones are.
     iso.isolated = true;
-    std::vector<std::string> argv = {options.bwrap_path,
-                                     "--unshare-user",
-                                     "--uid",
-                                     std::to_string(kUidInside),
-                                     "--gid",
-                                     std::to_string(kUidInside),
-                                     "--disable-userns",
-                                     "--unshare-pid",
-                                     "--unshare-net",
-                                     "--cap-drop",
-                                     "ALL",
-                                     "--seccomp",
-                                     std::to_string(kSeccompFd)};
-    for (const char* top : {"/usr", "/bin", "/lib", "/lib64"}) {
-      struct stat st;
-      if (lstat(top, &st) != 0) continue;
-      if (S_ISLNK(st.st_mode)) {
-        argv.insert(argv.end(), {"--symlink", fs::read_symlink(top, ec).string(), top});
-      } else {
-        argv.insert(argv.end(), {"--ro-bind", top, top});
-      }
-    }
-    argv.insert(argv.end(),
-                {"--proc", "/proc", "--dev", "/dev", "--ro-bind-fd", std::to_string(kSandboxdFd),
-                 kSandboxdInside, kSandboxdInside, "--version"});
+    std::vector<std::string> argv = IsolationArgs(options.bwrap_path);
+    argv.push_back("--unshare-net");
+    for (std::string& x : SystemArgs(iso.hidden)) argv.push_back(std::move(x));
+    argv.insert(argv.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside,
+                             kSandboxdInside, "--version"});
     why = Probe(argv, iso, options.sandbox_uid_base);
     iso.isolated = why.ok();
   }
