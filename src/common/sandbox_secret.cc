@@ -16,8 +16,6 @@
 namespace sbx {
 namespace {
 
-constexpr size_t kKeyBytes = 32;
-
 absl::Status KeyError(const std::string& path, absl::string_view what) {
   return absl::FailedPreconditionError(absl::StrCat("sandbox key file \"", path, "\": ", what));
 }
@@ -28,18 +26,27 @@ absl::Status Errno(const std::string& path, absl::string_view what) {
 
 }  // namespace
 
+absl::StatusOr<std::string> SandboxSecrets::NewKey() {
+  std::string key(kKeyBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(key.size())) != 1) {
+    return absl::FailedPreconditionError("no random bytes from OpenSSL for a sandbox key");
+  }
+  return key;
+}
+
 absl::StatusOr<SandboxSecrets> SandboxSecrets::LoadOrCreate(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0 && errno == ENOENT) {
-    unsigned char key[kKeyBytes];
-    if (RAND_bytes(key, sizeof(key)) != 1) return KeyError(path, "no random bytes from OpenSSL");
+    absl::StatusOr<std::string> key = NewKey();
+    if (!key.ok()) return KeyError(path, key.status().message());
     // Written under another name and linked into place: a crash never leaves half a key,
     // and two servers racing on the same folder agree on the one that won.
     const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
     const int out = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (out < 0) return Errno(tmp, "cannot create");
     const bool written =
-        write(out, key, sizeof(key)) == static_cast<ssize_t>(sizeof(key)) && fsync(out) == 0;
+        write(out, key->data(), key->size()) == static_cast<ssize_t>(key->size()) &&
+        fsync(out) == 0;
     close(out);
     if (!written) {
       unlink(tmp.c_str());

@@ -3,11 +3,12 @@
 // daemon (sbx-sandboxd) that the call comes from it. A sandbox's secret is
 // HMAC-SHA256(key, sandbox id) in hex, so the server can name the secret of any sandbox
 // it knows (after a restart too) while one sandbox's secret says nothing about another's.
-// The key is 32 random bytes kept in a file beside the store (mode 0600), made on first
-// start.
+// The key is 32 random bytes, made on first start and kept in a file beside the store
+// (mode 0600) or, on Kubernetes, in a Secret that every replica shares (src/k8s/sandbox_key.h).
 //
 // Thread-safety: immutable after construction; For() may be called from any thread.
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -20,6 +21,12 @@ inline constexpr char kSandboxSecretMetadata[] = "sbx-sandbox-secret";
 
 class SandboxSecrets {
  public:
+  // The size of a key.
+  static constexpr size_t kKeyBytes = 32;
+
+  // A new key: kKeyBytes from OpenSSL's random generator. FAILED_PRECONDITION when it has
+  // none to give.
+  static absl::StatusOr<std::string> NewKey();
   // Reads the key from `path`, or makes one there (created exclusively, mode 0600, written
   // and fsynced before it is used) when the file does not exist. Errors: FAILED_PRECONDITION
   // naming the file when it cannot be read or made, is not a regular file, is readable by

@@ -26,6 +26,7 @@ inline const Resource kPods{"", "v1", "pods", "Pod", true};
 inline const Resource kServices{"", "v1", "services", "Service", true};
 inline const Resource kPersistentVolumeClaims{"", "v1", "persistentvolumeclaims",
                                               "PersistentVolumeClaim", true};
+inline const Resource kSecrets{"", "v1", "secrets", "Secret", true};
 inline const Resource kEvents{"", "v1", "events", "Event", true};
 inline const Resource kLeases{"coordination.k8s.io", "v1", "leases", "Lease", true};
 inline const Resource kNetworkPolicies{"networking.k8s.io", "v1", "networkpolicies",

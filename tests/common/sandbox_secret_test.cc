@@ -48,6 +48,16 @@ TEST_F(SandboxSecretsTest, MakesAPrivateKeyOnceAndKeepsIt) {
   EXPECT_EQ(files, 1);
 }
 
+TEST(SandboxSecretsNewKeyTest, NewKeysAreKeySizedAndDiffer) {
+  absl::StatusOr<std::string> a = SandboxSecrets::NewKey();
+  absl::StatusOr<std::string> b = SandboxSecrets::NewKey();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->size(), SandboxSecrets::kKeyBytes);
+  EXPECT_EQ(b->size(), SandboxSecrets::kKeyBytes);
+  EXPECT_NE(*a, *b);
+}
+
 TEST_F(SandboxSecretsTest, IsHmacSha256OfTheIdInHex) {
   // Python: hmac.new(b'k' * 32, b'lb-0123456789abcdef', hashlib.sha256).hexdigest()
   EXPECT_EQ(SandboxSecrets::FromKey(std::string(32, 'k')).For("lb-0123456789abcdef"),
