@@ -11,6 +11,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/config.h"
+#include "src/k8s/sandbox_key.h"
 
 namespace sbx::cmd {
 
@@ -60,8 +61,12 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
                  "none)")
       ->capture_default_str();
   app.add_option("--kube_server_namespace", flags->server_namespace,
-                 "namespace of sbx-server's pods, for that rule (default: the kubeconfig "
-                 "context's namespace; in-cluster, the pod's own)");
+                 "namespace of sbx-server's pods, for that rule and for --sandbox_key_secret "
+                 "(default: the kubeconfig context's namespace; in-cluster, the pod's own)");
+  app.add_option("--sandbox_key_secret", flags->sandbox_key_secret,
+                 "with --kubeconfig: keep the key of the sandboxes' daemon secrets in this "
+                 "Secret of --kube_server_namespace (made on first start, then shared by every "
+                 "replica) instead of --sandbox_key_file");
 }
 
 namespace {
@@ -81,6 +86,11 @@ absl::StatusOr<std::map<std::string, std::string>> ParseLabels(const std::string
     labels[kv.first] = kv.second;
   }
   return labels;
+}
+
+// The namespace of sbx-server's own pods.
+std::string ServerNamespace(const KubeFlags& flags, const k8s::ClusterConfig& cluster) {
+  return flags.server_namespace.empty() ? cluster.default_namespace : flags.server_namespace;
 }
 
 }  // namespace
@@ -106,10 +116,15 @@ void KubeControllers::StopPools() {
   if (runtime_ != nullptr) runtime_->Shutdown();
 }
 
-absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
-    const KubeFlags& flags, bool serve_pools, std::function<void(const std::string&)> on_gone) {
-  ASSIGN_OR_RETURN(auto server_pod_labels,
-                   ParseLabels("--kube_server_pod_labels", flags.server_pod_labels));
+absl::StatusOr<std::string> KubeControllers::LoadSandboxKey(const KubeFlags& flags) {
+  k8s::SandboxKeyOptions options;
+  options.ns = ServerNamespace(flags, client_->cluster());
+  options.name = flags.sandbox_key_secret;
+  options.deadline = absl::Seconds(30);
+  return k8s::LoadOrCreateSandboxKey(*client_, options);
+}
+
+absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags& flags) {
   absl::StatusOr<k8s::ClusterConfig> cluster =
       flags.kubeconfig == "in-cluster" ? k8s::LoadInCluster()
                                        : k8s::LoadKubeconfig(flags.kubeconfig, flags.context);
@@ -121,7 +136,15 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
   client_options.registry = flags.registry;
   auto kube = std::make_unique<KubeControllers>();
   ASSIGN_OR_RETURN(kube->client_, k8s::Client::Create(*cluster, client_options));
-  k8s::Client* client = kube->client_.get();
+  return kube;
+}
+
+absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve_pools,
+                       std::function<void(const std::string&)> on_gone) {
+  ASSIGN_OR_RETURN(auto server_pod_labels,
+                   ParseLabels("--kube_server_pod_labels", flags.server_pod_labels));
+  k8s::Client* client = kube.client_.get();
+  const k8s::ClusterConfig& cluster = client->cluster();
 
   k8s::SandboxControllerOptions options;
   options.ns = flags.ns;
@@ -137,8 +160,8 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
     gethostname(host, sizeof(host) - 1);
     options.election.identity = absl::StrCat(host, "-", getpid());
   }
-  kube->sandboxes_ = std::make_unique<k8s::SandboxController>(client, options);
-  k8s::SandboxController* sandboxes = kube->sandboxes_.get();
+  kube.sandboxes_ = std::make_unique<k8s::SandboxController>(client, options);
+  k8s::SandboxController* sandboxes = kube.sandboxes_.get();
 
   std::string pool_ns = flags.pool_namespace;
   if (pool_ns.empty()) pool_ns = flags.ns.empty() ? "default" : flags.ns;
@@ -153,30 +176,30 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
     write_options.qps = flags.write_qps;
     write_options.burst = flags.write_burst;
     RETURN_IF_ERROR(write_options.Validate());
-    kube->writes_ = std::make_unique<k8s::WriteScheduler>(write_options);
+    kube.writes_ = std::make_unique<k8s::WriteScheduler>(write_options);
     auto is_leader = [sandboxes] { return sandboxes->IsLeader(); };
     k8s::WarmPoolControllerOptions pool_options;
     pool_options.ns = pool_ns;
     pool_options.is_leader = is_leader;
-    kube->pools_ = std::make_unique<k8s::WarmPoolController>(client, &sandboxes->sandbox_informer(),
-                                                             pool_options);
+    kube.pools_ = std::make_unique<k8s::WarmPoolController>(client, &sandboxes->sandbox_informer(),
+                                                            pool_options);
     k8s::ClaimControllerOptions claim_options;
     claim_options.ns = pool_ns;
     claim_options.workers = flags.claim_workers;
     claim_options.is_leader = is_leader;
     claim_options.registry = flags.registry;
-    kube->claims_ = std::make_unique<k8s::ClaimController>(
-        client, kube->writes_.get(), &sandboxes->sandbox_informer(), &kube->pools_->pools(),
-        &kube->pools_->templates(), claim_options);
+    kube.claims_ = std::make_unique<k8s::ClaimController>(
+        client, kube.writes_.get(), &sandboxes->sandbox_informer(), &kube.pools_->pools(),
+        &kube.pools_->templates(), claim_options);
     k8s::KubeRuntimeOptions runtime_options;
     runtime_options.ns = pool_ns;
     runtime_options.ready_timeout = absl::Seconds(flags.ready_timeout_s);
     runtime_options.on_gone = std::move(on_gone);
     RETURN_IF_ERROR(runtime_options.Validate());
-    kube->runtime_ = std::make_unique<k8s::KubeRuntime>(
-        client, kube->writes_.get(), &sandboxes->sandbox_informer(), &kube->pools_->pools(),
-        &kube->pools_->templates(), runtime_options);
-    k8s::KubeRuntime* runtime = kube->runtime_.get();
+    kube.runtime_ = std::make_unique<k8s::KubeRuntime>(
+        client, kube.writes_.get(), &sandboxes->sandbox_informer(), &kube.pools_->pools(),
+        &kube.pools_->templates(), runtime_options);
+    k8s::KubeRuntime* runtime = kube.runtime_.get();
     k8s::InformerHandler feed;
     feed.on_add = [runtime](const k8s::ObjectPtr& o) { runtime->OnSandbox(o); };
     feed.on_update = [runtime](const k8s::ObjectPtr&, const k8s::ObjectPtr& o) {
@@ -190,24 +213,23 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
   template_options.ns = flags.ns;
   template_options.is_leader = [sandboxes] { return sandboxes->IsLeader(); };
   template_options.network_policy.server_pod_labels = std::move(server_pod_labels);
-  template_options.network_policy.server_namespace =
-      flags.server_namespace.empty() ? cluster->default_namespace : flags.server_namespace;
-  kube->templates_ = std::make_unique<k8s::TemplateController>(client, template_options);
-  RETURN_IF_ERROR(kube->templates_->Start());
+  template_options.network_policy.server_namespace = ServerNamespace(flags, cluster);
+  kube.templates_ = std::make_unique<k8s::TemplateController>(client, template_options);
+  RETURN_IF_ERROR(kube.templates_->Start());
   if (serve_pools) {
-    RETURN_IF_ERROR(kube->pools_->StartInformers(absl::Seconds(30)));
-    RETURN_IF_ERROR(kube->claims_->StartInformers(absl::Seconds(30)));
+    RETURN_IF_ERROR(kube.pools_->StartInformers(absl::Seconds(30)));
+    RETURN_IF_ERROR(kube.claims_->StartInformers(absl::Seconds(30)));
   }
   spdlog::info(
       "kubernetes: {} at {}; Sandbox controller running ({} workers{}, namespace {}), "
       "SandboxTemplate NetworkPolicies kept{}",
-      cluster->source, cluster->server, flags.workers,
+      cluster.source, cluster.server, flags.workers,
       flags.leader_election ? ", leader election as " + options.election.identity : "",
       flags.ns.empty() ? "all" : flags.ns,
       serve_pools
           ? absl::StrCat("; serving SandboxWarmPools and SandboxClaims of \"", pool_ns, "\"")
           : std::string());
-  return kube;
+  return absl::OkStatus();
 }
 
 }  // namespace sbx::cmd

@@ -3,7 +3,11 @@
 // when a cluster is configured (--kubeconfig PATH or --kubeconfig in-cluster): Sandboxes,
 // and the NetworkPolicy of each SandboxTemplate. With
 // --runtime kubernetes it also serves the SandboxWarmPools and SandboxClaims of one
-// namespace from the allocator, whose sandboxes it makes (KubeRuntime).
+// namespace from the allocator, whose sandboxes it makes (KubeRuntime). With
+// --sandbox_key_secret it keeps the key of the sandboxes' daemon secrets in a Secret that
+// every replica shares.
+//
+// Order of use: ConnectKube, then (optionally) LoadSandboxKey, then StartKube.
 
 #include <functional>
 #include <memory>
@@ -52,6 +56,9 @@ struct KubeFlags {
   // The secret of a Sandbox's daemon (by Sandbox name), put into its pod (see
   // SandboxControllerOptions::sandboxd_secret).
   std::function<std::string(const std::string& sandbox_name)> sandboxd_secret;
+  // The Secret (in the server's namespace, as for server_namespace above) that holds the
+  // key of those secrets; "" = the key file (the flags of sbx_server_main.cc).
+  std::string sandbox_key_secret;
 };
 
 void AddKubeFlags(CLI::App& app, KubeFlags* flags);
@@ -71,10 +78,15 @@ class KubeControllers {
   // refill reconciler can stop. The runtime stays (answering CANCELLED) until destruction.
   // Idempotent.
   void StopPools();
+  // The key of the sandboxes' daemon secrets (SandboxSecrets::kKeyBytes raw bytes) from
+  // the Secret flags.sandbox_key_secret in the server's namespace, made there when it does
+  // not exist (k8s::LoadOrCreateSandboxKey); within 30 s. Errors name the Secret.
+  absl::StatusOr<std::string> LoadSandboxKey(const KubeFlags& flags);
 
  private:
-  friend absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
-      const KubeFlags&, bool, std::function<void(const std::string&)>);
+  friend absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags&);
+  friend absl::Status StartKube(KubeControllers&, const KubeFlags&, bool,
+                                std::function<void(const std::string&)>);
   std::unique_ptr<k8s::Client> client_;
   std::unique_ptr<k8s::SandboxController> sandboxes_;
   std::unique_ptr<k8s::TemplateController> templates_;
@@ -84,11 +96,16 @@ class KubeControllers {
   std::unique_ptr<k8s::KubeRuntime> runtime_;
 };
 
-// Connects to the cluster and starts the controllers once their caches are in sync; with
+// Reads the cluster's configuration (kubeconfig or in-cluster) and makes the API client;
+// asks nothing of the API server yet. Errors name what is wrong (unreadable kubeconfig,
+// bad client options).
+absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags& flags);
+
+// Starts the controllers of `kube` (from ConnectKube) once their caches are in sync; with
 // `serve_pools`, also builds the runtime and the pool/claim controllers (started by
-// StartPools). `on_gone` hears of members that disappear. Errors name what is wrong
-// (unreadable kubeconfig, unreachable server, missing CRDs).
-absl::StatusOr<std::unique_ptr<KubeControllers>> StartKube(
-    const KubeFlags& flags, bool serve_pools, std::function<void(const std::string&)> on_gone);
+// StartPools). `on_gone` hears of members that disappear. Errors name what is wrong (bad
+// flags, unreachable server, missing CRDs). Called once.
+absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve_pools,
+                       std::function<void(const std::string&)> on_gone);
 
 }  // namespace sbx::cmd

@@ -125,7 +125,8 @@ int main(int argc, char** argv) {
   std::string sandbox_key_file;
   app.add_option("--sandbox_key_file", sandbox_key_file,
                  "key of the sandboxes' daemon secrets (made on first start, mode 0600; "
-                 "default: sandbox.key in --data_dir)");
+                 "default: sandbox.key in --data_dir; see --sandbox_key_secret for a key "
+                 "shared by several replicas)");
   app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
@@ -174,6 +175,15 @@ int main(int argc, char** argv) {
     return Fail(absl::InvalidArgumentError(
         "--runtime kubernetes needs a cluster: --kubeconfig PATH or --kubeconfig in-cluster"));
   }
+  if (!kube_flags.sandbox_key_secret.empty() && kube_flags.kubeconfig.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--sandbox_key_secret \"", kube_flags.sandbox_key_secret,
+                     "\" needs a cluster: --kubeconfig PATH or --kubeconfig in-cluster")));
+  }
+  if (!kube_flags.sandbox_key_secret.empty() && !sandbox_key_file.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--sandbox_key_secret and --sandbox_key_file both name the sandbox key: give one"));
+  }
   if (absl::Status s = refill_options.Validate(); !s.ok()) return Fail(s);
   if (absl::Status s = metrics_options.Validate(); !s.ok()) return Fail(s);
   sbx::cmd::ServerConfig config;
@@ -194,11 +204,36 @@ int main(int argc, char** argv) {
       std::string(sbx::store::DurabilityName(*mode)),
       *mode == sbx::store::Durability::kSync ? "fsync per group commit" : "OS-buffered, no fsync");
 
-  // The key of the daemons' secrets: beside the store, which must exist first (RocksDB
-  // makes its folder only when it is missing or empty).
-  if (sandbox_key_file.empty()) sandbox_key_file = store_options.path + "/sandbox.key";
-  auto sandbox_secrets = sbx::SandboxSecrets::LoadOrCreate(sandbox_key_file);
-  if (!sandbox_secrets.ok()) return Fail(sandbox_secrets.status());
+  // One registry for every Prometheus metric of the process: the Kubernetes client and
+  // controllers register theirs in it; the server's own families are read at scrape time
+  // from the allocator, refill reconciler, store and request counters (metrics.h).
+  auto registry = std::make_shared<prometheus::Registry>();
+  sbx::server::RegisterBuildInfo(*registry);
+  kube_flags.registry = registry;
+  // The runtime reports sandboxes that die; the allocator exists only later, so the
+  // report goes through this pointer (set before any sandbox can exist). Declared before
+  // the controllers, which report through it until they are destroyed.
+  std::atomic<sbx::allocator::Allocator*> allocator_for_reports{nullptr};
+  // The cluster's client, when one is configured (the controllers start further down).
+  std::unique_ptr<sbx::cmd::KubeControllers> kube;
+  if (!kube_flags.kubeconfig.empty()) {
+    auto connected = sbx::cmd::ConnectKube(kube_flags);
+    if (!connected.ok()) return Fail(connected.status());
+    kube = *std::move(connected);
+  }
+  // The key of the daemons' secrets, known before any sandbox is made or driven: from the
+  // Secret that every replica shares, or from the file beside the store, which must exist
+  // first (RocksDB makes its folder only when it is missing or empty).
+  absl::StatusOr<sbx::SandboxSecrets> sandbox_secrets;
+  if (!kube_flags.sandbox_key_secret.empty()) {
+    auto key = kube->LoadSandboxKey(kube_flags);
+    if (!key.ok()) return Fail(key.status());
+    sandbox_secrets = sbx::SandboxSecrets::FromKey(*std::move(key));
+  } else {
+    if (sandbox_key_file.empty()) sandbox_key_file = store_options.path + "/sandbox.key";
+    sandbox_secrets = sbx::SandboxSecrets::LoadOrCreate(sandbox_key_file);
+    if (!sandbox_secrets.ok()) return Fail(sandbox_secrets.status());
+  }
   auto secret_of = [secrets = *sandbox_secrets](absl::string_view id) { return secrets.For(id); };
   server_options.sandbox_secret = secret_of;
   local_options.secret_for = [secret_of](const std::string& id) { return secret_of(id); };
@@ -211,9 +246,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  // The runtime reports sandboxes that die; the allocator exists only later, so the
-  // report goes through this pointer (set before any sandbox can exist).
-  std::atomic<sbx::allocator::Allocator*> allocator_for_reports{nullptr};
   std::unique_ptr<sbx::runtime::BubblewrapRuntime> local;
   std::unique_ptr<sbx::runtime::Runtime> runtime;
   if (runtime_name == "local") {
@@ -235,23 +267,15 @@ int main(int argc, char** argv) {
   } else {
     spdlog::warn("no runtime: pools are never filled; claims can only wait or fail");
   }
-  // One registry for every Prometheus metric of the process: the Kubernetes client and
-  // controllers register theirs in it; the server's own families are read at scrape time
-  // from the allocator, refill reconciler, store and request counters (metrics.h).
-  auto registry = std::make_shared<prometheus::Registry>();
-  sbx::server::RegisterBuildInfo(*registry);
   sbx::server::RequestCounters request_counters;
-  kube_flags.registry = registry;
-  std::unique_ptr<sbx::cmd::KubeControllers> kube;
   sbx::runtime::Runtime* active_runtime = runtime.get();
-  if (!kube_flags.kubeconfig.empty()) {
-    auto started = sbx::cmd::StartKube(kube_flags, runtime_name == "kubernetes",
-                                       [&allocator_for_reports](const std::string& id) {
-                                         if (auto* a = allocator_for_reports.load())
-                                           a->SandboxGone(id).IgnoreError();
-                                       });
-    if (!started.ok()) return Fail(started.status());
-    kube = *std::move(started);
+  if (kube != nullptr) {
+    absl::Status started = sbx::cmd::StartKube(*kube, kube_flags, runtime_name == "kubernetes",
+                                               [&allocator_for_reports](const std::string& id) {
+                                                 if (auto* a = allocator_for_reports.load())
+                                                   a->SandboxGone(id).IgnoreError();
+                                               });
+    if (!started.ok()) return Fail(started);
     if (runtime_name == "kubernetes") active_runtime = kube->runtime();
   }
   sbx::allocator::RefillReconciler refill(refill_options, active_runtime, &sbx::Clock::Real());

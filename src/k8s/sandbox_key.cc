@@ -31,8 +31,8 @@ absl::StatusOr<std::string> KeyOf(const Json& secret, const SandboxKeyOptions& o
   const std::string advice =
       "; sbx never replaces a key (the sandboxes made with it would become unreachable): fix "
       "or delete the Secret (then replace the existing sandboxes)";
-  const Json* data = secret.contains("data") && secret["data"].is_object() ? &secret["data"]
-                                                                           : nullptr;
+  const Json* data =
+      secret.contains("data") && secret["data"].is_object() ? &secret["data"] : nullptr;
   if (data == nullptr || !data->contains(kSandboxKeyDataKey)) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " has no data \"", kSandboxKeyDataKey, "\"", advice));
@@ -123,17 +123,18 @@ absl::StatusOr<std::string> LoadOrCreateSandboxKey(Client& client,
     if (!wait) {
       // Read again below (unless the deadline has passed).
     } else if (absl::IsPermissionDenied(failed)) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          what, ": ", failed.message(), " (sbx-server needs get on this Secret and create on "
-          "secrets in namespace \"", options.ns, "\")"));
+      const std::string needed = absl::StrCat(
+          "sbx-server needs get on this Secret and create on secrets in \"", options.ns, "\"");
+      return absl::PermissionDeniedError(
+          absl::StrCat(what, ": ", failed.message(), " (", needed, ")"));
     } else if (!Transient(failed)) {
       return absl::Status(failed.code(), absl::StrCat(what, ": ", failed.message()));
     }
     const absl::Time now = clock.Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, ": no key read or made within ", absl::FormatDuration(options.deadline),
-          "; last error: ", failed.ToString()));
+      return absl::DeadlineExceededError(absl::StrCat(what, ": no key read or made within ",
+                                                      absl::FormatDuration(options.deadline),
+                                                      "; last error: ", failed.ToString()));
     }
     if (wait) {
       spdlog::warn("{}: {}; trying again", what, failed.ToString());

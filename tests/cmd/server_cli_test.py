@@ -68,6 +68,16 @@ class ServerCliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn('"sometimes"', r.stderr)
 
+    def test_sandbox_key_secret_needs_a_cluster_and_excludes_the_key_file(self):
+        data = os.path.join(self.dir, "data")
+        r = run([f"--data_dir={data}", "--sandbox_key_secret=sbx-key"], self.dir)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn('--sandbox_key_secret "sbx-key" needs a cluster', r.stderr)
+        r = run([f"--data_dir={data}", "--sandbox_key_secret=sbx-key",
+                 "--kubeconfig=/nonexistent", f"--sandbox_key_file={self.dir}/k"], self.dir)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--sandbox_key_secret and --sandbox_key_file", r.stderr)
+
     def test_refuses_a_directory_that_is_not_a_store(self):
         data = os.path.join(self.dir, "data")
         os.makedirs(data)

@@ -6,6 +6,9 @@ them at the end, even on failure.
 
 Usage: python3 k8s_sandbox_test.py SBX_SERVER KUBE_EMULATOR PROJECT_SOURCE_DIR
 """
+import base64
+import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -737,6 +740,70 @@ class SandboxControllerTest(unittest.TestCase):
         sb = c.wait_ready("clash", timeout=10)
         self.assertEqual(owner_uid(c.pod("clash")), sb["metadata"]["uid"])
 
+
+    # 14: the key of the daemons' secrets comes from one Secret for every replica: the pods
+    # made by the first leader and by the one that took over carry the secrets of that key,
+    # so a failover leaves every sandbox reachable.
+    def test_14_replicas_share_the_sandbox_key(self):
+        c = Cluster(self)
+        flags = ["--kube_leader_election", "--kube_lease_namespace", NS,
+                 "--sandbox_key_secret", "sbx-sandbox-key"]
+        c.start_server(*flags, "--kube_identity", "replica-a")
+        c.start_server(*flags, "--kube_identity", "replica-b")
+        secret = c.get("/api/v1/namespaces/%s/secrets/sbx-sandbox-key" % NS)
+        self.assertIsNotNone(secret, "no Secret sbx-sandbox-key made")
+        self.assertEqual(secret.get("type"), "Opaque")
+        key = base64.b64decode(secret["data"]["key"])
+        self.assertEqual(len(key), 32)
+        # The first replica made it, the second read it; no key file beside either store.
+        self.assertEqual(c.request_count("create secrets"), 1)
+        for i in range(2):
+            self.assertFalse(os.path.exists(os.path.join(c.dir, "data%d" % i, "sandbox.key")))
+        lease_path = "/apis/coordination.k8s.io/v1/namespaces/%s/leases/sbx-controller" % NS
+
+        def holder():
+            lease = c.get(lease_path)
+            return lease and (lease.get("spec") or {}).get("holderIdentity")
+
+        def daemon_secret(name):
+            pod = c.wait_for(lambda: c.pod(name), 20, "the pod of " + name)
+            env = {e["name"]: e.get("value") for e in
+                   pod["spec"]["containers"][0].get("env", [])}
+            return env.get("SBX_SANDBOXD_SECRET")
+
+        def expected(name):
+            return hmac.new(key, name.encode(), hashlib.sha256).hexdigest()
+
+        daemon = [{"name": "main", "image": "python:3.12-slim",
+                   "ports": [{"name": "sbx-sandboxd", "containerPort": 7070}]}]
+        first = c.wait_for(holder, 20, "a lease holder", state=lambda: c.get(lease_path))
+        c.apply(sandbox_manifest("keyed-1", containers=daemon))
+        c.wait_ready("keyed-1")
+        self.assertEqual(daemon_secret("keyed-1"), expected("keyed-1"))
+        # The leader goes; the other replica, which read the same Secret, makes the next pod.
+        leader = c.servers[0 if first == "replica-a" else 1]["proc"]
+        other = "replica-b" if first == "replica-a" else "replica-a"
+        proc_stop(leader)
+        self.assertEqual(leader.returncode, 0, c.logs_tail())
+        c.wait_for(lambda: holder() == other, 20, "%s to take the lease" % other,
+                   state=lambda: c.get(lease_path))
+        c.apply(sandbox_manifest("keyed-2", containers=daemon))
+        c.wait_ready("keyed-2")
+        self.assertEqual(daemon_secret("keyed-2"), expected("keyed-2"))
+        self.assertNotEqual(expected("keyed-1"), expected("keyed-2"))
+
+    # 15: a Secret without a usable key stops sbx-server at start, naming it.
+    def test_15_a_bad_sandbox_key_secret_is_refused(self):
+        c = Cluster(self)
+        c.apply({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                 "metadata": {"name": "sbx-sandbox-key", "namespace": NS},
+                 "data": {"key": base64.b64encode(b"short").decode()}})
+        server = c.start_server("--sandbox_key_secret", "sbx-sandbox-key", wait_running=False)
+        server["proc"].wait(timeout=20)
+        self.assertEqual(server["proc"].returncode, 2)
+        log = c.read_log(server)
+        self.assertIn('sandbox key Secret "%s/sbx-sandbox-key"' % NS, log)
+        self.assertIn("holds 5 bytes, not a key of 32", log)
 
     # 13: several Sandboxes in one `kind: List` file, as `kubectl get -o json` writes them.
     # BUG (emulator): kubectl validates a List against /openapi/v2, which the emulator

@@ -48,8 +48,7 @@ class SandboxKeyTest : public ::testing::Test {
     ASSERT_TRUE(emulator_.ok());
     client_ = NewClient(emulator_);
     ASSERT_NE(client_, nullptr);
-    absl::StatusOr<Json> ns =
-        client_->Create(kNamespaces, "", Json{{"metadata", {{"name", kNs}}}});
+    absl::StatusOr<Json> ns = client_->Create(kNamespaces, "", Json{{"metadata", {{"name", kNs}}}});
     ASSERT_TRUE(ns.ok()) << ns.status();
   }
 
@@ -158,11 +157,10 @@ TEST_F(SandboxKeyTest, ALoadThatLosesTheCreateRaceUsesTheWinnersKey) {
   transport_options.server = emulator_.url();
   auto inner = NewSocketTransport(transport_options);
   ASSERT_TRUE(inner.ok()) << inner.status();
-  auto loser = Client::Create(
-      emulator_.Cluster(), ClientOptions{},
-      std::make_unique<RaceTransport>(*std::move(inner), [&] {
-        PutSecret({{"key", absl::Base64Escape(winner)}});
-      }));
+  auto loser = Client::Create(emulator_.Cluster(), ClientOptions{},
+                              std::make_unique<RaceTransport>(*std::move(inner), [&] {
+                                PutSecret({{"key", absl::Base64Escape(winner)}});
+                              }));
   ASSERT_TRUE(loser.ok()) << loser.status();
   absl::StatusOr<std::string> key = LoadOrCreateSandboxKey(**loser, Options());
   ASSERT_TRUE(key.ok()) << key.status();
@@ -227,6 +225,37 @@ TEST_F(SandboxKeyTest, TransientErrorsAreWaitedOut) {
   heal.join();
   ASSERT_TRUE(key.ok()) << key.status();
   EXPECT_EQ(*key, StoredKey());
+}
+
+// An API server that forbids everything (RBAC without the Secret's rules).
+class ForbiddingTransport : public HttpTransport {
+ public:
+  absl::StatusOr<HttpResponse> Send(const HttpRequest& request) override {
+    HttpResponse response;
+    response.status = 403;
+    response.body = Json{{"kind", "Status"},
+                         {"status", "Failure"},
+                         {"reason", "Forbidden"},
+                         {"code", 403},
+                         {"message", "secrets \"sbx-sandbox-key\" is forbidden"}}
+                        .dump();
+    return response;
+  }
+  absl::StatusOr<std::unique_ptr<HttpStream>> OpenStream(const HttpRequest&) override {
+    return absl::UnimplementedError("no streams");
+  }
+};
+
+TEST(SandboxKeyForbiddenTest, PermissionDeniedSaysWhatRbacIsNeeded) {
+  ClusterConfig cluster;
+  cluster.server = "http://127.0.0.1:1";
+  auto client = Client::Create(cluster, ClientOptions{}, std::make_unique<ForbiddingTransport>());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::string> key = LoadOrCreateSandboxKey(**client, Options());
+  ASSERT_EQ(key.status().code(), absl::StatusCode::kPermissionDenied) << key.status();
+  EXPECT_THAT(key.status().message(), HasSubstr("\"sbx-system/sbx-sandbox-key\""));
+  EXPECT_THAT(key.status().message(),
+              HasSubstr("needs get on this Secret and create on secrets in \"sbx-system\""));
 }
 
 TEST(SandboxKeyOptionsTest, ValidateNamesTheBadField) {
