@@ -243,8 +243,8 @@ class RenderTest(unittest.TestCase):
         self.assertTrue(stream.startswith("---\n# Source: sbx/templates/"), stream[:80])
         kinds = sorted(o["kind"] for o in objs)
         self.assertEqual(kinds, sorted(["NetworkPolicy", "PodDisruptionBudget", "ServiceAccount",
-                                        "ClusterRole", "ClusterRoleBinding", "Service",
-                                        "Service", "StatefulSet"]))
+                                        "ClusterRole", "ClusterRoleBinding", "Role",
+                                        "RoleBinding", "Service", "Service", "StatefulSet"]))
         for o in objs:
             labels = o["metadata"]["labels"]
             self.assertEqual(labels["app.kubernetes.io/instance"], RELEASE, o["kind"])
@@ -322,6 +322,23 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(dict(kv.split("=", 1) for kv in f["--kube_server_pod_labels"].split(",")),
                          sts["spec"]["selector"]["matchLabels"])
         self.assertEqual(one(objs, "PodDisruptionBudget")["spec"]["maxUnavailable"], 1)
+        # The daemons' key: one Secret in the release namespace for every replica; the Role
+        # there reads that Secret only and may create secrets (create takes no names).
+        self.assertEqual(f["--sandbox_key_secret"], "sbx-sandbox-key")
+        key_role = one(objs, "Role", "sbx-sandbox-key")
+        self.assertEqual(key_role["metadata"]["namespace"], RELEASE_NS)
+        self.assertEqual(key_role["rules"], [
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["sbx-sandbox-key"],
+             "verbs": ["get"]}])
+        key_binding = one(objs, "RoleBinding", "sbx-sandbox-key")
+        self.assertEqual(key_binding["roleRef"]["name"], "sbx-sandbox-key")
+        self.assertEqual(key_binding["subjects"], [{"kind": "ServiceAccount", "name": "sbx",
+                                                    "namespace": RELEASE_NS}])
+        # No other rule of the chart touches secrets.
+        for o in by_kind(objs, "ClusterRole"):
+            for rule in o["rules"]:
+                self.assertNotIn("secrets", rule["resources"], rule)
 
     def test_every_flag_is_a_flag_of_sbx_server(self):
         known = server_flags()
@@ -341,7 +358,8 @@ class RenderTest(unittest.TestCase):
         kinds = sorted(o["kind"] for o in objs)
         self.assertEqual(kinds, sorted([
             "NetworkPolicy", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding",
-            "Role", "RoleBinding", "Service", "Service", "StatefulSet", "ServiceMonitor",
+            "Role", "RoleBinding", "Role", "RoleBinding", "Service", "Service", "StatefulSet",
+            "ServiceMonitor",
             "PrometheusRule", "ConfigMap"]))
         self.assertEqual(one(objs, "StatefulSet")["spec"]["replicas"], 3)
         f = flags(objs)
@@ -410,6 +428,18 @@ class RenderTest(unittest.TestCase):
         c = container(objs)
         self.assertEqual(c["readinessProbe"]["tcpSocket"], {"port": "grpc"})
         self.assertNotIn("grpc", c["readinessProbe"])
+
+    def test_sandbox_key_secret_name(self):
+        _, objs = rendered("--set", "sandboxKey.secretName=team-key,fullnameOverride=agents")
+        self.assertEqual(flags(objs)["--sandbox_key_secret"], "team-key")
+        role = one(objs, "Role", "agents-sandbox-key")
+        self.assertEqual([r.get("resourceNames") for r in role["rules"]], [None, ["team-key"]])
+        _, objs = rendered("--set", "rbac.create=false")
+        self.assertEqual(by_kind(objs, "Role"), [])
+        self.assertEqual(flags(objs)["--sandbox_key_secret"], "sbx-sandbox-key")
+        r = render("--set", "sandboxKey.secretName=Bad_Name", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("sandboxKey.secretName", r.stderr)
 
     def test_schema_rejects_typos_and_bad_values(self):
         r = render("-f", values_file("values-bad.yaml"), check=False)
@@ -856,6 +886,17 @@ class RbacTest(unittest.TestCase):
         self.assertEqual(stale, [], "rules UNUSED_ALLOWED excuses that are used now: remove "
                                     "them from UNUSED_ALLOWED")
         note("%d requests of sbx checked against %d rules", len(requests), len(rules))
+
+        # The daemons' key: the Secret was read by name and, missing on this first start,
+        # made in the release namespace; a read of any other Secret would be denied.
+        key_requests = {(r["verb"], r["namespace"], r["name"]) for r in requests
+                        if r["resource"] == "secrets"}
+        self.assertEqual(key_requests, {("get", RELEASE_NS, "sbx-sandbox-key"),
+                                        ("create", RELEASE_NS, "")}, key_requests)
+        other = {"verb": "get", "resource": "secrets", "subresource": "", "group": "",
+                 "namespace": RELEASE_NS, "name": "someone-elses", "path": ""}
+        denied, _, _ = rbac_problems(rules, [other])
+        self.assertEqual(len(denied), 1, denied)
 
         # The check can fail: without the rule that lets sbx create pods, it must say so.
         broken = []

@@ -73,6 +73,11 @@ be that namespace (the Role grants nothing elsewhere). Empty: the server's defau
 {{- $pool }}
 {{- end }}
 
+{{/* The Secret with the key of the sandboxes' daemon secrets (in the release namespace). */}}
+{{- define "sbx.sandboxKeySecret" -}}
+{{- default (printf "%s-sandbox-key" (include "sbx.fullname" .)) .Values.sandboxKey.secretName }}
+{{- end }}
+
 {{/* True (non-empty) when the replicas elect a leader. */}}
 {{- define "sbx.leaderElection" -}}
 {{- if gt (int .Values.replicas) 1 }}true{{ end }}
