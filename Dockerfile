@@ -21,7 +21,7 @@ RUN apt-get update \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev \
       librocksdb-dev libcpprest-dev libssl-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
       libbenchmark-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libyaml-cpp-dev \
-      libconcurrentqueue-dev libjemalloc-dev zlib1g-dev libc-ares-dev libre2-dev \
+      libconcurrentqueue-dev libjemalloc-dev libseccomp-dev zlib1g-dev libc-ares-dev libre2-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -54,6 +54,7 @@ RUN apt-get update \
       libgflags2.2 libabsl20220623 libprotobuf32 libgrpc29 libgrpc++1.51 libc-ares2 \
       libre2-9 libssl3 libcpprest2.10 libbrotli1 libspdlog1.10 libfmt9 libyaml-cpp0.7 \
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libatomic1 libjemalloc2 \
+      libseccomp2 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 sbx \
  && useradd --uid 65532 --gid 65532 --home-dir /var/lib/sbx --no-create-home \
