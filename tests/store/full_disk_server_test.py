@@ -9,9 +9,11 @@ comes up (read-only) and serves what it has instead of crash-looping.
 Needs root, to mount the tmpfs in a private mount namespace (the test re-runs itself under
 `unshare --mount`, so the mount vanishes with it); exits 77 (skipped) otherwise.
 
-Checked against 660dada (before the store handled a full disk): sbx-server aborted
-(assertion `sync_without_flush_called_' in RocksDB's info log writer) on the first write
-after the volume filled up, and a restart on the full volume aborted in DB::Open.
+Checked against 660dada (before the store handled a full disk; run without
+--data_min_free_bytes, which it lacks): with the volume full, claims went on into the
+space RocksDB had preallocated for its log, then the shutdown aborted (assertion
+`sync_without_flush_called_' in RocksDB's info log writer) and so did every restart on the
+full volume, in DB::Open.
 
 usage: full_disk_server_test.py SBX_SERVER PROTO_DIR
 """
