@@ -13,7 +13,9 @@
 // out. When the disk fills up anyway (something else filled it), the failed write and
 // every later one fail with UNAVAILABLE naming the path and the free bytes, nothing
 // acknowledged is lost, and once the free space is back above the reserve the store
-// resumes writing by itself, without a reopen. Opened on a disk below the reserve (or one
+// resumes writing by itself (it reopens its database inside; callers keep using the same
+// Store). Any other RocksDB write error is handled the same way, retried every
+// free_space_check_interval. Opened on a disk below the reserve (or one
 // too full for RocksDB to open normally), the store opens read-only: LoadAll works,
 // commits fail, and it reopens for writing by itself once space is back. Stats() reports
 // whether it is writable and the free bytes.
