@@ -97,6 +97,11 @@ int main(int argc, char** argv) {
   app.add_option("--data_dir", store_options.path,
                  "RocksDB store folder (created when missing or empty)")
       ->capture_default_str();
+  app.add_option("--data_min_free_bytes", store_options.min_free_bytes,
+                 "free space kept on the --data_dir file system: below it the store refuses "
+                 "writes (UNAVAILABLE) until space returns, and a start opens it read-only; 0: "
+                 "no reserve")
+      ->capture_default_str();
   app.add_option("--durability", durability,
                  "sync: fsync each group commit; buffered: OS-buffered (survives kill -9, not "
                  "power loss)")
@@ -200,9 +205,10 @@ int main(int argc, char** argv) {
   auto store = sbx::store::OpenRocksDbStore(store_options);
   if (!store.ok()) return Fail(store.status());
   spdlog::info(
-      "store: RocksDB at \"{}\", durability {} ({})", store_options.path,
-      std::string(sbx::store::DurabilityName(*mode)),
-      *mode == sbx::store::Durability::kSync ? "fsync per group commit" : "OS-buffered, no fsync");
+      "store: RocksDB at \"{}\", durability {} ({}), free-space reserve {} bytes",
+      store_options.path, std::string(sbx::store::DurabilityName(*mode)),
+      *mode == sbx::store::Durability::kSync ? "fsync per group commit" : "OS-buffered, no fsync",
+      store_options.min_free_bytes);
 
   // One registry for every Prometheus metric of the process: the Kubernetes client and
   // controllers register theirs in it; the server's own families are read at scrape time
@@ -338,6 +344,9 @@ int main(int argc, char** argv) {
       c.syncs = st.syncs;
       c.write_seconds = st.write_seconds;
       c.group_commits = st.group_commits;
+      c.writable = st.writable;
+      c.free_bytes = st.free_bytes;
+      c.min_free_bytes = st.min_free_bytes;
       return c;
     };
     sources.requests = &request_counters;

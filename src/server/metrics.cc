@@ -220,6 +220,22 @@ class ServerCollector final : public prometheus::Collectable {
         s.commits);
     add("sbx_store_writes_total", "Physical store writes (one per group commit)", s.write_batches);
     add("sbx_store_syncs_total", "fsyncs the store issued", s.syncs);
+    auto gauge = [&](const char* name, const char* help, double v) {
+      auto f = Family(name, help, MetricType::Gauge);
+      AddValue(&f, {}, v);
+      out->push_back(std::move(f));
+    };
+    gauge("sbx_store_writable",
+          "1 while the store accepts writes; 0 while it refuses them (disk below its reserve, "
+          "after a write error until it recovers, or opened read-only on a full disk)",
+          s.writable ? 1 : 0);
+    if (s.free_bytes.has_value()) {
+      gauge("sbx_store_free_bytes", "Free bytes of the store's file system at its last check",
+            static_cast<double>(*s.free_bytes));
+      gauge("sbx_store_min_free_bytes",
+            "The store's reserve: below this many free bytes it refuses writes (0: none)",
+            static_cast<double>(s.min_free_bytes));
+    }
     if (!s.write_seconds.bounds.empty()) {
       auto f = Family("sbx_store_commit_duration_seconds",
                       "Time of one group commit: the RocksDB write and its fsync",

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,11 @@ struct StoreCounts {
   uint64_t syncs = 0;
   HistogramSnapshot write_seconds;
   HistogramSnapshot group_commits;
+  // Whether the store accepts writes, the free bytes of its file system at its last check
+  // (nullopt: unknown, the family is left out) and its reserve.
+  bool writable = true;
+  std::optional<uint64_t> free_bytes;
+  uint64_t min_free_bytes = 0;
 };
 
 // Where the numbers come from. Every field is optional (null: those families are left out).

@@ -22,21 +22,73 @@
 //
 // Recovery reads the whole database with one iterator in key order, without filling the
 // block cache, with a large readahead, decoding into reused protobuf messages.
+//
+// A full disk. Debian's librocksdb 7.8 is built with assert() enabled, and RocksDB's file
+// writer asserts when it is written to again after a failed write, unless the failure came
+// from SyncWithoutFlush (WritableFileWriter::AssertFalseAndGetStatusForPrevError,
+// "sync_without_flush_called_"). Two paths reached it on a full disk:
+//  - The built-in info log (the LOG file) ignores a failed append and writes its next
+//    line to the same writer: the first line logged after the disk filled up aborted the
+//    process, on whichever thread logged it: the committer logging its write error, or
+//    DB::Open logging its header, so a restart on the full disk aborted again. InfoLog
+//    below replaces it: one write(2) per line, a refused line is dropped.
+//  - DB::SyncWAL on a log whose last write failed (Close() in kBuffered mode). Close()
+//    calls SyncWAL and Flush only when the store has seen no write error since its last
+//    recovery, and otherwise fsyncs the log files itself.
+// The other RocksDB paths after a failed log write check the writer's error first
+// (log::Writer::WriteBuffer, the destructor), and writes are refused while the database
+// is stopped, so they do not reach the assert.
+//
+// Recovery. An out-of-space error stops RocksDB's writes (a hard error; ErrorListener also
+// raises a compaction's soft one to hard, so that "out of space" is one state whatever ran
+// out). RocksDB would recover by itself through its SstFileManager, polling every 5 s
+// (fixed) and resuming only with a whole memtable of free space (16 MiB by default), and
+// retryable I/O errors through a resume thread of its own. Both end in DB::Resume(), and
+// in 7.8 that failed this store's full-disk test in two ways. It can wait forever: a
+// background flush that starts while the error is set returns the error without taking
+// its request off the flush queue (DBImpl::BackgroundFlush), SchedulePendingFlush then
+// skips the column family as already queued, and Resume's flush is never scheduled
+// (WaitForFlushMemTables; two runs in the first five hung there). And in other runs the
+// first write after a successful Resume() hit the assert above, most likely because the
+// failed log was a fresh, empty one, which Resume's memtable switch keeps (it switches logs
+// only when the current one is not empty), so the next write appended to the failed writer.
+// So the listener turns the space recovery off
+// (OnErrorRecoveryBegin), max_bgerror_resume_count = 0 turns the other off, and the
+// committer recovers the way a restart does: after a write or background error it closes
+// the database and opens it again (at most once per free_space_check_interval, and after a
+// space error only once the free space is back above min_free_bytes). The open replays the
+// log; the failed group's torn record at its tail is dropped (kTolerateCorruptedTailRecords),
+// so nothing acknowledged is lost and nothing refused is applied. If the open fails for lack
+// of space, the store falls back to read-only (below) and retries.
+//
+// Opening on a full disk. DB::Open writes (a new MANIFEST, an OPTIONS file, a new log,
+// the replayed log as a table file), so on a full disk it fails. The store then opens
+// read-only (DB::OpenForReadOnly writes nothing), holding the database's LOCK file itself
+// so that no other process opens it for writing, serves LoadAll, refuses commits, and the
+// committer reopens the database for writing once the space is back.
 
 #include "src/store/rocksdb_store.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdarg>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -50,15 +102,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "rocksdb/cache.h"
 #include "rocksdb/convenience.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/iterator.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/options.h"
 #include "rocksdb/slice.h"
 #include "rocksdb/status.h"
 #include "rocksdb/table.h"
 #include "rocksdb/write_batch.h"
+#include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
 #include "src/store/batch_check.h"
 #include "src/store/record_codec.h"
@@ -131,6 +188,9 @@ rocksdb::Options MakeRocksOptions(const RocksDbStoreOptions& o) {
   // sbx shares small machines with the sandboxes it manages: one flush and one compaction
   // thread are plenty for its write rate.
   r.max_background_jobs = 2;
+  // No automatic resume after a background error: the store reopens the database itself
+  // (see the top of this file), and RocksDB's resume thread would race with that.
+  r.max_bgerror_resume_count = 0;
   r.level_compaction_dynamic_level_bytes = true;
   // LZ4 everywhere: cheap enough for the hot levels, fast to decompress during recovery.
   // Without LZ4 in this RocksDB build, no compression.
@@ -146,10 +206,202 @@ rocksdb::Options MakeRocksOptions(const RocksDbStoreOptions& o) {
   table.block_cache = rocksdb::NewLRUCache(8 << 20);
   r.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   r.compaction_readahead_size = 2 << 20;
-  // Keep RocksDB's own info log (in the database directory) small.
-  r.max_log_file_size = 4 << 20;
-  r.keep_log_file_num = 3;
+  // The info log is InfoLog (set by the caller), not RocksDB's own file logger.
   return r;
+}
+
+// Free bytes of the file system holding `path` for an unprivileged writer (f_bavail: the
+// blocks that ext4 keeps for root do not count), or nullopt when statvfs fails.
+std::optional<uint64_t> FreeBytes(const std::string& path) {
+  struct statvfs st;
+  if (statvfs(path.c_str(), &st) != 0) return std::nullopt;
+  return uint64_t{st.f_bavail} * st.f_frsize;
+}
+
+std::string FreeText(std::optional<uint64_t> free) {
+  return free.has_value() ? absl::StrCat(*free, " bytes free") : "free space unknown";
+}
+
+bool IsSpaceError(const rocksdb::Status& s) {
+  return s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit;
+}
+
+// RocksDB's info log, in the database directory as LOG (rolled over to LOG.old at
+// kMaxBytes). It replaces RocksDB's file logger, which aborts the process on the line
+// after a failed write (see the top of this file): here each line is one write(2) to an
+// O_APPEND file, and a line the file system refuses is dropped. Lines at ERROR and above
+// also go to sbx's log, where an operator sees them even when the disk is full.
+class InfoLog final : public rocksdb::Logger {
+ public:
+  explicit InfoLog(std::string dir)
+      : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), dir_(std::move(dir)) {
+    absl::WriterMutexLock lock(&mu_);
+    OpenLocked(/*truncate=*/false);
+  }
+  ~InfoLog() override {
+    absl::WriterMutexLock lock(&mu_);
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void LogHeader(const char* format, va_list ap) override {
+    Write(rocksdb::InfoLogLevel::HEADER_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel()) return;
+    Write(level, format, ap);
+  }
+
+ protected:
+  rocksdb::Status CloseImpl() override {
+    absl::WriterMutexLock lock(&mu_);
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+    return rocksdb::Status::OK();
+  }
+
+ private:
+  static constexpr uint64_t kMaxBytes = 4 << 20;
+
+  void Write(rocksdb::InfoLogLevel level, const char* format, va_list ap) {
+    static constexpr const char* kNames[] = {"DEBUG", "INFO", "WARN", "ERROR", "FATAL", "HEADER"};
+    const int index = static_cast<int>(level);
+    const char* name = index >= 0 && index < 6 ? kNames[index] : "?";
+    char message[1024];
+    va_list copy;
+    va_copy(copy, ap);
+    const int n = vsnprintf(message, sizeof(message), format, copy);
+    va_end(copy);
+    std::string text;
+    if (n < 0) {
+      text = format;
+    } else if (static_cast<size_t>(n) < sizeof(message)) {
+      text.assign(message, n);
+    } else {
+      text.resize(n + 1);
+      va_copy(copy, ap);
+      vsnprintf(text.data(), text.size(), format, copy);
+      va_end(copy);
+      text.resize(n);
+    }
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    if (level >= rocksdb::InfoLogLevel::ERROR_LEVEL &&
+        level != rocksdb::InfoLogLevel::HEADER_LEVEL) {
+      std::string one_line = text;  // some messages dump structures over several lines
+      std::replace(one_line.begin(), one_line.end(), '\n', ' ');
+      spdlog::error("rocksdb at \"{}\": {}", dir_, one_line);
+    }
+    const std::string line =
+        absl::StrCat(absl::FormatTime("%Y/%m/%d-%H:%M:%E6S ", absl::Now(), absl::UTCTimeZone()),
+                     gettid(), " [", name, "] ", text, "\n");
+    bool roll = false;
+    {
+      // Shared: lines from several threads go out concurrently (O_APPEND keeps each line
+      // whole); only a roll-over replaces fd_.
+      absl::ReaderMutexLock lock(&mu_);
+      if (fd_ >= 0 && write(fd_, line.data(), line.size()) == static_cast<ssize_t>(line.size())) {
+        roll = size_.fetch_add(line.size(), std::memory_order_relaxed) + line.size() >= kMaxBytes;
+      }
+    }
+    if (roll || fd_missing_.load(std::memory_order_relaxed)) {
+      absl::WriterMutexLock lock(&mu_);
+      if (roll && size_.load(std::memory_order_relaxed) >= kMaxBytes) {
+        // Best effort: a failed rename keeps writing to the full-size file until the next
+        // attempt, and a failed open drops lines until one succeeds.
+        std::rename((dir_ + "/LOG").c_str(), (dir_ + "/LOG.old").c_str());
+        if (fd_ >= 0) close(fd_);
+        OpenLocked(/*truncate=*/true);
+      } else if (fd_ < 0) {
+        OpenLocked(/*truncate=*/false);
+      }
+    }
+  }
+
+  void OpenLocked(bool truncate) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    fd_ = open((dir_ + "/LOG").c_str(),
+               O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
+    struct stat st;
+    size_.store(fd_ >= 0 && fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0,
+                std::memory_order_relaxed);
+    fd_missing_.store(fd_ < 0, std::memory_order_relaxed);
+  }
+
+  const std::string dir_;
+  absl::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  // Atomic because writers add to it under the shared lock. Relaxed: it only decides when
+  // to roll over, and the roll re-checks it under the exclusive lock.
+  std::atomic<uint64_t> size_{0};
+  // Atomic so that a line can check it without the exclusive lock; relaxed, as size_.
+  std::atomic<bool> fd_missing_{false};
+};
+
+// Watches RocksDB's background errors (from flushes, compactions, log writes) for the
+// committer, and keeps RocksDB from recovering from space errors by itself (see the top
+// of this file). The callbacks run on RocksDB's threads, without the DB mutex.
+class ErrorListener final : public rocksdb::EventListener {
+ public:
+  void OnBackgroundError(rocksdb::BackgroundErrorReason reason, rocksdb::Status* error) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    if (IsSpaceError(*error) && error->severity() < rocksdb::Status::Severity::kHardError) {
+      *error = rocksdb::Status(*error, rocksdb::Status::Severity::kHardError);
+    }
+    absl::MutexLock lock(&mu_);
+    error_ = *error;
+    error_.PermitUncheckedError();
+    pending_.store(true, std::memory_order_release);
+  }
+
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason reason, rocksdb::Status error,
+                            bool* auto_recovery) override {
+    if (IsSpaceError(error)) *auto_recovery = false;
+    error.PermitUncheckedError();
+  }
+
+  // The error reported since the last Take(), if any (OK otherwise).
+  rocksdb::Status Take() ABSL_LOCKS_EXCLUDED(mu_) {
+    if (!pending_.load(std::memory_order_acquire)) return rocksdb::Status::OK();
+    absl::MutexLock lock(&mu_);
+    pending_.store(false, std::memory_order_relaxed);
+    rocksdb::Status e = error_;
+    error_ = rocksdb::Status::OK();
+    return e;
+  }
+
+  bool pending() const { return pending_.load(std::memory_order_acquire); }
+
+ private:
+  absl::Mutex mu_;
+  rocksdb::Status error_ ABSL_GUARDED_BY(mu_);
+  // Lets the committer check for an error once per group without the mutex. Release on
+  // set, acquire on read: whoever sees true then finds error_ under the mutex anyway.
+  std::atomic<bool> pending_{false};
+};
+
+// fdatasyncs the write-ahead log files in `dir` directly, for Close() after a write error,
+// when DB::SyncWAL would abort (see the top of this file). Fails naming the first file
+// that cannot be synced.
+absl::Status SyncLogFiles(const std::string& dir) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() != ".log") continue;
+    const int fd = open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fdatasync(fd) != 0) {
+      const int err = errno;
+      if (fd >= 0) close(fd);
+      return absl::UnavailableError(
+          absl::StrCat("syncing ", Quoted(it->path().string()), ": ", strerror(err)));
+    }
+    close(fd);
+  }
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("listing store directory ", Quoted(dir), ": ", ec.message()));
+  }
+  return absl::OkStatus();
 }
 
 // Faults in the reserved storage of a vector ahead of its writes, a few MiB at a time,
@@ -206,11 +458,98 @@ struct Request {
   CommitCallback done;
 };
 
+absl::Status CheckMarker(rocksdb::DB& db, const std::string& path, bool created);
+
+// A database as OpenRocksDbStore opened it, for the store.
+struct OpenedDb {
+  std::unique_ptr<rocksdb::DB> db;
+  // The options it was opened with (info log and listener included), to reopen it.
+  rocksdb::Options rocks;
+  std::shared_ptr<ErrorListener> listener;
+  // Opened with DB::OpenForReadOnly, because the disk was full.
+  bool read_only = false;
+  // The database's LOCK file, held by the store while read-only (a read-write database
+  // holds its own).
+  rocksdb::FileLock* lock = nullptr;
+  // Free bytes at the open.
+  std::optional<uint64_t> free_bytes;
+};
+
+// Opens the existing (or, with `create`, new) database at options.path with `rocks` (info
+// log and listener set) and checks its marker: for writing, or read-only when
+// `below_reserve` or when opening for writing fails for lack of space (never when
+// creating). Fills opened.db, read_only and lock. Errors name the path.
+absl::StatusOr<OpenedDb> OpenDb(rocksdb::Options rocks, const RocksDbStoreOptions& options,
+                                bool create, bool below_reserve, std::optional<uint64_t> free_bytes,
+                                bool verify_checksums) {
+  OpenedDb opened;
+  rocks.create_if_missing = create;
+  rocks.error_if_exists = create;  // lost a race with someone creating it: refuse
+  rocksdb::DB* raw = nullptr;
+  std::string why_read_only;
+  if (below_reserve) {
+    why_read_only = absl::StrCat(FreeText(free_bytes), ", below the reserve of ",
+                                 options.min_free_bytes, " bytes (min_free_bytes)");
+  } else {
+    rocksdb::Status s = rocksdb::DB::Open(rocks, options.path, &raw);
+    if (!s.ok() && (create || !IsSpaceError(s))) return FromRocksOpen(s, options.path);
+    if (!s.ok()) {
+      why_read_only = absl::StrCat("opening it for writing failed for lack of space (",
+                                   FreeText(FreeBytes(options.path)), "): ", s.ToString());
+    }
+  }
+  if (!why_read_only.empty()) {
+    // DB::OpenForReadOnly writes nothing, and does not take the LOCK file; the store takes
+    // it, to keep another process from opening the database for writing meanwhile.
+    rocksdb::Status s = rocks.env->LockFile(options.path + "/LOCK", &opened.lock);
+    if (!s.ok()) return FromRocksOpen(s, options.path);
+    opened.read_only = true;
+    s = rocksdb::DB::OpenForReadOnly(rocks, options.path, &raw);
+    if (!s.ok()) {
+      rocks.env->UnlockFile(opened.lock).PermitUncheckedError();
+      return FromRocksOpen(s, options.path);
+    }
+    spdlog::warn(
+        "store at \"{}\" opened READ-ONLY: {}. Commits fail until the file system has room "
+        "again; then the store reopens for writing by itself",
+        options.path, why_read_only);
+  }
+  opened.db.reset(raw);
+  absl::Status checked;
+  if (verify_checksums) {
+    // Reads every table block once and checks its checksum (about 60 ms per million
+    // records from the page cache): damage inside a table file refuses the open, rather
+    // than surfacing in LoadAll.
+    rocksdb::ReadOptions ro;
+    ro.fill_cache = false;
+    ro.readahead_size = 4 << 20;
+    checked = FromRocksOpen(opened.db->VerifyChecksum(ro), options.path);
+  }
+  if (checked.ok()) checked = CheckMarker(*opened.db, options.path, create);
+  if (!checked.ok()) {
+    opened.db->Close().PermitUncheckedError();
+    if (opened.lock != nullptr) rocks.env->UnlockFile(opened.lock).PermitUncheckedError();
+    return checked;
+  }
+  return opened;
+}
+
 class RocksDbStore final : public Store {
  public:
-  RocksDbStore(RocksDbStoreOptions options, std::unique_ptr<rocksdb::DB> db)
-      : options_(std::move(options)), db_(std::move(db)) {
+  RocksDbStore(RocksDbStoreOptions options, OpenedDb opened)
+      : options_(std::move(options)),
+        rocks_options_(std::move(opened.rocks)),
+        listener_(std::move(opened.listener)),
+        probe_bytes_(options_.min_free_bytes / 8),
+        db_(std::move(opened.db)),
+        read_only_(opened.read_only),
+        lock_(opened.lock) {
     write_options_.sync = options_.durability == Durability::kSync;
+    free_bytes_ = opened.free_bytes;
+    last_probe_ = std::chrono::steady_clock::now();
+    low_space_ = IsLow(free_bytes_);
+    free_bytes_stat_.store(free_bytes_.value_or(kUnknownFree), std::memory_order_relaxed);
+    writable_stat_.store(Writable(), std::memory_order_relaxed);
     committer_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "sbx-commit");
       current_committer = this;
@@ -244,8 +583,8 @@ class RocksDbStore final : public Store {
   absl::StatusOr<Contents> LoadAll() override ABSL_LOCKS_EXCLUDED(db_mu_) {
     absl::ReaderMutexLock lock(&db_mu_);
     if (db_ == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("LoadAll on closed store at ", Quoted(options_.path)));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "LoadAll on store at ", Quoted(options_.path), ", which is closed or lost its database"));
     }
     rocksdb::ReadOptions ro;
     ro.verify_checksums = true;
@@ -292,19 +631,47 @@ class RocksDbStore final : public Store {
       closing_ = true;
     }
     committer_.join();  // it drains the queue before it exits
+    // The committer's state (read_only_, rocks_error_, low_space_) is final now: join()
+    // orders its last writes before these reads.
     absl::Status status;
     {
       absl::WriterMutexLock lock(&db_mu_);
-      if (options_.durability == Durability::kBuffered) {
-        status.Update(
-            FromRocks(db_->SyncWAL(), absl::StrCat("syncing the log of ", Quoted(options_.path))));
+      const bool healthy = rocks_error_.ok() && !listener_->pending();
+      if (db_ == nullptr) {
+        // A reopen after a write error failed; its error was logged then.
+      } else if (!read_only_ && healthy) {
+        if (options_.durability == Durability::kBuffered) {
+          status.Update(FromRocks(db_->SyncWAL(),
+                                  absl::StrCat("syncing the log of ", Quoted(options_.path))));
+        }
+        // Flushing the memtable now means the next start reads tables, not the log. Not
+        // below the reserve: the flush could fill the disk, and the log has it all anyway.
+        if (!low_space_) {
+          status.Update(FromRocks(db_->Flush(rocksdb::FlushOptions()),
+                                  absl::StrCat("flushing store at ", Quoted(options_.path))));
+        }
       }
-      // Flushing the memtable now means the next start reads tables, not the log.
-      status.Update(FromRocks(db_->Flush(rocksdb::FlushOptions()),
-                              absl::StrCat("flushing store at ", Quoted(options_.path))));
-      status.Update(
-          FromRocks(db_->Close(), absl::StrCat("closing store at ", Quoted(options_.path))));
+      if (db_ != nullptr && !read_only_ && !healthy &&
+          options_.durability == Durability::kBuffered) {
+        // After a write error SyncWAL would abort (see the top of this file); the log files
+        // hold every acknowledged commit, so sync them directly.
+        status.Update(SyncLogFiles(options_.path));
+      }
+      rocksdb::Status closed = db_ != nullptr ? db_->Close() : rocksdb::Status::OK();
+      if (!healthy && !closed.ok()) {
+        // Expected after a write error: RocksDB reports that the failed log's writer was
+        // closed with its error. The log was synced (or is synced per write), so it holds
+        // every acknowledged commit.
+        spdlog::warn("store at \"{}\" closed after a write error: {}", options_.path,
+                     closed.ToString());
+      } else {
+        status.Update(FromRocks(closed, absl::StrCat("closing store at ", Quoted(options_.path))));
+      }
       db_.reset();
+      if (lock_ != nullptr) {
+        rocks_options_.env->UnlockFile(lock_).PermitUncheckedError();
+        lock_ = nullptr;
+      }
     }
     closed_ = true;
     close_status_ = status;
@@ -318,6 +685,10 @@ class RocksDbStore final : public Store {
     s.syncs = syncs_.load(std::memory_order_relaxed);
     s.write_seconds = write_seconds_.Snapshot();
     s.group_commits = group_commits_.Snapshot();
+    s.writable = writable_stat_.load(std::memory_order_relaxed);
+    const uint64_t free = free_bytes_stat_.load(std::memory_order_relaxed);
+    if (free != kUnknownFree) s.free_bytes = free;
+    s.min_free_bytes = options_.min_free_bytes;
     return s;
   }
 
@@ -345,12 +716,15 @@ class RocksDbStore final : public Store {
     while (true) {
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](RocksDbStore* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-              return !s->queue_.empty() || s->closing_;
-            },
-            this));
-        if (queue_.empty()) return;  // closing, and everything accepted is done
+        // Wakes at least every check interval, so that an idle store still notices the
+        // disk filling up or freeing (for Stats()) and retries after an error.
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](RocksDbStore* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+                                   return !s->queue_.empty() || s->closing_;
+                                 },
+                                 this),
+                             options_.free_space_check_interval);
+        if (queue_.empty() && closing_) return;  // everything accepted is done
         size_t bytes = 0;
         size_t mutations = 0;
         while (!queue_.empty()) {
@@ -364,6 +738,10 @@ class RocksDbStore final : public Store {
           group.push_back(std::move(next));
           queue_.pop_front();
         }
+      }
+      if (group.empty()) {
+        Refresh(0);  // the wait timed out
+        continue;
       }
       WriteGroup(group);
       group.clear();
@@ -385,7 +763,10 @@ class RocksDbStore final : public Store {
       }
     }
     absl::Status result;
-    if (batch_.Count() > 0) {
+    if (batch_.Count() > 0) Refresh(batch_.GetDataSize());
+    if (batch_.Count() > 0 && !Writable()) {
+      result = Refusal(group.size());
+    } else if (batch_.Count() > 0) {
       rocksdb::Status s;
       const auto start = std::chrono::steady_clock::now();
       {
@@ -398,8 +779,15 @@ class RocksDbStore final : public Store {
       group_commits_.Observe(static_cast<double>(group.size()));
       write_batches_.fetch_add(1, std::memory_order_relaxed);
       if (write_options_.sync) syncs_.fetch_add(1, std::memory_order_relaxed);
-      result = FromRocks(s, absl::StrCat("group write of ", group.size(), " commits to store at ",
-                                         Quoted(options_.path)));
+      if (!s.ok()) {
+        // Whatever failed, the committer reopens the database at its next check (Refresh).
+        rocks_error_ = s;
+        free_bytes_ = FreeBytes(options_.path);
+        PublishState();
+        result = FromRocks(
+            s, absl::StrCat("group write of ", group.size(), " commits to store at ",
+                            Quoted(options_.path), " failed (", FreeText(free_bytes_), ")"));
+      }
     }
     // Counted before the callbacks, so that a caller woken by its callback sees its commit.
     commits_.fetch_add(group.size(), std::memory_order_relaxed);
@@ -408,8 +796,141 @@ class RocksDbStore final : public Store {
     }
   }
 
+  // --- Free space and recovery; committer thread only (and the constructor). ---
+
+  static constexpr uint64_t kUnknownFree = ~uint64_t{0};
+
+  bool IsLow(std::optional<uint64_t> free) const {
+    return options_.min_free_bytes > 0 && free.has_value() && *free < options_.min_free_bytes;
+  }
+  bool Writable() const { return !read_only_ && !low_space_ && rocks_error_.ok(); }
+
+  // Before a group's write of `bytes` (0: the committer woke with nothing to write): checks
+  // the free space when due, takes RocksDB's background errors in, and tries to recover
+  // (at most once per check) when writes are refused and the space allows.
+  void Refresh(size_t bytes) {
+    const auto now = std::chrono::steady_clock::now();
+    bytes_since_probe_ += bytes;
+    const bool due =
+        now - last_probe_ >= absl::ToChronoNanoseconds(options_.free_space_check_interval) ||
+        (probe_bytes_ > 0 && bytes_since_probe_ >= probe_bytes_);
+    if (due) {
+      last_probe_ = now;
+      bytes_since_probe_ = 0;
+      free_bytes_ = FreeBytes(options_.path);
+      low_space_ = IsLow(free_bytes_);
+    }
+    if (rocksdb::Status e = listener_->Take(); !e.ok() && rocks_error_.ok()) rocks_error_ = e;
+    // Recover only after a fresh check: at most once per interval while refused, and not
+    // while the space that ran out is still missing.
+    const bool space_back =
+        !free_bytes_.has_value() || (*free_bytes_ > 0 && *free_bytes_ >= options_.min_free_bytes);
+    if (due && (read_only_ || !rocks_error_.ok()) &&
+        (space_back || !(read_only_ || IsSpaceError(rocks_error_)))) {
+      Reopen();
+    }
+    PublishState();
+  }
+
+  // Closes the database and opens it again, as a restart would: for writing if it can,
+  // else read-only (then the next check tries again), else the store stays without a
+  // database and refuses writes with the error. Why not DB::Resume(): see the top of this
+  // file.
+  void Reopen() ABSL_LOCKS_EXCLUDED(db_mu_) {
+    // Exclusive for the whole swap, so that LoadAll (at start-up, possibly racing with a
+    // reopen when space returns at once) waits for the new database instead of finding none.
+    absl::WriterMutexLock lock(&db_mu_);
+    if (db_ != nullptr) {
+      // After a write error this reports the failed log's writer; what that writer wrote
+      // before the error (every acknowledged commit) is in the log file.
+      rocksdb::Status closed = db_->Close();
+      if (!closed.ok() && !read_only_) {
+        spdlog::info("store at \"{}\": closing after the write error: {}", options_.path,
+                     closed.ToString());
+      }
+      db_.reset();
+    }
+    if (lock_ != nullptr) {
+      rocks_options_.env->UnlockFile(lock_).PermitUncheckedError();
+      lock_ = nullptr;
+    }
+    listener_->Take();  // errors of the closed database
+    const bool was_read_only = read_only_;
+    absl::StatusOr<OpenedDb> opened =
+        OpenDb(rocks_options_, options_, /*create=*/false, /*below_reserve=*/false, free_bytes_,
+               /*verify_checksums=*/false);
+    if (!opened.ok()) {
+      rocks_error_ = rocksdb::Status::IOError(std::string(opened.status().message()));
+      read_only_ = false;
+      NoteRecoveryFailure(opened.status().ToString());
+      return;
+    }
+    read_only_ = opened->read_only;
+    lock_ = opened->lock;
+    db_ = std::move(opened->db);
+    rocks_error_ = rocksdb::Status::OK();
+    if (read_only_) {
+      NoteRecoveryFailure("still too full to open for writing");
+    } else {
+      spdlog::info("store at \"{}\" {} ({})", options_.path,
+                   was_read_only ? "reopened for writing" : "reopened after the write error",
+                   FreeText(free_bytes_));
+    }
+  }
+
+  // Logs a failed recovery once per distinct error: while the disk stays short, the
+  // committer retries every check interval.
+  void NoteRecoveryFailure(const std::string& error) {
+    if (error == last_recovery_error_) return;
+    last_recovery_error_ = error;
+    spdlog::warn("store at \"{}\" still refuses writes ({}): {}", options_.path,
+                 FreeText(free_bytes_), error);
+  }
+
+  // The status of a group refused without a write.
+  absl::Status Refusal(size_t commits) const {
+    const std::string head =
+        absl::StrCat("store at ", Quoted(options_.path), " refuses writes",
+                     commits > 0 ? absl::StrCat(" (", commits, " commits)") : "", ": ",
+                     FreeText(free_bytes_), " on its file system");
+    const std::string reserve =
+        absl::StrCat("the reserve of ", options_.min_free_bytes, " bytes (min_free_bytes)");
+    if (read_only_) {
+      return absl::UnavailableError(
+          absl::StrCat(head,
+                       "; it is open read-only (its disk was full when it opened) and reopens for "
+                       "writing once free space is back above ",
+                       reserve));
+    }
+    if (!rocks_error_.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          head, "; a write failed (", rocks_error_.ToString(),
+          ") and the store reopens its database ",
+          IsSpaceError(rocks_error_) ? absl::StrCat("once free space is back above ", reserve)
+                                     : std::string("at its next check")));
+    }
+    return absl::UnavailableError(absl::StrCat(head, ", below ", reserve));
+  }
+
+  // Makes the state visible to Stats() and logs its changes.
+  void PublishState() {
+    const bool writable = Writable();
+    free_bytes_stat_.store(free_bytes_.value_or(kUnknownFree), std::memory_order_relaxed);
+    if (writable_stat_.exchange(writable, std::memory_order_relaxed) == writable) return;
+    if (writable) {
+      spdlog::info("store at \"{}\" accepts writes again ({})", options_.path,
+                   FreeText(free_bytes_));
+      last_recovery_error_.clear();
+    } else {
+      spdlog::warn("{}", std::string(Refusal(0).message()));
+    }
+  }
+
   const RocksDbStoreOptions options_;
   rocksdb::WriteOptions write_options_;  // set in the constructor, then read-only
+  rocksdb::Options rocks_options_;       // for Reopen
+  const std::shared_ptr<ErrorListener> listener_;
+  const uint64_t probe_bytes_;  // check the free space after this many bytes written
 
   // Guards the lifetime of db_: held shared while reading or writing through it, exclusive
   // only by Close() to close and free it. Never contended on the commit path (the committer
@@ -421,8 +942,17 @@ class RocksDbStore final : public Store {
   std::deque<Request> queue_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
 
-  // Only the committer thread touches it.
+  // Only the committer thread touches these (and the constructor, and Close() after
+  // joining the committer).
   rocksdb::WriteBatch batch_;
+  bool read_only_;
+  rocksdb::FileLock* lock_;
+  std::optional<uint64_t> free_bytes_;  // at the last check
+  bool low_space_ = false;              // free_bytes_ below min_free_bytes
+  rocksdb::Status rocks_error_;         // RocksDB's error since the last recovery
+  std::chrono::steady_clock::time_point last_probe_;
+  uint64_t bytes_since_probe_ = 0;
+  std::string last_recovery_error_;  // logged once until it changes
 
   std::thread committer_;
 
@@ -440,6 +970,10 @@ class RocksDbStore final : public Store {
   // Observed by the committer only; read by Stats() (lock-free, see histogram.h).
   AtomicHistogram write_seconds_{CommitLatencyBuckets()};
   AtomicHistogram group_commits_{GroupSizeBuckets()};
+  // Copies of the committer's Writable() and free_bytes_ (kUnknownFree for nullopt) for
+  // Stats(), read at scrape time. Relaxed, as the counters: each is a value on its own.
+  std::atomic<bool> writable_stat_{true};
+  std::atomic<uint64_t> free_bytes_stat_{kUnknownFree};
 };
 
 // Classifies options.path. Sets *create when the database is to be created (the path is
@@ -567,6 +1101,12 @@ absl::Status RocksDbStoreOptions::Validate() const {
   if (max_group_mutations == 0) {
     return absl::InvalidArgumentError("max_group_mutations is 0 (want at least 1)");
   }
+  if (free_space_check_interval <= absl::ZeroDuration() ||
+      free_space_check_interval == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("free_space_check_interval ",
+                                                   absl::FormatDuration(free_space_check_interval),
+                                                   " is not a positive finite duration"));
+  }
   constexpr size_t kMinWriteBuffer = 64 << 10;
   if (write_buffer_bytes < kMinWriteBuffer) {
     return absl::InvalidArgumentError(absl::StrCat("write_buffer_bytes ", write_buffer_bytes,
@@ -580,29 +1120,28 @@ absl::StatusOr<std::unique_ptr<Store>> OpenRocksDbStore(const RocksDbStoreOption
   bool create = false;
   RETURN_IF_ERROR(CheckPath(options.path, &create));
 
+  const std::optional<uint64_t> free_bytes = FreeBytes(options.path);
+  const bool below_reserve =
+      options.min_free_bytes > 0 && free_bytes.has_value() && *free_bytes < options.min_free_bytes;
+  if (create && below_reserve) {
+    // Refused before anything is written, so that the next start still finds the
+    // directory empty.
+    return absl::UnavailableError(
+        absl::StrCat("cannot create store at ", Quoted(options.path), ": ", *free_bytes,
+                     " bytes free on its file system, below the reserve of ",
+                     options.min_free_bytes, " bytes (min_free_bytes)"));
+  }
   rocksdb::Options rocks = MakeRocksOptions(options);
-  rocks.create_if_missing = create;
-  rocks.error_if_exists = create;  // lost a race with someone creating it: refuse
-  rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(rocks, options.path, &raw);
-  if (!s.ok()) return FromRocksOpen(s, options.path);
-  std::unique_ptr<rocksdb::DB> db(raw);
-  absl::Status checked;
-  if (options.verify_checksums_on_open) {
-    // Reads every table block once and checks its checksum (about 60 ms per million
-    // records from the page cache): damage inside a table file refuses the open, rather
-    // than surfacing in LoadAll.
-    rocksdb::ReadOptions ro;
-    ro.fill_cache = false;
-    ro.readahead_size = 4 << 20;
-    checked = FromRocksOpen(db->VerifyChecksum(ro), options.path);
-  }
-  if (checked.ok()) checked = CheckMarker(*db, options.path, create);
-  if (!checked.ok()) {
-    db->Close().PermitUncheckedError();
-    return checked;
-  }
-  return std::unique_ptr<Store>(std::make_unique<RocksDbStore>(options, std::move(db)));
+  rocks.info_log = std::make_shared<InfoLog>(options.path);
+  auto listener = std::make_shared<ErrorListener>();
+  rocks.listeners.push_back(listener);
+  absl::StatusOr<OpenedDb> opened =
+      OpenDb(rocks, options, create, below_reserve, free_bytes, options.verify_checksums_on_open);
+  if (!opened.ok()) return opened.status();
+  opened->rocks = std::move(rocks);
+  opened->listener = std::move(listener);
+  opened->free_bytes = free_bytes;
+  return std::unique_ptr<Store>(std::make_unique<RocksDbStore>(options, *std::move(opened)));
 }
 
 }  // namespace sbx::store

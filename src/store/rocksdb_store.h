@@ -4,10 +4,21 @@
 // One committer thread gathers the batches of all concurrent Commit() calls into one
 // RocksDB write (one WriteBatch, so the group is atomic) followed by one fsync, then runs
 // the group's callbacks on that thread, in submission order. A failed write fails every
-// callback of its group and applies none of its batches; RocksDB may then refuse further
-// writes until the store is reopened, so later commits fail with that error too. After
-// Close(), Commit runs its callback at once on the caller's thread, with
-// FAILED_PRECONDITION.
+// callback of its group and applies none of its batches. After Close(), Commit runs its
+// callback at once on the caller's thread, with FAILED_PRECONDITION.
+//
+// A full disk. The committer checks the free space of the store's file system (statvfs,
+// at most every free_space_check_interval or every min_free_bytes/8 bytes written) and
+// refuses writes with UNAVAILABLE while it is below min_free_bytes, before RocksDB runs
+// out. When the disk fills up anyway (something else filled it), the failed write and
+// every later one fail with UNAVAILABLE naming the path and the free bytes, nothing
+// acknowledged is lost, and once the free space is back above the reserve the store
+// resumes writing by itself (it reopens its database inside; callers keep using the same
+// Store). Any other RocksDB write error is handled the same way, retried every
+// free_space_check_interval. Opened on a disk below the reserve (or one
+// too full for RocksDB to open normally), the store opens read-only: LoadAll works,
+// commits fail, and it reopens for writing by itself once space is back. Stats() reports
+// whether it is writable and the free bytes.
 //
 // The encoding is versioned (see records.proto). The server never starts on data it
 // cannot read: opening refuses a directory that is not an sbx store and a corrupt or
@@ -29,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "src/store/store.h"
 
 namespace sbx::store {
@@ -72,6 +84,19 @@ struct RocksDbStoreOptions {
   // are in the page cache). When false, such damage is found by LoadAll instead.
   bool verify_checksums_on_open = true;
 
+  // Free space kept on the store's file system: below it, commits fail with UNAVAILABLE
+  // instead of running RocksDB into a full disk (and a store opened below it opens
+  // read-only). RocksDB needs room beyond the records themselves: a new log file and a
+  // memtable flush (write_buffer_bytes each) and a compaction's output, so the default is
+  // a few times the memtable size. 0 disables the reserve: writes go on until the file
+  // system itself refuses them.
+  uint64_t min_free_bytes = uint64_t{64} << 20;
+
+  // How often the committer checks the free space (statvfs) when no more than
+  // min_free_bytes/8 bytes were written since the last check, and how often it retries
+  // while it refuses writes. Idle, it still checks this often, so Stats() stays current.
+  absl::Duration free_space_check_interval = absl::Seconds(1);
+
   // INVALID_ARGUMENT naming the first bad field.
   absl::Status Validate() const;
 };
@@ -85,7 +110,10 @@ struct RocksDbStoreOptions {
 //                        including table contents unless verify_checksums_on_open is off),
 //                        or it is an empty database without sbx's marker (which is what
 //                        a MANIFEST that lost its records recovers to);
-//   UNAVAILABLE          an I/O error, or the database is locked by another user.
+//   UNAVAILABLE          an I/O error, or the database is locked by another user, or a new
+//                        database would start below min_free_bytes.
+// An existing database on a file system below min_free_bytes, or one that RocksDB cannot
+// open for lack of space, opens read-only (logged as a warning; see above).
 absl::StatusOr<std::unique_ptr<Store>> OpenRocksDbStore(const RocksDbStoreOptions& options);
 
 }  // namespace sbx::store

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -80,6 +81,15 @@ struct StoreStats {
   // and how many Commit() calls it carried. Empty (no bounds) for stores without groups.
   HistogramSnapshot write_seconds;
   HistogramSnapshot group_commits;
+  // Whether the store accepts writes now. A RocksDbStore refuses them while its file
+  // system is below its reserve of free space, after a write error until it has recovered,
+  // and while it is open read-only (it was opened on a full disk).
+  bool writable = true;
+  // Free bytes of the store's file system at its last check; nullopt for stores without a
+  // file system, or when the check failed.
+  std::optional<uint64_t> free_bytes;
+  // The reserve below which writes are refused (RocksDbStoreOptions::min_free_bytes).
+  uint64_t min_free_bytes = 0;
 };
 
 class Store {
@@ -89,7 +99,8 @@ class Store {
   // Queues `batch` for the next group commit and returns at once. `done` runs when the
   // batch is durable, on the store's committer thread (it must not block: hand long work
   // elsewhere). Errors: FAILED_PRECONDITION after Close(), INTERNAL/UNAVAILABLE when the
-  // write fails (the batch is then not applied).
+  // write fails (the batch is then not applied), UNAVAILABLE when the store refuses writes
+  // (its disk is full or below its reserve; the message names the path and the free bytes).
   virtual void Commit(WriteBatch batch, CommitCallback done) = 0;
 
   // Reads every record. Used once at start-up for recovery. Errors: DATA_LOSS for a record

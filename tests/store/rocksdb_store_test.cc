@@ -621,6 +621,20 @@ TEST(RocksDbStoreOptionsTest, DefaultsAreDocumentedOnes) {
   EXPECT_EQ(o.max_group_mutations, 32768u);
   EXPECT_EQ(o.write_buffer_bytes, size_t{16} << 20);
   EXPECT_TRUE(o.verify_checksums_on_open);
+  EXPECT_EQ(o.min_free_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(o.free_space_check_interval, absl::Seconds(1));
+}
+
+TEST(RocksDbStoreOptionsTest, ValidateRefusesANonPositiveCheckInterval) {
+  RocksDbStoreOptions o;
+  o.path = "/tmp/x";
+  for (absl::Duration d : {absl::ZeroDuration(), absl::Seconds(-1), absl::InfiniteDuration()}) {
+    o.free_space_check_interval = d;
+    EXPECT_EQ(o.Validate().code(), absl::StatusCode::kInvalidArgument) << d;
+    EXPECT_THAT(o.Validate().message(), HasSubstr("free_space_check_interval")) << d;
+  }
+  o.free_space_check_interval = absl::Milliseconds(1);
+  EXPECT_TRUE(o.Validate().ok());
 }
 
 TEST(RocksDbStoreOptionsTest, DurabilityNamesRoundTrip) {

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "src/common/logging.h"
 #include "src/store/rocksdb_store.h"
 #include "src/store/store.h"
 
@@ -144,6 +145,9 @@ int FailGroup(const std::string& path) {
 }  // namespace sbx::store
 
 int main(int argc, char** argv) {
+  // The store logs (a failed write, its recovery); to stderr, as sbx-server does, since
+  // stdout is the protocol with the parent.
+  if (!sbx::InitLogging({}).ok()) return 1;
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "ack" && argc == 4) return sbx::store::Ack(argv[2], argv[3]);
   if (mode == "fail-group" && argc == 3) return sbx::store::FailGroup(argv[2]);
