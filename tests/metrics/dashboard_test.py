@@ -198,7 +198,8 @@ class AlertRulesTest(unittest.TestCase):
         self.assertIsInstance(groups, list)
         names = {r["alert"] for g in groups for r in g["rules"]}
         self.assertEqual(names, {"SbxPoolExhausted", "SbxClaimLatencyHigh",
-                                 "SbxKubernetesApiErrors", "SbxStoreCommitSlow"})
+                                 "SbxKubernetesApiErrors", "SbxStoreCommitSlow",
+                                 "SbxStoreNotWritable", "SbxStoreDiskLow"})
         for g in groups:
             for r in g["rules"]:
                 self.assertIn(r["labels"].get("severity"), ("warning", "critical"), r["alert"])
@@ -212,7 +213,7 @@ class AlertRulesTest(unittest.TestCase):
         r = subprocess.run([PROMTOOL, "check", "rules", path], capture_output=True, text=True,
                            timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("4 rules found", r.stdout + r.stderr)
+        self.assertIn("6 rules found", r.stdout + r.stderr)
 
 
 if __name__ == "__main__":
