@@ -21,3 +21,8 @@ endif()
 # template label and secure defaults of the pods it selects (--runtime kubernetes).
 add_test(NAME e2e.k8s_template COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_template_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
 set_tests_properties(e2e.k8s_template PROPERTIES TIMEOUT 180)
+
+# Pools on a bad day (issue 23): API faults, watch drops, a 410 relist, a scale and a kill -9
+# with restart in the middle; every acknowledged gRPC claim must survive on its sandbox.
+add_test(NAME e2e.k8s_faults COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_faults_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
+set_tests_properties(e2e.k8s_faults PROPERTIES TIMEOUT 300)
