@@ -6,7 +6,9 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "CLI/CLI.hpp"
@@ -54,6 +56,77 @@ void LogFromGrpc(gpr_log_func_args* args) {
       : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
                                                 : spdlog::level::debug;
   spdlog::log(level, "grpc: {} ({}:{})", args->message, args->file, args->line);
+}
+
+// Reconciles the recovered allocator with the runtime, the truth for existence: local
+// sandboxes outlive a server (its runtime adopts them at start), so a claim made before
+// the restart keeps its sandbox. What the store remembers and the runtime lacks is gone
+// (warm ones are dropped and refilled, claimed ones become LOST, each logged and counted
+// in sbx_claims_lost_at_restart_total); what exists but is not ready keeps its claim, or
+// is retired when warm; what the runtime runs and the store does not know (created after
+// the last commit) is deleted. Only the runtime's List decides absence, so
+// it must answer existence with confidence or fail (the Kubernetes runtime fails while
+// its cache has not completed a list): a failed List stops the start, it never counts as
+// an empty one.
+absl::Status ReconcileWithRuntime(sbx::allocator::Allocator& allocator,
+                                  sbx::runtime::Runtime& runtime, prometheus::Registry& registry) {
+  auto running = runtime.List();
+  if (!running.ok()) {
+    return absl::Status(
+        running.status().code(),
+        absl::StrCat("reconciling the store with the runtime: ", running.status().message()));
+  }
+  std::unordered_set<std::string> live, unready;
+  for (const sbx::runtime::SandboxInfo& s : *running) {
+    live.insert(s.id);
+    if (!s.ready) unready.insert(s.id);
+  }
+  // The active claims by sandbox, to name the ones that become LOST.
+  sbx::allocator::ClaimFilter active;
+  active.all_owners = true;
+  active.limit = 0;
+  std::unordered_map<std::string, sbx::store::ClaimRecord> claim_of;
+  for (sbx::store::ClaimRecord& c : allocator.ListClaims(active)) {
+    std::string sandbox = c.sandbox_id;
+    claim_of.emplace(std::move(sandbox), std::move(c));
+  }
+  std::unordered_set<std::string> known;
+  size_t gone = 0, deleted = 0, retired = 0, kept_unready = 0;
+  std::map<std::string, uint64_t> lost;
+  for (const std::string& id : allocator.ListSandboxIds()) {
+    known.insert(id);
+    if (live.contains(id)) {
+      // It exists: a claim on it is kept, ready or not. A warm one that cannot serve now
+      // is replaced rather than handed out (RetireWarm refuses a claimed one).
+      if (unready.contains(id)) ++(allocator.RetireWarm(id).ok() ? retired : kept_unready);
+      continue;
+    }
+    if (auto c = claim_of.find(id); c != claim_of.end()) {
+      spdlog::warn(
+          "claim \"{}\" of owner \"{}\" (pool \"{}\") is LOST: its sandbox \"{}\" is not among "
+          "the sandboxes the runtime reports existing ({})",
+          c->second.id, c->second.owner, c->second.pool, id, sbx::server::kLostSandboxMissing);
+      ++lost[sbx::server::kLostSandboxMissing];
+    }
+    if (allocator.SandboxGone(id).ok()) ++gone;
+  }
+  for (const std::string& id : live) {
+    if (known.contains(id)) continue;
+    ++deleted;
+    runtime.Delete(id, [id](absl::Status s) {
+      if (!s.ok() && !absl::IsNotFound(s)) {
+        spdlog::warn("unknown sandbox {} not deleted: {}", id, s.ToString());
+      }
+    });
+  }
+  sbx::server::RegisterClaimsLostAtRestart(registry, lost);
+  spdlog::info(
+      "runtime reconciled: {} sandboxes adopted ({} claimed ones kept and {} warm ones retired "
+      "while not ready), {} from before the restart gone ({} claims LOST), {} unknown ones "
+      "deleted",
+      live.size() - deleted, kept_unready, retired, gone, lost[sbx::server::kLostSandboxMissing],
+      deleted);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -298,35 +371,10 @@ int main(int argc, char** argv) {
       "recovered {} templates, {} pools, {} sandboxes, {} active and {} ended claims in {}",
       rec.templates, rec.pools, rec.sandboxes, rec.active_claims, rec.ended_claims,
       absl::FormatDuration(rec.took));
-  // Reconcile with the runtime, the truth for existence: local sandboxes outlive a server
-  // (its runtime adopts them at start), so a claim made before the restart keeps its
-  // sandbox. What the store remembers and the runtime lacks is gone (warm ones are
-  // dropped and refilled, claimed ones become LOST); what the runtime runs and the store
-  // does not know (created after the last commit) is deleted.
   if (active_runtime != nullptr) {
-    auto running = active_runtime->List();
-    if (!running.ok()) return Fail(running.status());
-    std::unordered_set<std::string> live;
-    for (const sbx::runtime::SandboxInfo& s : *running) live.insert(s.id);
-    std::unordered_set<std::string> known;
-    size_t gone = 0, deleted = 0;
-    for (const std::string& id : (*allocator)->ListSandboxIds()) {
-      known.insert(id);
-      if (!live.contains(id) && (*allocator)->SandboxGone(id).ok()) ++gone;
+    if (absl::Status s = ReconcileWithRuntime(**allocator, *active_runtime, *registry); !s.ok()) {
+      return Fail(s);
     }
-    for (const std::string& id : live) {
-      if (known.contains(id)) continue;
-      ++deleted;
-      active_runtime->Delete(id, [id](absl::Status s) {
-        if (!s.ok() && !absl::IsNotFound(s)) {
-          spdlog::warn("unknown sandbox {} not deleted: {}", id, s.ToString());
-        }
-      });
-    }
-    spdlog::info(
-        "runtime reconciled: {} sandboxes adopted, {} from before the restart gone, {} unknown "
-        "ones deleted",
-        live.size() - deleted, gone, deleted);
   }
   if (absl::Status s = sbx::cmd::ApplyConfig(config, **allocator); !s.ok()) return Fail(s);
   if (active_runtime != nullptr) refill.Start(allocator->get());

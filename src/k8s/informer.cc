@@ -48,7 +48,7 @@ void Informer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool Informer::WaitForSync(absl::Duration timeout) {
+bool Informer::WaitForSync(absl::Duration timeout) const {
   return synced_.WaitForNotificationWithTimeout(timeout);
 }
 

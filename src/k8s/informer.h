@@ -69,7 +69,7 @@ class Informer {
   void Start();
   void Stop();
   // True once the first list is in the cache; false if `timeout` passed first.
-  bool WaitForSync(absl::Duration timeout);
+  bool WaitForSync(absl::Duration timeout) const;
   bool HasSynced() const;
 
   ObjectPtr Get(const std::string& ns, const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);

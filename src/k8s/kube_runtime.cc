@@ -215,20 +215,31 @@ void KubeRuntime::Resume(std::string id, runtime::DoneCallback done) {
 }
 
 absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
+  // The restart reconciliation marks the claims of stored sandboxes missing from this
+  // answer LOST, so only a confirmed absence may leave one out: a cache that has not
+  // completed a list proves nothing.
+  if (!sandboxes_->WaitForSync(options_.list_sync_timeout)) {
+    return absl::UnavailableError(
+        absl::StrCat("kubernetes runtime: the Sandboxes of namespace \"", options_.ns,
+                     "\" have not been listed completely within ",
+                     absl::FormatDuration(options_.list_sync_timeout),
+                     " (API server unreachable or failing): which sandboxes exist is unknown"));
+  }
   std::vector<runtime::SandboxInfo> out;
   for (const ObjectPtr& sandbox : sandboxes_->List()) {
     const Json& meta = Field(*sandbox, "metadata");
     if (Str(meta, "namespace") != options_.ns) continue;
     const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
-    if (pool.empty() || !Field(meta, "deletionTimestamp").is_null()) continue;
-    if (!IsReady(Field(*sandbox, "status")) || Finished(*sandbox)) continue;
+    if (pool.empty()) continue;
+    // Ended for good (what on_gone reports while running); readiness does not matter.
+    if (!Field(meta, "deletionTimestamp").is_null() || Finished(*sandbox)) continue;
     runtime::SandboxInfo info;
     info.id = Str(meta, "name");
     info.pool = pool;
     info.endpoint = EndpointOf(*sandbox);
     info.node = Str(Field(*sandbox, "status"), "nodeName");
-    if (info.endpoint.empty()) continue;
-    out.push_back(info);
+    info.ready = IsReady(Field(*sandbox, "status")) && !info.endpoint.empty();
+    out.push_back(std::move(info));
   }
   absl::MutexLock lock(&mu_);
   for (const runtime::SandboxInfo& info : out) live_[info.id] = info.pool;
@@ -300,7 +311,11 @@ void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
     std::move(failed)(absl::UnavailableError(
         absl::StrCat("Sandbox \"", name, "\" was deleted or its pod ended before it was ready")));
   }
-  if (gone && options_.on_gone) options_.on_gone(name);
+  if (gone) {
+    spdlog::info("Sandbox \"{}/{}\" is gone ({}): reported to the allocator", options_.ns, name,
+                 Finished(*sandbox) ? "its pod has finished" : "deleted");
+    if (options_.on_gone) options_.on_gone(name);
+  }
 }
 
 void KubeRuntime::CheckTimeouts() {

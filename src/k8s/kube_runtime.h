@@ -51,7 +51,9 @@ struct KubeRuntimeOptions {
   // The container port with this name is where sbx-sandboxd listens in the pod; the
   // endpoint is "podIP:port" (just "podIP" when no container has it).
   std::string sandboxd_port_name = "sbx-sandboxd";
-  // A member reported ready and later gone (deleted, pod ended).
+  // List waits this long for the Sandbox informer's first complete list, then fails.
+  absl::Duration list_sync_timeout = absl::Seconds(30);
+  // A member reported ready (or listed) and later gone (deleted, pod ended).
   std::function<void(const std::string& id)> on_gone;
 
   absl::Status Validate() const;
@@ -83,7 +85,15 @@ class KubeRuntime final : public runtime::Runtime {
   // Sandbox's Suspended mode deletes the pod).
   void Suspend(std::string id, runtime::DoneCallback done) override;
   void Resume(std::string id, runtime::DoneCallback done) override;
-  // The Ready Sandboxes labelled sbx.dev/pool (warm or claimed), from the informer cache.
+  // The Sandboxes labelled sbx.dev/pool (warm or claimed) that exist, Ready or not, from
+  // the informer cache once it holds a complete list (a list cut short by a fault never
+  // replaces the cache; see Informer::Relist). Left out, as ended for good: Sandboxes
+  // being deleted and those whose pod has finished (Finished=True), the same ends that
+  // on_gone reports. A Sandbox that is not Ready (a status write lost to a fault, a pod
+  // being replaced) is listed with ready = false (and an empty endpoint when it has no
+  // pod IP). UNAVAILABLE
+  // when the cache has not completed a list within options.list_sync_timeout: absence
+  // cannot be told then, and a caller must not take the empty cache for it.
   absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override;
 
   // From the Sandbox informer's handlers.

@@ -39,6 +39,9 @@ struct SandboxInfo {
   std::string node;
   // Frozen by Suspend (reported by List).
   bool suspended = false;
+  // Whether it can serve now (reported by List). A sandbox that exists but is not ready
+  // (the Kubernetes runtime: its Sandbox not Ready, or no pod IP) is still listed.
+  bool ready = true;
 };
 
 using CreateCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;
@@ -69,8 +72,10 @@ class Runtime {
   // The sandboxes that exist now, including those a previous run of sbx left running
   // (which the runtime has adopted: it watches them and reports their end like its own).
   // Called once at start to reconcile with the store: sbx deletes the ones it does not
-  // know and marks claims whose sandbox is missing as lost. `suspended` reports whether
-  // each one is frozen now.
+  // know and marks claims whose sandbox is missing as lost, so a sandbox is left out only
+  // when the runtime knows it is gone; when it cannot tell, List fails (UNAVAILABLE)
+  // instead. `suspended` reports whether each one is frozen now, `ready` whether it can
+  // serve now (warm ones that cannot are retired; claimed ones are kept).
   virtual absl::StatusOr<std::vector<SandboxInfo>> List() = 0;
 };
 

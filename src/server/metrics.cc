@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "prometheus/collectable.h"
+#include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -339,6 +340,20 @@ void RegisterBuildInfo(prometheus::Registry& registry) {
       .Register(registry)
       .Add({{"version", Version()}, {"commit", GitCommit()}})
       .Set(1);
+}
+
+void RegisterClaimsLostAtRestart(prometheus::Registry& registry,
+                                 const std::map<std::string, uint64_t>& lost) {
+  auto& family = prometheus::BuildCounter()
+                     .Name("sbx_claims_lost_at_restart_total")
+                     .Help(
+                         "Acknowledged claims marked LOST by the reconciliation with the "
+                         "runtime when this sbx-server started, by reason")
+                     .Register(registry);
+  family.Add({{"reason", kLostSandboxMissing}});  // present (0) when nothing was lost
+  for (const auto& [reason, n] : lost) {
+    family.Add({{"reason", reason}}).Increment(static_cast<double>(n));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(

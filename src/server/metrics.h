@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -127,6 +128,14 @@ std::shared_ptr<prometheus::Collectable> NewServerCollector(MetricsSources sourc
 
 // Adds sbx_build_info{version,commit} = 1 to `registry`.
 void RegisterBuildInfo(prometheus::Registry& registry);
+
+// Why the reconciliation with the runtime at start marked a claim LOST.
+inline constexpr char kLostSandboxMissing[] = "sandbox_missing";  // the runtime lacks it
+// Adds sbx_claims_lost_at_restart_total{reason} to `registry`: the acknowledged claims
+// that the reconciliation with the runtime after this start marked LOST, by reason (every
+// reason of `lost` and kLostSandboxMissing, 0 when absent). Called once, at start.
+void RegisterClaimsLostAtRestart(prometheus::Registry& registry,
+                                 const std::map<std::string, uint64_t>& lost);
 
 // The HTTP endpoint: serves `registry` (the Kubernetes client's and controllers' metrics,
 // build info) and the server collector together on GET /metrics.

@@ -494,6 +494,79 @@ class PoolTest(unittest.TestCase):
         c.wait_pool("py", 1)
 
 
+    def test_10_restart_keeps_claims_whose_sandbox_exists(self):
+        """kill -9, then a claimed member's pod stops being Ready (its Sandbox says so), so
+        does a warm member's, and another claimed Sandbox is deleted while sbx-server is
+        down. After the restart the first claim stays ACTIVE on the same sandbox; only the
+        deleted one is LOST, logged and counted; the warm member is replaced. Failed at 0045959: the restart listed only Ready Sandboxes, so the
+        claim on the not-Ready one became LOST too (issue 23)."""
+        c = self.cluster()
+        server = c.start_pools()
+        c.apply(template(), pool("py", 4))
+        c.wait_pool("py", 4)
+        pb, stub = self.grpc_stubs(c, server)
+        held = {}
+        for cid in ("ready", "not-ready", "deleted"):
+            held[cid] = stub.Claim(pb.ClaimRequest(pool="py", claim_id=cid), timeout=10).claim
+        c.wait_pool("py", 4)  # refilled, the claimed ones bound (no longer members)
+        server["proc"].send_signal(signal.SIGKILL)
+        server["proc"].wait()
+
+        def merge_patch(path, body):
+            req = urllib.request.Request(c.url + path, data=json.dumps(body).encode(),
+                                         method="PATCH",
+                                         headers={"Content-Type": "application/merge-patch+json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                self.assertEqual(r.status, 200)
+        def make_not_ready(name):
+            """The pod's container no longer ready (as while it restarts), and the Sandbox's
+            status as the controller writes it then."""
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            merge_patch("/api/v1/namespaces/%s/pods/%s/status" % (NS, name),
+                        {"status": {"conditions": [
+                            {"type": t, "status": "False", "reason": "ContainersNotReady",
+                             "lastTransitionTime": now} for t in ("Ready", "ContainersReady")]}})
+            sandbox = c.sandbox(name)
+            conditions = [x for x in sandbox["status"]["conditions"] if x["type"] != "Ready"]
+            conditions.append({"type": "Ready", "status": "False",
+                               "reason": "DependenciesNotReady",
+                               "message": "the pod is not Ready", "lastTransitionTime": now})
+            merge_patch("%s/%s/status" % (base.SANDBOXES, name),
+                        {"status": {"conditions": conditions}})
+            self.assertFalse(base.is_ready(c.sandbox(name)))
+        name = held["not-ready"].sandbox.id
+        make_not_ready(name)
+        # A warm member not Ready at the restart is replaced, not handed out.
+        claimed = {h.sandbox.id for h in held.values()}
+        warm = sorted(m["metadata"]["name"] for m in c.members("py")
+                      if m["metadata"]["name"] not in claimed)[0]
+        make_not_ready(warm)
+        code, out = c.http("DELETE", "%s/%s" % (base.SANDBOXES, held["deleted"].sandbox.id))
+        self.assertEqual(code, 200, out)
+        c.wait_for(lambda: c.sandbox(held["deleted"].sandbox.id) is None, 20,
+                   "the deleted Sandbox to go")
+
+        server2 = c.start_pools()
+        pb, stub = self.grpc_stubs(c, server2)
+        from sbx.v1 import types_pb2
+        state = {}
+        for cid, was in held.items():
+            got = stub.GetClaim(pb.GetClaimRequest(claim_id=cid), timeout=10).claim
+            self.assertEqual(got.sandbox.id, was.sandbox.id, cid)
+            state[cid] = types_pb2.ClaimState.Name(got.state)
+        self.assertEqual(state, {"ready": "CLAIM_STATE_ACTIVE", "not-ready": "CLAIM_STATE_ACTIVE",
+                                 "deleted": "CLAIM_STATE_LOST"}, c.logs_tail())
+        self.assertFalse(base.is_ready(c.sandbox(name)))  # still not Ready, still held
+        log = c.read_log(server2)
+        self.assertIn('claim "deleted" of owner "anonymous" (pool "py") is LOST: its sandbox "%s"'
+                      % held["deleted"].sandbox.id, log)
+        self.assertNotIn('claim "not-ready"', log)
+        self.assertIn('sbx_claims_lost_at_restart_total{reason="sandbox_missing"} 1',
+                      c.metrics(server2))
+        c.wait_for(lambda: c.sandbox(warm) is None, 30, "the warm member not Ready to go")
+        c.wait_pool("py", 4)
+
+
 if __name__ == "__main__":
     base.SBX_SERVER, base.KUBE_EMULATOR, base.SOURCE_DIR = sys.argv[1:4]
     sbx_e2e.generate_stubs(os.path.join(base.SOURCE_DIR, "proto"))
