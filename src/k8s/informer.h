@@ -95,8 +95,9 @@ class Informer {
   void Run();
   // Lists every page; replaces the cache; returns the notices of what differs.
   absl::Status Relist(std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
-  // Watches until the stream ends or fails; applies events as they come.
-  absl::Status WatchOnce() ABSL_LOCKS_EXCLUDED(mu_);
+  // Watches until the stream ends or fails; applies events as they come. `progressed`
+  // says whether the stream delivered anything (an event or a bookmark) before it ended.
+  absl::Status WatchOnce(bool* progressed) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the event's object into the cache (moved, not copied).
   void Apply(WatchEvent event, std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
   void Notify(const std::vector<Notice>& notices);
