@@ -187,7 +187,12 @@ void RefillReconciler::OnCreated(const std::string& pool,
   if (orphan) deletes_.push_back(info->id);
   if (info.ok()) {
     ++stats_.creates_succeeded;
+    // The runtime works: the backoff of earlier failures is over. Creates run concurrently,
+    // so a burst's failures (say 12% of 64 under API faults) each double the backoff
+    // before any success comes back; keeping that retry time after a success stalled
+    // the pool for up to max_backoff with its members being claimed (issue 23).
     ps.failures = 0;
+    ps.retry_at = absl::InfinitePast();
   } else {
     ++stats_.creates_failed;
     ++ps.failures;

@@ -6,7 +6,8 @@
 //
 // Runtime writes go through one token bucket (qps, burst) shared by creates and deletes;
 // creates go first, deletes (clean-up) only with budget left over, as design.md asks.
-// A failed create is retried with exponential backoff per pool.
+// A failed create is retried with exponential backoff per pool; a create that succeeds
+// ends the backoff.
 //
 // Thread-safety: PoolBelowTarget and RetireSandbox may be called from any thread and
 // only set state and wake the worker. Runtime callbacks may arrive on any thread.

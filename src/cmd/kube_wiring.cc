@@ -195,6 +195,7 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     runtime_options.ns = pool_ns;
     runtime_options.ready_timeout = absl::Seconds(flags.ready_timeout_s);
     runtime_options.on_gone = std::move(on_gone);
+    runtime_options.registry = flags.registry;
     RETURN_IF_ERROR(runtime_options.Validate());
     kube.runtime_ = std::make_unique<k8s::KubeRuntime>(
         client, kube.writes_.get(), &sandboxes->sandbox_informer(), &kube.pools_->pools(),

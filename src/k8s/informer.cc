@@ -234,7 +234,8 @@ void Informer::Notify(const std::vector<Notice>& notices) {
   }
 }
 
-absl::Status Informer::WatchOnce() {
+absl::Status Informer::WatchOnce(bool* progressed) {
+  *progressed = false;
   WatchOptions options;
   options.label_selector = options_.label_selector;
   options.field_selector = options_.field_selector;
@@ -269,6 +270,7 @@ absl::Status Informer::WatchOnce() {
     }
     if (!*more) break;
     ++events;
+    *progressed = true;
     std::vector<Notice> notices;
     Apply(std::move(event), &notices);
     Notify(notices);
@@ -322,10 +324,18 @@ void Informer::Run() {
       if (!synced_.HasBeenNotified()) synced_.Notify();
       Notify(notices);
     }
-    absl::Status watched = WatchOnce();
+    bool progressed = false;
+    absl::Status watched = WatchOnce(&progressed);
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
+    }
+    if (progressed) {
+      // The stream worked before it ended: whatever failed before is over. Without this
+      // reset, watch drops (each after some events) would add up to the maximum backoff
+      // and the cache would fall seconds behind at every drop (issue 23).
+      failures = 0;
+      expired_in_a_row = 0;
     }
     if (watched.ok()) {
       failures = 0;
@@ -351,6 +361,10 @@ void Informer::Run() {
     }
     client_->RecordWatchRestart(options_.resource, "error");
     spdlog::debug("informer {}: watch failed (resuming): {}", resource, watched.ToString());
+    // A stream that broke after delivering events is resumed at once, from where it
+    // stopped: the server answered, and every pause here is time the cache lags. Only a
+    // watch that fails with nothing to show backs off, longer each time.
+    if (progressed) continue;
     if (!SleepBackoff(&failures)) return;
   }
 }

@@ -1,9 +1,11 @@
 #pragma once
 // Informer: keeps a local cache of one resource (in one namespace or all, optionally
 // filtered by selectors) in step with the API server — list, then watch from the list's
-// resourceVersion, resuming from the last version seen when a stream ends, relisting on
-// 410 Gone, reconnecting with exponential backoff and jitter after errors. The cache is
-// indexed by namespace/name, by label and by owner uid, and handlers hear every change.
+// resourceVersion, resuming from the last version seen when a stream ends (at once when
+// it delivered events before it broke), relisting on 410 Gone, reconnecting with
+// exponential backoff and jitter after errors with nothing delivered (reset by the next
+// stream that delivers). The cache is indexed by namespace/name, by label and by owner
+// uid, and handlers hear every change.
 //
 // After a relist the cache is replaced and handlers hear the difference (adds, updates of
 // objects whose resourceVersion changed, deletes of objects that are gone), so a handler
@@ -95,8 +97,9 @@ class Informer {
   void Run();
   // Lists every page; replaces the cache; returns the notices of what differs.
   absl::Status Relist(std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
-  // Watches until the stream ends or fails; applies events as they come.
-  absl::Status WatchOnce() ABSL_LOCKS_EXCLUDED(mu_);
+  // Watches until the stream ends or fails; applies events as they come. `progressed`
+  // says whether the stream delivered anything (an event or a bookmark) before it ended.
+  absl::Status WatchOnce(bool* progressed) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the event's object into the cache (moved, not copied).
   void Apply(WatchEvent event, std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
   void Notify(const std::vector<Notice>& notices);

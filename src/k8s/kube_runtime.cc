@@ -1,9 +1,12 @@
 #include "src/k8s/kube_runtime.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
@@ -37,6 +40,33 @@ bool Finished(const Json& sandbox) {
     if (Str(c, "type") == "Finished" && Str(c, "status") == "True") return true;
   }
   return false;
+}
+
+// When the Sandbox's Ready condition last turned (whole seconds, as the controller writes
+// it); InfinitePast when it has none or it cannot be read.
+absl::Time ReadySince(const Json& sandbox) {
+  const Json& conditions = Field(Field(sandbox, "status"), "conditions");
+  if (!conditions.is_array()) return absl::InfinitePast();
+  for (const Json& c : conditions) {
+    if (Str(c, "type") != "Ready") continue;
+    absl::Time since;
+    std::string err;
+    if (absl::ParseTime(absl::RFC3339_full, Str(c, "lastTransitionTime"), &since, &err)) {
+      return since;
+    }
+  }
+  return absl::InfinitePast();
+}
+
+prometheus::Histogram* ReadyToWarmHistogram(prometheus::Registry& registry) {
+  return &prometheus::BuildHistogram()
+              .Name("sbx_k8s_member_ready_to_warm_seconds")
+              .Help(
+                  "From a new warm member's Ready condition (its lastTransitionTime, whole "
+                  "seconds) until the runtime hands it to the allocator")
+              .Register(registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30,
+                                                               60, 120});
 }
 
 std::string FirstPodIp(const Json& sandbox) {
@@ -124,7 +154,9 @@ KubeRuntime::KubeRuntime(Client* client, WriteScheduler* writes, const Informer*
       sandboxes_(sandboxes),
       pools_(pools),
       templates_(templates),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      registry_(options_.registry ? options_.registry : std::make_shared<prometheus::Registry>()),
+      ready_to_warm_(ReadyToWarmHistogram(*registry_)) {
   checker_ = BackgroundThread("sbx-k8s-ready", [this] {
     absl::MutexLock lock(&mu_);
     while (!stopping_) {
@@ -289,6 +321,11 @@ void KubeRuntime::MaybeReady(const Json& sandbox) {
   info.id = name;
   info.endpoint = endpoint;
   info.node = Str(Field(sandbox, "status"), "nodeName");
+  // Observed as the member is handed over (the allocator's AddSandbox, in `done`, does
+  // not wait), so that whoever sees it warm also finds it counted.
+  if (const absl::Time since = ReadySince(sandbox); since != absl::InfinitePast()) {
+    ready_to_warm_->Observe(std::max(0.0, absl::ToDoubleSeconds(absl::Now() - since)));
+  }
   std::move(done)(std::move(info));
 }
 

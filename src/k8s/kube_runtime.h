@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,11 @@
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/write_scheduler.h"
 #include "src/runtime/runtime.h"
+
+namespace prometheus {
+class Histogram;
+class Registry;
+}  // namespace prometheus
 
 namespace sbx::k8s {
 
@@ -55,6 +61,10 @@ struct KubeRuntimeOptions {
   absl::Duration list_sync_timeout = absl::Seconds(30);
   // A member reported ready (or listed) and later gone (deleted, pod ended).
   std::function<void(const std::string& id)> on_gone;
+  // Metrics: sbx_k8s_member_ready_to_warm_seconds (from a new member's Ready condition,
+  // its lastTransitionTime, until the runtime hands it to the allocator, which holds it
+  // warm at once). A private registry when null.
+  std::shared_ptr<prometheus::Registry> registry;
 
   absl::Status Validate() const;
 };
@@ -123,6 +133,10 @@ class KubeRuntime final : public runtime::Runtime {
   const Informer* const pools_;
   const Informer* const templates_;
   const KubeRuntimeOptions options_;
+  const std::shared_ptr<prometheus::Registry> registry_;
+  // The one series of sbx_k8s_member_ready_to_warm_seconds, looked up once (Observe is
+  // thread-safe).
+  prometheus::Histogram* const ready_to_warm_;
   std::thread checker_;
 
   mutable absl::Mutex mu_;

@@ -166,6 +166,28 @@ TEST_F(RefillTest, FailedCreatesBackOff) {
   EXPECT_EQ(Warm(), 1);
 }
 
+// Issue 23: creates run concurrently, so the failures of one burst add up (here 8 of 10,
+// a backoff of 10 s) before a success comes back. A create that succeeds shows the
+// runtime works: the pool is refilled at once. At 0045959 the retry time stayed and the
+// pass below started nothing for 10 s.
+TEST_F(RefillTest, ACreateThatSucceedsEndsTheBackoff) {
+  Start({}, 10);
+  refill_->RunOnce();
+  ASSERT_EQ(runtime_.pending_creates(), 10u);
+  for (int i = 0; i < 8; ++i) {
+    runtime_.CompleteCreate("", absl::UnavailableError("injected 500"));
+  }
+  EXPECT_EQ(refill_->stats().creates_failed, 8u);
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 2u);  // backing off: nothing new
+  CompleteAll();
+  EXPECT_EQ(Warm(), 2);
+  refill_->RunOnce();  // no time has passed
+  EXPECT_EQ(runtime_.pending_creates(), 8u);
+  CompleteAll();
+  EXPECT_EQ(Warm(), 10);
+}
+
 TEST_F(RefillTest, SandboxOfADeletedPoolIsDeleted) {
   Start({}, 1);
   refill_->RunOnce();

@@ -186,6 +186,43 @@ TEST(InformerTest, RelistsAfterGoneAndReportsTheDifference) {
   informer.Stop();
 }
 
+// Issue 23: a watch stream that breaks after delivering events is resumed at once. With
+// the production backoff (100 ms doubling to 10 s) and every event cutting its stream, 15
+// changes need 15 streams; before the fix (0045959) the informer slept after each drop,
+// longer each time (never reset by a stream that worked), so they took more than 30 s,
+// and the cache (and the handlers) lagged by that much. After the fix they arrive in well
+// under a second; the bound below leaves a wide margin.
+TEST(InformerTest, ResumesAtOnceAfterAStreamThatDeliveredEvents) {
+  TestEmulator emulator({"--bookmark_interval_ms", "100000"});
+  ASSERT_TRUE(emulator.ok());
+  auto client = *Client::Create(emulator.Cluster());
+  ASSERT_TRUE(client->Create(kLeases, "default", Lease("l", "0")).ok());
+  Informer informer(client.get(), NamespaceInformer(kLeases, "default"));
+  Mirror mirror;
+  informer.AddHandler(mirror.Handler());
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  ASSERT_TRUE(Converges(*client, informer, mirror));
+
+  emulator.SetFaults({{"watch_drop_rate", 1.0}});
+  for (int i = 1; i <= 15; ++i) {
+    ASSERT_TRUE(client
+                    ->Patch(kLeases, "default", "l", PatchType::kMerge,
+                            {{"spec", {{"holderIdentity", absl::StrCat(i)}}}})
+                    .ok());
+  }
+  const absl::Time start = absl::Now();
+  while (mirror.state()["l"] != "15" && absl::Now() - start < absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Duration lag = absl::Now() - start;
+  EXPECT_EQ(mirror.state()["l"], "15");
+  EXPECT_LT(lag, absl::Seconds(5)) << "the 15 changes took " << lag;
+  EXPECT_GE(informer.stats().watches, 15);  // one stream per change: each was cut
+  EXPECT_EQ(informer.stats().lists, 1);     // resumed, never relisted
+  informer.Stop();
+}
+
 TEST(InformerTest, ConvergesUnderTenPercentFaults) {
   TestEmulator emulator({"--bookmark_interval_ms", "300", "--seed", "7"});
   ASSERT_TRUE(emulator.ok());
@@ -248,8 +285,9 @@ TEST(InformerTest, ConvergesUnderTenPercentFaults) {
       << " watches=" << informer.stats().watches;
   const InformerStats stats = informer.stats();
   EXPECT_GT(stats.watches, 1);  // dropped streams were resumed
-  EXPECT_GE(stats.expired, 1);  // and some resumed too late: relisted
-  EXPECT_GE(stats.lists, 2);
+  // Whether a stream resumed too late and had to relist (an injected 410, or a compaction
+  // it fell behind) is chance: since dropped streams resume at once (issue 23) they rarely
+  // fall behind a compaction. RelistsAfterGoneAndReportsTheDifference covers the relist.
   EXPECT_EQ(mirror.adds_of_known(), 0);
   EXPECT_EQ(mirror.deletes_of_unknown(), 0);
   std::cout << "writes failed by injected faults: " << failed_writes
