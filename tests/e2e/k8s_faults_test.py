@@ -176,9 +176,14 @@ class FaultsTest(unittest.TestCase):
                     got.sandbox.id != sandbox):
                 lost.append((cid, sandbox, types_pb2.ClaimState.Name(got.state), got.sandbox.id))
         self.assertEqual(lost, [], "acknowledged gRPC claims not ACTIVE on their sandbox")
-        named = {(o.get("status") or {}).get("sandbox", {}).get("name") for o in c.claims()}
-        unnamed = [cid for cid, sandbox in acked.items() if sandbox not in named]
-        self.assertEqual(unnamed, [], "acknowledged gRPC claims without a SandboxClaim")
+        # Each gRPC claim is mirrored as a SandboxClaim asynchronously (retried through the
+        # faults): wait for the last ones.
+
+        def unnamed():
+            named = {(o.get("status") or {}).get("sandbox", {}).get("name") for o in c.claims()}
+            return [cid for cid, sandbox in acked.items() if sandbox not in named]
+        c.wait_for(lambda: not unnamed(), 60, "a SandboxClaim naming every acknowledged claim",
+                   state=lambda: {"without a SandboxClaim": unnamed()})
         self.assert_no_double_binding(c)
 
         def orphans():
