@@ -377,10 +377,21 @@ absl::Status ClaimController::Reconcile(const std::string& key) {
 absl::Status ClaimController::BindSandbox(const Json& claim, const std::string& sandbox,
                                           const char* launch_type) {
   const std::string uid = Str(Field(claim, "metadata"), "uid");
+  std::string seen_version;
   if (ObjectPtr seen = sandboxes_->Get(options_.ns, sandbox)) {
     if (Str(Field(Field(*seen, "metadata"), "labels"), kClaimUidLabel) == uid &&
         ControllerUid(*seen) == uid) {
+      absl::MutexLock lock(&mu_);
+      bound_.erase(sandbox);
       return absl::OkStatus();
+    }
+    seen_version = Str(Field(*seen, "metadata"), "resourceVersion");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = bound_.find(sandbox);
+    if (it != bound_.end() && it->second.first == uid && it->second.second == seen_version) {
+      return absl::OkStatus();  // patched already; the cache has not caught up
     }
   }
   // The warm-pool label goes; sandbox-template-ref-hash stays (upstream keeps it, and the
@@ -390,9 +401,15 @@ absl::Status ClaimController::BindSandbox(const Json& claim, const std::string& 
        {{"ownerReferences", Json::array({ClaimRef(claim)})},
         {"labels",
          {{kWarmPoolLabel, nullptr}, {kClaimUidLabel, uid}, {kLaunchTypeLabel, launch_type}}}}}};
-  return writes_->Run(WritePriority::kClaim, [&] {
+  absl::Status patched = writes_->Run(WritePriority::kClaim, [&] {
     return client_->PatchNoResult(kSandboxes, options_.ns, sandbox, PatchType::kMerge, patch);
   });
+  if (patched.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (bound_.size() >= 65536) bound_.clear();  // entries of Sandboxes gone unseen
+    bound_[sandbox] = {uid, seen_version};
+  }
+  return patched;
 }
 
 absl::Status ClaimController::WriteStatus(const Json& claim, Json status) {

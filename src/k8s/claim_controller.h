@@ -128,6 +128,11 @@ class ClaimController {
   // The status this controller last wrote to each claim (by uid): the informer's copy may
   // lag behind our own write, and comparing with it would write the same status twice.
   absl::flat_hash_map<std::string, Json> written_ ABSL_GUARDED_BY(mu_);
+  // The bindings this controller patched whose echo the Sandbox informer has not shown
+  // yet: sandbox name -> (claim uid, the Sandbox's resourceVersion in the cache when the
+  // patch went out). While the cache still holds that version, the patch is not sent
+  // again (a second reconcile of the same claim used to repeat it).
+  absl::flat_hash_map<std::string, std::pair<std::string, std::string>> bound_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::k8s
