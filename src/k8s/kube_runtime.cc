@@ -316,6 +316,7 @@ void KubeRuntime::MaybeReady(const Json& sandbox) {
     done = std::move(it->second.done);
     info.pool = it->second.pool;
     pending_.erase(it);
+    handing_.insert(name);
     live_[name] = info.pool;
   }
   info.id = name;
@@ -327,6 +328,8 @@ void KubeRuntime::MaybeReady(const Json& sandbox) {
     ready_to_warm_->Observe(std::max(0.0, absl::ToDoubleSeconds(absl::Now() - since)));
   }
   std::move(done)(std::move(info));
+  absl::MutexLock lock(&mu_);
+  handing_.erase(name);
 }
 
 void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
@@ -386,6 +389,11 @@ void KubeRuntime::CheckTimeouts() {
 bool KubeRuntime::IsPending(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   return pending_.contains(name);
+}
+
+bool KubeRuntime::InPassage(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  return pending_.contains(name) || handing_.contains(name);
 }
 
 int64_t KubeRuntime::PendingIn(const std::string& pool) const {

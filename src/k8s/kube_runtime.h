@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "src/k8s/client.h"
@@ -115,6 +116,9 @@ class KubeRuntime final : public runtime::Runtime {
   size_t pending() const ABSL_LOCKS_EXCLUDED(mu_);
   // Creates of `pool` waiting for their Sandbox to become Ready.
   int64_t PendingIn(const std::string& pool) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether Sandbox `name` is pending or being handed to the allocator right now. Once
+  // this is false for a member of ours, the allocator already tracks it (or refused it).
+  bool InPassage(const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Pending {
@@ -142,6 +146,8 @@ class KubeRuntime final : public runtime::Runtime {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Members between pending_ and the allocator: their create callback is running.
+  absl::flat_hash_set<std::string> handing_ ABSL_GUARDED_BY(mu_);
   // Members reported ready (and not yet gone), for on_gone.
   absl::flat_hash_map<std::string, std::string> live_ ABSL_GUARDED_BY(mu_);
 };

@@ -39,6 +39,16 @@ std::string Created(const Json& object) {
   return Str(Field(object, "metadata"), "creationTimestamp");
 }
 
+// How long ago `object` was created; zero when its creationTimestamp cannot be read.
+absl::Duration Age(const Json& object, absl::Time now) {
+  absl::Time created;
+  std::string err;
+  if (!absl::ParseTime(absl::RFC3339_full, Created(object), &created, &err)) {
+    return absl::ZeroDuration();
+  }
+  return now - created;
+}
+
 }  // namespace
 
 absl::Status WarmPoolControllerOptions::Validate() const {
@@ -251,9 +261,11 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   int64_t warm_count = st->warm;
   absl::flat_hash_set<std::string> tracked;
   for (std::string& id : allocator_->ListSandboxIds()) tracked.insert(std::move(id));
+  if (options_.after_tracked_snapshot) options_.after_tracked_snapshot();
 
   // Members: still labelled as the pool's (a claimed one loses the label when bound).
   std::vector<ObjectPtr> unready, warm;
+  std::vector<std::string> untracked;  // older than orphan_grace, neither tracked nor pending
   const absl::Time now = absl::Now();
   for (const ObjectPtr& member : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
     const Json& meta = Field(*member, "metadata");
@@ -264,22 +276,29 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
       warm.push_back(member);  // warm, or claimed and not yet bound
     } else if (runtime_->IsPending(id)) {
       unready.push_back(member);
-    } else {
-      absl::Time created;
-      std::string err;
-      if (absl::ParseTime(absl::RFC3339_full, Created(*member), &created, &err) &&
-          now - created >= options_.orphan_grace) {
-        spdlog::info("Sandbox \"{}/{}\" of pool \"{}\" is tracked by nobody: deleting it",
-                     options_.ns, id, name);
-        DeleteOptions o;
-        o.propagation_policy = "Background";
-        absl::Status s = client_->Delete(kSandboxes, options_.ns, id, o);
-        if (!s.ok() && !absl::IsNotFound(s)) return s;
-      }
-      // Younger: in passage (its create has not answered yet, or it has just become warm
-      // after the snapshot above). Not counted: counting it twice would delete a member
-      // the pool needs; missing it at most leaves a surplus for the next pass.
+    } else if (!runtime_->InPassage(id) && Age(*member, now) >= options_.orphan_grace) {
+      untracked.push_back(id);
     }
+    // Else in passage or young (its create may not have answered yet): not counted.
+    // Counting it twice would delete a member the pool needs; missing it at most leaves a
+    // surplus for the next pass.
+  }
+  // Not tracked when the pass began may mean turned warm since (a member slow to turn
+  // Ready under API faults is older than orphan_grace): only what the allocator does not
+  // track now, after the runtime said it was not in passage, is tracked by nobody. Before
+  // this second look such a member was deleted while the allocator held it (issue 23).
+  if (!untracked.empty()) {
+    tracked.clear();
+    for (std::string& id : allocator_->ListSandboxIds()) tracked.insert(std::move(id));
+  }
+  for (const std::string& id : untracked) {
+    if (tracked.contains(id)) continue;
+    spdlog::info("Sandbox \"{}/{}\" of pool \"{}\" is tracked by nobody: deleting it",
+                 options_.ns, id, name);
+    DeleteOptions o;
+    o.propagation_policy = "Background";
+    absl::Status s = client_->Delete(kSandboxes, options_.ns, id, o);
+    if (!s.ok() && !absl::IsNotFound(s)) return s;
   }
   // Newest first (by creationTimestamp, then name), keys read once per member.
   auto newest_first = [](std::vector<ObjectPtr>* members) {

@@ -46,6 +46,10 @@ struct WarmPoolControllerOptions {
   // When set and false, this replica does not act (leader election).
   std::function<bool()> is_leader;
 
+  // Test hook (a sync point), nullptr in production: runs in a full pass after it has
+  // read which sandboxes the allocator tracks and before it looks at the members.
+  std::function<void()> after_tracked_snapshot;
+
   absl::Status Validate() const;
 };
 
