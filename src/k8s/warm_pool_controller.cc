@@ -293,8 +293,8 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   }
   for (const std::string& id : untracked) {
     if (tracked.contains(id)) continue;
-    spdlog::info("Sandbox \"{}/{}\" of pool \"{}\" is tracked by nobody: deleting it",
-                 options_.ns, id, name);
+    spdlog::info("Sandbox \"{}/{}\" of pool \"{}\" is tracked by nobody: deleting it", options_.ns,
+                 id, name);
     DeleteOptions o;
     o.propagation_policy = "Background";
     absl::Status s = client_->Delete(kSandboxes, options_.ns, id, o);
