@@ -203,23 +203,40 @@ void KubeRuntime::Create(runtime::CreateRequest request, runtime::CreateCallback
   }
   Json member = WarmMember(*pool, *sandbox_template);
   auto shared_done = std::make_shared<runtime::CreateCallback>(std::move(done));
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_[request.pool];
+  }
   writes_->Submit(
       WritePriority::kRefill,
       [this, member = std::move(member), pool_name = request.pool, shared_done] {
         absl::StatusOr<Json> created = client_->Create(kSandboxes, options_.ns, member);
-        if (!created.ok()) return std::move(*shared_done)(created.status());
-        const std::string name = Str(Field(*created, "metadata"), "name");
+        std::string name;
         {
           absl::MutexLock lock(&mu_);
-          if (stopping_) {
-            return std::move(*shared_done)(absl::CancelledError("shutting down"));
+          CreateAnsweredLocked(pool_name);
+          if (created.ok() && !stopping_) {
+            name = Str(Field(*created, "metadata"), "name");
+            pending_[name] = Pending{pool_name, absl::Now(), std::move(*shared_done)};
           }
-          pending_[name] = Pending{pool_name, absl::Now(), std::move(*shared_done)};
         }
+        if (!created.ok()) return std::move(*shared_done)(created.status());
+        if (name.empty()) return std::move(*shared_done)(absl::CancelledError("shutting down"));
         // The informer may have shown it Ready before the create answered.
         if (ObjectPtr seen = sandboxes_->Get(options_.ns, name)) MaybeReady(*seen);
       },
-      [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
+      [this, pool_name = request.pool, shared_done] {
+        {
+          absl::MutexLock lock(&mu_);
+          CreateAnsweredLocked(pool_name);
+        }
+        std::move (*shared_done)(absl::CancelledError("shutting down"));
+      });
+}
+
+void KubeRuntime::CreateAnsweredLocked(const std::string& pool) {
+  auto it = in_flight_.find(pool);
+  if (it != in_flight_.end() && --it->second <= 0) in_flight_.erase(it);
 }
 
 void KubeRuntime::Delete(std::string id, runtime::DeleteCallback done) {
@@ -394,6 +411,12 @@ bool KubeRuntime::IsPending(const std::string& name) const {
 bool KubeRuntime::InPassage(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   return pending_.contains(name) || handing_.contains(name);
+}
+
+int64_t KubeRuntime::CreatesInFlight(const std::string& pool) const {
+  absl::MutexLock lock(&mu_);
+  auto it = in_flight_.find(pool);
+  return it == in_flight_.end() ? 0 : it->second;
 }
 
 int64_t KubeRuntime::PendingIn(const std::string& pool) const {

@@ -119,6 +119,10 @@ class KubeRuntime final : public runtime::Runtime {
   // Whether Sandbox `name` is pending or being handed to the allocator right now. Once
   // this is false for a member of ours, the allocator already tracks it (or refused it).
   bool InPassage(const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Creates of `pool` sent (or queued) whose answer has not come back. A member of `pool`
+  // seen before this returned 0 whose name is not InPassage afterwards is nobody's: its
+  // create failed (an answer lost to a fault) or was made by a process that is gone.
+  int64_t CreatesInFlight(const std::string& pool) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Pending {
@@ -126,6 +130,7 @@ class KubeRuntime final : public runtime::Runtime {
     absl::Time created;
     runtime::CreateCallback done;
   };
+  void CreateAnsweredLocked(const std::string& pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes the pending create of `name` if `sandbox` is Ready with a pod IP.
   void MaybeReady(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   void CheckTimeouts() ABSL_LOCKS_EXCLUDED(mu_);
@@ -146,6 +151,9 @@ class KubeRuntime final : public runtime::Runtime {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  // Per pool, creates not answered yet (an answer moves its member into pending_ under
+  // the same lock).
+  absl::flat_hash_map<std::string, int64_t> in_flight_ ABSL_GUARDED_BY(mu_);
   // Members between pending_ and the allocator: their create callback is running.
   absl::flat_hash_set<std::string> handing_ ABSL_GUARDED_BY(mu_);
   // Members reported ready (and not yet gone), for on_gone.

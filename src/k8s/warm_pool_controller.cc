@@ -178,8 +178,13 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
     ObjectPtr pool = pools_.Get(options_.ns, name);
     absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
     if (pool == nullptr || Deleting(*pool) || !st.ok()) return absl::OkStatus();
-    if (st->warm + runtime_->PendingIn(name) > Replicas(*pool)) {
-      queue_.Add(name);  // maybe a surplus: the full pass decides (and writes the status)
+    // Maybe a surplus, or members that nobody tracks (creates whose answers were lost):
+    // the full pass decides (and writes the status). Members still labelled include the
+    // claimed ones not yet bound, so the second count is an upper bound.
+    if (st->warm + runtime_->PendingIn(name) > Replicas(*pool) ||
+        static_cast<int64_t>(sandboxes_->ByLabel(kWarmPoolLabel, NameHash(name)).size()) >
+            Replicas(*pool)) {
+      queue_.Add(name);
       return absl::OkStatus();
     }
     return WriteStatus(*pool);
@@ -265,7 +270,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
 
   // Members: still labelled as the pool's (a claimed one loses the label when bound).
   std::vector<ObjectPtr> unready, warm;
-  std::vector<std::string> untracked;  // older than orphan_grace, neither tracked nor pending
+  std::vector<std::pair<std::string, absl::Duration>> maybe_untracked;  // id, age
   const absl::Time now = absl::Now();
   for (const ObjectPtr& member : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
     const Json& meta = Field(*member, "metadata");
@@ -276,17 +281,24 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
       warm.push_back(member);  // warm, or claimed and not yet bound
     } else if (runtime_->IsPending(id)) {
       unready.push_back(member);
-    } else if (!runtime_->InPassage(id) && Age(*member, now) >= options_.orphan_grace) {
-      untracked.push_back(id);
+    } else {
+      maybe_untracked.emplace_back(id, Age(*member, now));
     }
-    // Else in passage or young (its create may not have answered yet): not counted.
-    // Counting it twice would delete a member the pool needs; missing it at most leaves a
-    // surplus for the next pass.
   }
-  // Not tracked when the pass began may mean turned warm since (a member slow to turn
-  // Ready under API faults is older than orphan_grace): only what the allocator does not
-  // track now, after the runtime said it was not in passage, is tracked by nobody. Before
-  // this second look such a member was deleted while the allocator held it (issue 23).
+  // Neither tracked nor pending may still be in passage: its create has not answered yet,
+  // or it has just turned warm after the snapshot above. Not counted: counting it twice
+  // would delete a member the pool needs; missing it at most leaves a surplus for the next
+  // pass. It is nobody's when, asked in this order, no create of the pool is in flight
+  // (or it is older than orphan_grace), the runtime does not have it in passage, and the
+  // allocator does not track it now. (Waiting out orphan_grace alone kept the members of
+  // creates whose answers faults lost for 30 s after the faults: issue 23. Taking the
+  // first snapshot for the answer deleted members that turned warm during the pass.)
+  const bool creates_in_flight = runtime_->CreatesInFlight(name) > 0;
+  std::vector<std::string> untracked;
+  for (auto& [id, age] : maybe_untracked) {
+    if ((creates_in_flight && age < options_.orphan_grace) || runtime_->InPassage(id)) continue;
+    untracked.push_back(std::move(id));
+  }
   if (!untracked.empty()) {
     tracked.clear();
     for (std::string& id : allocator_->ListSandboxIds()) tracked.insert(std::move(id));
