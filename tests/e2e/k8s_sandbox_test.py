@@ -561,7 +561,9 @@ class SandboxControllerTest(unittest.TestCase):
         c.apply(sandbox_manifest(name))
         c.wait_ready(name)
         uid1 = c.pod(name)["metadata"]["uid"]
-        c.kubectl("delete", "pod", name, "--timeout=20s")
+        # Not kubectl's own wait: the controller makes a pod of the same name at once, and
+        # that wait failed once in a loaded full run (timed out on pods/phoenix).
+        c.kubectl("delete", "pod", name, "--wait=false")
         c.wait_for(lambda: (c.pod(name) or {"metadata": {"uid": uid1}})["metadata"]["uid"]
                    != uid1, 20, "pod %s recreated" % name, state=lambda: c.pod(name))
         sb = c.wait_ready(name)
