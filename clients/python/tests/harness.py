@@ -127,6 +127,8 @@ class Server:
                  f"--sandboxd={binary('SBX_TEST_SANDBOXD_BIN', 'sbx-sandboxd')}"]
         if self.auth:
             flags.append(f"--auth_tokens_file={self.dir}/tokens")
+        if getattr(self, "log", None):
+            self.log.close()
         self.log = open(os.path.join(self.dir, "server.log"), "ab")
         self.proc = subprocess.Popen(
             [binary("SBX_TEST_SERVER_BIN", "sbx-server"), *flags, *self.extra],
@@ -176,6 +178,7 @@ class Server:
                     pass
             time.sleep(0.05)
         shutil.rmtree(self.dir, ignore_errors=True)
+        self.log.close()
         if self in _LIVE:
             _LIVE.remove(self)
 
