@@ -4,8 +4,9 @@
     /usr/bin/python3 bench/sdk_python_bench.py [--iterations 2000] [--server HOST:PORT]
 
 Without --server it starts build/clang/src/cmd/sbx-server --runtime instant (or
-$SBX_TEST_SERVER_BIN) on 127.0.0.1:0 with a pool "bench" kept at 2,200 warm, and stops it
-at the end. It measures, in one run:
+$SBX_TEST_SERVER_BIN) on 127.0.0.1:0 with a pool "bench" kept at 2,200 warm (store in a
+temp dir under /tmp, --durability sync, the default), and stops it at the end. It
+measures, in one run:
 
 1. claim + release latency, p50 / p90 / p99, through sbx.Client (sync), sbx.AsyncClient,
    and a raw grpcio stub (ClaimService.Claim + Release with a fresh claim_id) on a channel
@@ -90,7 +91,7 @@ def main():
     if a.server:
         target = a.server
     else:
-        srv = harness.Server(config=config(), runtime="instant",
+        srv = harness.Server(config=config(), runtime="instant", durability="sync",
                              extra=["--refill_qps=100000", "--refill_max_creating=100000"])
         target = srv.target
     try:

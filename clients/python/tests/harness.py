@@ -96,11 +96,13 @@ class Server:
     """sbx-server on 127.0.0.1 (port 0 unless given)."""
 
     def __init__(self, config: str = LOCAL_CONFIG, runtime: str = "local",
-                 auth: bool = False, extra: Optional[List[str]] = None) -> None:
+                 auth: bool = False, extra: Optional[List[str]] = None,
+                 durability: str = "buffered") -> None:
         self.dir = os.path.realpath(tempfile.mkdtemp(prefix="sbxpy-", dir="/tmp"))
         self.runtime = runtime
         self.auth = auth
         self.extra = list(extra or [])
+        self.durability = durability
         with open(os.path.join(self.dir, "config.yaml"), "w") as f:
             f.write(config)
         with open(os.path.join(self.dir, "tokens"), "w") as f:
@@ -122,7 +124,7 @@ class Server:
         flags = [f"--listen=127.0.0.1:{self.port}", "--metrics_listen=127.0.0.1:0",
                  f"--port_file={port_file}", f"--data_dir={self.dir}/data",
                  f"--sandbox_root={self.dir}/sb", f"--config={self.dir}/config.yaml",
-                 f"--runtime={self.runtime}", "--durability=buffered",
+                 f"--runtime={self.runtime}", f"--durability={self.durability}",
                  "--shutdown_grace_seconds=1",
                  f"--sandboxd={binary('SBX_TEST_SANDBOXD_BIN', 'sbx-sandboxd')}"]
         if self.auth:
