@@ -5,7 +5,7 @@
 
 Without --server it starts build/clang/src/cmd/sbx-server --runtime instant (or
 $SBX_TEST_SERVER_BIN) on 127.0.0.1:0 with a pool "bench" kept at 2,200 warm (store in a
-temp dir under /tmp, --durability sync, the default), and stops it at the end. It
+temp dir under /tmp, --durability sync unless --durability buffered), and stops it at the end. It
 measures, in one run:
 
 1. claim + release latency, p50 / p90 / p99, through sbx.Client (sync), sbx.AsyncClient,
@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--iterations", type=int, default=2000,
                     help="claim+release pairs per client kind")
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--durability", default="sync", choices=["sync", "buffered"],
+                    help="of the server it starts: sync fsyncs each group commit (the "
+                    "default); buffered isolates the client side from the disk")
     a = ap.parse_args()
     harness.clean_env()
 
@@ -91,7 +94,7 @@ def main():
     if a.server:
         target = a.server
     else:
-        srv = harness.Server(config=config(), runtime="instant", durability="sync",
+        srv = harness.Server(config=config(), runtime="instant", durability=a.durability,
                              extra=["--refill_qps=100000", "--refill_max_creating=100000"])
         target = srv.target
     try:
