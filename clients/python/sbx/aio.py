@@ -239,9 +239,20 @@ class AsyncSandbox:
         self.files = AsyncFiles(self)
         self._released = False
 
-    claim_id = property(lambda self: self.info.claim_id, doc="the claim's id")
-    sandbox_id = property(lambda self: self.info.sandbox_id, doc="the sandbox's id")
-    pool = property(lambda self: self.info.pool, doc="the pool it came from")
+    @property
+    def claim_id(self) -> str:
+        """The claim's id (the idempotency key)."""
+        return self.info.claim_id
+
+    @property
+    def sandbox_id(self) -> str:
+        """The sandbox's id."""
+        return self.info.sandbox_id
+
+    @property
+    def pool(self) -> str:
+        """The pool the sandbox came from."""
+        return self.info.pool
 
     def __repr__(self) -> str:
         state = "RELEASED" if self._released else self.info.state

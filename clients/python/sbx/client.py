@@ -11,8 +11,7 @@ import logging
 import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import (Callable, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar,
-                    Union, overload)
+from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Union, overload
 
 import grpc
 
@@ -25,7 +24,6 @@ from sbx.v1 import (admin_pb2, admin_pb2_grpc, claims_pb2, claims_pb2_grpc, diag
                     diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc)
 
 log = logging.getLogger("sbx")
-T = TypeVar("T")
 Content = Union[str, bytes]
 
 
@@ -256,9 +254,20 @@ class Sandbox:
         self.files = Files(self)
         self._released = False
 
-    claim_id = property(lambda self: self.info.claim_id, doc="the claim's id")
-    sandbox_id = property(lambda self: self.info.sandbox_id, doc="the sandbox's id")
-    pool = property(lambda self: self.info.pool, doc="the pool it came from")
+    @property
+    def claim_id(self) -> str:
+        """The claim's id (the idempotency key)."""
+        return self.info.claim_id
+
+    @property
+    def sandbox_id(self) -> str:
+        """The sandbox's id."""
+        return self.info.sandbox_id
+
+    @property
+    def pool(self) -> str:
+        """The pool the sandbox came from."""
+        return self.info.pool
 
     def __repr__(self) -> str:
         state = "RELEASED" if self._released else self.info.state

@@ -123,6 +123,26 @@ class SyncErrorsTest(unittest.TestCase):
         self.assertIsInstance(ctx.exception, ConnectionError)
         self.assertLess(elapsed, 30, "retries went far beyond the call's deadline")
 
+    def test_ctrl_c_during_a_claim_releases_it(self):
+        # Ctrl-C lands after the server granted the claim, before the client heard back:
+        # the SDK knows the id it sent and releases it.
+        sent = []
+
+        class InterruptAfterGrant(grpc.UnaryUnaryClientInterceptor):
+            def intercept_unary_unary(self, continuation, details, request):
+                outcome = continuation(details, request)
+                if details.method.endswith("/Claim"):
+                    sent.append(outcome.result().claim.claim_id)
+                    raise KeyboardInterrupt()
+                return outcome
+        channel = grpc.intercept_channel(grpc.insecure_channel(SRV.target),
+                                         InterruptAfterGrant())
+        with sbx.Client(SRV.target, token=TENANT, channel=channel) as c:
+            with self.assertRaises(KeyboardInterrupt):
+                c.claim("default")
+        self.assertEqual(len(sent), 1)
+        self.assertEqual(self.tenant.get_claim(sent[0]).state, "RELEASED")
+
     def test_env_defaults(self):
         os.environ["SBX_SERVER"], os.environ["SBX_TOKEN"] = SRV.target, TENANT
         try:
