@@ -104,7 +104,7 @@ class RetryPolicy:
     Exec and appends are never retried. `RetryPolicy(max_attempts=1)` turns retries off.
     """
 
-    max_attempts: int = 10
+    max_attempts: int = 20
     initial_backoff: float = 0.05
     max_backoff: float = 2.0
     multiplier: float = 2.0

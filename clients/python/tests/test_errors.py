@@ -242,7 +242,9 @@ class RestartTest(unittest.TestCase):
                                                   None).options()
         channel = grpc.intercept_channel(grpc.insecure_channel(srv.target, opts),
                                          KillAfterGrant())
-        with sbx.Client(srv.target, channel=channel, timeout=30) as c:
+        # Retries bounded by the deadline only (a loaded machine may restart slowly).
+        patient = sbx.RetryPolicy(max_attempts=1000)
+        with sbx.Client(srv.target, channel=channel, timeout=30, retry=patient) as c:
             sb = c.claim("default", ttl=600)
             self.restarter.join(30)
             # Every attempt sent the same id; the one that got through was a replay.
@@ -259,7 +261,8 @@ class RestartTest(unittest.TestCase):
     def test_claim_waits_out_a_restart(self):
         self.srv.kill()
         restarter = self.restart_later(1.0)
-        with sbx.Client(self.srv.target, timeout=30) as c:
+        with sbx.Client(self.srv.target, timeout=30,
+                        retry=sbx.RetryPolicy(max_attempts=1000)) as c:
             sb = c.claim("default", claim_id="restart-1")
             restarter.join(30)
             self.assertEqual(sb.claim_id, "restart-1")
@@ -272,7 +275,8 @@ class RestartTest(unittest.TestCase):
         restarter = self.restart_later(1.0)
 
         async def run():
-            async with sbx.AsyncClient(self.srv.target, timeout=30) as c:
+            async with sbx.AsyncClient(self.srv.target, timeout=30,
+                                       retry=sbx.RetryPolicy(max_attempts=1000)) as c:
                 return await c.claim("default", claim_id="restart-2")
         sb = asyncio.run(run())
         restarter.join(30)
