@@ -11,8 +11,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import (Any, AsyncIterator, Awaitable, Callable, Generator, List, Mapping,
-                    Optional, Sequence, Union, overload)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Generator, Generic, List,
+                    Mapping, Optional, Sequence, TypeVar, Union, overload)
 
 import grpc
 import grpc.aio
@@ -27,6 +27,7 @@ from sbx.v1 import (admin_pb2, admin_pb2_grpc, claims_pb2, claims_pb2_grpc, diag
 
 log = logging.getLogger("sbx")
 Content = Union[str, bytes]
+T = TypeVar("T")
 
 
 class AsyncClient:
@@ -208,25 +209,23 @@ class AsyncClient:
         return AsyncClaimWatch(self._claims.WatchClaims(req, metadata=self._md))
 
 
-class _Pending(Awaitable[Any]):
-    """What AsyncClient.claim returns: await it, or use it with `async with`."""
+class _Pending(Generic[T]):
+    """What AsyncClient.claim / claim_batch return: await it for the handle, or use it
+    with `async with` to release at the end."""
 
-    def __init__(self, run: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(self, run: Callable[[], Awaitable[T]]) -> None:
         self._run = run
-        self._value: Any = None
+        self._value: Optional[T] = None
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, T]:
         return self._run().__await__()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> T:
         self._value = await self._run()
         return self._value
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
-        await self._value.__aexit__(exc_type, exc, tb)
-
-    def __class_getitem__(cls, item):  # _Pending[AsyncSandbox] in annotations
-        return cls
+        await self._value.__aexit__(exc_type, exc, tb)  # type: ignore[union-attr]
 
 
 class AsyncSandbox:
