@@ -100,7 +100,7 @@ class Client:
                 return method(request, timeout=remaining, metadata=self._md)
             except grpc.RpcError as e:
                 err = from_rpc_error(e)
-                err.claim_id = claim_id  # type: ignore[attr-defined]
+                err.claim_id = claim_id
                 if (not retry or e.code() not in c.RETRYABLE_CODES
                         or attempt >= self.retry.max_attempts):
                     raise err from None

@@ -18,10 +18,13 @@ class SbxError(Exception):
     """Base of every error the SDK raises for a failed call.
 
     Attributes: `code` (grpc.StatusCode), `message` (the server's text), `retry_after`
-    (seconds, for RESOURCE_EXHAUSTED answers that carry a hint; else None).
+    (seconds, for RESOURCE_EXHAUSTED answers that carry a hint; else None), `claim_id`
+    (for a failed claim or batch: the id it was sent with, so that it can be retried or
+    released; else None).
     """
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    claim_id: Optional[str] = None
 
     def __init__(self, message: str, code: Optional[grpc.StatusCode] = None,
                  retry_after: Optional[float] = None) -> None:

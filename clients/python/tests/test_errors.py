@@ -113,6 +113,11 @@ class SyncErrorsTest(unittest.TestCase):
         with self.assertRaises(sbx.DeadlineExceeded) as ctx:
             self.tenant.claim("empty", policy="wait", wait=0.3)
         self.assertIsInstance(ctx.exception, TimeoutError)
+        # The error names the id the claim was sent with, for a retry with the same id.
+        self.assertTrue(ctx.exception.claim_id.startswith("py-"))
+        with self.assertRaises(sbx.DeadlineExceeded) as ctx:
+            self.tenant.claim("empty", policy="wait", wait=0.3, claim_id="mine-1")
+        self.assertEqual(ctx.exception.claim_id, "mine-1")
 
     def test_unavailable_after_bounded_retries(self):
         with sbx.Client(f"127.0.0.1:{free_port()}", timeout=1.0) as c:
