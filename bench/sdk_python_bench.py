@@ -178,12 +178,11 @@ def run(target, iterations, rounds):
         await asyncio.gather(*(sb.release() for sb in got))
         return t1 - t0, time.perf_counter() - t1
     t_conc, r_conc = loop.run_until_complete(concurrent())
-    print(f"{'claim_batch(pool, 1000), one call':<44} {t_batch:>7.3f} s   release {r_batch:.3f} s"
-          " (16 threads)")
-    print(f"{'1,000 x client.claim(), sequential':<44} {t_single:>7.3f} s   release {r_single:.3f} s"
-          " (sequential)")
-    print(f"{'1,000 x AsyncClient.claim(), concurrent':<44} {t_conc:>7.3f} s   release {r_conc:.3f} s"
-          " (concurrent)")
+    for name, held_s, released_s, how in (
+            ("claim_batch(pool, 1000), one call", t_batch, r_batch, "16 threads"),
+            ("1,000 x client.claim(), sequential", t_single, r_single, "sequential"),
+            ("1,000 x AsyncClient.claim(), concurrent", t_conc, r_conc, "concurrent")):
+        print(f"{name:<44} {held_s:>7.3f} s   release {released_s:.3f} s ({how})")
 
     loop.run_until_complete(aclient.close())
     loop.close()

@@ -7,6 +7,7 @@ Sandbox handle too, except that one ExecStream belongs to one thread at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -368,7 +369,6 @@ class Sandbox:
 
 
 def _with_suspended(info: ClaimInfo, suspended: bool) -> ClaimInfo:
-    import dataclasses
     return dataclasses.replace(info, suspended=suspended)
 
 
@@ -453,7 +453,6 @@ class ExecStream:
         for chunk in self:
             (self._out if chunk.stream == "stdout" else self._err).extend(chunk.data)
         if self.result is not None and (self._out or self._err):
-            import dataclasses
             self.result = dataclasses.replace(self.result, stdout_raw=bytes(self._out),
                                               stderr_raw=bytes(self._err))
         assert self.result is not None
