@@ -1,0 +1,652 @@
+"""The synchronous sbx client: `sbx.Client`, `Sandbox`, `SandboxGroup`, `Files`,
+`ExecStream`, `ClaimWatch`.
+
+Thread-safety: a Client (one gRPC channel) may be shared by any number of threads; a
+Sandbox handle too, except that one ExecStream belongs to one thread at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Union, overload
+
+import grpc
+
+from sbx import _common as c
+from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
+                         PoolInfo, RetryPolicy)
+from sbx.errors import (FailedPrecondition, InvalidArgument, NotFound, SbxError,
+                        from_rpc_error)
+from sbx.v1 import (admin_pb2, admin_pb2_grpc, claims_pb2, claims_pb2_grpc, diagnostics_pb2,
+                    diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc)
+
+log = logging.getLogger("sbx")
+Content = Union[str, bytes]
+
+
+class Client:
+    """A connection to sbx-server.
+
+    Connection settings follow the `sbx` CLI: `server` defaults to $SBX_SERVER, else
+    127.0.0.1:50051; `token` to $SBX_TOKEN (sent as `authorization: Bearer TOKEN`).
+    `tls=True` uses the system roots; `ca` (a PEM file) verifies the server with those
+    roots; `cert`/`key` (PEM files) add a client certificate (mutual TLS); any of them
+    implies TLS. `server_name` is the name expected in the server's certificate when it
+    differs from the host in `server`.
+
+    `timeout` is the default deadline of each call in seconds (claims add their wait,
+    exec its timeout). `retry` governs automatic retries of calls that are safe to
+    repeat (see RetryPolicy). `channel` replaces the channel the client would make
+    (then the TLS arguments are ignored; `token` still applies).
+
+    Use it as a context manager, or call close().
+    """
+
+    def __init__(self, server: Optional[str] = None, token: Optional[str] = None, *,
+                 tls: bool = False, ca: Optional[str] = None, cert: Optional[str] = None,
+                 key: Optional[str] = None, server_name: Optional[str] = None,
+                 timeout: float = c.DEFAULT_TIMEOUT, retry: RetryPolicy = RetryPolicy(),
+                 channel: Optional[grpc.Channel] = None) -> None:
+        self._settings = c.ConnectionSettings.resolve(server, token, tls, ca, cert, key,
+                                                      server_name)
+        if channel is None:
+            creds = self._settings.credentials()
+            opts = self._settings.options()
+            channel = (grpc.secure_channel(self._settings.target, creds, opts) if creds
+                       else grpc.insecure_channel(self._settings.target, opts))
+        self._channel = channel
+        self._md = self._settings.metadata()
+        self.timeout = timeout
+        self.retry = retry
+        self._claims = claims_pb2_grpc.ClaimServiceStub(channel)
+        self._sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(channel)
+        self._diag = diagnostics_pb2_grpc.DiagnosticsServiceStub(channel)
+
+    @property
+    def target(self) -> str:
+        return self._settings.target
+
+    def __repr__(self) -> str:
+        tls = "tls" if self._settings.tls else "plaintext"
+        auth = ", token=***" if self._settings.token else ""
+        return f"sbx.Client({self._settings.target!r}, {tls}{auth})"
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ calling helpers
+
+    def _call(self, method: Callable, request, *, timeout: Optional[float] = None,
+              retry: bool = True, claim_id: Optional[str] = None):
+        """One unary call with retries (UNAVAILABLE, ABORTED) while safe and within the
+        deadline; failures become typed SbxErrors."""
+        total = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + total
+        attempt = 0
+        while True:
+            attempt += 1
+            remaining = max(deadline - time.monotonic(), 0.001)
+            try:
+                return method(request, timeout=remaining, metadata=self._md)
+            except grpc.RpcError as e:
+                err = from_rpc_error(e)
+                err.claim_id = claim_id
+                if (not retry or e.code() not in c.RETRYABLE_CODES
+                        or attempt >= self.retry.max_attempts):
+                    raise err from None
+                pause = self.retry.backoff(attempt)
+                if time.monotonic() + pause >= deadline:
+                    raise err from None
+                log.debug("sbx: %s, retry %d in %.3f s", err, attempt, pause)
+                time.sleep(pause)
+
+    def _release_quietly(self, claim_id: str) -> None:
+        try:
+            self._claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id), timeout=5,
+                                 metadata=self._md)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.NOT_FOUND:
+                log.warning("sbx: releasing claim %s failed: %s", claim_id, from_rpc_error(e))
+
+    # ------------------------------------------------------------------------ the API
+
+    def ping(self, payload: bytes = b"") -> PingResult:
+        """DiagnosticsService.Ping: checks the connection; returns the server's version."""
+        r = self._call(self._diag.Ping, diagnostics_pb2.PingRequest(payload=payload))
+        return PingResult(payload=r.payload, server_version=r.server_version,
+                          server_commit=r.server_commit, server_time=c._ts(r.server_time))
+
+    def claim(self, pool: str, *, ttl: Optional[float] = None,
+              env: Optional[Mapping[str, str]] = None,
+              files: Optional[Mapping[str, Content]] = None,
+              labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
+              policy: Optional[str] = None, claim_id: Optional[str] = None,
+              timeout: Optional[float] = None) -> "Sandbox":
+        """Claims a warm sandbox of `pool`; use the result in a `with` block to release it
+        at the end (also on exceptions and Ctrl-C), or call its release().
+
+        ttl: seconds the claim lives without renew() (None: the pool's default_ttl).
+        env: variables for every command run in it. files: path -> content placed in
+        the workspace before the claim returns (1 MiB in total). labels: for selectors.
+        wait: seconds to wait when the pool is empty (None: the pool's default_wait).
+        policy: "wait", "cold" or "fail" (None: the pool's). claim_id: the idempotency
+        key (default: a fresh one generated here, reused by every automatic retry).
+
+        Raises NotFound (no such pool), PoolExhausted (policy "fail"; see retry_after),
+        DeadlineExceeded (no sandbox within `wait`), InvalidArgument, ... An error
+        raised after the server may have granted the claim carries `claim_id`.
+        """
+        claim_id = c.check_id(claim_id, "claim_id") if claim_id else c.new_claim_id()
+        req = c.claim_request(claim_id, pool, ttl, env, files, labels, wait, policy)
+        try:
+            resp = self._call(self._claims.Claim, req, claim_id=claim_id,
+                              timeout=c.claim_deadline(wait, timeout))
+        except SbxError:
+            raise
+        except BaseException:
+            # Ctrl-C (or another exception) while the claim was on its way: the server may
+            # have granted it. The id is ours, so release it rather than leak a sandbox.
+            self._release_quietly(claim_id)
+            raise
+        return Sandbox(self, ClaimInfo.from_proto(resp.claim), replayed=resp.replayed)
+
+    def claim_batch(self, pool: str, n: int, *, best_effort: bool = False,
+                    batch_id: Optional[str] = None, ttl: Optional[float] = None,
+                    env: Optional[Mapping[str, str]] = None,
+                    files: Optional[Mapping[str, Content]] = None,
+                    labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
+                    policy: Optional[str] = None, timeout: Optional[float] = None
+                    ) -> "SandboxGroup":
+        """Claims `n` sandboxes (1-1000) in one ClaimBatch call: all or nothing, or with
+        best_effort between 1 and n. The claims are `<batch_id>#<i>`. Returns a
+        SandboxGroup (a sequence of Sandbox) that releases them all at the end of a
+        `with` block or on release(). Other arguments as for claim()."""
+        batch_id = c.check_id(batch_id, "batch_id") if batch_id else c.new_claim_id("pyb")
+        req = c.batch_request(batch_id, pool, n, best_effort, ttl, env, files, labels, wait,
+                              policy)
+        try:
+            resp = self._call(self._claims.ClaimBatch, req, claim_id=batch_id,
+                              timeout=c.claim_deadline(wait, timeout))
+        except SbxError:
+            raise
+        except BaseException:
+            self._release_quietly_batch(batch_id, n)
+            raise
+        return SandboxGroup(self, resp.batch_id,
+                            [Sandbox(self, ClaimInfo.from_proto(x), replayed=resp.replayed)
+                             for x in resp.claims], replayed=resp.replayed)
+
+    def _release_quietly_batch(self, batch_id: str, n: int) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(self._release_quietly, [f"{batch_id}#{i}" for i in range(n)]))
+
+    def attach(self, claim_id: str) -> "Sandbox":
+        """A handle on an existing claim (GetClaim), e.g. one made by another process."""
+        return Sandbox(self, self.get_claim(claim_id))
+
+    def get_claim(self, claim_id: str) -> ClaimInfo:
+        """The claim in any state (NotFound once it left the retention window)."""
+        r = self._call(self._claims.GetClaim, claims_pb2.GetClaimRequest(claim_id=claim_id))
+        return ClaimInfo.from_proto(r.claim)
+
+    def release(self, claim_id: str) -> ClaimInfo:
+        """Ends a claim by id and destroys its sandbox; idempotent."""
+        r = self._call(self._claims.Release, claims_pb2.ReleaseRequest(claim_id=claim_id))
+        return ClaimInfo.from_proto(r.claim)
+
+    def list_claims(self, *, pool: Optional[str] = None, selector: Optional[str] = None,
+                    labels: Optional[Mapping[str, str]] = None,
+                    states: Optional[Sequence[str]] = None, owner: Optional[str] = None
+                    ) -> List[ClaimInfo]:
+        """Every claim matching the filter (all pages). states: e.g. ["active"]."""
+        f = c.claim_filter(pool, selector, labels, states, owner)
+        out: List[ClaimInfo] = []
+        token = ""
+        while True:
+            r = self._call(self._claims.ListClaims, claims_pb2.ListClaimsRequest(
+                filter=f, page_size=1000, page_token=token))
+            out.extend(ClaimInfo.from_proto(x) for x in r.claims)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def pools(self, template: Optional[str] = None) -> List[PoolInfo]:
+        """Every pool with its status (AdminService.ListPools; needs an admin token when
+        the server has authentication)."""
+        out: List[PoolInfo] = []
+        token = ""
+        while True:
+            r = self._call(self._admin.ListPools, admin_pb2.ListPoolsRequest(
+                page_size=1000, page_token=token, template=template or ""))
+            out.extend(PoolInfo.from_proto(p) for p in r.pools)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def watch_claims(self, *, pool: Optional[str] = None, selector: Optional[str] = None,
+                     labels: Optional[Mapping[str, str]] = None, start_revision: int = 0
+                     ) -> "ClaimWatch":
+        """Streams ClaimEvents: first ADDED for every matching claim (start_revision 0),
+        then changes. Iterate it; cancel() or leaving its `with` block ends it."""
+        req = claims_pb2.WatchClaimsRequest(
+            filter=c.claim_filter(pool, selector, labels, None, None),
+            start_revision=start_revision)
+        return ClaimWatch(self._claims.WatchClaims(req, metadata=self._md))
+
+
+class Sandbox:
+    """A claimed sandbox. Release it with a `with` block or release()."""
+
+    def __init__(self, client: Client, info: ClaimInfo, replayed: bool = False) -> None:
+        self._client = client
+        self.info = info
+        self.replayed = replayed
+        self.files = Files(self)
+        self._released = False
+
+    @property
+    def claim_id(self) -> str:
+        """The claim's id (the idempotency key)."""
+        return self.info.claim_id
+
+    @property
+    def sandbox_id(self) -> str:
+        """The sandbox's id."""
+        return self.info.sandbox_id
+
+    @property
+    def pool(self) -> str:
+        """The pool the sandbox came from."""
+        return self.info.pool
+
+    def __repr__(self) -> str:
+        state = "RELEASED" if self._released else self.info.state
+        return (f"<sbx.Sandbox claim_id={self.claim_id!r} pool={self.pool!r} "
+                f"sandbox_id={self.sandbox_id!r} state={state}>")
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except BaseException as e:  # Keep the original exception, which says more.
+            log.warning("sbx: releasing claim %s failed: %s", self.claim_id, e)
+
+    def release(self) -> ClaimInfo:
+        """Ends the claim and destroys the sandbox. Idempotent."""
+        self.info = self._client.release(self.claim_id)
+        self._released = True
+        return self.info
+
+    def refresh(self) -> ClaimInfo:
+        """Reads the claim again (state, expiry, suspended)."""
+        self.info = self._client.get_claim(self.claim_id)
+        return self.info
+
+    def renew(self, ttl: Optional[float] = None) -> ClaimInfo:
+        """Sets the expiry to now + ttl seconds (None: the pool's default_ttl)."""
+        req = claims_pb2.RenewRequest(claim_id=self.claim_id)
+        c.set_duration(req.ttl, ttl)
+        self.info = ClaimInfo.from_proto(self._client._call(self._client._claims.Renew, req).claim)
+        return self.info
+
+    def suspend(self) -> None:
+        """Freezes every process of the sandbox (the TTL keeps running)."""
+        self._client._call(self._client._sandboxes.Suspend,
+                           sandboxes_pb2.SuspendRequest(claim_id=self.claim_id))
+        self.info = _with_suspended(self.info, True)
+
+    def resume(self) -> None:
+        """Thaws a suspended sandbox."""
+        self._client._call(self._client._sandboxes.Resume,
+                           sandboxes_pb2.ResumeRequest(claim_id=self.claim_id))
+        self.info = _with_suspended(self.info, False)
+
+    def exec(self, cmd: Union[str, Sequence[str]], *, env: Optional[Mapping[str, str]] = None,
+             cwd: Optional[str] = None, stdin: Union[None, str, bytes] = None,
+             timeout: Optional[float] = None,
+             max_output_bytes: Optional[int] = None) -> ExecResult:
+        """Runs a command and waits for it. A string runs through `sh -c`; a list is the
+        argv (no shell). `stdin` (str or bytes) is fed to it; without it stdin is
+        /dev/null. `timeout` (seconds, default 10 min) kills it (result.timed_out).
+        A command that fails is a result with exit_code != 0, not an exception; errors
+        are for commands that could not run (FailedPrecondition, NotFound...).
+        Never retried automatically: the command may have run."""
+        data = c.stdin_bytes(stdin)
+        reqs = [c.exec_start(self.claim_id, cmd, env, cwd, timeout, max_output_bytes,
+                             data is not None)]
+        if data is not None:
+            reqs += [sandboxes_pb2.ExecRequest(stdin_chunk=data[i:i + c.CHUNK])
+                     for i in range(0, len(data), c.CHUNK)]
+            reqs.append(sandboxes_pb2.ExecRequest(close_stdin=sandboxes_pb2.ExecCloseStdin()))
+        call = self._client._sandboxes.Exec(iter(reqs), timeout=c.exec_deadline(timeout),
+                                            metadata=self._client._md)
+        out, err, pid, exit_msg = bytearray(), bytearray(), 0, None
+        try:
+            for r in call:
+                kind = r.WhichOneof("kind")
+                if kind == "stdout_chunk":
+                    out += r.stdout_chunk
+                elif kind == "stderr_chunk":
+                    err += r.stderr_chunk
+                elif kind == "started":
+                    pid = r.started.pid
+                elif kind == "exit":
+                    exit_msg = r.exit
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        except BaseException:
+            call.cancel()  # Ctrl-C: cancelling the call kills the command.
+            raise
+        if exit_msg is None:
+            raise SbxError("the Exec stream ended without an exit message")
+        return c.exec_result(pid, bytes(out), bytes(err), exit_msg)
+
+    def exec_stream(self, cmd: Union[str, Sequence[str]], *,
+                    env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                    stdin: bool = False, timeout: Optional[float] = None,
+                    max_output_bytes: Optional[int] = None) -> "ExecStream":
+        """Starts a command and returns an ExecStream: iterate it for ExecChunks as they
+        come, write() to its stdin (with stdin=True), send_signal(), wait() for the
+        result. Leaving its `with` block before the command ended cancels it (kills it)."""
+        start = c.exec_start(self.claim_id, cmd, env, cwd, timeout, max_output_bytes, stdin)
+        return ExecStream(self._client, start, c.exec_deadline(timeout))
+
+
+def _with_suspended(info: ClaimInfo, suspended: bool) -> ClaimInfo:
+    return dataclasses.replace(info, suspended=suspended)
+
+
+class ExecStream:
+    """A running command (SandboxService.Exec). Not thread-safe: one reader."""
+
+    def __init__(self, client: Client, start: sandboxes_pb2.ExecRequest, deadline: float):
+        self._q: "queue.Queue[Optional[sandboxes_pb2.ExecRequest]]" = queue.Queue()
+        self._q.put(start)
+        self._call = client._sandboxes.Exec(self._requests(), timeout=deadline,
+                                            metadata=client._md)
+        self.pid = 0
+        self.result: Optional[ExecResult] = None
+        self._out = bytearray()
+        self._err = bytearray()
+        self._closed = False
+        first = self._next()  # started, or an error saying why it could not start
+        if first is not None and first.WhichOneof("kind") == "started":
+            self.pid = first.started.pid
+
+    def __repr__(self) -> str:
+        state = "running" if self.result is None else repr(self.result)
+        return f"<sbx.ExecStream pid={self.pid} {state}>"
+
+    def _requests(self) -> Iterator[sandboxes_pb2.ExecRequest]:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            yield item
+
+    def _next(self):
+        try:
+            return next(self._call)
+        except StopIteration:
+            return None
+        except grpc.RpcError as e:
+            self._finish()
+            raise from_rpc_error(e) from None
+
+    def _finish(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._q.put(None)
+
+    def write(self, data: Union[str, bytes]) -> None:
+        """Sends bytes to the command's stdin (needs exec_stream(..., stdin=True))."""
+        b = c.stdin_bytes(data) or b""
+        for i in range(0, len(b), c.CHUNK):
+            self._q.put(sandboxes_pb2.ExecRequest(stdin_chunk=b[i:i + c.CHUNK]))
+
+    def close_stdin(self) -> None:
+        """End of input for the command."""
+        self._q.put(sandboxes_pb2.ExecRequest(close_stdin=sandboxes_pb2.ExecCloseStdin()))
+
+    def send_signal(self, sig: Union[int, str]) -> None:
+        """Signals the command's process group: "INT", "TERM", "KILL", 15, ..."""
+        self._q.put(sandboxes_pb2.ExecRequest(
+            signal=sandboxes_pb2.ExecSignal(signal=c.signal_value(sig))))
+
+    def __iter__(self) -> Iterator[ExecChunk]:
+        while self.result is None:
+            r = self._next()
+            if r is None:
+                self._finish()
+                if self.result is None:
+                    raise SbxError("the Exec stream ended without an exit message")
+                return
+            kind = r.WhichOneof("kind")
+            if kind == "stdout_chunk":
+                yield ExecChunk("stdout", r.stdout_chunk)
+            elif kind == "stderr_chunk":
+                yield ExecChunk("stderr", r.stderr_chunk)
+            elif kind == "exit":
+                self.result = c.exec_result(self.pid, bytes(self._out), bytes(self._err),
+                                            r.exit)
+                self._finish()
+
+    def wait(self) -> ExecResult:
+        """Waits for the command to end; the result holds the output not already
+        consumed by iterating."""
+        for chunk in self:
+            (self._out if chunk.stream == "stdout" else self._err).extend(chunk.data)
+        if self.result is not None and (self._out or self._err):
+            self.result = dataclasses.replace(self.result, stdout_raw=bytes(self._out),
+                                              stderr_raw=bytes(self._err))
+        assert self.result is not None
+        return self.result
+
+    def cancel(self) -> None:
+        """Cancels the call, which kills the command."""
+        self._finish()
+        self._call.cancel()
+
+    def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.result is None:
+            self.cancel()
+
+
+class ClaimWatch:
+    """An open WatchClaims stream: iterate it for ClaimEvents."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+        self._cancelled = False
+
+    def __iter__(self) -> Iterator[ClaimEvent]:
+        try:
+            for e in self._call:
+                yield ClaimEvent.from_proto(e)
+        except grpc.RpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise from_rpc_error(e) from None
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._call.cancel()
+
+    def __enter__(self) -> "ClaimWatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+
+
+class SandboxGroup(Sequence[Sandbox]):
+    """The sandboxes of one claim_batch(), in index order; releases them all at the end of
+    a `with` block or on release()."""
+
+    def __init__(self, client: Client, batch_id: str, sandboxes: List[Sandbox],
+                 replayed: bool = False) -> None:
+        self._client = client
+        self.batch_id = batch_id
+        self.sandboxes = sandboxes
+        self.replayed = replayed
+
+    @overload
+    def __getitem__(self, i: int) -> Sandbox: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Sandbox]: ...
+
+    def __getitem__(self, i):
+        return self.sandboxes[i]
+
+    def __len__(self) -> int:
+        return len(self.sandboxes)
+
+    def __repr__(self) -> str:
+        return f"<sbx.SandboxGroup batch_id={self.batch_id!r} pool={self._pool()!r} n={len(self)}>"
+
+    def _pool(self) -> str:
+        return self.sandboxes[0].pool if self.sandboxes else ""
+
+    def release(self, parallelism: int = 16) -> None:
+        """Releases every sandbox (several calls at once); raises the first failure
+        after trying them all."""
+        errors: List[BaseException] = []
+
+        def one(sb: Sandbox) -> None:
+            try:
+                sb.release()
+            except SbxError as e:
+                errors.append(e)
+        with ThreadPoolExecutor(max(1, parallelism)) as pool:
+            list(pool.map(one, self.sandboxes))
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> "SandboxGroup":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except BaseException as e:
+            log.warning("sbx: releasing batch %s failed: %s", self.batch_id, e)
+
+
+class Files:
+    """File calls on one sandbox's workspace. Paths are relative to the workspace."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sb = sandbox
+
+    def __repr__(self) -> str:
+        return f"<sbx.Files of {self._sb.claim_id!r}>"
+
+    def write(self, path: str, data: Content, *, mode: Optional[int] = None,
+              append: bool = False, make_parents: bool = True) -> int:
+        """Writes (replaces atomically, or appends to) a file; str is written as UTF-8.
+        Content above 1 MiB goes in 1 MiB calls (replace, then appends). `mode` e.g.
+        0o755 (default: 0644 for a new file). Returns the file's size afterwards."""
+        b = data.encode() if isinstance(data, str) else bytes(data)
+        cl = self._sb._client
+        size = 0
+        for i, off in enumerate(range(0, max(len(b), 1), c.CHUNK)):
+            app = append or i > 0
+            req = sandboxes_pb2.WriteFileRequest(
+                claim_id=self._sb.claim_id, path=path, content=b[off:off + c.CHUNK],
+                mode=mode or 0, append=app, create_parents=make_parents)
+            size = cl._call(cl._sandboxes.WriteFile, req, retry=not app).size
+        return size
+
+    def read(self, path: str) -> bytes:
+        """The whole file (read in 1 MiB ranges)."""
+        cl = self._sb._client
+        out = bytearray()
+        while True:
+            r = cl._call(cl._sandboxes.ReadFile, sandboxes_pb2.ReadFileRequest(
+                claim_id=self._sb.claim_id, path=path, offset=len(out), limit=c.CHUNK))
+            out += r.content
+            if r.eof or not r.content:
+                return bytes(out)
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return self.read(path).decode(encoding)
+
+    def list(self, path: str = "", *, recursive: bool = False) -> List[FileInfo]:
+        """Entries of a directory (all pages), ordered by path."""
+        cl = self._sb._client
+        out: List[FileInfo] = []
+        token = ""
+        while True:
+            r = cl._call(cl._sandboxes.ListFiles, sandboxes_pb2.ListFilesRequest(
+                claim_id=self._sb.claim_id, path=path, recursive=recursive, page_size=1000,
+                page_token=token))
+            out.extend(FileInfo.from_proto(f) for f in r.files)
+            token = r.next_page_token
+            if not token:
+                return out
+
+    def exists(self, path: str) -> bool:
+        """Whether a file or directory exists. sbx has no stat call: this is a ReadFile
+        of zero bytes past the end (a directory answers "is a directory")."""
+        cl = self._sb._client
+        try:
+            cl._call(cl._sandboxes.ReadFile, sandboxes_pb2.ReadFileRequest(
+                claim_id=self._sb.claim_id, path=path, offset=1 << 62, limit=1))
+            return True
+        except (NotFound, FailedPrecondition) as e:
+            return _exists_from_error(e)
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file or an empty directory (recursive=True: a directory with its
+        contents). sbx has no delete call: this runs `rm` in the sandbox through exec,
+        so it needs a sandbox that can run commands. NotFound when nothing is there."""
+        argv = _rm_argv(path, recursive)
+        _check_rm(path, self._sb.exec(argv, timeout=60))
+
+
+def _exists_from_error(e: SbxError) -> bool:
+    if not c.is_file_level_error(e.message):
+        raise e
+    if isinstance(e, NotFound) or "a component is not a directory" in e.message:
+        return False
+    return True  # "is a directory", "is not a regular file"
+
+
+def _rm_argv(path: str, recursive: bool) -> List[str]:
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\0" in path or ".." in parts or "." in parts:
+        raise InvalidArgument(f"path {path!r} must be relative to the workspace, without "
+                              "'.' or '..' components")
+    return ["rm", "-r" if recursive else "-d", "--", path]
+
+
+def _check_rm(path: str, r: ExecResult) -> None:
+    if r.exit_code == 0:
+        return
+    msg = f"removing {path!r}: {r.stderr.strip() or f'rm exited {r.returncode}'}"
+    if "No such file" in r.stderr:
+        raise NotFound(msg)
+    raise FailedPrecondition(msg)
