@@ -4,7 +4,7 @@ import './polyfill.js';
 
 import * as grpc from '@grpc/grpc-js';
 
-import {FailedPrecondition, NotFound, SbxError} from './errors.js';
+import {FailedPrecondition, InvalidArgument, NotFound} from './errors.js';
 import {ExecProcess, type ExecChunk, type ExecResult} from './exec.js';
 import {type CallOptions, type Transport} from './transport.js';
 import {
@@ -167,7 +167,7 @@ export class SandboxFiles {
    */
   async remove(path: string, opts: CallOptions & {recursive?: boolean} = {}): Promise<void> {
     if (path === '' || path.startsWith('/') || path.split('/').some((p) => p === '..' || p === '.')) {
-      throw new SbxError(grpc.status.INVALID_ARGUMENT, `path "${path}" must be relative to the workspace, without "." or ".."`);
+      throw new InvalidArgument(grpc.status.INVALID_ARGUMENT, `path "${path}" must be relative to the workspace, without "." or ".."`);
     }
     const argv = ['rm', '-f', ...(opts.recursive ? ['-r'] : []), '--', path];
     const r = await this.sandbox.exec(argv, {signal: opts.signal, timeoutMs: opts.timeoutMs, timeout: opts.timeoutMs ?? this.ctx.timeoutMs});
