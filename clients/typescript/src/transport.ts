@@ -11,11 +11,11 @@ import type {Raw} from './types.js';
 
 /** Retry settings; the defaults suit interactive use. */
 export interface RetryOptions {
-  /** Attempts in total, including the first. Default 5. 1 disables retries. */
+  /** Attempts in total, including the first. Default: unlimited (the deadline bounds them). 1 disables retries. */
   maxAttempts?: number;
-  /** Backoff before the second attempt, in ms; doubles each time. Default 100. */
+  /** Backoff before the second attempt, in ms; doubles each time (with jitter). Default 100. */
   initialBackoffMs?: number;
-  /** Cap on one backoff, in ms. Default 5000. */
+  /** Cap on one backoff, in ms. Default 2000. */
   maxBackoffMs?: number;
 }
 
@@ -87,9 +87,9 @@ export class Transport {
     };
     this.token = token;
     this.retry = {
-      maxAttempts: Math.max(1, retry?.maxAttempts ?? 5),
+      maxAttempts: Math.max(1, retry?.maxAttempts ?? Infinity),
       initialBackoffMs: retry?.initialBackoffMs ?? 100,
-      maxBackoffMs: retry?.maxBackoffMs ?? 5000,
+      maxBackoffMs: retry?.maxBackoffMs ?? 2000,
     };
   }
 
@@ -107,7 +107,7 @@ export class Transport {
   }
 
   /** One attempt of a unary call. */
-  private once(c: UnaryCall, waitForReady: boolean): Promise<Raw> {
+  private once(c: UnaryCall): Promise<Raw> {
     return new Promise((resolve, reject) => {
       if (c.signal?.aborted) {
         reject(abortedError(c.signal.reason));
@@ -116,7 +116,7 @@ export class Transport {
       const stub = this.stubs[c.stub];
       const fn = stub[c.method] as (...a: unknown[]) => grpc.ClientUnaryCall;
       let onAbort: (() => void) | undefined;
-      const call = fn.call(stub, c.request, this.metadata(), {deadline: new Date(c.deadline), waitForReady},
+      const call = fn.call(stub, c.request, this.metadata(), {deadline: new Date(c.deadline)},
                            (err: grpc.ServiceError | null, res: Raw) => {
         if (onAbort) c.signal?.removeEventListener('abort', onAbort);
         if (err) {
@@ -134,13 +134,13 @@ export class Transport {
 
   /**
    * A unary call, retried (when `idempotent`) after UNAVAILABLE or ABORTED with
-   * exponential backoff and full jitter, as long as the next attempt starts before the
-   * deadline. Retries wait for the channel to be ready (e.g. a restarting server).
+   * exponential backoff (each delay random in [cap/2, cap]), as long as the next attempt starts before the
+   * deadline; the last error is thrown when the next attempt would start after it.
    */
   async unary(c: UnaryCall): Promise<Raw> {
     for (let attempt = 1; ; attempt++) {
       try {
-        return await this.once(c, attempt > 1);
+        return await this.once(c);
       } catch (e) {
         const retriable = e instanceof Unavailable || e instanceof Aborted;
         if (!c.idempotent || !retriable || attempt >= this.retry.maxAttempts) throw e;
