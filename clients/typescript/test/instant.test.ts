@@ -16,7 +16,7 @@ let admin: Client;
 let tenant: Client;
 
 before(async () => {
-  server = await new TestServer({
+  server = new TestServer({
     runtime: 'instant',
     config: instantConfig([
       {name: 'warm', warm: 260, maxTtl: '1h'},
@@ -26,7 +26,8 @@ before(async () => {
       {name: 'empty-fail', warm: 0, policy: 'fail'},
     ]),
     tokens: ['admin-token ops admin', 'tenant-token team-a'],
-  }).start();
+  });
+  await server.start();
   admin = new Client({server: server.target, token: 'admin-token'});
   tenant = new Client({server: server.target, token: 'tenant-token'});
   await waitFor('260 warm sandboxes', async () => (await admin.pools()).find((p) => p.name === 'warm')!.status.warm >= 260);

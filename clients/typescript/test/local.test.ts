@@ -21,7 +21,8 @@ async function stateOf(claimId: string): Promise<string> {
 }
 
 before(async () => {
-  server = await new TestServer({runtime: 'local'}).start();
+  server = new TestServer({runtime: 'local'});
+  await server.start();
   client = new Client({server: server.target});
 });
 

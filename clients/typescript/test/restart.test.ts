@@ -19,7 +19,8 @@ after(async () => {
 
 it('a claim retried across a crash and restart of the server returns the same sandbox', async () => {
   // Sandboxes must outlive the server for it to adopt them when it restarts.
-  server = await new TestServer({runtime: 'local', deleteSandboxesOnExit: false}).start();
+  server = new TestServer({runtime: 'local', deleteSandboxesOnExit: false});
+  await server.start();
   client = new Client({server: server.target, timeoutMs: 60000});
   const id = `restart-${process.pid}`;
   const first = await client.claim('default', {id, wait: '60s', ttl: '10m'});
