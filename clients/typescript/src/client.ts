@@ -134,8 +134,7 @@ function claimFields(opts: ClaimOptions | ClaimBatchOptions): Record<string, unk
     wait_timeout: opts.wait === undefined ? null : toProtoDuration(durationMs(opts.wait, 'wait')),
     ttl: opts.ttl === undefined ? null : toProtoDuration(durationMs(opts.ttl, 'ttl')),
     labels: opts.labels ?? {},
-    // Only when there is something to deliver: a present config, even empty, is late-bound
-    // configuration the server applies to the sandbox before answering.
+    // Only when there is something to deliver (the server ignores an empty one anyway).
     config: Object.keys(opts.env ?? {}).length === 0 && files.length === 0 ? null : {
       env: opts.env ?? {},
       files: files.map((f) => ({
