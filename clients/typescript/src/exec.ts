@@ -106,6 +106,7 @@ export class ExecProcess implements AsyncIterable<ExecChunk> {
       signal.addEventListener('abort', this.onAbort, {once: true});
     }
     call.write({start});
+    if (signal?.aborted) call.cancel();
   }
 
   private onMessage(msg: Raw): void {

@@ -282,4 +282,13 @@ describe('examples', () => {
     assert.match(stdout, /hello from the sandbox/);
     assert.match(stdout, /released/);
   });
+
+  it('examples/await_using.ts runs and releases its claim', async () => {
+    const built = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../examples/await_using.js');
+    const {stdout} = await promisify(execFile)(process.execPath, [built],
+                                               {env: {...process.env, SBX_SERVER: server.target}, timeout: 60000});
+    const m = /^42 \(exit 0\) in \S+ of claim (\S+)$/m.exec(stdout);
+    assert.ok(m, stdout);
+    assert.equal(await stateOf(m[1]!), 'released');
+  });
 });
