@@ -31,6 +31,8 @@ export interface ServerOptions {
   port?: number;
   /** Kill local sandboxes when the server stops. Default true. */
   deleteSandboxesOnExit?: boolean;
+  /** More server flags. */
+  extraArgs?: string[];
 }
 
 export class TestServer {
@@ -68,6 +70,7 @@ export class TestServer {
     } else {
       args.push('--insecure_no_auth');
     }
+    args.push(...(this.opts.extraArgs ?? []));
     const proc = spawn(requireEnv('SBX_TEST_SERVER_BIN'), args,
                        {cwd: this.dir, detached: true, stdio: ['ignore', 'pipe', 'pipe']});
     this.proc = proc;

@@ -150,7 +150,8 @@ describe('typed errors', () => {
     const c = new Client({server: `127.0.0.1:${port}`, timeoutMs: 1000});
     try {
       const e = await errorOf(c.ping());
-      assert.ok(e instanceof Unavailable, `got ${e.name}: ${e.message}`);
+      // The last attempt may be the one the deadline cuts short.
+      assert.ok(e instanceof Unavailable || e instanceof DeadlineExceeded, `got ${e.name}: ${e.message}`);
     } finally {
       c.close();
     }
