@@ -2,7 +2,7 @@
 // chunks, with stdin writes, signals and the exit status.
 import * as grpc from '@grpc/grpc-js';
 
-import {abortedError, SbxError, toSbxError, Internal} from './errors.js';
+import {abortedError, FailedPrecondition, Internal, SbxError, toSbxError} from './errors.js';
 import {fromProtoDuration, fromTimestamp, type Raw, type SignalName} from './types.js';
 
 /** A piece of a command's output, in the order the process wrote it (per stream). */
@@ -162,7 +162,7 @@ export class ExecProcess implements AsyncIterable<ExecChunk> {
 
   private send(msg: Raw): Promise<void> {
     if (this.done || this.halfClosed) {
-      return Promise.reject(new SbxError(grpc.status.FAILED_PRECONDITION, 'the command has ended or its input is closed'));
+      return Promise.reject(new FailedPrecondition(grpc.status.FAILED_PRECONDITION, 'the command has ended or its input is closed'));
     }
     return new Promise((resolve, reject) => {
       this.call.write(msg, (err?: Error | null) => (err ? reject(toSbxError(err)) : resolve()));

@@ -92,6 +92,7 @@ describe('exec', () => {
     const exit = await p.wait();
     assert.equal(exit.exitCode, 0);
     assert.equal(exit.stdoutBytes, 2);  // "5\n"
+    await assert.rejects(p.kill(), FailedPrecondition);  // it has ended
   });
 
   it('an AbortSignal cancels a running command', async () => {
