@@ -1,0 +1,320 @@
+// The entry point: a connection to one sbx-server and the calls that are not about one
+// sandbox (claim, batches, claims, pools, watch, ping).
+import './polyfill.js';
+
+import * as grpc from '@grpc/grpc-js';
+import {randomUUID} from 'node:crypto';
+import fs from 'node:fs';
+
+import {Sandbox, SandboxGroup, deadlineOf, type Context} from './sandbox.js';
+import {iterateStream, Transport, type CallOptions, type RetryOptions} from './transport.js';
+import {
+  durationMs, toClaim, toClaimEvent, toPool, toProtoDuration, type Claim, type ClaimEvent,
+  type ClaimState, type Duration, type EmptyPoolPolicy, type PingResult, type Pool,
+} from './types.js';
+
+/** Default server, as the CLI's. */
+export const DEFAULT_SERVER = '127.0.0.1:50051';
+// The CLI's default wait, added to a claim's deadline when no wait is given.
+const kDefaultPoolWaitMs = 30000;
+
+/** How to reach and authenticate to the server; every field is optional. */
+export interface ClientOptions {
+  /** host:port. Default: `$SBX_SERVER`, else `127.0.0.1:50051`. */
+  server?: string;
+  /** Bearer token, sent as `authorization: Bearer TOKEN`. Default: `$SBX_TOKEN`. */
+  token?: string;
+  /** TLS with the system's roots. Implied by `ca`, `cert` and `key`. Default false. */
+  tls?: boolean;
+  /** PEM roots to verify the server with: the PEM text (Buffer, or a string holding "-----BEGIN") or a file path. */
+  ca?: string | Buffer;
+  /** Client certificate for mutual TLS (PEM text or file path, as `ca`). Needs `key`. */
+  cert?: string | Buffer;
+  /** Client private key for mutual TLS (PEM text or file path, as `ca`). Needs `cert`. */
+  key?: string | Buffer;
+  /** Name expected in the server's certificate when it differs from the host in `server`. */
+  serverName?: string;
+  /** Default deadline of each call, ms (claims add their wait, exec its timeout). Default 30000. */
+  timeoutMs?: number;
+  /** Retries of idempotent calls after UNAVAILABLE / ABORTED. */
+  retry?: RetryOptions;
+  /** Extra grpc-js channel options. */
+  channelOptions?: Record<string, string | number>;
+}
+
+/** A file placed in the workspace before the claim returns. */
+export interface FileSpec {
+  /** Relative to the workspace; missing directories are created. */
+  path: string;
+  content: string | Uint8Array;
+  /** Permission bits, e.g. 0o755. Default 0o644. */
+  mode?: number;
+}
+
+/** Options of {@link Client.claim}. */
+export interface ClaimOptions extends CallOptions {
+  /**
+   * The claim id (1-128 of `[A-Za-z0-9._:-]`), the idempotency key: the SDK retries with
+   * it, and a later claim with the same id returns the same claim. Default: a new UUID.
+   */
+  id?: string;
+  /** Lifetime without a renew. Default: the pool's default_ttl. */
+  ttl?: Duration;
+  /** Environment for every command run in the sandbox. */
+  env?: Record<string, string>;
+  /** Files written before the claim returns (1 MiB in total): a list, or path → content. */
+  files?: FileSpec[] | Record<string, string | Uint8Array>;
+  /** Labels for selectors. */
+  labels?: Record<string, string>;
+  /** How long to wait when the pool is empty (policy wait or cold). Default: the pool's default_wait. */
+  wait?: Duration;
+  /** What to do when the pool is empty. Default: the pool's. */
+  policy?: EmptyPoolPolicy;
+}
+
+/** Options of {@link Client.claimBatch}. */
+export interface ClaimBatchOptions extends Omit<ClaimOptions, 'id'> {
+  /** The batch id (1-120 characters), the idempotency key; claims are `<id>#<i>`. Default: a new UUID. */
+  id?: string;
+  /** Accept between 1 and `count` sandboxes instead of all or nothing. Default false. */
+  bestEffort?: boolean;
+}
+
+/** Which claims {@link Client.listClaims} and {@link Client.watchClaims} return. */
+export interface ClaimFilter {
+  pool?: string;
+  /** Label selector, e.g. `"team=rl,run=7,!debug"`. */
+  selector?: string;
+  /** Equality requirements on labels. */
+  labels?: Record<string, string>;
+  /** Another tenant's claims (admin token). */
+  owner?: string;
+  /** Only these states. Default: any. */
+  states?: Exclude<ClaimState, 'unspecified'>[];
+}
+
+/** Options of {@link Client.watchClaims}. */
+export interface WatchClaimsOptions extends ClaimFilter {
+  /**
+   * Resume after this revision. Default 0: first an `added` event (initial = true) for
+   * every matching claim, then changes.
+   */
+  startRevision?: number;
+  /** Ends the watch (the iteration then rejects with Cancelled). */
+  signal?: AbortSignal;
+}
+
+const kPolicy: Record<EmptyPoolPolicy, string> = {
+  wait: 'EMPTY_POOL_POLICY_WAIT', cold: 'EMPTY_POOL_POLICY_COLD', fail: 'EMPTY_POOL_POLICY_FAIL',
+};
+
+function pem(v: string | Buffer | undefined, what: string): Buffer | null {
+  if (v === undefined) return null;
+  if (Buffer.isBuffer(v)) return v;
+  if (v.includes('-----BEGIN')) return Buffer.from(v);
+  try {
+    return fs.readFileSync(v);
+  } catch (e) {
+    throw new Error(`${what} file "${v}" cannot be read: ${(e as Error).message}`);
+  }
+}
+
+function filterMessage(f: ClaimFilter): Record<string, unknown> {
+  return {
+    pool: f.pool ?? '', label_selector: f.selector ?? '', match_labels: f.labels ?? {}, owner: f.owner ?? '',
+    states: (f.states ?? []).map((s) => `CLAIM_STATE_${s.toUpperCase()}`),
+  };
+}
+
+function claimFields(opts: ClaimOptions | ClaimBatchOptions): Record<string, unknown> {
+  const files: FileSpec[] = Array.isArray(opts.files) ? opts.files :
+      Object.entries(opts.files ?? {}).map(([path, content]) => ({path, content}));
+  return {
+    empty_pool_policy: opts.policy ? kPolicy[opts.policy] : 'EMPTY_POOL_POLICY_UNSPECIFIED',
+    wait_timeout: opts.wait === undefined ? null : toProtoDuration(durationMs(opts.wait, 'wait')),
+    ttl: opts.ttl === undefined ? null : toProtoDuration(durationMs(opts.ttl, 'ttl')),
+    labels: opts.labels ?? {},
+    // Only when there is something to deliver (the server ignores an empty one anyway).
+    config: Object.keys(opts.env ?? {}).length === 0 && files.length === 0 ? null : {
+      env: opts.env ?? {},
+      files: files.map((f) => ({
+        path: f.path, content: typeof f.content === 'string' ? Buffer.from(f.content) : Buffer.from(f.content),
+        mode: f.mode ?? 0,
+      })),
+    },
+  };
+}
+
+/** Time a claim may take: its wait (unless policy fail) plus the call timeout. */
+function claimDeadline(ctx: Context, opts: ClaimOptions | ClaimBatchOptions): number {
+  const wait = opts.policy === 'fail' ? 0 : opts.wait === undefined ? kDefaultPoolWaitMs : durationMs(opts.wait, 'wait');
+  return deadlineOf(ctx, opts, wait);
+}
+
+/**
+ * A connection to one sbx-server. Cheap to keep, meant to be shared; {@link close} it
+ * when done (or `using client = new Client()`).
+ *
+ * ```ts
+ * const client = new Client();              // $SBX_SERVER, $SBX_TOKEN
+ * await using sb = await client.claim('default', {ttl: '10m'});
+ * const r = await sb.exec('echo hello');
+ * ```
+ */
+export class Client implements Disposable {
+  /** The server's host:port. */
+  readonly server: string;
+  private readonly ctx: Context;
+
+  constructor(options: ClientOptions = {}) {
+    this.server = options.server ?? (process.env.SBX_SERVER || DEFAULT_SERVER);
+    const token = options.token ?? (process.env.SBX_TOKEN || undefined);
+    const ca = pem(options.ca, 'ca');
+    const cert = pem(options.cert, 'cert');
+    const key = pem(options.key, 'key');
+    if ((cert === null) !== (key === null)) throw new Error('cert and key must be given together');
+    const tls = !!options.tls || ca !== null || cert !== null;
+    const credentials = tls ? grpc.credentials.createSsl(ca, key, cert) : grpc.credentials.createInsecure();
+    const channelOptions: grpc.ChannelOptions = {
+      // Reconnect promptly after a server restart (grpc-js waits up to 120 s by default).
+      'grpc.initial_reconnect_backoff_ms': 250,
+      'grpc.max_reconnect_backoff_ms': 5000,
+      ...options.channelOptions,
+    };
+    if (options.serverName) {
+      channelOptions['grpc.ssl_target_name_override'] = options.serverName;
+      channelOptions['grpc.default_authority'] = options.serverName;
+    }
+    this.ctx = {
+      transport: new Transport(this.server, credentials, channelOptions, token, options.retry),
+      timeoutMs: options.timeoutMs ?? 30000,
+    };
+  }
+
+  /**
+   * Claims a sandbox from a pool. Retried with the same claim id after UNAVAILABLE or
+   * ABORTED until the deadline (wait + timeoutMs), so a retry never takes a second
+   * sandbox.
+   *
+   * Rejects with PoolExhausted (policy fail, with `retryAfterMs`), DeadlineExceeded (no
+   * sandbox within `wait`), NotFound (no such pool), InvalidArgument, AlreadyExists (id
+   * used for another pool), FailedPrecondition (id of an ended claim), Cancelled.
+   */
+  async claim(pool: string, options: ClaimOptions = {}): Promise<Sandbox> {
+    const claimId = options.id ?? randomUUID();
+    const res = await this.ctx.transport.unary({
+      stub: 'claims', method: 'Claim', deadline: claimDeadline(this.ctx, options), signal: options.signal,
+      idempotent: true, claimCall: true, request: {claim_id: claimId, pool, ...claimFields(options)},
+    });
+    return new Sandbox(this.ctx, res.claim.claim_id, toClaim(res.claim), !!res.replayed);
+  }
+
+  /**
+   * Claims `count` sandboxes (1-1000) in one call: all or nothing, or with `bestEffort`
+   * between 1 and `count`. Retried like {@link claim} with the batch id.
+   */
+  async claimBatch(pool: string, count: number, options: ClaimBatchOptions = {}): Promise<SandboxGroup> {
+    const batchId = options.id ?? randomUUID();
+    const res = await this.ctx.transport.unary({
+      stub: 'claims', method: 'ClaimBatch', deadline: claimDeadline(this.ctx, options), signal: options.signal,
+      idempotent: true, claimCall: true,
+      request: {
+        batch_id: batchId, pool, count,
+        mode: options.bestEffort ? 'BATCH_MODE_BEST_EFFORT' : 'BATCH_MODE_ALL_OR_NOTHING',
+        ...claimFields(options),
+      },
+    });
+    const sandboxes = (res.claims as unknown[]).map((c) => new Sandbox(this.ctx, (c as {claim_id: string}).claim_id, toClaim(c), !!res.replayed));
+    return new SandboxGroup(res.batch_id, sandboxes, !!res.replayed);
+  }
+
+  /**
+   * A handle on an existing claim, from its id (no call is made): for a claim made
+   * earlier or by another process of the same tenant.
+   */
+  sandbox(claimId: string): Sandbox {
+    return new Sandbox(this.ctx, claimId);
+  }
+
+  /** Reads one claim, in any state. Rejects with NotFound. */
+  async getClaim(claimId: string, options: CallOptions = {}): Promise<Claim> {
+    const res = await this.ctx.transport.unary({
+      stub: 'claims', method: 'GetClaim', deadline: deadlineOf(this.ctx, options), signal: options.signal,
+      idempotent: true, request: {claim_id: claimId},
+    });
+    return toClaim(res.claim);
+  }
+
+  /** Releases a claim by id (idempotent). Same as `client.sandbox(id).release()`. */
+  release(claimId: string, options: CallOptions = {}): Promise<Claim> {
+    return this.sandbox(claimId).release(options);
+  }
+
+  /** Lists the caller's claims matching a filter, every page, ordered by claim id. */
+  async listClaims(filter: ClaimFilter & CallOptions = {}): Promise<Claim[]> {
+    const deadline = deadlineOf(this.ctx, filter);
+    const out: Claim[] = [];
+    let token = '';
+    do {
+      const res = await this.ctx.transport.unary({
+        stub: 'claims', method: 'ListClaims', deadline, signal: filter.signal, idempotent: true,
+        request: {filter: filterMessage(filter), page_size: 1000, page_token: token},
+      });
+      for (const c of res.claims) out.push(toClaim(c));
+      token = res.next_page_token;
+    } while (token);
+    return out;
+  }
+
+  /** Lists the pools with their status, every page. Needs an admin token (else PermissionDenied). */
+  async pools(options: CallOptions & {template?: string} = {}): Promise<Pool[]> {
+    const deadline = deadlineOf(this.ctx, options);
+    const out: Pool[] = [];
+    let token = '';
+    do {
+      const res = await this.ctx.transport.unary({
+        stub: 'admin', method: 'ListPools', deadline, signal: options.signal, idempotent: true,
+        request: {page_size: 1000, page_token: token, template: options.template ?? ''},
+      });
+      for (const p of res.pools) out.push(toPool(p));
+      token = res.next_page_token;
+    } while (token);
+    return out;
+  }
+
+  /**
+   * Streams changes to claims: `for await (const ev of client.watchClaims({pool}))`.
+   * Runs until the loop breaks, the signal aborts or the server ends it (rejecting with
+   * Unavailable at shutdown, OutOfRange for a revision no longer kept; resume with
+   * `startRevision` = the last event's revision). Not retried automatically.
+   */
+  async *watchClaims(options: WatchClaimsOptions = {}): AsyncGenerator<ClaimEvent, void, undefined> {
+    const stub = this.ctx.transport.stubs.claims;
+    const call = (stub.WatchClaims as (r: unknown, md: grpc.Metadata, o: grpc.CallOptions) => grpc.ClientReadableStream<unknown>)
+        .call(stub, {filter: filterMessage(options), start_revision: String(options.startRevision ?? 0)},
+              this.ctx.transport.metadata(), {});
+    for await (const ev of iterateStream(call, options.signal)) yield toClaimEvent(ev);
+  }
+
+  /** Checks that the server answers (no token needed). */
+  async ping(options: CallOptions = {}): Promise<PingResult> {
+    const res = await this.ctx.transport.unary({
+      stub: 'diagnostics', method: 'Ping', deadline: deadlineOf(this.ctx, options), signal: options.signal,
+      idempotent: true, request: {payload: Buffer.alloc(0)},
+    });
+    const t = res.server_time;
+    return {
+      serverVersion: res.server_version, serverCommit: res.server_commit,
+      serverTime: t ? new Date(Number(t.seconds) * 1000 + Math.floor(t.nanos / 1e6)) : null,
+    };
+  }
+
+  /** Closes the connection; calls in flight fail with Cancelled or Unavailable. */
+  close(): void {
+    this.ctx.transport.close();
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+}

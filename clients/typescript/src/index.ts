@@ -1,0 +1,23 @@
+/**
+ * @sbx/client: the TypeScript SDK of sbx. Start with {@link Client}.
+ * @packageDocumentation
+ */
+import './polyfill.js';
+
+export {Client, DEFAULT_SERVER} from './client.js';
+export type {ClaimBatchOptions, ClaimFilter, ClaimOptions, ClientOptions, FileSpec, WatchClaimsOptions} from './client.js';
+export {Sandbox, SandboxFiles, SandboxGroup} from './sandbox.js';
+export type {ExecCollectOptions, ExecOptions, ExecStreamOptions, WriteFileOptions} from './sandbox.js';
+export {ExecProcess} from './exec.js';
+export type {ExecChunk, ExecExit, ExecResult} from './exec.js';
+export type {CallOptions, RetryOptions} from './transport.js';
+export type {
+  Claim, ClaimEvent, ClaimState, Duration, EmptyPoolPolicy, FileInfo, PingResult, Pool, PoolStatus,
+  SandboxInfo, SignalName,
+} from './types.js';
+export {
+  Aborted, AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument,
+  NotFound, OutOfRange, PermissionDenied, PoolExhausted, ResourceExhausted, SbxError, Unauthenticated,
+  Unavailable, Unimplemented,
+} from './errors.js';
+export type {StatusCodeName} from './errors.js';
