@@ -93,16 +93,37 @@ ClaimEventPtr MakeEvent(ClaimEvent::Type type, ClaimRecord claim) {
   return e;
 }
 
+// A batch (policy WAIT or COLD) waiting for the sandboxes it did not find warm: each
+// missing one is a waiter in the pool's FIFO queue, so the pool's target grows by them.
+// Granted when the last one comes; at the deadline a BEST_EFFORT batch is granted what it
+// holds (if anything), otherwise everything held goes back to the pool.
+struct BatchWait {
+  BatchWait(BatchRequest r, Pool* p, absl::Duration t, BatchCallback d)
+      : req(std::move(r)), pool(p), ttl(t), done(std::move(d)) {}
+  const BatchRequest req;
+  Pool* const pool;
+  const absl::Duration ttl;
+  absl::Mutex mu;
+  BatchCallback done ABSL_GUARDED_BY(mu);
+  std::vector<SandboxPtr> taken ABSL_GUARDED_BY(mu);
+  std::vector<WaiterPtr> waiters ABSL_GUARDED_BY(mu);
+  // Granted, failed or given up: sandboxes delivered from now on go back to the pool.
+  bool finished ABSL_GUARDED_BY(mu) = false;
+};
+using BatchWaitPtr = std::shared_ptr<BatchWait>;
+
 // What a timer does when it fires. Stored in the timer queue by value: no allocation.
 struct TimerTask {
   enum class Kind : uint8_t {
-    kExpire,        // the claim's TTL passed
-    kPurge,         // the idempotency window of an ended claim closed
-    kWaitDeadline,  // a WAIT claim waited long enough
-    kColdDeadline,  // a COLD claim's sandbox took too long
+    kExpire,         // the claim's TTL passed
+    kPurge,          // the idempotency window of an ended claim closed
+    kWaitDeadline,   // a WAIT claim waited long enough
+    kColdDeadline,   // a COLD claim's sandbox took too long
+    kBatchDeadline,  // a waiting batch waited long enough (`batch`, not `entry`)
   };
   Kind kind;
   EntryPtr entry;
+  BatchWaitPtr batch;
 };
 
 // A hash set of shared objects keyed by one of their string fields, looked up by that
@@ -573,6 +594,14 @@ class AllocatorImpl final : public Allocator {
   }
 
   void ClaimBatch(BatchRequest req, BatchCallback done) override;
+  // The rest of ClaimBatch once `taken` holds the batch's sandboxes (already kClaimed,
+  // between 1 and req.count): new claims, one commit.
+  void GrantBatch(const BatchRequest& req, Pool* pool, absl::Duration ttl,
+                  std::vector<SandboxPtr> taken, BatchCallback done);
+  void WaitForBatch(BatchRequest req, Pool* pool, absl::Duration ttl,
+                    std::vector<SandboxPtr> taken, absl::Duration wait, BatchCallback done);
+  void DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb);
+  void BatchDeadline(const BatchWaitPtr& w);
 
   void Release(const std::string& owner, const std::string& claim_id,
                StatusCallback done) override {
@@ -1040,6 +1069,8 @@ class AllocatorImpl final : public Allocator {
                                 "no sandbox of pool \"", e->pool->name(), "\" became ready within ",
                                 absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))))));
       }
+      case TimerTask::Kind::kBatchDeadline:
+        return BatchDeadline(t.batch);
       case TimerTask::Kind::kColdDeadline: {
         absl::Duration waited;
         {
@@ -1199,9 +1230,10 @@ class AllocatorImpl final : public Allocator {
     });
   }
 
-  TimerHandle ScheduleTimer(absl::Time when, TimerTask::Kind kind, EntryPtr e) {
+  TimerHandle ScheduleTimer(absl::Time when, TimerTask::Kind kind, EntryPtr e,
+                            BatchWaitPtr batch = nullptr) {
     const bool earliest = options_.timer_thread && when < timers_.NextDeadline();
-    TimerHandle h = timers_.Schedule(when, TimerTask{kind, std::move(e)});
+    TimerHandle h = timers_.Schedule(when, TimerTask{kind, std::move(e), std::move(batch)});
     if (earliest) {
       absl::MutexLock lock(&timer_mu_);
       timer_wake_ = true;
@@ -1325,6 +1357,11 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   }
   const bool short_all =
       req.mode == BatchMode::kAllOrNothing && static_cast<int>(taken.size()) < req.count;
+  const EmptyPoolPolicy policy = req.policy.value_or(settings.empty_pool_policy);
+  if ((short_all || taken.empty()) && policy != EmptyPoolPolicy::kFail) {
+    const absl::Duration wait = req.wait > absl::ZeroDuration() ? req.wait : settings.default_wait;
+    return WaitForBatch(std::move(req), pool, *ttl, std::move(taken), wait, std::move(done));
+  }
   if (short_all || taken.empty()) {
     const size_t had = taken.size();
     for (SandboxPtr& sb : taken) {
@@ -1339,7 +1376,91 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
         "pool \"", pool->name(), "\" had ", had, " warm sandboxes; the batch asked for ", req.count,
         "; retry after about 1s")));
   }
+  GrantBatch(req, pool, *ttl, std::move(taken), std::move(done));
+}
 
+void AllocatorImpl::WaitForBatch(BatchRequest req, Pool* pool, absl::Duration ttl,
+                                 std::vector<SandboxPtr> taken, absl::Duration wait,
+                                 BatchCallback done) {
+  reconciler_->PoolBelowTarget(pool->name());
+  pool->counters().CountExhausted();
+  const int missing = req.count - static_cast<int>(taken.size());
+  auto w = std::make_shared<BatchWait>(std::move(req), pool, ttl, std::move(done));
+  {
+    absl::MutexLock lock(&w->mu);
+    w->taken = std::move(taken);
+    w->waiters.reserve(missing);
+  }
+  // The deadline first: a batch served while its waiters are still being queued finds
+  // it scheduled, and a deadline before the last waiter is queued cancels all queued.
+  ScheduleTimer(clock_->Now() + wait, TimerTask::Kind::kBatchDeadline, nullptr, w);
+  for (int i = 0; i < missing; ++i) {
+    auto waiter = std::make_shared<Waiter>();
+    waiter->deliver = [this, w](SandboxPtr sb) { DeliverToBatch(w, std::move(sb)); };
+    {
+      absl::MutexLock lock(&w->mu);
+      if (w->finished) return;  // the deadline came first
+      w->waiters.push_back(waiter);
+    }
+    if (SandboxPtr sb = pool->TakeOrEnqueue(waiter)) DeliverToBatch(w, std::move(sb));
+  }
+}
+
+void AllocatorImpl::DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb) {
+  std::vector<SandboxPtr> taken;
+  BatchCallback done;
+  {
+    absl::MutexLock lock(&w->mu);
+    if (!w->finished) {
+      w->taken.push_back(std::move(sb));
+      if (static_cast<int>(w->taken.size()) < w->req.count) return;
+      w->finished = true;
+      taken = std::move(w->taken);
+      done = std::move(w->done);
+    }
+  }
+  if (sb != nullptr) {  // too late: back to the pool
+    sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
+    w->pool->AddWarm(std::move(sb));
+    return;
+  }
+  GrantBatch(w->req, w->pool, w->ttl, std::move(taken), std::move(done));
+}
+
+void AllocatorImpl::BatchDeadline(const BatchWaitPtr& w) {
+  std::vector<SandboxPtr> taken;
+  std::vector<WaiterPtr> waiters;
+  BatchCallback done;
+  {
+    absl::MutexLock lock(&w->mu);
+    if (w->finished) return;
+    w->finished = true;
+    taken = std::move(w->taken);
+    waiters = std::move(w->waiters);
+    done = std::move(w->done);
+  }
+  // A waiter already matched but not yet delivered gives its sandbox back on delivery.
+  for (const WaiterPtr& waiter : waiters) w->pool->CancelWaiter(waiter);
+  if (w->req.mode == BatchMode::kBestEffort && !taken.empty()) {
+    return GrantBatch(w->req, w->pool, w->ttl, std::move(taken), std::move(done));
+  }
+  const size_t had = taken.size();
+  for (SandboxPtr& sb : taken) {
+    sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
+    w->pool->AddWarm(std::move(sb));
+  }
+  w->pool->counters().CountClaims(absl::StatusCode::kDeadlineExceeded, ClaimPath::kWait,
+                                  static_cast<uint64_t>(w->req.count));
+  std::move(done)(absl::DeadlineExceededError(absl::StrCat(
+      "batch of ", w->req.count, " on pool \"", w->pool->name(), "\": ", had,
+      " sandboxes became ready within the wait (",
+      w->req.mode == BatchMode::kBestEffort ? "at least one" : "all",
+      " needed); nothing is held")));
+}
+
+void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Duration ttl,
+                               std::vector<SandboxPtr> taken, BatchCallback done) {
+  auto id_of = [&](int i) { return absl::StrCat(req.batch_id, "#", i); };
   const absl::Time now = clock_->Now();
   std::vector<EntryPtr> entries;
   entries.reserve(taken.size());
@@ -1358,7 +1479,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
       r.pool = req.pool;
       r.labels = req.labels;
       r.created = now;
-      r.expires = *ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : now + *ttl;
+      r.expires = ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : now + ttl;
       r.launch_type = LaunchType::kWarm;
       r.batch_count = req.count;
       e->assigned = true;

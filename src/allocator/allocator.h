@@ -122,6 +122,12 @@ struct BatchRequest {
   BatchMode mode = BatchMode::kAllOrNothing;
   absl::Duration ttl = absl::ZeroDuration();
   std::map<std::string, std::string> labels;
+  // When too few sandboxes are warm: FAIL answers RESOURCE_EXHAUSTED at once; WAIT and
+  // COLD queue the missing ones as waiters of the pool (its target grows by them) until
+  // they come or `wait` passes. The pool's default when unset.
+  std::optional<store::EmptyPoolPolicy> policy;
+  // How long WAIT/COLD may wait; the pool's default_wait when zero.
+  absl::Duration wait = absl::ZeroDuration();
 };
 using BatchCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<ClaimResult>>) &&>;
 using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;

@@ -152,10 +152,8 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
       return absl::InvalidArgumentError(
           absl::StrCat("mode ", static_cast<int>(req.mode()), " is not a known BatchMode"));
   }
-  // Validated for the contract; the allocator's batches take warm sandboxes only and
-  // answer RESOURCE_EXHAUSTED at once when there are too few (docs/architecture.md).
-  RETURN_IF_ERROR(FromProto("empty_pool_policy", req.empty_pool_policy()).status());
-  RETURN_IF_ERROR(WaitTimeout(req.wait_timeout()).status());
+  ASSIGN_OR_RETURN(r.policy, FromProto("empty_pool_policy", req.empty_pool_policy()));
+  ASSIGN_OR_RETURN(r.wait, WaitTimeout(req.wait_timeout()));
   ASSIGN_OR_RETURN(r.ttl, TtlFromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));

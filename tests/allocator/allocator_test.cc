@@ -504,6 +504,113 @@ TEST_F(AllocatorTest, BatchBestEffortTakesWhatIsWarm) {
   EXPECT_EQ(r.value->status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// ClaimBatch with policy WAIT (claims.proto): the sandboxes missing when it arrives are
+// queued as waiters of the pool (so its target grows by them) and the batch is granted,
+// in one commit, when the last one comes. Until then (e149818) batches had no policy: too
+// few warm sandboxes was RESOURCE_EXHAUSTED at once.
+TEST_F(AllocatorTest, BatchWaitIsGrantedWhenTheMissingSandboxesCome) {
+  AddWarm("s1");
+  AddWarm("s2");
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "w1";
+  b.pool = "py";
+  b.count = 4;
+  b.policy = EmptyPoolPolicy::kWait;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  EXPECT_FALSE(r.value.has_value()) << "answered without waiting: " << r.value->status();
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 2);
+  EXPECT_GE(allocator_->GetPoolStatus("py")->target, 2);
+  EXPECT_GE(reconciler_.below_target("py"), 1);
+  AddWarm("s3");
+  EXPECT_FALSE(r.value.has_value());
+  const uint64_t commits_before = store_->Stats().commits;
+  AddWarm("s4");
+  ASSERT_TRUE(r.value.has_value());
+  ASSERT_TRUE(r.value->ok()) << r.value->status();
+  ASSERT_EQ((*r.value)->size(), 4u);
+  std::set<std::string> sandboxes;
+  for (const ClaimResult& c : **r.value) sandboxes.insert(c.claim.sandbox_id);
+  EXPECT_EQ(sandboxes, (std::set<std::string>{"s1", "s2", "s3", "s4"}));
+  // The new sandbox's record, then the batch's four claims at once.
+  EXPECT_EQ(store_->Stats().commits, commits_before + 2);
+  EXPECT_EQ(Warm(), 0);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 0);
+  EXPECT_TRUE(StoredClaim("alice/w1#3").has_value());
+  // The deadline later finds the batch granted: nothing changes.
+  clock_.Advance(absl::Seconds(10));
+  allocator_->Tick();
+  EXPECT_TRUE(StoredClaim("alice/w1#0").has_value());
+}
+
+// At its deadline an ALL_OR_NOTHING batch that is still short gives every sandbox it held
+// back (warm again) and answers DEADLINE_EXCEEDED; its waiters leave the queue, so a
+// sandbox that comes later is warm, not held by anybody.
+TEST_F(AllocatorTest, BatchWaitPastItsDeadlineHoldsNothing) {
+  AddWarm("s1");
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "w2";
+  b.pool = "py";
+  b.count = 3;
+  b.policy = EmptyPoolPolicy::kWait;
+  b.wait = absl::Seconds(2);
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  AddWarm("s2");
+  EXPECT_FALSE(r.value.has_value());
+  EXPECT_EQ(Warm(), 0);  // held by the waiting batch
+  clock_.Advance(absl::Seconds(2));
+  allocator_->Tick();
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->status().code(), absl::StatusCode::kDeadlineExceeded) << r.value->status();
+  EXPECT_EQ(Warm(), 2);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 0);
+  AddWarm("s3");
+  EXPECT_EQ(Warm(), 3);
+  EXPECT_FALSE(StoredClaim("alice/w2#0").has_value());
+  // The same batch id may be used again: nothing of it was granted.
+  b.count = 3;
+  Result<absl::StatusOr<std::vector<ClaimResult>>> again;
+  allocator_->ClaimBatch(b, again.callback());
+  ASSERT_TRUE(again.value.has_value());
+  ASSERT_TRUE(again.value->ok()) << again.value->status();
+  EXPECT_EQ((*again.value)->size(), 3u);
+}
+
+// BEST_EFFORT with nothing warm waits too; at the deadline it is granted what came.
+TEST_F(AllocatorTest, BatchBestEffortWaitGetsWhatCameByItsDeadline) {
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "w3";
+  b.pool = "py";
+  b.count = 3;
+  b.mode = BatchMode::kBestEffort;
+  b.policy = EmptyPoolPolicy::kCold;  // waits like WAIT for a batch
+  b.wait = absl::Seconds(2);
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  EXPECT_FALSE(r.value.has_value());
+  AddWarm("s1");
+  EXPECT_FALSE(r.value.has_value());
+  clock_.Advance(absl::Seconds(2));
+  allocator_->Tick();
+  ASSERT_TRUE(r.value.has_value());
+  ASSERT_TRUE(r.value->ok()) << r.value->status();
+  ASSERT_EQ((*r.value)->size(), 1u);
+  EXPECT_EQ((**r.value)[0].claim.sandbox_id, "s1");
+  EXPECT_EQ((**r.value)[0].claim.id, "w3#0");
+  // Nothing came at all: DEADLINE_EXCEEDED.
+  b.batch_id = "w4";
+  Result<absl::StatusOr<std::vector<ClaimResult>>> none;
+  allocator_->ClaimBatch(b, none.callback());
+  clock_.Advance(absl::Seconds(2));
+  allocator_->Tick();
+  ASSERT_TRUE(none.value.has_value());
+  EXPECT_EQ(none.value->status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 // A batch id names one batch: a request reusing it with another count is refused, also
 // after a restart and also when a BEST_EFFORT batch got fewer claims than it asked for
 // (the count is in the claims' records). Failed on 660dada: the reuse was answered as a

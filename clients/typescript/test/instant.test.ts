@@ -124,9 +124,12 @@ describe('typed errors', () => {
     assert.ok(e instanceof PoolExhausted, `got ${e.name}`);
     assert.equal(e.code, 'RESOURCE_EXHAUSTED');
     assert.equal(typeof (e as PoolExhausted).retryAfterMs, 'number');
-    const b = await errorOf(tenant.claimBatch('empty', 2));
-    assert.ok(b instanceof PoolExhausted);
+    const b = await errorOf(tenant.claimBatch('empty-fail', 2));
+    assert.ok(b instanceof PoolExhausted, `got ${b.name}`);
     assert.equal(typeof (b as PoolExhausted).retryAfterMs, 'number');
+    // A batch on a WAIT pool waits instead, and holds nothing at its deadline.
+    const w = await errorOf(tenant.claimBatch('empty', 2, {wait: '200ms'}));
+    assert.ok(w instanceof DeadlineExceeded, `got ${w.name}: ${w.message}`);
     // policy given by the claim
     assert.ok(await errorOf(tenant.claim('empty', {policy: 'fail'})) instanceof PoolExhausted);
   });
