@@ -598,8 +598,8 @@ class AllocatorImpl final : public Allocator {
   // between 1 and req.count): new claims, one commit.
   void GrantBatch(const BatchRequest& req, Pool* pool, absl::Duration ttl,
                   std::vector<SandboxPtr> taken, BatchCallback done);
-  void WaitForBatch(BatchRequest req, Pool* pool, absl::Duration ttl,
-                    std::vector<SandboxPtr> taken, absl::Duration wait, BatchCallback done);
+  void WaitForBatch(BatchRequest req, Pool* pool, absl::Duration ttl, std::vector<SandboxPtr> taken,
+                    absl::Duration wait, BatchCallback done);
   void DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb);
   void BatchDeadline(const BatchWaitPtr& w);
 
@@ -1451,11 +1451,11 @@ void AllocatorImpl::BatchDeadline(const BatchWaitPtr& w) {
   }
   w->pool->counters().CountClaims(absl::StatusCode::kDeadlineExceeded, ClaimPath::kWait,
                                   static_cast<uint64_t>(w->req.count));
-  std::move(done)(absl::DeadlineExceededError(absl::StrCat(
-      "batch of ", w->req.count, " on pool \"", w->pool->name(), "\": ", had,
-      " sandboxes became ready within the wait (",
-      w->req.mode == BatchMode::kBestEffort ? "at least one" : "all",
-      " needed); nothing is held")));
+  std::move(done)(absl::DeadlineExceededError(
+      absl::StrCat("batch of ", w->req.count, " on pool \"", w->pool->name(), "\": ", had,
+                   " sandboxes became ready within the wait (",
+                   w->req.mode == BatchMode::kBestEffort ? "at least one" : "all",
+                   " needed); nothing is held")));
 }
 
 void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Duration ttl,
