@@ -151,6 +151,7 @@ TEST_F(KubeRuntimeListTest, FailsUntilTheCacheHasCompletedAList) {
 }
 
 using ::sbx::k8s::testing::InstallCrds;
+using ::sbx::k8s::testing::MarkSandboxReady;
 using ::sbx::k8s::testing::TestEmulator;
 
 // The sample count of sbx_k8s_member_ready_to_warm_seconds in `registry` (-1: absent).
@@ -247,20 +248,7 @@ TEST(KubeRuntimeTest, MemberReadyWhileTheWatchBreaksIsHandedOverSoon) {
                             {{"metadata", {{"annotations", {{"n", absl::StrCat(i)}}}}}})
                     .ok());
   }
-  // Ready, as the Sandbox controller writes it.
-  const std::string now = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
-  ASSERT_TRUE(client
-                  ->Patch(kSandboxes, "default", name, PatchType::kMerge,
-                          {{"status",
-                            {{"conditions",
-                              {{{"type", "Ready"},
-                                {"status", "True"},
-                                {"reason", "DependenciesReady"},
-                                {"message", "the pod is ready"},
-                                {"lastTransitionTime", now}}}},
-                             {"podIPs", {"10.0.0.7"}}}}},
-                          "status")
-                  .ok());
+  ASSERT_TRUE(MarkSandboxReady(*client, "default", name, "10.0.0.7").ok());
   const absl::Time ready = absl::Now();
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)))
       << "the member's create did not complete within 30 s of its Ready";

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "tests/k8s/emulator_process.h"
 
@@ -49,6 +52,25 @@ inline void InstallCrds(Client& client) {
     absl::StatusOr<Json> created = client.Create(kCustomResourceDefinitions, "", crd);
     ASSERT_TRUE(created.ok()) << created.status();
   }
+}
+
+// Writes Sandbox `name`'s status as the Sandbox controller does once its pod is Ready:
+// condition Ready True (changed now) and the pod IP `ip`.
+inline absl::Status MarkSandboxReady(Client& client, const std::string& ns, const std::string& name,
+                                     const std::string& ip) {
+  const std::string now = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  return client
+      .Patch(kSandboxes, ns, name, PatchType::kMerge,
+             {{"status",
+               {{"conditions",
+                 {{{"type", "Ready"},
+                   {"status", "True"},
+                   {"reason", "DependenciesReady"},
+                   {"message", "the pod is ready"},
+                   {"lastTransitionTime", now}}}},
+                {"podIPs", {ip}}}}},
+             "status")
+      .status();
 }
 
 }  // namespace sbx::k8s::testing

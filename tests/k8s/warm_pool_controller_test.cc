@@ -29,6 +29,7 @@ namespace sbx::k8s {
 namespace {
 
 using ::sbx::k8s::testing::InstallCrds;
+using ::sbx::k8s::testing::MarkSandboxReady;
 using ::sbx::k8s::testing::TestEmulator;
 
 // Polls `done` every 5 ms for at most `timeout`.
@@ -166,20 +167,7 @@ TEST_F(WarmPoolControllerTest, AMemberTurningWarmDuringAPassIsNotDeletedAsUntrac
   // During the next pass, right after its snapshot of the allocator: the member turns
   // Ready (as the Sandbox controller writes it) and the allocator takes it warm.
   on_snapshot_ = [&] {
-    const std::string now =
-        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
-    EXPECT_TRUE(client_
-                    ->Patch(kSandboxes, "default", name, PatchType::kMerge,
-                            {{"status",
-                              {{"conditions",
-                                {{{"type", "Ready"},
-                                  {"status", "True"},
-                                  {"reason", "DependenciesReady"},
-                                  {"message", "the pod is ready"},
-                                  {"lastTransitionTime", now}}}},
-                               {"podIPs", {"10.0.0.7"}}}}},
-                            "status")
-                    .ok());
+    EXPECT_TRUE(MarkSandboxReady(*client_, "default", name, "10.0.0.7").ok());
     EXPECT_TRUE(Eventually(
         [&] { return !runtime_->InPassage(name) && Contains(alloc_->ListSandboxIds(), name); },
         absl::Seconds(10)))
