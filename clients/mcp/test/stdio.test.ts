@@ -3,11 +3,14 @@
 // bounds at the default 30,000 characters (exact counts), ownership, and the release
 // of the session's sandboxes when the client closes.
 import assert from 'node:assert/strict';
+import {execFile} from 'node:child_process';
+import path from 'node:path';
 import {after, before, describe, it} from 'node:test';
+import {promisify} from 'node:util';
 
 import {Client as SbxClient} from '@sbx/client';
 
-import {call, callFails, stdioClient, waitFor, World} from './harness.js';
+import {call, callFails, kCli, stdioClient, waitFor, World} from './harness.js';
 
 let world: World;
 let sbx: SbxClient;
@@ -184,5 +187,16 @@ describe('stdio', () => {
     await mcp.client.close();
     await waitFor(`claim ${sandbox} released`, async () => (await sbx.getClaim(sandbox)).state === 'released');
     assert.match(mcp.stderr(), /releasing 1 sandbox/);
+  });
+});
+
+describe('examples', () => {
+  it('quickstart.mjs runs as docs/mcp.md shows', async () => {
+    const script = path.resolve(path.dirname(kCli), '../examples/quickstart.mjs');
+    const {stdout} = await promisify(execFile)(process.execPath, [script], {env: {...process.env, ...world.sbxEnv}, timeout: 40000});
+    assert.match(stdout, /^tools: claim_sandbox .*run_command/m);
+    assert.match(stdout, /^hello from Linux \(exit 0\)$/m);
+    const left = await sbx.listClaims({states: ['active']});
+    assert.deepEqual(left.map((c) => c.claimId).filter((id) => id.startsWith('mcp-')), []);
   });
 });
