@@ -131,7 +131,7 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv): Options {
   o.client = c;
   if (tokenFile) {
     try {
-      o.token = fs.readFileSync(tokenFile, 'utf8').trim();
+      o.token = (fs.readFileSync(tokenFile, 'utf8').split('\n')[0] ?? '').trim();
     } catch (e) {
       throw new Error(`--token-file "${tokenFile}" cannot be read: ${(e as Error).message}`);
     }
