@@ -200,3 +200,22 @@ describe('examples', () => {
     assert.deepEqual(left.map((c) => c.claimId).filter((id) => id.startsWith('mcp-')), []);
   });
 });
+
+describe('configured limit', () => {
+  it('--max-output-chars bounds every result', async () => {
+    const small = await stdioClient(world, ['--max-output-chars', '1000']);
+    try {
+      const sb = (await call(small.client, 'claim_sandbox', {})).sandbox;
+      const r = await call(small.client, 'run_command', {sandbox: sb, command: 'seq 1 1000'});
+      assert.equal(r.stdout_bytes, 3893);
+      assert.equal(r.stdout.length, 1000 + cut(2893).length);
+      assert.ok(r.stdout.startsWith('1\n2\n3\n') && r.stdout.endsWith('999\n1000\n'));
+      await call(small.client, 'run_command', {sandbox: sb, command: 'seq 1 1000 > n.txt'});
+      const f = await call(small.client, 'read_file', {sandbox: sb, path: 'n.txt'});
+      assert.equal(f.content.length, 1000);
+      assert.equal(f.next_offset, 1000);
+    } finally {
+      await small.client.close();
+    }
+  });
+});
