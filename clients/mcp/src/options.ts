@@ -25,6 +25,11 @@ export interface Options {
   defaultPool: string;
   /** TTL of a claim when claim_sandbox gives none, so that a crashed sbx-mcp leaks nothing for long. */
   defaultTtl: string;
+  /**
+   * While a command runs, a progress notification this often (when the call carries a
+   * progressToken), so that clients that reset their request timeout on progress wait.
+   */
+  progressIntervalMs: number;
   /** How to reach sbx (server, token, TLS), as @sbx/client takes it. */
   client: ClientOptions;
 }
@@ -33,7 +38,7 @@ export function defaultOptions(): Options {
   return {
     mode: 'stdio', listen: '127.0.0.1:8765', portFile: '', token: '', maxOutputChars: 30000,
     idleTimeoutMs: 30 * 60 * 1000, maxSessions: 64, maxSandboxesPerSession: 8, defaultPool: 'default',
-    defaultTtl: '1h', client: {},
+    defaultTtl: '1h', progressIntervalMs: 10000, client: {},
   };
 }
 
@@ -52,6 +57,7 @@ MCP server for sbx: tools to claim sandboxes, run commands and move files in the
   --max-sandboxes N            sandboxes per session (default 8)
   --default-pool NAME          pool when claim_sandbox names none (default "default")
   --default-ttl DURATION       claim TTL when claim_sandbox gives none (default 1h)
+  --progress-interval DURATION progress notifications while a command runs (default 10s)
   --server HOST:PORT           sbx server (default $SBX_SERVER, else 127.0.0.1:50051)
   --tls                        TLS to sbx with the system's roots
   --ca FILE                    PEM roots for sbx (implies --tls; default $SBX_CA)
@@ -118,6 +124,7 @@ export function parseOptions(argv: string[], env: NodeJS.ProcessEnv): Options {
       case '--max-sandboxes': o.maxSandboxesPerSession = positiveInt(value(), flag); break;
       case '--default-pool': o.defaultPool = value(); break;
       case '--default-ttl': o.defaultTtl = value(); parseDuration(o.defaultTtl, flag); break;
+      case '--progress-interval': o.progressIntervalMs = parseDuration(value(), flag); break;
       case '--server': c.server = value(); break;
       case '--tls': c.tls = true; break;
       case '--ca': c.ca = value(); break;
@@ -156,5 +163,6 @@ export function validate(o: Options): void {
     }
   }
   if (o.idleTimeoutMs < 1000) throw new Error(`--idle-timeout ${o.idleTimeoutMs} ms is below 1s`);
+  if (o.progressIntervalMs < 100) throw new Error(`--progress-interval ${o.progressIntervalMs} ms is below 100ms`);
   if (o.maxOutputChars < 100) throw new Error(`--max-output-chars ${o.maxOutputChars} is below 100`);
 }

@@ -2,7 +2,7 @@
 // SandboxSession. Every tool answers one text block holding a JSON object; failures are
 // tool errors (isError: true) whose text names the problem.
 import {McpServer} from '@modelcontextprotocol/sdk/server/mcp.js';
-import type {CallToolResult} from '@modelcontextprotocol/sdk/types.js';
+import type {CallToolResult, ServerNotification} from '@modelcontextprotocol/sdk/types.js';
 import {PoolExhausted, SbxError, type FileInfo} from '@sbx/client';
 import {z} from 'zod';
 
@@ -75,8 +75,8 @@ export function createMcpServer(session: SandboxSession, options: Options): McpS
   });
 
   // Every handler goes through here: errors become tool errors.
-  const run = <A>(tool: string, fn: (args: A, extra: {signal: AbortSignal}) => Promise<Record<string, unknown>>) =>
-    async (args: A, extra: {signal: AbortSignal}): Promise<CallToolResult> => {
+  const run = <A>(tool: string, fn: (args: A, extra: Extra) => Promise<Record<string, unknown>>) =>
+    async (args: A, extra: Extra): Promise<CallToolResult> => {
       try {
         return ok(await fn(args, extra));
       } catch (e) {
@@ -122,8 +122,14 @@ export function createMcpServer(session: SandboxSession, options: Options): McpS
   }, run('run_command', async (a: {sandbox: string; command: string; cwd?: string; timeout?: number; env?: Record<string, string>; stdin?: string}, extra) => {
     const {sandbox} = session.get(a.sandbox);
     const timeoutS = a.timeout ?? kDefaultCommandTimeoutS;
-    const r = await sandbox.exec(a.command, {cwd: a.cwd, env: a.env, stdin: a.stdin,
-                                                  timeout: Math.round(timeoutS * 1000), signal: extra.signal});
+    const stopProgress = reportProgress(extra, options.progressIntervalMs, timeoutS);
+    let r;
+    try {
+      r = await sandbox.exec(a.command, {cwd: a.cwd, env: a.env, stdin: a.stdin, timeout: Math.round(timeoutS * 1000),
+                                         signal: extra.signal});
+    } finally {
+      stopProgress();
+    }
     const out = boundOutput(r.stdout, r.stderr, limit);
     return {
       exit_code: r.exitCode, signal: r.signal, timed_out: r.timedOut, stdout: out.stdout, stderr: out.stderr,
@@ -243,6 +249,31 @@ export function createMcpServer(session: SandboxSession, options: Options): McpS
   }));
 
   return server;
+}
+
+/** What tool handlers use of the SDK's RequestHandlerExtra. */
+interface Extra {
+  signal: AbortSignal;
+  _meta?: {progressToken?: string | number};
+  sendNotification: (n: ServerNotification) => Promise<void>;
+}
+
+/**
+ * Sends notifications/progress every `everyMs` (progress: seconds so far, total: the
+ * timeout) when the call asked for progress; returns the function that stops it.
+ */
+function reportProgress(extra: Extra, everyMs: number, timeoutS: number): () => void {
+  const token = extra._meta?.progressToken;
+  if (token === undefined) return () => {};
+  let ticks = 0;
+  const timer = setInterval(() => {
+    // Progress must grow with each notification: the ticks' seconds, not the clock's.
+    const elapsed = (++ticks * everyMs) / 1000;
+    extra.sendNotification({method: 'notifications/progress', params: {
+      progressToken: token, progress: elapsed, total: timeoutS, message: `command running for ${elapsed} s`,
+    }}).catch(() => {});  // The client went away; the command's own call ends too.
+  }, everyMs);
+  return () => clearInterval(timer);
 }
 
 /** Refuses files above kMaxReadFileBytes before reading them whole. */

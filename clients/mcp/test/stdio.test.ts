@@ -201,9 +201,9 @@ describe('examples', () => {
   });
 });
 
-describe('configured limit', () => {
-  it('--max-output-chars bounds every result', async () => {
-    const small = await stdioClient(world, ['--max-output-chars', '1000']);
+describe('configured options', () => {
+  it('--max-output-chars bounds every result; --progress-interval paces progress while a command runs', async () => {
+    const small = await stdioClient(world, ['--max-output-chars', '1000', '--progress-interval', '200ms']);
     try {
       const sb = (await call(small.client, 'claim_sandbox', {})).sandbox;
       const r = await call(small.client, 'run_command', {sandbox: sb, command: 'seq 1 1000'});
@@ -214,6 +214,20 @@ describe('configured limit', () => {
       const f = await call(small.client, 'read_file', {sandbox: sb, path: 'n.txt'});
       assert.equal(f.content.length, 1000);
       assert.equal(f.next_offset, 1000);
+
+      // The command waits for a file that is written once a progress notification came.
+      const progress: number[] = [];
+      let sawProgress!: () => void;
+      const first = new Promise<void>((resolve) => { sawProgress = resolve; });
+      const running = small.client.callTool(
+          {name: 'run_command', arguments: {sandbox: sb, command: 'while [ ! -f go ]; do sleep 0.05; done; echo went', timeout: 30}},
+          undefined, {onprogress: (p) => { progress.push(p.progress); assert.equal(p.total, 30); sawProgress(); }});
+      await Promise.race([first, running.then(() => { throw new Error('the command ended before any progress'); })]);
+      await call(small.client, 'write_file', {sandbox: sb, path: 'go', content: ''});
+      const went = JSON.parse(((await running).content as {text: string}[])[0]!.text);
+      assert.equal(went.stdout, 'went\n');
+      assert.ok(progress.length >= 1);
+      assert.ok(progress.every((p, i) => i === 0 || p > progress[i - 1]!), `progress ${progress} does not grow`);
     } finally {
       await small.client.close();
     }
