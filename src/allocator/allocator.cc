@@ -59,6 +59,9 @@ struct ClaimEntry {
   // whether its answer counts as a replay.
   std::vector<std::pair<ClaimCallback, bool>> callbacks ABSL_GUARDED_BY(mu);
   // While waiting in the pool's queue (policy WAIT).
+  // Calls waiting for this claim that may still give up (the first and joined retries);
+  // the wait ends CANCELLED when the last one does.
+  int calls ABSL_GUARDED_BY(mu) = 1;
   WaiterPtr waiter ABSL_GUARDED_BY(mu);
   TimerHandle expiry ABSL_GUARDED_BY(mu);
   // How the claim gets its sandbox, for the pool's counters.
@@ -554,7 +557,7 @@ class AllocatorImpl final : public Allocator {
         absl::MutexLock lock(&entry->mu);
         cb = std::move(entry->callbacks.front().first);
       }
-      return AnswerExisting(existing, pool, std::move(cb));
+      return AnswerExisting(existing, pool, std::move(cb), req.cancellation);
     }
 
     const std::function<void(const SandboxPtr&)>* hook =
@@ -587,7 +590,11 @@ class AllocatorImpl final : public Allocator {
                       "); retry after about 1s, or claim with policy WAIT or COLD")));
         return;
       case EmptyPoolPolicy::kWait:
-        return Wait(entry, wait);
+        Wait(entry, wait);
+        if (req.cancellation) {
+          req.cancellation->OnCancel([this, entry] { CallGaveUp(entry); });
+        }
+        return;
       case EmptyPoolPolicy::kCold:
         return ColdStart(entry, settings, wait);
     }
@@ -602,6 +609,9 @@ class AllocatorImpl final : public Allocator {
                     absl::Duration wait, BatchCallback done);
   void DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb);
   void BatchDeadline(const BatchWaitPtr& w);
+  // Ends a waiting batch that is not granted yet: BEST_EFFORT with `grant_best_effort` is
+  // granted what it holds (if anything); otherwise all goes back and `status` answers.
+  void GiveUpBatch(const BatchWaitPtr& w, absl::Status status, bool grant_best_effort);
 
   void Release(const std::string& owner, const std::string& claim_id,
                StatusCallback done) override {
@@ -810,7 +820,8 @@ class AllocatorImpl final : public Allocator {
   }
 
   // A retry of an existing claim id.
-  void AnswerExisting(const EntryPtr& e, Pool* pool, ClaimCallback done) {
+  void AnswerExisting(const EntryPtr& e, Pool* pool, ClaimCallback done,
+                      const std::shared_ptr<WaitCancellation>& cancellation) {
     absl::StatusOr<ClaimResult> answer;
     {
       absl::MutexLock lock(&e->mu);
@@ -820,6 +831,8 @@ class AllocatorImpl final : public Allocator {
                                                        e->record.pool, "\""));
       } else if (e->phase == ClaimEntry::Phase::kCommitting) {
         e->callbacks.emplace_back(std::move(done), true);
+        ++e->calls;
+        if (cancellation) cancellation->OnCancel([this, e] { CallGaveUp(e); });
         return;
       } else if (e->phase == ClaimEntry::Phase::kActive ||
                  e->phase == ClaimEntry::Phase::kUpdating) {
@@ -830,6 +843,24 @@ class AllocatorImpl final : public Allocator {
       }
     }
     std::move(done)(std::move(answer));
+  }
+
+  // A call waiting for `e` was cancelled. When it was the last, a claim still queued for a
+  // sandbox leaves the queue and ends CANCELLED, so that nothing is granted to a claim
+  // nobody waits for (it would hold its sandbox until its TTL).
+  void CallGaveUp(const EntryPtr& e) {
+    WaiterPtr waiter;
+    std::string id;
+    {
+      absl::MutexLock lock(&e->mu);
+      if (--e->calls > 0) return;
+      waiter = e->waiter;
+      id = e->record.id;
+    }
+    if (waiter == nullptr || !e->pool->CancelWaiter(waiter)) return;  // served meanwhile
+    FailEntry(e, absl::CancelledError(
+                     absl::StrCat("claim \"", id, "\" on pool \"", e->pool->name(),
+                                  "\": the caller gave up waiting (its call was cancelled)")));
   }
 
   // Fails a claim that holds no sandbox: removes it from the table and answers every
@@ -1385,6 +1416,8 @@ void AllocatorImpl::WaitForBatch(BatchRequest req, Pool* pool, absl::Duration tt
   reconciler_->PoolBelowTarget(pool->name());
   pool->counters().CountExhausted();
   const int missing = req.count - static_cast<int>(taken.size());
+  // Not kept in the BatchWait: its action holds the BatchWait.
+  std::shared_ptr<WaitCancellation> cancellation = std::move(req.cancellation);
   auto w = std::make_shared<BatchWait>(std::move(req), pool, ttl, std::move(done));
   {
     absl::MutexLock lock(&w->mu);
@@ -1403,6 +1436,15 @@ void AllocatorImpl::WaitForBatch(BatchRequest req, Pool* pool, absl::Duration tt
       w->waiters.push_back(waiter);
     }
     if (SandboxPtr sb = pool->TakeOrEnqueue(waiter)) DeliverToBatch(w, std::move(sb));
+  }
+  if (cancellation) {
+    cancellation->OnCancel([this, w] {
+      GiveUpBatch(w,
+                  absl::CancelledError(
+                      absl::StrCat("batch \"", w->req.batch_id, "\" on pool \"", w->pool->name(),
+                                   "\": the caller gave up waiting (its call was cancelled)")),
+                  false);
+    });
   }
 }
 
@@ -1428,6 +1470,22 @@ void AllocatorImpl::DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb) {
 }
 
 void AllocatorImpl::BatchDeadline(const BatchWaitPtr& w) {
+  size_t had;
+  {
+    absl::MutexLock lock(&w->mu);
+    had = w->taken.size();
+  }
+  GiveUpBatch(w,
+              absl::DeadlineExceededError(
+                  absl::StrCat("batch of ", w->req.count, " on pool \"", w->pool->name(),
+                               "\": ", had, " sandboxes became ready within the wait (",
+                               w->req.mode == BatchMode::kBestEffort ? "at least one" : "all",
+                               " needed); nothing is held")),
+              true);
+}
+
+void AllocatorImpl::GiveUpBatch(const BatchWaitPtr& w, absl::Status status,
+                                bool grant_best_effort) {
   std::vector<SandboxPtr> taken;
   std::vector<WaiterPtr> waiters;
   BatchCallback done;
@@ -1441,21 +1499,16 @@ void AllocatorImpl::BatchDeadline(const BatchWaitPtr& w) {
   }
   // A waiter already matched but not yet delivered gives its sandbox back on delivery.
   for (const WaiterPtr& waiter : waiters) w->pool->CancelWaiter(waiter);
-  if (w->req.mode == BatchMode::kBestEffort && !taken.empty()) {
+  if (grant_best_effort && w->req.mode == BatchMode::kBestEffort && !taken.empty()) {
     return GrantBatch(w->req, w->pool, w->ttl, std::move(taken), std::move(done));
   }
-  const size_t had = taken.size();
   for (SandboxPtr& sb : taken) {
     sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
     w->pool->AddWarm(std::move(sb));
   }
-  w->pool->counters().CountClaims(absl::StatusCode::kDeadlineExceeded, ClaimPath::kWait,
+  w->pool->counters().CountClaims(status.code(), ClaimPath::kWait,
                                   static_cast<uint64_t>(w->req.count));
-  std::move(done)(absl::DeadlineExceededError(
-      absl::StrCat("batch of ", w->req.count, " on pool \"", w->pool->name(), "\": ", had,
-                   " sandboxes became ready within the wait (",
-                   w->req.mode == BatchMode::kBestEffort ? "at least one" : "all",
-                   " needed); nothing is held")));
+  std::move(done)(std::move(status));
 }
 
 void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Duration ttl,

@@ -88,6 +88,40 @@ struct AllocatorOptions {
   absl::Status Validate() const;
 };
 
+// Lets the caller of Claim or ClaimBatch give up a wait (its RPC was cancelled): a claim
+// or batch still waiting for sandboxes then ends CANCELLED and holds nothing; one already
+// granted or being granted is not affected. Cancel may come before, during or after the
+// wait. Thread-safe.
+class WaitCancellation {
+ public:
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<absl::AnyInvocable<void() &&>> actions;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      actions.swap(actions_);
+    }
+    for (auto& action : actions) std::move(action)();
+  }
+  // For the allocator: runs `action` once Cancel is called (now, if it was).
+  void OnCancel(absl::AnyInvocable<void() &&> action) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!cancelled_) {
+        actions_.push_back(std::move(action));
+        return;
+      }
+    }
+    std::move(action)();
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<absl::AnyInvocable<void() &&>> actions_ ABSL_GUARDED_BY(mu_);
+};
+
 struct ClaimRequest {
   // Tenant; claims are keyed by (owner, claim_id).
   std::string owner;
@@ -102,6 +136,8 @@ struct ClaimRequest {
   // kMaxTtl.
   absl::Duration ttl = absl::ZeroDuration();
   std::map<std::string, std::string> labels;
+  // Optional: the caller's way to give up waiting.
+  std::shared_ptr<WaitCancellation> cancellation;
 };
 
 // The result of a claim: its record, and whether it was a retry answered from the table.
@@ -128,6 +164,8 @@ struct BatchRequest {
   std::optional<store::EmptyPoolPolicy> policy;
   // How long WAIT/COLD may wait; the pool's default_wait when zero.
   absl::Duration wait = absl::ZeroDuration();
+  // Optional: the caller's way to give up waiting.
+  std::shared_ptr<WaitCancellation> cancellation;
 };
 using BatchCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<ClaimResult>>) &&>;
 using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;

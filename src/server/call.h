@@ -86,6 +86,10 @@ class AsyncUnary final : public grpc::ServerUnaryReactor {
     on_finish_ = std::move(on_finish);
   }
 
+  // Runs once if the client cancels the call before it completes, after it finished
+  // CANCELLED (to give up what the call was waiting for). Set it right after Create.
+  void set_on_cancel(absl::AnyInvocable<void() &&> on_cancel) { on_cancel_ = std::move(on_cancel); }
+
   // On OK runs fill(response) and finishes OK; otherwise finishes with `status`. `fill`
   // may return a non-OK status to finish with that instead.
   template <typename Fill>
@@ -104,8 +108,11 @@ class AsyncUnary final : public grpc::ServerUnaryReactor {
 
   void OnCancel() override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!Claim()) return;
+    // Taken first: after Finish this object may go (OnDone) while the action still runs.
+    absl::AnyInvocable<void()&&> on_cancel = std::move(on_cancel_);
     if (on_finish_) on_finish_(absl::CancelledError("the client cancelled the call"));
     Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the call"));
+    if (on_cancel) std::move(on_cancel)();
   }
 
   void OnDone() override {
@@ -130,6 +137,7 @@ class AsyncUnary final : public grpc::ServerUnaryReactor {
   Response* const response_;
   // Set before the call can complete; run by the one caller that finishes (Claim()).
   absl::AnyInvocable<void(const absl::Status&)> on_finish_;
+  absl::AnyInvocable<void() &&> on_cancel_;
   absl::Mutex mu_;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   // Set by Create, cleared by OnDone (only gRPC's thread touches it after Create).

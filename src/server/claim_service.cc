@@ -187,6 +187,9 @@ grpc::ServerUnaryReactor* ClaimService::Claim(grpc::CallbackServerContext* ctx,
   if (!request.ok()) return FinishCall(ctx, record, request.status());
   auto call = AsyncUnary<v1::ClaimResponse>::Create(ctx, resp);
   call->set_on_finish([record = std::move(record)](const absl::Status& s) { record.Done(s); });
+  // A caller that gives up while the claim waits takes the wait with it.
+  request->cancellation = std::make_shared<allocator::WaitCancellation>();
+  call->set_on_cancel([c = request->cancellation] { c->Cancel(); });
   auto reply = [call](const ClaimResult& result) {
     call->Complete(absl::OkStatus(), [&](v1::ClaimResponse* out) {
       ToProto(result.claim, out->mutable_claim());
@@ -229,6 +232,8 @@ grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* 
   if (!request.ok()) return FinishCall(ctx, record, request.status());
   auto call = AsyncUnary<v1::ClaimBatchResponse>::Create(ctx, resp);
   call->set_on_finish([record = std::move(record)](const absl::Status& s) { record.Done(s); });
+  request->cancellation = std::make_shared<allocator::WaitCancellation>();
+  call->set_on_cancel([c = request->cancellation] { c->Cancel(); });
   auto reply = [call](const std::vector<ClaimResult>& results) {
     call->Complete(absl::OkStatus(), [&](v1::ClaimBatchResponse* out) {
       bool replayed = !results.empty();

@@ -611,6 +611,77 @@ TEST_F(AllocatorTest, BatchBestEffortWaitGetsWhatCameByItsDeadline) {
   EXPECT_EQ(none.value->status().code(), absl::StatusCode::kDeadlineExceeded);
 }
 
+// A caller that gives up a waiting claim (its RPC was cancelled) takes the wait with it:
+// the claim ends CANCELLED, leaves the pool's queue and the table, and a sandbox that
+// comes later is warm, not granted to a claim nobody waits for (which would hold it until
+// its TTL). Before, the wait went on and the sandbox went to that claim.
+TEST_F(AllocatorTest, AWaitGivenUpByItsCallerHoldsNothing) {
+  ClaimRequest req = Req("gone");
+  req.policy = EmptyPoolPolicy::kWait;
+  req.cancellation = std::make_shared<WaitCancellation>();
+  Result<absl::StatusOr<ClaimResult>> r;
+  allocator_->Claim(req, r.callback());
+  EXPECT_FALSE(r.value.has_value());
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 1);
+  req.cancellation->Cancel();
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->status().code(), absl::StatusCode::kCancelled) << r.value->status();
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 0);
+  AddWarm("s1");
+  EXPECT_EQ(Warm(), 1);
+  EXPECT_EQ(allocator_->GetClaim("alice", "gone").status().code(), absl::StatusCode::kNotFound);
+  // The id is free: a new call with it waits afresh and gets the sandbox.
+  req.cancellation = nullptr;
+  EXPECT_TRUE(ClaimNow(req).ok());
+  EXPECT_EQ(Warm(), 0);
+}
+
+// Two calls waiting for one claim (a retry joined the first): one giving up leaves the
+// wait to the other.
+TEST_F(AllocatorTest, AWaitEndsOnlyWhenEveryCallerGaveUp) {
+  ClaimRequest first = Req("shared");
+  first.policy = EmptyPoolPolicy::kWait;
+  first.cancellation = std::make_shared<WaitCancellation>();
+  ClaimRequest retry = first;
+  retry.cancellation = std::make_shared<WaitCancellation>();
+  Result<absl::StatusOr<ClaimResult>> a, b;
+  allocator_->Claim(first, a.callback());
+  allocator_->Claim(retry, b.callback());
+  first.cancellation->Cancel();
+  EXPECT_FALSE(b.value.has_value());
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 1);
+  AddWarm("s1");
+  ASSERT_TRUE(b.value.has_value());
+  ASSERT_TRUE(b.value->ok()) << b.value->status();
+  EXPECT_EQ((*b.value)->claim.sandbox_id, "s1");
+  retry.cancellation->Cancel();  // after the grant: changes nothing
+  EXPECT_TRUE(allocator_->GetClaim("alice", "shared").ok());
+}
+
+// A waiting batch given up by its caller gives back what it held and ends CANCELLED.
+TEST_F(AllocatorTest, ABatchWaitGivenUpByItsCallerGivesEverythingBack) {
+  AddWarm("s1");
+  AddWarm("s2");
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "gone";
+  b.pool = "py";
+  b.count = 4;
+  b.policy = EmptyPoolPolicy::kWait;
+  b.cancellation = std::make_shared<WaitCancellation>();
+  Result<absl::StatusOr<std::vector<ClaimResult>>> r;
+  allocator_->ClaimBatch(b, r.callback());
+  EXPECT_FALSE(r.value.has_value());
+  EXPECT_EQ(Warm(), 0);
+  b.cancellation->Cancel();
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->status().code(), absl::StatusCode::kCancelled) << r.value->status();
+  EXPECT_EQ(Warm(), 2);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->waiting, 0);
+  AddWarm("s3");
+  EXPECT_EQ(Warm(), 3);
+}
+
 // A batch id names one batch: a request reusing it with another count is refused, also
 // after a restart and also when a BEST_EFFORT batch got fewer claims than it asked for
 // (the count is in the claims' records). Failed on 660dada: the reuse was answered as a

@@ -314,6 +314,51 @@ TEST_F(ServerTest, WaitPolicyGetsTheSandboxThatIsAdded) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << Describe(s);
 }
 
+// A client that gives up a waiting claim (its deadline passed, or it cancelled) takes
+// the wait with it: the sandbox that comes afterwards stays warm. Before, the claim kept
+// waiting and was granted to nobody, holding the sandbox until its TTL (found by the
+// TypeScript SDK's tests).
+TEST_F(ServerTest, AWaitWhoseClientGaveUpGrantsNothing) {
+  MakePool("empty", 0, 0, v1::EMPTY_POOL_POLICY_WAIT);
+  v1::ClaimRequest req = ClaimReq("impatient", "empty");
+  req.mutable_wait_timeout()->set_seconds(30);
+  v1::ClaimResponse resp;
+  auto ctx = Ctx(kAlice);
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  grpc::Status s = claims_->Claim(ctx.get(), req, &resp);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << Describe(s);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (allocator_->GetPoolStatus("empty")->waiting > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(allocator_->GetPoolStatus("empty")->waiting, 0) << "the wait outlived its call";
+  runtime::SandboxInfo info;
+  info.id = "late-2";
+  info.pool = "empty";
+  info.endpoint = "unix:/tmp/late-2";
+  ASSERT_TRUE(allocator_->AddSandbox(info).ok());
+  EXPECT_EQ(allocator_->GetPoolStatus("empty")->warm, 1);
+  EXPECT_EQ(allocator_->GetPoolStatus("empty")->claimed, 0);
+  // The same for a batch.
+  v1::ClaimBatchRequest batch;
+  batch.set_batch_id("impatient-batch");
+  batch.set_pool("empty");
+  batch.set_count(3);
+  batch.mutable_wait_timeout()->set_seconds(30);
+  v1::ClaimBatchResponse bresp;
+  auto bctx = Ctx(kAlice);
+  bctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  s = claims_->ClaimBatch(bctx.get(), batch, &bresp);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << Describe(s);
+  while ((allocator_->GetPoolStatus("empty")->waiting > 0 ||
+          allocator_->GetPoolStatus("empty")->warm < 1) &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(allocator_->GetPoolStatus("empty")->waiting, 0);
+  EXPECT_EQ(allocator_->GetPoolStatus("empty")->warm, 1) << "the batch kept the sandbox";
+}
+
 TEST_F(ServerTest, BatchIsAllOrNothing) {
   MakePool("py", 3, 3);
   v1::ClaimBatchRequest req;

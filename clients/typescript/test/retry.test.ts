@@ -9,7 +9,7 @@ import path from 'node:path';
 import {after, before, beforeEach, it} from 'node:test';
 import {fileURLToPath} from 'node:url';
 
-import {Aborted, Client, InvalidArgument, PoolExhausted, Unavailable} from '@sbx/client';
+import {Aborted, Client, DeadlineExceeded, InvalidArgument, PoolExhausted, Unavailable} from '@sbx/client';
 
 const kProtoDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../dist/proto');
 
@@ -106,7 +106,9 @@ it('an appending WriteFile is not retried; a replacing one is', async () => {
 it('retries stop at the deadline with the last error', async () => {
   script = Array.from({length: 100000}, () => ({code: grpc.status.ABORTED}));
   const e = await client.ping({timeoutMs: 300}).catch((e: unknown) => e);
-  assert.ok(e instanceof Aborted, `got ${e}`);
+  // The last error is the scripted ABORTED, or DEADLINE_EXCEEDED when the deadline fell
+  // inside the last attempt (a full suite on two cores once made that attempt late).
+  assert.ok(e instanceof Aborted || e instanceof DeadlineExceeded, `got ${e}`);
   assert.ok(seen.length > 1 && seen.length < 100000, `${seen.length} attempts`);
 });
 
