@@ -50,6 +50,37 @@ THIRD_PARTY = {
     "prometheus/": ["src/server/", "src/cmd/", "src/k8s/"],
 }
 
+# clients/ (design.md): packages of their own ecosystems that speak the public API only.
+# They may read proto/ (to generate stubs) and the MCP server the TypeScript SDK; a path
+# into src/ or tests/ means code that reaches past the API.
+CLIENT_EXT = (".py", ".ts", ".mts", ".js", ".mjs", ".cjs")
+CLIENT_SKIP = {"node_modules", "dist", "dist-test", "build", "gen", "__pycache__"}
+RELATIVE_PATH_RE = re.compile(r"""["']((?:\.\.?/)+[^"'\s]*)["']""")
+
+
+def check_clients(root):
+    """Lines of files in clients/ with a relative path that leads into src/ or tests/."""
+    errors, checked = [], 0
+    clients = os.path.join(root, "clients")
+    forbidden = [os.path.join(root, "src") + os.sep, os.path.join(root, "tests") + os.sep]
+    for dirpath, dirnames, files in os.walk(clients):
+        dirnames[:] = [d for d in dirnames if d not in CLIENT_SKIP]
+        for name in sorted(files):
+            if not name.endswith(CLIENT_EXT):
+                continue
+            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            checked += 1
+            with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+                for lineno, line in enumerate(f, 1):
+                    for m in RELATIVE_PATH_RE.finditer(line):
+                        target = os.path.normpath(os.path.join(dirpath, m.group(1))) + os.sep
+                        if any(target.startswith(p) for p in forbidden):
+                            errors.append(f"{rel}:{lineno}: \"{m.group(1)}\" leads into "
+                                          f"{os.path.relpath(target, root).split(os.sep)[0]}/; "
+                                          "clients use the public API (proto/) only")
+    return errors, checked
+
+
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 SOURCE_EXT = (".h", ".hh", ".hpp", ".cc", ".cpp", ".cxx", ".inc")
 
@@ -124,6 +155,9 @@ def main():
             component = rel.split(os.sep)[1]
             errors.extend(check_file(root, rel.replace(os.sep, "/"), component))
             checked += 1
+    client_errors, client_files = check_clients(root)
+    errors.extend(client_errors)
+    checked += client_files
     for e in errors:
         print(e)
     if errors:

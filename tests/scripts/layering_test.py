@@ -37,6 +37,18 @@ class LayeringTest(unittest.TestCase):
         self.assertEqual(rc, 0, out)
         self.assertIn("layering: ok (4 files)", out)
 
+    def test_clients_use_the_public_api_only(self):
+        rc, out = run({
+            "clients/mcp/test/unit.test.ts": "import {x} from '../src/limits.js';\n",
+            "clients/python/sbx/gen.py": "PROTO = '../../../proto'\n",
+        })
+        self.assertEqual(rc, 0, out)
+        rc, out = run({"clients/typescript/src/x.ts":
+                       "import {Allocator} from '../../../src/allocator/allocator';\n"})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("clients/typescript/src/x.ts:1", out)
+        self.assertIn("leads into src/", out)
+
     def test_allocator_may_not_see_store_implementation(self):
         rc, out = run({"src/allocator/pool.cc": '#include "src/store/rocksdb_store.h"\n'})
         self.assertEqual(rc, 1, out)
