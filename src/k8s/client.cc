@@ -6,11 +6,13 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
@@ -19,8 +21,10 @@
 
 namespace sbx::k8s {
 
-// The client's Prometheus metrics. Family::Add finds or makes the labelled series; it is
-// thread-safe.
+// The client's Prometheus metrics. Each labelled series is made once (Family::Add builds
+// a label map and, for histograms, the bucket vector, and locks the family) and found
+// again through maps looked up by string_view under a reader lock, so a request costs
+// no allocation here once its series exist.
 class ClientMetrics {
  public:
   explicit ClientMetrics(std::shared_ptr<prometheus::Registry> registry)
@@ -42,22 +46,62 @@ class ClientMetrics {
 
   void Request(const std::string& verb, const std::string& resource, const std::string& code,
                absl::Duration took) {
-    requests_.Add({{"verb", verb}, {"resource", resource}, {"code", code}}).Increment();
-    latency_
-        .Add({{"verb", verb}, {"resource", resource}},
-             prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                     0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})
-        .Observe(absl::ToDoubleSeconds(took));
+    Series& series = Of(verb, resource);
+    series.latency->Observe(absl::ToDoubleSeconds(took));
+    prometheus::Counter* counter = nullptr;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = series.codes.find(code);
+      if (it != series.codes.end()) counter = it->second;
+    }
+    if (counter == nullptr) {
+      absl::MutexLock lock(&mu_);
+      prometheus::Counter*& slot = series.codes[code];
+      if (slot == nullptr) {
+        slot = &requests_.Add({{"verb", verb}, {"resource", resource}, {"code", code}});
+      }
+      counter = slot;
+    }
+    counter->Increment();
   }
   void Restart(const std::string& resource, const std::string& reason) {
     restarts_.Add({{"resource", resource}, {"reason", reason}}).Increment();
   }
 
  private:
+  // The series of one verb and resource: its latency, and its request count per code.
+  struct Series {
+    prometheus::Histogram* latency = nullptr;
+    absl::flat_hash_map<std::string, prometheus::Counter*> codes;
+  };
+
+  Series& Of(const std::string& verb, const std::string& resource) ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      if (auto v = series_.find(verb); v != series_.end()) {
+        if (auto r = v->second.find(resource); r != v->second.end()) return *r->second;
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<Series>& slot = series_[verb][resource];
+    if (slot == nullptr) {
+      slot = std::make_unique<Series>();
+      slot->latency = &latency_.Add(
+          {{"verb", verb}, {"resource", resource}},
+          prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                                  0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+    }
+    return *slot;
+  }
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Counter>& restarts_;
+  absl::Mutex mu_;
+  // verb -> resource -> series; a Series never moves once made (held by pointer).
+  absl::flat_hash_map<std::string, absl::flat_hash_map<std::string, std::unique_ptr<Series>>>
+      series_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
