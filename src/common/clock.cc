@@ -6,8 +6,10 @@ namespace {
 class RealClock final : public Clock {
  public:
   absl::Time Now() const override { return absl::Now(); }
-  bool AwaitUntil(absl::Mutex& mu, const bool* wake, absl::Time deadline) const override {
-    return mu.AwaitWithDeadline(absl::Condition(wake), deadline);
+  using Clock::AwaitUntil;
+  bool AwaitUntil(absl::Mutex& mu, const absl::Condition& condition,
+                  absl::Time deadline) const override {
+    return mu.AwaitWithDeadline(condition, deadline);
   }
 };
 
@@ -25,11 +27,12 @@ absl::Time FakeClock::Now() const {
   return now_;
 }
 
-bool FakeClock::AwaitUntil(absl::Mutex& mu, const bool* wake, absl::Time deadline) const {
+bool FakeClock::AwaitUntil(absl::Mutex& mu, const absl::Condition& condition,
+                           absl::Time deadline) const {
   // Fake time does not pass by itself: poll in short real-time slices so that a thread
-  // parked here notices both `*wake` and an Advance() beyond its deadline.
+  // parked here notices both `condition` and an Advance() beyond its deadline.
   while (true) {
-    if (mu.AwaitWithTimeout(absl::Condition(wake), absl::Milliseconds(1))) return true;
+    if (mu.AwaitWithTimeout(condition, absl::Milliseconds(1))) return true;
     if (Now() >= deadline) return false;
   }
 }

@@ -16,10 +16,15 @@ class Clock {
   virtual ~Clock() = default;
   // Wall-clock now. Used for expiry times that are stored and shown to clients.
   virtual absl::Time Now() const = 0;
-  // Blocks the calling thread until Now() >= deadline or `*wake` becomes true (checked
-  // with `mu` held; the caller holds `mu`). Returns true if `*wake` became true.
+  // Blocks the calling thread until Now() >= deadline or `condition` holds (evaluated
+  // with `mu` held; the caller holds `mu`). Returns true if `condition` held.
   // Timer threads use this so that a FakeClock can release them when time moves.
-  virtual bool AwaitUntil(absl::Mutex& mu, const bool* wake, absl::Time deadline) const = 0;
+  virtual bool AwaitUntil(absl::Mutex& mu, const absl::Condition& condition,
+                          absl::Time deadline) const = 0;
+  // The same for the condition "`*wake` is true".
+  bool AwaitUntil(absl::Mutex& mu, const bool* wake, absl::Time deadline) const {
+    return AwaitUntil(mu, absl::Condition(wake), deadline);
+  }
 
   // The process-wide real clock.
   static Clock& Real();
@@ -32,7 +37,9 @@ class FakeClock final : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::FromUnixSeconds(1'700'000'000));
   absl::Time Now() const override ABSL_LOCKS_EXCLUDED(mu_);
-  bool AwaitUntil(absl::Mutex& mu, const bool* wake, absl::Time deadline) const override;
+  using Clock::AwaitUntil;
+  bool AwaitUntil(absl::Mutex& mu, const absl::Condition& condition,
+                  absl::Time deadline) const override;
   void Advance(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
   void Set(absl::Time t) ABSL_LOCKS_EXCLUDED(mu_);
 

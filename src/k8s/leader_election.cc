@@ -37,6 +37,7 @@ LeaderElector::LeaderElector(Client* client, LeaderElectionOptions options,
                              std::function<void()> on_started, std::function<void()> on_stopped)
     : client_(client),
       options_(std::move(options)),
+      clock_(options_.clock ? options_.clock : &Clock::Real()),
       on_started_(std::move(on_started)),
       on_stopped_(std::move(on_stopped)) {}
 
@@ -56,12 +57,19 @@ void LeaderElector::Stop() {
 
 bool LeaderElector::Sleep(absl::Duration d) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  sleeping_until_ = clock_->Now() + d;
+  clock_->AwaitUntil(mu_, &stopping_, sleeping_until_);
+  sleeping_until_ = absl::InfinitePast();
   return !stopping_;
 }
 
+absl::Time LeaderElector::SleepingUntil() const {
+  absl::MutexLock lock(&mu_);
+  return sleeping_until_;
+}
+
 bool LeaderElector::TryAcquireOrRenew() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   const std::string now_text = FormatMicroTime(now);
   const int64_t duration_s = absl::ToInt64Seconds(options_.lease_duration);
   absl::StatusOr<Json> lease = client_->Get(kLeases, options_.lease_namespace, options_.lease_name);
@@ -103,7 +111,7 @@ void LeaderElector::Release() {
     return;
   }
   (*lease)["spec"]["holderIdentity"] = "";
-  (*lease)["spec"]["renewTime"] = FormatMicroTime(absl::Now());
+  (*lease)["spec"]["renewTime"] = FormatMicroTime(clock_->Now());
   absl::Status released = client_->Update(kLeases, options_.lease_namespace, *lease).status();
   if (!released.ok()) spdlog::warn("leader election: releasing the lease: {}", released.ToString());
 }
@@ -119,7 +127,7 @@ void LeaderElector::Run() {
     leader_.store(true, std::memory_order_release);
     if (on_started_) on_started_();
     // Lead: renew until stopped or unable to renew within the deadline.
-    absl::Time last_renew = absl::Now();
+    absl::Time last_renew = clock_->Now();
     bool stopping = false;
     while (true) {
       if (!Sleep(options_.retry_period)) {
@@ -127,8 +135,8 @@ void LeaderElector::Run() {
         break;
       }
       if (TryAcquireOrRenew()) {
-        last_renew = absl::Now();
-      } else if (absl::Now() - last_renew >= options_.renew_deadline) {
+        last_renew = clock_->Now();
+      } else if (clock_->Now() - last_renew >= options_.renew_deadline) {
         spdlog::warn("leader election: {} could not renew lease {}/{} for {}; stepping down",
                      options_.identity, options_.lease_namespace, options_.lease_name,
                      absl::FormatDuration(options_.renew_deadline));

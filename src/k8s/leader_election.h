@@ -17,6 +17,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/common/clock.h"
 #include "src/k8s/client.h"
 
 namespace sbx::k8s {
@@ -29,6 +30,8 @@ struct LeaderElectionOptions {
   absl::Duration lease_duration = absl::Seconds(15);
   absl::Duration renew_deadline = absl::Seconds(10);
   absl::Duration retry_period = absl::Seconds(2);
+  // Time of renewals, expiry and waits; the real clock when null. Must outlive the elector.
+  const Clock* clock = nullptr;
 
   absl::Status Validate() const;
 };
@@ -44,6 +47,9 @@ class LeaderElector {
   // and hears on_stopped.
   void Stop();
   bool IsLeader() const { return leader_.load(std::memory_order_acquire); }
+  // When the elector thread, now waiting between two attempts, looks again;
+  // InfinitePast while it is not waiting (for tests that move a FakeClock).
+  absl::Time SleepingUntil() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Run();
@@ -54,6 +60,7 @@ class LeaderElector {
 
   Client* const client_;
   const LeaderElectionOptions options_;
+  const Clock* const clock_;
   std::function<void()> on_started_;
   std::function<void()> on_stopped_;
   std::thread thread_;
@@ -61,8 +68,9 @@ class LeaderElector {
   // release pairs it with the lease state the elector saw.
   std::atomic<bool> leader_{false};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time sleeping_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // RFC 3339 with microseconds, as Kubernetes writes MicroTime.

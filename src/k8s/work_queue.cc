@@ -21,7 +21,7 @@ void WorkQueue::AddAfter(const std::string& key, absl::Duration delay) {
     Add(key);
     return;
   }
-  const absl::Time at = absl::Now() + delay;
+  const absl::Time at = clock_->Now() + delay;
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return;
   auto existing = delayed_at_.find(key);
@@ -75,7 +75,7 @@ void WorkQueue::PromoteDueLocked(absl::Time now) {
 bool WorkQueue::Get(std::string* key) {
   absl::MutexLock lock(&mu_);
   while (true) {
-    PromoteDueLocked(absl::Now());
+    PromoteDueLocked(clock_->Now());
     if (shutting_down_) return false;
     if (!queue_.empty()) break;
     const absl::Time wake = delayed_.empty() ? absl::InfiniteFuture() : delayed_.begin()->first;
@@ -83,7 +83,9 @@ bool WorkQueue::Get(std::string* key) {
     auto ready = [this, changes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return shutting_down_ || !queue_.empty() || delayed_changes_ != changes;
     };
-    mu_.AwaitWithDeadline(absl::Condition(&ready), wake);
+    ++waiting_;
+    clock_->AwaitUntil(mu_, absl::Condition(&ready), wake);
+    --waiting_;
   }
   *key = std::move(queue_.front());
   queue_.pop_front();
@@ -106,6 +108,11 @@ void WorkQueue::ShutDown() {
 size_t WorkQueue::Depth() const {
   absl::MutexLock lock(&mu_);
   return queue_.size();
+}
+
+int WorkQueue::Waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
 }
 
 size_t WorkQueue::Delayed() const {

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/common/clock.h"
 
 namespace sbx::k8s {
 
@@ -25,11 +26,14 @@ struct WorkQueueOptions {
   // Backoff of AddRateLimited: base * 2^(failures-1), at most max.
   absl::Duration base_backoff = absl::Milliseconds(5);
   absl::Duration max_backoff = absl::Seconds(30);
+  // Time of delayed adds and backoffs; the real clock when null. Must outlive the queue.
+  const Clock* clock = nullptr;
 };
 
 class WorkQueue {
  public:
-  explicit WorkQueue(WorkQueueOptions options = {}) : options_(options) {}
+  explicit WorkQueue(WorkQueueOptions options = {})
+      : options_(options), clock_(options.clock ? options.clock : &Clock::Real()) {}
 
   void Add(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds `key` once `delay` has passed (an earlier pending add for it wins).
@@ -49,12 +53,15 @@ class WorkQueue {
   // Keys waiting (not counting those being worked on or delayed).
   size_t Depth() const ABSL_LOCKS_EXCLUDED(mu_);
   size_t Delayed() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Gets blocked waiting for a key (for tests that must know a worker is waiting).
+  int Waiting() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void AddLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PromoteDueLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkQueueOptions options_;
+  const Clock* const clock_;
   mutable absl::Mutex mu_;
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<std::string> dirty_ ABSL_GUARDED_BY(mu_);       // queued or re-added
@@ -65,6 +72,7 @@ class WorkQueue {
   uint64_t delayed_changes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int> failures_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace sbx::k8s

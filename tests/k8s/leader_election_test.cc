@@ -3,8 +3,10 @@
 #include "src/k8s/leader_election.h"
 
 #include <atomic>
+#include <initializer_list>
 
 #include "gtest/gtest.h"
+#include "src/common/clock.h"
 #include "tests/k8s/test_emulator.h"
 
 namespace sbx::k8s {
@@ -29,20 +31,37 @@ bool WaitFor(const std::function<bool()>& condition) {
   return false;
 }
 
+// Waits (bounded) until each elector has made its attempt at the current fake time and
+// waits for the next, then moves the clock on by `step`: one round of both.
+void Round(FakeClock& clock, absl::Duration step, std::initializer_list<LeaderElector*> electors) {
+  ASSERT_TRUE(WaitFor([&] {
+    for (LeaderElector* e : electors) {
+      if (e->SleepingUntil() <= clock.Now()) return false;
+    }
+    return true;
+  })) << "an elector did not get to its next wait";
+  clock.Advance(step);
+}
+
 TEST(LeaderElectionTest, OneLeaderAndHandOver) {
   testing::TestEmulator emulator;
   ASSERT_TRUE(emulator.ok());
   auto client = *Client::Create(emulator.Cluster());
+  FakeClock clock(absl::Now());
+  LeaderElectionOptions options_a = Options("a"), options_b = Options("b");
+  options_a.clock = options_b.clock = &clock;
   std::atomic<int> started_a{0}, started_b{0}, stopped_a{0};
   LeaderElector a(
-      client.get(), Options("a"), [&] { ++started_a; }, [&] { ++stopped_a; });
+      client.get(), options_a, [&] { ++started_a; }, [&] { ++stopped_a; });
   LeaderElector b(
-      client.get(), Options("b"), [&] { ++started_b; }, nullptr);
+      client.get(), options_b, [&] { ++started_b; }, nullptr);
   a.Start();
   ASSERT_TRUE(WaitFor([&] { return a.IsLeader(); }));
   b.Start();
-  // b campaigns for a while without success: a renews.
-  absl::SleepFor(absl::Milliseconds(500));
+  // b campaigns for longer than the lease's duration (3 s) without success: a renews
+  // every round. Each round both have looked at the lease before time moves on.
+  for (int i = 0; i < 40; ++i) Round(clock, absl::Milliseconds(100), {&a, &b});
+  Round(clock, absl::ZeroDuration(), {&a, &b});
   EXPECT_FALSE(b.IsLeader());
   EXPECT_EQ(started_b.load(), 0);
   absl::StatusOr<Json> lease = client->Get(kLeases, "default", "test-lease");
@@ -52,6 +71,7 @@ TEST(LeaderElectionTest, OneLeaderAndHandOver) {
   a.Stop();  // releases the lease
   EXPECT_EQ(stopped_a.load(), 1);
   EXPECT_FALSE(a.IsLeader());
+  Round(clock, absl::Milliseconds(100), {&b});  // b's next attempt finds it free
   ASSERT_TRUE(WaitFor([&] { return b.IsLeader(); }));
   EXPECT_EQ(started_b.load(), 1);
   lease = client->Get(kLeases, "default", "test-lease");
