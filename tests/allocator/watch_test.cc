@@ -884,9 +884,18 @@ TEST(WatchStressTest, ConcurrentChangesAreSeenExactlyOnceInOrder) {
       done_threads.fetch_add(1);
     });
   }
-  // The second watcher starts from 0 while changes are in full flow.
-  while (a.revision() < static_cast<uint64_t>(kThreads * kPerThread / 2)) {
+  // The second watcher starts from 0 while changes are in full flow (bounded: a claim path
+  // that stalls fails here instead of hanging until the test's timeout).
+  const absl::Time halfway_deadline = absl::Now() + absl::Seconds(60);
+  while (a.revision() < static_cast<uint64_t>(kThreads * kPerThread / 2) &&
+         absl::Now() < halfway_deadline) {
     absl::SleepFor(absl::Milliseconds(1));
+  }
+  if (a.revision() < static_cast<uint64_t>(kThreads * kPerThread / 2)) {
+    // The claim threads are blocked in the allocator and cannot be joined: end here.
+    std::fprintf(stderr, "FAILED: the claims stalled at revision %llu\n",
+                 static_cast<unsigned long long>(a.revision()));
+    std::abort();
   }
   std::thread watcher2(run_watcher, 0, &second, &stop, &second_reached, &second_subscribed);
   for (auto& th : threads) th.join();
