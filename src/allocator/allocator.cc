@@ -268,6 +268,7 @@ class AllocatorImpl final : public Allocator {
   }
 
   const RecoveryStats& recovery() const override { return recovery_; }
+  int max_batch() const override { return options_.max_batch; }
 
   // ---- Admin ----
 
@@ -1324,9 +1325,10 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   if (req.batch_id.empty()) req.batch_id = ids_->Next();
   if (absl::Status s = ValidateKey("owner", req.owner); !s.ok()) return std::move(done)(s);
   if (absl::Status s = ValidateKey("batch id", req.batch_id); !s.ok()) return std::move(done)(s);
-  if (req.batch_id.size() > 120) {
-    return std::move(done)(absl::InvalidArgumentError(absl::StrCat(
-        "batch id \"", req.batch_id.substr(0, 40), "...\" is longer than 120 characters")));
+  if (req.batch_id.size() > kMaxBatchIdLength) {
+    return std::move(done)(absl::InvalidArgumentError(
+        absl::StrCat("batch id \"", req.batch_id.substr(0, 40), "...\" is longer than ",
+                     kMaxBatchIdLength, " characters")));
   }
   if (req.count < 1 || req.count > options_.max_batch) {
     return std::move(done)(absl::InvalidArgumentError(

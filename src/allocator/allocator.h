@@ -56,6 +56,9 @@ namespace sbx::allocator {
 // (up to 9999-12-31) and never saturates absl::Time to InfiniteFuture (which means "no
 // expiry"). Longer TTLs are INVALID_ARGUMENT; a claim that should not expire has none.
 inline constexpr absl::Duration kMaxTtl = absl::Hours(24 * 365 * 100);
+// The longest ClaimBatch id: its claims are "<batch_id>#<i>" and a claim id has at most
+// 128 characters.
+inline constexpr size_t kMaxBatchIdLength = 120;
 
 // INVALID_ARGUMENT when `ttl` is above kMaxTtl, naming `field`, the TTL and the maximum;
 // OK otherwise (sign and zero are the caller's business).
@@ -290,6 +293,8 @@ class Allocator {
   virtual ~Allocator() = default;
 
   virtual const RecoveryStats& recovery() const = 0;
+  // The largest ClaimBatch count (AllocatorOptions::max_batch).
+  virtual int max_batch() const = 0;
 
   // --- Admin (durable before the callback) ---
   // Creates or replaces. INVALID_ARGUMENT for a bad name or runtime; NOT_FOUND when a

@@ -24,9 +24,6 @@ namespace {
 
 using allocator::ClaimResult;
 
-constexpr size_t kMaxBatchIdLength = 120;
-constexpr int kMaxBatchCount = 1000;
-
 // How long applying a claim's late-bound config to its sandbox may take.
 constexpr absl::Duration kConfigureTimeout = absl::Seconds(10);
 
@@ -127,17 +124,19 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
   r.owner = caller.tenant;
   if (!req.batch_id().empty()) {
     RETURN_IF_ERROR(ValidateKey("batch_id", req.batch_id()));
-    if (req.batch_id().size() > kMaxBatchIdLength) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "batch_id \"", req.batch_id(), "\" is longer than ", kMaxBatchIdLength, " characters"));
+    if (req.batch_id().size() > allocator::kMaxBatchIdLength) {
+      return absl::InvalidArgumentError(absl::StrCat("batch_id \"", req.batch_id(),
+                                                     "\" is longer than ",
+                                                     allocator::kMaxBatchIdLength, " characters"));
     }
   }
   r.batch_id = req.batch_id();
   RETURN_IF_ERROR(ValidateName("pool", req.pool()));
   r.pool = req.pool();
-  if (req.count() < 1 || req.count() > kMaxBatchCount) {
+  // The allocator owns the limit (AllocatorOptions::max_batch).
+  if (req.count() < 1 || req.count() > a.max_batch()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("count ", req.count(), " is outside 1..", kMaxBatchCount));
+        absl::StrCat("count ", req.count(), " is outside 1..", a.max_batch()));
   }
   r.count = req.count();
   switch (req.mode()) {
