@@ -191,7 +191,10 @@ SandboxController::SandboxController(Client* client, SandboxControllerOptions op
       Seen(*resource, *o);
       EnqueueOwner(o);
     };
-    owned.on_delete = [this](const ObjectPtr& o) { EnqueueOwner(o); };
+    owned.on_delete = [this, resource = resource](const ObjectPtr& o) {
+      Gone(*resource, *o);
+      EnqueueOwner(o);
+    };
     informer->AddHandler(std::move(owned));
   }
 }
@@ -283,20 +286,29 @@ absl::Status SandboxController::Reconcile(const std::string& key) {
   return ReconcileSandbox(*sandbox);
 }
 
-ObjectPtr SandboxController::Expected(const std::string& id) {
+ObjectPtr SandboxController::Expected(const std::string& id, const std::string& owner_uid) {
   absl::MutexLock lock(&expect_mu_);
   auto it = expected_.find(id);
   if (it == expected_.end()) return nullptr;
-  if (absl::Now() - it->second.created > kExpectationTimeout) {
+  if (absl::Now() - it->second.created > kExpectationTimeout ||
+      ControllerUid(*it->second.object) != owner_uid) {
     expected_.erase(it);
     return nullptr;
   }
   return it->second.object;
 }
 
-void SandboxController::Expect(const std::string& id, ObjectPtr object) {
+void SandboxController::Expect(const Informer& informer, const std::string& id, ObjectPtr object) {
+  const Json& meta = Field(*object, "metadata");
+  {
+    absl::MutexLock lock(&expect_mu_);
+    expected_[id] = Expectation{absl::Now(), object};
+  }
+  ObjectPtr cached = informer.Get(Str(meta, "namespace"), Str(meta, "name"));
+  if (cached == nullptr || ControllerUid(*cached) != ControllerUid(*object)) return;
   absl::MutexLock lock(&expect_mu_);
-  expected_[id] = Expectation{absl::Now(), std::move(object)};
+  auto it = expected_.find(id);
+  if (it != expected_.end() && it->second.object == object) expected_.erase(it);
 }
 
 void SandboxController::Seen(const Resource& resource, const Json& object) {
@@ -306,21 +318,77 @@ void SandboxController::Seen(const Resource& resource, const Json& object) {
   expected_.erase(id);
 }
 
-absl::Status SandboxController::EnsurePvcs(const Json& sandbox) {
+void SandboxController::Gone(const Resource& resource, const Json& object) {
+  const Json& meta = Field(object, "metadata");
+  const std::string id = ObjectId(resource, Str(meta, "namespace"), Str(meta, "name"));
+  absl::MutexLock lock(&expect_mu_);
+  auto it = expected_.find(id);
+  if (it != expected_.end() && ControllerUid(*it->second.object) == ControllerUid(object)) {
+    expected_.erase(it);
+  }
+}
+
+absl::Status SandboxController::EnsurePvcs(const Json& sandbox, Observed* observed) {
+  const std::string uid = Str(sandbox["metadata"], "uid");
+  absl::Status problem = absl::OkStatus();
+  // Notes the first reason a PVC is not there for the pod, and the first API error.
+  auto missing = [observed, &problem](std::string why, absl::Status status) {
+    if (observed->pvcs_missing.empty()) observed->pvcs_missing = std::move(why);
+    if (problem.ok()) problem = std::move(status);
+  };
+  // Notes what an existing PVC of the name means for the pod.
+  auto judge = [&](const Json& pvc) {
+    std::string why;
+    const PvcFit fit = FitOfPvc(pvc, sandbox, &why);
+    if (fit == PvcFit::kUsable) return;
+    missing(why, absl::OkStatus());
+    if (fit == PvcFit::kRefused && observed->error.empty()) observed->error = why;
+  };
   for (Json& pvc : DesiredPvcs(sandbox)) {
     const std::string name = Str(pvc["metadata"], "name");
     const std::string ns = Str(pvc["metadata"], "namespace");
     const std::string id = ObjectId(kPersistentVolumeClaims, ns, name);
-    if (pvcs_.Get(ns, name) != nullptr || Expected(id) != nullptr) continue;
+    // Created for this Sandbox (the API's answer says it exists), not in the informer yet.
+    if (Expected(id, uid) != nullptr) continue;
+    ObjectPtr cached = pvcs_.Get(ns, name);
+    if (cached != nullptr) {
+      if (FitOfPvc(*cached, sandbox, nullptr) == PvcFit::kUsable) continue;
+      // An earlier Sandbox's, or being deleted, says the cache, which may lag: the API
+      // decides.
+      absl::StatusOr<Json> live = client_->Get(kPersistentVolumeClaims, ns, name);
+      if (live.ok()) {
+        judge(*live);
+        continue;
+      }
+      if (!absl::IsNotFound(live.status())) {
+        missing(absl::StrCat("PVC \"", name, "\" could not be read"), live.status());
+        continue;
+      }
+    }
     pvc["metadata"]["labels"][kNameHashLabel] = NameHash(Str(sandbox["metadata"], "name"));
     absl::StatusOr<Json> created = client_->Create(kPersistentVolumeClaims, ns, pvc);
     if (created.ok()) {
-      Expect(id, std::make_shared<const Json>(*std::move(created)));
-    } else if (!absl::IsAlreadyExists(created.status())) {
-      return created.status();
+      Expect(pvcs_, id, std::make_shared<const Json>(*std::move(created)));
+      continue;
+    }
+    if (!absl::IsAlreadyExists(created.status())) {
+      missing(absl::StrCat("PVC \"", name, "\" could not be created"), created.status());
+      continue;
+    }
+    // Not in our cache: either the cache lags, or the PVC is someone else's (a PVC without
+    // our label is not watched).
+    absl::StatusOr<Json> live = client_->Get(kPersistentVolumeClaims, ns, name);
+    if (live.ok()) {
+      judge(*live);
+    } else {
+      missing(absl::StrCat("PVC \"", name, "\" does not exist (yet)"),
+              absl::IsNotFound(live.status())
+                  ? absl::UnavailableError(absl::StrCat(
+                        "PVC \"", name, "\" existed at create and was gone at get; retrying"))
+                  : live.status());
     }
   }
-  return absl::OkStatus();
+  return problem;
 }
 
 absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json& sandbox,
@@ -338,10 +406,10 @@ absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json&
           absl::StrCat("service \"", name, "\" exists and is not controlled by this Sandbox"));
     }
     const std::string id = ObjectId(kServices, ns, name);
-    if (ObjectPtr expected = Expected(id)) return std::optional<Json>(*expected);
+    if (ObjectPtr expected = Expected(id, uid)) return std::optional<Json>(*expected);
     absl::StatusOr<Json> created = client_->Create(kServices, ns, DesiredService(sandbox));
     if (created.ok()) {
-      Expect(id, std::make_shared<const Json>(*created));
+      Expect(services_, id, std::make_shared<const Json>(*created));
       return std::optional<Json>(*std::move(created));
     }
     if (!absl::IsAlreadyExists(created.status())) return created.status();
@@ -385,7 +453,8 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
   }
   observed.suspended = Str(spec, "operatingMode") == "Suspended";
 
-  absl::Status problem = EnsurePvcs(sandbox);
+  // The PVCs first: the pod is made only once each of them exists and is the Sandbox's.
+  absl::Status problem = EnsurePvcs(sandbox, &observed);
 
   // The Service: true creates it, false deletes it, unset leaves it; expiry deletes it.
   const Json& service_field = Field(spec, "service");
@@ -421,9 +490,11 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
       absl::Status deleted = client_->Delete(kPods, ns, Str((*pod)["metadata"], "name"), options);
       if (!deleted.ok() && !absl::IsNotFound(deleted) && problem.ok()) problem = deleted;
     }
+  } else if (observed.pods.empty() && !observed.pvcs_missing.empty()) {
+    // No pod before its PVCs: it would mount a claim that is not (or no longer) its own.
   } else if (observed.pods.empty()) {
     const std::string id = ObjectId(kPods, ns, name);
-    ObjectPtr expected = Expected(id);
+    ObjectPtr expected = Expected(id, uid);
     absl::Status created = absl::OkStatus();
     if (expected == nullptr) {
       // Until the informer has it, the pod as sent stands for it (no phase: Pending); the
@@ -435,7 +506,7 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
       auto pod = std::make_shared<const Json>(std::move(desired));
       created = client_->CreateNoResult(kPods, ns, *pod);
       if (created.ok()) {
-        Expect(id, pod);
+        Expect(pods_, id, pod);
         expected = std::move(pod);
       }
     }
@@ -455,9 +526,12 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
     }
   }
   if (!problem.ok() && observed.error.empty()) observed.error = std::string(problem.message());
-  if (!observed.error.empty() && problem.ok()) {
-    // A conflict with someone else's object (a pod of our name) ends when they delete it,
-    // which no watch of ours sees (their pod lacks our label): look again every while.
+  const bool pod_waits_for_pvcs = observed.pods.empty() && !observed.pvcs_missing.empty() &&
+                                  !observed.suspended && !observed.expired;
+  if ((!observed.error.empty() || pod_waits_for_pvcs) && problem.ok()) {
+    // A conflict with someone else's object (a pod or PVC of our name), or a PVC being
+    // deleted before the pod could be made, ends when it is gone, which no watch of ours
+    // sees when it lacks our label: look again every while.
     queue_.AddAfter(key, kConflictRecheck);
   }
 

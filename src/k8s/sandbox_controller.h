@@ -1,8 +1,10 @@
 #pragma once
 // SandboxController: makes the cluster follow agents.x-k8s.io/v1beta1 Sandboxes — a pod
-// named like each Sandbox and owned by it, PVCs from volumeClaimTemplates, a headless
-// Service when `service: true`, suspension (pod deleted, the rest kept), expiry at
-// shutdownTime (Retain or Delete) — and writes the Sandbox's status when it changes.
+// named like each Sandbox and owned by it, PVCs from volumeClaimTemplates (the pod is made
+// only once each exists and is the Sandbox's; one of that name it does not own is refused,
+// as upstream does), a headless Service when `service: true`, suspension (pod deleted, the
+// rest kept), expiry at shutdownTime (Retain or Delete) — and writes the Sandbox's status
+// when it changes.
 //
 // Level-triggered: informers on Sandboxes, pods, Services and PVCs feed a keyed work queue
 // (namespace/name of the Sandbox); workers reconcile a key from the informers' caches, so
@@ -25,6 +27,7 @@
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/leader_election.h"
+#include "src/k8s/sandbox_objects.h"
 #include "src/k8s/work_queue.h"
 
 namespace sbx::k8s {
@@ -77,7 +80,10 @@ class SandboxController {
   void Worker();
   void EnqueueOwner(const ObjectPtr& object);
   absl::Status ReconcileSandbox(const Json& sandbox);
-  absl::Status EnsurePvcs(const Json& sandbox);
+  // Creates the PVCs of `sandbox` that do not exist; sets `observed->pvcs_missing` while one
+  // is not there for its pod (still to be made, or an old one being deleted) and
+  // `observed->error` for one of its names that someone else has. Fails on API errors.
+  absl::Status EnsurePvcs(const Json& sandbox, Observed* observed);
   // Creates the Service (wanted) or deletes ours (not wanted); what exists afterwards.
   absl::StatusOr<std::optional<Json>> EnsureService(const Json& sandbox, bool wanted);
   absl::Status WriteStatus(const Json& sandbox, const Json& status);
@@ -104,10 +110,19 @@ class SandboxController {
     absl::Time created;
     ObjectPtr object;
   };
-  // The object written as `id` that the informer has not shown yet, or null.
-  ObjectPtr Expected(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
-  void Expect(const std::string& id, ObjectPtr object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  // The object written as `id` for the Sandbox of uid `owner_uid` that the informer has not
+  // shown yet, or null (an expectation left by an earlier Sandbox of the same name is not
+  // this one's).
+  ObjectPtr Expected(const std::string& id, const std::string& owner_uid)
+      ABSL_LOCKS_EXCLUDED(expect_mu_);
+  // Records `object`, just created, unless `informer`'s cache shows it already (its watch
+  // event may come before the create's answer; the cache is updated before the handlers
+  // run, so an event after that check still clears the expectation).
+  void Expect(const Informer& informer, const std::string& id, ObjectPtr object)
+      ABSL_LOCKS_EXCLUDED(expect_mu_);
   void Seen(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  // A deleted object ends the expectation of an object of the same name and controller.
+  void Gone(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
   absl::Mutex expect_mu_;
   absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);
 

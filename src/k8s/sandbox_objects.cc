@@ -179,6 +179,41 @@ std::vector<Json> DesiredPvcs(const Json& sandbox) {
   return out;
 }
 
+PvcFit FitOfPvc(const Json& pvc, const Json& sandbox, std::string* why) {
+  const Json& meta = Field(pvc, "metadata");
+  const std::string name = Str(meta, "name");
+  const std::string sandbox_name = Str(Field(sandbox, "metadata"), "name");
+  const std::string uid = Str(Field(sandbox, "metadata"), "uid");
+  std::string owner;  // "Kind/name (UID: u)" of its controller, "" when it has none
+  const Json& refs = Field(meta, "ownerReferences");
+  if (refs.is_array()) {
+    for (const Json& ref : refs) {
+      if (Field(ref, "controller").is_boolean() && ref["controller"].get<bool>()) {
+        owner =
+            absl::StrCat(Str(ref, "kind"), "/", Str(ref, "name"), " (UID: ", Str(ref, "uid"), ")");
+      }
+    }
+  }
+  if (!Str(meta, "deletionTimestamp").empty()) {
+    if (why != nullptr) {
+      *why = absl::StrCat("PVC \"", name, "\"", owner.empty() ? "" : " of ", owner,
+                          " is being deleted; the Sandbox's own is made once it is gone");
+    }
+    return PvcFit::kBeingDeleted;
+  }
+  if (!uid.empty() && ControllerUid(pvc) == uid) return PvcFit::kUsable;
+  if (why != nullptr) {
+    // Upstream's wording (controllers/sandbox_controller.go, reconcilePVCs).
+    *why = owner.empty() ? absl::StrCat("PVC \"", name,
+                                        "\" exists, has no controller and is not "
+                                        "adopted by sandbox \"",
+                                        sandbox_name, "\"")
+                         : absl::StrCat("PVC \"", name, "\" is owned by ", owner,
+                                        ", not by sandbox \"", sandbox_name, "\"");
+  }
+  return PvcFit::kRefused;
+}
+
 Json DesiredService(const Json& sandbox) {
   const Json& meta = Field(sandbox, "metadata");
   const std::string name = Str(meta, "name");
@@ -249,7 +284,9 @@ Json ComputeStatus(const Json& sandbox, const Observed& observed, const Json& ol
                                    generation));
   } else {
     std::string waiting;
-    if (pod == nullptr) {
+    if (pod == nullptr && !observed.pvcs_missing.empty()) {
+      waiting = observed.pvcs_missing;
+    } else if (pod == nullptr) {
       waiting = "the pod does not exist (yet)";
     } else {
       const Json* ready = PodCondition(*pod, "Ready");

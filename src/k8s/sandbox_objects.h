@@ -49,6 +49,15 @@ inline constexpr char kSandboxdPortName[] = "sbx-sandboxd";
 void SetSandboxdSecret(Json* pod, const std::string& port_name, const std::string& secret);
 // The PVCs of `sandbox`'s volumeClaimTemplates, named "<entry>-<sandbox>", owned by it.
 std::vector<Json> DesiredPvcs(const Json& sandbox);
+// Whether an existing PVC of one of `sandbox`'s PVC names can serve its pod.
+enum class PvcFit {
+  kUsable,        // controlled by the Sandbox (its uid), not being deleted
+  kBeingDeleted,  // deletionTimestamp set (an earlier Sandbox's, or ours): wait until it is gone
+  kRefused,       // anyone else's, or no one's: upstream refuses it (ReconcilerError)
+};
+// How `pvc` fits `sandbox`; for kBeingDeleted and kRefused, `why` (when given) says so,
+// naming the PVC and its controller.
+PvcFit FitOfPvc(const Json& pvc, const Json& sandbox, std::string* why);
 // The headless Service of `sandbox` (selector: its name hash; ports from its containers).
 Json DesiredService(const Json& sandbox);
 
@@ -64,6 +73,9 @@ struct Observed {
   bool expired = false;
   // A problem the controller hit (ReconcilerError), "" when none.
   std::string error;
+  // Why the pod is not made yet although it should be: a PVC of the Sandbox does not exist
+  // (yet), or an old one of its name is being deleted. "" when every PVC is there.
+  std::string pvcs_missing;
 };
 
 // The Sandbox's status for what was observed. Conditions keep their lastTransitionTime

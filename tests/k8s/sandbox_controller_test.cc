@@ -1,9 +1,12 @@
 // The Sandbox controller against the API emulator, for what kubectl users cannot easily
-// arrange: a pod of the same name that belongs to someone else, several pods of one
-// Sandbox, and the write count of a steady Sandbox. (tests/e2e/k8s_sandbox_test.py drives
+// arrange: a pod or PVC of the same name that belongs to someone else, a PVC of an earlier
+// Sandbox of the same name still being deleted, several pods of one Sandbox, and the write
+// count of a steady Sandbox. (tests/e2e/k8s_sandbox_test.py drives
 // the user-facing behaviour with kubectl through sbx-server.)
 
 #include "src/k8s/sandbox_controller.h"
+
+#include <algorithm>
 
 #include "gtest/gtest.h"
 #include "src/k8s/sandbox_objects.h"
@@ -17,6 +20,17 @@ Json SandboxObject(const std::string& name) {
           {"spec",
            {{"podTemplate",
              {{"spec", {{"containers", {{{"name", "main"}, {"image", "python:3.12-slim"}}}}}}}}}}};
+}
+
+// SandboxObject with one volumeClaimTemplates entry, "data": its PVC is "data-<name>".
+Json SandboxWithVolume(const std::string& name) {
+  Json sandbox = SandboxObject(name);
+  sandbox["spec"]["volumeClaimTemplates"] = {
+      {{"metadata", {{"name", "data"}}},
+       {"spec",
+        {{"accessModes", {"ReadWriteOnce"}},
+         {"resources", {{"requests", {{"storage", "1Gi"}}}}}}}}};
+  return sandbox;
 }
 
 // The Sandbox's status condition of `type` (null when absent).
@@ -38,6 +52,33 @@ bool WaitForReason(Client& client, const std::string& name, const std::string& r
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     if (ReadyReason(client, name) == reason) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// Polls (at most 20 s) until the Ready condition of `name` has `reason` and a message
+// containing `text`; returns the last Ready condition seen.
+Json WaitForReady(Client& client, const std::string& name, const std::string& reason,
+                  const std::string& text) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  Json ready;
+  while (absl::Now() < deadline) {
+    ready = Condition(client, name, "Ready");
+    if (!ready.is_null() && ready.value("reason", "") == reason &&
+        ready.value("message", "").find(text) != std::string::npos) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return ready;
+}
+
+// Polls (at most 20 s) until `name` is gone from the API.
+bool WaitGone(Client& client, const Resource& resource, const std::string& name) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    if (absl::IsNotFound(client.Get(resource, "default", name).status())) return true;
     absl::SleepFor(absl::Milliseconds(20));
   }
   return false;
@@ -66,6 +107,19 @@ class SandboxControllerTest : public ::testing::Test {
     options.first_status_hold = hold;
     controller_ = std::make_unique<SandboxController>(client_.get(), options);
     ASSERT_TRUE(controller_->Start().ok());
+  }
+
+  // The PVC and pod creates asked for since the request log was reset, in the order they
+  // arrived ("pvc", "pod"; the log has no names for creates).
+  std::vector<std::string> Creates() {
+    std::vector<std::string> out;
+    for (const Json& r : emulator_->Admin("GET", "/emulator/requests")) {
+      if (r.value("verb", "") != "create") continue;
+      const std::string resource = r.value("resource", "");
+      if (resource == "persistentvolumeclaims") out.push_back("pvc");
+      if (resource == "pods") out.push_back("pod");
+    }
+    return out;
   }
 
   std::unique_ptr<testing::TestEmulator> emulator_;
@@ -165,6 +219,109 @@ TEST_F(SandboxControllerTest, AnUnschedulablePodIsReportedAtOnceDespiteTheHold) 
   EXPECT_EQ(scheduled.value("status", ""), "False");
   EXPECT_EQ(scheduled.value("reason", ""), "Unschedulable");
   EXPECT_EQ(ReadyReason(*client_, "nowhere"), "DependenciesNotReady");
+}
+
+// Issue 20: a Sandbox deleted and applied again under the same name got its pod (which
+// mounts the claim) and turned Ready while its PVC was not created for 10-20 s.
+TEST_F(SandboxControllerTest, ASandboxCreatedAgainGetsItsPvcBeforeItsPod) {
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    emulator_->Admin("POST", "/emulator/stats/reset");
+    absl::StatusOr<Json> sandbox =
+        client_->Create(kSandboxes, "default", SandboxWithVolume("again"));
+    ASSERT_TRUE(sandbox.ok()) << sandbox.status();
+    ASSERT_TRUE(WaitForReason(*client_, "again", "DependenciesReady"));
+    // The PVC exists, is this Sandbox's, and was asked for before the pod.
+    absl::StatusOr<Json> pvc = client_->Get(kPersistentVolumeClaims, "default", "data-again");
+    ASSERT_TRUE(pvc.ok()) << pvc.status();
+    EXPECT_EQ(ControllerUid(*pvc), (*sandbox)["metadata"]["uid"]);
+    // (A reconcile of the deleted Sandbox that still sees it in its cache may create a PVC
+    // for it, which the garbage collector takes: more than one "pvc" may come first.)
+    const std::vector<std::string> creates = Creates();
+    ASSERT_FALSE(creates.empty());
+    EXPECT_EQ(creates.back(), "pod") << ::testing::PrintToString(creates);
+    EXPECT_EQ(std::count(creates.begin(), creates.end(), "pod"), 1);
+    EXPECT_GE(std::count(creates.begin(), creates.end(), "pvc"), 1);
+    ASSERT_TRUE(client_->Delete(kSandboxes, "default", "again").ok());
+    ASSERT_TRUE(WaitGone(*client_, kSandboxes, "again"));
+    ASSERT_TRUE(WaitGone(*client_, kPods, "again"));
+    ASSERT_TRUE(WaitGone(*client_, kPersistentVolumeClaims, "data-again"));
+  }
+}
+
+// The PVC of an earlier Sandbox of the same name, still being deleted (a finalizer holds
+// it, as pvc-protection does while the old pod terminates), is not the new Sandbox's: no
+// pod until its own PVC exists.
+TEST_F(SandboxControllerTest, NoPodWhileThePvcOfAnEarlierSandboxIsBeingDeleted) {
+  RestartWithHold(absl::ZeroDuration());
+  Json old = {
+      {"metadata",
+       {{"name", "data-later"},
+        {"labels", {{kNameHashLabel, NameHash("later")}}},
+        {"finalizers", {"sbx.test/hold"}},
+        {"ownerReferences",
+         {{{"apiVersion", "agents.x-k8s.io/v1beta1"},
+           {"kind", "Sandbox"},
+           {"name", "later"},
+           {"uid", "uid-of-an-earlier-sandbox"},
+           {"controller", true}}}}}},
+      {"spec",
+       {{"accessModes", {"ReadWriteOnce"}}, {"resources", {{"requests", {{"storage", "1Gi"}}}}}}}};
+  ASSERT_TRUE(client_->Create(kPersistentVolumeClaims, "default", old).ok());
+  ASSERT_TRUE(client_->Delete(kPersistentVolumeClaims, "default", "data-later").ok());
+  emulator_->Admin("POST", "/emulator/stats/reset");
+  absl::StatusOr<Json> sandbox = client_->Create(kSandboxes, "default", SandboxWithVolume("later"));
+  ASSERT_TRUE(sandbox.ok()) << sandbox.status();
+  // The status is written after the pod's turn in the same reconcile: once it says why it
+  // waits, a pod it made would already have been asked for.
+  Json ready = WaitForReady(*client_, "later", "DependenciesNotReady", "data-later");
+  EXPECT_NE(ready.value("message", "").find("data-later"), std::string::npos) << ready;
+  // (A create of its PVC may have been tried, and met the old one: the informer may not
+  // have shown it yet.)
+  EXPECT_EQ(emulator_->Requests("create pods"), 0);
+  EXPECT_TRUE(absl::IsNotFound(client_->Get(kPods, "default", "later").status()));
+  // The old PVC goes; the Sandbox gets its own, then its pod.
+  ASSERT_TRUE(client_
+                  ->Patch(kPersistentVolumeClaims, "default", "data-later", PatchType::kMerge,
+                          {{"metadata", {{"finalizers", nullptr}}}})
+                  .ok());
+  ASSERT_TRUE(WaitForReason(*client_, "later", "DependenciesReady"));
+  absl::StatusOr<Json> pvc = client_->Get(kPersistentVolumeClaims, "default", "data-later");
+  ASSERT_TRUE(pvc.ok()) << pvc.status();
+  EXPECT_EQ(ControllerUid(*pvc), (*sandbox)["metadata"]["uid"]);
+  const std::vector<std::string> creates = Creates();
+  ASSERT_FALSE(creates.empty());
+  EXPECT_EQ(creates.back(), "pod") << ::testing::PrintToString(creates);
+  EXPECT_EQ(std::count(creates.begin(), creates.end(), "pod"), 1);
+}
+
+// A PVC of the Sandbox's PVC name that it does not control is refused, as upstream does:
+// Ready False ReconcilerError naming it, no pod, the PVC untouched.
+TEST_F(SandboxControllerTest, APvcOfTheSameNameOwnedBySomeoneElseIsRefused) {
+  Json theirs = {
+      {"metadata", {{"name", "data-mine"}, {"labels", {{"owner", "someone"}}}}},
+      {"spec",
+       {{"accessModes", {"ReadWriteOnce"}}, {"resources", {{"requests", {{"storage", "1Gi"}}}}}}}};
+  absl::StatusOr<Json> pvc = client_->Create(kPersistentVolumeClaims, "default", theirs);
+  ASSERT_TRUE(pvc.ok()) << pvc.status();
+  emulator_->Admin("POST", "/emulator/stats/reset");
+  absl::StatusOr<Json> sandbox = client_->Create(kSandboxes, "default", SandboxWithVolume("mine"));
+  ASSERT_TRUE(sandbox.ok()) << sandbox.status();
+  Json ready = WaitForReady(*client_, "mine", "ReconcilerError", "data-mine");
+  EXPECT_EQ(ready.value("reason", ""), "ReconcilerError") << ready;
+  EXPECT_NE(ready.value("message", "").find("\"data-mine\""), std::string::npos) << ready;
+  EXPECT_EQ(emulator_->Requests("create pods"), 0);
+  EXPECT_TRUE(absl::IsNotFound(client_->Get(kPods, "default", "mine").status()));
+  absl::StatusOr<Json> after = client_->Get(kPersistentVolumeClaims, "default", "data-mine");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ((*after)["metadata"]["uid"], (*pvc)["metadata"]["uid"]);
+  EXPECT_FALSE((*after)["metadata"].contains("ownerReferences"));
+  // Once its owner deletes it, the Sandbox gets its own PVC and then its pod.
+  ASSERT_TRUE(client_->Delete(kPersistentVolumeClaims, "default", "data-mine").ok());
+  ASSERT_TRUE(WaitForReason(*client_, "mine", "DependenciesReady"));
+  absl::StatusOr<Json> own = client_->Get(kPersistentVolumeClaims, "default", "data-mine");
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(ControllerUid(*own), (*sandbox)["metadata"]["uid"]);
 }
 
 }  // namespace

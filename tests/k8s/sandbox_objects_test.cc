@@ -131,6 +131,33 @@ TEST(SandboxObjectsTest, PvcsAndService) {
   EXPECT_EQ(service["spec"]["ports"][1]["protocol"], "UDP");
 }
 
+TEST(SandboxObjectsTest, OnlyAPvcControlledByTheSandboxAndNotBeingDeletedFits) {
+  Json ours = DesiredPvcs(Sandbox())[0];
+  std::string why;
+  EXPECT_EQ(FitOfPvc(ours, Sandbox(), &why), PvcFit::kUsable);
+  EXPECT_EQ(why, "");
+
+  // An earlier Sandbox of the same name (another uid): upstream's wording.
+  Json earlier = ours;
+  earlier["metadata"]["ownerReferences"][0]["uid"] = "u-0";
+  EXPECT_EQ(FitOfPvc(earlier, Sandbox(), &why), PvcFit::kRefused);
+  EXPECT_EQ(why,
+            "PVC \"data-my-sandbox\" is owned by Sandbox/my-sandbox (UID: u-0), not by sandbox "
+            "\"my-sandbox\"");
+  // Nobody's: refused too (upstream adopts only with labels; sbx never adopts).
+  Json nobodys = ours;
+  nobodys["metadata"].erase("ownerReferences");
+  EXPECT_EQ(FitOfPvc(nobodys, Sandbox(), &why), PvcFit::kRefused);
+  EXPECT_THAT(why, ::testing::HasSubstr("\"data-my-sandbox\" exists, has no controller"));
+  // Being deleted, whoever's: not usable, waited for.
+  earlier["metadata"]["deletionTimestamp"] = "2026-12-05T08:00:00Z";
+  EXPECT_EQ(FitOfPvc(earlier, Sandbox(), &why), PvcFit::kBeingDeleted);
+  EXPECT_THAT(why, ::testing::HasSubstr("\"data-my-sandbox\" of Sandbox/my-sandbox (UID: u-0) "
+                                        "is being deleted"));
+  ours["metadata"]["deletionTimestamp"] = "2026-12-05T08:00:00Z";
+  EXPECT_EQ(FitOfPvc(ours, Sandbox(), nullptr), PvcFit::kBeingDeleted);
+}
+
 TEST(SandboxObjectsTest, ReadyWhenThePodIsRunningReadyWithAnIp) {
   Observed observed;
   observed.pods = Pods({RunningPod()});
@@ -157,9 +184,15 @@ TEST(SandboxObjectsTest, ReadyWhenThePodIsRunningReadyWithAnIp) {
 }
 
 TEST(SandboxObjectsTest, NotReadyReasons) {
+  Json status;
   Observed none;
   EXPECT_EQ(Reason(ComputeStatus(Sandbox(), none, {}, kNow), "Ready"),
             "DependenciesNotReady/False");
+  Observed no_pvc;
+  no_pvc.pvcs_missing = "PVC \"data-my-sandbox\" is being deleted";
+  status = ComputeStatus(Sandbox(), no_pvc, {}, kNow);
+  EXPECT_EQ(Reason(status, "Ready"), "DependenciesNotReady/False");
+  EXPECT_EQ(status["conditions"][0]["message"], no_pvc.pvcs_missing);
   Observed unready;
   unready.pods = Pods({RunningPod(/*ready=*/false)});
   EXPECT_EQ(Reason(ComputeStatus(Sandbox(), unready, {}, kNow), "Ready"),
@@ -168,7 +201,7 @@ TEST(SandboxObjectsTest, NotReadyReasons) {
   Json failed_pod = RunningPod();
   failed_pod["status"]["phase"] = "Failed";
   failed.pods = Pods({failed_pod});
-  Json status = ComputeStatus(Sandbox(), failed, {}, kNow);
+  status = ComputeStatus(Sandbox(), failed, {}, kNow);
   EXPECT_EQ(Reason(status, "Ready"), "PodFailed/False");
   EXPECT_EQ(Reason(status, "Finished"), "PodFailed/True");
   Observed two;
