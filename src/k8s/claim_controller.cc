@@ -82,6 +82,14 @@ bool Deleting(const Json& object) {
   return !Field(Field(object, "metadata"), "deletionTimestamp").is_null();
 }
 
+// Whether an update left the object's spec as it was (the same object, the same
+// generation): true of status-only and metadata-only updates.
+bool SameSpec(const Json& before, const Json& after) {
+  const Json& b = Field(before, "metadata");
+  const Json& a = Field(after, "metadata");
+  return Field(b, "uid") == Field(a, "uid") && Field(b, "generation") == Field(a, "generation");
+}
+
 const Json* FindCondition(const Json& status, const std::string& type) {
   const Json& conditions = Field(status, "conditions");
   if (!conditions.is_array()) return nullptr;
@@ -154,7 +162,7 @@ std::string GrpcClaimName(const std::string& owner, const std::string& id) {
 }
 
 ClaimController::ClaimController(Client* client, WriteScheduler* writes, Informer* sandboxes,
-                                 const Informer* pools, const Informer* templates,
+                                 Informer* pools, Informer* templates,
                                  ClaimControllerOptions options)
     : client_(client),
       writes_(writes),
@@ -227,6 +235,58 @@ ClaimController::ClaimController(Client* client, WriteScheduler* writes, Informe
   sandbox_handler.on_update = [on_sandbox](const ObjectPtr&, const ObjectPtr& o) { on_sandbox(o); };
   sandbox_handler.on_delete = on_sandbox;
   sandboxes_->AddHandler(std::move(sandbox_handler));
+
+  // A pool or template that is added, or whose spec changes, may be what a waiting claim
+  // (WarmPoolNotFound, TemplateNotFound, a template policy that refused it) needs: its
+  // claims go on now, not at the next resync. As upstream does, status-only updates are
+  // ignored (a pool's status changes with every member; no waiting claim reads it) and so
+  // is a template's deletion. Each informer fills its cache before its handlers run, so
+  // whichever of the claim and the pool a handler sees last, that one's reconcile finds
+  // the other in its cache.
+  InformerHandler pool_handler;
+  pool_handler.on_add = [this](const ObjectPtr& o) {
+    EnqueueWaitingClaims({Str(Field(*o, "metadata"), "name")});
+  };
+  pool_handler.on_update = [this](const ObjectPtr& old, const ObjectPtr& o) {
+    if (SameSpec(*old, *o)) return;
+    EnqueueWaitingClaims({Str(Field(*o, "metadata"), "name")});
+  };
+  pool_handler.on_delete = pool_handler.on_add;  // their status says WarmPoolNotFound
+  pools->AddHandler(std::move(pool_handler));
+
+  auto template_changed = [this](const ObjectPtr& o) {
+    const std::string name = Str(Field(*o, "metadata"), "name");
+    absl::flat_hash_set<std::string> using_it;
+    for (const ObjectPtr& pool : pools_->List()) {
+      if (Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") == name) {
+        using_it.insert(Str(Field(*pool, "metadata"), "name"));
+      }
+    }
+    EnqueueWaitingClaims(using_it);
+  };
+  InformerHandler template_handler;
+  template_handler.on_add = template_changed;
+  template_handler.on_update = [template_changed](const ObjectPtr& old, const ObjectPtr& o) {
+    if (!SameSpec(*old, *o)) template_changed(o);
+  };
+  templates->AddHandler(std::move(template_handler));
+}
+
+void ClaimController::EnqueueWaitingClaims(const absl::flat_hash_set<std::string>& pools) {
+  if (pools.empty()) return;
+  // A scan of the claim cache, not an index by pool: it runs only when a pool or template
+  // is added or its spec changes (rare) and costs a copy of the cached claims' pointers
+  // and a few field reads each, while an index would have to be kept up on every claim
+  // event, the frequent ones, and across relists.
+  for (const ObjectPtr& claim : claims_.List()) {
+    const Json& meta = Field(*claim, "metadata");
+    if (Deleting(*claim)) continue;
+    // gRPC claims are bound when they are made; bound claims never switch sandboxes.
+    if (!Str(Field(meta, "annotations"), kSbxOwnerAnnotation).empty()) continue;
+    if (!Str(Field(Field(*claim, "status"), "sandbox"), "name").empty()) continue;
+    if (!pools.contains(Str(Field(Field(*claim, "spec"), "warmPoolRef"), "name"))) continue;
+    Enqueue(absl::StrCat("c/", Str(meta, "name")));
+  }
 }
 
 ClaimController::~ClaimController() { Stop(); }

@@ -21,6 +21,11 @@
 // priority, so a retry after a conflict or a crash never binds another sandbox. When the
 // gRPC claim ends, its SandboxClaim is deleted.
 //
+// A claim that waits for its SandboxWarmPool (WarmPoolNotFound) or the pool's
+// SandboxTemplate (TemplateNotFound) is looked at again as soon as that object is added or
+// its spec changes (the controller's handlers on the pool and template informers), not at
+// the next resync: the claims not yet bound that name the pool are re-queued.
+//
 // Thread-safety: Start/Stop from one thread; workers reconcile different claims at once.
 // Lifetime: construct before the informers start, Start once the allocator exists, Stop
 // before the allocator and the informers go.
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "src/allocator/allocator.h"
 #include "src/k8s/client.h"
@@ -74,8 +80,9 @@ class ClaimControllerMetrics;
 
 class ClaimController {
  public:
-  ClaimController(Client* client, WriteScheduler* writes, Informer* sandboxes,
-                  const Informer* pools, const Informer* templates, ClaimControllerOptions options);
+  // Adds handlers to `sandboxes`, `pools` and `templates`: construct before they start.
+  ClaimController(Client* client, WriteScheduler* writes, Informer* sandboxes, Informer* pools,
+                  Informer* templates, ClaimControllerOptions options);
   ~ClaimController();
 
   const Informer& claims() const { return claims_; }
@@ -102,6 +109,9 @@ class ClaimController {
   // Ready=False with `reason` and `message` (claim errors the user must fix).
   absl::Status NotReady(const Json& claim, const std::string& reason, const std::string& message);
   void Enqueue(const std::string& key, absl::Duration delay = absl::ZeroDuration());
+  // Re-queues the kubectl claims not yet bound (no status.sandbox.name, not being deleted)
+  // whose spec.warmPoolRef.name is one of `pools`.
+  void EnqueueWaitingClaims(const absl::flat_hash_set<std::string>& pools);
 
   Client* const client_;
   WriteScheduler* const writes_;

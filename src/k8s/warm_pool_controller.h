@@ -58,9 +58,12 @@ class WarmPoolController {
   WarmPoolController(Client* client, Informer* sandboxes, WarmPoolControllerOptions options);
   ~WarmPoolController();
 
-  // The SandboxWarmPool and SandboxTemplate informers (the runtime reads their caches).
+  // The SandboxWarmPool and SandboxTemplate informers (the runtime reads their caches; the
+  // claim controller also adds handlers, before StartInformers).
   const Informer& pools() const { return pools_; }
   const Informer& templates() const { return templates_; }
+  Informer& pools() { return pools_; }
+  Informer& templates() { return templates_; }
 
   // Starts the pool and template informers and waits for their first list.
   absl::Status StartInformers(absl::Duration sync_timeout);
