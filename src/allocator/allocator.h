@@ -201,7 +201,7 @@ struct PoolStatus {
 struct ClaimFilter {
   std::string owner;  // required (unless all_owners): a tenant lists only its own claims
   // Every owner's claims (owner is ignored). For sbx's own components (the Kubernetes
-  // claim binder), never for a tenant's request.
+  // mirror of gRPC claims as SandboxClaims), never for a tenant's request.
   bool all_owners = false;
   std::string pool;  // empty: all pools
   // Every pair must match the claim's labels.

@@ -334,11 +334,11 @@ absl::Status ClaimController::Start(allocator::Allocator* allocator) {
     const std::string owner = Str(Field(meta, "annotations"), kSbxOwnerAnnotation);
     if (owner.empty()) Enqueue(absl::StrCat("c/", Str(meta, "name")));
   }
-  watcher_ = BackgroundThread("sbx-k8s-binder", [this] { WatchLoop(); });
+  watcher_ = BackgroundThread("sbx-k8s-mirror", [this] { WatchLoop(); });
   for (int i = 0; i < options_.workers; ++i) {
     workers_.push_back(BackgroundThread("sbx-k8s-claims", [this] { Worker(); }));
   }
-  resync_ = PeriodicThread("sbx-k8s-claimsy", &stopping_, options_.resync, [this] {
+  resync_ = PeriodicThread("sbx-k8s-clmsync", &stopping_, options_.resync, [this] {
     for (const ObjectPtr& claim : claims_.List()) {
       const Json& meta = Field(*claim, "metadata");
       if (Str(Field(meta, "annotations"), kSbxOwnerAnnotation).empty()) {
@@ -403,7 +403,7 @@ void ClaimController::WatchLoop() {
       if (again.ok()) {
         watch_ = *std::move(again);
       } else {
-        spdlog::warn("claim binder: allocator watch failed: {}", again.status().ToString());
+        spdlog::warn("gRPC claim mirror: allocator watch failed: {}", again.status().ToString());
         absl::SleepFor(absl::Seconds(1));
       }
     }
