@@ -4,8 +4,10 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -44,23 +46,48 @@ class ClaimControllerMetrics {
 
   void Ready(const std::string& launch_type, const std::string& sandbox_template,
              const std::string& pool, double startup_ms, double controller_ms) {
-    static const prometheus::Histogram::BucketBoundaries kBuckets{
-        10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
-    const prometheus::Labels labels{{"launch_type", launch_type},
-                                    {"sandbox_template", sandbox_template}};
-    if (startup_ms >= 0) startup_.Add(labels, kBuckets).Observe(startup_ms);
-    if (controller_ms >= 0) controller_startup_.Add(labels, kBuckets).Observe(controller_ms);
-    created_.Add({{"launch_type", launch_type}, {"warmpool_name", pool}, {"namespace", ns_}})
-        .Increment();
+    Series& series = Of(launch_type, sandbox_template, pool);
+    if (startup_ms >= 0) series.startup->Observe(startup_ms);
+    if (controller_ms >= 0) series.controller_startup->Observe(controller_ms);
+    series.created->Increment();
   }
   void set_namespace(std::string ns) { ns_ = std::move(ns); }
 
  private:
+  // The series of one launch type, template and pool, made on first use (Family::Add
+  // builds label maps and bucket vectors and locks the family: not once per claim).
+  struct Series {
+    prometheus::Histogram* startup;
+    prometheus::Histogram* controller_startup;
+    prometheus::Counter* created;
+  };
+
+  Series& Of(const std::string& launch_type, const std::string& sandbox_template,
+             const std::string& pool) ABSL_LOCKS_EXCLUDED(mu_) {
+    const std::string key = absl::StrCat(launch_type, "/", sandbox_template, "/", pool);
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = series_.try_emplace(key);
+    if (inserted) {
+      static const prometheus::Histogram::BucketBoundaries kBuckets{
+          10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
+      const prometheus::Labels labels{{"launch_type", launch_type},
+                                      {"sandbox_template", sandbox_template}};
+      it->second =
+          Series{&startup_.Add(labels, kBuckets), &controller_startup_.Add(labels, kBuckets),
+                 &created_.Add(
+                     {{"launch_type", launch_type}, {"warmpool_name", pool}, {"namespace", ns_}})};
+    }
+    return it->second;
+  }
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& startup_;
   prometheus::Family<prometheus::Histogram>& controller_startup_;
   prometheus::Family<prometheus::Counter>& created_;
   std::string ns_;
+  absl::Mutex mu_;
+  // Node map: a Series stays where it is while others are added.
+  absl::node_hash_map<std::string, Series> series_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
