@@ -14,6 +14,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
+#include "src/common/hash.h"
 #include "src/common/ids.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/json_fields.h"
@@ -105,25 +106,12 @@ absl::StatusOr<allocator::ClaimResult> WaitClaim(
   return result;
 }
 
-bool Deleting(const Json& object) {
-  return !Field(Field(object, "metadata"), "deletionTimestamp").is_null();
-}
-
 // Whether an update left the object's spec as it was (the same object, the same
 // generation): true of status-only and metadata-only updates.
 bool SameSpec(const Json& before, const Json& after) {
   const Json& b = Field(before, "metadata");
   const Json& a = Field(after, "metadata");
   return Field(b, "uid") == Field(a, "uid") && Field(b, "generation") == Field(a, "generation");
-}
-
-const Json* FindCondition(const Json& status, const std::string& type) {
-  const Json& conditions = Field(status, "conditions");
-  if (!conditions.is_array()) return nullptr;
-  for (const Json& c : conditions) {
-    if (Str(c, "type") == type) return &c;
-  }
-  return nullptr;
 }
 
 std::string Now() {
@@ -134,7 +122,7 @@ Json Condition(const std::string& type, bool status, const std::string& reason,
                const std::string& message, const Json& old_status) {
   const std::string s = status ? "True" : "False";
   std::string since = Now();
-  if (const Json* old = FindCondition(old_status, type);
+  if (const Json* old = json_fields::FindCondition(old_status, type);
       old != nullptr && Str(*old, "status") == s) {
     since = Str(*old, "lastTransitionTime");
   }
@@ -145,14 +133,10 @@ Json Condition(const std::string& type, bool status, const std::string& reason,
           {"lastTransitionTime", since}};
 }
 
-uint64_t Fnv64(const std::string& s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
+// The offset basis GrpcClaimName has always used: one digit short of FNV-1a's
+// (14695981039346656037). SandboxClaims already in clusters are named with it, so it
+// stays.
+constexpr uint64_t kGrpcClaimNameOffset = 1469598103934665603ULL;
 
 absl::Time ParseRfc3339(const std::string& s, absl::Time fallback) {
   absl::Time t;
@@ -183,8 +167,9 @@ absl::Status ClaimControllerOptions::Validate() const {
 
 std::string GrpcClaimName(const std::string& owner, const std::string& id) {
   char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx",
-                static_cast<unsigned long long>(Fnv64(absl::StrCat(owner, "/", id))));
+  std::snprintf(
+      hex, sizeof(hex), "%016llx",
+      static_cast<unsigned long long>(Fnv1a64(absl::StrCat(owner, "/", id), kGrpcClaimNameOffset)));
   return absl::StrCat("grpc-", hex);
 }
 
@@ -307,7 +292,7 @@ void ClaimController::EnqueueWaitingClaims(const absl::flat_hash_set<std::string
   // event, the frequent ones, and across relists.
   for (const ObjectPtr& claim : claims_.List()) {
     const Json& meta = Field(*claim, "metadata");
-    if (Deleting(*claim)) continue;
+    if (json_fields::BeingDeleted(*claim)) continue;
     // gRPC claims are bound when they are made; bound claims never switch sandboxes.
     if (!Str(Field(meta, "annotations"), kSbxOwnerAnnotation).empty()) continue;
     if (!Str(Field(Field(*claim, "status"), "sandbox"), "name").empty()) continue;
@@ -603,7 +588,8 @@ absl::Status ClaimController::CreateColdSandbox(const Json& claim, const Json& s
 absl::Status ClaimController::ReconcileKube(const std::string& name) {
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
   ObjectPtr found = claims_.Get(options_.ns, name);
-  if (found == nullptr || Deleting(*found)) return absl::OkStatus();  // on_delete releases
+  if (found == nullptr || json_fields::BeingDeleted(*found))
+    return absl::OkStatus();  // on_delete releases
   const Json& claim = *found;
   const Json& meta = Field(claim, "metadata");
   const Json& spec = Field(claim, "spec");
@@ -763,7 +749,7 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
     next["sandbox"] = {{"name", sandbox}};
   } else {
     const Json& sb_status = Field(*sb, "status");
-    const Json* ready = FindCondition(sb_status, "Ready");
+    const Json* ready = json_fields::FindCondition(sb_status, "Ready");
     const bool is_ready = IsReady(sb_status);
     Json conditions = Json::array();
     conditions.push_back(Condition(
@@ -771,7 +757,7 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
         ready != nullptr ? Str(*ready, "reason") : std::string("SandboxNotReady"),
         ready != nullptr ? Str(*ready, "message") : std::string("the sandbox is not ready yet"),
         next));
-    if (const Json* finished = FindCondition(sb_status, "Finished")) {
+    if (const Json* finished = json_fields::FindCondition(sb_status, "Finished")) {
       conditions.push_back(*finished);
       // ttlSecondsAfterFinished: the claim goes that long after its sandbox finished.
       const Json& ttl = Field(lifecycle, "ttlSecondsAfterFinished");
@@ -789,7 +775,7 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
     next["sandbox"] = {{"name", sandbox}};
     if (Field(sb_status, "podIPs").is_array()) next["sandbox"]["podIPs"] = sb_status["podIPs"];
     const bool was_ready = [&] {
-      const Json* c = FindCondition(status, "Ready");
+      const Json* c = json_fields::FindCondition(status, "Ready");
       return c != nullptr && Str(*c, "status") == "True";
     }();
     if (is_ready && !was_ready) {

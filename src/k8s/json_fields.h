@@ -22,4 +22,20 @@ inline std::string Str(const nlohmann::json& object, const char* key) {
   return value.is_string() ? value.get<std::string>() : std::string();
 }
 
+// Whether a Kubernetes object is being deleted (metadata.deletionTimestamp is set).
+inline bool BeingDeleted(const nlohmann::json& object) {
+  return !Field(Field(object, "metadata"), "deletionTimestamp").is_null();
+}
+
+// The condition of type `type` in status.conditions (`status` is the object's status),
+// or null.
+inline const nlohmann::json* FindCondition(const nlohmann::json& status, const std::string& type) {
+  const nlohmann::json& conditions = Field(status, "conditions");
+  if (!conditions.is_array()) return nullptr;
+  for (const nlohmann::json& c : conditions) {
+    if (Str(c, "type") == type) return &c;
+  }
+  return nullptr;
+}
+
 }  // namespace sbx::k8s::json_fields

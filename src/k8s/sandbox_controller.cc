@@ -120,10 +120,6 @@ Json StatusPatch(const Json& old_status, const Json& status) {
   return Json{{"status", patch}};
 }
 
-bool Deleting(const Json& object) {
-  return !Str(Field(object, "metadata"), "deletionTimestamp").empty();
-}
-
 // True when `status` may be held back (options.first_status_hold): no status was written yet, and
 // it only says that the pod is on its way. An error, an unschedulable pod, a suspension or an
 // expiry is written at once (the runtime keeps unschedulable members by this condition).
@@ -282,7 +278,8 @@ absl::Status SandboxController::Reconcile(const std::string& key) {
   std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 1));
   if (parts.size() != 2) return absl::InvalidArgumentError(absl::StrCat("bad key \"", key, "\""));
   ObjectPtr sandbox = sandboxes_.Get(parts[0], parts[1]);
-  if (sandbox == nullptr || Deleting(*sandbox)) return absl::OkStatus();  // owner GC cleans up
+  if (sandbox == nullptr || json_fields::BeingDeleted(*sandbox))
+    return absl::OkStatus();  // owner GC cleans up
   return ReconcileSandbox(*sandbox);
 }
 
@@ -484,7 +481,7 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
         absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");
   } else if (observed.suspended || observed.expired) {
     for (const ObjectPtr& pod : observed.pods) {
-      if (Deleting(*pod)) continue;
+      if (json_fields::BeingDeleted(*pod)) continue;
       DeleteOptions options;
       options.precondition_uid = Str((*pod)["metadata"], "uid");
       absl::Status deleted = client_->Delete(kPods, ns, Str((*pod)["metadata"], "name"), options);

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/common/hash.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/leader_election.h"
 
@@ -37,12 +38,7 @@ Json Condition(const std::string& type, bool status, const std::string& reason,
 }
 
 const Json* PodCondition(const Json& pod, const std::string& type) {
-  const Json& conditions = Field(Field(pod, "status"), "conditions");
-  if (!conditions.is_array()) return nullptr;
-  for (const Json& c : conditions) {
-    if (Str(c, "type") == type) return &c;
-  }
-  return nullptr;
+  return json_fields::FindCondition(Field(pod, "status"), type);
 }
 
 // True when `object`'s controller owner is in the extensions.agents.x-k8s.io group.
@@ -59,14 +55,7 @@ bool ControlledByExtensions(const Json& object) {
 
 }  // namespace
 
-std::string NameHash(const std::string& name) {
-  uint32_t hash = 2166136261u;
-  for (unsigned char c : name) {
-    hash ^= c;
-    hash *= 16777619u;
-  }
-  return absl::StrFormat("%08x", hash);
-}
+std::string NameHash(const std::string& name) { return absl::StrFormat("%08x", Fnv1a32(name)); }
 
 Json ControllerRef(const Json& owner) {
   const Json& meta = Field(owner, "metadata");

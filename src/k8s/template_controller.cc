@@ -22,10 +22,6 @@ using json_fields::Str;
 // How long a written policy may stay unseen by the informer before the cache is trusted.
 constexpr absl::Duration kExpectationTimeout = absl::Seconds(10);
 
-bool Deleting(const Json& object) {
-  return !Str(Field(object, "metadata"), "deletionTimestamp").empty();
-}
-
 }  // namespace
 
 absl::Status TemplateControllerOptions::Validate() const {
@@ -187,7 +183,8 @@ absl::Status TemplateController::Reconcile(const std::string& key) {
   const std::string& name = parts[1];
   ObjectPtr sandbox_template = templates_.Get(ns, name);
   // Garbage collection deletes the policy of a deleted template (it owns it).
-  if (sandbox_template == nullptr || Deleting(*sandbox_template)) return absl::OkStatus();
+  if (sandbox_template == nullptr || json_fields::BeingDeleted(*sandbox_template))
+    return absl::OkStatus();
   const std::string uid = Str(Field(*sandbox_template, "metadata"), "uid");
   const std::string policy_name = NetworkPolicyName(name);
   const std::string id = absl::StrCat(ns, "/", policy_name);

@@ -26,10 +26,6 @@ using allocator::Wait;
 // and looks for a surplus only when the counts say there may be one.
 constexpr char kQuickPrefix[] = "~";
 
-bool Deleting(const Json& object) {
-  return !Field(Field(object, "metadata"), "deletionTimestamp").is_null();
-}
-
 int64_t Replicas(const Json& pool) {
   const Json& r = Field(Field(pool, "spec"), "replicas");
   return r.is_number_integer() ? std::max<int64_t>(0, r.get<int64_t>()) : 1;
@@ -177,7 +173,7 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
     const std::string name = key.substr(1);
     ObjectPtr pool = pools_.Get(options_.ns, name);
     absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
-    if (pool == nullptr || Deleting(*pool) || !st.ok()) return absl::OkStatus();
+    if (pool == nullptr || json_fields::BeingDeleted(*pool) || !st.ok()) return absl::OkStatus();
     // Maybe a surplus, or members that nobody tracks (creates whose answers were lost):
     // the full pass decides (and writes the status). Members still labelled include the
     // claimed ones not yet bound, so the second count is an upper bound.
@@ -191,7 +187,7 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
   }
   const std::string& name = key;
   ObjectPtr pool = pools_.Get(options_.ns, name);
-  if (pool == nullptr || Deleting(*pool)) return RemovePool(name);
+  if (pool == nullptr || json_fields::BeingDeleted(*pool)) return RemovePool(name);
   if (absl::Status valid = ValidateName("SandboxWarmPool name", name); !valid.ok()) {
     return absl::OkStatus();  // served by nobody; said once at the informer's add
   }
@@ -274,7 +270,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   const absl::Time now = absl::Now();
   for (const ObjectPtr& member : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
     const Json& meta = Field(*member, "metadata");
-    if (Str(meta, "namespace") != options_.ns || Deleting(*member)) continue;
+    if (Str(meta, "namespace") != options_.ns || json_fields::BeingDeleted(*member)) continue;
     if (Str(Field(meta, "labels"), kSbxPoolLabel) != name) continue;
     const std::string id = Str(meta, "name");
     if (tracked.contains(id)) {

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "src/common/hash.h"
 #include "src/common/ids.h"
 #include "src/common/paths.h"
 #include "src/common/status_macros.h"
@@ -560,14 +561,10 @@ absl::StatusOr<std::string> DecodePageToken(absl::string_view kind, uint64_t fin
 }
 
 uint64_t Fingerprint(const std::vector<std::string>& parts) {
-  uint64_t h = 14695981039346656037ull;
-  auto mix = [&h](unsigned char c) {
-    h ^= c;
-    h *= 1099511628211ull;
-  };
+  uint64_t h = kFnv1a64Offset;
   for (const std::string& p : parts) {
-    for (char c : p) mix(static_cast<unsigned char>(c));
-    mix(0xff);  // separator: never a byte of UTF-8 text
+    h = Fnv1a64(p, h);
+    h = Fnv1a64("\xff", h);  // separator: never a byte of UTF-8 text
   }
   return h;
 }

@@ -23,6 +23,7 @@
 namespace sbx::k8s {
 namespace {
 
+using ::sbx::k8s::testing::Eventually;
 using ::sbx::k8s::testing::InstallCrds;
 using ::sbx::k8s::testing::MarkSandboxReady;
 using ::sbx::k8s::testing::TestEmulator;
@@ -31,16 +32,6 @@ using ::sbx::k8s::testing::TestEmulator;
 constexpr absl::Duration kResync = absl::Minutes(2);
 // How long each step may take (the claim controller acts within milliseconds).
 constexpr absl::Duration kStep = absl::Seconds(10);
-
-// Polls `done` every 5 ms for at most `timeout`.
-bool Eventually(const std::function<bool()>& done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
 
 Json Template(const std::string& name) {
   return {{"metadata", {{"name", name}}},
@@ -159,6 +150,13 @@ class ClaimControllerTest : public ::testing::Test {
 // Issue 20. A claim made before its pool said WarmPoolNotFound and was looked at again
 // only by the resync (Ready 6-29 s after the pool appeared); upstream re-queues the claims
 // of a pool when the pool is created.
+// SandboxClaims mirroring gRPC claims are named by this function; names already in
+// clusters must not change (values computed at 06b33ab).
+TEST(GrpcClaimNameTest, NamesStayAsTheyWere) {
+  EXPECT_EQ(GrpcClaimName("alice", "c1"), "grpc-622bb74485987482");
+  EXPECT_EQ(GrpcClaimName("anonymous", "f-1-2"), "grpc-6b16050662cf07b0");
+}
+
 TEST_F(ClaimControllerTest, AClaimMadeBeforeItsPoolGoesOnWhenThePoolAppears) {
   ASSERT_NO_FATAL_FAILURE(Create(kSandboxClaims, Claim("early", "py")));
   ASSERT_TRUE(Eventually([&] { return ReadyReasonIs("early", "WarmPoolNotFound"); }, kStep))

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,17 @@ inline void InstallCrds(Client& client) {
     absl::StatusOr<Json> created = client.Create(kCustomResourceDefinitions, "", crd);
     ASSERT_TRUE(created.ok()) << created.status();
   }
+}
+
+// Polls `done` every 5 ms until it holds (true) or `timeout` passes (false): a bounded
+// wait for a positive marker.
+inline bool Eventually(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
 }
 
 // Writes Sandbox `name`'s status as the Sandbox controller does once its pod is Ready:

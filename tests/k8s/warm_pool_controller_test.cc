@@ -28,19 +28,10 @@
 namespace sbx::k8s {
 namespace {
 
+using ::sbx::k8s::testing::Eventually;
 using ::sbx::k8s::testing::InstallCrds;
 using ::sbx::k8s::testing::MarkSandboxReady;
 using ::sbx::k8s::testing::TestEmulator;
-
-// Polls `done` every 5 ms for at most `timeout`.
-bool Eventually(const std::function<bool()>& done, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
 
 // A member of pool "py" with the labels KubeRuntime gives it (`name` empty: only spec).
 Json Member(const std::string& name) {
