@@ -1,7 +1,8 @@
 #pragma once
-// HttpTransport: the HTTP(S) connection of the Kubernetes client to one API server. The
-// one implementation (http_cpprest.cc) wraps cpprestsdk; no cpprest type crosses this
-// header. Requests are plain data; the transport knows nothing of Kubernetes.
+// HttpTransport: the HTTP(S) connection of the Kubernetes client to one API server. Two
+// implementations: the socket transport (http_socket.cc, HTTP/1.1 on sockets and OpenSSL,
+// the default) and cpprestsdk's (http_cpprest.cc); no OpenSSL or cpprest type crosses
+// this header. Requests are plain data; the transport knows nothing of Kubernetes.
 //
 // Thread-safety: Send and OpenStream may be called from any number of threads at once.
 // Requests share a pool of keep-alive connections; every stream gets a connection of its
