@@ -457,3 +457,31 @@ def is_file_level_error(message: str) -> bool:
 
 def shell_quote(s: str) -> str:
     return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+class SandboxView:
+    """What sbx.Sandbox and sbx.aio.AsyncSandbox show of their claim (`info`, a ClaimInfo,
+    and `_released` are set by them)."""
+
+    info: ClaimInfo
+    _released: bool
+
+    @property
+    def claim_id(self) -> str:
+        """The claim's id (the idempotency key)."""
+        return self.info.claim_id
+
+    @property
+    def sandbox_id(self) -> str:
+        """The sandbox's id."""
+        return self.info.sandbox_id
+
+    @property
+    def pool(self) -> str:
+        """The pool the sandbox came from."""
+        return self.info.pool
+
+    def __repr__(self) -> str:
+        state = "RELEASED" if self._released else self.info.state
+        return (f"<sbx.{type(self).__name__} claim_id={self.claim_id!r} pool={self.pool!r} "
+                f"sandbox_id={self.sandbox_id!r} state={state}>")

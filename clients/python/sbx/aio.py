@@ -228,7 +228,7 @@ class _Pending(Generic[T]):
         await self._value.__aexit__(exc_type, exc, tb)  # type: ignore[union-attr]
 
 
-class AsyncSandbox:
+class AsyncSandbox(c.SandboxView):
     """A claimed sandbox (asyncio). Every method of sbx.Sandbox, awaited."""
 
     def __init__(self, client: AsyncClient, info: ClaimInfo, replayed: bool = False) -> None:
@@ -237,26 +237,6 @@ class AsyncSandbox:
         self.replayed = replayed
         self.files = AsyncFiles(self)
         self._released = False
-
-    @property
-    def claim_id(self) -> str:
-        """The claim's id (the idempotency key)."""
-        return self.info.claim_id
-
-    @property
-    def sandbox_id(self) -> str:
-        """The sandbox's id."""
-        return self.info.sandbox_id
-
-    @property
-    def pool(self) -> str:
-        """The pool the sandbox came from."""
-        return self.info.pool
-
-    def __repr__(self) -> str:
-        state = "RELEASED" if self._released else self.info.state
-        return (f"<sbx.AsyncSandbox claim_id={self.claim_id!r} pool={self.pool!r} "
-                f"sandbox_id={self.sandbox_id!r} state={state}>")
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self

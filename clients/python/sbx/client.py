@@ -245,7 +245,7 @@ class Client:
         return ClaimWatch(self._claims.WatchClaims(req, metadata=self._md))
 
 
-class Sandbox:
+class Sandbox(c.SandboxView):
     """A claimed sandbox. Release it with a `with` block or release()."""
 
     def __init__(self, client: Client, info: ClaimInfo, replayed: bool = False) -> None:
@@ -254,26 +254,6 @@ class Sandbox:
         self.replayed = replayed
         self.files = Files(self)
         self._released = False
-
-    @property
-    def claim_id(self) -> str:
-        """The claim's id (the idempotency key)."""
-        return self.info.claim_id
-
-    @property
-    def sandbox_id(self) -> str:
-        """The sandbox's id."""
-        return self.info.sandbox_id
-
-    @property
-    def pool(self) -> str:
-        """The pool the sandbox came from."""
-        return self.info.pool
-
-    def __repr__(self) -> str:
-        state = "RELEASED" if self._released else self.info.state
-        return (f"<sbx.Sandbox claim_id={self.claim_id!r} pool={self.pool!r} "
-                f"sandbox_id={self.sandbox_id!r} state={state}>")
 
     def __enter__(self) -> "Sandbox":
         return self
