@@ -484,6 +484,36 @@ absl::Status ClaimController::BindSandbox(const Json& claim, const std::string& 
   return patched;
 }
 
+absl::Status ClaimController::PatchPodMetadata(const std::string& sandbox, const Json& extra) {
+  if (!extra.is_object() || extra.empty()) return absl::OkStatus();
+  Json patch = {{"metadata", Json::object()}};
+  for (const char* part : {"labels", "annotations"}) {
+    if (Field(extra, part).is_object()) patch["metadata"][part] = extra[part];
+  }
+  // Sent again only when the patch or the Sandbox changed since (a pod made again by the
+  // Sandbox controller changes the Sandbox's status), not on every reconcile and resync.
+  std::string version;
+  if (ObjectPtr seen = sandboxes_->Get(options_.ns, sandbox)) {
+    version = Str(Field(*seen, "metadata"), "resourceVersion");
+  }
+  const std::string memo = absl::StrCat(version, " ", patch.dump());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pod_metadata_sent_.find(sandbox);
+    if (it != pod_metadata_sent_.end() && it->second == memo) return absl::OkStatus();
+  }
+  absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
+    return client_->PatchNoResult(kPods, options_.ns, sandbox, PatchType::kMerge, patch);
+  });
+  if (absl::IsNotFound(s)) return absl::OkStatus();  // no pod yet; the Sandbox will change
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (pod_metadata_sent_.size() >= 65536) pod_metadata_sent_.clear();  // of gone Sandboxes
+    pod_metadata_sent_[sandbox] = memo;
+  }
+  return s;
+}
+
 absl::Status ClaimController::WriteStatus(const Json& claim, Json status) {
   const std::string uid = Str(Field(claim, "metadata"), "uid");
   Json old = Field(claim, "status");
@@ -726,16 +756,7 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
   // Bound: the Sandbox belongs to the claim; status follows the Sandbox.
   if (std::string(launch_type) == "warm") {
     RETURN_IF_ERROR(BindSandbox(claim, sandbox, "warm"));
-    const Json& extra = Field(spec, "additionalPodMetadata");
-    if (extra.is_object() && !extra.empty()) {
-      Json patch = {{"metadata", Json::object()}};
-      for (const char* part : {"labels", "annotations"}) {
-        if (Field(extra, part).is_object()) patch["metadata"][part] = extra[part];
-      }
-      absl::Status s =
-          client_->PatchNoResult(kPods, options_.ns, sandbox, PatchType::kMerge, patch);
-      if (!s.ok() && !absl::IsNotFound(s)) return s;
-    }
+    RETURN_IF_ERROR(PatchPodMetadata(sandbox, Field(spec, "additionalPodMetadata")));
   }
   ObjectPtr sb = sandboxes_->Get(options_.ns, sandbox);
   Json next = status.is_object() ? status : Json::object();

@@ -101,6 +101,8 @@ class ClaimController {
   absl::Status ReconcileGrpc(const std::string& owner, const std::string& id);
   // Patches the Sandbox to belong to `claim` (skipped when it already does).
   absl::Status BindSandbox(const Json& claim, const std::string& sandbox, const char* launch_type);
+  // Applies a claim's additionalPodMetadata (labels, annotations) to its Sandbox's pod.
+  absl::Status PatchPodMetadata(const std::string& sandbox, const Json& extra);
   // Writes the claim's status when it differs from what it has.
   absl::Status WriteStatus(const Json& claim, Json status);
   // The claim's status as this controller last wrote it (else as the informer has it).
@@ -143,6 +145,9 @@ class ClaimController {
   // patch went out). While the cache still holds that version, the patch is not sent
   // again (a second reconcile of the same claim used to repeat it).
   absl::flat_hash_map<std::string, std::pair<std::string, std::string>> bound_ ABSL_GUARDED_BY(mu_);
+  // The claim's additionalPodMetadata patch last sent to each Sandbox's pod, with the
+  // Sandbox's resourceVersion then: "<version> <patch>".
+  absl::flat_hash_map<std::string, std::string> pod_metadata_sent_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::k8s
