@@ -638,14 +638,18 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
       if (policy == "Delete" || policy == "DeleteForeground") {
         DeleteOptions o;
         o.propagation_policy = policy == "Delete" ? "Background" : "Foreground";
-        absl::Status s = client_->Delete(kSandboxClaims, options_.ns, name, o);
+        absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
+          return client_->Delete(kSandboxClaims, options_.ns, name, o);
+        });
         return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
       }
       // Retain: the claim stays, its sandbox goes.
       allocator->Release(owner, uid, [](absl::Status) {});
       const std::string sandbox = Str(Field(status, "sandbox"), "name");
       if (!sandbox.empty()) {
-        absl::Status s = client_->Delete(kSandboxes, options_.ns, sandbox, {});
+        absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
+          return client_->Delete(kSandboxes, options_.ns, sandbox, {});
+        });
         if (!s.ok() && !absl::IsNotFound(s)) return s;
       }
       return NotReady(claim, "ClaimExpired", "the claim's shutdownTime has passed");
@@ -786,7 +790,9 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
         const absl::Time at = ParseRfc3339(Str(*finished, "lastTransitionTime"), now) +
                               absl::Seconds(ttl.get<int64_t>());
         if (now >= at) {
-          absl::Status s = client_->Delete(kSandboxClaims, options_.ns, name, {});
+          absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
+            return client_->Delete(kSandboxClaims, options_.ns, name, {});
+          });
           return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
         }
         Enqueue(absl::StrCat("c/", name), at - now);
