@@ -26,6 +26,37 @@ ALLOWED = {
     "cmd": {"*"},
 }
 
+# src/k8s in rooms (src/k8s/CMakeLists.txt builds one target per room): a file's room is
+# named by its stem (foo.h and foo.cc); the rooms each room's files may include, and the
+# only room that may include other components' interfaces beyond common.
+K8S_ROOMS = {
+    "transports": {"http", "http_lines", "http_socket", "http_cpprest"},
+    "client": {"client", "config", "informer", "work_queue", "leader_election", "write_scheduler",
+               "sandbox_key", "rate_limiter", "resources", "json_fields", "thread_priority"},
+    "sandbox_controller": {"sandbox_objects", "sandbox_controller", "template_objects",
+                           "template_controller"},
+    "pools": {"kube_runtime", "warm_pool_controller", "claim_controller"},
+}
+K8S_ROOM_USES = {
+    "transports": set(),
+    "client": {"transports"},
+    "sandbox_controller": {"client"},
+    "pools": {"client", "sandbox_controller"},
+}
+# Only the pools room sees the allocator, runtime and store: the REST client and the
+# Sandbox controller build and test without them.
+K8S_ROOM_OUTSIDE = {"pools"}
+
+
+def k8s_room(path):
+    """The room of src/k8s/<stem>.{h,cc}, or None when no room names it."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    for room, stems in K8S_ROOMS.items():
+        if stem in stems:
+            return room
+    return None
+
+
 # The interface headers of components whose implementations others must not see.
 INTERFACES = {
     "store": {"src/store/store.h", "src/store/records.h"},
@@ -108,6 +139,9 @@ def check_file(root, rel, component):
     if allowed is None:
         return [f"{rel}: component \"{component}\" is not in the layering table "
                 "(add it to scripts/check_layering.py and docs/architecture.md)"]
+    if component == "k8s" and k8s_room(rel) is None:
+        errors.append(f"{rel}: not in a room of src/k8s (add its stem to K8S_ROOMS in "
+                      "scripts/check_layering.py and to a target of src/k8s/CMakeLists.txt)")
     with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             m = INCLUDE_RE.match(line)
@@ -120,6 +154,8 @@ def check_file(root, rel, component):
                     errors.append(f"{where}: includes <{inc}>, but {prefix.rstrip('/')} may be "
                                   f"used only in {', '.join(files) or 'no file of src/'}")
             target, kind = component_of_include(inc)
+            if component == "k8s" and target is not None:
+                errors.extend(check_k8s_room(where, rel, inc, target))
             if target is None or target == component or "*" in allowed:
                 continue
             if kind == "outside":
@@ -137,6 +173,24 @@ def check_file(root, rel, component):
             errors.append(f"{where}: {component} may not include \"{inc}\" "
                           f"({component} may use: {', '.join(sorted(allowed)) or 'abseil only'})")
     return errors
+
+
+def check_k8s_room(where, rel, inc, target):
+    """Errors of one include of a src/k8s file that crosses the rooms of src/k8s."""
+    room = k8s_room(rel)
+    if room is None:
+        return []  # reported once by check_file
+    if target == "k8s":
+        to = k8s_room(inc)
+        if to is None or to == room or to in K8S_ROOM_USES[room]:
+            return []
+        uses = ", ".join(sorted(K8S_ROOM_USES[room])) or "no other room"
+        return [f"{where}: the {room} room of src/k8s includes \"{inc}\" of the {to} room "
+                f"({room} may use: {uses})"]
+    if target not in ("common", "proto") and room not in K8S_ROOM_OUTSIDE:
+        return [f"{where}: the {room} room of src/k8s includes \"{inc}\"; only "
+                f"{', '.join(sorted(K8S_ROOM_OUTSIDE))} may use {target}"]
+    return []
 
 
 def main():

@@ -120,9 +120,12 @@ class SandboxController {
   // run, so an event after that check still clears the expectation).
   void Expect(const Informer& informer, const std::string& id, ObjectPtr object)
       ABSL_LOCKS_EXCLUDED(expect_mu_);
-  void Seen(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
-  // A deleted object ends the expectation of an object of the same name and controller.
-  void Gone(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  // An event for an object (added, changed or deleted) ends the expectation of the object
+  // of its name when both have the same controller: the cache shows it, or it is gone. An
+  // event for an earlier Sandbox's object of that name (its pod still terminating, say)
+  // leaves the new Sandbox's expectation alone, else a reconcile before the watch shows the
+  // new object would create it a second time.
+  void Observed(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
   absl::Mutex expect_mu_;
   absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);
 

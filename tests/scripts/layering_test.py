@@ -72,6 +72,30 @@ class LayeringTest(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("openssl may be used only in src/k8s/http_socket.cc", out)
 
+    def test_k8s_rooms(self):
+        rc, out = run({
+            "src/k8s/claim_controller.cc": '#include "src/allocator/allocator.h"\n'
+                                           '#include "src/k8s/sandbox_objects.h"\n'
+                                           '#include "src/k8s/informer.h"\n',
+            "src/k8s/sandbox_controller.cc": '#include "src/k8s/leader_election.h"\n',
+            "src/k8s/client.cc": '#include "src/k8s/http.h"\n#include "src/common/clock.h"\n',
+        })
+        self.assertEqual(rc, 0, out)
+        # The REST client builds without the allocator and knows no controller.
+        rc, out = run({"src/k8s/informer.cc": '#include "src/allocator/allocator.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("the client room of src/k8s includes \"src/allocator/allocator.h\"", out)
+        rc, out = run({"src/k8s/client.cc": '#include "src/k8s/sandbox_objects.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("of the sandbox_controller room (client may use: transports)", out)
+        # The Sandbox controller does not reach the pools (nor the allocator through them).
+        rc, out = run({"src/k8s/sandbox_controller.cc": '#include "src/k8s/kube_runtime.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("of the pools room", out)
+        rc, out = run({"src/k8s/new_thing.cc": '#include "src/k8s/client.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("not in a room of src/k8s", out)
+
     def test_server_may_not_use_store_or_runtime(self):
         rc, out = run({"src/server/a.cc": '#include "src/runtime/runtime.h"\n'})
         self.assertEqual(rc, 1, out)
