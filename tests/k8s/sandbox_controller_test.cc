@@ -7,13 +7,21 @@
 #include "src/k8s/sandbox_controller.h"
 
 #include <algorithm>
+#include <cstdint>
 
+#include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "src/k8s/informer.h"
+#include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
 #include "tests/k8s/test_emulator.h"
 
 namespace sbx::k8s {
 namespace {
+
+using json_fields::Field;
+using json_fields::Str;
 
 Json SandboxObject(const std::string& name) {
   return {{"metadata", {{"name", name}}},
@@ -83,6 +91,59 @@ bool WaitGone(Client& client, const Resource& resource, const std::string& name)
   }
   return false;
 }
+
+// Every pod and PVC of "default" created while it runs, as its own informers see them:
+// what it is, its controller's uid and its resourceVersion at creation (the emulator
+// numbers its writes in commit order, as etcd does, so two creations compare by it).
+class CreationLog {
+ public:
+  struct Creation {
+    std::string what;  // "pod" or "pvc"
+    std::string controller_uid;
+    uint64_t version = 0;
+    bool operator<(const Creation& other) const { return version < other.version; }
+  };
+
+  explicit CreationLog(Client* client)
+      : pods_(client, NamespaceInformer(kPods, "default")),
+        pvcs_(client, NamespaceInformer(kPersistentVolumeClaims, "default")) {
+    for (auto [informer, what] : {std::pair{&pods_, "pod"}, std::pair{&pvcs_, "pvc"}}) {
+      InformerHandler handler;
+      handler.on_add = [this, what = what](const ObjectPtr& o) {
+        Creation c{what, ControllerUid(*o), 0};
+        EXPECT_TRUE(absl::SimpleAtoi(Str(Field(*o, "metadata"), "resourceVersion"), &c.version));
+        absl::MutexLock lock(&mu_);
+        seen_.push_back(std::move(c));
+      };
+      informer->AddHandler(std::move(handler));
+      informer->Start();
+    }
+  }
+  bool Synced() const {
+    return pods_.WaitForSync(absl::Seconds(20)) && pvcs_.WaitForSync(absl::Seconds(20));
+  }
+  // The creations of objects controlled by `uid`, in the order they were made ("pvc",
+  // "pod", ...).
+  std::vector<std::string> Of(const std::string& uid) {
+    std::vector<Creation> seen;
+    {
+      absl::MutexLock lock(&mu_);
+      seen = seen_;
+    }
+    std::sort(seen.begin(), seen.end());
+    std::vector<std::string> out;
+    for (const Creation& c : seen) {
+      if (c.controller_uid == uid) out.push_back(c.what);
+    }
+    return out;
+  }
+
+ private:
+  Informer pods_;
+  Informer pvcs_;
+  absl::Mutex mu_;
+  std::vector<Creation> seen_ ABSL_GUARDED_BY(mu_);
+};
 
 class SandboxControllerTest : public ::testing::Test {
  protected:
@@ -224,24 +285,32 @@ TEST_F(SandboxControllerTest, AnUnschedulablePodIsReportedAtOnceDespiteTheHold) 
 // Issue 20: a Sandbox deleted and applied again under the same name got its pod (which
 // mounts the claim) and turned Ready while its PVC was not created for 10-20 s.
 TEST_F(SandboxControllerTest, ASandboxCreatedAgainGetsItsPvcBeforeItsPod) {
+  // The order is read from the objects made for each Sandbox (by its uid), not from the
+  // emulator's request log: a reconcile of the deleted Sandbox that still finds it in the
+  // controller's cache may create a PVC and a pod for it (as with any controller reading
+  // a cache), which the garbage collector takes since their owner is gone.
+  CreationLog log(client_.get());
+  ASSERT_TRUE(log.Synced());
   for (int round = 0; round < 5; ++round) {
     SCOPED_TRACE(::testing::Message() << "round " << round);
-    emulator_->Admin("POST", "/emulator/stats/reset");
     absl::StatusOr<Json> sandbox =
         client_->Create(kSandboxes, "default", SandboxWithVolume("again"));
     ASSERT_TRUE(sandbox.ok()) << sandbox.status();
+    const std::string uid = Str((*sandbox)["metadata"], "uid");
     ASSERT_TRUE(WaitForReason(*client_, "again", "DependenciesReady"));
-    // The PVC exists, is this Sandbox's, and was asked for before the pod.
+    // The PVC exists, is this Sandbox's, and was made before the pod; one pod.
     absl::StatusOr<Json> pvc = client_->Get(kPersistentVolumeClaims, "default", "data-again");
     ASSERT_TRUE(pvc.ok()) << pvc.status();
-    EXPECT_EQ(ControllerUid(*pvc), (*sandbox)["metadata"]["uid"]);
-    // (A reconcile of the deleted Sandbox that still sees it in its cache may create a PVC
-    // for it, which the garbage collector takes: more than one "pvc" may come first.)
-    const std::vector<std::string> creates = Creates();
-    ASSERT_FALSE(creates.empty());
-    EXPECT_EQ(creates.back(), "pod") << ::testing::PrintToString(creates);
-    EXPECT_EQ(std::count(creates.begin(), creates.end(), "pod"), 1);
-    EXPECT_GE(std::count(creates.begin(), creates.end(), "pvc"), 1);
+    EXPECT_EQ(ControllerUid(*pvc), uid);
+    absl::StatusOr<Json> pod = client_->Get(kPods, "default", "again");
+    ASSERT_TRUE(pod.ok()) << pod.status();
+    EXPECT_EQ(ControllerUid(*pod), uid);
+    std::vector<std::string> made;
+    ASSERT_TRUE(testing::Eventually([&] {
+      made = log.Of(uid);
+      return std::count(made.begin(), made.end(), "pod") >= 1;
+    }, absl::Seconds(20)));
+    EXPECT_EQ(made, (std::vector<std::string>{"pvc", "pod"}));
     ASSERT_TRUE(client_->Delete(kSandboxes, "default", "again").ok());
     ASSERT_TRUE(WaitGone(*client_, kSandboxes, "again"));
     ASSERT_TRUE(WaitGone(*client_, kPods, "again"));
