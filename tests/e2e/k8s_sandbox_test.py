@@ -821,12 +821,8 @@ class SandboxControllerTest(unittest.TestCase):
         self.assertIn("holds 5 bytes, not a key of 32", log)
 
     # 13: several Sandboxes in one `kind: List` file, as `kubectl get -o json` writes them.
-    # BUG (emulator): kubectl validates a List against /openapi/v2, which the emulator
-    # answers 404, so `kubectl apply -f list.json` fails with "error validating data: the
-    # server could not find the requested resource; if you choose to ignore these errors,
-    # turn validation off with --validate=false" (a real API server serves /openapi/v2; the
-    # other tests apply YAML streams instead).
-    @unittest.expectedFailure
+    # (kubectl validates a List against /openapi/v2; the emulator answered 404 there until
+    # it served a protobuf document, and this test was an expected failure.)
     def test_13_apply_a_list(self):
         c = Cluster(self)
         doc = {"apiVersion": "v1", "kind": "List",

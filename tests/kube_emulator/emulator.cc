@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -59,6 +60,16 @@ namespace {
 using ObjPtr = std::shared_ptr<const json>;
 constexpr char kJson[] = "application/json";
 constexpr size_t kWatchQueueLimit = 20000;
+
+// A boolean query parameter as the API server reads it (Go's strconv.ParseBool: 1 t T TRUE
+// true True, 0 f F FALSE false False); absent is false, anything else is nullopt.
+std::optional<bool> BoolParam(const HttpRequest& req, const std::string& name) {
+  if (!req.HasQuery(name)) return false;
+  const std::string v = req.Query(name);
+  if (v == "1" || v == "t" || v == "T" || v == "TRUE" || v == "true" || v == "True") return true;
+  if (v == "0" || v == "f" || v == "F" || v == "FALSE" || v == "false" || v == "False") return false;
+  return std::nullopt;
+}
 
 std::string Now() {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
@@ -418,9 +429,8 @@ RequestRecord DescribeRequest(const HttpRequest& req) {
   if (rest.size() >= 2) r.name = rest[1];
   if (rest.size() >= 3) r.subresource = rest[2];
   const std::string& m = req.method;
-  const std::string watch = req.Query("watch");
   if (m == "GET" || m == "HEAD") {
-    if (legacy_watch || watch == "true" || watch == "1") {
+    if (legacy_watch || BoolParam(req, "watch").value_or(false)) {
       r.verb = "watch";
     } else {
       r.verb = r.name.empty() ? "list" : "get";
@@ -1066,9 +1076,18 @@ void EmulatorImpl::HandleUnsafe(const HttpRequest& req, HttpResponder& resp) {
   if (is_resource) {
     const bool item = !t.name.empty();
     const std::string& m = req.method;
-    std::string watch = req.Query("watch");
+    std::optional<bool> watch = BoolParam(req, "watch");
+    for (const char* name : {"watch", "allowWatchBookmarks", "sendInitialEvents"}) {
+      if (!BoolParam(req, name).has_value()) {
+        SendError(resp, Err(400, "BadRequest",
+                            absl::StrCat("invalid value \"", req.Query(name), "\" of query parameter ",
+                                         name, ": strconv.ParseBool: parsing \"",
+                                         req.Query(name), "\": invalid syntax")));
+        return;
+      }
+    }
     if (m == "GET") {
-      verb = item ? "get" : (watch == "true" || watch == "1") ? "watch" : "list";
+      verb = item ? "get" : *watch ? "watch" : "list";
     } else if (m == "POST" && !item) {
       verb = "create";
     } else if (m == "PUT" && item) {
@@ -1111,7 +1130,10 @@ void EmulatorImpl::HandleUnsafe(const HttpRequest& req, HttpResponder& resp) {
               Err(415, "UnsupportedMediaType",
                   absl::StrCat("the body of the request was in an unknown format - "
                                "accepted media types include: application/json (",
-                               req.Header("content-type"), " is not served by kube-emulator)")));
+                               req.Header("content-type"),
+                               " is not served by kube-emulator; for kubectl's typed create "
+                               "commands, write the object and apply it: kubectl create ... "
+                               "--dry-run=client -o yaml | kubectl apply -f -)")));
     return;
   }
   if (t.all_namespaces && verb != "list" && verb != "watch" && verb != "deletecollection") {
@@ -1221,6 +1243,22 @@ bool EmulatorImpl::HandleDiscovery(const HttpRequest& req, HttpResponder& resp) 
     }
     return json({{"name", g}, {"versions", versions}, {"preferredVersion", versions[0]}});
   };
+  // OpenAPI v2, which kubectl's client-side validation still reads (for kind: List, say)
+  // and asks for only as protobuf (gnostic's openapi_v2.Document). Served without
+  // definitions, so kubectl validates no kind against a schema (as for a CRD without
+  // one): swagger "2.0" (field 1) and info (field 2: title 1, version 2), hand-encoded.
+  if (segs.size() == 2 && segs[0] == "openapi" && segs[1] == "v2") {
+    auto field = [](int number, const std::string& value) {
+      std::string out;
+      out.push_back(static_cast<char>(number << 3 | 2));  // length-delimited
+      out.push_back(static_cast<char>(value.size()));     // every value here is < 128
+      return out + value;
+    };
+    const std::string info = field(1, "Kubernetes") + field(2, "v1.32.0-sbx-emulator");
+    resp.Send(200, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+              field(1, "2.0") + field(2, info));
+    return true;
+  }
   // OpenAPI v3: a root listing every group-version and per group-version documents
   // whose PATCH operations declare the fieldValidation parameter, which is what
   // kubectl needs to use server-side validation. No schemas are served, so kubectl
@@ -2464,9 +2502,9 @@ void EmulatorImpl::DoWatch(const HttpRequest& req, HttpResponder& resp, const Ta
               Err(400, "BadRequest", absl::StrCat("invalid resource version \"", rv_param, "\"")));
     return;
   }
-  bool bookmarks = req.Query("allowWatchBookmarks") == "true";
+  bool bookmarks = BoolParam(req, "allowWatchBookmarks").value_or(false);
   const bool as_table = req.Header("accept").find("as=Table") != std::string::npos;
-  const bool initial_events = req.Query("sendInitialEvents") == "true";
+  const bool initial_events = BoolParam(req, "sendInitialEvents").value_or(false);
   int64_t timeout_s = 0;
   if (req.HasQuery("timeoutSeconds"))
     (void)absl::SimpleAtoi(req.Query("timeoutSeconds"), &timeout_s);

@@ -426,6 +426,29 @@ class ApiTest(unittest.TestCase):
         self.assertIn("too old resource version: %d" % rvs[0], w4.events[0]["object"]["message"])
         w4.close()
 
+    def test_boolean_parameters_read_as_the_api_server_reads_them(self):
+        # Python's kubernetes client sends watch=True; the API server parses booleans with
+        # Go's strconv.ParseBool, so True, t and 1 start a watch, and a value it cannot
+        # parse is refused instead of serving a list.
+        c = self.c
+        c.post("/api/v1/namespaces", {"metadata": {"name": "bools"}})
+        base = "/api/v1/namespaces/bools/configmaps"
+        c.post(base, cm("one"))
+        for value in ("True", "t", "1", "TRUE"):
+            w = Watch(self.emu, base + "?watch=%s&allowWatchBookmarks=True" % value)
+            try:
+                self.assertTrue(w.wait_for(lambda ev: len(ev) >= 1), value)
+                self.assertEqual(w.events[0]["type"], "ADDED", value)
+            finally:
+                w.close()
+        for value in ("False", "0", "f"):
+            r = c.get(base + "?watch=" + value)
+            self.assertEqual(r.status, 200, value)
+            self.assertEqual(r.json["kind"], "ConfigMapList", value)
+        r = c.get(base + "?watch=yes")
+        self.assertEqual(r.status, 400, r.json)
+        self.assertIn('"yes" of query parameter watch', r.json["message"])
+
     def test_watch_selector_transitions_bookmarks_timeout(self):
         c = self.c
         c.post("/api/v1/namespaces", {"metadata": {"name": "w2"}})
