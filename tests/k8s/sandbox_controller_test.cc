@@ -306,10 +306,12 @@ TEST_F(SandboxControllerTest, ASandboxCreatedAgainGetsItsPvcBeforeItsPod) {
     ASSERT_TRUE(pod.ok()) << pod.status();
     EXPECT_EQ(ControllerUid(*pod), uid);
     std::vector<std::string> made;
-    ASSERT_TRUE(testing::Eventually([&] {
-      made = log.Of(uid);
-      return std::count(made.begin(), made.end(), "pod") >= 1;
-    }, absl::Seconds(20)));
+    ASSERT_TRUE(testing::Eventually(
+        [&] {
+          made = log.Of(uid);
+          return std::count(made.begin(), made.end(), "pod") >= 1;
+        },
+        absl::Seconds(20)));
     EXPECT_EQ(made, (std::vector<std::string>{"pvc", "pod"}));
     ASSERT_TRUE(client_->Delete(kSandboxes, "default", "again").ok());
     ASSERT_TRUE(WaitGone(*client_, kSandboxes, "again"));

@@ -67,7 +67,8 @@ std::optional<bool> BoolParam(const HttpRequest& req, const std::string& name) {
   if (!req.HasQuery(name)) return false;
   const std::string v = req.Query(name);
   if (v == "1" || v == "t" || v == "T" || v == "TRUE" || v == "true" || v == "True") return true;
-  if (v == "0" || v == "f" || v == "F" || v == "FALSE" || v == "false" || v == "False") return false;
+  if (v == "0" || v == "f" || v == "F" || v == "FALSE" || v == "false" || v == "False")
+    return false;
   return std::nullopt;
 }
 
@@ -1079,10 +1080,11 @@ void EmulatorImpl::HandleUnsafe(const HttpRequest& req, HttpResponder& resp) {
     std::optional<bool> watch = BoolParam(req, "watch");
     for (const char* name : {"watch", "allowWatchBookmarks", "sendInitialEvents"}) {
       if (!BoolParam(req, name).has_value()) {
-        SendError(resp, Err(400, "BadRequest",
-                            absl::StrCat("invalid value \"", req.Query(name), "\" of query parameter ",
-                                         name, ": strconv.ParseBool: parsing \"",
-                                         req.Query(name), "\": invalid syntax")));
+        SendError(resp,
+                  Err(400, "BadRequest",
+                      absl::StrCat("invalid value \"", req.Query(name), "\" of query parameter ",
+                                   name, ": strconv.ParseBool: parsing \"", req.Query(name),
+                                   "\": invalid syntax")));
         return;
       }
     }
@@ -1126,14 +1128,13 @@ void EmulatorImpl::HandleUnsafe(const HttpRequest& req, HttpResponder& resp) {
   }
   if (absl::StrContains(req.Header("content-type"), "protobuf") ||
       absl::StrContains(req.Header("content-type"), "cbor")) {
-    SendError(resp,
-              Err(415, "UnsupportedMediaType",
-                  absl::StrCat("the body of the request was in an unknown format - "
-                               "accepted media types include: application/json (",
-                               req.Header("content-type"),
-                               " is not served by kube-emulator; for kubectl's typed create "
-                               "commands, write the object and apply it: kubectl create ... "
-                               "--dry-run=client -o yaml | kubectl apply -f -)")));
+    SendError(resp, Err(415, "UnsupportedMediaType",
+                        absl::StrCat("the body of the request was in an unknown format - "
+                                     "accepted media types include: application/json (",
+                                     req.Header("content-type"),
+                                     " is not served by kube-emulator; for kubectl's typed create "
+                                     "commands, write the object and apply it: kubectl create ... "
+                                     "--dry-run=client -o yaml | kubectl apply -f -)")));
     return;
   }
   if (t.all_namespaces && verb != "list" && verb != "watch" && verb != "deletecollection") {
