@@ -181,8 +181,8 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     k8s::WarmPoolControllerOptions pool_options;
     pool_options.ns = pool_ns;
     pool_options.is_leader = is_leader;
-    kube.pools_ = std::make_unique<k8s::WarmPoolController>(client, &sandboxes->sandbox_informer(),
-                                                            pool_options);
+    kube.pools_ = std::make_unique<k8s::WarmPoolController>(
+        client, kube.writes_.get(), &sandboxes->sandbox_informer(), pool_options);
     k8s::ClaimControllerOptions claim_options;
     claim_options.ns = pool_ns;
     claim_options.workers = flags.claim_workers;

@@ -29,7 +29,9 @@ std::string KeyOf(const Json& object) {
 }
 
 Informer::Informer(Client* client, InformerOptions options)
-    : client_(client), options_(std::move(options)) {}
+    : client_(client),
+      options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()) {}
 
 Informer::~Informer() { Stop(); }
 
@@ -99,6 +101,11 @@ size_t Informer::size() const {
 std::string Informer::ResourceVersion() const {
   absl::MutexLock lock(&mu_);
   return resource_version_;
+}
+
+std::string Informer::HandledResourceVersion() const {
+  absl::MutexLock lock(&mu_);
+  return handled_resource_version_;
 }
 
 InformerStats Informer::stats() const {
@@ -232,6 +239,10 @@ void Informer::Notify(const std::vector<Notice>& notices) {
       }
     }
   }
+  // Only this thread changes resource_version_ (in Relist and Apply), so the version read
+  // after the handlers is the one of the list or event they were told about.
+  absl::MutexLock lock(&mu_);
+  handled_resource_version_ = resource_version_;
 }
 
 absl::Status Informer::WatchOnce(bool* progressed) {
@@ -260,7 +271,7 @@ absl::Status Informer::WatchOnce(bool* progressed) {
   }
   absl::Status result = absl::OkStatus();
   int64_t events = 0;
-  const absl::Time start = absl::Now();
+  const absl::Time start = clock_->Now();
   while (true) {
     WatchEvent event;
     absl::StatusOr<bool> more = stream->Next(&event);
@@ -280,7 +291,7 @@ absl::Status Informer::WatchOnce(bool* progressed) {
     absl::MutexLock lock(&mu_);
     done = std::move(watch_);
   }
-  if (result.ok() && events == 0 && absl::Now() - start < absl::Seconds(1)) {
+  if (result.ok() && events == 0 && clock_->Now() - start < absl::Seconds(1)) {
     // A stream that ends at once with nothing in it is a fault, not a timeout; back off
     // instead of spinning.
     return absl::UnavailableError("watch ended at once without events");
@@ -294,7 +305,7 @@ bool Informer::SleepBackoff(int* failures) {
   ++*failures;
   const absl::Duration delay = cap * absl::Uniform(rng_, 0.5, 1.0);
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&stopping_), delay);
+  clock_->AwaitUntil(mu_, &stopping_, clock_->Now() + delay);
   return !stopping_;
 }
 

@@ -28,6 +28,7 @@
 #include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "src/common/clock.h"
 #include "src/k8s/client.h"
 
 namespace sbx::k8s {
@@ -44,6 +45,9 @@ struct InformerOptions {
   absl::Duration watch_timeout = absl::Minutes(5);
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(10);
+  // Time of the backoffs and of a stream's age (one that ends at once is a fault); the
+  // real clock when null. Must outlive the informer.
+  const Clock* clock = nullptr;
 };
 
 struct InformerHandler {
@@ -84,6 +88,10 @@ class Informer {
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
   // The last resourceVersion seen (from a list, an event or a bookmark).
   std::string ResourceVersion() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The resourceVersion of the last list, event or bookmark whose handlers have all
+  // returned: once it has reached a write's version, every handler has heard of that
+  // write (a controller has queued its key). For tests that wait for a positive marker.
+  std::string HandledResourceVersion() const ABSL_LOCKS_EXCLUDED(mu_);
   InformerStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -102,7 +110,8 @@ class Informer {
   absl::Status WatchOnce(bool* progressed) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the event's object into the cache (moved, not copied).
   void Apply(WatchEvent event, std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
-  void Notify(const std::vector<Notice>& notices);
+  // Runs the handlers for `notices`, then records the cache's version as handled.
+  void Notify(const std::vector<Notice>& notices) ABSL_LOCKS_EXCLUDED(mu_);
   void Put(const std::string& key, ObjectPtr object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remove(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool SleepBackoff(int* failures);
@@ -112,6 +121,7 @@ class Informer {
 
   Client* const client_;
   const InformerOptions options_;
+  const Clock* const clock_;
   std::vector<InformerHandler> handlers_;
   std::thread thread_;
   absl::Notification synced_;
@@ -125,6 +135,7 @@ class Informer {
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> by_label_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> by_owner_ ABSL_GUARDED_BY(mu_);
   std::string resource_version_ ABSL_GUARDED_BY(mu_);
+  std::string handled_resource_version_ ABSL_GUARDED_BY(mu_);
   InformerStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -155,12 +155,13 @@ KubeRuntime::KubeRuntime(Client* client, WriteScheduler* writes, const Informer*
       pools_(pools),
       templates_(templates),
       options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
       registry_(options_.registry ? options_.registry : std::make_shared<prometheus::Registry>()),
       ready_to_warm_(ReadyToWarmHistogram(*registry_)) {
   checker_ = BackgroundThread("sbx-k8s-ready", [this] {
     absl::MutexLock lock(&mu_);
     while (!stopping_) {
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.check_interval);
+      clock_->AwaitUntil(mu_, &stopping_, clock_->Now() + options_.check_interval);
       if (stopping_) break;
       mu_.Unlock();
       CheckTimeouts();
@@ -217,7 +218,7 @@ void KubeRuntime::Create(runtime::CreateRequest request, runtime::CreateCallback
           CreateAnsweredLocked(pool_name);
           if (created.ok() && !stopping_) {
             name = Str(Field(*created, "metadata"), "name");
-            pending_[name] = Pending{pool_name, absl::Now(), std::move(*shared_done)};
+            pending_[name] = Pending{pool_name, clock_->Now(), std::move(*shared_done)};
           }
         }
         if (!created.ok()) return std::move(*shared_done)(created.status());
@@ -342,7 +343,7 @@ void KubeRuntime::MaybeReady(const Json& sandbox) {
   // Observed as the member is handed over (the allocator's AddSandbox, in `done`, does
   // not wait), so that whoever sees it warm also finds it counted.
   if (const absl::Time since = ReadySince(sandbox); since != absl::InfinitePast()) {
-    ready_to_warm_->Observe(std::max(0.0, absl::ToDoubleSeconds(absl::Now() - since)));
+    ready_to_warm_->Observe(std::max(0.0, absl::ToDoubleSeconds(clock_->Now() - since)));
   }
   std::move(done)(std::move(info));
   absl::MutexLock lock(&mu_);
@@ -376,7 +377,7 @@ void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
 }
 
 void KubeRuntime::CheckTimeouts() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   std::vector<std::string> late;
   {
     absl::MutexLock lock(&mu_);

@@ -30,6 +30,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/common/clock.h"
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/sandbox_objects.h"
@@ -60,6 +61,9 @@ struct KubeRuntimeOptions {
   std::string sandboxd_port_name = "sbx-sandboxd";
   // List waits this long for the Sandbox informer's first complete list, then fails.
   absl::Duration list_sync_timeout = absl::Seconds(30);
+  // Time of ready_timeout, check_interval and the ready-to-warm metric; the real clock
+  // when null. Must outlive the runtime.
+  const Clock* clock = nullptr;
   // A member reported ready (or listed) and later gone (deleted, pod ended).
   std::function<void(const std::string& id)> on_gone;
   // Metrics: sbx_k8s_member_ready_to_warm_seconds (from a new member's Ready condition,
@@ -142,6 +146,7 @@ class KubeRuntime final : public runtime::Runtime {
   const Informer* const pools_;
   const Informer* const templates_;
   const KubeRuntimeOptions options_;
+  const Clock* const clock_;
   const std::shared_ptr<prometheus::Registry> registry_;
   // The one series of sbx_k8s_member_ready_to_warm_seconds, looked up once (Observe is
   // thread-safe).

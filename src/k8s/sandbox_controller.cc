@@ -101,12 +101,18 @@ using json_fields::Field;
 using json_fields::Str;
 
 InformerOptions InformerFor(const Resource& resource, const std::string& ns,
-                            const std::string& label_selector) {
+                            const std::string& label_selector, const Clock* clock) {
   InformerOptions options;
   options.resource = resource;
   options.ns = ns;
   options.label_selector = label_selector;
+  options.clock = clock;
   return options;
+}
+
+WorkQueueOptions QueueOptions(WorkQueueOptions queue, const Clock* clock) {
+  if (queue.clock == nullptr) queue.clock = clock;
+  return queue;
 }
 
 // The merge patch turning `old_status` into `status`: fields that are gone become null.
@@ -154,12 +160,13 @@ absl::Status SandboxControllerOptions::Validate() const {
 SandboxController::SandboxController(Client* client, SandboxControllerOptions options)
     : client_(client),
       options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
       metrics_(std::make_unique<SandboxControllerMetrics>(options_.registry)),
-      queue_(options_.queue),
-      sandboxes_(client, InformerFor(kSandboxes, options_.ns, "")),
-      pods_(client, InformerFor(kPods, options_.ns, kNameHashLabel)),
-      services_(client, InformerFor(kServices, options_.ns, kNameHashLabel)),
-      pvcs_(client, InformerFor(kPersistentVolumeClaims, options_.ns, kNameHashLabel)) {
+      queue_(QueueOptions(options_.queue, clock_)),
+      sandboxes_(client, InformerFor(kSandboxes, options_.ns, "", clock_)),
+      pods_(client, InformerFor(kPods, options_.ns, kNameHashLabel, clock_)),
+      services_(client, InformerFor(kServices, options_.ns, kNameHashLabel, clock_)),
+      pvcs_(client, InformerFor(kPersistentVolumeClaims, options_.ns, kNameHashLabel, clock_)) {
   InformerHandler sandbox_handler;
   sandbox_handler.on_add = [this](const ObjectPtr& o) {
     metrics_->CountSandbox(*o, 1);
@@ -180,15 +187,15 @@ SandboxController::SandboxController(Client* client, SandboxControllerOptions op
                                     std::pair{&pvcs_, &kPersistentVolumeClaims}}) {
     InformerHandler owned;
     owned.on_add = [this, resource = resource](const ObjectPtr& o) {
-      ObjectEvent(*resource, *o);
+      EndExpectation(*resource, *o);
       EnqueueOwner(o);
     };
     owned.on_update = [this, resource = resource](const ObjectPtr&, const ObjectPtr& o) {
-      ObjectEvent(*resource, *o);
+      EndExpectation(*resource, *o);
       EnqueueOwner(o);
     };
     owned.on_delete = [this, resource = resource](const ObjectPtr& o) {
-      ObjectEvent(*resource, *o);
+      EndExpectation(*resource, *o);
       EnqueueOwner(o);
     };
     informer->AddHandler(std::move(owned));
@@ -212,6 +219,7 @@ void SandboxController::EnqueueOwner(const ObjectPtr& object) {
 absl::Status SandboxController::Start(absl::Duration sync_timeout) {
   RETURN_IF_ERROR(options_.Validate());
   for (Informer* informer : {&sandboxes_, &pods_, &services_, &pvcs_}) informer->Start();
+  // A wait for the API server (I/O), not a timer: real time, whatever the clock.
   const absl::Time deadline = absl::Now() + sync_timeout;
   for (Informer* informer : {&sandboxes_, &pods_, &services_, &pvcs_}) {
     if (!informer->WaitForSync(deadline - absl::Now())) {
@@ -221,8 +229,10 @@ absl::Status SandboxController::Start(absl::Duration sync_timeout) {
     }
   }
   if (options_.leader_election) {
+    LeaderElectionOptions election = options_.election;
+    if (election.clock == nullptr) election.clock = clock_;
     elector_ = std::make_unique<LeaderElector>(
-        client_, options_.election,
+        client_, election,
         [this] {
           // A new leader looks at everything once: the previous one may have left work.
           for (const ObjectPtr& sandbox : sandboxes_.List()) queue_.Add(KeyOf(*sandbox));
@@ -259,6 +269,7 @@ void SandboxController::Worker() {
       queue_.Done(key);
       continue;
     }
+    // The metric measures the work itself: real time, whatever clock drives the timers.
     const absl::Time start = absl::Now();
     absl::Status status = Reconcile(key);
     metrics_->duration().Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -287,7 +298,7 @@ ObjectPtr SandboxController::Expected(const std::string& id, const std::string& 
   absl::MutexLock lock(&expect_mu_);
   auto it = expected_.find(id);
   if (it == expected_.end()) return nullptr;
-  if (absl::Now() - it->second.created > kExpectationTimeout ||
+  if (clock_->Now() - it->second.created > kExpectationTimeout ||
       ControllerUid(*it->second.object) != owner_uid) {
     expected_.erase(it);
     return nullptr;
@@ -299,7 +310,7 @@ void SandboxController::Expect(const Informer& informer, const std::string& id, 
   const Json& meta = Field(*object, "metadata");
   {
     absl::MutexLock lock(&expect_mu_);
-    expected_[id] = Expectation{absl::Now(), object};
+    expected_[id] = Expectation{clock_->Now(), object};
   }
   ObjectPtr cached = informer.Get(Str(meta, "namespace"), Str(meta, "name"));
   if (cached == nullptr || ControllerUid(*cached) != ControllerUid(*object)) return;
@@ -308,7 +319,7 @@ void SandboxController::Expect(const Informer& informer, const std::string& id, 
   if (it != expected_.end() && it->second.object == object) expected_.erase(it);
 }
 
-void SandboxController::ObjectEvent(const Resource& resource, const Json& object) {
+void SandboxController::EndExpectation(const Resource& resource, const Json& object) {
   const Json& meta = Field(object, "metadata");
   const std::string id = ObjectId(resource, Str(meta, "namespace"), Str(meta, "name"));
   absl::MutexLock lock(&expect_mu_);
@@ -421,7 +432,7 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
   const std::string name = Str(meta, "name");
   const std::string uid = Str(meta, "uid");
   const std::string key = absl::StrCat(ns, "/", name);
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
 
   Observed observed;
   // Expiry at shutdownTime: a timer (the queue's delayed add), not polling.

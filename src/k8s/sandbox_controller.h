@@ -49,6 +49,10 @@ struct SandboxControllerOptions {
   // declares the port named `sbx-sandboxd` gets it as SBX_SANDBOXD_SECRET (sbx-sandboxd
   // takes it out of its environment at start and refuses calls without it). Unset: none.
   std::function<std::string(const std::string& sandbox_name)> sandboxd_secret;
+  // Time of the status hold, the expectations' timeout, shutdownTime and the rechecks; the
+  // real clock when null. Also the clock of the work queue, the informers and the election
+  // unless `queue.clock` or `election.clock` names another. Must outlive the controller.
+  const Clock* clock = nullptr;
   // Metrics: sbx_k8s_reconcile_duration_seconds{controller}, sbx_k8s_reconcile_errors_total,
   // sbx_k8s_workqueue_depth, agent_sandbox_creation_latency_ms.
   std::shared_ptr<prometheus::Registry> registry;
@@ -72,6 +76,14 @@ class SandboxController {
   // Reconciles one Sandbox ("namespace/name") now, from the caches.
   absl::Status Reconcile(const std::string& key);
   size_t QueueDepth() const { return queue_.Depth(); }
+  // Keys waiting for a timer (the status hold, shutdownTime, a recheck or a backoff).
+  size_t QueueDelayed() const { return queue_.Delayed(); }
+  // True when no Sandbox is queued or being reconciled (timers do not count). With an
+  // informer's HandledResourceVersion at a write's version, this says that the controller
+  // has acted on that write: for tests, which wait for it instead of sleeping.
+  bool Idle() const { return queue_.Idle(); }
+  // The pod informer (for tests that wait until it has handled a pod's change).
+  const Informer& pod_informer() const { return pods_; }
   // The Sandbox informer, shared with the Kubernetes runtime and the warm-pool and claim
   // controllers (they add their handlers before Start, and read its cache).
   Informer& sandbox_informer() { return sandboxes_; }
@@ -90,6 +102,7 @@ class SandboxController {
 
   Client* const client_;
   const SandboxControllerOptions options_;
+  const Clock* const clock_;
   std::unique_ptr<SandboxControllerMetrics> metrics_;
   WorkQueue queue_;
   Informer sandboxes_;
@@ -125,7 +138,7 @@ class SandboxController {
   // event for an earlier Sandbox's object of that name (its pod still terminating, say)
   // leaves the new Sandbox's expectation alone, else a reconcile before the watch shows the
   // new object would create it a second time.
-  void ObjectEvent(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void EndExpectation(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
   absl::Mutex expect_mu_;
   absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);
 

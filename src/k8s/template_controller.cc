@@ -45,9 +45,14 @@ absl::Status TemplateControllerOptions::Validate() const {
 TemplateController::TemplateController(Client* client, TemplateControllerOptions options)
     : client_(client),
       options_(std::move(options)),
-      queue_(options_.queue),
-      templates_(client, NamespaceInformer(kSandboxTemplates, options_.ns)),
-      policies_(client, NamespaceInformer(kNetworkPolicies, options_.ns)) {
+      clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
+      queue_([this] {
+        WorkQueueOptions queue = options_.queue;
+        if (queue.clock == nullptr) queue.clock = clock_;
+        return queue;
+      }()),
+      templates_(client, InformerOn(kSandboxTemplates)),
+      policies_(client, InformerOn(kNetworkPolicies)) {
   InformerHandler template_handler;
   template_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(KeyOf(*o)); };
   template_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
@@ -73,6 +78,12 @@ TemplateController::TemplateController(Client* client, TemplateControllerOptions
 
 TemplateController::~TemplateController() { Stop(); }
 
+InformerOptions TemplateController::InformerOn(const Resource& resource) const {
+  InformerOptions options = NamespaceInformer(resource, options_.ns);
+  options.clock = clock_;
+  return options;
+}
+
 void TemplateController::EnqueueFor(const Json& policy) {
   const Json& meta = Field(policy, "metadata");
   const std::string ns = Str(meta, "namespace");
@@ -94,6 +105,7 @@ absl::Status TemplateController::Start(absl::Duration sync_timeout) {
   RETURN_IF_ERROR(options_.Validate());
   templates_.Start();
   policies_.Start();
+  // A wait for the API server (I/O), not a timer: real time, whatever the clock.
   const absl::Time deadline = absl::Now() + sync_timeout;
   for (Informer* informer : {&templates_, &policies_}) {
     if (!informer->WaitForSync(deadline - absl::Now())) {
@@ -106,7 +118,7 @@ absl::Status TemplateController::Start(absl::Duration sync_timeout) {
   for (int i = 0; i < options_.workers; ++i) {
     workers_.push_back(BackgroundThread("sbx-k8s-tmpl", [this] { Worker(); }));
   }
-  resync_ = PeriodicThread("sbx-k8s-tmplsy", &stopping_, options_.resync, [this] {
+  resync_ = std::make_unique<PeriodicPass>("sbx-k8s-tmplsy", options_.resync, *clock_, [this] {
     for (const ObjectPtr& t : templates_.List()) queue_.Add(KeyOf(*t));
   });
   return absl::OkStatus();
@@ -117,7 +129,7 @@ void TemplateController::Stop() {
   queue_.ShutDown();
   for (std::thread& w : workers_) w.join();
   workers_.clear();
-  if (resync_.joinable()) resync_.join();
+  if (resync_ != nullptr) resync_->Stop();
   templates_.Stop();
   policies_.Stop();
 }
@@ -159,16 +171,27 @@ ObjectPtr TemplateController::Expected(const std::string& id) {
   absl::MutexLock lock(&expect_mu_);
   auto it = expected_.find(id);
   if (it == expected_.end()) return nullptr;
-  if (absl::Now() - it->second.written > kExpectationTimeout) {
+  if (clock_->Now() - it->second.written > kExpectationTimeout) {
     expected_.erase(it);
     return nullptr;
   }
   return it->second.policy;
 }
 
-void TemplateController::Expect(const std::string& id, ObjectPtr policy) {
+void TemplateController::BeginWrite(const std::string& id) {
   absl::MutexLock lock(&expect_mu_);
-  expected_[id] = Expectation{absl::Now(), std::move(policy)};
+  expected_[id] = Expectation{clock_->Now(), nullptr};
+}
+
+void TemplateController::EndWrite(const std::string& id, ObjectPtr written) {
+  absl::MutexLock lock(&expect_mu_);
+  auto it = expected_.find(id);
+  if (it == expected_.end()) return;  // an event came during the write: the cache decides
+  if (written == nullptr) {
+    expected_.erase(it);
+    return;
+  }
+  it->second = Expectation{clock_->Now(), std::move(written)};
 }
 
 void TemplateController::Seen(const std::string& id) {
@@ -229,15 +252,20 @@ absl::Status TemplateController::Reconcile(const std::string& key) {
     // (ABORTED), retried from the newer cache.
     Json updated = *existing;
     updated["spec"] = desired["spec"];
+    BeginWrite(id);
     absl::StatusOr<Json> written = client_->Update(kNetworkPolicies, ns, updated);
-    if (!written.ok()) return refused(written.status());
-    Expect(id, std::make_shared<const Json>(*std::move(written)));
+    if (!written.ok()) {
+      EndWrite(id, nullptr);
+      return refused(written.status());
+    }
+    EndWrite(id, std::make_shared<const Json>(*std::move(written)));
     spdlog::info("SandboxTemplate \"{}\": NetworkPolicy \"{}\" updated", key, policy_name);
     return absl::OkStatus();
   }
+  BeginWrite(id);
   absl::StatusOr<Json> created = client_->Create(kNetworkPolicies, ns, desired);
+  EndWrite(id, created.ok() ? std::make_shared<const Json>(*created) : nullptr);
   if (created.ok()) {
-    Expect(id, std::make_shared<const Json>(*std::move(created)));
     spdlog::info("SandboxTemplate \"{}\": NetworkPolicy \"{}\" created", key, policy_name);
     return absl::OkStatus();
   }

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/template_objects.h"
+#include "src/k8s/thread_priority.h"
 #include "src/k8s/work_queue.h"
 
 namespace sbx::k8s {
@@ -45,6 +47,10 @@ struct TemplateControllerOptions {
   WorkQueueOptions queue;
   // When set and false, this replica does not write (leader election).
   std::function<bool()> is_leader;
+  // Time of the resync and the expectations' timeout; the real clock when null. Also the
+  // clock of the work queue (unless `queue.clock` names another) and the informers. Must
+  // outlive the controller.
+  const Clock* clock = nullptr;
 
   absl::Status Validate() const;
 };
@@ -65,8 +71,22 @@ class TemplateController {
   // are logged and not retried until the template changes or the next resync).
   absl::Status Reconcile(const std::string& key);
 
+  // For tests, which wait for these instead of sleeping. Resync passes done (each queues
+  // every template), and when the next is due (InfinitePast before Start, or while one
+  // runs).
+  int64_t resyncs() const { return resync_ != nullptr ? resync_->passes() : 0; }
+  absl::Time NextResync() const {
+    return resync_ != nullptr ? resync_->SleepingUntil() : absl::InfinitePast();
+  }
+  // True when no template is queued or being reconciled (backoffs do not count).
+  bool Idle() const { return queue_.Idle(); }
+  // The informers (for tests that wait until one has handled a write).
+  const Informer& template_informer() const { return templates_; }
+  const Informer& policy_informer() const { return policies_; }
+
  private:
   void Worker();
+  InformerOptions InformerOn(const Resource& resource) const;
   // Queues the template a NetworkPolicy belongs to (by owner, and by name).
   void EnqueueFor(const Json& policy);
 
@@ -74,22 +94,30 @@ class TemplateController {
   // "namespace/name", with what was written and when, so that a reconcile running before
   // the watch event neither creates the policy again nor updates it from a stale copy.
   ObjectPtr Expected(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
-  void Expect(const std::string& id, ObjectPtr policy) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  // Before a write of policy `id`: from now on an event for it ends the expectation.
+  void BeginWrite(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  // After it: records `written` (null when the write failed) as expected, unless an event
+  // for `id` came during the write. That event may be the write's own echo, or a later
+  // change (a deletion): recording after it would hide what the cache shows until the
+  // expectation timed out. (An older event makes this skip an expectation it could have
+  // kept: the next write then meets a conflict or AlreadyExists and is retried.)
+  void EndWrite(const std::string& id, ObjectPtr written) ABSL_LOCKS_EXCLUDED(expect_mu_);
   void Seen(const std::string& id) ABSL_LOCKS_EXCLUDED(expect_mu_);
 
   Client* const client_;
   const TemplateControllerOptions options_;
+  const Clock* const clock_;
   WorkQueue queue_;
   Informer templates_;
   Informer policies_;
   std::vector<std::thread> workers_;
-  std::thread resync_;
-  // Set once by Stop; read by the workers and the resync thread between passes.
+  std::unique_ptr<PeriodicPass> resync_;
+  // Set once by Stop (which may run while another thread reads it).
   std::atomic<bool> stopping_{false};
 
   struct Expectation {
     absl::Time written;
-    ObjectPtr policy;
+    ObjectPtr policy;  // null while the write is in flight
   };
   // Templates whose policy name is taken by someone else's policy, said once.
   absl::Mutex warned_mu_;

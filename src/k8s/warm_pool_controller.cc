@@ -56,13 +56,16 @@ absl::Status WarmPoolControllerOptions::Validate() const {
   return absl::OkStatus();
 }
 
-WarmPoolController::WarmPoolController(Client* client, Informer* sandboxes,
-                                       WarmPoolControllerOptions options)
+WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes,
+                                       Informer* sandboxes, WarmPoolControllerOptions options)
     : client_(client),
+      writes_(writes),
       sandboxes_(sandboxes),
       options_(std::move(options)),
-      pools_(client, NamespaceInformer(kSandboxWarmPools, options_.ns)),
-      templates_(client, NamespaceInformer(kSandboxTemplates, options_.ns)) {
+      clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
+      queue_(WorkQueueOptions{.clock = clock_}),
+      pools_(client, InformerOn(kSandboxWarmPools)),
+      templates_(client, InformerOn(kSandboxTemplates)) {
   InformerHandler pool_handler;
   pool_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(Str(o->at("metadata"), "name")); };
   pool_handler.on_update = [this](const ObjectPtr& old, const ObjectPtr& o) {
@@ -106,6 +109,21 @@ WarmPoolController::WarmPoolController(Client* client, Informer* sandboxes,
 
 WarmPoolController::~WarmPoolController() { Stop(); }
 
+InformerOptions WarmPoolController::InformerOn(const Resource& resource) const {
+  InformerOptions options = NamespaceInformer(resource, options_.ns);
+  options.clock = clock_;
+  return options;
+}
+
+absl::Status WarmPoolController::DeleteMember(const std::string& name) {
+  absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
+    DeleteOptions o;
+    o.propagation_policy = "Background";
+    return client_->Delete(kSandboxes, options_.ns, name, o);
+  });
+  return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+}
+
 void WarmPoolController::EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay) {
   const Json& meta = Field(*sandbox, "metadata");
   if (Str(meta, "namespace") != options_.ns) return;
@@ -118,6 +136,7 @@ absl::Status WarmPoolController::StartInformers(absl::Duration sync_timeout) {
   RETURN_IF_ERROR(options_.Validate());
   pools_.Start();
   templates_.Start();
+  // A wait for the API server (I/O), not a timer: real time, whatever the clock.
   const absl::Time deadline = absl::Now() + sync_timeout;
   for (Informer* informer : {&pools_, &templates_}) {
     if (!informer->WaitForSync(deadline - absl::Now())) {
@@ -138,7 +157,7 @@ void WarmPoolController::Start(allocator::Allocator* allocator, KubeRuntime* run
   for (int i = 0; i < options_.workers; ++i) {
     workers_.push_back(BackgroundThread("sbx-k8s-pools", [this] { Worker(); }));
   }
-  resync_ = PeriodicThread("sbx-k8s-poolsy", &stopping_, options_.resync, [this] {
+  resync_ = std::make_unique<PeriodicPass>("sbx-k8s-poolsy", options_.resync, *clock_, [this] {
     for (const ObjectPtr& pool : pools_.List()) queue_.Add(Str(Field(*pool, "metadata"), "name"));
   });
 }
@@ -148,7 +167,7 @@ void WarmPoolController::Stop() {
   queue_.ShutDown();
   for (std::thread& w : workers_) w.join();
   workers_.clear();
-  if (resync_.joinable()) resync_.join();
+  if (resync_ != nullptr) resync_->Stop();
   pools_.Stop();
   templates_.Stop();
 }
@@ -267,7 +286,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   // Members: still labelled as the pool's (a claimed one loses the label when bound).
   std::vector<ObjectPtr> unready, warm;
   std::vector<std::pair<std::string, absl::Duration>> maybe_untracked;  // id, age
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   for (const ObjectPtr& member : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
     const Json& meta = Field(*member, "metadata");
     if (Str(meta, "namespace") != options_.ns || json_fields::BeingDeleted(*member)) continue;
@@ -303,10 +322,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
     if (tracked.contains(id)) continue;
     spdlog::info("Sandbox \"{}/{}\" of pool \"{}\" is tracked by nobody: deleting it", options_.ns,
                  id, name);
-    DeleteOptions o;
-    o.propagation_policy = "Background";
-    absl::Status s = client_->Delete(kSandboxes, options_.ns, id, o);
-    if (!s.ok() && !absl::IsNotFound(s)) return s;
+    RETURN_IF_ERROR(DeleteMember(id));
   }
   // Newest first (by creationTimestamp, then name), keys read once per member.
   auto newest_first = [](std::vector<ObjectPtr>* members) {
@@ -324,12 +340,8 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   newest_first(&unready);
   newest_first(&warm);
 
-  auto delete_unready = [&](const ObjectPtr& member) -> absl::Status {
-    DeleteOptions o;
-    o.propagation_policy = "Background";
-    absl::Status s =
-        client_->Delete(kSandboxes, options_.ns, Str(Field(*member, "metadata"), "name"), o);
-    return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+  auto delete_unready = [&](const ObjectPtr& member) {
+    return DeleteMember(Str(Field(*member, "metadata"), "name"));
   };
   // Stale members (Recreate): replaced at once; the reconciler makes new ones.
   if (recreate) {

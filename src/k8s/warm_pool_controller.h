@@ -11,6 +11,10 @@
 //   (OnReplenish, the default, leaves them until they are claimed);
 // - clean-up: deletes members that nobody tracks (left by a crash between the create and
 //   the store commit, or by an answer-less create), after a grace period;
+//
+// Its deletes (surplus unready members, stale ones under Recreate, untracked ones) go
+// through the WriteScheduler at clean-up priority, behind the claims' writes and the
+// refills, like every write of the runtime and the claim controller;
 // - status: replicas, readyReplicas, selector, observedGeneration (merge patch of the
 //   status subresource, only when it changes);
 // - deletion: the allocator pool goes when its SandboxWarmPool does (after its claims).
@@ -30,7 +34,9 @@
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/kube_runtime.h"
+#include "src/k8s/thread_priority.h"
 #include "src/k8s/work_queue.h"
+#include "src/k8s/write_scheduler.h"
 
 namespace sbx::k8s {
 
@@ -45,6 +51,9 @@ struct WarmPoolControllerOptions {
   absl::Duration coalesce = absl::Milliseconds(100);
   // When set and false, this replica does not act (leader election).
   std::function<bool()> is_leader;
+  // Time of the resync, the coalescing delay and orphan_grace; the real clock when null.
+  // Also the clock of the work queue and the informers. Must outlive the controller.
+  const Clock* clock = nullptr;
 
   // Test hook (a sync point), nullptr in production: runs in a full pass after it has
   // read which sandboxes the allocator tracks and before it looks at the members.
@@ -55,7 +64,10 @@ struct WarmPoolControllerOptions {
 
 class WarmPoolController {
  public:
-  WarmPoolController(Client* client, Informer* sandboxes, WarmPoolControllerOptions options);
+  // `writes` carries the deletes; it must outlive the controller (Stop the controller
+  // first: a delete still queued when the scheduler stops fails with CANCELLED).
+  WarmPoolController(Client* client, WriteScheduler* writes, Informer* sandboxes,
+                     WarmPoolControllerOptions options);
   ~WarmPoolController();
 
   // The SandboxWarmPool and SandboxTemplate informers (the runtime reads their caches; the
@@ -75,24 +87,33 @@ class WarmPoolController {
   // and a full pass only if the counts show a surplus).
   absl::Status Reconcile(const std::string& key);
 
+  // Resync passes done (for tests, which move a FakeClock and wait for one).
+  int64_t resyncs() const { return resync_ != nullptr ? resync_->passes() : 0; }
+
  private:
   void Worker();
   void EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay);
   absl::Status RemovePool(const std::string& name);
   absl::Status TrimMembers(const Json& pool, const Json& sandbox_template);
   absl::Status WriteStatus(const Json& pool);
+  // Deletes member `name` (background propagation) through the scheduler; NOT_FOUND is
+  // success.
+  absl::Status DeleteMember(const std::string& name);
+  InformerOptions InformerOn(const Resource& resource) const;
 
   Client* const client_;
+  WriteScheduler* const writes_;
   Informer* const sandboxes_;
   const WarmPoolControllerOptions options_;
+  const Clock* const clock_;
   WorkQueue queue_;
   Informer pools_;
   Informer templates_;
   allocator::Allocator* allocator_ = nullptr;  // set by Start, before any worker runs
   KubeRuntime* runtime_ = nullptr;
   std::vector<std::thread> workers_;
-  std::thread resync_;
-  // Set once by Stop; read by the workers and the resync thread between passes.
+  std::unique_ptr<PeriodicPass> resync_;
+  // Set once by Stop (which may run while another thread reads it).
   std::atomic<bool> stopping_{false};
 };
 

@@ -115,6 +115,11 @@ int WorkQueue::Waiting() const {
   return waiting_;
 }
 
+bool WorkQueue::Idle() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.empty() && processing_.empty();
+}
+
 size_t WorkQueue::Delayed() const {
   absl::MutexLock lock(&mu_);
   return delayed_.size();

@@ -55,6 +55,9 @@ class WorkQueue {
   size_t Delayed() const ABSL_LOCKS_EXCLUDED(mu_);
   // Gets blocked waiting for a key (for tests that must know a worker is waiting).
   int Waiting() const ABSL_LOCKS_EXCLUDED(mu_);
+  // True when no key is queued or being worked on (delayed keys do not count): for tests
+  // that must know that everything added so far has been reconciled.
+  bool Idle() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void AddLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -18,7 +18,9 @@ absl::Status WriteSchedulerOptions::Validate() const {
 }
 
 WriteScheduler::WriteScheduler(WriteSchedulerOptions options)
-    : options_(std::move(options)), limiter_(options_.qps, options_.burst) {
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
+      limiter_(options_.qps, options_.burst) {
   workers_.reserve(options_.workers);
   for (int i = 0; i < options_.workers; ++i) {
     workers_.push_back(BackgroundThread("sbx-k8s-write", [this] { Worker(); }));
@@ -104,8 +106,24 @@ void WriteScheduler::Worker() {
     }
     // The token is taken when the write leaves its queue, so a higher priority that
     // arrives while this worker waits for it goes to the next free worker first.
-    const absl::Duration wait = limiter_.Reserve(absl::Now());
-    if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
+    const absl::Time now = clock_->Now();
+    const absl::Duration wait = limiter_.Reserve(now);
+    if (wait > absl::ZeroDuration()) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.throttled;
+      }
+      // The write has left its queue and holds its token: it waits out the token even
+      // when Stop comes meanwhile (as a write already running is finished).
+      absl::Mutex wait_mu;
+      bool never = false;
+      {
+        absl::MutexLock lock(&wait_mu);
+        clock_->AwaitUntil(wait_mu, &never, now + wait);
+      }
+      absl::MutexLock lock(&mu_);
+      --stats_.throttled;
+    }
     item.write();
     absl::MutexLock lock(&mu_);
     ++stats_.done[p];

@@ -1,11 +1,22 @@
 #pragma once
-// WriteScheduler: the one door through which sbx's Kubernetes runtime and claim
-// controllers write to the API server. Writes wait in three FIFO queues by priority —
-// claim-path writes (bindings, claim status) before refills (new warm members) before
-// clean-up (deletes) — and leave them under one token bucket per cluster, run by a fixed
-// set of worker threads (the client is blocking; the workers give it concurrency). A
-// burst of refills or deletes can therefore never hold back the binding of a claim by
-// more than the writes already running.
+// WriteScheduler: the one door through which the allocator's side of sbx on Kubernetes
+// (the sbx::k8s_pools room) writes to the API server: the KubeRuntime (member creates at
+// refill priority, deletes at clean-up), the ClaimController (bindings, claim status and
+// pod patches at claim priority, its deletes at clean-up) and the WarmPoolController (its
+// deletes of surplus, stale and untracked members, at clean-up). Writes wait in three FIFO
+// queues by priority — claim-path writes before refills (new warm members) before clean-up
+// (deletes) — and leave them under one token bucket per cluster, run by a fixed set of
+// worker threads (the client is blocking; the workers give it concurrency). A burst of
+// refills or deletes can therefore never hold back the binding of a claim by more than
+// the writes already running.
+//
+// The SandboxController and TemplateController write through the client directly (under
+// its own token bucket). They run with every runtime, also where no scheduler exists
+// (`--runtime` other than kubernetes), and their writes are not of one priority: the
+// Sandbox controller's pod creates and status writes are the second half of every refill
+// and of every claim's readiness, so putting its deletes (pods of suspended or expired
+// Sandboxes, an expired Sandbox, its Service) alone behind this door would split one
+// reconcile's writes between two queues without putting a claim ahead of anything.
 //
 // Thread-safety: Submit from any thread. Writes run on the workers, concurrently; each
 // write must be safe to run at the same time as any other.
@@ -23,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/common/clock.h"
 #include "src/k8s/rate_limiter.h"
 
 namespace sbx::k8s {
@@ -35,6 +47,8 @@ struct WriteSchedulerOptions {
   // Token bucket over all writes of this scheduler (0 qps: unlimited).
   double qps = 2000;
   int burst = 200;
+  // Time of the token bucket's waits; the real clock when null. Must outlive the scheduler.
+  const Clock* clock = nullptr;
 
   absl::Status Validate() const;
 };
@@ -43,6 +57,8 @@ struct WriteSchedulerStats {
   std::array<uint64_t, 3> submitted{};  // by priority
   std::array<uint64_t, 3> done{};
   std::array<size_t, 3> queued{};
+  // Workers holding a write that waits for its token now.
+  int throttled = 0;
 };
 
 class WriteScheduler {
@@ -70,6 +86,7 @@ class WriteScheduler {
   void Worker() ABSL_LOCKS_EXCLUDED(mu_);
 
   const WriteSchedulerOptions options_;
+  const Clock* const clock_;
   RateLimiter limiter_;
   std::vector<std::thread> workers_;
   mutable absl::Mutex mu_;

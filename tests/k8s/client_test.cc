@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/k8s/blocked_thread.h"
 #include "prometheus/registry.h"
 #include "tests/k8s/temp_dir.h"
 #include "tests/k8s/test_emulator.h"
@@ -405,8 +406,10 @@ TEST_P(ClientTest, WatchBookmarksTimeoutAndGone) {
 TEST_P(ClientTest, CancelEndsABlockedWatch) {
   absl::StatusOr<std::unique_ptr<Watch>> watch = client_->StartWatch(kLeases, "default", {});
   ASSERT_TRUE(watch.ok()) << watch.status();
-  std::thread canceller([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+  // Cancelled once Next is blocked waiting for an event, so that this is the case tested.
+  const pid_t reader = testing::ThreadId();
+  std::thread canceller([&, reader] {
+    EXPECT_TRUE(testing::AwaitBlocked(reader, testing::kWaitCalls)) << "Next did not block";
     (*watch)->Cancel();
   });
   absl::Status status;

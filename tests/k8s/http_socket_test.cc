@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/k8s/blocked_thread.h"
 #include "tests/k8s/temp_dir.h"
 
 namespace sbx::k8s {
@@ -723,7 +724,10 @@ TEST(HttpSocketTest, IdleConnectionClosedByServerIsNotReused) {
     absl::StatusOr<HttpResponse> first = transport->Send(Request("GET", "/first"));
     ASSERT_TRUE(first.ok()) << first.status();
     ASSERT_TRUE(closed.WaitForNotificationWithTimeout(kTimeout));
-    absl::SleepFor(absl::Milliseconds(20));  // for the FIN or RST to reach the client's socket
+    // For the FIN or RST to reach the client's socket: the socket is inside the transport,
+    // so nothing outside shows it arriving. Left as a sleep: it guards against a false
+    // failure (a stale connection reused), never makes the test pass without testing.
+    absl::SleepFor(absl::Milliseconds(20));
     // A POST written whole is never sent twice, so after a FIN only seeing the close before
     // reuse makes this work. (After an RST the write itself would fail, which also allows
     // one retry; that case is here for the detection path, not as its proof.)
@@ -1138,8 +1142,10 @@ TEST(HttpSocketStreamTest, CancelFromAnotherThreadEndsABlockedRead) {
   absl::StatusOr<bool> first = (*stream)->ReadLine(&line);
   ASSERT_TRUE(first.ok() && *first) << first.status();
 
-  std::thread canceller([&stream] {
-    absl::SleepFor(absl::Milliseconds(100));  // let ReadLine block first (usually)
+  // Cancelled once ReadLine is blocked in poll(), so that this is the case tested.
+  const pid_t reader = testing::ThreadId();
+  std::thread canceller([&stream, reader] {
+    EXPECT_TRUE(testing::AwaitBlocked(reader, testing::kPollCalls)) << "ReadLine did not block";
     (*stream)->Cancel();
   });
   absl::StatusOr<bool> cancelled = (*stream)->ReadLine(&line);
@@ -1579,7 +1585,9 @@ TEST_F(HttpSocketTlsTest, IdleConnectionClosedByServerIsNotReused) {
   ASSERT_NE(transport, nullptr);
   ASSERT_TRUE(transport->Send(Request("GET", "/first")).ok());
   ASSERT_TRUE(closed.WaitForNotificationWithTimeout(kTimeout));
-  absl::SleepFor(absl::Milliseconds(20));  // for the close to reach the client's socket
+  // For the close to reach the client's socket (inside the transport, so no marker shows
+  // it): a sleep that guards against a false failure, never a vacuous pass.
+  absl::SleepFor(absl::Milliseconds(20));
   absl::StatusOr<HttpResponse> post = transport->Send(Request("POST", "/post", "x"));
   ASSERT_TRUE(post.ok()) << post.status();
   EXPECT_EQ(post->body, "posted x");
@@ -1605,8 +1613,9 @@ TEST_F(HttpSocketTlsTest, StreamLinesAndCancel) {
     ASSERT_TRUE(more.ok() && *more) << more.status();
     EXPECT_EQ(line, expected);
   }
-  std::thread canceller([&stream] {
-    absl::SleepFor(absl::Milliseconds(100));
+  const pid_t reader = testing::ThreadId();
+  std::thread canceller([&stream, reader] {
+    EXPECT_TRUE(testing::AwaitBlocked(reader, testing::kPollCalls)) << "ReadLine did not block";
     (*stream)->Cancel();
   });
   absl::StatusOr<bool> cancelled = (*stream)->ReadLine(&line);

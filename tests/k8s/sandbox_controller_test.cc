@@ -3,6 +3,11 @@
 // Sandbox of the same name still being deleted, several pods of one Sandbox, and the write
 // count of a steady Sandbox. (tests/e2e/k8s_sandbox_test.py drives
 // the user-facing behaviour with kubectl through sbx-server.)
+//
+// No test sleeps to let time pass: the status hold runs on a FakeClock that the tests
+// move, and "nothing more was written" is asserted only once the controller has acted on
+// the last change (its informer has handled that change's resourceVersion and its queue
+// is idle).
 
 #include "src/k8s/sandbox_controller.h"
 
@@ -12,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "src/common/clock.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
@@ -144,6 +150,14 @@ class CreationLog {
   absl::Mutex mu_;
   std::vector<Creation> seen_ ABSL_GUARDED_BY(mu_);
 };
+// The emulator's resourceVersions are one counter over all objects: comparable numbers.
+int64_t Version(const std::string& resource_version) {
+  return resource_version.empty() ? 0 : std::stoll(resource_version);
+}
+
+std::string VersionOf(const Json& object) {
+  return object["metadata"].value("resourceVersion", "");
+}
 
 class SandboxControllerTest : public ::testing::Test {
  protected:
@@ -160,14 +174,28 @@ class SandboxControllerTest : public ::testing::Test {
   }
   void TearDown() override { controller_.reset(); }
 
-  // Replaces the controller by one that holds a new Sandbox's first status for `hold`.
-  void RestartWithHold(absl::Duration hold) {
+  // Replaces the controller by one that holds a new Sandbox's first status for `hold` of
+  // `clock` (by default clock_, which moves only when a test moves it).
+  void RestartWithHold(absl::Duration hold, const Clock* clock = nullptr) {
     controller_.reset();
     SandboxControllerOptions options;
     options.workers = 2;
     options.first_status_hold = hold;
+    options.clock = clock != nullptr ? clock : &clock_;
     controller_ = std::make_unique<SandboxController>(client_.get(), options);
     ASSERT_TRUE(controller_->Start().ok());
+  }
+
+  // Waits (at most 20 s) until `informer` has handed every change up to `resource_version`
+  // to the controller and the controller has reconciled everything that queued: after
+  // this, what that change made the controller do is done.
+  bool Settled(const Informer& informer, const std::string& resource_version) {
+    return testing::Eventually(
+        [&] {
+          return Version(informer.HandledResourceVersion()) >= Version(resource_version) &&
+                 controller_->Idle();
+        },
+        absl::Seconds(20));
   }
 
   // The PVC and pod creates asked for since the request log was reset, in the order they
@@ -183,6 +211,8 @@ class SandboxControllerTest : public ::testing::Test {
     return out;
   }
 
+  // Starts at the real time: Sandboxes' creationTimestamps come from the emulator's clock.
+  FakeClock clock_{absl::Now()};
   std::unique_ptr<testing::TestEmulator> emulator_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<SandboxController> controller_;
@@ -194,14 +224,17 @@ TEST_F(SandboxControllerTest, ReadyThenNoFurtherWrites) {
   const int64_t status_writes = emulator_->Requests("patch sandboxes/status");
   const int64_t pod_creates = emulator_->Requests("create pods");
   EXPECT_EQ(pod_creates, 1);
-  // Touch the Sandbox (a reconcile with nothing new) a few times.
+  // Touch the Sandbox (a reconcile with nothing new) a few times, and wait until the
+  // controller has reconciled the last touch.
+  std::string touched;
   for (int i = 0; i < 5; ++i) {
-    ASSERT_TRUE(client_
-                    ->Patch(kSandboxes, "default", "steady", PatchType::kMerge,
-                            {{"metadata", {{"labels", {{"touch", std::to_string(i)}}}}}})
-                    .ok());
+    absl::StatusOr<Json> patched =
+        client_->Patch(kSandboxes, "default", "steady", PatchType::kMerge,
+                       {{"metadata", {{"labels", {{"touch", std::to_string(i)}}}}}});
+    ASSERT_TRUE(patched.ok()) << patched.status();
+    touched = VersionOf(*patched);
   }
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(Settled(controller_->sandbox_informer(), touched));
   EXPECT_EQ(emulator_->Requests("patch sandboxes/status"), status_writes);
   EXPECT_EQ(emulator_->Requests("create pods"), pod_creates);
 }
@@ -243,7 +276,7 @@ TEST_F(SandboxControllerTest, TwoPodsOfOneSandboxAreReported) {
 }
 
 TEST_F(SandboxControllerTest, ASandboxReadyWithinTheHoldGetsOnlyItsReadyStatus) {
-  RestartWithHold(absl::Minutes(5));  // far longer than the pod takes (20 ms)
+  RestartWithHold(absl::Minutes(5));  // clock_ does not move here: the hold never passes
   ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("quick")).ok());
   ASSERT_TRUE(WaitForReason(*client_, "quick", "DependenciesReady"));
   EXPECT_EQ(emulator_->Requests("patch sandboxes/status"), 1);
@@ -251,18 +284,29 @@ TEST_F(SandboxControllerTest, ASandboxReadyWithinTheHoldGetsOnlyItsReadyStatus) 
 
 TEST_F(SandboxControllerTest, AWaitingSandboxIsReportedOnceTheHoldHasPassed) {
   emulator_->Admin("POST", "/emulator/kubelet", {{"ready_delay_ms", 600000}});  // never Ready
-  RestartWithHold(absl::Seconds(1));
+  RestartWithHold(absl::Minutes(1));
+  emulator_->Admin("POST", "/emulator/stats/reset");
   ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("slow")).ok());
-  // Held while the pod is created and scheduled; written (and kept current) afterwards,
-  // although nothing about the pod changes any more.
+  // The pod is created and scheduled, and the controller has seen that: its status is held
+  // (a timer waits for the hold's end), nothing is written.
+  Json pod;
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        absl::StatusOr<Json> got = client_->Get(kPods, "default", "slow");
+        if (!got.ok() || (*got)["spec"].value("nodeName", "").empty()) return false;
+        pod = *std::move(got);
+        return true;
+      },
+      absl::Seconds(20)));
+  ASSERT_TRUE(Settled(controller_->pod_informer(), VersionOf(pod)));
+  EXPECT_EQ(emulator_->Requests("patch sandboxes/status"), 0);
+  EXPECT_EQ(controller_->QueueDelayed(), 1u);
+  // Once the hold has passed the status is written (and kept current), although nothing
+  // about the pod changes any more. (The hold counts from the creationTimestamp, which is
+  // real time in whole seconds and may be up to a second ahead of clock_.)
+  clock_.Advance(absl::Minutes(1) + absl::Seconds(2));
   ASSERT_TRUE(WaitForReason(*client_, "slow", "DependenciesNotReady"));
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  std::string message;
-  while (absl::Now() < deadline && message != "the pod is Pending") {
-    absl::SleepFor(absl::Milliseconds(20));
-    message = Condition(*client_, "slow", "Ready").value("message", "");
-  }
-  EXPECT_EQ(message, "the pod is Pending");
+  EXPECT_EQ(Condition(*client_, "slow", "Ready").value("message", ""), "the pod is Pending");
 }
 
 TEST_F(SandboxControllerTest, AnUnschedulablePodIsReportedAtOnceDespiteTheHold) {
@@ -324,7 +368,8 @@ TEST_F(SandboxControllerTest, ASandboxCreatedAgainGetsItsPvcBeforeItsPod) {
 // it, as pvc-protection does while the old pod terminates), is not the new Sandbox's: no
 // pod until its own PVC exists.
 TEST_F(SandboxControllerTest, NoPodWhileThePvcOfAnEarlierSandboxIsBeingDeleted) {
-  RestartWithHold(absl::ZeroDuration());
+  // Real time: the Sandbox waits on rechecks (timers) as well as on events here.
+  RestartWithHold(absl::ZeroDuration(), &Clock::Real());
   Json old = {
       {"metadata",
        {{"name", "data-later"},

@@ -217,8 +217,13 @@ TEST_F(SandboxKeyTest, TransientErrorsAreWaitedOut) {
   no_retries.max_retries = 0;
   auto client = NewClient(emulator_, no_retries);
   emulator_.SetFaults({{"errors", {{"503", 1.0}}}});
+  // The faults end once the loader has been refused at least twice (it is waiting them
+  // out, not failing at the first), which the emulator's request count shows.
   std::thread heal([&] {
-    absl::SleepFor(absl::Milliseconds(300));
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (emulator_.Requests("get secrets") < 2 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
     emulator_.ClearFaults();
   });
   absl::StatusOr<std::string> key = LoadOrCreateSandboxKey(*client, Options());

@@ -4,12 +4,17 @@
 // written by a replica that is not the leader. Every test fails on 660dada, which made no
 // NetworkPolicy. (tests/e2e/k8s_template_test.py does the same with kubectl and
 // sbx-server.)
+//
+// The resync runs on a FakeClock: a test moves it and waits for the pass, and asserts that
+// nothing was written only once the controller has acted on the last change (its informer
+// has handled that change's resourceVersion and its queue is idle), never after a sleep.
 
 #include "src/k8s/template_controller.h"
 
 #include <atomic>
 
 #include "gtest/gtest.h"
+#include "src/common/clock.h"
 #include "src/k8s/sandbox_objects.h"
 #include "tests/k8s/test_emulator.h"
 
@@ -38,6 +43,11 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::S
   return done();
 }
 
+// The emulator's resourceVersions are one counter over all objects: comparable numbers.
+int64_t Version(const std::string& resource_version) {
+  return resource_version.empty() ? 0 : std::stoll(resource_version);
+}
+
 class TemplateControllerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -46,7 +56,11 @@ class TemplateControllerTest : public ::testing::Test {
     client_ = *Client::Create(emulator_->Cluster());
     ASSERT_NO_FATAL_FAILURE(testing::InstallCrds(*client_));
     options_.workers = 2;
-    options_.resync = absl::Milliseconds(300);
+    options_.resync = absl::Seconds(30);  // of clock_: only when a test moves it
+    options_.clock = &clock_;
+    // Only the resync and the expectations run on clock_: a write retried after a
+    // conflict backs off in real time (milliseconds), as no test moves the clock for it.
+    options_.queue.clock = &Clock::Real();
     options_.network_policy.server_pod_labels = {{"app.kubernetes.io/name", "sbx"}};
     options_.network_policy.server_namespace = "sbx-system";
     options_.is_leader = [this] { return leader_.load(); };
@@ -67,8 +81,31 @@ class TemplateControllerTest : public ::testing::Test {
     absl::StatusOr<Json> t = client_->Get(kSandboxTemplates, kNs, name);
     return t.ok() ? *t : Json();
   }
-  void PatchTemplate(const std::string& name, const Json& patch) {
-    ASSERT_TRUE(client_->Patch(kSandboxTemplates, kNs, name, PatchType::kMerge, patch).ok());
+  // Patches template `name`; returns the resourceVersion of the write ("" and a test
+  // failure when it fails).
+  std::string PatchTemplate(const std::string& name, const Json& patch) {
+    absl::StatusOr<Json> patched = client_->Patch(kSandboxTemplates, kNs, name, PatchType::kMerge,
+                                                  patch);
+    EXPECT_TRUE(patched.ok()) << patched.status();
+    return patched.ok() ? (*patched)["metadata"].value("resourceVersion", "") : "";
+  }
+  // Waits (at most 20 s) until the template informer has handed every template change up
+  // to `resource_version` to the controller and the controller has reconciled what that
+  // queued.
+  bool Settled(const std::string& resource_version) {
+    return WaitFor([&] {
+      return Version(controller_->template_informer().HandledResourceVersion()) >=
+                 Version(resource_version) &&
+             controller_->Idle();
+    });
+  }
+  // Moves clock_ to the next resync and waits (at most 20 s each) until the pass has run
+  // and the controller has reconciled every template it queued.
+  bool Resync() {
+    const int64_t passes = controller_->resyncs();
+    if (!WaitFor([&] { return controller_->NextResync() != absl::InfinitePast(); })) return false;
+    clock_.Advance(options_.resync);
+    return WaitFor([&] { return controller_->resyncs() > passes && controller_->Idle(); });
   }
   bool PolicySpecIs(const std::string& name, const Json& spec) {
     Json p = Policy(name);
@@ -81,6 +118,7 @@ class TemplateControllerTest : public ::testing::Test {
            emulator_->Requests("delete networkpolicies");
   }
 
+  FakeClock clock_{absl::Now()};
   std::unique_ptr<testing::TestEmulator> emulator_;
   std::unique_ptr<Client> client_;
   TemplateControllerOptions options_;
@@ -104,10 +142,14 @@ TEST_F(TemplateControllerTest, PolicyFollowsTheTemplateThroughItsLife) {
 
   // Steady: touching the template writes nothing.
   const int64_t writes = Writes();
+  std::string touched;
   for (int i = 0; i < 3; ++i) {
-    PatchTemplate("python", {{"metadata", {{"labels", {{"touch", std::to_string(i)}}}}}});
+    touched =
+        PatchTemplate("python", {{"metadata", {{"labels", {{"touch", std::to_string(i)}}}}}});
   }
-  absl::SleepFor(absl::Milliseconds(800));  // more than two resyncs
+  ASSERT_TRUE(Settled(touched));
+  ASSERT_TRUE(Resync());
+  ASSERT_TRUE(Resync());
   EXPECT_EQ(Writes(), writes);
 
   // Custom rules: exactly those, by one update of the same object.
@@ -127,9 +169,11 @@ TEST_F(TemplateControllerTest, PolicyFollowsTheTemplateThroughItsLife) {
   EXPECT_EQ(emulator_->Requests("update networkpolicies"), 1);
 
   // Unmanaged: ours is deleted and none is made.
-  PatchTemplate("python", {{"spec", {{"networkPolicyManagement", "Unmanaged"}}}});
+  const std::string unmanaged =
+      PatchTemplate("python", {{"spec", {{"networkPolicyManagement", "Unmanaged"}}}});
   ASSERT_TRUE(WaitFor([&] { return Policy("python").is_null(); }));
-  absl::SleepFor(absl::Milliseconds(800));
+  ASSERT_TRUE(Settled(unmanaged));
+  ASSERT_TRUE(Resync());  // the template looked at again: still none
   EXPECT_TRUE(Policy("python").is_null());
 
   // Managed again (rules removed): the default comes back.
@@ -171,13 +215,16 @@ TEST_F(TemplateControllerTest, AForeignPolicyOfTheSameNameIsNeverTouched) {
   ASSERT_TRUE(made.ok()) << made.status();
   const int64_t writes = Writes();  // the one above
   ASSERT_NO_FATAL_FAILURE(StartController());
-  ASSERT_TRUE(client_->Create(kSandboxTemplates, kNs, TemplateObject("python")).ok());
-  absl::SleepFor(absl::Milliseconds(800));
+  absl::StatusOr<Json> created = client_->Create(kSandboxTemplates, kNs, TemplateObject("python"));
+  ASSERT_TRUE(created.ok()) << created.status();
+  ASSERT_TRUE(Settled((*created)["metadata"]["resourceVersion"].get<std::string>()));
+  ASSERT_TRUE(Resync());
   EXPECT_EQ(Policy("python")["metadata"]["resourceVersion"],
             (*made)["metadata"]["resourceVersion"]);
   // Unmanaged does not delete someone else's policy either.
-  PatchTemplate("python", {{"spec", {{"networkPolicyManagement", "Unmanaged"}}}});
-  absl::SleepFor(absl::Milliseconds(800));
+  ASSERT_TRUE(Settled(
+      PatchTemplate("python", {{"spec", {{"networkPolicyManagement", "Unmanaged"}}}})));
+  ASSERT_TRUE(Resync());
   EXPECT_EQ(Policy("python")["metadata"]["resourceVersion"],
             (*made)["metadata"]["resourceVersion"]);
   EXPECT_EQ(Writes(), writes);
@@ -193,13 +240,17 @@ TEST_F(TemplateControllerTest, AForeignPolicyOfTheSameNameIsNeverTouched) {
 TEST_F(TemplateControllerTest, OnlyTheLeaderWrites) {
   leader_ = false;
   ASSERT_NO_FATAL_FAILURE(StartController());
-  ASSERT_TRUE(client_->Create(kSandboxTemplates, kNs, TemplateObject("python")).ok());
-  absl::SleepFor(absl::Milliseconds(800));
+  absl::StatusOr<Json> created = client_->Create(kSandboxTemplates, kNs, TemplateObject("python"));
+  ASSERT_TRUE(created.ok()) << created.status();
+  ASSERT_TRUE(Settled((*created)["metadata"]["resourceVersion"].get<std::string>()));
+  ASSERT_TRUE(Resync());
   EXPECT_TRUE(Policy("python").is_null());
   EXPECT_EQ(Writes(), 0);
-  // Becoming the leader: the resync hands it the template.
+  // Becoming the leader: the resync hands it the template (and only the resync: no event
+  // comes for it).
   leader_ = true;
-  EXPECT_TRUE(WaitFor([&] { return Policy("python").is_object(); }));
+  ASSERT_TRUE(Resync());
+  EXPECT_TRUE(Policy("python").is_object());
 }
 
 }  // namespace

@@ -82,7 +82,8 @@ class WarmPoolControllerTest : public ::testing::Test {
       on_snapshot_();
       hook_ran_.Notify();
     };
-    controller_ = std::make_unique<WarmPoolController>(client_.get(), sandboxes_.get(), options);
+    controller_ = std::make_unique<WarmPoolController>(client_.get(), writes_.get(),
+                                                       sandboxes_.get(), options);
     runtime_ = std::make_unique<KubeRuntime>(client_.get(), writes_.get(), sandboxes_.get(),
                                              &controller_->pools(), &controller_->templates(),
                                              KubeRuntimeOptions{});
@@ -187,8 +188,17 @@ TEST_F(WarmPoolControllerTest, AMemberOfALostCreateGoesAtTheNextPass) {
   ASSERT_TRUE(Eventually([&] { return sandboxes_->Get("default", "py-lost") != nullptr; },
                          absl::Seconds(10)));
   ASSERT_EQ(runtime_->CreatesInFlight("py"), 0);
+  const uint64_t cleanups = writes_->stats().done[static_cast<size_t>(WritePriority::kCleanup)];
   ASSERT_TRUE(controller_->Reconcile("py").ok());
   EXPECT_FALSE(Exists("py-lost")) << "a member nobody tracks was kept";
+  // Deleted through the write scheduler at clean-up priority (write_scheduler.h); its
+  // count follows the write's end by a moment.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return writes_->stats().done[static_cast<size_t>(WritePriority::kCleanup)] ==
+               cleanups + 1;
+      },
+      absl::Seconds(10)));
 }
 
 }  // namespace
