@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -53,6 +54,9 @@ struct ClaimEntry {
   bool failed ABSL_GUARDED_BY(mu) = false;
   // sandbox_id and endpoint are empty here while `sandbox` is set (see RecordLocked).
   ClaimRecord record ABSL_GUARDED_BY(mu);
+  // Where the sandbox is reached since a Resume brought it back elsewhere (a Kubernetes
+  // sandbox's new pod); empty while it is where it was made.
+  std::string moved_endpoint ABSL_GUARDED_BY(mu);
   // The sandbox held (kept after the claim ends, until the entry is purged).
   SandboxPtr sandbox ABSL_GUARDED_BY(mu);
   // The original caller first, then retries that arrived while committing; each with
@@ -720,7 +724,7 @@ class AllocatorImpl final : public Allocator {
     ClaimRecord r = e.record;
     if (e.sandbox != nullptr) {
       r.sandbox_id = e.sandbox->id;
-      r.endpoint = e.sandbox->endpoint;
+      r.endpoint = e.moved_endpoint.empty() ? e.sandbox->endpoint : e.moved_endpoint;
     }
     return r;
   }
@@ -1183,27 +1187,42 @@ class AllocatorImpl final : public Allocator {
       }
     }
     if (!refused.ok()) return std::move(done)(refused);
-    auto then = [this, e, suspend, done = std::move(done)](absl::Status s) mutable {
-      FinishSetSuspended(e, suspend, std::move(s), std::move(done));
-    };
     if (suspend) {
-      runtime_->Suspend(std::move(sandbox_id), std::move(then));
+      runtime_->Suspend(std::move(sandbox_id),
+                        [this, e, done = std::move(done)](absl::Status s) mutable {
+                          FinishSetSuspended(e, true, std::move(s), nullptr, std::move(done));
+                        });
     } else {
-      runtime_->Resume(std::move(sandbox_id), std::move(then));
+      runtime_->Resume(std::move(sandbox_id), [this, e, done = std::move(done)](
+                                                  absl::StatusOr<runtime::SandboxInfo> s) mutable {
+        const runtime::SandboxInfo* at = s.ok() ? &*s : nullptr;
+        FinishSetSuspended(e, false, s.status(), at, std::move(done));
+      });
     }
   }
 
+  // `resumed_at`: where a resumed sandbox is reached now (null for a suspension or a
+  // failure). When that is not where the claim says, the claim and the sandbox's record
+  // take the new place in the same commit.
   void FinishSetSuspended(const EntryPtr& e, bool suspend, absl::Status runtime_status,
-                          ClaimCallback done) {
+                          const runtime::SandboxInfo* resumed_at, ClaimCallback done) {
     ClaimRecord updated;
+    std::optional<store::SandboxRecord> moved;
     bool changed = false;
     bool gone = false;
     {
       absl::MutexLock lock(&e->mu);
-      if (runtime_status.ok()) changed = e->record.suspended != suspend;
+      if (resumed_at != nullptr && !resumed_at->endpoint.empty() &&
+          resumed_at->endpoint != RecordLocked(*e).endpoint) {
+        moved = RecordOf(*e->sandbox);
+        moved->endpoint = resumed_at->endpoint;
+        moved->node = resumed_at->node;
+      }
+      if (runtime_status.ok()) changed = e->record.suspended != suspend || moved.has_value();
       if (changed) {
         updated = RecordLocked(*e);
         updated.suspended = suspend;
+        if (moved) updated.endpoint = moved->endpoint;
         updated.revision = hub_->Reserve();
       } else {
         e->phase = ClaimEntry::Phase::kActive;
@@ -1228,8 +1247,18 @@ class AllocatorImpl final : public Allocator {
     const uint64_t revision = updated.revision;
     store::WriteBatch batch;
     batch.Put(std::move(updated));
+    std::string endpoint;
+    if (moved) {
+      endpoint = moved->endpoint;
+      batch.Put(*std::move(moved));
+    }
     CommitUpdate(
-        e, std::move(batch), revision, [suspend](ClaimRecord& r) { r.suspended = suspend; },
+        e, std::move(batch), revision,
+        [e, suspend, endpoint = std::move(endpoint)](ClaimRecord& r)
+            ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) {
+              r.suspended = suspend;
+              if (!endpoint.empty()) e->moved_endpoint = endpoint;
+            },
         std::move(done));
   }
 

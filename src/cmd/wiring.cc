@@ -39,7 +39,7 @@ class LocalSpecTranslator final : public runtime::Runtime {
   void Suspend(std::string id, runtime::DoneCallback done) override {
     local_->Suspend(std::move(id), std::move(done));
   }
-  void Resume(std::string id, runtime::DoneCallback done) override {
+  void Resume(std::string id, runtime::ResumeCallback done) override {
     local_->Resume(std::move(id), std::move(done));
   }
   absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override { return local_->List(); }

@@ -80,7 +80,8 @@ std::string FirstPodIp(const Json& sandbox) {
 
 absl::Status KubeRuntimeOptions::Validate() const {
   if (ns.empty()) return absl::InvalidArgumentError("kubernetes runtime: namespace is empty");
-  if (ready_timeout <= absl::ZeroDuration() || check_interval <= absl::ZeroDuration()) {
+  if (ready_timeout <= absl::ZeroDuration() || check_interval <= absl::ZeroDuration() ||
+      resume_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("kubernetes runtime: timeouts must be > 0");
   }
   return absl::OkStatus();
@@ -174,14 +175,19 @@ KubeRuntime::~KubeRuntime() { Shutdown(); }
 
 void KubeRuntime::Shutdown() {
   absl::flat_hash_map<std::string, Pending> pending;
+  absl::flat_hash_map<std::string, Resuming> resuming;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     pending.swap(pending_);
+    resuming.swap(resuming_);
   }
   if (checker_.joinable()) checker_.join();
   for (auto& [name, p] : pending) {
     std::move(p.done)(absl::CancelledError(absl::StrCat("sandbox \"", name, "\": shutting down")));
+  }
+  for (auto& [name, r] : resuming) {
+    std::move(r.done)(absl::CancelledError(absl::StrCat("sandbox \"", name, "\": shutting down")));
   }
 }
 
@@ -252,16 +258,84 @@ void KubeRuntime::Delete(std::string id, runtime::DeleteCallback done) {
       [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
 }
 
-void KubeRuntime::Suspend(std::string id, runtime::DoneCallback done) {
-  std::move(done)(absl::UnimplementedError(absl::StrCat(
-      "sandbox \"", id,
-      "\": the kubernetes runtime cannot suspend with memory kept (a Suspended Sandbox's pod "
-      "is deleted)")));
+namespace {
+
+Json OperatingMode(const char* mode) { return {{"spec", {{"operatingMode", mode}}}}; }
+
+absl::Status Named(const std::string& id, const char* doing, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(doing, " Sandbox \"", id, "\": ", s.message()));
 }
 
-void KubeRuntime::Resume(std::string id, runtime::DoneCallback done) {
-  std::move(done)(absl::UnimplementedError(
-      absl::StrCat("sandbox \"", id, "\": the kubernetes runtime cannot suspend or resume")));
+// The generation the Ready condition was computed for (0 when it says none).
+int64_t ReadyGeneration(const Json& sandbox) {
+  const Json* ready = json_fields::FindCondition(Field(sandbox, "status"), "Ready");
+  if (ready == nullptr) return 0;
+  const Json& g = Field(*ready, "observedGeneration");
+  return g.is_number_integer() ? g.get<int64_t>() : 0;
+}
+
+}  // namespace
+
+void KubeRuntime::Suspend(std::string id, runtime::DoneCallback done) {
+  auto shared_done = std::make_shared<runtime::DoneCallback>(std::move(done));
+  writes_->Submit(
+      WritePriority::kClaim,
+      [this, id, shared_done] {
+        absl::StatusOr<Json> patched = client_->Patch(kSandboxes, options_.ns, id,
+                                                      PatchType::kMerge, OperatingMode("Suspended"));
+        std::move (*shared_done)(patched.ok() ? absl::OkStatus()
+                                              : Named(id, "suspending", patched.status()));
+      },
+      [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
+}
+
+void KubeRuntime::Resume(std::string id, runtime::ResumeCallback done) {
+  auto shared_done = std::make_shared<runtime::ResumeCallback>(std::move(done));
+  writes_->Submit(
+      WritePriority::kClaim,
+      [this, id, shared_done] {
+        absl::StatusOr<Json> patched = client_->Patch(kSandboxes, options_.ns, id,
+                                                      PatchType::kMerge, OperatingMode("Running"));
+        if (!patched.ok()) {
+          return std::move(*shared_done)(Named(id, "resuming", patched.status()));
+        }
+        const Json& generation = Field(Field(*patched, "metadata"), "generation");
+        {
+          absl::MutexLock lock(&mu_);
+          if (stopping_) return std::move(*shared_done)(absl::CancelledError("shutting down"));
+          resuming_[id] = Resuming{generation.is_number_integer() ? generation.get<int64_t>() : 0,
+                                   clock_->Now(), std::move(*shared_done)};
+        }
+        // Already Ready for this generation (it was running: the write changed nothing).
+        if (ObjectPtr seen = sandboxes_->Get(options_.ns, id)) MaybeResumed(*seen);
+      },
+      [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
+}
+
+void KubeRuntime::MaybeResumed(const Json& sandbox) {
+  const Json& meta = Field(sandbox, "metadata");
+  const std::string name = Str(meta, "name");
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = resuming_.find(name);
+    if (it == resuming_.end() || ReadyGeneration(sandbox) < it->second.generation) return;
+  }
+  if (!IsReady(Field(sandbox, "status"))) return;
+  runtime::SandboxInfo info;
+  info.id = name;
+  info.pool = Str(Field(meta, "labels"), kSbxPoolLabel);
+  info.endpoint = EndpointOf(sandbox);
+  info.node = Str(Field(sandbox, "status"), "nodeName");
+  if (info.endpoint.empty()) return;
+  runtime::ResumeCallback done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = resuming_.find(name);
+    if (it == resuming_.end()) return;
+    done = std::move(it->second.done);
+    resuming_.erase(it);
+  }
+  std::move(done)(std::move(info));
 }
 
 absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
@@ -289,6 +363,7 @@ absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
     info.endpoint = EndpointOf(*sandbox);
     info.node = Str(Field(*sandbox, "status"), "nodeName");
     info.ready = IsReady(Field(*sandbox, "status")) && !info.endpoint.empty();
+    info.suspended = Str(Field(*sandbox, "spec"), "operatingMode") == "Suspended";
     out.push_back(std::move(info));
   }
   absl::MutexLock lock(&mu_);
@@ -316,6 +391,7 @@ void KubeRuntime::OnSandbox(const ObjectPtr& sandbox) {
     return;
   }
   MaybeReady(*sandbox);
+  MaybeResumed(*sandbox);
 }
 
 void KubeRuntime::MaybeReady(const Json& sandbox) {
@@ -355,9 +431,14 @@ void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
   if (Str(meta, "namespace") != options_.ns) return;
   const std::string name = Str(meta, "name");
   runtime::CreateCallback failed;
+  runtime::ResumeCallback resume_failed;
   bool gone = false;
   {
     absl::MutexLock lock(&mu_);
+    if (auto it = resuming_.find(name); it != resuming_.end()) {
+      resume_failed = std::move(it->second.done);
+      resuming_.erase(it);
+    }
     if (auto it = pending_.find(name); it != pending_.end()) {
       failed = std::move(it->second.done);
       pending_.erase(it);
@@ -369,6 +450,10 @@ void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
     std::move(failed)(absl::UnavailableError(
         absl::StrCat("Sandbox \"", name, "\" was deleted or its pod ended before it was ready")));
   }
+  if (resume_failed) {
+    std::move(resume_failed)(absl::NotFoundError(
+        absl::StrCat("Sandbox \"", name, "\" was deleted or its pod ended while it resumed")));
+  }
   if (gone) {
     spdlog::info("Sandbox \"{}/{}\" is gone ({}): reported to the allocator", options_.ns, name,
                  Finished(*sandbox) ? "its pod has finished" : "deleted");
@@ -379,11 +464,25 @@ void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
 void KubeRuntime::CheckTimeouts() {
   const absl::Time now = clock_->Now();
   std::vector<std::string> late;
+  std::vector<std::pair<std::string, runtime::ResumeCallback>> late_resumes;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, p] : pending_) {
       if (now - p.created >= options_.ready_timeout) late.push_back(name);
     }
+    for (auto it = resuming_.begin(); it != resuming_.end();) {
+      if (now - it->second.since < options_.resume_timeout) {
+        ++it;
+        continue;
+      }
+      late_resumes.emplace_back(it->first, std::move(it->second.done));
+      resuming_.erase(it++);
+    }
+  }
+  for (auto& [name, done] : late_resumes) {
+    std::move(done)(absl::DeadlineExceededError(
+        absl::StrCat("Sandbox \"", name, "\" not Ready again within ",
+                     absl::FormatDuration(options_.resume_timeout), " of being resumed")));
   }
   for (const std::string& name : late) {
     ObjectPtr seen = sandboxes_->Get(options_.ns, name);

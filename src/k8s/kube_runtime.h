@@ -64,6 +64,8 @@ struct KubeRuntimeOptions {
   // Time of ready_timeout, check_interval and the ready-to-warm metric; the real clock
   // when null. Must outlive the runtime.
   const Clock* clock = nullptr;
+  // A Resume not answered within this long fails with DEADLINE_EXCEEDED.
+  absl::Duration resume_timeout = absl::Minutes(2);
   // A member reported ready (or listed) and later gone (deleted, pod ended).
   std::function<void(const std::string& id)> on_gone;
   // Metrics: sbx_k8s_member_ready_to_warm_seconds (from a new member's Ready condition,
@@ -96,10 +98,15 @@ class KubeRuntime final : public runtime::Runtime {
 
   void Create(runtime::CreateRequest request, runtime::CreateCallback done) override;
   void Delete(std::string id, runtime::DeleteCallback done) override;
-  // UNIMPLEMENTED: a pod cannot be frozen with its memory kept through the API (the
-  // Sandbox's Suspended mode deletes the pod).
+  // Upstream's suspension: the Sandbox's spec.operatingMode becomes Suspended (the Sandbox
+  // controller deletes its pod, its PVCs stay), written at claim priority; answers once
+  // the write is accepted. Memory is not kept: a pod cannot be frozen through the API.
   void Suspend(std::string id, runtime::DoneCallback done) override;
-  void Resume(std::string id, runtime::DoneCallback done) override;
+  // Writes operatingMode Running and answers once the Sandbox is Ready again for that
+  // write (its Ready condition observed the generation the write made) with its new pod's
+  // endpoint and node. DEADLINE_EXCEEDED after options.resume_timeout (the Sandbox stays
+  // Running; a retry waits again), NOT_FOUND if the Sandbox is gone or goes meanwhile.
+  void Resume(std::string id, runtime::ResumeCallback done) override;
   // The Sandboxes labelled sbx.dev/pool (warm or claimed) that exist, Ready or not, from
   // the informer cache once it holds a complete list (a list cut short by a fault never
   // replaces the cache; see Informer::Relist). Left out, as ended for good: Sandboxes
@@ -134,7 +141,15 @@ class KubeRuntime final : public runtime::Runtime {
     absl::Time created;
     runtime::CreateCallback done;
   };
+  struct Resuming {
+    // The Sandbox's metadata.generation made by the write of operatingMode Running.
+    int64_t generation = 0;
+    absl::Time since;
+    runtime::ResumeCallback done;
+  };
   void CreateAnsweredLocked(const std::string& pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers the Resume of `sandbox` if it is Ready for the resuming write, with a pod IP.
+  void MaybeResumed(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   // Completes the pending create of `name` if `sandbox` is Ready with a pod IP.
   void MaybeReady(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   void CheckTimeouts() ABSL_LOCKS_EXCLUDED(mu_);
@@ -161,6 +176,8 @@ class KubeRuntime final : public runtime::Runtime {
   absl::flat_hash_map<std::string, int64_t> in_flight_ ABSL_GUARDED_BY(mu_);
   // Members between pending_ and the allocator: their create callback is running.
   absl::flat_hash_set<std::string> handing_ ABSL_GUARDED_BY(mu_);
+  // Resumes waiting for their Sandbox to be Ready again, by name.
+  absl::flat_hash_map<std::string, Resuming> resuming_ ABSL_GUARDED_BY(mu_);
   // Members reported ready (and not yet gone), for on_gone.
   absl::flat_hash_map<std::string, std::string> live_ ABSL_GUARDED_BY(mu_);
 };

@@ -968,10 +968,11 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     });
   }
 
-  void Resume(std::string id, DoneCallback done) override {
+  void Resume(std::string id, ResumeCallback done) override {
     Enqueue([this, id = std::move(id), done = std::move(done)](bool cancelled) mutable {
       if (cancelled) return std::move(done)(absl::CancelledError("the runtime is stopping"));
-      std::move(done)(SetSuspended(id, false));
+      if (absl::Status s = SetSuspended(id, false); !s.ok()) return std::move(done)(s);
+      std::move(done)(Running(id));  // thawed in place: where it was
     });
   }
 
@@ -1022,6 +1023,18 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   void WakeReaper() {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = write(wake_fd_.get(), &one, sizeof(one));
+  }
+
+  // Where running sandbox `id` is reached, or NOT_FOUND.
+  absl::StatusOr<SandboxInfo> Running(const std::string& id) {
+    absl::MutexLock lock(&mu_);
+    auto it = running_.find(id);
+    if (it == running_.end()) return NotHere(id);
+    SandboxInfo info;
+    info.id = id;
+    info.pool = it->second->pool;
+    info.endpoint = it->second->endpoint;
+    return info;
   }
 
   absl::Status SetSuspended(const std::string& id, bool suspend) {

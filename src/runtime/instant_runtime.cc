@@ -38,7 +38,16 @@ class InstantRuntime final : public Runtime {
   }
 
   void Suspend(std::string id, DoneCallback done) override { SetSuspended(id, true, done); }
-  void Resume(std::string id, DoneCallback done) override { SetSuspended(id, false, done); }
+  void Resume(std::string id, ResumeCallback done) override {
+    DoneCallback then = [this, id, done = std::move(done)](absl::Status s) mutable {
+      if (!s.ok()) return std::move(done)(s);
+      absl::MutexLock lock(&mu_);
+      auto it = live_.find(id);
+      if (it == live_.end()) return std::move(done)(Unknown(id));
+      std::move(done)(it->second);
+    };
+    SetSuspended(id, false, then);
+  }
 
   absl::StatusOr<std::vector<SandboxInfo>> List() override {
     absl::MutexLock lock(&mu_);

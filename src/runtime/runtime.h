@@ -47,6 +47,8 @@ struct SandboxInfo {
 using CreateCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;
 using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
 using DeleteCallback = DoneCallback;
+// Resume's answer: where the sandbox is reached now (id, endpoint and node filled in).
+using ResumeCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;
 
 class Runtime {
  public:
@@ -61,13 +63,16 @@ class Runtime {
   // treat that as done).
   virtual void Delete(std::string id, DeleteCallback done) = 0;
 
-  // Freezes every process of sandbox `id`, keeping their memory (freezer cgroup, or
-  // SIGSTOP of its processes). Idempotent. NOT_FOUND for an unknown id, UNIMPLEMENTED
-  // when the runtime cannot suspend.
+  // Suspends sandbox `id`. The local runtime freezes every process, keeping their memory
+  // (freezer cgroup, or SIGSTOP); the Kubernetes runtime stops its pod and keeps its
+  // volumes (the Sandbox's operatingMode: Suspended). Idempotent. NOT_FOUND for an
+  // unknown id, UNIMPLEMENTED when the runtime cannot suspend.
   virtual void Suspend(std::string id, DoneCallback done) = 0;
-  // Thaws a suspended sandbox. Idempotent (OK on a running one). NOT_FOUND for an
-  // unknown id.
-  virtual void Resume(std::string id, DoneCallback done) = 0;
+  // Brings a suspended sandbox back and answers once it can serve, with where it is
+  // reached now: the local runtime thaws it in place (same endpoint); the Kubernetes
+  // runtime makes a new pod, whose IP (and node) are new. Idempotent: on a running
+  // sandbox it answers where it runs. NOT_FOUND for an unknown id.
+  virtual void Resume(std::string id, ResumeCallback done) = 0;
 
   // The sandboxes that exist now, including those a previous run of sbx left running
   // (which the runtime has adopted: it watches them and reports their end like its own).

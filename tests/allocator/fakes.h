@@ -125,12 +125,31 @@ class ManualRuntime : public runtime::Runtime {
     }
     std::move(done)(absl::OkStatus());
   }
-  // Suspend and Resume answer at once: with the error set by FailNextFreeze, else OK.
+  // Suspend and Resume answer at once: with the error set by FailNextFreeze, else OK;
+  // Resume with the endpoint CompleteCreate gave, or the one set by MoveOnResume.
   void Suspend(std::string id, runtime::DoneCallback done) override {
     std::move(done)(Freeze(absl::StrCat("suspend ", id)));
   }
-  void Resume(std::string id, runtime::DoneCallback done) override {
-    std::move(done)(Freeze(absl::StrCat("resume ", id)));
+  void Resume(std::string id, runtime::ResumeCallback done) override {
+    if (absl::Status s = Freeze(absl::StrCat("resume ", id)); !s.ok()) return std::move(done)(s);
+    runtime::SandboxInfo info;
+    info.id = id;
+    info.endpoint = absl::StrCat("unix:/tmp/", id);
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = moved_.find(id); it != moved_.end()) info = it->second;
+    }
+    std::move(done)(std::move(info));
+  }
+  // Resume answers that sandbox `id` is reached at `endpoint` on `node` from now on (as
+  // the Kubernetes runtime's new pod is).
+  void MoveOnResume(const std::string& id, const std::string& endpoint, const std::string& node) {
+    runtime::SandboxInfo info;
+    info.id = id;
+    info.endpoint = endpoint;
+    info.node = node;
+    absl::MutexLock lock(&mu_);
+    moved_[id] = std::move(info);
   }
   // The next Suspend or Resume fails with `error`.
   void FailNextFreeze(absl::Status error) {
@@ -184,6 +203,7 @@ class ManualRuntime : public runtime::Runtime {
   std::vector<std::string> deleted_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> freezes_ ABSL_GUARDED_BY(mu_);
   absl::Status freeze_error_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, runtime::SandboxInfo> moved_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::allocator::testing

@@ -216,7 +216,7 @@ TEST(RefillWorkerTest, KeepsAPoolFull) {
     void Suspend(std::string, runtime::DoneCallback done) override {
       std::move(done)(absl::UnimplementedError("not used"));
     }
-    void Resume(std::string, runtime::DoneCallback done) override {
+    void Resume(std::string, runtime::ResumeCallback done) override {
       std::move(done)(absl::UnimplementedError("not used"));
     }
     absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override {
