@@ -177,7 +177,15 @@ class BubblewrapRuntimeTest : public ::testing::Test {
     if (suspend) {
       runtime_->Suspend(id, cb);
     } else {
-      runtime_->Resume(id, cb);
+      // Thawed in place: it answers the endpoint the sandbox had.
+      const std::optional<SandboxInfo> before = Listed(id);
+      runtime_->Resume(id, [&](absl::StatusOr<SandboxInfo> s) {
+        if (s.ok()) {
+          EXPECT_EQ(s->id, id);
+          if (before.has_value()) EXPECT_EQ(s->endpoint, before->endpoint);
+        }
+        cb(s.status());
+      });
     }
     EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
     return out;
