@@ -180,15 +180,15 @@ SandboxController::SandboxController(Client* client, SandboxControllerOptions op
                                     std::pair{&pvcs_, &kPersistentVolumeClaims}}) {
     InformerHandler owned;
     owned.on_add = [this, resource = resource](const ObjectPtr& o) {
-      Observed(*resource, *o);
+      SawObject(*resource, *o);
       EnqueueOwner(o);
     };
     owned.on_update = [this, resource = resource](const ObjectPtr&, const ObjectPtr& o) {
-      Observed(*resource, *o);
+      SawObject(*resource, *o);
       EnqueueOwner(o);
     };
     owned.on_delete = [this, resource = resource](const ObjectPtr& o) {
-      Observed(*resource, *o);
+      SawObject(*resource, *o);
       EnqueueOwner(o);
     };
     informer->AddHandler(std::move(owned));
@@ -308,7 +308,7 @@ void SandboxController::Expect(const Informer& informer, const std::string& id, 
   if (it != expected_.end() && it->second.object == object) expected_.erase(it);
 }
 
-void SandboxController::Observed(const Resource& resource, const Json& object) {
+void SandboxController::SawObject(const Resource& resource, const Json& object) {
   const Json& meta = Field(object, "metadata");
   const std::string id = ObjectId(resource, Str(meta, "namespace"), Str(meta, "name"));
   absl::MutexLock lock(&expect_mu_);

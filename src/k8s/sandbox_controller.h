@@ -125,7 +125,7 @@ class SandboxController {
   // event for an earlier Sandbox's object of that name (its pod still terminating, say)
   // leaves the new Sandbox's expectation alone, else a reconcile before the watch shows the
   // new object would create it a second time.
-  void Observed(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void SawObject(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
   absl::Mutex expect_mu_;
   absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);
 
