@@ -104,13 +104,12 @@ std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const Json& claim,
     if (std::optional<ClaimRefusal> refused = CheckEnv(env, sandbox_template)) return refused;
   }
   if (NonEmptyArray(Field(spec, "volumeClaimTemplates"))) {
-    const std::string policy =
-        Str(Field(sandbox_template, "spec"), "volumeClaimTemplatesPolicy");
+    const std::string policy = Str(Field(sandbox_template, "spec"), "volumeClaimTemplatesPolicy");
     if (policy.empty() || policy == "Disallowed") {
-      return ClaimRefusal{"InvalidMetadata",
-                          absl::StrCat("SandboxTemplate \"",
-                                       Str(Field(sandbox_template, "metadata"), "name"),
-                                       "\" does not allow volumeClaimTemplates in claims")};
+      return ClaimRefusal{
+          "InvalidMetadata",
+          absl::StrCat("SandboxTemplate \"", Str(Field(sandbox_template, "metadata"), "name"),
+                       "\" does not allow volumeClaimTemplates in claims")};
     }
   }
   return std::nullopt;
@@ -196,8 +195,8 @@ Json ClaimCondition(const std::string& type, bool status, const std::string& rea
 
 Json RefusedStatus(const Json& old_status, const ClaimRefusal& refusal, absl::Time now) {
   Json status = old_status.is_object() ? old_status : Json::object();
-  status["conditions"] = Json::array(
-      {ClaimCondition("Ready", false, refusal.reason, refusal.message, status, now)});
+  status["conditions"] =
+      Json::array({ClaimCondition("Ready", false, refusal.reason, refusal.message, status, now)});
   return status;
 }
 
@@ -206,8 +205,8 @@ Json BoundClaimStatus(const Json& old_status, const std::string& sandbox_name, b
   Json next = old_status.is_object() ? old_status : Json::object();
   if (sandbox == nullptr) {
     if (cold) {
-      next["conditions"] = Json::array({ClaimCondition(
-          "Ready", false, "SandboxCreatePending", "the sandbox is being created", next, now)});
+      next["conditions"] = Json::array({ClaimCondition("Ready", false, "SandboxCreatePending",
+                                                       "the sandbox is being created", next, now)});
     }
     next["sandbox"] = {{"name", sandbox_name}};
     return next;
@@ -218,8 +217,8 @@ Json BoundClaimStatus(const Json& old_status, const std::string& sandbox_name, b
   conditions.push_back(ClaimCondition(
       "Ready", IsReady(sb_status),
       ready != nullptr ? Str(*ready, "reason") : std::string("SandboxNotReady"),
-      ready != nullptr ? Str(*ready, "message") : std::string("the sandbox is not ready yet"),
-      next, now));
+      ready != nullptr ? Str(*ready, "message") : std::string("the sandbox is not ready yet"), next,
+      now));
   if (const Json* finished = json_fields::FindCondition(sb_status, "Finished")) {
     conditions.push_back(*finished);
   }
@@ -255,8 +254,8 @@ LifecycleVerdict TtlVerdict(const Json& claim, const Json& sandbox_status, absl:
   if (finished == nullptr || Str(*finished, "status") != "True" || !ttl.is_number_integer()) {
     return {};
   }
-  const absl::Time at = ParseRfc3339(Str(*finished, "lastTransitionTime"), now) +
-                        absl::Seconds(ttl.get<int64_t>());
+  const absl::Time at =
+      ParseRfc3339(Str(*finished, "lastTransitionTime"), now) + absl::Seconds(ttl.get<int64_t>());
   if (now < at) return {ClaimEnd::kNone, at};
   return {ClaimEnd::kDelete};
 }
@@ -283,12 +282,12 @@ Json GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
           {"spec", {{"warmPoolRef", {{"name", claim.pool}}}}}};
 }
 
-Json GrpcClaimStatus(const store::ClaimRecord& claim, const Json* sandbox,
-                     const Json& old_status, absl::Time now) {
-  Json status = {{"conditions", Json::array({ClaimCondition("Ready", true, "DependenciesReady",
-                                                            "claimed over gRPC", old_status,
-                                                            now)})},
-                 {"sandbox", {{"name", claim.sandbox_id}}}};
+Json GrpcClaimStatus(const store::ClaimRecord& claim, const Json* sandbox, const Json& old_status,
+                     absl::Time now) {
+  Json status = {
+      {"conditions", Json::array({ClaimCondition("Ready", true, "DependenciesReady",
+                                                 "claimed over gRPC", old_status, now)})},
+      {"sandbox", {{"name", claim.sandbox_id}}}};
   if (sandbox != nullptr) {
     const Json& ips = Field(Field(*sandbox, "status"), "podIPs");
     if (ips.is_array()) status["sandbox"]["podIPs"] = ips;

@@ -125,7 +125,7 @@ Json GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
 
 // The status of gRPC claim `claim`'s SandboxClaim: Ready=True DependenciesReady, the
 // sandbox's name and, when `sandbox` (its Sandbox object, or null) has them, its podIPs.
-Json GrpcClaimStatus(const store::ClaimRecord& claim, const Json* sandbox,
-                     const Json& old_status, absl::Time now);
+Json GrpcClaimStatus(const store::ClaimRecord& claim, const Json* sandbox, const Json& old_status,
+                     absl::Time now);
 
 }  // namespace sbx::k8s
