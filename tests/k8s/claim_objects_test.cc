@@ -106,8 +106,9 @@ TEST(ClaimObjectsTest, AClaimsOwnVolumeClaimTemplatesReplaceTheTemplates) {
 }
 
 TEST(ClaimObjectsTest, AClaimsEnvReplacesATemplateVariableOfTheSameNameAndTargetsContainers) {
-  const Json claim = WithEnv(Claim(), {{{"name", "B"}, {"value", "3"}},
-                                       {{"name", "C"}, {"value", "4"}, {"containerName", "sidecar"}}});
+  const Json claim =
+      WithEnv(Claim(), {{{"name", "B"}, {"value", "3"}},
+                        {{"name", "C"}, {"value", "4"}, {"containerName", "sidecar"}}});
   const Json sandbox = ColdSandbox(claim, Template(), "team");
   const Json& containers = sandbox["spec"]["podTemplate"]["spec"]["containers"];
   EXPECT_EQ(containers[0]["env"], Json::parse(R"([{"name": "A", "value": "1"},
@@ -148,10 +149,9 @@ TEST(ClaimObjectsTest, EnvIsRefusedWhenTheTemplateSaysNothingNamingTheTemplate) 
 
 TEST(ClaimObjectsTest, AllowedEnvTakesNewNamesButRefusesOverridingNamingTheVariable) {
   const Json sandbox_template = WithPolicy(Template(), "envVarsInjectionPolicy", "Allowed");
-  EXPECT_EQ(
-      CheckClaimAgainstTemplate(WithEnv(Claim(), {{{"name", "NEW"}, {"value", "1"}}}),
-                                sandbox_template),
-      std::nullopt);
+  EXPECT_EQ(CheckClaimAgainstTemplate(WithEnv(Claim(), {{{"name", "NEW"}, {"value", "1"}}}),
+                                      sandbox_template),
+            std::nullopt);
   std::optional<ClaimRefusal> refused = CheckClaimAgainstTemplate(
       WithEnv(Claim(), {{{"name", "NEW"}, {"value", "1"}}, {{"name", "B"}, {"value", "9"}}}),
       sandbox_template);
@@ -161,9 +161,10 @@ TEST(ClaimObjectsTest, AllowedEnvTakesNewNamesButRefusesOverridingNamingTheVaria
 }
 
 TEST(ClaimObjectsTest, OverridesEnvMayReplaceTemplateVariables) {
-  EXPECT_EQ(CheckClaimAgainstTemplate(WithEnv(Claim(), {{{"name", "B"}, {"value", "9"}}}),
-                                      WithPolicy(Template(), "envVarsInjectionPolicy", "Overrides")),
-            std::nullopt);
+  EXPECT_EQ(
+      CheckClaimAgainstTemplate(WithEnv(Claim(), {{{"name", "B"}, {"value", "9"}}}),
+                                WithPolicy(Template(), "envVarsInjectionPolicy", "Overrides")),
+      std::nullopt);
 }
 
 TEST(ClaimObjectsTest, VolumeClaimTemplatesAreRefusedUnlessTheTemplateAllowsThem) {
@@ -172,8 +173,8 @@ TEST(ClaimObjectsTest, VolumeClaimTemplatesAreRefusedUnlessTheTemplateAllowsThem
   EXPECT_TRUE(NeedsOwnSandbox(claim));
   for (const std::string policy : {"", "Disallowed"}) {
     std::optional<ClaimRefusal> refused = CheckClaimAgainstTemplate(
-        claim, policy.empty() ? Template()
-                              : WithPolicy(Template(), "volumeClaimTemplatesPolicy", policy));
+        claim,
+        policy.empty() ? Template() : WithPolicy(Template(), "volumeClaimTemplatesPolicy", policy));
     ASSERT_TRUE(refused.has_value()) << "policy \"" << policy << "\"";
     EXPECT_EQ(refused->reason, "InvalidMetadata");
     EXPECT_EQ(refused->message,
@@ -187,12 +188,12 @@ TEST(ClaimObjectsTest, VolumeClaimTemplatesAreRefusedUnlessTheTemplateAllowsThem
 // --- Binding a warm member ---
 
 TEST(ClaimObjectsTest, TheBindingPatchMakesTheClaimTheSandboxsControllerAndDropsThePoolLabel) {
-  Json sandbox = {{"metadata",
-                   {{"name", "sb-1"},
-                    {"labels",
-                     {{kWarmPoolLabel, "py"}, {kTemplateRefHashLabel, NameHash("python")}}},
-                    {"ownerReferences",
-                     {{{"kind", "SandboxWarmPool"}, {"uid", "pool-uid"}, {"controller", true}}}}}}};
+  Json sandbox = {
+      {"metadata",
+       {{"name", "sb-1"},
+        {"labels", {{kWarmPoolLabel, "py"}, {kTemplateRefHashLabel, NameHash("python")}}},
+        {"ownerReferences",
+         {{{"kind", "SandboxWarmPool"}, {"uid", "pool-uid"}, {"controller", true}}}}}}};
   EXPECT_FALSE(BoundTo(sandbox, "claim-uid-1"));
   sandbox.merge_patch(BindingPatch(Claim(), "warm"));
   EXPECT_TRUE(BoundTo(sandbox, "claim-uid-1"));
@@ -260,18 +261,16 @@ TEST(ClaimObjectsTest, ASandboxsFinishedConditionIsShownOnTheClaim) {
 }
 
 TEST(ClaimObjectsTest, AConditionKeepsItsTransitionTimeUntilItsStatusChanges) {
-  const Json old = {{"conditions",
-                     {{{"type", "Ready"},
-                       {"status", "False"},
-                       {"lastTransitionTime", "2027-01-01T00:00:00Z"}}}}};
+  const Json old = {
+      {"conditions",
+       {{{"type", "Ready"}, {"status", "False"}, {"lastTransitionTime", "2027-01-01T00:00:00Z"}}}}};
   EXPECT_EQ(ClaimCondition("Ready", false, "R", "m", old, kNow)["lastTransitionTime"],
             "2027-01-01T00:00:00Z");
   EXPECT_EQ(ClaimCondition("Ready", true, "R", "m", old, kNow)["lastTransitionTime"], kNowText);
   // So an unchanged world computes an equal status, which is not written again.
   const Json sandbox = Sandbox("True");
   const Json first = BoundClaimStatus(Json(), "sb-1", false, &sandbox, kNow);
-  const Json again =
-      BoundClaimStatus(first, "sb-1", false, &sandbox, kNow + absl::Minutes(5));
+  const Json again = BoundClaimStatus(first, "sb-1", false, &sandbox, kNow + absl::Minutes(5));
   EXPECT_EQ(again, first);
   EXPECT_TRUE(StatusShows(first, again));
 }
@@ -310,10 +309,9 @@ TEST(ClaimObjectsTest, AClaimWithoutShutdownTimeNeverEnds) {
 }
 
 TEST(ClaimObjectsTest, BeforeItsShutdownTimeAClaimIsLookedAtAgainThen) {
-  const LifecycleVerdict v =
-      ShutdownVerdict(WithLifecycle({{"shutdownTime", "2027-01-15T09:00:00Z"},
-                                     {"shutdownPolicy", "Delete"}}),
-                      kNow);
+  const LifecycleVerdict v = ShutdownVerdict(
+      WithLifecycle({{"shutdownTime", "2027-01-15T09:00:00Z"}, {"shutdownPolicy", "Delete"}}),
+      kNow);
   EXPECT_EQ(v.end, ClaimEnd::kNone);
   EXPECT_EQ(v.look_again, kNow + absl::Hours(1));
 }
@@ -331,9 +329,8 @@ TEST(ClaimObjectsTest, AtItsShutdownTimeAClaimEndsByItsPolicy) {
 }
 
 TEST(ClaimObjectsTest, AShutdownTimeThatIsNotRfc3339NeverComes) {
-  const LifecycleVerdict v =
-      ShutdownVerdict(WithLifecycle({{"shutdownTime", "tomorrow"}, {"shutdownPolicy", "Delete"}}),
-                      kNow);
+  const LifecycleVerdict v = ShutdownVerdict(
+      WithLifecycle({{"shutdownTime", "tomorrow"}, {"shutdownPolicy", "Delete"}}), kNow);
   EXPECT_EQ(v.end, ClaimEnd::kNone);
   EXPECT_EQ(v.look_again, absl::InfiniteFuture());
 }
