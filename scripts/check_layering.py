@@ -35,7 +35,8 @@ K8S_ROOMS = {
                "sandbox_key", "rate_limiter", "resources", "json_fields", "thread_priority"},
     "sandbox_controller": {"sandbox_objects", "sandbox_controller", "template_objects",
                            "template_controller"},
-    "pools": {"kube_runtime", "warm_pool_controller", "claim_controller"},
+    "pools": {"kube_runtime", "warm_pool_controller", "claim_objects", "claim_writer",
+              "grpc_claim_mirror", "claim_controller"},
 }
 K8S_ROOM_USES = {
     "transports": set(),

@@ -12,14 +12,14 @@
 // like the claim is made for it (launch-type: cold). Lifecycle (shutdownTime with Retain,
 // Delete or DeleteForeground; ttlSecondsAfterFinished), the template's env policy and
 // additionalPodMetadata follow upstream-api.md. Deleting a claim releases its allocator
-// claim; owner references delete its Sandbox.
+// claim; owner references delete its Sandbox. What each step decides is a pure function
+// of claim_objects.h; every write goes through a ClaimWriter (claim_writer.h), which sends
+// each binding and status once per change.
 //
-// A gRPC claim on a Kubernetes-backed pool is answered from memory with no API write.
-// The controller hears of it afterwards (an all-owners allocator watch) and makes it
-// visible: a SandboxClaim named "grpc-<16 hex of owner/id>" carrying the sandbox name,
-// the same binding patch of the Sandbox, and a Ready status — idempotent writes at claim
-// priority, so a retry after a conflict or a crash never binds another sandbox. When the
-// gRPC claim ends, its SandboxClaim is deleted.
+// gRPC claims on Kubernetes-backed pools are made visible as SandboxClaims by a
+// GrpcClaimMirror (grpc_claim_mirror.h) that the controller owns and wires: it shares the
+// controller's SandboxClaim informer (whose events for gRPC claims go to it), its work
+// queue and workers, and its ClaimWriter.
 //
 // A claim that waits for its SandboxWarmPool (WarmPoolNotFound) or the pool's
 // SandboxTemplate (TemplateNotFound) is looked at again as soon as that object is added or
@@ -33,6 +33,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,7 +42,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "src/allocator/allocator.h"
+#include "src/common/clock.h"
+#include "src/k8s/claim_objects.h"
+#include "src/k8s/claim_writer.h"
 #include "src/k8s/client.h"
+#include "src/k8s/grpc_claim_mirror.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/work_queue.h"
 #include "src/k8s/write_scheduler.h"
@@ -52,10 +57,6 @@ class Registry;
 
 namespace sbx::k8s {
 
-inline constexpr char kSandboxNameAnnotation[] = "agents.x-k8s.io/sandbox-name";
-inline constexpr char kSbxOwnerAnnotation[] = "sbx.dev/owner";
-inline constexpr char kSbxClaimIdAnnotation[] = "sbx.dev/claim-id";
-
 struct ClaimControllerOptions {
   std::string ns = "default";
   int workers = 8;
@@ -64,17 +65,19 @@ struct ClaimControllerOptions {
   // When set and false, this replica does not act (leader election).
   std::function<bool()> is_leader;
   // Metrics: agent_sandbox_claim_startup_latency_ms,
-  // agent_sandbox_claim_controller_startup_latency_ms, agent_sandbox_claim_creation_total.
+  // agent_sandbox_claim_controller_startup_latency_ms, agent_sandbox_claim_creation_total,
+  // sbx_k8s_claim_reconciles_total{kind} (docs/metrics.md). Null: a private registry.
   std::shared_ptr<prometheus::Registry> registry;
+  // Time of lifecycle decisions (shutdownTime, ttlSecondsAfterFinished), of the work
+  // queue's delayed looks at them, and of conditions' lastTransitionTime; the real clock
+  // when null. Must outlive the controller.
+  const Clock* clock = nullptr;
 
   absl::Status Validate() const;
 };
 
 // The allocator owner of kubectl-made claims in namespace `ns` is sbx::KubeClaimOwner(ns)
 // (src/common/ids.h), "k8s-<ns>": that owner space is reserved for this controller.
-
-// The SandboxClaim name of gRPC claim (owner, id).
-std::string GrpcClaimName(const std::string& owner, const std::string& id);
 
 class ClaimControllerMetrics;
 
@@ -87,7 +90,8 @@ class ClaimController {
 
   const Informer& claims() const { return claims_; }
   absl::Status StartInformers(absl::Duration sync_timeout);
-  // Starts the workers and the allocator watch. UNAVAILABLE if the watch cannot start.
+  // Starts the workers and the gRPC claim mirror. UNAVAILABLE if the mirror's allocator
+  // watch cannot start.
   absl::Status Start(allocator::Allocator* allocator);
   void Stop();
 
@@ -95,59 +99,67 @@ class ClaimController {
   absl::Status Reconcile(const std::string& key);
 
  private:
+  // Where a kubectl claim's sandbox is, as far as this reconcile found out.
+  struct Placement {
+    std::string sandbox;  // "" while it has none
+    bool cold = false;    // the claim's own Sandbox, named like it
+    // Set when the claim cannot have one now: its Ready condition says why.
+    std::optional<ClaimRefusal> refusal;
+  };
+
+  // The informer handlers that queue claims: for the claim's own changes (and its
+  // deletion, which releases its allocator claim), for its Sandbox's, and for the pool or
+  // template a waiting claim needs.
+  void WatchClaims();
+  void WatchSandboxes();
+  void WatchPoolsAndTemplates(Informer* pools, Informer* templates);
   void Worker();
-  void WatchLoop();
   absl::Status ReconcileKube(const std::string& name);
-  absl::Status ReconcileGrpc(const std::string& owner, const std::string& id);
-  // Patches the Sandbox to belong to `claim` (skipped when it already does).
-  absl::Status BindSandbox(const Json& claim, const std::string& sandbox, const char* launch_type);
-  // Applies a claim's additionalPodMetadata (labels, annotations) to its Sandbox's pod.
-  absl::Status PatchPodMetadata(const std::string& sandbox, const Json& extra);
-  // Writes the claim's status when it differs from what it has.
-  absl::Status WriteStatus(const Json& claim, Json status);
-  // The claim's status as this controller last wrote it (else as the informer has it).
-  Json LastStatus(const Json& claim) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status CreateColdSandbox(const Json& claim, const Json& sandbox_template);
-  // Ready=False with `reason` and `message` (claim errors the user must fix).
-  absl::Status NotReady(const Json& claim, const std::string& reason, const std::string& message);
+  // Carries out `end` (from ShutdownVerdict) for `claim` whose status is `status`.
+  absl::Status EndClaim(const Json& claim, const Json& status, ClaimEnd end);
+  // The sandbox chosen before: the allocator's (durable), else the claim's cold Sandbox.
+  // A refusal when the claim was bound and its sandbox is gone.
+  Placement PlacedBefore(const Json& claim, const Json& status);
+  // A sandbox for a claim that has none: a warm member of its pool when the template's
+  // policies allow the claim and none of its own is needed, else a new cold Sandbox.
+  absl::StatusOr<Placement> PlaceNew(const Json& claim);
+  // Claims a warm member of `pool` for `claim`; "" when the pool has none warm.
+  absl::StatusOr<std::string> ClaimWarm(const Json& claim, const std::string& pool);
+  // The claim's status for its placed sandbox, the ttlSecondsAfterFinished deletion, and
+  // the startup metrics when it turns Ready.
+  absl::Status FollowSandbox(const Json& claim, const Json& status, const Placement& placement,
+                             absl::Time now);
+  // Ready=False for `refusal` (claim errors the user must fix).
+  absl::Status Refuse(const Json& claim, const Json& status, const ClaimRefusal& refusal);
+  void RecordReady(const Json& claim, const Placement& placement, absl::Time now)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Looks at kubectl claim `name` again at `at` (nothing when it is InfiniteFuture).
+  void LookAgainAt(const std::string& name, absl::Time at, absl::Time now);
   void Enqueue(const std::string& key, absl::Duration delay = absl::ZeroDuration());
   // Re-queues the kubectl claims not yet bound (no status.sandbox.name, not being deleted)
   // whose spec.warmPoolRef.name is one of `pools`.
   void EnqueueWaitingClaims(const absl::flat_hash_set<std::string>& pools);
 
-  Client* const client_;
-  WriteScheduler* const writes_;
   Informer* const sandboxes_;
   const Informer* const pools_;
   const Informer* const templates_;
   const ClaimControllerOptions options_;
+  const Clock* const clock_;
   std::unique_ptr<ClaimControllerMetrics> metrics_;
   WorkQueue queue_;
   Informer claims_;
+  ClaimWriter writer_;
+  GrpcClaimMirror mirror_;
   // Set by Start before the workers run; read by informer handlers, which may run before.
   std::atomic<allocator::Allocator*> allocator_{nullptr};
-  std::unique_ptr<allocator::ClaimWatch> watch_;
-  std::thread watcher_;
   std::vector<std::thread> workers_;
   std::thread resync_;
   // Set once by Stop; read by every thread between passes.
   std::atomic<bool> stopping_{false};
 
   absl::Mutex mu_;
-  bool watch_ready_ ABSL_GUARDED_BY(mu_) = false;
   // When the controller first saw each kubectl claim (uid), for the startup metric.
   absl::flat_hash_map<std::string, absl::Time> first_seen_ ABSL_GUARDED_BY(mu_);
-  // The status this controller last wrote to each claim (by uid): the informer's copy may
-  // lag behind our own write, and comparing with it would write the same status twice.
-  absl::flat_hash_map<std::string, Json> written_ ABSL_GUARDED_BY(mu_);
-  // The bindings this controller patched whose echo the Sandbox informer has not shown
-  // yet: sandbox name -> (claim uid, the Sandbox's resourceVersion in the cache when the
-  // patch went out). While the cache still holds that version, the patch is not sent
-  // again (a second reconcile of the same claim used to repeat it).
-  absl::flat_hash_map<std::string, std::pair<std::string, std::string>> bound_ ABSL_GUARDED_BY(mu_);
-  // The claim's additionalPodMetadata patch last sent to each Sandbox's pod, with the
-  // Sandbox's resourceVersion then: "<version> <patch>".
-  absl::flat_hash_map<std::string, std::string> pod_metadata_sent_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::k8s

@@ -281,8 +281,8 @@ void KubeRuntime::Suspend(std::string id, runtime::DoneCallback done) {
   writes_->Submit(
       WritePriority::kClaim,
       [this, id, shared_done] {
-        absl::StatusOr<Json> patched = client_->Patch(kSandboxes, options_.ns, id,
-                                                      PatchType::kMerge, OperatingMode("Suspended"));
+        absl::StatusOr<Json> patched = client_->Patch(
+            kSandboxes, options_.ns, id, PatchType::kMerge, OperatingMode("Suspended"));
         std::move (*shared_done)(patched.ok() ? absl::OkStatus()
                                               : Named(id, "suspending", patched.status()));
       },

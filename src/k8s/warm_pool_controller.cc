@@ -56,8 +56,8 @@ absl::Status WarmPoolControllerOptions::Validate() const {
   return absl::OkStatus();
 }
 
-WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes,
-                                       Informer* sandboxes, WarmPoolControllerOptions options)
+WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes, Informer* sandboxes,
+                                       WarmPoolControllerOptions options)
     : client_(client),
       writes_(writes),
       sandboxes_(sandboxes),

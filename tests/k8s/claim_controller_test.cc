@@ -1,20 +1,26 @@
 // ClaimController against the API emulator, with a real allocator (memory store, a
-// runtime that never makes anything: these claims go cold): a claim that waits for its
-// SandboxWarmPool or the pool's SandboxTemplate goes on as soon as that object appears,
-// not at the next resync. (tests/e2e/k8s_pool_test.py drives claims with kubectl through
-// sbx-server.)
+// runtime that never makes anything: claims go cold unless a test hands the allocator a
+// warm member): a claim that waits for its SandboxWarmPool or the pool's SandboxTemplate
+// goes on as soon as that object appears, not at the next resync; a claim bound to a warm
+// member writes its binding and its status once; a claim past its shutdownTime goes on a
+// fake clock. (tests/e2e/k8s_pool_test.py drives claims with kubectl through sbx-server.)
 
 #include "src/k8s/claim_controller.h"
 
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <string>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "prometheus/registry.h"
 #include "src/common/clock.h"
 #include "src/common/ids.h"
+#include "src/k8s/claim_writer.h"
 #include "src/k8s/informer.h"
+#include "src/k8s/kube_runtime.h"
 #include "src/k8s/write_scheduler.h"
 #include "src/store/memory_store.h"
 #include "tests/allocator/fakes.h"
@@ -50,11 +56,15 @@ Json Claim(const std::string& name, const std::string& pool) {
 }
 
 // The SandboxInformers the controller reads (Sandboxes, pools, templates), a write
-// scheduler, an allocator with no pool of its own (every claim goes cold) and the
-// controller with a resync of kResync. No Sandbox controller runs: the test marks the cold
-// Sandbox Ready as it would.
+// scheduler, an allocator with no pool of its own (claims go cold unless the test adds a
+// warm member with AddWarmMember) and the controller with a resync of kResync, on the
+// clock of ControllerClock(). No Sandbox controller runs: the test marks Sandboxes Ready
+// as it would.
 class ClaimControllerTest : public ::testing::Test {
  protected:
+  // The controller's clock (null: the real one).
+  virtual const Clock* ControllerClock() { return nullptr; }
+
   void SetUp() override {
     ASSERT_TRUE(emulator_.ok());
     client_ = *Client::Create(emulator_.Cluster());
@@ -73,6 +83,8 @@ class ClaimControllerTest : public ::testing::Test {
     ClaimControllerOptions options;
     options.workers = 2;
     options.resync = kResync;
+    options.registry = registry_;
+    options.clock = ControllerClock();
     // Before the informers start: the controller adds its handlers to them.
     controller_ = std::make_unique<ClaimController>(client_.get(), writes_.get(), sandboxes_.get(),
                                                     pools_.get(), templates_.get(), options);
@@ -133,7 +145,68 @@ class ClaimControllerTest : public ::testing::Test {
         claim);
   }
 
+  // sbx_k8s_claim_reconciles_total{kind} so far.
+  double Reconciles(const std::string& kind) {
+    for (const prometheus::MetricFamily& family : registry_->Collect()) {
+      if (family.name != "sbx_k8s_claim_reconciles_total") continue;
+      for (const prometheus::ClientMetric& metric : family.metric) {
+        for (const prometheus::ClientMetric::Label& label : metric.label) {
+          if (label.name == "kind" && label.value == kind) return metric.counter.value;
+        }
+      }
+    }
+    return -1;
+  }
+
+  // A warm member `id` of allocator pool `pool` (made here, on a template of runtime
+  // kubernetes) and its Sandbox, Ready, as KubeRuntime and the Sandbox controller leave
+  // it; returns once the controller's Sandbox informer shows it Ready.
+  void AddWarmMember(const std::string& pool, const std::string& id) {
+    auto wait = [](const std::function<void(allocator::StatusCallback)>& call) {
+      absl::Notification done;
+      absl::Status status;
+      call([&](absl::Status s) {
+        status = std::move(s);
+        done.Notify();
+      });
+      done.WaitForNotification();
+      return status;
+    };
+    store::TemplateRecord t;
+    t.name = "python";
+    t.runtime = "kubernetes";
+    ASSERT_TRUE(
+        wait([&](allocator::StatusCallback cb) { alloc_->PutTemplate(t, std::move(cb)); }).ok());
+    store::PoolRecord p;
+    p.name = pool;
+    p.template_name = "python";
+    p.min_warm = 1;
+    p.max_warm = 1;
+    p.empty_pool_policy = store::EmptyPoolPolicy::kFail;
+    ASSERT_TRUE(
+        wait([&](allocator::StatusCallback cb) { alloc_->PutPool(p, std::move(cb)); }).ok());
+    ASSERT_NO_FATAL_FAILURE(Create(
+        kSandboxes,
+        {{"metadata", {{"name", id}, {"labels", {{kWarmPoolLabel, pool}}}}},
+         {"spec",
+          {{"podTemplate",
+            {{"spec", {{"containers", {{{"name", "main"}, {"image", "python:3.12-slim"}}}}}}}}}}}));
+    ASSERT_TRUE(MarkSandboxReady(*client_, "default", id, "10.0.0.7").ok());
+    runtime::SandboxInfo info;
+    info.id = id;
+    info.pool = pool;
+    info.endpoint = "10.0.0.7:7000";
+    ASSERT_TRUE(alloc_->AddSandbox(info).ok());
+    ASSERT_TRUE(Eventually(
+        [&] {
+          ObjectPtr sb = sandboxes_->Get("default", id);
+          return sb != nullptr && IsReady(sb->value("status", Json::object()));
+        },
+        kStep));
+  }
+
   TestEmulator emulator_;
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<Client> client_;
   std::unique_ptr<Informer> sandboxes_;
   std::unique_ptr<Informer> pools_;
@@ -209,6 +282,129 @@ TEST_F(ClaimControllerTest, AClaimRefusedByItsTemplatesPolicyGoesOnWhenThePolicy
                      {{"spec", {{"envVarsInjectionPolicy", "Allowed"}}}});
   ASSERT_TRUE(patched.ok()) << patched.status();
   ExpectColdSandboxThenReady("early");
+}
+
+// Issue 19. A kubectl claim bound to a warm member costs two writes: one binding patch of
+// the Sandbox and one status write of the claim. The reconciles that follow — the echo of
+// the binding (often before the claim's own status echo, when the informer's copy of the
+// claim still lacks the status just written), the echo of the status, and a later change
+// of the Sandbox — write nothing more.
+TEST_F(ClaimControllerTest, AClaimBoundToAWarmMemberWritesItsBindingAndStatusOnce) {
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxTemplates, Template("python")));
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxWarmPools, Pool("py", "python")));
+  ASSERT_NO_FATAL_FAILURE(AddWarmMember("py", "warm-1"));
+  // The controller reads pool and template from these caches: with them behind, its first
+  // status would say WarmPoolNotFound (a change of its own, and a second write).
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return pools_->Get("default", "py") != nullptr &&
+               templates_->Get("default", "python") != nullptr;
+      },
+      kStep));
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxClaims, Claim("job", "py")));
+  absl::StatusOr<Json> made = client_->Get(kSandboxClaims, "default", "job");
+  ASSERT_TRUE(made.ok()) << made.status();
+  const std::string uid = (*made)["metadata"]["uid"];
+
+  // Both echoes are in the controller's caches: the claim Ready on warm-1, warm-1 bound.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        ObjectPtr claim = controller_->claims().Get("default", "job");
+        ObjectPtr sb = sandboxes_->Get("default", "warm-1");
+        return claim != nullptr && IsReady(claim->value("status", Json::object())) &&
+               sb != nullptr && BoundTo(*sb, uid);
+      },
+      kStep))
+      << "the claim's Ready condition: " << Ready("job").dump();
+  absl::StatusOr<Json> got = client_->Get(kSandboxClaims, "default", "job");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)["status"]["sandbox"], Json({{"name", "warm-1"}, {"podIPs", {"10.0.0.7"}}}));
+  EXPECT_EQ(emulator_.Requests("patch sandboxes"), 1) << "binding patches";
+  EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 1) << "status writes";
+  EXPECT_EQ(emulator_.Requests("create sandboxes"), 1) << "only the test's warm member";
+
+  // A change of the Sandbox that the claim's status does not show: reconciled, not written.
+  const double before = Reconciles("kubectl");
+  absl::StatusOr<Json> poked =
+      client_->Patch(kSandboxes, "default", "warm-1", PatchType::kMerge,
+                     {{"metadata", {{"annotations", {{"test/poke", "1"}}}}}});
+  ASSERT_TRUE(poked.ok()) << poked.status();
+  ASSERT_TRUE(Eventually([&] { return Reconciles("kubectl") > before; }, kStep))
+      << "no reconcile after the Sandbox changed";
+  EXPECT_EQ(emulator_.Requests("patch sandboxes"), 2) << "the binding and the test's change";
+  EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 1) << "status writes";
+  EXPECT_EQ(Reconciles("grpc"), 0);
+  std::cout << "reconciles of the kubectl claim: " << Reconciles("kubectl") << std::endl;
+  RecordProperty("kubectl_reconciles", static_cast<int>(Reconciles("kubectl")));
+}
+
+// Issue 19. A reconcile that runs after a status write and before the informer shows its
+// echo reads the claim as it was before the write; the ClaimWriter must not write the same
+// status again. Made deterministic by handing the writer that pre-write copy itself (the
+// claim lives in a namespace the controller does not serve, so only this writer writes it).
+TEST_F(ClaimControllerTest, AStatusIsWrittenOnceWhileTheInformersCopyLagsBehindTheWrite) {
+  ClaimWriter writer(client_.get(), writes_.get(), sandboxes_.get(), "side");
+  ASSERT_NO_FATAL_FAILURE(Create(kNamespaces, {{"metadata", {{"name", "side"}}}}));
+  absl::StatusOr<Json> made = client_->Create(kSandboxClaims, "side", Claim("solo", "py"));
+  ASSERT_TRUE(made.ok()) << made.status();
+  const Json before_echo = *made;
+  const Json ready = {{"conditions",
+                       {{{"type", "Ready"},
+                         {"status", "True"},
+                         {"reason", "DependenciesReady"},
+                         {"message", "m"},
+                         {"lastTransitionTime", "2026-01-01T00:00:00Z"}}}},
+                      {"sandbox", {{"name", "sb-1"}}}};
+  ASSERT_TRUE(writer.WriteStatus(before_echo, ready).ok());
+  ASSERT_TRUE(writer.WriteStatus(before_echo, ready).ok());
+  EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 1)
+      << "written again from the copy the informer had before the write";
+  EXPECT_EQ(writer.LastStatus(before_echo), ready);
+
+  // The echo: a copy of another version, which shows the write itself.
+  absl::StatusOr<Json> echo = client_->Get(kSandboxClaims, "side", "solo");
+  ASSERT_TRUE(echo.ok()) << echo.status();
+  ASSERT_NE((*echo)["metadata"]["resourceVersion"], before_echo["metadata"]["resourceVersion"]);
+  ASSERT_TRUE(writer.WriteStatus(*echo, ready).ok());
+  EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 1);
+  // A change is written.
+  Json not_ready = ready;
+  not_ready["conditions"][0]["status"] = "False";
+  ASSERT_TRUE(writer.WriteStatus(*echo, not_ready).ok());
+  EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 2);
+}
+
+// The controller on a FakeClock: shutdownTime is judged by it and the look at the claim
+// then is a delayed add of the work queue on the same clock.
+class ClaimControllerTestOnAFakeClock : public ClaimControllerTest {
+ protected:
+  const Clock* ControllerClock() override { return &clock_; }
+  FakeClock clock_{absl::Now()};
+};
+
+// Issue 19. A claim whose shutdownTime (policy Delete) passes is deleted as soon as the
+// controller's clock passes it, with no real time spent waiting for it.
+TEST_F(ClaimControllerTestOnAFakeClock, AClaimPastItsShutdownTimeIsDeleted) {
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxTemplates, Template("python")));
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxWarmPools, Pool("py", "python")));
+  Json claim = Claim("short", "py");
+  claim["spec"]["lifecycle"] = {
+      {"shutdownTime",
+       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", clock_.Now() + absl::Hours(1), absl::UTCTimeZone())},
+      {"shutdownPolicy", "Delete"}};
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxClaims, claim));
+  // Reconciled before its shutdownTime: it got its (cold) Sandbox and stays.
+  ASSERT_TRUE(Eventually([&] { return client_->Get(kSandboxes, "default", "short").ok(); }, kStep))
+      << "the claim's Ready condition: " << Ready("short").dump();
+  EXPECT_TRUE(client_->Get(kSandboxClaims, "default", "short").ok());
+  EXPECT_EQ(emulator_.Requests("delete sandboxclaims"), 0);
+
+  clock_.Advance(absl::Hours(1) + absl::Seconds(1));
+  EXPECT_TRUE(Eventually(
+      [&] { return absl::IsNotFound(client_->Get(kSandboxClaims, "default", "short").status()); },
+      kStep))
+      << "the claim is still there an hour past its shutdownTime on the controller's clock";
+  EXPECT_EQ(emulator_.Requests("delete sandboxclaims"), 1);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/k8s/blocked_thread.h"
 #include "prometheus/registry.h"
+#include "tests/k8s/blocked_thread.h"
 #include "tests/k8s/temp_dir.h"
 #include "tests/k8s/test_emulator.h"
 

@@ -84,8 +84,8 @@ class TemplateControllerTest : public ::testing::Test {
   // Patches template `name`; returns the resourceVersion of the write ("" and a test
   // failure when it fails).
   std::string PatchTemplate(const std::string& name, const Json& patch) {
-    absl::StatusOr<Json> patched = client_->Patch(kSandboxTemplates, kNs, name, PatchType::kMerge,
-                                                  patch);
+    absl::StatusOr<Json> patched =
+        client_->Patch(kSandboxTemplates, kNs, name, PatchType::kMerge, patch);
     EXPECT_TRUE(patched.ok()) << patched.status();
     return patched.ok() ? (*patched)["metadata"].value("resourceVersion", "") : "";
   }
@@ -144,8 +144,7 @@ TEST_F(TemplateControllerTest, PolicyFollowsTheTemplateThroughItsLife) {
   const int64_t writes = Writes();
   std::string touched;
   for (int i = 0; i < 3; ++i) {
-    touched =
-        PatchTemplate("python", {{"metadata", {{"labels", {{"touch", std::to_string(i)}}}}}});
+    touched = PatchTemplate("python", {{"metadata", {{"labels", {{"touch", std::to_string(i)}}}}}});
   }
   ASSERT_TRUE(Settled(touched));
   ASSERT_TRUE(Resync());
@@ -222,8 +221,8 @@ TEST_F(TemplateControllerTest, AForeignPolicyOfTheSameNameIsNeverTouched) {
   EXPECT_EQ(Policy("python")["metadata"]["resourceVersion"],
             (*made)["metadata"]["resourceVersion"]);
   // Unmanaged does not delete someone else's policy either.
-  ASSERT_TRUE(Settled(
-      PatchTemplate("python", {{"spec", {{"networkPolicyManagement", "Unmanaged"}}}})));
+  ASSERT_TRUE(
+      Settled(PatchTemplate("python", {{"spec", {{"networkPolicyManagement", "Unmanaged"}}}})));
   ASSERT_TRUE(Resync());
   EXPECT_EQ(Policy("python")["metadata"]["resourceVersion"],
             (*made)["metadata"]["resourceVersion"]);

@@ -195,8 +195,7 @@ TEST_F(WarmPoolControllerTest, AMemberOfALostCreateGoesAtTheNextPass) {
   // count follows the write's end by a moment.
   EXPECT_TRUE(Eventually(
       [&] {
-        return writes_->stats().done[static_cast<size_t>(WritePriority::kCleanup)] ==
-               cleanups + 1;
+        return writes_->stats().done[static_cast<size_t>(WritePriority::kCleanup)] == cleanups + 1;
       },
       absl::Seconds(10)));
 }

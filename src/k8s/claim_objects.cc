@@ -1,0 +1,298 @@
+#include "src/k8s/claim_objects.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "src/k8s/json_fields.h"
+#include "src/k8s/kube_runtime.h"
+#include "src/k8s/sandbox_objects.h"
+#include "src/k8s/template_objects.h"
+
+namespace sbx::k8s {
+
+using json_fields::Field;
+using json_fields::Str;
+
+namespace {
+
+absl::Time ParseRfc3339(const std::string& s, absl::Time fallback) {
+  absl::Time t;
+  std::string err;
+  return absl::ParseTime(absl::RFC3339_full, s, &t, &err) ? t : fallback;
+}
+
+std::string Rfc3339Seconds(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
+}
+
+bool NonEmptyArray(const Json& value) { return value.is_array() && !value.empty(); }
+
+// The env policy's verdict (envVarsInjectionPolicy; upstream's default is Disallowed).
+std::optional<ClaimRefusal> CheckEnv(const Json& env, const Json& sandbox_template) {
+  const std::string template_name = Str(Field(sandbox_template, "metadata"), "name");
+  const Json& tspec = Field(sandbox_template, "spec");
+  std::string policy = Str(tspec, "envVarsInjectionPolicy");
+  if (policy.empty()) policy = "Disallowed";
+  if (policy == "Disallowed") {
+    return ClaimRefusal{"EnvVarsInjectionRejected",
+                        absl::StrCat("SandboxTemplate \"", template_name,
+                                     "\" does not allow env in claims (envVarsInjectionPolicy: "
+                                     "Disallowed)")};
+  }
+  if (policy != "Allowed") return std::nullopt;  // Overrides may replace the template's
+  const Json& containers = Field(Field(Field(tspec, "podTemplate"), "spec"), "containers");
+  if (!containers.is_array()) return std::nullopt;
+  for (const Json& e : env) {
+    for (const Json& c : containers) {
+      const Json& have = Field(c, "env");
+      if (!have.is_array()) continue;
+      for (const Json& h : have) {
+        if (Str(h, "name") != Str(e, "name")) continue;
+        return ClaimRefusal{"EnvVarsInjectionRejected",
+                            absl::StrCat("env \"", Str(e, "name"),
+                                         "\" is set by the template; its "
+                                         "envVarsInjectionPolicy Allowed forbids overriding")};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// Appends `env` (the claim's) to every container it targets, replacing a variable of the
+// same name.
+void InjectEnv(const Json& env, Json* pod_spec) {
+  if (!env.is_array() || !Field(*pod_spec, "containers").is_array()) return;
+  for (Json& c : (*pod_spec)["containers"]) {
+    for (const Json& e : env) {
+      const std::string target = Str(e, "containerName");
+      if (!target.empty() && target != Str(c, "name")) continue;
+      Json& list = c["env"];
+      if (!list.is_array()) list = Json::array();
+      bool replaced = false;
+      for (Json& have : list) {
+        if (Str(have, "name") == Str(e, "name")) {
+          have = {{"name", Str(e, "name")}, {"value", Str(e, "value")}};
+          replaced = true;
+        }
+      }
+      if (!replaced) list.push_back({{"name", Str(e, "name")}, {"value", Str(e, "value")}});
+    }
+  }
+}
+
+}  // namespace
+
+Json ClaimRef(const Json& claim) {
+  const Json& meta = Field(claim, "metadata");
+  return {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
+          {"kind", "SandboxClaim"},
+          {"name", Str(meta, "name")},
+          {"uid", Str(meta, "uid")},
+          {"controller", true},
+          {"blockOwnerDeletion", true}};
+}
+
+bool NeedsOwnSandbox(const Json& claim) {
+  const Json& spec = Field(claim, "spec");
+  return NonEmptyArray(Field(spec, "env")) || NonEmptyArray(Field(spec, "volumeClaimTemplates"));
+}
+
+std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const Json& claim,
+                                                      const Json& sandbox_template) {
+  const Json& spec = Field(claim, "spec");
+  if (const Json& env = Field(spec, "env"); NonEmptyArray(env)) {
+    if (std::optional<ClaimRefusal> refused = CheckEnv(env, sandbox_template)) return refused;
+  }
+  if (NonEmptyArray(Field(spec, "volumeClaimTemplates"))) {
+    const std::string policy = Str(Field(sandbox_template, "spec"), "volumeClaimTemplatesPolicy");
+    if (policy.empty() || policy == "Disallowed") {
+      return ClaimRefusal{
+          "InvalidMetadata",
+          absl::StrCat("SandboxTemplate \"", Str(Field(sandbox_template, "metadata"), "name"),
+                       "\" does not allow volumeClaimTemplates in claims")};
+    }
+  }
+  return std::nullopt;
+}
+
+Json ColdSandbox(const Json& claim, const Json& sandbox_template, const std::string& ns) {
+  const Json& meta = Field(claim, "metadata");
+  const Json& spec = Field(claim, "spec");
+  const Json& tspec = Field(sandbox_template, "spec");
+  const std::string template_name = Str(Field(sandbox_template, "metadata"), "name");
+  Json sb_spec = {{"podTemplate", Field(tspec, "podTemplate")}};
+  if (Field(tspec, "service").is_boolean()) sb_spec["service"] = tspec["service"];
+  const Json& vct = Field(spec, "volumeClaimTemplates").is_array()
+                        ? spec["volumeClaimTemplates"]
+                        : Field(tspec, "volumeClaimTemplates");
+  if (vct.is_array()) sb_spec["volumeClaimTemplates"] = vct;
+  Json& pod = sb_spec["podTemplate"];
+  if (!pod.is_object()) pod = Json::object();
+  Json& pod_spec = pod["spec"];
+  if (!pod_spec.is_object()) pod_spec = Json::object();
+  ApplyPodSecureDefaults(sandbox_template, &pod_spec);
+  InjectEnv(Field(spec, "env"), &pod_spec);
+  const Json& extra = Field(spec, "additionalPodMetadata");
+  for (const char* part : {"labels", "annotations"}) {
+    if (!Field(extra, part).is_object()) continue;
+    Json& into = pod["metadata"][part];
+    if (!into.is_object()) into = Json::object();
+    into.update(extra[part]);
+  }
+  return {{"apiVersion", "agents.x-k8s.io/v1beta1"},
+          {"kind", "Sandbox"},
+          {"metadata",
+           {{"name", Str(meta, "name")},
+            {"namespace", ns},
+            {"labels",
+             {{kClaimUidLabel, Str(meta, "uid")},
+              {kLaunchTypeLabel, "cold"},
+              {kTemplateRefHashLabel, NameHash(template_name)},
+              {"sbx.dev/template", template_name}}},
+            {"ownerReferences", Json::array({ClaimRef(claim)})}}},
+          {"spec", std::move(sb_spec)}};
+}
+
+bool BoundTo(const Json& sandbox, const std::string& claim_uid) {
+  return Str(Field(Field(sandbox, "metadata"), "labels"), kClaimUidLabel) == claim_uid &&
+         ControllerUid(sandbox) == claim_uid;
+}
+
+Json BindingPatch(const Json& claim, const std::string& launch_type) {
+  return {{"metadata",
+           {{"ownerReferences", Json::array({ClaimRef(claim)})},
+            {"labels",
+             {{kWarmPoolLabel, nullptr},
+              {kClaimUidLabel, Str(Field(claim, "metadata"), "uid")},
+              {kLaunchTypeLabel, launch_type}}}}}};
+}
+
+Json PodMetadataPatch(const Json& additional_pod_metadata) {
+  if (!additional_pod_metadata.is_object() || additional_pod_metadata.empty()) return nullptr;
+  Json patch = {{"metadata", Json::object()}};
+  for (const char* part : {"labels", "annotations"}) {
+    if (Field(additional_pod_metadata, part).is_object()) {
+      patch["metadata"][part] = additional_pod_metadata[part];
+    }
+  }
+  return patch;
+}
+
+Json ClaimCondition(const std::string& type, bool status, const std::string& reason,
+                    const std::string& message, const Json& old_status, absl::Time now) {
+  const std::string s = status ? "True" : "False";
+  std::string since = Rfc3339Seconds(now);
+  if (const Json* old = json_fields::FindCondition(old_status, type);
+      old != nullptr && Str(*old, "status") == s) {
+    since = Str(*old, "lastTransitionTime");
+  }
+  return {{"type", type},
+          {"status", s},
+          {"reason", reason},
+          {"message", message},
+          {"lastTransitionTime", since}};
+}
+
+Json RefusedStatus(const Json& old_status, const ClaimRefusal& refusal, absl::Time now) {
+  Json status = old_status.is_object() ? old_status : Json::object();
+  status["conditions"] =
+      Json::array({ClaimCondition("Ready", false, refusal.reason, refusal.message, status, now)});
+  return status;
+}
+
+Json BoundClaimStatus(const Json& old_status, const std::string& sandbox_name, bool cold,
+                      const Json* sandbox, absl::Time now) {
+  Json next = old_status.is_object() ? old_status : Json::object();
+  if (sandbox == nullptr) {
+    if (cold) {
+      next["conditions"] = Json::array({ClaimCondition("Ready", false, "SandboxCreatePending",
+                                                       "the sandbox is being created", next, now)});
+    }
+    next["sandbox"] = {{"name", sandbox_name}};
+    return next;
+  }
+  const Json& sb_status = Field(*sandbox, "status");
+  const Json* ready = json_fields::FindCondition(sb_status, "Ready");
+  Json conditions = Json::array();
+  conditions.push_back(ClaimCondition(
+      "Ready", IsReady(sb_status),
+      ready != nullptr ? Str(*ready, "reason") : std::string("SandboxNotReady"),
+      ready != nullptr ? Str(*ready, "message") : std::string("the sandbox is not ready yet"), next,
+      now));
+  if (const Json* finished = json_fields::FindCondition(sb_status, "Finished")) {
+    conditions.push_back(*finished);
+  }
+  next["conditions"] = std::move(conditions);
+  next["sandbox"] = {{"name", sandbox_name}};
+  if (Field(sb_status, "podIPs").is_array()) next["sandbox"]["podIPs"] = sb_status["podIPs"];
+  return next;
+}
+
+bool StatusShows(const Json& old_status, const Json& next) {
+  if (!old_status.is_object()) return false;
+  for (auto it = next.begin(); it != next.end(); ++it) {
+    if (!old_status.contains(it.key()) || old_status[it.key()] != it.value()) return false;
+  }
+  return true;
+}
+
+LifecycleVerdict ShutdownVerdict(const Json& claim, absl::Time now) {
+  const Json& lifecycle = Field(Field(claim, "spec"), "lifecycle");
+  const std::string shutdown = Str(lifecycle, "shutdownTime");
+  if (shutdown.empty()) return {};
+  const absl::Time at = ParseRfc3339(shutdown, absl::InfiniteFuture());
+  if (now < at) return {ClaimEnd::kNone, at};
+  const std::string policy = Str(lifecycle, "shutdownPolicy");
+  if (policy == "Delete") return {ClaimEnd::kDeleteBackground};
+  if (policy == "DeleteForeground") return {ClaimEnd::kDeleteForeground};
+  return {ClaimEnd::kRetain};
+}
+
+LifecycleVerdict TtlVerdict(const Json& claim, const Json& sandbox_status, absl::Time now) {
+  const Json& ttl = Field(Field(Field(claim, "spec"), "lifecycle"), "ttlSecondsAfterFinished");
+  const Json* finished = json_fields::FindCondition(sandbox_status, "Finished");
+  if (finished == nullptr || Str(*finished, "status") != "True" || !ttl.is_number_integer()) {
+    return {};
+  }
+  const absl::Time at =
+      ParseRfc3339(Str(*finished, "lastTransitionTime"), now) + absl::Seconds(ttl.get<int64_t>());
+  if (now < at) return {ClaimEnd::kNone, at};
+  return {ClaimEnd::kDelete};
+}
+
+absl::Time ClaimRequestedAt(const Json& claim, absl::Time fallback) {
+  const Json& meta = Field(claim, "metadata");
+  const std::string asked =
+      Str(Field(meta, "annotations"), "agents.x-k8s.io/client-first-requested-at");
+  return ParseRfc3339(asked.empty() ? Str(meta, "creationTimestamp") : asked, fallback);
+}
+
+Json GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
+                      const std::string& ns) {
+  return {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
+          {"kind", "SandboxClaim"},
+          {"metadata",
+           {{"name", name},
+            {"namespace", ns},
+            {"labels", {{"sbx.dev/source", "grpc"}}},
+            {"annotations",
+             {{kSbxOwnerAnnotation, claim.owner},
+              {kSbxClaimIdAnnotation, claim.id},
+              {kSandboxNameAnnotation, claim.sandbox_id}}}}},
+          {"spec", {{"warmPoolRef", {{"name", claim.pool}}}}}};
+}
+
+Json GrpcClaimStatus(const store::ClaimRecord& claim, const Json* sandbox, const Json& old_status,
+                     absl::Time now) {
+  Json status = {
+      {"conditions", Json::array({ClaimCondition("Ready", true, "DependenciesReady",
+                                                 "claimed over gRPC", old_status, now)})},
+      {"sandbox", {{"name", claim.sandbox_id}}}};
+  if (sandbox != nullptr) {
+    const Json& ips = Field(Field(*sandbox, "status"), "podIPs");
+    if (ips.is_array()) status["sandbox"]["podIPs"] = ips;
+  }
+  return status;
+}
+
+}  // namespace sbx::k8s

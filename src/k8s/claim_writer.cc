@@ -1,0 +1,160 @@
+#include "src/k8s/claim_writer.h"
+
+#include "absl/strings/str_cat.h"
+#include "src/k8s/claim_objects.h"
+#include "src/k8s/json_fields.h"
+
+namespace sbx::k8s {
+
+using json_fields::Field;
+using json_fields::Str;
+
+namespace {
+
+// Memos of objects that went without an event we saw (a relist that missed a deletion)
+// would grow without end; past this many a memo map starts over, which costs at most one
+// repeated write each.
+constexpr size_t kMaxMemos = 65536;
+
+std::string Version(const Json& object) {
+  return Str(Field(object, "metadata"), "resourceVersion");
+}
+
+absl::Status OkIfNotFound(absl::Status s) {
+  return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
+}
+
+}  // namespace
+
+ClaimWriter::ClaimWriter(Client* client, WriteScheduler* writes, const Informer* sandboxes,
+                         std::string ns)
+    : client_(client), writes_(writes), sandboxes_(sandboxes), ns_(std::move(ns)) {}
+
+absl::Status ClaimWriter::Bind(const Json& claim, const std::string& sandbox,
+                               const std::string& launch_type) {
+  const std::string uid = Str(Field(claim, "metadata"), "uid");
+  std::string seen_version;
+  if (ObjectPtr seen = sandboxes_->Get(ns_, sandbox)) {
+    if (BoundTo(*seen, uid)) {
+      absl::MutexLock lock(&mu_);
+      bound_.erase(sandbox);
+      return absl::OkStatus();
+    }
+    seen_version = Version(*seen);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = bound_.find(sandbox);
+    if (it != bound_.end() && it->second.first == uid && it->second.second == seen_version) {
+      return absl::OkStatus();  // patched already; the cache has not caught up
+    }
+  }
+  const Json patch = BindingPatch(claim, launch_type);
+  absl::Status patched = writes_->Run(WritePriority::kClaim, [&] {
+    return client_->PatchNoResult(kSandboxes, ns_, sandbox, PatchType::kMerge, patch);
+  });
+  if (patched.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (bound_.size() >= kMaxMemos) bound_.clear();
+    bound_[sandbox] = {uid, seen_version};
+  }
+  return patched;
+}
+
+absl::Status ClaimWriter::PatchPodMetadata(const std::string& sandbox,
+                                           const Json& additional_pod_metadata) {
+  const Json patch = PodMetadataPatch(additional_pod_metadata);
+  if (patch.is_null()) return absl::OkStatus();
+  // Sent again only when the patch or the Sandbox changed since (a pod made again by the
+  // Sandbox controller changes the Sandbox's status), not on every reconcile and resync.
+  std::string version;
+  if (ObjectPtr seen = sandboxes_->Get(ns_, sandbox)) version = Version(*seen);
+  const std::string memo = absl::StrCat(version, " ", patch.dump());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pod_metadata_sent_.find(sandbox);
+    if (it != pod_metadata_sent_.end() && it->second == memo) return absl::OkStatus();
+  }
+  absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
+    return client_->PatchNoResult(kPods, ns_, sandbox, PatchType::kMerge, patch);
+  });
+  if (absl::IsNotFound(s)) return absl::OkStatus();  // no pod yet; the Sandbox will change
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (pod_metadata_sent_.size() >= kMaxMemos) pod_metadata_sent_.clear();
+    pod_metadata_sent_[sandbox] = memo;
+  }
+  return s;
+}
+
+Json ClaimWriter::LastStatus(const Json& claim) {
+  absl::MutexLock lock(&mu_);
+  auto it = status_.find(Str(Field(claim, "metadata"), "uid"));
+  if (it != status_.end()) {
+    if (it->second.version == Version(claim)) return it->second.status;
+    // Another version is our write's echo or a later change: the copy shows at least what
+    // we wrote. The memo goes here, when a reconcile reads such a copy, and not when the
+    // informer's event arrives: a reconcile that read the copy before the echo may still
+    // be on its way to WriteStatus, and must find the memo. (A copy from the API server's
+    // answer, newer than the cache, drops it too; the cache's older copy then writes the
+    // same status once more: only on the gRPC path's retry of a create.)
+    status_.erase(it);
+  }
+  return Field(claim, "status");
+}
+
+absl::Status ClaimWriter::WriteStatus(const Json& claim, Json status) {
+  if (StatusShows(LastStatus(claim), status)) return absl::OkStatus();
+  const Json& meta = Field(claim, "metadata");
+  const std::string name = Str(meta, "name");
+  absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
+    return client_->PatchNoResult(kSandboxClaims, ns_, name, PatchType::kMerge,
+                                  Json{{"status", status}}, "status");
+  });
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (status_.size() >= kMaxMemos) status_.clear();
+    status_[Str(meta, "uid")] = Written{Version(claim), std::move(status)};
+  }
+  return OkIfNotFound(s);
+}
+
+void ClaimWriter::ForgetClaim(const std::string& claim_uid) {
+  absl::MutexLock lock(&mu_);
+  status_.erase(claim_uid);
+}
+
+absl::StatusOr<Json> ClaimWriter::CreateClaim(const Json& claim) {
+  const std::string name = Str(Field(claim, "metadata"), "name");
+  absl::StatusOr<Json> created;
+  absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
+    created = client_->Create(kSandboxClaims, ns_, claim);
+    if (absl::IsAlreadyExists(created.status())) {
+      created = client_->Get(kSandboxClaims, ns_, name);
+    }
+    return created.status();
+  });
+  if (!s.ok()) return s;
+  return created;
+}
+
+absl::Status ClaimWriter::CreateSandbox(const Json& sandbox) {
+  absl::Status s = writes_->Run(WritePriority::kClaim,
+                                [&] { return client_->Create(kSandboxes, ns_, sandbox).status(); });
+  return s.ok() || absl::IsAlreadyExists(s) ? absl::OkStatus() : s;
+}
+
+absl::Status ClaimWriter::DeleteSandbox(const std::string& name) {
+  return OkIfNotFound(writes_->Run(WritePriority::kCleanup,
+                                   [&] { return client_->Delete(kSandboxes, ns_, name, {}); }));
+}
+
+absl::Status ClaimWriter::DeleteClaim(const std::string& name, const std::string& propagation) {
+  DeleteOptions options;
+  options.propagation_policy = propagation;
+  return OkIfNotFound(writes_->Run(WritePriority::kCleanup, [&] {
+    return client_->Delete(kSandboxClaims, ns_, name, options);
+  }));
+}
+
+}  // namespace sbx::k8s
