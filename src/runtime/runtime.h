@@ -47,7 +47,8 @@ struct SandboxInfo {
 using CreateCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;
 using DoneCallback = absl::AnyInvocable<void(absl::Status) &&>;
 using DeleteCallback = DoneCallback;
-// Resume's answer: where the sandbox is reached now (id, endpoint and node filled in).
+// Resume's answer: where the sandbox is reached now (id, endpoint and node filled in; an
+// empty endpoint means where it was).
 using ResumeCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;
 
 class Runtime {

@@ -126,7 +126,7 @@ class ManualRuntime : public runtime::Runtime {
     std::move(done)(absl::OkStatus());
   }
   // Suspend and Resume answer at once: with the error set by FailNextFreeze, else OK;
-  // Resume with the endpoint CompleteCreate gave, or the one set by MoveOnResume.
+  // Resume with no endpoint (where it was), or the one set by MoveOnResume.
   void Suspend(std::string id, runtime::DoneCallback done) override {
     std::move(done)(Freeze(absl::StrCat("suspend ", id)));
   }
@@ -134,7 +134,7 @@ class ManualRuntime : public runtime::Runtime {
     if (absl::Status s = Freeze(absl::StrCat("resume ", id)); !s.ok()) return std::move(done)(s);
     runtime::SandboxInfo info;
     info.id = id;
-    info.endpoint = absl::StrCat("unix:/tmp/", id);
+    info.endpoint.clear();
     {
       absl::MutexLock lock(&mu_);
       if (auto it = moved_.find(id); it != moved_.end()) info = it->second;

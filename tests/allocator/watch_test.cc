@@ -583,6 +583,43 @@ TEST_F(WatchTest, SuspendAndResumeRecordTheStateWithARevisionAndAnEvent) {
   EXPECT_TRUE(allocator_->GetClaim("alice", "c2")->suspended);
 }
 
+// A Kubernetes sandbox resumes in a new pod, with a new IP: the claim follows it, in the
+// same revision as its resumption, and so does the sandbox's record (a restart finds it).
+TEST_F(WatchTest, AResumedSandboxThatMovedIsFollowedByItsClaim) {
+  ASSERT_TRUE(ClaimNow("c1").ok());
+  const std::string before = allocator_->GetClaim("alice", "c1")->endpoint;
+  const std::string sandbox = allocator_->GetClaim("alice", "c1")->sandbox_id;
+  ASSERT_TRUE(SuspendNow("c1").ok());
+  Watcher w = WatchFrom(Revision());
+  runtime_.MoveOnResume(sandbox, "10.0.0.9:7070", "node-b");
+  auto resumed = SuspendNow("c1", false);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_FALSE(resumed->suspended);
+  EXPECT_EQ(resumed->endpoint, "10.0.0.9:7070");
+  EXPECT_NE(before, "10.0.0.9:7070");
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->endpoint, "10.0.0.9:7070");
+  std::vector<ClaimEvent> got = w.Take();
+  ASSERT_EQ(got.size(), 1u) << Describe(got);
+  EXPECT_EQ(got[0].claim.endpoint, "10.0.0.9:7070");
+  const auto stored = store_->Snapshot();
+  ASSERT_EQ(stored.claims.size(), 1u);
+  EXPECT_EQ(stored.claims[0].endpoint, "10.0.0.9:7070");
+  bool found = false;
+  for (const store::SandboxRecord& r : stored.sandboxes) {
+    if (r.id != sandbox) continue;
+    found = true;
+    EXPECT_EQ(r.endpoint, "10.0.0.9:7070");
+    EXPECT_EQ(r.node, "node-b");
+  }
+  EXPECT_TRUE(found);
+  // Resumed again where it runs now: nothing changes.
+  const uint64_t revision = Revision();
+  ASSERT_TRUE(SuspendNow("c1", false).ok());
+  EXPECT_EQ(Revision(), revision);
+  Restart();
+  EXPECT_EQ(allocator_->GetClaim("alice", "c1")->endpoint, "10.0.0.9:7070");
+}
+
 TEST_F(WatchTest, ExpiryStillFiresForASuspendedClaim) {
   ClaimRequest r;
   r.owner = "alice";
