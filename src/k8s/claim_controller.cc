@@ -337,7 +337,8 @@ absl::Status ClaimController::Start(allocator::Allocator* allocator) {
   for (int i = 0; i < options_.workers; ++i) {
     workers_.push_back(BackgroundThread("sbx-k8s-claims", [this] { Worker(); }));
   }
-  resync_ = PeriodicThread("sbx-k8s-clmsync", &stopping_, options_.resync, enqueue_kubectl_claims);
+  resync_ = std::make_unique<PeriodicPass>("sbx-k8s-clmsync", options_.resync, *clock_,
+                                           enqueue_kubectl_claims);
   return absl::OkStatus();
 }
 
@@ -347,7 +348,7 @@ void ClaimController::Stop() {
   queue_.ShutDown();
   for (std::thread& w : workers_) w.join();
   workers_.clear();
-  if (resync_.joinable()) resync_.join();
+  if (resync_ != nullptr) resync_->Stop();
   claims_.Stop();
 }
 

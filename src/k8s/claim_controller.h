@@ -57,6 +57,8 @@ class Registry;
 
 namespace sbx::k8s {
 
+class PeriodicPass;
+
 struct ClaimControllerOptions {
   std::string ns = "default";
   int workers = 8;
@@ -153,7 +155,8 @@ class ClaimController {
   // Set by Start before the workers run; read by informer handlers, which may run before.
   std::atomic<allocator::Allocator*> allocator_{nullptr};
   std::vector<std::thread> workers_;
-  std::thread resync_;
+  // The resync: every kubectl claim looked at again each options.resync of the clock.
+  std::unique_ptr<PeriodicPass> resync_;
   // Set once by Stop; read by every thread between passes.
   std::atomic<bool> stopping_{false};
 

@@ -41,24 +41,10 @@ inline std::thread BackgroundThread(const char* name, std::function<void()> body
   });
 }
 
-// A background thread that calls `pass` every `every` until `stopping` is set (looked at
-// a hundred times per period, so that a stop is quick).
-inline std::thread PeriodicThread(const char* name, const std::atomic<bool>* stopping,
-                                  absl::Duration every, std::function<void()> pass) {
-  return BackgroundThread(name, [stopping, every, pass = std::move(pass)] {
-    while (!stopping->load(std::memory_order_acquire)) {
-      for (int i = 0; i < 100 && !stopping->load(std::memory_order_acquire); ++i) {
-        absl::SleepFor(every / 100);
-      }
-      if (!stopping->load(std::memory_order_acquire)) pass();
-    }
-  });
-}
-
 // A background thread that calls `pass` every `every` of `clock` (the first one period
-// after the start) until Stop: the resync of a controller. Unlike PeriodicThread it waits
-// on the injected clock, so a test moves a FakeClock past SleepingUntil() and waits for
-// passes() to grow instead of sleeping through a period; a Stop wakes the wait at once.
+// after the start) until Stop: the resync of a controller. It waits on the injected
+// clock, so a test moves a FakeClock past SleepingUntil() and waits for passes() to grow
+// instead of sleeping through a period; a Stop wakes the wait at once.
 //
 // Thread-safety: passes() and SleepingUntil() from any thread; Stop from one.
 // Lifetime: Stop (or the destructor) joins the thread; `clock` must outlive it.
