@@ -412,16 +412,15 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
 }
 
 absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, ClaimEnd end) {
-  const std::string name = Str(Field(claim, "metadata"), "name");
   switch (end) {
     case ClaimEnd::kNone:
       return absl::OkStatus();
     case ClaimEnd::kDelete:
-      return writer_.DeleteClaim(name, "");
+      return writer_.DeleteClaim(claim, "");
     case ClaimEnd::kDeleteBackground:
-      return writer_.DeleteClaim(name, "Background");
+      return writer_.DeleteClaim(claim, "Background");
     case ClaimEnd::kDeleteForeground:
-      return writer_.DeleteClaim(name, "Foreground");
+      return writer_.DeleteClaim(claim, "Foreground");
     case ClaimEnd::kRetain:
       break;
   }

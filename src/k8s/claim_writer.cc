@@ -122,6 +122,7 @@ absl::Status ClaimWriter::WriteStatus(const Json& claim, Json status) {
 void ClaimWriter::ForgetClaim(const std::string& claim_uid) {
   absl::MutexLock lock(&mu_);
   status_.erase(claim_uid);
+  deleted_.erase(claim_uid);
 }
 
 absl::StatusOr<Json> ClaimWriter::CreateClaim(const Json& claim) {
@@ -149,12 +150,27 @@ absl::Status ClaimWriter::DeleteSandbox(const std::string& name) {
                                    [&] { return client_->Delete(kSandboxes, ns_, name, {}); }));
 }
 
-absl::Status ClaimWriter::DeleteClaim(const std::string& name, const std::string& propagation) {
+absl::Status ClaimWriter::DeleteClaim(const Json& claim, const std::string& propagation) {
+  const Json& meta = Field(claim, "metadata");
+  const std::string uid = Str(meta, "uid");
+  {
+    absl::MutexLock lock(&mu_);
+    if (deleted_.contains(uid)) return absl::OkStatus();
+  }
   DeleteOptions options;
   options.propagation_policy = propagation;
-  return OkIfNotFound(writes_->Run(WritePriority::kCleanup, [&] {
-    return client_->Delete(kSandboxClaims, ns_, name, options);
-  }));
+  options.precondition_uid = uid;
+  absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
+    return client_->Delete(kSandboxClaims, ns_, Str(meta, "name"), options);
+  });
+  // A 409 Conflict of the precondition: the name holds another claim now; this one is gone.
+  if (s.ok() || absl::IsNotFound(s) || absl::IsAborted(s)) {
+    absl::MutexLock lock(&mu_);
+    if (deleted_.size() >= kMaxMemos) deleted_.clear();
+    deleted_.insert(uid);
+    return absl::OkStatus();
+  }
+  return s;
 }
 
 }  // namespace sbx::k8s

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -63,9 +64,12 @@ class ClaimWriter {
   absl::Status CreateSandbox(const Json& sandbox);
   // Deletes Sandbox `name`; OK when it is gone. Errors: the API's.
   absl::Status DeleteSandbox(const std::string& name);
-  // Deletes SandboxClaim `name` with `propagation` ("Background", "Foreground", or "" for
-  // the API server's default); OK when it is gone. Errors: the API's.
-  absl::Status DeleteClaim(const std::string& name, const std::string& propagation);
+  // Deletes SandboxClaim `claim` (only that uid: a claim made again under its name stays)
+  // with `propagation` ("Background", "Foreground", or "" for the API server's default);
+  // sent once until ForgetClaim, however often a lagging informer copy asks again. OK
+  // when it is gone. Errors: the API's.
+  absl::Status DeleteClaim(const Json& claim, const std::string& propagation)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // What was written against which version of the object.
@@ -88,6 +92,8 @@ class ClaimWriter {
   // The pod metadata patch last sent to each Sandbox's pod, with the Sandbox's
   // resourceVersion then: "<version> <patch>".
   absl::flat_hash_map<std::string, std::string> pod_metadata_sent_ ABSL_GUARDED_BY(mu_);
+  // The uids of the claims deleted whose deletion the informer has not shown yet.
+  absl::flat_hash_set<std::string> deleted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::k8s
