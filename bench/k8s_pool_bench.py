@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import urllib.parse
 
 GROUP = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default"
@@ -69,6 +70,17 @@ def cpu_seconds(pid):
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def claim_reconciles(port_file):
+    """sbx_k8s_claim_reconciles_total{kind="kubectl"} scraped from the server's /metrics."""
+    with open(port_file) as f:
+        port = int(f.read().strip())
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("sbx_k8s_claim_reconciles_total") and 'kind="kubectl"' in line:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def percentile(values, p):
@@ -141,6 +153,7 @@ def main():
         subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "wait", "--for=condition=Established",
                         "crd", "--all", "--timeout=30s"], check=True, capture_output=True)
         port_file = os.path.join(work, "port")
+        metrics_port_file = os.path.join(work, "metrics-port")
         server_log = open(os.path.join(work, "server.log"), "w")
         server = subprocess.Popen(
             [args.server, "--listen", "127.0.0.1:0", "--port_file", port_file, "--data_dir",
@@ -148,7 +161,8 @@ def main():
              "--kube_namespace", "default", "--kube_qps", "0", "--kube_workers", str(args.kube_workers),
              "--kube_write_workers", str(args.write_workers), "--kube_write_qps", "0", "--refill_qps", "100000",
              "--refill_max_creating", str(args.max_creating), "--kube_http", args.kube_http,
-             "--metrics_listen", "off", "--log_level", "warn"],
+             "--metrics_listen", "127.0.0.1:0", "--metrics_port_file", metrics_port_file,
+             "--log_level", "warn"],
             stdout=server_log, stderr=subprocess.STDOUT)
         procs.append(server)
         deadline = time.time() + 60
@@ -250,6 +264,7 @@ def main():
                             ready_at.setdefault(name, time.time())
         threading.Thread(target=watch, daemon=True).start()
         api.call("POST", "/emulator/stats/reset")
+        reconciles0 = claim_reconciles(metrics_port_file)
         names = ["sandbox-claim-%08x" % i for i in range(args.claims)]
         for name in names:
             body = {"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
@@ -269,6 +284,9 @@ def main():
                 raise RuntimeError("%d of %d claims Ready" % (done, len(names)))
             time.sleep(0.05)
         _, stats = api.call("GET", "/emulator/stats")
+        # Settle: the echoes of the last claims' writes come back after Ready was seen.
+        time.sleep(1)
+        reconciles = claim_reconciles(metrics_port_file) - reconciles0
         lat = [(ready_at[n_] - created_at[n_]) * 1000 for n_ in names]
         req = stats["requests"]
         claim_writes = (req.get("create sandboxclaims", 0) + req.get("patch sandboxes", 0) +
@@ -278,6 +296,7 @@ def main():
                   "ready_p99_ms": round(percentile(lat, 99), 2),
                   "ready_max_ms": round(max(lat), 2),
                   "claim_writes_per_claim": round(claim_writes / len(names), 2),
+                  "reconciles_per_claim": round(reconciles / len(names), 2),
                   "all_writes_per_claim_incl_refill": round(stats["writes"] / len(names), 2),
                   # The slowest claims by name, to look them up in server.log / emu.log.
                   "slowest": sorted(((round((ready_at[n_] - created_at[n_]) * 1000, 2), n_)
@@ -295,6 +314,8 @@ def main():
                   "%.2f claim writes per claim (user's create included)"
                   % (claims["ready_p50_ms"], claims["ready_p99_ms"], claims["ready_max_ms"],
                      claims["claim_writes_per_claim"]))
+            print("SandboxClaim reconciles per claim: %.2f (sbx_k8s_claim_reconciles_total"
+                  "{kind=\"kubectl\"}, 1 s after the last Ready)" % claims["reconciles_per_claim"])
             b = grpc_result["baseline"]["latency_us"]
             r = grpc_result["result"]["latency_us"]
             print("gRPC claims on the Kubernetes-backed pool (sbx-loadgen, open loop %d/s, %d "
