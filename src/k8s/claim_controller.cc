@@ -189,7 +189,9 @@ void ClaimController::WatchClaims() {
     }
     on_claim(o);
   };
-  claim_handler.on_update = [on_claim](const ObjectPtr&, const ObjectPtr& o) { on_claim(o); };
+  claim_handler.on_update = [on_claim](const ObjectPtr& old, const ObjectPtr& o) {
+    if (ClaimChangeNeedsReconcile(*old, *o)) on_claim(o);
+  };
   claim_handler.on_delete = [this](const ObjectPtr& o) {
     const std::string uid = Str(Field(*o, "metadata"), "uid");
     {
@@ -229,7 +231,9 @@ void ClaimController::WatchSandboxes() {
   };
   InformerHandler sandbox_handler;
   sandbox_handler.on_add = on_sandbox;
-  sandbox_handler.on_update = [on_sandbox](const ObjectPtr&, const ObjectPtr& o) { on_sandbox(o); };
+  sandbox_handler.on_update = [on_sandbox](const ObjectPtr& old, const ObjectPtr& o) {
+    if (SandboxChangeConcernsClaim(*old, *o)) on_sandbox(o);
+  };
   sandbox_handler.on_delete = on_sandbox;
   sandboxes_->AddHandler(std::move(sandbox_handler));
 }

@@ -91,6 +91,8 @@ class ClaimController {
   ~ClaimController();
 
   const Informer& claims() const { return claims_; }
+  // True when no claim is queued or being reconciled (delayed looks do not count).
+  bool Idle() const { return queue_.Idle(); }
   absl::Status StartInformers(absl::Duration sync_timeout);
   // Starts the workers and the gRPC claim mirror. UNAVAILABLE if the mirror's allocator
   // watch cannot start.

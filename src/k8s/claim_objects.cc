@@ -236,6 +236,26 @@ bool StatusShows(const Json& old_status, const Json& next) {
   return true;
 }
 
+bool ClaimChangeNeedsReconcile(const Json& before, const Json& after) {
+  if (Field(before, "spec") != Field(after, "spec")) return true;
+  Json b = Field(before, "metadata");
+  Json a = Field(after, "metadata");
+  for (Json* meta : {&b, &a}) {
+    if (!meta->is_object()) continue;
+    meta->erase("resourceVersion");
+    meta->erase("managedFields");
+  }
+  return b != a;
+}
+
+bool SandboxChangeConcernsClaim(const Json& before, const Json& after) {
+  const Json& b = Field(before, "metadata");
+  const Json& a = Field(after, "metadata");
+  return Field(b, "uid") != Field(a, "uid") ||
+         Field(b, "deletionTimestamp") != Field(a, "deletionTimestamp") ||
+         Field(before, "status") != Field(after, "status");
+}
+
 LifecycleVerdict ShutdownVerdict(const Json& claim, absl::Time now) {
   const Json& lifecycle = Field(Field(claim, "spec"), "lifecycle");
   const std::string shutdown = Str(lifecycle, "shutdownTime");

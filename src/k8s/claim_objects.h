@@ -90,6 +90,19 @@ Json BoundClaimStatus(const Json& old_status, const std::string& sandbox_name, b
 // is there with the same value (so writing `next` would change nothing).
 bool StatusShows(const Json& old_status, const Json& next);
 
+// Whether an update of a SandboxClaim from `before` to `after` can change what its
+// reconcile does: anything but its status and the fields every write changes
+// (resourceVersion, managedFields). A status-only update is the echo of the controller's
+// own status write (it is the only writer of a claim's status); the writer's memo and the
+// periodic resync cover one written by anyone else.
+bool ClaimChangeNeedsReconcile(const Json& before, const Json& after);
+
+// Whether an update of a Sandbox from `before` to `after` concerns the claim that owns it:
+// its status (which the claim's status shows and its ttlSecondsAfterFinished reads), its
+// deletion, or another object under its name. Not its labels and owner references, which
+// only the binding the claim's own reconcile wrote changes.
+bool SandboxChangeConcernsClaim(const Json& before, const Json& after);
+
 // How a claim's lifecycle ends it.
 enum class ClaimEnd {
   kNone,              // not yet

@@ -210,6 +210,54 @@ TEST(ClaimObjectsTest, ASandboxLabelledForTheClaimButControlledByAnotherIsNotBou
   EXPECT_FALSE(BoundTo(sandbox, "claim-uid-1"));
 }
 
+// --- Which updates are reconciled (issue 19: a claim's own writes come back as events) ---
+
+TEST(ClaimObjectsTest, TheEchoOfAClaimsStatusWriteIsNotReconciled) {
+  const Json before = Claim();
+  Json after = before;
+  after["metadata"]["resourceVersion"] = "8";
+  after["metadata"]["managedFields"] = Json::array({{{"manager", "sbx"}}});
+  after["status"] = Sandbox("True")["status"];
+  EXPECT_FALSE(ClaimChangeNeedsReconcile(before, after));
+}
+
+TEST(ClaimObjectsTest, AClaimsSpecLabelsAnnotationsOrDeletionAreReconciled) {
+  const Json before = Claim();
+  Json spec = before;
+  spec["spec"]["lifecycle"] = {{"shutdownTime", kNowText}};
+  EXPECT_TRUE(ClaimChangeNeedsReconcile(before, spec));
+  Json annotated = before;
+  annotated["metadata"]["annotations"] = {{"agents.x-k8s.io/client-first-requested-at", kNowText}};
+  EXPECT_TRUE(ClaimChangeNeedsReconcile(before, annotated));
+  Json labelled = before;
+  labelled["metadata"]["labels"] = {{"team", "rl"}};
+  EXPECT_TRUE(ClaimChangeNeedsReconcile(before, labelled));
+  Json deleting = before;
+  deleting["metadata"]["deletionTimestamp"] = kNowText;
+  EXPECT_TRUE(ClaimChangeNeedsReconcile(before, deleting));
+}
+
+TEST(ClaimObjectsTest, TheEchoOfABindingConcernsNotItsClaimButTheSandboxsStatusDoes) {
+  const Json warm = Sandbox("True");
+  Json bound = warm;
+  bound["metadata"]["resourceVersion"] = "13";
+  bound.merge_patch(BindingPatch(Claim(), "warm"));
+  EXPECT_FALSE(SandboxChangeConcernsClaim(warm, bound));
+
+  Json not_ready = bound;
+  not_ready["status"]["conditions"][0]["status"] = "False";
+  EXPECT_TRUE(SandboxChangeConcernsClaim(bound, not_ready));
+  Json moved = bound;
+  moved["status"]["podIPs"] = {"10.0.0.10"};
+  EXPECT_TRUE(SandboxChangeConcernsClaim(bound, moved));
+  Json deleting = bound;
+  deleting["metadata"]["deletionTimestamp"] = kNowText;
+  EXPECT_TRUE(SandboxChangeConcernsClaim(bound, deleting));
+  Json another = bound;
+  another["metadata"]["uid"] = "sandbox-uid-2";
+  EXPECT_TRUE(SandboxChangeConcernsClaim(bound, another));
+}
+
 TEST(ClaimObjectsTest, PodMetadataPatchCarriesOnlyLabelsAndAnnotations) {
   EXPECT_TRUE(PodMetadataPatch(nullptr).is_null());
   EXPECT_TRUE(PodMetadataPatch(Json::object()).is_null());
