@@ -1,7 +1,9 @@
 #include "src/k8s/claim_controller.h"
 
+#include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -30,15 +32,22 @@ class ClaimControllerMetrics {
       : registry_(registry ? std::move(registry) : std::make_shared<prometheus::Registry>()),
         startup_(prometheus::BuildHistogram()
                      .Name("agent_sandbox_claim_startup_latency_ms")
-                     .Help("SandboxClaim creation (or client-first-requested-at) to Ready, ms")
+                     .Help("SandboxClaim creation to Ready, ms")
                      .Register(*registry_)),
         controller_startup_(prometheus::BuildHistogram()
                                 .Name("agent_sandbox_claim_controller_startup_latency_ms")
                                 .Help("Controller first seeing a SandboxClaim to Ready, ms")
                                 .Register(*registry_)),
+        client_startup_(prometheus::BuildHistogram()
+                            .Name("agent_sandbox_client_claim_startup_latency_ms")
+                            .Help("The client's first request (its client-first-requested-at "
+                                  "annotation) to the SandboxClaim's Ready, ms")
+                            .Register(*registry_)),
         created_(prometheus::BuildCounter()
                      .Name("agent_sandbox_claim_creation_total")
-                     .Help("SandboxClaims that became Ready, by launch type and warm pool")
+                     .Help("SandboxClaims given a Sandbox (a warm member adopted, or a cold "
+                           "one made), by namespace, template, launch type, warm pool, the "
+                           "Sandbox's readiness then and the claim's created-by label")
                      .Register(*registry_)),
         reconciles_(prometheus::BuildCounter()
                         .Name("sbx_k8s_claim_reconciles_total")
@@ -52,38 +61,62 @@ class ClaimControllerMetrics {
   void KubectlReconciled() { kubectl_reconciles_->Increment(); }
   void GrpcReconciled() { grpc_reconciles_->Increment(); }
 
-  void Ready(const std::string& launch_type, const std::string& sandbox_template,
-             const std::string& pool, double startup_ms, double controller_ms) {
-    Series& series = Of(launch_type, sandbox_template, pool);
+  // A claim became Ready: `startup_ms` after it was made, `controller_ms` after this
+  // controller first saw it and, when its client said when it asked, `client_ms` after.
+  void Ready(const std::string& launch_type, const std::string& sandbox_template, double startup_ms,
+             double controller_ms, std::optional<double> client_ms) {
+    Latencies& series = LatenciesOf(launch_type, sandbox_template);
     if (startup_ms >= 0) series.startup->Observe(startup_ms);
     if (controller_ms >= 0) series.controller_startup->Observe(controller_ms);
-    series.created->Increment();
+    if (client_ms && *client_ms >= 0) series.client_startup->Observe(*client_ms);
+  }
+  // A claim was given a Sandbox (upstream counts it then, not at Ready).
+  void Created(const std::string& sandbox_template, const std::string& launch_type,
+               const std::string& pool, bool sandbox_ready, const std::string& created_by)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    const std::string condition = sandbox_ready ? "ready" : "not_ready";
+    const std::string key = absl::StrCat(sandbox_template, "/", launch_type, "/", pool, "/",
+                                         condition, "/", created_by);
+    prometheus::Counter* counter;
+    {
+      absl::MutexLock lock(&mu_);
+      auto [it, inserted] = created_series_.try_emplace(key, nullptr);
+      if (inserted) {
+        it->second = &created_.Add({{"namespace", ns_},
+                                    {"sandbox_template", sandbox_template},
+                                    {"launch_type", launch_type},
+                                    {"warmpool_name", pool},
+                                    {"pod_condition", condition},
+                                    {"created_by", created_by}});
+      }
+      counter = it->second;
+    }
+    counter->Increment();
   }
   void set_namespace(std::string ns) { ns_ = std::move(ns); }
 
  private:
-  // The series of one launch type, template and pool, made on first use (Family::Add
-  // builds label maps and bucket vectors and locks the family: not once per claim).
-  struct Series {
+  // The series of one launch type and template, made on first use (Family::Add builds
+  // label maps and bucket vectors and locks the family: not once per claim).
+  struct Latencies {
     prometheus::Histogram* startup;
     prometheus::Histogram* controller_startup;
-    prometheus::Counter* created;
+    prometheus::Histogram* client_startup;
   };
 
-  Series& Of(const std::string& launch_type, const std::string& sandbox_template,
-             const std::string& pool) ABSL_LOCKS_EXCLUDED(mu_) {
-    const std::string key = absl::StrCat(launch_type, "/", sandbox_template, "/", pool);
+  Latencies& LatenciesOf(const std::string& launch_type, const std::string& sandbox_template)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    const std::string key = absl::StrCat(launch_type, "/", sandbox_template);
     absl::MutexLock lock(&mu_);
-    auto [it, inserted] = series_.try_emplace(key);
+    auto [it, inserted] = latencies_.try_emplace(key);
     if (inserted) {
       static const prometheus::Histogram::BucketBoundaries kBuckets{
           10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000};
       const prometheus::Labels labels{{"launch_type", launch_type},
                                       {"sandbox_template", sandbox_template}};
       it->second =
-          Series{&startup_.Add(labels, kBuckets), &controller_startup_.Add(labels, kBuckets),
-                 &created_.Add(
-                     {{"launch_type", launch_type}, {"warmpool_name", pool}, {"namespace", ns_}})};
+          Latencies{&startup_.Add(labels, kBuckets), &controller_startup_.Add(labels, kBuckets),
+                    &client_startup_.Add(labels, kBuckets)};
     }
     return it->second;
   }
@@ -91,6 +124,7 @@ class ClaimControllerMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Histogram>& startup_;
   prometheus::Family<prometheus::Histogram>& controller_startup_;
+  prometheus::Family<prometheus::Histogram>& client_startup_;
   prometheus::Family<prometheus::Counter>& created_;
   prometheus::Family<prometheus::Counter>& reconciles_;
   // Resolved once: every reconcile counts, and Family::Add locks the family.
@@ -98,8 +132,9 @@ class ClaimControllerMetrics {
   prometheus::Counter* const grpc_reconciles_;
   std::string ns_;
   absl::Mutex mu_;
-  // Node map: a Series stays where it is while others are added.
-  absl::node_hash_map<std::string, Series> series_ ABSL_GUARDED_BY(mu_);
+  // Node map: a series stays where it is while others are added.
+  absl::node_hash_map<std::string, Latencies> latencies_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, prometheus::Counter*> created_series_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -488,9 +523,16 @@ absl::StatusOr<ClaimController::Placement> ClaimController::PlaceNew(const Json&
   // Warm members run already: env or volumes of the claim's own need a new sandbox.
   if (!NeedsOwnSandbox(claim)) {
     ASSIGN_OR_RETURN(std::string warm, ClaimWarm(claim, pool_name));
-    if (!warm.empty()) return Placement{.sandbox = std::move(warm)};
+    if (!warm.empty()) {
+      ObjectPtr member = sandboxes_->Get(options_.ns, warm);
+      metrics_->Created(template_name, "warm", pool_name,
+                        member != nullptr && IsReady(Field(*member, "status")), CreatedBy(claim));
+      return Placement{.sandbox = std::move(warm)};
+    }
   }
-  RETURN_IF_ERROR(writer_.CreateSandbox(ColdSandbox(claim, *sandbox_template, options_.ns)));
+  ASSIGN_OR_RETURN(const bool made,
+                   writer_.CreateSandbox(ColdSandbox(claim, *sandbox_template, options_.ns)));
+  if (made) metrics_->Created(template_name, "cold", pool_name, false, CreatedBy(claim));
   return Placement{.sandbox = Str(Field(claim, "metadata"), "name"), .cold = true};
 }
 
@@ -536,13 +578,16 @@ void ClaimController::RecordReady(const Json& claim, const Placement& placement,
     auto it = first_seen_.find(Str(Field(claim, "metadata"), "uid"));
     if (it != first_seen_.end()) seen = it->second;
   }
-  const absl::Time start = ClaimRequestedAt(claim, seen);
-  const std::string pool_name = PoolOf(claim);
-  ObjectPtr pool = pools_->Get(options_.ns, pool_name);
+  std::optional<double> client_ms;
+  if (std::optional<absl::Time> asked = ClientRequestedAt(claim)) {
+    client_ms = absl::ToDoubleMilliseconds(now - *asked);
+  }
+  ObjectPtr pool = pools_->Get(options_.ns, PoolOf(claim));
   const std::string template_name =
       pool ? Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") : "";
-  metrics_->Ready(placement.cold ? "cold" : "warm", template_name, pool_name,
-                  absl::ToDoubleMilliseconds(now - start), absl::ToDoubleMilliseconds(now - seen));
+  metrics_->Ready(placement.cold ? "cold" : "warm", template_name,
+                  absl::ToDoubleMilliseconds(now - ClaimCreatedAt(claim, seen)),
+                  absl::ToDoubleMilliseconds(now - seen), client_ms);
 }
 
 }  // namespace sbx::k8s

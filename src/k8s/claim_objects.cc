@@ -107,7 +107,7 @@ std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const Json& claim,
     const std::string policy = Str(Field(sandbox_template, "spec"), "volumeClaimTemplatesPolicy");
     if (policy.empty() || policy == "Disallowed") {
       return ClaimRefusal{
-          "InvalidMetadata",
+          "VolumeClaimTemplatesError",
           absl::StrCat("SandboxTemplate \"", Str(Field(sandbox_template, "metadata"), "name"),
                        "\" does not allow volumeClaimTemplates in claims")};
     }
@@ -149,6 +149,7 @@ Json ColdSandbox(const Json& claim, const Json& sandbox_template, const std::str
               {kLaunchTypeLabel, "cold"},
               {kTemplateRefHashLabel, NameHash(template_name)},
               {"sbx.dev/template", template_name}}},
+            {"annotations", {{kTemplateRefAnnotation, template_name}}},
             {"ownerReferences", Json::array({ClaimRef(claim)})}}},
           {"spec", std::move(sb_spec)}};
 }
@@ -158,9 +159,11 @@ bool BoundTo(const Json& sandbox, const std::string& claim_uid) {
          ControllerUid(sandbox) == claim_uid;
 }
 
-Json BindingPatch(const Json& claim, const std::string& launch_type) {
+Json BindingPatch(const Json& claim, const std::string& sandbox, const std::string& launch_type) {
   return {{"metadata",
            {{"ownerReferences", Json::array({ClaimRef(claim)})},
+            // The pod keeps its name (the member's): upstream records it on adoption.
+            {"annotations", {{kPodNameAnnotation, sandbox}}},
             {"labels",
              {{kWarmPoolLabel, nullptr},
               {kClaimUidLabel, Str(Field(claim, "metadata"), "uid")},
@@ -280,11 +283,16 @@ LifecycleVerdict TtlVerdict(const Json& claim, const Json& sandbox_status, absl:
   return {ClaimEnd::kDelete};
 }
 
-absl::Time ClaimRequestedAt(const Json& claim, absl::Time fallback) {
-  const Json& meta = Field(claim, "metadata");
+absl::Time ClaimCreatedAt(const Json& claim, absl::Time fallback) {
+  return ParseRfc3339(Str(Field(claim, "metadata"), "creationTimestamp"), fallback);
+}
+
+std::optional<absl::Time> ClientRequestedAt(const Json& claim) {
   const std::string asked =
-      Str(Field(meta, "annotations"), "agents.x-k8s.io/client-first-requested-at");
-  return ParseRfc3339(asked.empty() ? Str(meta, "creationTimestamp") : asked, fallback);
+      Str(Field(Field(claim, "metadata"), "annotations"), kClientRequestedAtAnnotation);
+  const absl::Time at = ParseRfc3339(asked, absl::InfinitePast());
+  if (at == absl::InfinitePast()) return std::nullopt;
+  return at;
 }
 
 Json GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,

@@ -20,6 +20,7 @@ using Json = nlohmann::json;
 inline constexpr char kSandboxNameAnnotation[] = "agents.x-k8s.io/sandbox-name";
 inline constexpr char kSbxOwnerAnnotation[] = "sbx.dev/owner";
 inline constexpr char kSbxClaimIdAnnotation[] = "sbx.dev/claim-id";
+inline constexpr char kClientRequestedAtAnnotation[] = "agents.x-k8s.io/client-first-requested-at";
 
 // Why a claim cannot go on now: its Ready condition says False with this reason and
 // message until the claim or its pool or template changes.
@@ -60,8 +61,9 @@ bool BoundTo(const Json& sandbox, const std::string& claim_uid);
 
 // The merge patch that binds a warm Sandbox to `claim`: the claim becomes its controller
 // owner, the warm-pool label goes, claim-uid and launch-type (`launch_type`) are set. The
-// sandbox-template-ref-hash label stays (the template's NetworkPolicy selects by it).
-Json BindingPatch(const Json& claim, const std::string& launch_type);
+// sandbox-template-ref-hash label stays (the template's NetworkPolicy selects by it); the
+// pod-name annotation records the pod the claim gets (named like Sandbox `sandbox`).
+Json BindingPatch(const Json& claim, const std::string& sandbox, const std::string& launch_type);
 
 // The merge patch of a Sandbox's pod for a claim's spec.additionalPodMetadata (its labels
 // and annotations), or null when it has none.
@@ -126,9 +128,11 @@ LifecycleVerdict ShutdownVerdict(const Json& claim, absl::Time now);
 // turned True (from `now` when its time is unreadable), else kNone until then.
 LifecycleVerdict TtlVerdict(const Json& claim, const Json& sandbox_status, absl::Time now);
 
-// When the claim asked for its sandbox: the agents.x-k8s.io/client-first-requested-at
-// annotation, else its creationTimestamp, else `fallback`.
-absl::Time ClaimRequestedAt(const Json& claim, absl::Time fallback);
+// When `claim` was made (its creationTimestamp), else `fallback`.
+absl::Time ClaimCreatedAt(const Json& claim, absl::Time fallback);
+// When the claim's client first asked for it (the client-first-requested-at annotation
+// that upstream's client libraries set), when it says so in RFC 3339.
+std::optional<absl::Time> ClientRequestedAt(const Json& claim);
 
 // The SandboxClaim named `name` in `ns` that shows active gRPC claim `claim`: label
 // sbx.dev/source grpc, annotations naming its owner, id and sandbox, spec.warmPoolRef its

@@ -49,7 +49,7 @@ absl::Status ClaimWriter::Bind(const Json& claim, const std::string& sandbox,
       return absl::OkStatus();  // patched already; the cache has not caught up
     }
   }
-  const Json patch = BindingPatch(claim, launch_type);
+  const Json patch = BindingPatch(claim, sandbox, launch_type);
   absl::Status patched = writes_->Run(WritePriority::kClaim, [&] {
     return client_->PatchNoResult(kSandboxes, ns_, sandbox, PatchType::kMerge, patch);
   });
@@ -139,10 +139,12 @@ absl::StatusOr<Json> ClaimWriter::CreateClaim(const Json& claim) {
   return created;
 }
 
-absl::Status ClaimWriter::CreateSandbox(const Json& sandbox) {
+absl::StatusOr<bool> ClaimWriter::CreateSandbox(const Json& sandbox) {
   absl::Status s = writes_->Run(WritePriority::kClaim,
                                 [&] { return client_->Create(kSandboxes, ns_, sandbox).status(); });
-  return s.ok() || absl::IsAlreadyExists(s) ? absl::OkStatus() : s;
+  if (absl::IsAlreadyExists(s)) return false;
+  if (!s.ok()) return s;
+  return true;
 }
 
 absl::Status ClaimWriter::DeleteSandbox(const std::string& name) {

@@ -60,8 +60,9 @@ class ClaimWriter {
   // Makes SandboxClaim `claim` and answers the object made; when one of its name exists
   // (ours, made by an earlier try), answers that one. Errors: the API's.
   absl::StatusOr<Json> CreateClaim(const Json& claim);
-  // Makes `sandbox` (a claim's cold Sandbox); OK when it exists. Errors: the API's.
-  absl::Status CreateSandbox(const Json& sandbox);
+  // Makes `sandbox` (a claim's cold Sandbox) and answers true; false when it exists.
+  // Errors: the API's.
+  absl::StatusOr<bool> CreateSandbox(const Json& sandbox);
   // Deletes Sandbox `name`; OK when it is gone. Errors: the API's.
   absl::Status DeleteSandbox(const std::string& name);
   // Deletes SandboxClaim `claim` (only that uid: a claim made again under its name stays)

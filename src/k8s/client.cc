@@ -106,6 +106,15 @@ class ClientMetrics {
 
 namespace {
 
+// A write addressed to one object must name it: with an empty name the path is the
+// collection's, and a DELETE there is a deletecollection.
+absl::Status NeedName(const char* verb, const Resource& r, const std::string& name) {
+  if (!name.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(verb, " ", r.resource, ": no object name (an empty one would address every ",
+                   r.resource, " of the namespace)"));
+}
+
 std::string ResourceLabel(const Resource& r, const std::string& subresource) {
   return subresource.empty() ? r.resource : absl::StrCat(r.resource, "/", subresource);
 }
@@ -576,12 +585,14 @@ absl::StatusOr<Json> Client::UpdateStatus(const Resource& r, const std::string& 
 absl::StatusOr<Json> Client::Patch(const Resource& r, const std::string& ns,
                                    const std::string& name, PatchType type, const Json& patch,
                                    const std::string& subresource) {
+  RETURN_IF_ERROR(NeedName("patch", r, name));
   return DoJson(PatchCall(r, ns, name, type, patch, subresource));
 }
 
 absl::Status Client::PatchNoResult(const Resource& r, const std::string& ns,
                                    const std::string& name, PatchType type, const Json& patch,
                                    const std::string& subresource) {
+  RETURN_IF_ERROR(NeedName("patch", r, name));
   return DoOk(PatchCall(r, ns, name, type, patch, subresource)).status();
 }
 
@@ -604,6 +615,7 @@ Client::Call Client::PatchCall(const Resource& r, const std::string& ns, const s
 
 absl::Status Client::Delete(const Resource& r, const std::string& ns, const std::string& name,
                             const DeleteOptions& options) {
+  RETURN_IF_ERROR(NeedName("delete", r, name));
   Json body = {{"kind", "DeleteOptions"}, {"apiVersion", "v1"}};
   if (!options.propagation_policy.empty()) body["propagationPolicy"] = options.propagation_policy;
   if (options.precondition_uid) body["preconditions"]["uid"] = *options.precondition_uid;

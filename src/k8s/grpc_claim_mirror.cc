@@ -116,8 +116,9 @@ absl::Status GrpcClaimMirror::Reconcile(const std::string& owner, const std::str
   const std::string name = GrpcClaimName(owner, id);
   absl::StatusOr<store::ClaimRecord> c = allocator->GetClaim(owner, id);
   if (!c.ok() || c->state != store::ClaimState::kActive) {
-    if (claims_->Get(ns_, name) == nullptr) return absl::OkStatus();
-    return writer_->DeleteClaim(name, "Background");
+    ObjectPtr shown = claims_->Get(ns_, name);
+    if (shown == nullptr) return absl::OkStatus();
+    return writer_->DeleteClaim(*shown, "Background");
   }
   ASSIGN_OR_RETURN(const Json claim, ShownClaim(*c, name));
   // The object names the sandbox the allocator chose; it never changes.

@@ -120,9 +120,11 @@ Json WarmMember(const Json& pool, const Json& sandbox_template) {
              {{kWarmPoolLabel, NameHash(pool_name)},
               {kTemplateRefHashLabel, NameHash(template_name)},
               {kLaunchTypeLabel, "warm"},
+              {kCreatedByLabel, "controller"},
               {kSbxPoolLabel, pool_name},
               {kSbxTemplateHashLabel, TemplateSpecHash(sandbox_template)},
               {"sbx.dev/template", template_name}}},
+            {"annotations", {{kTemplateRefAnnotation, template_name}}},
             {"ownerReferences", Json::array({owner})}}},
           {"spec", std::move(spec)}};
 }

@@ -49,35 +49,50 @@ class SandboxControllerMetrics {
                        .Register(*registry_)) {}
 
   prometheus::Histogram& duration() { return duration_; }
-  // Counts `sandbox` in (+1) or out (-1) of agent_sandboxes.
+  // Counts `sandbox` in (+1) or out (-1) of agent_sandboxes, with upstream's labels.
   void CountSandbox(const Json& sandbox, double delta) {
     using json_fields::Field;
     using json_fields::Str;
-    const Json& labels = Field(Field(sandbox, "metadata"), "labels");
-    std::string ready = "Unknown";
-    const Json& conditions = Field(Field(sandbox, "status"), "conditions");
-    if (conditions.is_array()) {
-      for (const Json& c : conditions) {
-        if (Str(c, "type") == "Ready") ready = Str(c, "status");
-      }
-    }
+    const Json& meta = Field(sandbox, "metadata");
+    const Json* ready = json_fields::FindCondition(Field(sandbox, "status"), "Ready");
+    const bool is_ready = ready != nullptr && Str(*ready, "status") == "True";
+    const bool expired = ready != nullptr && Str(*ready, "reason") == "SandboxExpired";
     sandboxes_
-        .Add({{"ready_condition", ready},
-              {"launch_type", Str(labels, kLaunchTypeLabel)},
-              {"sandbox_template", Str(labels, "sbx.dev/template")}})
+        .Add({{"namespace", Str(meta, "namespace")},
+              {"ready_condition", is_ready ? "true" : "false"},
+              {"expired", expired ? "true" : "false"},
+              {"launch_type",
+               Str(Field(meta, "labels"), kLaunchTypeLabel) == "warm" ? "warm" : "cold"},
+              {"sandbox_template", TemplateOf(sandbox)},
+              {"owned_by", ExtensionsControllerKind(sandbox)},
+              {"created_by", CreatedBy(sandbox)}})
         .Increment(delta);
   }
   prometheus::Counter& errors() { return errors_; }
   prometheus::Gauge& depth() { return depth_; }
-  void Created(const std::string& launch_type, double ms) {
+  void Created(const Json& sandbox, double ms) {
+    using json_fields::Field;
+    using json_fields::Str;
+    const Json& meta = Field(sandbox, "metadata");
+    const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
     creation_
-        .Add({{"launch_type", launch_type}},
+        .Add({{"namespace", Str(meta, "namespace")},
+              {"launch_type", launch.empty() ? "none" : launch},
+              {"sandbox_template", TemplateOf(sandbox)}},
              prometheus::Histogram::BucketBoundaries{10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
                                                      10000, 30000, 60000})
         .Observe(ms);
   }
 
  private:
+  // The template a Sandbox was made from (upstream's sandbox-template-ref annotation), or
+  // "unknown" for one made by hand.
+  static std::string TemplateOf(const Json& sandbox) {
+    const std::string name =
+        json_fields::Str(json_fields::Field(json_fields::Field(sandbox, "metadata"), "annotations"),
+                         kTemplateRefAnnotation);
+    return name.empty() ? "unknown" : name;
+  }
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Histogram& duration_;
   prometheus::Counter& errors_;
@@ -555,9 +570,7 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
     }
     if (first && !IsReady(old_status)) {
       if (created_at != absl::InfinitePast()) {
-        const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
-        metrics_->Created(launch.empty() ? "none" : launch,
-                          absl::ToDoubleMilliseconds(now - created_at));
+        metrics_->Created(sandbox, absl::ToDoubleMilliseconds(now - created_at));
       }
     }
   }

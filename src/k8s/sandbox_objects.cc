@@ -1,10 +1,13 @@
 #include "src/k8s/sandbox_objects.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "src/common/hash.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/leader_election.h"
@@ -42,6 +45,14 @@ const Json* PodCondition(const Json& pod, const std::string& type) {
 }
 
 // True when `object`'s controller owner is in the extensions.agents.x-k8s.io group.
+// The keys of JSON object `map`, sorted, joined by commas.
+std::string SortedKeys(const Json& map) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : map.items()) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return absl::StrJoin(keys, ",");
+}
+
 bool ControlledByExtensions(const Json& object) {
   const Json& refs = Field(Field(object, "metadata"), "ownerReferences");
   if (!refs.is_array()) return false;
@@ -78,12 +89,38 @@ std::string ControllerUid(const Json& object) {
   return "";
 }
 
+std::string CreatedBy(const Json& object) {
+  const std::string by = Str(Field(Field(object, "metadata"), "labels"), kCreatedByLabel);
+  if (by == "go-client" || by == "python-client" || by == "controller") return by;
+  return "unknown";
+}
+
+std::string ExtensionsControllerKind(const Json& object) {
+  const Json& refs = Field(Field(object, "metadata"), "ownerReferences");
+  if (!refs.is_array()) return "None";
+  for (const Json& ref : refs) {
+    if (!Field(ref, "controller").is_boolean() || !ref["controller"].get<bool>()) continue;
+    const std::string kind = Str(ref, "kind");
+    const bool extensions =
+        absl::StartsWith(Str(ref, "apiVersion"), absl::StrCat(kExtensionsGroup, "/"));
+    if (extensions && (kind == "SandboxClaim" || kind == "SandboxWarmPool")) return kind;
+    return "None";
+  }
+  return "None";
+}
+
 Json DesiredPod(const Json& sandbox) {
   const Json& meta = Field(sandbox, "metadata");
   const std::string name = Str(meta, "name");
   const Json& tmpl = Field(Field(sandbox, "spec"), "podTemplate");
   const Json& tmpl_meta = Field(tmpl, "metadata");
   Json labels = WithoutReserved(Field(tmpl_meta, "labels"));
+  Json annotations = WithoutReserved(Field(tmpl_meta, "annotations"));
+  // Which of the pod's labels and annotations came from the template, as upstream records.
+  const std::string label_keys = SortedKeys(labels);
+  const std::string annotation_keys = SortedKeys(annotations);
+  if (!label_keys.empty()) annotations[kPropagatedLabelsAnnotation] = label_keys;
+  if (!annotation_keys.empty()) annotations[kPropagatedAnnotationsAnnotation] = annotation_keys;
   labels[kNameHashLabel] = NameHash(name);
   // The launch type is the controller's to state (warm members keep theirs).
   const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
@@ -99,7 +136,7 @@ Json DesiredPod(const Json& sandbox) {
                {{"name", name},
                 {"namespace", Str(meta, "namespace")},
                 {"labels", labels},
-                {"annotations", WithoutReserved(Field(tmpl_meta, "annotations"))},
+                {"annotations", std::move(annotations)},
                 {"ownerReferences", Json::array({ControllerRef(sandbox)})}}},
               {"spec", Field(tmpl, "spec").is_object() ? Field(tmpl, "spec") : Json::object()}};
   // Each volumeClaimTemplates entry replaces the pod volume of its name (or adds one).

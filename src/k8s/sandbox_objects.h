@@ -23,6 +23,25 @@ inline constexpr char kLaunchTypeLabel[] = "agents.x-k8s.io/launch-type";
 // NetworkPolicy selects the pods by it.
 inline constexpr char kTemplateRefHashLabel[] = "agents.x-k8s.io/sandbox-template-ref-hash";
 inline constexpr char kExtensionsGroup[] = "extensions.agents.x-k8s.io";
+// The SandboxTemplate a warm member or a claim's cold Sandbox was made from (its name).
+inline constexpr char kTemplateRefAnnotation[] = "agents.x-k8s.io/sandbox-template-ref";
+// The pod a claim's adopted warm Sandbox runs (named like the Sandbox).
+inline constexpr char kPodNameAnnotation[] = "agents.x-k8s.io/pod-name";
+// The keys of the pod template's labels and annotations the pod was given, sorted and
+// comma-separated.
+inline constexpr char kPropagatedLabelsAnnotation[] = "agents.x-k8s.io/propagated-labels";
+inline constexpr char kPropagatedAnnotationsAnnotation[] = "agents.x-k8s.io/propagated-annotations";
+
+// Who made an object (upstream's client libraries say go-client or python-client, its
+// controllers controller).
+inline constexpr char kCreatedByLabel[] = "agents.x-k8s.io/created-by";
+
+// The created-by label of `object` as upstream's metrics show it: go-client,
+// python-client, controller, or unknown (anything else, to bound the series).
+std::string CreatedBy(const Json& object);
+// The kind of the extensions.agents.x-k8s.io object that controls `object`
+// (SandboxClaim or SandboxWarmPool), else "None": agent_sandboxes' owned_by.
+std::string ExtensionsControllerKind(const Json& object);
 
 // FNV-1a 32-bit of `name` as 8 lower-case hex digits.
 std::string NameHash(const std::string& name);

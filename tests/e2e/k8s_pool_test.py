@@ -187,7 +187,13 @@ class PoolTest(unittest.TestCase):
         c.wait_pool("py", 3)
         before = {m["metadata"]["name"] for m in c.members("py")}
         c.http("POST", "/emulator/stats/reset")
-        c.apply(claim("job-1", "py", additionalPodMetadata={"labels": {"team": "rl"}}))
+        job = claim("job-1", "py", additionalPodMetadata={"labels": {"team": "rl"}})
+        # As upstream's Python client makes them.
+        job["metadata"]["labels"] = {"agents.x-k8s.io/created-by": "python-client"}
+        job["metadata"]["annotations"] = {
+            "agents.x-k8s.io/client-first-requested-at":
+                time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}
+        c.apply(job)
         c.kubectl("wait", "sandboxclaim/job-1", "--for=condition=Ready", "--timeout=30s")
         cl = c.claim_obj("job-1")
         name = cl["status"]["sandbox"]["name"]
@@ -200,6 +206,11 @@ class PoolTest(unittest.TestCase):
         self.assertEqual(labels[LAUNCH], "warm")
         ref = sb["metadata"]["ownerReferences"][0]
         self.assertEqual((ref["kind"], ref["uid"]), ("SandboxClaim", cl["metadata"]["uid"]))
+        # Upstream's notes on an adopted member: its pod and its template.
+        self.assertEqual(sb["metadata"]["annotations"]["agents.x-k8s.io/pod-name"], name)
+        self.assertEqual(sb["metadata"]["annotations"]["agents.x-k8s.io/sandbox-template-ref"],
+                         "python")
+        self.assertEqual(labels["agents.x-k8s.io/created-by"], "controller")
         self.assertEqual(c.pod(name)["metadata"]["labels"].get("team"), "rl")
         c.wait_pool("py", 3)  # refilled
         stats = c.stats()["requests"]
@@ -214,12 +225,18 @@ class PoolTest(unittest.TestCase):
         self.assertLessEqual(stats.get("patch pods", 0), 2, stats)
         # The upstream-compatible metrics saw it.
         text = c.metrics(server)
-        self.assertIn('agent_sandbox_claim_creation_total{launch_type="warm",namespace="default",'
-                      'warmpool_name="py"} 1', text)
-        self.assertIn('agent_sandbox_claim_startup_latency_ms_count{launch_type="warm",'
-                      'sandbox_template="python"} 1', text)
-        self.assertRegex(text, r'agent_sandboxes\{launch_type="warm",ready_condition="True",'
-                               r'sandbox_template="python"\} [1-9]')
+        self.assertIn('agent_sandbox_claim_creation_total{created_by="python-client",'
+                      'launch_type="warm",namespace="default",pod_condition="ready",'
+                      'sandbox_template="python",warmpool_name="py"} 1', text)
+        for latency in ("claim_startup", "claim_controller_startup", "client_claim_startup"):
+            self.assertIn('agent_sandbox_%s_latency_ms_count{launch_type="warm",'
+                          'sandbox_template="python"} 1' % latency, text)
+        self.assertRegex(text, r'agent_sandboxes\{created_by="controller",expired="false",'
+                               r'launch_type="warm",namespace="default",owned_by="SandboxClaim",'
+                               r'ready_condition="true",sandbox_template="python"\} 1')
+        self.assertRegex(text, r'agent_sandboxes\{created_by="controller",expired="false",'
+                               r'launch_type="warm",namespace="default",owned_by="SandboxWarmPool",'
+                               r'ready_condition="true",sandbox_template="python"\} 3')
         c.kubectl("delete", "sandboxclaim", "job-1")
         c.wait_for(lambda: c.sandbox(name) is None, 30, "the claim's Sandbox to go")
         self.assert_no_double_binding(c)
@@ -234,6 +251,8 @@ class PoolTest(unittest.TestCase):
         c.kubectl("wait", "sandboxclaim/cold-1", "--for=condition=Ready", "--timeout=30s")
         sb = c.sandbox("cold-1")
         self.assertEqual(sb["metadata"]["labels"][LAUNCH], "cold")
+        self.assertEqual(sb["metadata"]["annotations"]["agents.x-k8s.io/sandbox-template-ref"],
+                         "python")
         self.assertEqual(c.claim_obj("cold-1")["status"]["sandbox"]["name"], "cold-1")
         c.apply(claim("env-no", "strictp", env=[{"name": "X", "value": "1"}]),
                 claim("env-clash", "openp", env=[{"name": "A", "value": "2"}]),

@@ -80,6 +80,7 @@ TEST(ClaimObjectsTest, AColdSandboxIsNamedLikeItsClaimAndControlledByIt) {
   EXPECT_EQ(labels[kLaunchTypeLabel], "cold");
   EXPECT_EQ(labels[kTemplateRefHashLabel], NameHash("python"));
   EXPECT_EQ(labels["sbx.dev/template"], "python");
+  EXPECT_EQ(sandbox["metadata"]["annotations"][kTemplateRefAnnotation], "python");  // upstream's
   EXPECT_EQ(ControllerUid(sandbox), "claim-uid-1");
   EXPECT_EQ(sandbox["metadata"]["ownerReferences"][0], ClaimRef(Claim()));
   EXPECT_EQ(ClaimRef(Claim())["kind"], "SandboxClaim");
@@ -176,7 +177,7 @@ TEST(ClaimObjectsTest, VolumeClaimTemplatesAreRefusedUnlessTheTemplateAllowsThem
         claim,
         policy.empty() ? Template() : WithPolicy(Template(), "volumeClaimTemplatesPolicy", policy));
     ASSERT_TRUE(refused.has_value()) << "policy \"" << policy << "\"";
-    EXPECT_EQ(refused->reason, "InvalidMetadata");
+    EXPECT_EQ(refused->reason, "VolumeClaimTemplatesError");  // upstream's reason
     EXPECT_EQ(refused->message,
               "SandboxTemplate \"python\" does not allow volumeClaimTemplates in claims");
   }
@@ -195,7 +196,7 @@ TEST(ClaimObjectsTest, TheBindingPatchMakesTheClaimTheSandboxsControllerAndDrops
         {"ownerReferences",
          {{{"kind", "SandboxWarmPool"}, {"uid", "pool-uid"}, {"controller", true}}}}}}};
   EXPECT_FALSE(BoundTo(sandbox, "claim-uid-1"));
-  sandbox.merge_patch(BindingPatch(Claim(), "warm"));
+  sandbox.merge_patch(BindingPatch(Claim(), "sb-1", "warm"));
   EXPECT_TRUE(BoundTo(sandbox, "claim-uid-1"));
   EXPECT_FALSE(BoundTo(sandbox, "another-claim"));
   const Json& labels = sandbox["metadata"]["labels"];
@@ -203,6 +204,8 @@ TEST(ClaimObjectsTest, TheBindingPatchMakesTheClaimTheSandboxsControllerAndDrops
   EXPECT_EQ(labels[kLaunchTypeLabel], "warm");
   EXPECT_EQ(labels[kTemplateRefHashLabel], NameHash("python"));  // its NetworkPolicy
   EXPECT_EQ(sandbox["metadata"]["ownerReferences"].size(), 1u);
+  // As upstream records an adoption: the pod the claim got (named like the member).
+  EXPECT_EQ(sandbox["metadata"]["annotations"][kPodNameAnnotation], "sb-1");
 }
 
 TEST(ClaimObjectsTest, ASandboxLabelledForTheClaimButControlledByAnotherIsNotBound) {
@@ -241,7 +244,7 @@ TEST(ClaimObjectsTest, TheEchoOfABindingConcernsNotItsClaimButTheSandboxsStatusD
   const Json warm = Sandbox("True");
   Json bound = warm;
   bound["metadata"]["resourceVersion"] = "13";
-  bound.merge_patch(BindingPatch(Claim(), "warm"));
+  bound.merge_patch(BindingPatch(Claim(), "sb-1", "warm"));
   EXPECT_FALSE(SandboxChangeConcernsClaim(warm, bound));
 
   Json not_ready = bound;
@@ -401,13 +404,26 @@ TEST(ClaimObjectsTest, TtlAfterFinishedDeletesTheClaimThatLongAfterItsSandboxFin
   EXPECT_EQ(TtlVerdict(Claim(), finished, kNow).look_again, absl::InfiniteFuture());
 }
 
-TEST(ClaimObjectsTest, AClaimWasRequestedWhenItsClientSaysElseWhenItWasMade) {
+TEST(ClaimObjectsTest, AClaimWasMadeAtItsCreationAndRequestedWhenItsClientSays) {
   Json claim = Claim();
-  EXPECT_EQ(ClaimRequestedAt(claim, kNow), kNow - absl::Minutes(1));
-  claim["metadata"]["annotations"]["agents.x-k8s.io/client-first-requested-at"] =
-      "2027-01-15T07:58:00Z";
-  EXPECT_EQ(ClaimRequestedAt(claim, kNow), kNow - absl::Minutes(2));
-  EXPECT_EQ(ClaimRequestedAt(Json::object(), kNow), kNow);
+  EXPECT_EQ(ClaimCreatedAt(claim, kNow), kNow - absl::Minutes(1));
+  EXPECT_EQ(ClaimCreatedAt(Json::object(), kNow), kNow);
+  EXPECT_EQ(ClientRequestedAt(claim), std::nullopt);
+  claim["metadata"]["annotations"][kClientRequestedAtAnnotation] = "2027-01-15T07:58:00.5Z";
+  EXPECT_EQ(ClientRequestedAt(claim), kNow - absl::Minutes(2) + absl::Milliseconds(500));
+  claim["metadata"]["annotations"][kClientRequestedAtAnnotation] = "yesterday";
+  EXPECT_EQ(ClientRequestedAt(claim), std::nullopt);
+}
+
+TEST(ClaimObjectsTest, CreatedByIsOneOfUpstreamsValuesOrUnknown) {  // sandbox_objects.h
+  Json claim = Claim();
+  EXPECT_EQ(CreatedBy(claim), "unknown");
+  for (const char* by : {"go-client", "python-client", "controller"}) {
+    claim["metadata"]["labels"][kCreatedByLabel] = by;
+    EXPECT_EQ(CreatedBy(claim), by);
+  }
+  claim["metadata"]["labels"][kCreatedByLabel] = "bench";
+  EXPECT_EQ(CreatedBy(claim), "unknown");
 }
 
 // --- gRPC claims ---

@@ -129,6 +129,28 @@ TEST_P(ClientTest, CreateGetUpdateDelete) {
   EXPECT_EQ(client_->Delete(kLeases, "default", "a").code(), absl::StatusCode::kNotFound);
 }
 
+// A write with an empty object name would address the collection (a DELETE there deletes
+// every object of the namespace): refused before anything is sent. Seen 2026-12-05: a
+// caller's name converted to an object with no name deleted every SandboxClaim.
+TEST_P(ClientTest, AWriteWithoutAnObjectNameIsRefusedNotSentToTheCollection) {
+  ASSERT_TRUE(client_->Create(kLeases, "default", Lease("a")).ok());
+  ASSERT_TRUE(client_->Create(kLeases, "default", Lease("b")).ok());
+  absl::Status del = client_->Delete(kLeases, "default", "");
+  EXPECT_EQ(del.code(), absl::StatusCode::kInvalidArgument) << del;
+  EXPECT_THAT(del.message(), HasSubstr("no object name"));
+  absl::Status patch = client_->Patch(kLeases, "default", "", PatchType::kMerge,
+                                      {{"spec", {{"holderIdentity", "x"}}}})
+                           .status();
+  EXPECT_EQ(patch.code(), absl::StatusCode::kInvalidArgument) << patch;
+  EXPECT_EQ(client_
+                ->PatchNoResult(kLeases, "default", "", PatchType::kMerge,
+                                {{"spec", {{"holderIdentity", "x"}}}})
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(client_->Get(kLeases, "default", "a").ok()) << "a lease went";
+  EXPECT_TRUE(client_->Get(kLeases, "default", "b").ok()) << "a lease went";
+}
+
 TEST_P(ClientTest, BadInputGetsTheServersReason) {
   Json nameless = Lease("x");
   nameless["metadata"].erase("name");

@@ -69,7 +69,10 @@ TEST(SandboxObjectsTest, PodFollowsTheTemplateWithoutReservedMetadata) {
   EXPECT_EQ(labels[kNameHashLabel], "374de8f5");
   EXPECT_FALSE(labels.contains("agents.x-k8s.io/foo"));
   EXPECT_FALSE(labels.contains("extensions.agents.x-k8s.io/bar"));
-  EXPECT_EQ(pod["metadata"]["annotations"], Json({{"note", "kept"}}));
+  // The template's own metadata, and which keys it gave (upstream's propagated-* notes).
+  EXPECT_EQ(pod["metadata"]["annotations"], Json({{"note", "kept"},
+                                                  {kPropagatedLabelsAnnotation, "app"},
+                                                  {kPropagatedAnnotationsAnnotation, "note"}}));
   const Json& owner = pod["metadata"]["ownerReferences"][0];
   EXPECT_EQ(owner["kind"], "Sandbox");
   EXPECT_EQ(owner["uid"], "u-1");
