@@ -155,6 +155,9 @@ absl::Status ClaimWriter::DeleteSandbox(const std::string& name) {
 absl::Status ClaimWriter::DeleteClaim(const Json& claim, const std::string& propagation) {
   const Json& meta = Field(claim, "metadata");
   const std::string uid = Str(meta, "uid");
+  if (uid.empty() || Str(meta, "name").empty()) {
+    return absl::InvalidArgumentError("DeleteClaim: the claim object has no name or uid");
+  }
   {
     absl::MutexLock lock(&mu_);
     if (deleted_.contains(uid)) return absl::OkStatus();

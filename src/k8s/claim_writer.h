@@ -71,6 +71,8 @@ class ClaimWriter {
   // when it is gone. Errors: the API's.
   absl::Status DeleteClaim(const Json& claim, const std::string& propagation)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A name would become a JSON string without a name or uid: pass the claim object.
+  absl::Status DeleteClaim(const std::string& name, const std::string& propagation) = delete;
 
  private:
   // What was written against which version of the object.
