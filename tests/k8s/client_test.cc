@@ -138,9 +138,10 @@ TEST_P(ClientTest, AWriteWithoutAnObjectNameIsRefusedNotSentToTheCollection) {
   absl::Status del = client_->Delete(kLeases, "default", "");
   EXPECT_EQ(del.code(), absl::StatusCode::kInvalidArgument) << del;
   EXPECT_THAT(del.message(), HasSubstr("no object name"));
-  absl::Status patch = client_->Patch(kLeases, "default", "", PatchType::kMerge,
-                                      {{"spec", {{"holderIdentity", "x"}}}})
-                           .status();
+  absl::Status patch =
+      client_
+          ->Patch(kLeases, "default", "", PatchType::kMerge, {{"spec", {{"holderIdentity", "x"}}}})
+          .status();
   EXPECT_EQ(patch.code(), absl::StatusCode::kInvalidArgument) << patch;
   EXPECT_EQ(client_
                 ->PatchNoResult(kLeases, "default", "", PatchType::kMerge,
