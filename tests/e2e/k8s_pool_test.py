@@ -597,6 +597,55 @@ class PoolTest(unittest.TestCase):
         c.wait_pool("py", 4)
 
 
+    def test_11_grpc_suspend_and_resume(self):
+        """Issue 20 item 8: a gRPC claim on a Kubernetes-backed pool is suspended as
+        upstream suspends a Sandbox (operatingMode Suspended: the pod is deleted, the
+        Sandbox and its claim stay) and resumed (a new pod; the claim's endpoint follows it
+        to the new pod's IP). Answered UNIMPLEMENTED before 5a69e57."""
+        from sbx.v1 import sandboxes_pb2, sandboxes_pb2_grpc
+        c = self.cluster()
+        server = c.start_pools()
+        c.apply(template(), pool("py", 2))
+        c.wait_pool("py", 2)
+        pb, stub = self.grpc_stubs(c, server)
+        channel = grpc.insecure_channel("127.0.0.1:%d" % c.grpc_port(server))
+        self.addCleanup(channel.close)
+        sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(channel)
+        held = stub.Claim(pb.ClaimRequest(pool="py", claim_id="sleeper"), timeout=10).claim
+        name = held.sandbox.id
+        old_ip = c.pod(name)["status"]["podIP"]
+        self.assertIn(old_ip, held.sandbox.endpoint)
+
+        r = sandboxes.Suspend(sandboxes_pb2.SuspendRequest(claim_id="sleeper"), timeout=30)
+        self.assertTrue(r.sandbox.suspended)
+        self.assertEqual(c.sandbox(name)["spec"]["operatingMode"], "Suspended")
+        c.wait_for(lambda: c.pod(name) is None, 30, "the suspended Sandbox's pod to go")
+        self.assertIsNotNone(c.sandbox(name), "the Sandbox of a suspended claim went")
+        got = stub.GetClaim(pb.GetClaimRequest(claim_id="sleeper"), timeout=10).claim
+        self.assertTrue(got.sandbox.suspended)
+        self.assertEqual(got.sandbox.id, name)
+        # Idempotent, as on the local runtime.
+        sandboxes.Suspend(sandboxes_pb2.SuspendRequest(claim_id="sleeper"), timeout=30)
+
+        r = sandboxes.Resume(sandboxes_pb2.ResumeRequest(claim_id="sleeper"), timeout=60)
+        self.assertFalse(r.sandbox.suspended)
+        self.assertEqual(r.sandbox.id, name)
+        pod = c.pod(name)
+        self.assertIsNotNone(pod, "answered resumed without a pod")
+        new_ip = pod["status"]["podIP"]
+        self.assertNotEqual(new_ip, old_ip)
+        self.assertIn(new_ip, r.sandbox.endpoint)
+        self.assertTrue(base.is_ready(c.sandbox(name)))
+        got = stub.GetClaim(pb.GetClaimRequest(claim_id="sleeper"), timeout=10).claim
+        self.assertFalse(got.sandbox.suspended)
+        self.assertEqual(got.sandbox.endpoint, r.sandbox.endpoint)
+        self.assertEqual(c.sandbox(name)["spec"]["operatingMode"], "Running")
+        # The resumed sandbox is still the claim's: released, it goes; the pool refills.
+        stub.Release(pb.ReleaseRequest(claim_id="sleeper"), timeout=10)
+        c.wait_for(lambda: c.sandbox(name) is None, 30, "the released Sandbox to go")
+        c.wait_pool("py", 2)
+
+
 if __name__ == "__main__":
     base.SBX_SERVER, base.KUBE_EMULATOR, base.SOURCE_DIR = sys.argv[1:4]
     sbx_e2e.generate_stubs(os.path.join(base.SOURCE_DIR, "proto"))
