@@ -340,6 +340,31 @@ void RegisterBuildInfo(prometheus::Registry& registry) {
       .Register(registry)
       .Add({{"version", Version()}, {"commit", GitCommit()}})
       .Set(1);
+  // The same under upstream agent-sandbox's name and labels, for its dashboards (its
+  // build_date and go_version have no meaning here and are left out).
+#if defined(__clang__)
+  const std::string compiler = absl::StrCat("clang ", __clang_major__, ".", __clang_minor__);
+#elif defined(__GNUC__)
+  const std::string compiler = absl::StrCat("gcc ", __GNUC__, ".", __GNUC_MINOR__);
+#else
+  const std::string compiler = "unknown";
+#endif
+#if defined(__x86_64__)
+  const char* platform = "linux/amd64";
+#elif defined(__aarch64__)
+  const char* platform = "linux/arm64";
+#else
+  const char* platform = "linux/unknown";
+#endif
+  prometheus::BuildGauge()
+      .Name("agent_sandbox_build_info")
+      .Help("Always 1; upstream agent-sandbox's build metadata labels for this sbx-server")
+      .Register(registry)
+      .Add({{"git_version", Version()},
+            {"git_commit", GitCommit()},
+            {"compiler", compiler},
+            {"platform", platform}})
+      .Set(1);
 }
 
 void RegisterClaimsLostAtRestart(prometheus::Registry& registry,

@@ -126,7 +126,8 @@ struct MetricsSources {
 // families live in the shared registry instead).
 std::shared_ptr<prometheus::Collectable> NewServerCollector(MetricsSources sources);
 
-// Adds sbx_build_info{version,commit} = 1 to `registry`.
+// Adds sbx_build_info{version,commit} = 1 to `registry`, and the same as upstream's
+// agent_sandbox_build_info{git_version,git_commit,compiler,platform}.
 void RegisterBuildInfo(prometheus::Registry& registry);
 
 // Why the reconciliation with the runtime at start marked a claim LOST.

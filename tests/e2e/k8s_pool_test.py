@@ -228,6 +228,8 @@ class PoolTest(unittest.TestCase):
         self.assertIn('agent_sandbox_claim_creation_total{created_by="python-client",'
                       'launch_type="warm",namespace="default",pod_condition="ready",'
                       'sandbox_template="python",warmpool_name="py"} 1', text)
+        self.assertRegex(text, r'agent_sandbox_build_info\{compiler="[^"]+",git_commit="[^"]+",'
+                               r'git_version="[^"]+",platform="linux/[a-z0-9]+"\} 1')
         for latency in ("claim_startup", "claim_controller_startup", "client_claim_startup"):
             self.assertIn('agent_sandbox_%s_latency_ms_count{launch_type="warm",'
                           'sandbox_template="python"} 1' % latency, text)

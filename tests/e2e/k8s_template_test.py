@@ -198,6 +198,65 @@ class TemplatePodsTest(unittest.TestCase):
         self.assertNotIn("dnsConfig", pod["spec"])
 
 
+
+class SchemaTest(unittest.TestCase):
+    """Issue 20 item 4: the CRDs carry Kubernetes' own PodSpec, PersistentVolumeClaimSpec
+    and NetworkPolicy rule schemas (scripts/gen_crds.py), so what could never make a pod is
+    refused by kubectl apply, naming the field, as upstream's CRDs refuse it. Before, the
+    template was stored and failed later (ReconcilerError ... 422 spec.containers)."""
+
+    def refused(self, c, obj, *fields):
+        r = c.apply(obj, check=False)
+        self.assertNotEqual(r.returncode, 0, "stored: %s" % json.dumps(obj))
+        for field in fields:
+            self.assertIn(field, r.stderr)
+        return r.stderr
+
+    def test_03_what_cannot_make_a_pod_is_refused_on_apply(self):
+        c = TemplateCluster(self)
+        no_containers = template("empty")
+        no_containers["spec"]["podTemplate"]["spec"] = {"restartPolicy": "Never"}
+        self.refused(c, no_containers, "spec.podTemplate.spec.containers", "Required value")
+        wrong_type = template("wrongtype")
+        wrong_type["spec"]["podTemplate"]["spec"]["containers"][0]["ports"] = [
+            {"containerPort": "http"}]
+        self.refused(c, wrong_type, "spec.podTemplate.spec.containers[0].ports[0].containerPort")
+        bad_quantity = template("badqty")
+        bad_quantity["spec"]["podTemplate"]["spec"]["containers"][0]["resources"] = {
+            "limits": {"memory": "lots"}}
+        self.refused(c, bad_quantity, "spec.podTemplate.spec.containers[0].resources.limits.memory")
+        no_pvc_spec = template("nopvcspec")
+        no_pvc_spec["spec"]["volumeClaimTemplates"] = [{"metadata": {"name": "data"}}]
+        self.refused(c, no_pvc_spec, "spec.volumeClaimTemplates[0].spec", "Required value")
+        bad_rule = template("badrule", policy={"ingress": [{"ports": [{"port": [1]}]}]})
+        self.refused(c, bad_rule, "spec.networkPolicy.ingress[0].ports[0].port")
+        sandbox = {"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+                   "metadata": {"name": "nocontainers", "namespace": NS},
+                   "spec": {"podTemplate": {"spec": {}}}}
+        self.refused(c, sandbox, "spec.podTemplate.spec.containers")
+        claim = {"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+                 "metadata": {"name": "novalue", "namespace": NS},
+                 "spec": {"warmPoolRef": {"name": "py"}, "env": [{"name": "A"}]}}
+        self.refused(c, claim, "spec.env[0].value", "Required value")
+
+        # What is valid is stored, with the defaults the Go types declare (a port's
+        # protocol, which is a key of the ports list).
+        good = template("good")
+        good["spec"]["podTemplate"]["spec"]["containers"][0]["ports"] = [{"containerPort": 7000}]
+        good["spec"]["podTemplate"]["spec"]["containers"][0]["resources"] = {
+            "limits": {"memory": "512Mi", "cpu": 1}}
+        good["spec"]["volumeClaimTemplates"] = [
+            {"metadata": {"name": "data"},
+             "spec": {"accessModes": ["ReadWriteOnce"],
+                      "resources": {"requests": {"storage": "1Gi"}}}}]
+        c.apply(good)
+        stored = c.template_obj("good")
+        container = stored["spec"]["podTemplate"]["spec"]["containers"][0]
+        self.assertEqual(container["ports"], [{"containerPort": 7000, "protocol": "TCP"}])
+        self.assertEqual(container["resources"]["limits"], {"memory": "512Mi", "cpu": 1})
+        self.assertEqual(stored["spec"]["volumeClaimTemplates"][0]["spec"]["accessModes"],
+                         ["ReadWriteOnce"])
+
 if __name__ == "__main__":
     base.SBX_SERVER, base.KUBE_EMULATOR, base.SOURCE_DIR = sys.argv[1:4]
     sbx_e2e.generate_stubs(os.path.join(base.SOURCE_DIR, "proto"))

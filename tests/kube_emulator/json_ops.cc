@@ -433,16 +433,19 @@ void Validate(const json& v, const json& s, const std::string& path,
     }
     return;
   }
-  if (s.value("x-kubernetes-int-or-string", false)) {
+  const bool int_or_string = s.value("x-kubernetes-int-or-string", false);
+  if (int_or_string) {
     if (!v.is_string() && !v.is_number_integer() && !v.is_number_unsigned()) {
       errors.push_back(
           {path, "FieldValueTypeMismatch",
            absl::StrCat("Invalid value: \"", TypeOf(v), "\": ", path,
                         " in body must be of type integer or string: \"", TypeOf(v), "\"")});
     }
-    return;
+    // A string goes on to its pattern and lengths (a Quantity's pattern), as the API
+    // server checks them; an integer is done.
+    if (!v.is_string()) return;
   }
-  if (s.contains("type") && s["type"].is_string()) {
+  if (!int_or_string && s.contains("type") && s["type"].is_string()) {
     std::string want = s["type"].get<std::string>();
     std::string got = TypeOf(v);
     bool ok = want == got || (want == "number" && got == "integer");

@@ -87,6 +87,23 @@ TEST(SchemaTest, PrunesDefaultsAndValidates) {
   EXPECT_NE(std::find(fields.begin(), fields.end(), "spec.mode"), fields.end());
 }
 
+// A Quantity is int-or-string with a pattern: the pattern applies to a string value.
+TEST(SchemaTest, AnIntOrStringStringMeetsItsPattern) {
+  json schema = json::parse(R"({"type":"object","properties":{"memory":{
+      "anyOf":[{"type":"integer"},{"type":"string"}],"x-kubernetes-int-or-string":true,
+      "pattern":"^[0-9]+(Mi|Gi)?$"}}})");
+  for (const char* ok : {R"({"memory":512})", R"({"memory":"512Mi"})"}) {
+    json obj = json::parse(ok);
+    EXPECT_TRUE(ApplySchema(obj, schema).empty()) << ok;
+  }
+  json bad = json::parse(R"({"memory":"lots"})");
+  auto errors = ApplySchema(bad, schema);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].field, "memory");
+  json wrong = json::parse(R"({"memory":[1]})");
+  EXPECT_EQ(ApplySchema(wrong, schema).size(), 1u);
+}
+
 TEST(SchemaTest, ImmutabilityTransitionRule) {
   json schema = json::parse(R"({"type":"object","properties":{"spec":{"type":"object",
       "properties":{"claims":{"type":"array","items":{"type":"string"},
