@@ -347,6 +347,7 @@ int main(int argc, char** argv) {
     spdlog::warn("no runtime: pools are never filled; claims can only wait or fail");
   }
   sbx::server::RequestCounters request_counters;
+  sbx::server::TenantLimiter tenant_limiter;
   sbx::runtime::Runtime* active_runtime = runtime.get();
   if (kube != nullptr) {
     absl::Status started = sbx::cmd::StartKube(*kube, kube_flags, runtime_name == "kubernetes",
@@ -398,6 +399,7 @@ int main(int argc, char** argv) {
       return c;
     };
     sources.requests = &request_counters;
+    sources.tenants = &tenant_limiter;
     auto started = sbx::server::MetricsEndpoint::Start(metrics_options, registry, sources);
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
@@ -408,6 +410,7 @@ int main(int argc, char** argv) {
 
   server_options.allocator = allocator->get();
   server_options.request_counters = &request_counters;
+  server_options.tenant_limiter = &tenant_limiter;
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
   auto server = sbx::server::Server::Start(server_options);
   if (!server.ok()) return Fail(server.status());

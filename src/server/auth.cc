@@ -1,13 +1,17 @@
 #include "src/server/auth.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "src/common/ids.h"
@@ -52,6 +56,8 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
     return absl::InternalError(why);
   }
   auto table = std::make_shared<Table>();
+  // Tenant -> its limits and the line that first named it.
+  absl::flat_hash_map<std::string, std::pair<TenantLimits, int>> limits_of;
   std::string line;
   int lineno = 0;
   while (std::getline(in, line)) {
@@ -63,9 +69,10 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(path, ":", lineno, ": ", why));
     };
-    if (fields.size() < 2 || fields.size() > 3) {
+    if (fields.size() < 2) {
       return bad(
-          absl::StrCat("want \"<token> <tenant> [admin]\", got ", fields.size(), " field(s)"));
+          absl::StrCat("want \"<token> <tenant> [admin] [claim_rate=R] [claim_burst=B]\", got ",
+                       fields.size(), " field(s)"));
     }
     Caller caller;
     caller.tenant = std::string(fields[1]);
@@ -77,11 +84,52 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
                               "controller's claims (\"",
                               kKubeClaimOwnerPrefix, "<namespace>\"); choose another name"));
     }
-    if (fields.size() == 3) {
-      if (fields[2] != "admin") {
-        return bad(absl::StrCat("third field \"", std::string(fields[2]), "\" is not \"admin\""));
+    bool burst_set = false;
+    for (size_t i = 2; i < fields.size(); ++i) {
+      const absl::string_view field = fields[i];
+      if (field == "admin" && i == 2) {
+        caller.admin = true;
+        continue;
       }
-      caller.admin = true;
+      const size_t eq = field.find('=');
+      const absl::string_view key = field.substr(0, eq);
+      const absl::string_view value = eq == absl::string_view::npos ? "" : field.substr(eq + 1);
+      if (key == "claim_rate") {
+        double rate = 0;
+        if (!absl::SimpleAtod(value, &rate) || !(rate > 0) || rate > 1e9) {
+          return bad(absl::StrCat("claim_rate \"", value,
+                                  "\" is not a number of claims per second above 0"));
+        }
+        caller.limits.claim_rate = rate;
+      } else if (key == "claim_burst") {
+        int burst = 0;
+        if (!absl::SimpleAtoi(value, &burst) || burst < 1) {
+          return bad(absl::StrCat("claim_burst \"", value, "\" is not a whole number above 0"));
+        }
+        caller.limits.claim_burst = burst;
+        burst_set = true;
+      } else {
+        return bad(absl::StrCat("field \"", field,
+                                "\" is none of admin (third field only), claim_rate=R, "
+                                "claim_burst=B"));
+      }
+    }
+    if (burst_set && caller.limits.claim_rate == 0) {
+      return bad("claim_burst without claim_rate");
+    }
+    if (caller.limits.claim_rate > 0 && !burst_set) {
+      caller.limits.claim_burst =
+          std::max(1, static_cast<int>(std::ceil(caller.limits.claim_rate)));
+    }
+    // One tenant, one set of limits: the first line that names the tenant decides what
+    // every other line of it must say (none, or the same).
+    if (auto [it, first] = limits_of.try_emplace(caller.tenant, caller.limits, lineno); !first) {
+      if (!(it->second.first == caller.limits)) {
+        return bad(absl::StrCat("tenant \"", caller.tenant, "\" has other limits on line ",
+                                it->second.second,
+                                "; limits belong to the tenant, so every "
+                                "line of it must give the same"));
+      }
     }
     if (!table->emplace(std::string(fields[0]), std::move(caller)).second) {
       return bad("token appears twice (tokens must be unique)");
@@ -94,7 +142,7 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
 
 absl::StatusOr<Caller> Authenticator::Authenticate(
     std::optional<absl::string_view> authorization) const {
-  if (options_.insecure_no_auth) return Caller{std::string(kAnonymousTenant), true};
+  if (options_.insecure_no_auth) return Caller{std::string(kAnonymousTenant), true, {}};
   if (!authorization.has_value()) {
     return absl::UnauthenticatedError(
         "missing \"authorization: Bearer <token>\" metadata (this server has auth enabled)");

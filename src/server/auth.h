@@ -5,7 +5,12 @@
 // Tokens come from a file, one entry per line:
 //
 //   # comment
-//   <token> <tenant> [admin]
+//   <token> <tenant> [admin] [claim_rate=R] [claim_burst=B]
+//
+// claim_rate=R limits the tenant to R claims per second on average (a ClaimBatch of N
+// counts N), up to claim_burst=B at once (default: R rounded up, at least 1); beyond it
+// Claim and ClaimBatch answer RESOURCE_EXHAUSTED with the time to wait (tenant_limits.h).
+// Limits belong to the tenant: every line (token) of one tenant must give the same ones.
 //
 // Tokens are any run of non-blank characters; tenants follow the claim-id syntax
 // ([A-Za-z0-9._:-], 1-128 characters) because they become the owner of claims, and may
@@ -42,10 +47,18 @@ struct AuthOptions {
   absl::Status Validate() const;
 };
 
+// What one tenant may do (from its lines of the tokens file).
+struct TenantLimits {
+  double claim_rate = 0;  // claims per second on average; 0: unlimited
+  int claim_burst = 0;    // claims at once; set whenever claim_rate is
+  bool operator==(const TenantLimits&) const = default;
+};
+
 // The authenticated caller of one RPC.
 struct Caller {
   std::string tenant;
   bool admin = false;
+  TenantLimits limits;
 };
 
 // The tenant every caller becomes with insecure_no_auth.

@@ -17,11 +17,13 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "src/server/auth.h"
 #include "src/server/status.h"
+#include "src/server/tenant_limits.h"
 
 namespace sbx::server {
 
@@ -31,9 +33,12 @@ inline constexpr char kRetryAfterKey[] = "sbx-retry-after-ms";
 inline constexpr char kRetryAfterMs[] = "1000";
 
 // Adds what an error needs besides its status (the retry hint).
+// A refusal that knows how long to wait says so in its payload kRetryAfterPayload
+// (tenant_limits.h); the others get the allocator's about 1 s.
 inline void AddErrorMetadata(grpc::CallbackServerContext* ctx, const absl::Status& status) {
   if (status.code() == absl::StatusCode::kResourceExhausted) {
-    ctx->AddTrailingMetadata(kRetryAfterKey, kRetryAfterMs);
+    absl::optional<absl::Cord> wait = status.GetPayload(kRetryAfterPayload);
+    ctx->AddTrailingMetadata(kRetryAfterKey, wait ? std::string(*wait) : kRetryAfterMs);
   }
 }
 

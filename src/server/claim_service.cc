@@ -175,6 +175,16 @@ std::string ClaimWhat(absl::string_view pool, absl::string_view id, absl::string
 
 }  // namespace
 
+absl::Status ClaimService::TakeFromRate(const Caller& caller, const std::string& existing_id,
+                                        int claims) {
+  if (caller.limits.claim_rate <= 0) return absl::OkStatus();
+  // A retry of a claim (or batch) already granted is answered from it and takes nothing.
+  if (!existing_id.empty() && allocator_->GetClaim(caller.tenant, existing_id).ok()) {
+    return absl::OkStatus();
+  }
+  return limiter_->TakeClaims(caller, claims);
+}
+
 grpc::ServerUnaryReactor* ClaimService::Claim(grpc::CallbackServerContext* ctx,
                                               const v1::ClaimRequest* req,
                                               v1::ClaimResponse* resp) {
@@ -184,6 +194,9 @@ grpc::ServerUnaryReactor* ClaimService::Claim(grpc::CallbackServerContext* ctx,
   if (!caller.ok()) return FinishCall(ctx, record, caller.status());
   absl::StatusOr<allocator::ClaimRequest> request = ToClaimRequest(*allocator_, *req, *caller);
   if (!request.ok()) return FinishCall(ctx, record, request.status());
+  if (absl::Status s = TakeFromRate(*caller, req->claim_id(), 1); !s.ok()) {
+    return FinishCall(ctx, record, s);
+  }
   auto call = AsyncUnary<v1::ClaimResponse>::Create(ctx, resp);
   call->set_on_finish([record = std::move(record)](const absl::Status& s) { record.Done(s); });
   // A caller that gives up while the claim waits takes the wait with it.
@@ -229,6 +242,10 @@ grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* 
   if (!caller.ok()) return FinishCall(ctx, record, caller.status());
   absl::StatusOr<allocator::BatchRequest> request = ToBatchRequest(*allocator_, *req, *caller);
   if (!request.ok()) return FinishCall(ctx, record, request.status());
+  const std::string first_of_batch = req->batch_id().empty() ? "" : req->batch_id() + "#0";
+  if (absl::Status s = TakeFromRate(*caller, first_of_batch, req->count()); !s.ok()) {
+    return FinishCall(ctx, record, s);
+  }
   auto call = AsyncUnary<v1::ClaimBatchResponse>::Create(ctx, resp);
   call->set_on_finish([record = std::move(record)](const absl::Status& s) { record.Done(s); });
   request->cancellation = std::make_shared<allocator::WaitCancellation>();

@@ -1,4 +1,6 @@
 #pragma once
+
+#include <memory>
 // sbx.v1.ClaimService over the allocator: Claim, ClaimBatch, Release, Renew, GetClaim and
 // ListClaims. The owner of every claim is the authenticated tenant, never a request field.
 // Handlers never block: allocator calls complete through callbacks, which finish the call.
@@ -20,15 +22,22 @@
 #include "src/server/auth.h"
 #include "src/server/metrics.h"
 #include "src/server/sandboxd_client.h"
+#include "src/server/tenant_limits.h"
 
 namespace sbx::server {
 
 class ClaimService final : public sbx::v1::ClaimService::CallbackService {
  public:
-  // `counters` may be null (calls are then not counted).
+  // `counters` may be null (calls are then not counted); `limiter` null: the service
+  // keeps its own.
   ClaimService(allocator::Allocator* allocator, const Authenticator* auth, SandboxdClients* daemons,
-               RequestCounters* counters = nullptr)
-      : allocator_(allocator), auth_(auth), daemons_(daemons), counters_(counters) {}
+               RequestCounters* counters = nullptr, TenantLimiter* limiter = nullptr)
+      : allocator_(allocator),
+        auth_(auth),
+        daemons_(daemons),
+        counters_(counters),
+        own_limiter_(limiter == nullptr ? std::make_unique<TenantLimiter>() : nullptr),
+        limiter_(limiter != nullptr ? limiter : own_limiter_.get()) {}
 
   grpc::ServerUnaryReactor* Claim(grpc::CallbackServerContext* ctx, const v1::ClaimRequest* req,
                                   v1::ClaimResponse* resp) override;
@@ -49,10 +58,16 @@ class ClaimService final : public sbx::v1::ClaimService::CallbackService {
                                                         const v1::WatchClaimsRequest* req) override;
 
  private:
+  // `claims` claims of `caller` from its claim rate (TenantLimiter), unless `existing_id`
+  // names a claim of the caller that exists (a retry, answered from it).
+  absl::Status TakeFromRate(const Caller& caller, const std::string& existing_id, int claims);
+
   allocator::Allocator* const allocator_;
   const Authenticator* const auth_;
   SandboxdClients* const daemons_;
   RequestCounters* const counters_;
+  const std::unique_ptr<TenantLimiter> own_limiter_;
+  TenantLimiter* const limiter_;
 };
 
 }  // namespace sbx::server

@@ -108,6 +108,7 @@ class ServerCollector final : public prometheus::Collectable {
     if (sources_.refill != nullptr) CollectRefill(&out);
     if (sources_.store) CollectStore(&out);
     if (sources_.requests != nullptr) CollectRequests(&out);
+    if (sources_.tenants != nullptr) CollectTenants(&out);
     return out;
   }
 
@@ -282,6 +283,17 @@ class ServerCollector final : public prometheus::Collectable {
                MetricType::Histogram);
     AddHistogram(&exec_seconds, {}, r.exec_seconds());
     out->push_back(std::move(exec_seconds));
+  }
+
+  void CollectTenants(std::vector<MetricFamily>* out) const {
+    auto limited = Family("sbx_tenant_limited_total",
+                          "Claim and ClaimBatch calls refused because the tenant was above a "
+                          "limit of its tokens-file line, by tenant and limit (claim_rate)",
+                          MetricType::Counter);
+    for (const auto& [tenant, n] : sources_.tenants->Refusals()) {
+      AddValue(&limited, {{"tenant", tenant}, {"limit", "claim_rate"}}, static_cast<double>(n));
+    }
+    out->push_back(std::move(limited));
   }
 
   const MetricsSources sources_;

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "src/common/histogram.h"
+#include "src/server/tenant_limits.h"
 
 namespace prometheus {
 class Collectable;
@@ -120,6 +121,8 @@ struct MetricsSources {
   const allocator::RefillReconciler* refill = nullptr;
   std::function<StoreCounts()> store;
   const RequestCounters* requests = nullptr;
+  // Claims refused by the tenants' limits (sbx_tenant_limited_total).
+  const TenantLimiter* tenants = nullptr;
 };
 
 // Builds every sbx_* family of sbx-server from `sources` at each Collect (the Kubernetes

@@ -162,9 +162,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       spdlog::info("auth: {} tokens from \"{}\"", services->auth->size(), options.auth.tokens_file);
     }
     services->daemons = std::make_unique<SandboxdClients>(options.sandbox_secret);
-    services->services.push_back(
-        std::make_unique<ClaimService>(options.allocator, services->auth.get(),
-                                       services->daemons.get(), options.request_counters));
+    services->services.push_back(std::make_unique<ClaimService>(
+        options.allocator, services->auth.get(), services->daemons.get(), options.request_counters,
+        options.tenant_limiter));
     services->services.push_back(std::make_unique<SandboxService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits,
         options.request_counters));

@@ -20,6 +20,7 @@
 #include "src/server/auth.h"
 #include "src/server/metrics.h"
 #include "src/server/sandbox_service.h"
+#include "src/server/tenant_limits.h"
 
 namespace sbx::allocator {
 class Allocator;
@@ -46,6 +47,9 @@ struct ServerOptions {
   // Where ClaimService and SandboxService count their calls (metrics.h); not owned, must
   // outlive the server. nullptr: not counted.
   RequestCounters* request_counters = nullptr;
+  // Where the tenants' claim rates (tokens file) are kept; not owned, must outlive the
+  // server. nullptr: the server keeps its own (then not in metrics).
+  TenantLimiter* tenant_limiter = nullptr;
   // Limits of SandboxService (Exec output, concurrent Execs per sandbox).
   SandboxLimits sandbox_limits;
   // TLS: both set → the port serves TLS only (PEM files). With tls_client_ca_file too,

@@ -62,8 +62,14 @@ TEST_F(AuthTest, ParsesTenantsAndAdmins) {
 TEST_F(AuthTest, MalformedLinesNameFileAndLine) {
   const std::pair<std::string, std::string> cases[] = {
       {"t1 alice\nlonely\n", ":2: want"},
-      {"t1 alice root\n", ":1: third field \"root\""},
-      {"t1 alice admin extra\n", ":1: want"},
+      {"t1 alice root\n", ":1: field \"root\" is none of admin"},
+      {"t1 alice admin extra\n", ":1: field \"extra\" is none of"},
+      {"t1 alice claim_rate=0\n", ":1: claim_rate \"0\" is not a number"},
+      {"t1 alice claim_rate=fast\n", ":1: claim_rate \"fast\""},
+      {"t1 alice claim_rate=5 claim_burst=0\n", ":1: claim_burst \"0\" is not a whole number"},
+      {"t1 alice claim_burst=3\n", ":1: claim_burst without claim_rate"},
+      {"t1 alice claim_rate=5 admin\n", ":1: field \"admin\" is none of admin (third"},
+      {"t1 alice claim_rate=5\nt2 alice\n", ":2: tenant \"alice\" has other limits on line 1"},
       {"# x\nt1 al/ice\n", ":2: tenant \"al/ice\""},
       {"t1 alice\nt1 bob\n", ":2: token appears twice"},
   };
@@ -75,6 +81,29 @@ TEST_F(AuthTest, MalformedLinesNameFileAndLine) {
     EXPECT_THAT(std::string(auth.status().message()), ::testing::StartsWith(path_ + want))
         << auth.status();
   }
+}
+
+// Issue 22: a tenant's claim rate and burst come with each of its tokens; the burst
+// defaults to the rate rounded up. Limits belong to the tenant, so two tokens of one tenant
+// agree (refused otherwise, above).
+TEST_F(AuthTest, ClaimRateAndBurstBelongToTheTenant) {
+  Write(
+      "t1 alice claim_rate=2.5\nt2 alice claim_rate=2.5\nt3 bob admin claim_rate=10 "
+      "claim_burst=50\nt4 carol\n");
+  auto auth = Make();
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  for (const char* token : {"Bearer t1", "Bearer t2"}) {
+    auto a = (*auth)->Authenticate(token);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->limits, (TenantLimits{2.5, 3})) << token;
+  }
+  auto b = (*auth)->Authenticate("Bearer t3");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->admin);
+  EXPECT_EQ(b->limits, (TenantLimits{10, 50}));
+  auto c = (*auth)->Authenticate("Bearer t4");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->limits, TenantLimits{});  // unlimited
 }
 
 // Owners "k8s-<namespace>" belong to the Kubernetes claim controller (its claims are not

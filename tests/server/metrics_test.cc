@@ -214,6 +214,24 @@ TEST_F(MetricsTest, StoreFamiliesComeFromTheReader) {
   EXPECT_EQ(FindFamily(f, "sbx_claims_total"), nullptr);
 }
 
+TEST_F(MetricsTest, TenantRefusalsAreCountedByTenant) {
+  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
+  TenantLimiter limiter(&clock);
+  Caller alice;
+  alice.tenant = "alice";
+  alice.limits = {1, 1};
+  ASSERT_TRUE(limiter.TakeClaims(alice, 1).ok());
+  ASSERT_FALSE(limiter.TakeClaims(alice, 1).ok());
+  ASSERT_FALSE(limiter.TakeClaims(alice, 1).ok());
+  MetricsSources sources;
+  sources.tenants = &limiter;
+  std::vector<MetricFamily> f = NewServerCollector(sources)->Collect();
+  const ClientMetric* m =
+      Find(f, "sbx_tenant_limited_total", {{"tenant", "alice"}, {"limit", "claim_rate"}});
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->counter.value, 2);
+}
+
 TEST(MetricsOptionsTest, ValidatesTheAddress) {
   MetricsOptions o;
   EXPECT_TRUE(o.enabled());

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -276,6 +277,51 @@ TEST_F(ServerTest, FailPolicyOnEmptyPoolIsResourceExhaustedWithRetryHint) {
   auto it = trailers.find("sbx-retry-after-ms");
   ASSERT_NE(it, trailers.end()) << "no sbx-retry-after-ms trailer";
   EXPECT_EQ(std::string(it->second.data(), it->second.size()), "1000");
+}
+
+// Issue 22: a tenant's claim rate from the tokens file (a reload gives it). Beyond its
+// burst, Claim is RESOURCE_EXHAUSTED naming the tenant with the real wait as the retry
+// hint; a retry of a granted claim is answered; a batch above the burst can never be
+// granted; another tenant is untouched. (Rate 1 per 100 s: no claim comes back while the
+// test runs, however slow the machine.)
+TEST_F(ServerTest, ATenantAboveItsClaimRateIsRefusedAndOthersAreNot) {
+  MakePool("py", 8, 8);
+  WriteTokens(absl::StrCat(kAlice, " alice claim_rate=0.01 claim_burst=2\n", kBob, " bob\n", kAdmin,
+                           " root admin\n"));
+  ASSERT_TRUE(server_->ReloadAuth().ok());
+  v1::ClaimResponse resp;
+  ASSERT_TRUE(Claim(kAlice, ClaimReq("a1"), &resp).ok());
+  ASSERT_TRUE(Claim(kAlice, ClaimReq("a2"), &resp).ok());
+  auto ctx = Ctx(kAlice);
+  grpc::Status s = claims_->Claim(ctx.get(), ClaimReq("a3"), &resp);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("tenant \"alice\" is above its claim rate"));
+  const auto& trailers = ctx->GetServerTrailingMetadata();
+  auto it = trailers.find("sbx-retry-after-ms");
+  ASSERT_NE(it, trailers.end()) << "no sbx-retry-after-ms trailer";
+  int64_t wait_ms = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &wait_ms));
+  EXPECT_GT(wait_ms, 1000) << "the hint is the bucket's wait, not the allocator's 1 s";
+  EXPECT_LE(wait_ms, 100000);
+  EXPECT_EQ(allocator_->GetClaim("alice", "a3").status().code(), absl::StatusCode::kNotFound)
+      << "a refused claim was made";
+  // A retry of a granted claim is answered from it.
+  v1::ClaimResponse again;
+  ASSERT_TRUE(Claim(kAlice, ClaimReq("a1"), &again).ok());
+  EXPECT_TRUE(again.replayed());
+  // A batch larger than the burst never fits.
+  v1::ClaimBatchRequest breq;
+  breq.set_pool("py");
+  breq.set_count(3);
+  v1::ClaimBatchResponse bresp;
+  s = claims_->ClaimBatch(Ctx(kAlice).get(), breq, &bresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("at most 2 at once"));
+  // Bob has no limit and alice's refusals cost him nothing.
+  for (const char* id : {"b1", "b2", "b3"}) {
+    grpc::Status b = Claim(kBob, ClaimReq(id), &resp);
+    EXPECT_TRUE(b.ok()) << id << ": " << Describe(b);
+  }
 }
 
 TEST_F(ServerTest, WaitPolicyGetsTheSandboxThatIsAdded) {
