@@ -230,6 +230,15 @@ class KubeRuntimeResumeTest : public KubeRuntimeListTest {
     ASSERT_EQ(OperatingMode(name), "Suspended");
   }
 
+  // Waits until Resume's write (operatingMode Running) is in the API server.
+  void WaitForWrite(const std::string& name) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (OperatingMode(name) != "Running" && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(OperatingMode(name), "Running");
+  }
+
   // The answer of one Resume.
   struct Answer {
     absl::Notification done;
@@ -249,11 +258,7 @@ TEST_F(KubeRuntimeResumeTest, ResumeAnswersWhenReadyForItsWriteWithTheNewPodsEnd
 
   Answer answer;
   Resume("py-a", &answer);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (OperatingMode("py-a") != "Running" && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(OperatingMode("py-a"), "Running");
+  ASSERT_NO_FATAL_FAILURE(WaitForWrite("py-a"));
   // The informer has seen the write, and the Sandbox still says Ready for the generation
   // before it (the old pod): that is not an answer.
   ASSERT_NO_FATAL_FAILURE(WaitHandled("py-a"));
@@ -280,11 +285,7 @@ TEST_F(KubeRuntimeResumeTest, ASandboxDeletedWhileItResumesIsNotFound) {
   ASSERT_NO_FATAL_FAILURE(SuspendNow("py-b"));
   Answer answer;
   Resume("py-b", &answer);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (OperatingMode("py-b") != "Running" && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_EQ(OperatingMode("py-b"), "Running");
+  ASSERT_NO_FATAL_FAILURE(WaitForWrite("py-b"));
   ASSERT_TRUE(client_->Delete(kSandboxes, "default", "py-b").ok());
   ASSERT_TRUE(answer.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(answer.info.status().code(), absl::StatusCode::kNotFound) << answer.info.status();
