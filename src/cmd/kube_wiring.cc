@@ -51,6 +51,9 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
       ->capture_default_str();
   app.add_option("--kube_claim_workers", flags->claim_workers, "SandboxClaim reconcile workers")
       ->capture_default_str();
+  app.add_flag("--kube_claim_annotations", flags->claim_annotations,
+               "write upstream's SandboxClaim annotations agents.x-k8s.io/sandbox-name and "
+               "controller-first-observed-at (one or two more writes per claim)");
   app.add_option("--kube_ready_timeout_seconds", flags->ready_timeout_s,
                  "a warm-pool member not Ready after this long is replaced (unless its pod is "
                  "unschedulable)")
@@ -186,6 +189,7 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     k8s::ClaimControllerOptions claim_options;
     claim_options.ns = pool_ns;
     claim_options.workers = flags.claim_workers;
+    claim_options.claim_annotations = flags.claim_annotations;
     claim_options.is_leader = is_leader;
     claim_options.registry = flags.registry;
     kube.claims_ = std::make_unique<k8s::ClaimController>(

@@ -44,6 +44,7 @@ struct KubeFlags {
   double write_qps = 2000;
   int write_burst = 200;
   int claim_workers = 8;
+  bool claim_annotations = false;
   double ready_timeout_s = 300;
   // sbx-server's own pods, admitted to sbx-sandboxd's port by the default NetworkPolicy of
   // each SandboxTemplate: their labels ("k=v,k2=v2"; "" admits none) and namespace (""

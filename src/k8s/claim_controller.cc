@@ -441,6 +441,7 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
   if (placement.sandbox.empty() && !placement.refusal) {
     ASSIGN_OR_RETURN(placement, PlaceNew(claim));
   }
+  if (options_.claim_annotations) RETURN_IF_ERROR(Annotate(claim, placement));
   if (placement.refusal) return Refuse(claim, status, *placement.refusal);
   if (!placement.cold) {
     RETURN_IF_ERROR(writer_.Bind(claim, placement.sandbox, "warm"));
@@ -448,6 +449,26 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
                                              Field(Field(claim, "spec"), "additionalPodMetadata")));
   }
   return FollowSandbox(claim, status, placement, now);
+}
+
+absl::Status ClaimController::Annotate(const Json& claim, const Placement& placement) {
+  const Json& meta = Field(claim, "metadata");
+  Json annotations = Json::object();
+  // When this controller first saw the claim; one written before (by an earlier run or
+  // another controller) stays.
+  if (Str(Field(meta, "annotations"), kControllerFirstObservedAnnotation).empty()) {
+    absl::Time seen = clock_->Now();
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = first_seen_.find(Str(meta, "uid")); it != first_seen_.end()) {
+        seen = it->second;
+      }
+    }
+    annotations[kControllerFirstObservedAnnotation] =
+        absl::FormatTime("%Y-%m-%dT%H:%M:%E*SZ", seen, absl::UTCTimeZone());
+  }
+  if (!placement.sandbox.empty()) annotations[kSandboxNameAnnotation] = placement.sandbox;
+  return writer_.Annotate(claim, annotations);
 }
 
 absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, ClaimEnd end) {

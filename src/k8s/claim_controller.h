@@ -74,6 +74,12 @@ struct ClaimControllerOptions {
   // queue's delayed looks at them, and of conditions' lastTransitionTime; the real clock
   // when null. Must outlive the controller.
   const Clock* clock = nullptr;
+  // Upstream's claim annotations: agents.x-k8s.io/controller-first-observed-at (when this
+  // controller first saw the claim, RFC 3339 with nanoseconds) and
+  // agents.x-k8s.io/sandbox-name (its Sandbox once bound). Each claim then gets one or two
+  // metadata patches more (a status write cannot carry metadata); off by default to keep
+  // three writes per claim (docs/kubernetes.md).
+  bool claim_annotations = false;
 
   absl::Status Validate() const;
 };
@@ -127,6 +133,8 @@ class ClaimController {
   // A sandbox for a claim that has none: a warm member of its pool when the template's
   // policies allow the claim and none of its own is needed, else a new cold Sandbox.
   absl::StatusOr<Placement> PlaceNew(const Json& claim);
+  // Writes upstream's claim annotations (options.claim_annotations) for `placement`.
+  absl::Status Annotate(const Json& claim, const Placement& placement) ABSL_LOCKS_EXCLUDED(mu_);
   // Claims a warm member of `pool` for `claim`; "" when the pool has none warm.
   absl::StatusOr<std::string> ClaimWarm(const Json& claim, const std::string& pool);
   // The claim's status for its placed sandbox, the ttlSecondsAfterFinished deletion, and

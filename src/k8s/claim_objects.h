@@ -18,6 +18,8 @@ namespace sbx::k8s {
 using Json = nlohmann::json;
 
 inline constexpr char kSandboxNameAnnotation[] = "agents.x-k8s.io/sandbox-name";
+inline constexpr char kControllerFirstObservedAnnotation[] =
+    "agents.x-k8s.io/controller-first-observed-at";
 inline constexpr char kSbxOwnerAnnotation[] = "sbx.dev/owner";
 inline constexpr char kSbxClaimIdAnnotation[] = "sbx.dev/claim-id";
 inline constexpr char kClientRequestedAtAnnotation[] = "agents.x-k8s.io/client-first-requested-at";

@@ -119,9 +119,37 @@ absl::Status ClaimWriter::WriteStatus(const Json& claim, Json status) {
   return OkIfNotFound(s);
 }
 
+absl::Status ClaimWriter::Annotate(const Json& claim, const Json& annotations) {
+  const Json& meta = Field(claim, "metadata");
+  const Json& have = Field(meta, "annotations");
+  Json missing = Json::object();
+  for (const auto& [key, value] : annotations.items()) {
+    if (Field(have, key.c_str()) != value) missing[key] = value;
+  }
+  if (missing.empty()) return absl::OkStatus();
+  const std::string uid = Str(meta, "uid");
+  const std::string memo = absl::StrCat(Version(claim), " ", missing.dump());
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = annotated_.find(uid);
+    if (it != annotated_.end() && it->second == memo) return absl::OkStatus();
+  }
+  absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
+    return client_->PatchNoResult(kSandboxClaims, ns_, Str(meta, "name"), PatchType::kMerge,
+                                  Json{{"metadata", {{"annotations", missing}}}});
+  });
+  if (s.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (annotated_.size() >= kMaxMemos) annotated_.clear();
+    annotated_[uid] = memo;
+  }
+  return OkIfNotFound(s);
+}
+
 void ClaimWriter::ForgetClaim(const std::string& claim_uid) {
   absl::MutexLock lock(&mu_);
   status_.erase(claim_uid);
+  annotated_.erase(claim_uid);
   deleted_.erase(claim_uid);
 }
 

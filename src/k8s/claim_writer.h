@@ -54,6 +54,10 @@ class ClaimWriter {
   // Writes `status` to `claim` (a merge patch of the status subresource) unless
   // LastStatus(claim) shows it already. OK when the claim is gone. Errors: the API's.
   absl::Status WriteStatus(const Json& claim, Json status) ABSL_LOCKS_EXCLUDED(mu_);
+  // Adds `annotations` to `claim`'s metadata (a merge patch) unless its copy has them all
+  // already or the same patch went out against the copy's version. OK when the claim is
+  // gone. Errors: the API's.
+  absl::Status Annotate(const Json& claim, const Json& annotations) ABSL_LOCKS_EXCLUDED(mu_);
   // The claim with uid `claim_uid` is gone.
   void ForgetClaim(const std::string& claim_uid) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -95,6 +99,8 @@ class ClaimWriter {
   // The pod metadata patch last sent to each Sandbox's pod, with the Sandbox's
   // resourceVersion then: "<version> <patch>".
   absl::flat_hash_map<std::string, std::string> pod_metadata_sent_ ABSL_GUARDED_BY(mu_);
+  // Claim uid -> "<version> <annotations patch>" last sent.
+  absl::flat_hash_map<std::string, std::string> annotated_ ABSL_GUARDED_BY(mu_);
   // The uids of the claims deleted whose deletion the informer has not shown yet.
   absl::flat_hash_set<std::string> deleted_ ABSL_GUARDED_BY(mu_);
 };

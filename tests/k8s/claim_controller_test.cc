@@ -64,6 +64,8 @@ class ClaimControllerTest : public ::testing::Test {
  protected:
   // The controller's clock (null: the real one).
   virtual const Clock* ControllerClock() { return nullptr; }
+  // Whether the controller writes upstream's claim annotations.
+  virtual bool ClaimAnnotations() { return false; }
 
   void SetUp() override {
     ASSERT_TRUE(emulator_.ok());
@@ -85,6 +87,7 @@ class ClaimControllerTest : public ::testing::Test {
     options.resync = kResync;
     options.registry = registry_;
     options.clock = ControllerClock();
+    options.claim_annotations = ClaimAnnotations();
     // Before the informers start: the controller adds its handlers to them.
     controller_ = std::make_unique<ClaimController>(client_.get(), writes_.get(), sandboxes_.get(),
                                                     pools_.get(), templates_.get(), options);
@@ -389,6 +392,59 @@ TEST_F(ClaimControllerTest, AStatusIsWrittenOnceWhileTheInformersCopyLagsBehindT
   not_ready["conditions"][0]["status"] = "False";
   ASSERT_TRUE(writer.WriteStatus(*echo, not_ready).ok());
   EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 2);
+}
+
+// With --kube_claim_annotations, as upstream's controller.
+class ClaimControllerTestWithAnnotations : public ClaimControllerTest {
+ protected:
+  bool ClaimAnnotations() override { return true; }
+};
+
+// Issue 20 item 6: a claim bound to a warm member gets controller-first-observed-at and
+// sandbox-name in one metadata patch (and no more, though its echo is reconciled); a
+// claim refused for a missing pool gets controller-first-observed-at alone; an
+// observed-at written before (an earlier run) is kept.
+TEST_F(ClaimControllerTestWithAnnotations, ClaimsGetUpstreamsAnnotationsOnce) {
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxTemplates, Template("python")));
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxWarmPools, Pool("py", "python")));
+  ASSERT_NO_FATAL_FAILURE(AddWarmMember("py", "warm-1"));
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return pools_->Get("default", "py") != nullptr &&
+               templates_->Get("default", "python") != nullptr;
+      },
+      kStep));
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxClaims, Claim("job", "py")));
+  auto annotations = [&](const std::string& name) {
+    absl::StatusOr<Json> got = client_->Get(kSandboxClaims, "default", name);
+    return got.ok() ? (*got)["metadata"].value("annotations", Json::object()) : Json();
+  };
+  ASSERT_TRUE(Eventually(
+      [&] { return annotations("job").value(kSandboxNameAnnotation, "") == "warm-1"; }, kStep))
+      << annotations("job").dump();
+  const std::string observed = annotations("job").value(kControllerFirstObservedAnnotation, "");
+  absl::Time at;
+  std::string err;
+  EXPECT_TRUE(absl::ParseTime(absl::RFC3339_full, observed, &at, &err)) << observed << err;
+  EXPECT_TRUE(Eventually([&] { return IsReady(Json{{"conditions", {Ready("job")}}}); }, kStep));
+  ASSERT_TRUE(Eventually([&] { return controller_->Idle(); }, kStep));
+  EXPECT_EQ(emulator_.Requests("patch sandboxclaims"), 1) << "metadata patches";
+
+  // Refused (no such pool): observed-at alone.
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxClaims, Claim("lost", "nopool")));
+  ASSERT_TRUE(Eventually([&] { return ReadyReasonIs("lost", "WarmPoolNotFound"); }, kStep));
+  ASSERT_TRUE(Eventually(
+      [&] { return annotations("lost").contains(kControllerFirstObservedAnnotation); }, kStep));
+  EXPECT_FALSE(annotations("lost").contains(kSandboxNameAnnotation));
+
+  // Written before: kept.
+  Json early = Claim("early", "nopool");
+  early["metadata"]["annotations"] = {{kControllerFirstObservedAnnotation, "2026-01-01T00:00:00Z"}};
+  ASSERT_NO_FATAL_FAILURE(Create(kSandboxClaims, early));
+  ASSERT_TRUE(Eventually([&] { return ReadyReasonIs("early", "WarmPoolNotFound"); }, kStep));
+  ASSERT_TRUE(Eventually([&] { return controller_->Idle(); }, kStep));
+  EXPECT_EQ(annotations("early").value(kControllerFirstObservedAnnotation, ""),
+            "2026-01-01T00:00:00Z");
 }
 
 // The controller on a FakeClock: shutdownTime is judged by it and the look at the claim
