@@ -273,6 +273,7 @@ class AllocatorImpl final : public Allocator {
 
   const RecoveryStats& recovery() const override { return recovery_; }
   int max_batch() const override { return options_.max_batch; }
+  int max_pool_warm() const override { return options_.max_pool_warm; }
 
   // ---- Admin ----
 
@@ -757,6 +758,11 @@ class AllocatorImpl final : public Allocator {
       return absl::InvalidArgumentError(absl::StrCat("pool \"", p.name, "\": min_warm ", p.min_warm,
                                                      " and max_warm ", p.max_warm,
                                                      " must satisfy 0 <= min_warm <= max_warm"));
+    }
+    if (p.max_warm > options_.max_pool_warm) {
+      return absl::InvalidArgumentError(absl::StrCat("pool \"", p.name, "\": max_warm ", p.max_warm,
+                                                     " is above ", options_.max_pool_warm,
+                                                     ", the allocator's max_pool_warm"));
     }
     if (p.default_wait < absl::ZeroDuration() || p.default_ttl < absl::ZeroDuration() ||
         p.max_ttl < absl::ZeroDuration()) {
@@ -1840,6 +1846,10 @@ absl::Status AllocatorOptions::Validate() const {
   }
   if (max_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_batch ", max_batch, " is below 1"));
+  }
+  if (max_pool_warm < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pool_warm ", max_pool_warm, " is negative"));
   }
   return absl::OkStatus();
 }

@@ -75,6 +75,9 @@ struct AllocatorOptions {
   bool timer_thread = true;
   // Largest ClaimBatch.
   int max_batch = 1000;
+  // Largest max_warm of a pool, whoever writes it (the admin API, a config file, a
+  // SandboxWarmPool's replicas).
+  int max_pool_warm = 10000;
   // Claim changes kept in memory for watches that resume from a revision: a watch from
   // revision N works while the change after N is among the last `watch_history` changes
   // (OUT_OF_RANGE otherwise). 0 keeps none (watches start from 0 or the current revision).
@@ -295,6 +298,8 @@ class Allocator {
   virtual const RecoveryStats& recovery() const = 0;
   // The largest ClaimBatch count (AllocatorOptions::max_batch).
   virtual int max_batch() const = 0;
+  // The largest max_warm of a pool (AllocatorOptions::max_pool_warm).
+  virtual int max_pool_warm() const = 0;
 
   // --- Admin (durable before the callback) ---
   // Creates or replaces. INVALID_ARGUMENT for a bad name or runtime; NOT_FOUND when a

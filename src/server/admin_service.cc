@@ -342,9 +342,12 @@ grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* c
     check = absl::InvalidArgumentError(absl::StrCat("pool \"", req->name(), "\": max_warm ",
                                                     pool->max_warm, " would be below min_warm ",
                                                     pool->min_warm));
-  } else if (pool->max_warm > kMaxWarm) {
-    check = absl::InvalidArgumentError(absl::StrCat("pool \"", req->name(), "\": max_warm ",
-                                                    pool->max_warm, " is above ", kMaxWarm));
+  } else if (pool->max_warm > allocator_->max_pool_warm()) {
+    // The allocator owns the limit (AllocatorOptions::max_pool_warm); checked here too so
+    // that the scale answers before its write.
+    check = absl::InvalidArgumentError(
+        absl::StrCat("pool \"", req->name(), "\": max_warm ", pool->max_warm, " is above ",
+                     allocator_->max_pool_warm(), ", the allocator's max_pool_warm"));
   }
   if (!check.ok()) {
     writes_->End(key);

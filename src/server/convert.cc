@@ -454,7 +454,6 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p) {
   if (p.max_warm() < p.min_warm()) {
     return bad("max_warm ", p.max_warm(), " is below min_warm ", p.min_warm());
   }
-  if (p.max_warm() > kMaxWarm) return bad("max_warm ", p.max_warm(), " is above ", kMaxWarm);
   if (p.max_sandboxes() < 0) return bad("max_sandboxes ", p.max_sandboxes(), " is negative");
   if (p.max_sandboxes() > 0 && p.max_sandboxes() < p.max_warm()) {
     return bad("max_sandboxes ", p.max_sandboxes(), " is below max_warm ", p.max_warm());

@@ -180,6 +180,20 @@ TEST_F(AllocatorTest, SameIdDifferentOwnersAreDifferentClaims) {
   EXPECT_EQ(ReleaseNow("c1", "carol").code(), absl::StatusCode::kNotFound);
 }
 
+// Issue 21, one owner for each limit: the ceiling of max_warm is the allocator's, so it
+// holds for every writer of pools (before, only the gRPC admin API checked its own copy,
+// and a SandboxWarmPool's replicas went past it).
+TEST_F(AllocatorTest, MaxWarmAboveTheAllocatorsLimitIsRefusedWhoeverWritesThePool) {
+  EXPECT_EQ(allocator_->max_pool_warm(), 10000);
+  Result<absl::Status> r;
+  allocator_->PutPool(PoolRec("huge", 0, 10001, EmptyPoolPolicy::kFail), r.callback());
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->code(), absl::StatusCode::kInvalidArgument) << *r.value;
+  EXPECT_THAT(std::string(r.value->message()), HasSubstr("max_warm 10001 is above 10000"));
+  EXPECT_FALSE(allocator_->GetPool("huge").ok());
+  ASSERT_NO_FATAL_FAILURE(PutPoolRecord(PoolRec("big", 0, 10000, EmptyPoolPolicy::kFail)));
+}
+
 TEST_F(AllocatorTest, SameIdOnAnotherPoolIsAlreadyExists) {
   PutPoolRecord(PoolRec("other", 0, 10, EmptyPoolPolicy::kFail));
   AddWarm("s1");

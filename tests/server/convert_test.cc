@@ -103,8 +103,9 @@ TEST(ConvertTest, PoolDefaultsAndLimits) {
   EXPECT_EQ(r->empty_pool_policy, store::EmptyPoolPolicy::kWait);
   EXPECT_EQ(r->default_wait, absl::Seconds(30));
   EXPECT_EQ(r->selection_policy, "fifo");
+  // The ceiling of max_warm is the allocator's (AllocatorTest.MaxWarmAboveTheAllocatorsLimit...).
   p.set_max_warm(10001);
-  EXPECT_THAT(std::string(PoolFromProto(p).status().message()), HasSubstr("max_warm 10001"));
+  EXPECT_TRUE(PoolFromProto(p).ok());
   p.set_max_warm(3);
   p.mutable_default_ttl()->set_seconds(100);
   p.mutable_max_ttl()->set_seconds(10);
