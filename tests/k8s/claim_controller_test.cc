@@ -208,6 +208,21 @@ class ClaimControllerTest : public ::testing::Test {
         kStep));
   }
 
+  // Template "python", pool "py" of it with warm member "warm-1", and both in the
+  // controller's caches: with them behind, a claim's first status would say
+  // WarmPoolNotFound (a change of its own, and a second write).
+  void PoolWithOneWarmMember() {
+    ASSERT_NO_FATAL_FAILURE(Create(kSandboxTemplates, Template("python")));
+    ASSERT_NO_FATAL_FAILURE(Create(kSandboxWarmPools, Pool("py", "python")));
+    ASSERT_NO_FATAL_FAILURE(AddWarmMember("py", "warm-1"));
+    ASSERT_TRUE(Eventually(
+        [&] {
+          return pools_->Get("default", "py") != nullptr &&
+                 templates_->Get("default", "python") != nullptr;
+        },
+        kStep));
+  }
+
   TestEmulator emulator_;
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<Client> client_;
@@ -293,17 +308,7 @@ TEST_F(ClaimControllerTest, AClaimRefusedByItsTemplatesPolicyGoesOnWhenThePolicy
 // claim still lacks the status just written), the echo of the status, and a later change
 // of the Sandbox — write nothing more.
 TEST_F(ClaimControllerTest, AClaimBoundToAWarmMemberWritesItsBindingAndStatusOnce) {
-  ASSERT_NO_FATAL_FAILURE(Create(kSandboxTemplates, Template("python")));
-  ASSERT_NO_FATAL_FAILURE(Create(kSandboxWarmPools, Pool("py", "python")));
-  ASSERT_NO_FATAL_FAILURE(AddWarmMember("py", "warm-1"));
-  // The controller reads pool and template from these caches: with them behind, its first
-  // status would say WarmPoolNotFound (a change of its own, and a second write).
-  ASSERT_TRUE(Eventually(
-      [&] {
-        return pools_->Get("default", "py") != nullptr &&
-               templates_->Get("default", "python") != nullptr;
-      },
-      kStep));
+  ASSERT_NO_FATAL_FAILURE(PoolWithOneWarmMember());
   ASSERT_NO_FATAL_FAILURE(Create(kSandboxClaims, Claim("job", "py")));
   absl::StatusOr<Json> made = client_->Get(kSandboxClaims, "default", "job");
   ASSERT_TRUE(made.ok()) << made.status();
@@ -405,15 +410,7 @@ class ClaimControllerTestWithAnnotations : public ClaimControllerTest {
 // claim refused for a missing pool gets controller-first-observed-at alone; an
 // observed-at written before (an earlier run) is kept.
 TEST_F(ClaimControllerTestWithAnnotations, ClaimsGetUpstreamsAnnotationsOnce) {
-  ASSERT_NO_FATAL_FAILURE(Create(kSandboxTemplates, Template("python")));
-  ASSERT_NO_FATAL_FAILURE(Create(kSandboxWarmPools, Pool("py", "python")));
-  ASSERT_NO_FATAL_FAILURE(AddWarmMember("py", "warm-1"));
-  ASSERT_TRUE(Eventually(
-      [&] {
-        return pools_->Get("default", "py") != nullptr &&
-               templates_->Get("default", "python") != nullptr;
-      },
-      kStep));
+  ASSERT_NO_FATAL_FAILURE(PoolWithOneWarmMember());
   ASSERT_NO_FATAL_FAILURE(Create(kSandboxClaims, Claim("job", "py")));
   auto annotations = [&](const std::string& name) {
     absl::StatusOr<Json> got = client_->Get(kSandboxClaims, "default", name);
