@@ -32,7 +32,8 @@ ALLOWED = {
 K8S_ROOMS = {
     "transports": {"http", "http_lines", "http_socket", "http_cpprest"},
     "client": {"client", "config", "informer", "work_queue", "leader_election", "write_scheduler",
-               "sandbox_key", "rate_limiter", "resources", "json_fields", "thread_priority"},
+               "sandbox_key", "rate_limiter", "resources", "json_fields", "thread_priority",
+               "namespaces"},
     "sandbox_controller": {"sandbox_objects", "sandbox_controller", "template_objects",
                            "template_controller"},
     "pools": {"kube_runtime", "warm_pool_controller", "claim_objects", "claim_writer",

@@ -274,11 +274,24 @@ class AllocatorImpl final : public Allocator {
   const RecoveryStats& recovery() const override { return recovery_; }
   int max_batch() const override { return options_.max_batch; }
   int max_pool_warm() const override { return options_.max_pool_warm; }
+  const std::string& default_namespace() const override { return options_.default_namespace; }
+
+  // A pool or template name: qualified (ids.h), and its one spelling.
+  absl::Status ValidatePoolName(absl::string_view what, absl::string_view name) const {
+    ASSIGN_OR_RETURN(std::string canonical,
+                     CanonicalQualifiedName(what, name, options_.default_namespace));
+    if (canonical != name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " \"", name, "\" is named \"", canonical, "\" (the default namespace, \"",
+          options_.default_namespace, "\", is not spelled out)"));
+    }
+    return absl::OkStatus();
+  }
 
   // ---- Admin ----
 
   void PutTemplate(store::TemplateRecord t, StatusCallback done) override {
-    if (absl::Status s = ValidateName("template name", t.name); !s.ok()) {
+    if (absl::Status s = ValidatePoolName("template name", t.name); !s.ok()) {
       return std::move(done)(s);
     }
     if (t.runtime != "local" && t.runtime != "kubernetes") {
@@ -675,7 +688,7 @@ class AllocatorImpl final : public Allocator {
     } else {
       RETURN_IF_ERROR(ValidateKey("watch owner", request.owner));
     }
-    if (!request.pool.empty()) RETURN_IF_ERROR(ValidateName("watch pool", request.pool));
+    if (!request.pool.empty()) RETURN_IF_ERROR(ValidatePoolName("watch pool", request.pool));
     return hub_->Subscribe(std::move(request), std::move(ready), [this](const WatchRequest& w) {
       ClaimFilter f;
       f.owner = w.owner;
@@ -752,8 +765,8 @@ class AllocatorImpl final : public Allocator {
   }
 
   absl::Status ValidatePool(const store::PoolRecord& p) const {
-    RETURN_IF_ERROR(ValidateName("pool name", p.name));
-    RETURN_IF_ERROR(ValidateName("template name", p.template_name));
+    RETURN_IF_ERROR(ValidatePoolName("pool name", p.name));
+    RETURN_IF_ERROR(ValidatePoolName("template name", p.template_name));
     if (p.min_warm < 0 || p.max_warm < p.min_warm) {
       return absl::InvalidArgumentError(absl::StrCat("pool \"", p.name, "\": min_warm ", p.min_warm,
                                                      " and max_warm ", p.max_warm,
@@ -778,7 +791,7 @@ class AllocatorImpl final : public Allocator {
   absl::Status ValidateClaimRequest(const ClaimRequest& req) const {
     RETURN_IF_ERROR(ValidateKey("owner", req.owner));
     RETURN_IF_ERROR(ValidateKey("claim id", req.claim_id));
-    RETURN_IF_ERROR(ValidateName("pool name", req.pool));
+    RETURN_IF_ERROR(ValidatePoolName("pool name", req.pool));
     if (req.wait < absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
           absl::StrCat("wait ", absl::FormatDuration(req.wait), " is negative"));
@@ -1851,6 +1864,7 @@ absl::Status AllocatorOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("max_pool_warm ", max_pool_warm, " is negative"));
   }
+  RETURN_IF_ERROR(ValidateName("default_namespace", default_namespace));
   return absl::OkStatus();
 }
 

@@ -78,6 +78,10 @@ struct AllocatorOptions {
   // Largest max_warm of a pool, whoever writes it (the admin API, a config file, a
   // SandboxWarmPool's replicas).
   int max_pool_warm = 10000;
+  // The namespace whose pools and templates are named without one (src/common/ids.h):
+  // "x" is "<default_namespace>/x", and the allocator refuses that second spelling so
+  // that each pool has one name. A DNS-1123 label.
+  std::string default_namespace = "default";
   // Claim changes kept in memory for watches that resume from a revision: a watch from
   // revision N works while the change after N is among the last `watch_history` changes
   // (OUT_OF_RANGE otherwise). 0 keeps none (watches start from 0 or the current revision).
@@ -300,6 +304,9 @@ class Allocator {
   virtual int max_batch() const = 0;
   // The largest max_warm of a pool (AllocatorOptions::max_pool_warm).
   virtual int max_pool_warm() const = 0;
+  // The namespace of pools and templates named without one
+  // (AllocatorOptions::default_namespace).
+  virtual const std::string& default_namespace() const = 0;
 
   // --- Admin (durable before the callback) ---
   // Creates or replaces. INVALID_ARGUMENT for a bad name or runtime; NOT_FOUND when a

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
@@ -38,8 +39,11 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
   app.add_option("--kube_identity", flags->identity,
                  "this replica's name in the Lease (default: hostname-pid)");
   app.add_option("--kube_pool_namespace", flags->pool_namespace,
-                 "with --runtime kubernetes: the namespace whose SandboxWarmPools and "
-                 "SandboxClaims sbx serves (default: --kube_namespace, else \"default\")");
+                 "the default namespace: its pools are named without one over gRPC and in the "
+                 "store (\"py\" is \"<this>/py\"), those of others \"<namespace>/<pool>\" "
+                 "(default: --kube_namespace, else \"default\"); with --runtime kubernetes, "
+                 "SandboxWarmPools and SandboxClaims are served in --kube_namespace (every "
+                 "namespace when unset)");
   app.add_option("--kube_write_workers", flags->write_workers,
                  "threads writing Sandboxes and claim bindings (writes in flight at once)")
       ->capture_default_str();
@@ -70,6 +74,46 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
                  "with --kubeconfig: keep the key of the sandboxes' daemon secrets in this "
                  "Secret of --kube_server_namespace (made on first start, then shared by every "
                  "replica) instead of --sandbox_key_file");
+}
+
+std::string DefaultIdentity() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, "-", getpid());
+}
+
+std::string WithPort(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
+}
+
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& advertise,
+                                              const std::string& listen, int bound_port) {
+  if (!advertise.empty()) {
+    const size_t colon = advertise.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos || colon == 0 ||
+        !absl::SimpleAtoi(absl::string_view(advertise).substr(colon + 1), &port) || port <= 0 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--advertise_address \"", advertise, "\" is not host:port with a port from 1 to 65535"));
+    }
+    return advertise;
+  }
+  const size_t colon = listen.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen \"", listen,
+        "\" does not say where the other replicas reach this one: give --advertise_address "
+        "host:port (the pod's IP and the gRPC port; the chart sets it)"));
+  }
+  return WithPort(listen, bound_port);
+}
+
+std::string DefaultNamespace(const KubeFlags& flags) {
+  if (!flags.pool_namespace.empty()) return flags.pool_namespace;
+  return flags.ns.empty() ? "default" : flags.ns;
 }
 
 namespace {
@@ -157,17 +201,16 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
   options.leader_election = flags.leader_election;
   options.election.lease_namespace = flags.lease_namespace;
   options.election.lease_name = "sbx-controller";
-  options.election.identity = flags.identity;
-  if (options.election.identity.empty()) {
-    char host[256] = {};
-    gethostname(host, sizeof(host) - 1);
-    options.election.identity = absl::StrCat(host, "-", getpid());
-  }
+  options.election.identity = flags.identity.empty() ? DefaultIdentity() : flags.identity;
+  options.election.address = flags.advertise_address;
+  options.on_stopped_leading = flags.on_stopped_leading;
   kube.sandboxes_ = std::make_unique<k8s::SandboxController>(client, options);
   k8s::SandboxController* sandboxes = kube.sandboxes_.get();
 
-  std::string pool_ns = flags.pool_namespace;
-  if (pool_ns.empty()) pool_ns = flags.ns.empty() ? "default" : flags.ns;
+  k8s::Namespaces namespaces;
+  namespaces.watch = flags.ns;
+  namespaces.default_ns = DefaultNamespace(flags);
+  const std::string& pool_ns = namespaces.default_ns;
   if (serve_pools) {
     if (!flags.ns.empty() && flags.ns != pool_ns) {
       return absl::InvalidArgumentError(absl::StrCat("--kube_pool_namespace \"", pool_ns,
@@ -182,12 +225,12 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     kube.writes_ = std::make_unique<k8s::WriteScheduler>(write_options);
     auto is_leader = [sandboxes] { return sandboxes->IsLeader(); };
     k8s::WarmPoolControllerOptions pool_options;
-    pool_options.ns = pool_ns;
+    pool_options.namespaces = namespaces;
     pool_options.is_leader = is_leader;
     kube.pools_ = std::make_unique<k8s::WarmPoolController>(
         client, kube.writes_.get(), &sandboxes->sandbox_informer(), pool_options);
     k8s::ClaimControllerOptions claim_options;
-    claim_options.ns = pool_ns;
+    claim_options.namespaces = namespaces;
     claim_options.workers = flags.claim_workers;
     claim_options.claim_annotations = flags.claim_annotations;
     claim_options.is_leader = is_leader;
@@ -196,7 +239,7 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
         client, kube.writes_.get(), &sandboxes->sandbox_informer(), &kube.pools_->pools(),
         &kube.pools_->templates(), claim_options);
     k8s::KubeRuntimeOptions runtime_options;
-    runtime_options.ns = pool_ns;
+    runtime_options.namespaces = namespaces;
     runtime_options.ready_timeout = absl::Seconds(flags.ready_timeout_s);
     runtime_options.on_gone = std::move(on_gone);
     runtime_options.registry = flags.registry;
@@ -231,9 +274,11 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
       cluster.source, cluster.server, flags.workers,
       flags.leader_election ? ", leader election as " + options.election.identity : "",
       flags.ns.empty() ? "all" : flags.ns,
-      serve_pools
-          ? absl::StrCat("; serving SandboxWarmPools and SandboxClaims of \"", pool_ns, "\"")
-          : std::string());
+      serve_pools ? absl::StrCat("; serving SandboxWarmPools and SandboxClaims of ",
+                                 flags.ns.empty() ? std::string("every namespace")
+                                                  : absl::StrCat("\"", flags.ns, "\""),
+                                 " (default namespace \"", pool_ns, "\")")
+                  : std::string());
   return absl::OkStatus();
 }
 

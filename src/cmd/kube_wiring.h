@@ -36,9 +36,14 @@ struct KubeFlags {
   int workers = 16;
   bool leader_election = false;
   std::string lease_namespace = "default";
-  std::string identity;  // default: hostname + pid
-  // Warm pools and claims (with --runtime kubernetes): their namespace (default: --ns, or
-  // "default" when that is every namespace), write workers and write budget.
+  std::string identity;  // default: hostname + pid (DefaultIdentity)
+  // With leader_election: this replica's gRPC address for the others (written into the
+  // Lease while it leads), and what to do when it stops leading (lost Lease or Stop).
+  std::string advertise_address;
+  std::function<void()> on_stopped_leading;
+  // Warm pools and claims (with --runtime kubernetes) are served in `ns` (every namespace
+  // when empty). pool_namespace is the default namespace, whose pools the allocator and
+  // gRPC name without one (DefaultNamespace); then the write workers and write budget.
   std::string pool_namespace;
   int write_workers = 32;
   double write_qps = 2000;
@@ -54,15 +59,29 @@ struct KubeFlags {
   // Where the client and the controllers register their metrics (the registry sbx-server
   // serves on /metrics); null: a private one, not served.
   std::shared_ptr<prometheus::Registry> registry;
-  // The secret of a Sandbox's daemon (by Sandbox name), put into its pod (see
+  // The secret of a Sandbox's daemon (by its namespace and name), put into its pod (see
   // SandboxControllerOptions::sandboxd_secret).
-  std::function<std::string(const std::string& sandbox_name)> sandboxd_secret;
+  std::function<std::string(const std::string& ns, const std::string& name)> sandboxd_secret;
   // The Secret (in the server's namespace, as for server_namespace above) that holds the
   // key of those secrets; "" = the key file (the flags of sbx_server_main.cc).
   std::string sandbox_key_secret;
 };
 
 void AddKubeFlags(CLI::App& app, KubeFlags* flags);
+
+// The default namespace (AllocatorOptions::default_namespace): --kube_pool_namespace, else
+// --kube_namespace, else "default".
+std::string DefaultNamespace(const KubeFlags& flags);
+
+// This replica's name in the Lease when --kube_identity is not given: "<hostname>-<pid>".
+std::string DefaultIdentity();
+// The address other replicas reach this one's gRPC port at: `advertise` ("host:port",
+// checked) when given, else the host of `listen` with `bound_port`. INVALID_ARGUMENT when
+// that host is a wildcard (0.0.0.0, [::], empty): --advertise_address is needed then.
+absl::StatusOr<std::string> AdvertisedAddress(const std::string& advertise,
+                                              const std::string& listen, int bound_port);
+// `listen` ("host:port") with its port replaced by `port`.
+std::string WithPort(const std::string& listen, int port);
 
 // The client and the controllers; stops them (controllers first) when destroyed.
 class KubeControllers {
@@ -72,6 +91,10 @@ class KubeControllers {
 
   // The runtime of warm-pool members (nullptr unless pools are served).
   runtime::Runtime* runtime() { return runtime_.get(); }
+  // The leader elector once StartKube has run with --kube_leader_election; else null.
+  k8s::LeaderElector* elector() const {
+    return sandboxes_ != nullptr ? sandboxes_->elector() : nullptr;
+  }
   // Starts the warm-pool and claim controllers on `allocator`.
   absl::Status StartPools(allocator::Allocator* allocator);
   // Stops the pool and claim controllers, then the writes and the runtime: queued writes

@@ -7,12 +7,19 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpc/support/log.h"
 #include "prometheus/registry.h"
@@ -28,6 +35,7 @@
 #include "src/common/logging.h"
 #include "src/common/sandbox_secret.h"
 #include "src/common/signals.h"
+#include "src/common/status_macros.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/runtime/instant_runtime.h"
 #include "src/server/metrics.h"
@@ -158,6 +166,11 @@ int main(int argc, char** argv) {
                        std::string(sbx::Version()) + " (" + std::string(sbx::GitCommit()) + ")");
   app.add_option("--listen", server_options.listen, "host:port to serve gRPC on (port 0: any)")
       ->capture_default_str();
+  std::string advertise_address;
+  app.add_option("--advertise_address", advertise_address,
+                 "with --kube_leader_election: host:port at which the other replicas reach this "
+                 "one's gRPC port, to relay calls to it while it leads (default: --listen's host "
+                 "with the bound port; needed when that host is a wildcard)");
   app.add_option("--port_file", server_options.port_file,
                  "write the bound port to this file once serving");
   app.add_option("--max_receive_message_bytes", server_options.max_receive_message_bytes,
@@ -316,7 +329,12 @@ int main(int argc, char** argv) {
   auto secret_of = [secrets = *sandbox_secrets](absl::string_view id) { return secrets.For(id); };
   server_options.sandbox_secret = secret_of;
   local_options.secret_for = [secret_of](const std::string& id) { return secret_of(id); };
-  kube_flags.sandboxd_secret = [secret_of](const std::string& name) { return secret_of(name); };
+  // A Sandbox's secret is that of its allocator id (src/k8s/namespaces.h).
+  const std::string default_namespace = sbx::cmd::DefaultNamespace(kube_flags);
+  kube_flags.sandboxd_secret = [secret_of, default_namespace](const std::string& ns,
+                                                              const std::string& name) {
+    return secret_of(sbx::QualifiedName(ns, name, default_namespace));
+  };
   // What no sandbox may see: the server's store, key and credentials.
   for (const std::string& path : {store_options.path, sandbox_key_file,
                                   server_options.auth.tokens_file, server_options.tls_key_file}) {
@@ -349,6 +367,39 @@ int main(int argc, char** argv) {
   sbx::server::RequestCounters request_counters;
   sbx::server::TenantLimiter tenant_limiter;
   sbx::runtime::Runtime* active_runtime = runtime.get();
+  // With leader election, this replica serves its port as a standby (relaying sbx.v1 calls
+  // to the leader) until it leads; everything that acts starts then (Activate below).
+  const bool standby_first = kube != nullptr && kube_flags.leader_election;
+  std::unique_ptr<sbx::server::Server> standby;
+  std::atomic<bool> stopping{false};
+  if (standby_first) {
+    if (kube_flags.identity.empty()) kube_flags.identity = sbx::cmd::DefaultIdentity();
+    sbx::server::ServerOptions standby_options = server_options;
+    sbx::server::ForwardOptions forward;
+    forward.identity = kube_flags.identity;
+    forward.leader_address = [&kube]() -> std::string {
+      sbx::k8s::LeaderElector* elector = kube->elector();
+      return elector != nullptr ? elector->LeaderAddress() : std::string();
+    };
+    standby_options.forward = std::move(forward);
+    auto started = sbx::server::Server::Start(standby_options);
+    if (!started.ok()) return Fail(started.status());
+    standby = *std::move(started);
+    auto advertised =
+        sbx::cmd::AdvertisedAddress(advertise_address, server_options.listen, standby->port());
+    if (!advertised.ok()) return Fail(advertised.status());
+    kube_flags.advertise_address = *advertised;
+    // The next start binds the same port (gRPC sets SO_REUSEPORT), so that clients keep
+    // one address across the promotion.
+    server_options.listen = sbx::cmd::WithPort(server_options.listen, standby->port());
+    kube_flags.on_stopped_leading = [&stopping] {
+      if (stopping.load()) return;
+      spdlog::error(
+          "this replica no longer leads: stopping, so that it restarts as a standby (its "
+          "allocator may not act beside the new leader's)");
+      kill(getpid(), SIGTERM);
+    };
+  }
   if (kube != nullptr) {
     absl::Status started = sbx::cmd::StartKube(*kube, kube_flags, runtime_name == "kubernetes",
                                                [&allocator_for_reports](const std::string& id) {
@@ -359,8 +410,11 @@ int main(int argc, char** argv) {
     if (runtime_name == "kubernetes") active_runtime = kube->runtime();
   }
   sbx::allocator::RefillReconciler refill(refill_options, active_runtime, &sbx::Clock::Real());
-  auto allocator = sbx::allocator::Allocator::Create(
-      {}, store->get(), active_runtime, &refill, &sbx::Clock::Real(), &sbx::IdGenerator::Random());
+  sbx::allocator::AllocatorOptions allocator_options;
+  allocator_options.default_namespace = default_namespace;
+  auto allocator =
+      sbx::allocator::Allocator::Create(allocator_options, store->get(), active_runtime, &refill,
+                                        &sbx::Clock::Real(), &sbx::IdGenerator::Random());
   if (!allocator.ok()) {
     return Fail(absl::Status(
         allocator.status().code(),
@@ -372,14 +426,6 @@ int main(int argc, char** argv) {
       "recovered {} templates, {} pools, {} sandboxes, {} active and {} ended claims in {}",
       rec.templates, rec.pools, rec.sandboxes, rec.active_claims, rec.ended_claims,
       absl::FormatDuration(rec.took));
-  if (active_runtime != nullptr) {
-    if (absl::Status s = ReconcileWithRuntime(**allocator, *active_runtime, *registry); !s.ok()) {
-      return Fail(s);
-    }
-  }
-  if (absl::Status s = sbx::cmd::ApplyConfig(config, **allocator); !s.ok()) return Fail(s);
-  if (active_runtime != nullptr) refill.Start(allocator->get());
-
   std::unique_ptr<sbx::server::MetricsEndpoint> metrics;
   if (metrics_options.enabled()) {
     sbx::server::MetricsSources sources;
@@ -404,22 +450,58 @@ int main(int argc, char** argv) {
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
   }
-  if (kube != nullptr) {
-    if (absl::Status s = kube->StartPools(allocator->get()); !s.ok()) return Fail(s);
-  }
 
   server_options.allocator = allocator->get();
   server_options.request_counters = &request_counters;
   server_options.tenant_limiter = &tenant_limiter;
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
-  auto server = sbx::server::Server::Start(server_options);
-  if (!server.ok()) return Fail(server.status());
+  // What a serving replica does (at once, or once it leads): reconcile with the runtime,
+  // apply the config, refill, serve the pools and claims of the cluster, and the API.
+  absl::Mutex server_mu;
+  std::unique_ptr<sbx::server::Server> server;
+  auto activate = [&]() -> absl::Status {
+    if (active_runtime != nullptr) {
+      RETURN_IF_ERROR(ReconcileWithRuntime(**allocator, *active_runtime, *registry));
+    }
+    RETURN_IF_ERROR(sbx::cmd::ApplyConfig(config, **allocator));
+    if (active_runtime != nullptr) refill.Start(allocator->get());
+    if (kube != nullptr) RETURN_IF_ERROR(kube->StartPools(allocator->get()));
+    ASSIGN_OR_RETURN(auto started, sbx::server::Server::Start(server_options));
+    absl::MutexLock lock(&server_mu);
+    server = std::move(started);
+    return absl::OkStatus();
+  };
+  std::thread promotion;
+  if (!standby_first) {
+    if (absl::Status s = activate(); !s.ok()) return Fail(s);
+  } else {
+    promotion = std::thread([&] {
+      while (!stopping.load()) {
+        sbx::k8s::LeaderElector* elector = kube->elector();
+        if (elector != nullptr && elector->IsLeader()) break;
+        absl::SleepFor(absl::Milliseconds(20));
+      }
+      if (stopping.load()) return;
+      spdlog::info("this replica leads: serving the API itself, the standby relay stops");
+      if (absl::Status s = activate(); !s.ok()) {
+        spdlog::error("cannot serve after taking the lead: {}", s.ToString());
+        kill(getpid(), SIGTERM);
+        return;
+      }
+      standby->Shutdown(absl::Seconds(shutdown_grace_s));
+    });
+  }
 
   int signal = 0;
   while (true) {
     sigwait(&stop_signals, &signal);
     if (signal != SIGHUP) break;
-    absl::Status s = (*server)->ReloadAuth();
+    absl::MutexLock lock(&server_mu);
+    if (server == nullptr) {
+      spdlog::info("SIGHUP: a standby has no tokens to reload (the leader checks them)");
+      continue;
+    }
+    absl::Status s = server->ReloadAuth();
     if (s.ok()) {
       spdlog::info("SIGHUP: tokens reloaded");
     } else {
@@ -428,7 +510,13 @@ int main(int argc, char** argv) {
   }
   spdlog::info("received {}, shutting down (grace {} s)", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                shutdown_grace_s);
-  (*server)->Shutdown(absl::Seconds(shutdown_grace_s));
+  stopping.store(true);
+  if (promotion.joinable()) promotion.join();
+  if (standby != nullptr) standby->Shutdown(absl::Seconds(shutdown_grace_s));
+  {
+    absl::MutexLock lock(&server_mu);
+    if (server != nullptr) server->Shutdown(absl::Seconds(shutdown_grace_s));
+  }
   if (kube != nullptr) kube->StopPools();
   metrics.reset();  // reads the allocator, refill and store: goes before them
   refill.Stop();

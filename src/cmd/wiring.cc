@@ -56,7 +56,8 @@ std::unique_ptr<runtime::Runtime> NewLocalSpecTranslator(runtime::Runtime* local
 
 absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& allocator) {
   for (const sbx::v1::Template& t : config.templates) {
-    absl::StatusOr<store::TemplateRecord> record = server::TemplateFromProto(t);
+    absl::StatusOr<store::TemplateRecord> record =
+        server::TemplateFromProto(t, allocator.default_namespace());
     if (!record.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("config: template \"", t.name(), "\": ", record.status().message()));
@@ -66,7 +67,8 @@ absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& alloc
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("config: ", s.message()));
   }
   for (const sbx::v1::Pool& p : config.pools) {
-    absl::StatusOr<store::PoolRecord> record = server::PoolFromProto(p);
+    absl::StatusOr<store::PoolRecord> record =
+        server::PoolFromProto(p, allocator.default_namespace());
     if (!record.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("config: pool \"", p.name(), "\": ", record.status().message()));

@@ -7,6 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
 
 namespace sbx {
 namespace {
@@ -61,6 +62,37 @@ absl::Status ValidateName(absl::string_view what, absl::string_view name) {
         absl::StrCat(what, " ", Quote(name), " must start and end with a letter or digit"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateQualifiedName(absl::string_view what, absl::string_view qualified) {
+  const size_t slash = qualified.find('/');
+  if (slash == absl::string_view::npos) return ValidateName(what, qualified);
+  RETURN_IF_ERROR(ValidateName(absl::StrCat(what, " ", Quote(qualified), ": namespace"),
+                               qualified.substr(0, slash)));
+  return ValidateName(absl::StrCat(what, " ", Quote(qualified), ": name"),
+                      qualified.substr(slash + 1));
+}
+
+std::string QualifiedName(absl::string_view ns, absl::string_view name,
+                          absl::string_view default_ns) {
+  if (ns == default_ns) return std::string(name);
+  return absl::StrCat(ns, "/", name);
+}
+
+NamespacedName SplitQualifiedName(absl::string_view qualified, absl::string_view default_ns) {
+  const size_t slash = qualified.find('/');
+  if (slash == absl::string_view::npos) {
+    return {std::string(default_ns), std::string(qualified)};
+  }
+  return {std::string(qualified.substr(0, slash)), std::string(qualified.substr(slash + 1))};
+}
+
+absl::StatusOr<std::string> CanonicalQualifiedName(absl::string_view what,
+                                                   absl::string_view qualified,
+                                                   absl::string_view default_ns) {
+  RETURN_IF_ERROR(ValidateQualifiedName(what, qualified));
+  NamespacedName parts = SplitQualifiedName(qualified, default_ns);
+  return QualifiedName(parts.ns, parts.name, default_ns);
 }
 
 absl::Status ValidateKey(absl::string_view what, absl::string_view key) {

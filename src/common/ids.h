@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace sbx {
@@ -40,6 +41,32 @@ class SequentialIdGenerator final : public IdGenerator {
 // and ending with an alphanumeric (a DNS-1123 label, so it can name Kubernetes objects).
 // Returns INVALID_ARGUMENT naming `what` and the offending value.
 absl::Status ValidateName(absl::string_view what, absl::string_view name);
+
+// Namespaces. A pool, a template and a sandbox of the kubernetes runtime belong to a
+// namespace (a Kubernetes namespace there; just a name space elsewhere). The allocator, its
+// store and the API name them "<namespace>/<name>", or "<name>" alone in the server's
+// default namespace (AllocatorOptions::default_namespace, "default" unless configured), so
+// that names given before namespaces existed keep their meaning and each thing has exactly
+// one name: "<default namespace>/<name>" is only an input spelling (CanonicalQualifiedName).
+struct NamespacedName {
+  std::string ns;
+  std::string name;
+  bool operator==(const NamespacedName&) const = default;
+};
+// Checks a qualified pool or template name: "<name>" or "<namespace>/<name>", both parts
+// DNS-1123 labels (ValidateName). INVALID_ARGUMENT naming `what` and the value.
+absl::Status ValidateQualifiedName(absl::string_view what, absl::string_view qualified);
+// The one name of `name` in `ns`: "<name>" when ns is `default_ns`, else "<ns>/<name>".
+std::string QualifiedName(absl::string_view ns, absl::string_view name,
+                          absl::string_view default_ns);
+// The parts of a qualified name ("<name>" is in `default_ns`); the text after the first
+// '/' is the name.
+NamespacedName SplitQualifiedName(absl::string_view qualified, absl::string_view default_ns);
+// Validates `qualified` (as ValidateQualifiedName) and answers its one name:
+// "<default_ns>/<name>" becomes "<name>".
+absl::StatusOr<std::string> CanonicalQualifiedName(absl::string_view what,
+                                                   absl::string_view qualified,
+                                                   absl::string_view default_ns);
 
 // Checks a client-chosen identifier (claim id / idempotency key): 1-128 characters of
 // [A-Za-z0-9._:-]. Returns INVALID_ARGUMENT naming `what` and the value.

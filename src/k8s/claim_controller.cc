@@ -71,18 +71,18 @@ class ClaimControllerMetrics {
     if (client_ms && *client_ms >= 0) series.client_startup->Observe(*client_ms);
   }
   // A claim was given a Sandbox (upstream counts it then, not at Ready).
-  void Created(const std::string& sandbox_template, const std::string& launch_type,
-               const std::string& pool, bool sandbox_ready, const std::string& created_by)
-      ABSL_LOCKS_EXCLUDED(mu_) {
+  void Created(const std::string& ns, const std::string& sandbox_template,
+               const std::string& launch_type, const std::string& pool, bool sandbox_ready,
+               const std::string& created_by) ABSL_LOCKS_EXCLUDED(mu_) {
     const std::string condition = sandbox_ready ? "ready" : "not_ready";
-    const std::string key = absl::StrCat(sandbox_template, "/", launch_type, "/", pool, "/",
-                                         condition, "/", created_by);
+    const std::string key = absl::StrCat(ns, "/", sandbox_template, "/", launch_type, "/", pool,
+                                         "/", condition, "/", created_by);
     prometheus::Counter* counter;
     {
       absl::MutexLock lock(&mu_);
       auto [it, inserted] = created_series_.try_emplace(key, nullptr);
       if (inserted) {
-        it->second = &created_.Add({{"namespace", ns_},
+        it->second = &created_.Add({{"namespace", ns},
                                     {"sandbox_template", sandbox_template},
                                     {"launch_type", launch_type},
                                     {"warmpool_name", pool},
@@ -93,7 +93,6 @@ class ClaimControllerMetrics {
     }
     counter->Increment();
   }
-  void set_namespace(std::string ns) { ns_ = std::move(ns); }
 
  private:
   // The series of one launch type and template, made on first use (Family::Add builds
@@ -130,7 +129,6 @@ class ClaimControllerMetrics {
   // Resolved once: every reconcile counts, and Family::Add locks the family.
   prometheus::Counter* const kubectl_reconciles_;
   prometheus::Counter* const grpc_reconciles_;
-  std::string ns_;
   absl::Mutex mu_;
   // Node map: a series stays where it is while others are added.
   absl::node_hash_map<std::string, Latencies> latencies_ ABSL_GUARDED_BY(mu_);
@@ -164,6 +162,22 @@ std::string GrpcOwner(const Json& claim) {
   return Str(Field(Field(claim, "metadata"), "annotations"), kSbxOwnerAnnotation);
 }
 
+// Whether SandboxClaim `object`, annotated as gRPC claim (owner, id), is that claim's
+// mirror: named GrpcClaimName(owner, id) in the namespace of the claim's pool.
+bool IsMirrorOf(const Json& object, const std::string& owner, const std::string& id,
+                const allocator::Allocator& allocator, const Namespaces& namespaces) {
+  const Json& meta = Field(object, "metadata");
+  if (Str(meta, "name") != GrpcClaimName(owner, id)) return false;
+  absl::StatusOr<store::ClaimRecord> c = allocator.GetClaim(owner, id);
+  return c.ok() && namespaces.Split(c->pool).ns == Str(meta, "namespace");
+}
+
+// The work key of kubectl claim `claim`: "c/<namespace>/<name>".
+std::string KubectlKey(const Json& claim) {
+  const Json& meta = Field(claim, "metadata");
+  return absl::StrCat("c/", Str(meta, "namespace"), "/", Str(meta, "name"));
+}
+
 std::string PoolOf(const Json& claim) {
   return Str(Field(Field(claim, "spec"), "warmPoolRef"), "name");
 }
@@ -177,7 +191,7 @@ WorkQueueOptions QueueOptions(const Clock* clock) {
 }  // namespace
 
 absl::Status ClaimControllerOptions::Validate() const {
-  if (ns.empty()) return absl::InvalidArgumentError("claim controller: namespace is empty");
+  RETURN_IF_ERROR(namespaces.Validate("claim controller"));
   if (workers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("claim controller workers ", workers, " must be at least 1"));
@@ -195,13 +209,12 @@ ClaimController::ClaimController(Client* client, WriteScheduler* writes, Informe
       clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
       metrics_(std::make_unique<ClaimControllerMetrics>(options_.registry)),
       queue_(QueueOptions(clock_)),
-      claims_(client, NamespaceInformer(kSandboxClaims, options_.ns)),
-      writer_(client, writes, sandboxes, options_.ns),
-      mirror_(&writer_, &claims_, sandboxes, options_.ns, clock_,
-              [this](const std::string& owner, const std::string& id) {
-                Enqueue(absl::StrCat("g/", owner, "/", id));
+      claims_(client, NamespaceInformer(kSandboxClaims, options_.namespaces.watch)),
+      writer_(client, writes, sandboxes),
+      mirror_(&writer_, &claims_, sandboxes, options_.namespaces, clock_,
+              [this](const std::string& ns, const std::string& owner, const std::string& id) {
+                Enqueue(absl::StrCat("g/", ns, "/", owner, "/", id));
               }) {
-  metrics_->set_namespace(options_.ns);
   WatchClaims();
   WatchSandboxes();
   WatchPoolsAndTemplates(pools, templates);
@@ -209,11 +222,13 @@ ClaimController::ClaimController(Client* client, WriteScheduler* writes, Informe
 
 void ClaimController::WatchClaims() {
   auto on_claim = [this](const ObjectPtr& o) {
-    const Json& annotations = Field(Field(*o, "metadata"), "annotations");
+    const Json& meta = Field(*o, "metadata");
+    const std::string ns = Str(meta, "namespace");
     if (const std::string owner = GrpcOwner(*o); !owner.empty()) {
-      Enqueue(absl::StrCat("g/", owner, "/", Str(annotations, kSbxClaimIdAnnotation)));
+      Enqueue(absl::StrCat("g/", ns, "/", owner, "/",
+                           Str(Field(meta, "annotations"), kSbxClaimIdAnnotation)));
     } else {
-      Enqueue(absl::StrCat("c/", Str(Field(*o, "metadata"), "name")));
+      Enqueue(absl::StrCat("c/", ns, "/", Str(meta, "name")));
     }
   };
   InformerHandler claim_handler;
@@ -236,11 +251,17 @@ void ClaimController::WatchClaims() {
     writer_.ForgetClaim(uid);
     allocator::Allocator* a = allocator_.load(std::memory_order_acquire);
     if (a == nullptr) return;  // Start looks for claims that went while it was away
+    const Json& meta = Field(*o, "metadata");
+    const std::string ns = Str(meta, "namespace");
     std::string owner = GrpcOwner(*o);
-    std::string id = Str(Field(Field(*o, "metadata"), "annotations"), kSbxClaimIdAnnotation);
+    std::string id = Str(Field(meta, "annotations"), kSbxClaimIdAnnotation);
     if (owner.empty()) {
-      owner = KubeClaimOwner(options_.ns);
+      owner = KubeClaimOwner(ns);
       id = uid;
+    } else if (!IsMirrorOf(*o, owner, id, *a, options_.namespaces)) {
+      // Annotations anyone who may write SandboxClaims can copy: only the mirror's own
+      // object (its name, in its pool's namespace) speaks for a gRPC claim.
+      return;
     }
     // Ending an ended claim answers FAILED_PRECONDITION, which is fine: this is the
     // deletion of the claim object that the end of a gRPC claim asked for.
@@ -253,15 +274,16 @@ void ClaimController::WatchSandboxes() {
   // A Sandbox change concerns the claim that owns it.
   auto on_sandbox = [this](const ObjectPtr& o) {
     const Json& meta = Field(*o, "metadata");
-    if (Str(meta, "namespace") != options_.ns) return;
+    const std::string ns = Str(meta, "namespace");
+    if (!options_.namespaces.Serves(ns)) return;
     const Json& refs = Field(meta, "ownerReferences");
     if (!refs.is_array()) return;
     for (const Json& ref : refs) {
       if (Str(ref, "kind") != "SandboxClaim") continue;
-      ObjectPtr claim = claims_.Get(options_.ns, Str(ref, "name"));
+      ObjectPtr claim = claims_.Get(ns, Str(ref, "name"));
       if (claim == nullptr) continue;
       if (!GrpcOwner(*claim).empty()) continue;  // gRPC: its own status
-      Enqueue(absl::StrCat("c/", Str(ref, "name")));
+      Enqueue(absl::StrCat("c/", ns, "/", Str(ref, "name")));
     }
   };
   InformerHandler sandbox_handler;
@@ -283,24 +305,28 @@ void ClaimController::WatchPoolsAndTemplates(Informer* pools, Informer* template
   // the other in its cache.
   InformerHandler pool_handler;
   pool_handler.on_add = [this](const ObjectPtr& o) {
-    EnqueueWaitingClaims({Str(Field(*o, "metadata"), "name")});
+    const Json& meta = Field(*o, "metadata");
+    EnqueueWaitingClaims(Str(meta, "namespace"), {Str(meta, "name")});
   };
   pool_handler.on_update = [this](const ObjectPtr& old, const ObjectPtr& o) {
     if (SameSpec(*old, *o)) return;
-    EnqueueWaitingClaims({Str(Field(*o, "metadata"), "name")});
+    const Json& meta = Field(*o, "metadata");
+    EnqueueWaitingClaims(Str(meta, "namespace"), {Str(meta, "name")});
   };
   pool_handler.on_delete = pool_handler.on_add;  // their status says WarmPoolNotFound
   pools->AddHandler(std::move(pool_handler));
 
   auto template_changed = [this](const ObjectPtr& o) {
+    const std::string ns = Str(Field(*o, "metadata"), "namespace");
     const std::string name = Str(Field(*o, "metadata"), "name");
     absl::flat_hash_set<std::string> using_it;
     for (const ObjectPtr& pool : pools_->List()) {
-      if (Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") == name) {
+      if (Str(Field(*pool, "metadata"), "namespace") == ns &&
+          Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") == name) {
         using_it.insert(Str(Field(*pool, "metadata"), "name"));
       }
     }
-    EnqueueWaitingClaims(using_it);
+    EnqueueWaitingClaims(ns, using_it);
   };
   InformerHandler template_handler;
   template_handler.on_add = template_changed;
@@ -310,7 +336,8 @@ void ClaimController::WatchPoolsAndTemplates(Informer* pools, Informer* template
   templates->AddHandler(std::move(template_handler));
 }
 
-void ClaimController::EnqueueWaitingClaims(const absl::flat_hash_set<std::string>& pools) {
+void ClaimController::EnqueueWaitingClaims(const std::string& ns,
+                                           const absl::flat_hash_set<std::string>& pools) {
   if (pools.empty()) return;
   // A scan of the claim cache, not an index by pool: it runs only when a pool or template
   // is added or its spec changes (rare) and costs a copy of the cached claims' pointers
@@ -318,11 +345,12 @@ void ClaimController::EnqueueWaitingClaims(const absl::flat_hash_set<std::string
   // event, the frequent ones, and across relists.
   for (const ObjectPtr& claim : claims_.List()) {
     if (json_fields::BeingDeleted(*claim)) continue;
+    if (Str(Field(*claim, "metadata"), "namespace") != ns) continue;
     // gRPC claims are bound when they are made; bound claims never switch sandboxes.
     if (!GrpcOwner(*claim).empty()) continue;
     if (!Str(Field(Field(*claim, "status"), "sandbox"), "name").empty()) continue;
     if (!pools.contains(PoolOf(*claim))) continue;
-    Enqueue(absl::StrCat("c/", Str(Field(*claim, "metadata"), "name")));
+    Enqueue(KubectlKey(*claim));
   }
 }
 
@@ -336,9 +364,9 @@ void ClaimController::Enqueue(const std::string& key, absl::Duration delay) {
   }
 }
 
-void ClaimController::LookAgainAt(const std::string& name, absl::Time at, absl::Time now) {
+void ClaimController::LookAgainAt(const Json& claim, absl::Time at, absl::Time now) {
   if (at == absl::InfiniteFuture()) return;
-  Enqueue(absl::StrCat("c/", name), at - now);
+  Enqueue(KubectlKey(claim), at - now);
 }
 
 absl::Status ClaimController::StartInformers(absl::Duration sync_timeout) {
@@ -355,21 +383,22 @@ absl::Status ClaimController::StartInformers(absl::Duration sync_timeout) {
 absl::Status ClaimController::Start(allocator::Allocator* allocator) {
   RETURN_IF_ERROR(mirror_.Start(allocator));
   allocator_.store(allocator, std::memory_order_release);
-  // Claims that ended or whose objects went while sbx was away.
-  allocator::ClaimFilter mine;
-  mine.owner = KubeClaimOwner(options_.ns);
-  mine.limit = 0;
+  // Claims that ended or whose objects went while sbx was away: the kubectl claims
+  // (owners "k8s-<namespace>") of the namespaces served.
+  allocator::ClaimFilter all;
+  all.all_owners = true;
+  all.limit = 0;
   absl::flat_hash_set<std::string> present;
   for (const ObjectPtr& claim : claims_.List())
     present.insert(Str(Field(*claim, "metadata"), "uid"));
-  for (const store::ClaimRecord& c : allocator->ListClaims(mine)) {
-    if (!present.contains(c.id)) allocator->Release(c.owner, c.id, [](absl::Status) {});
+  for (const store::ClaimRecord& c : allocator->ListClaims(all)) {
+    if (!IsKubeClaimOwner(c.owner) || present.contains(c.id)) continue;
+    const std::string ns = c.owner.substr(kKubeClaimOwnerPrefix.size());
+    if (options_.namespaces.Serves(ns)) allocator->Release(c.owner, c.id, [](absl::Status) {});
   }
   auto enqueue_kubectl_claims = [this] {
     for (const ObjectPtr& claim : claims_.List()) {
-      if (GrpcOwner(*claim).empty()) {
-        Enqueue(absl::StrCat("c/", Str(Field(*claim, "metadata"), "name")));
-      }
+      if (GrpcOwner(*claim).empty()) Enqueue(KubectlKey(*claim));
     }
   };
   enqueue_kubectl_claims();
@@ -408,15 +437,19 @@ void ClaimController::Worker() {
 absl::Status ClaimController::Reconcile(const std::string& key) {
   if (options_.is_leader && !options_.is_leader()) return absl::OkStatus();
   if (key.rfind("c/", 0) == 0) {
-    absl::Status s = ReconcileKube(key.substr(2));
+    std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 2));
+    if (parts.size() != 3) {
+      return absl::InvalidArgumentError(absl::StrCat("bad work key \"", key, "\""));
+    }
+    absl::Status s = ReconcileKube(parts[1], parts[2]);
     metrics_->KubectlReconciled();
     return s;
   }
-  std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 2));
-  if (parts.size() != 3 || parts[0] != "g") {
+  std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 3));
+  if (parts.size() != 4 || parts[0] != "g") {
     return absl::InvalidArgumentError(absl::StrCat("bad work key \"", key, "\""));
   }
-  absl::Status s = mirror_.Reconcile(parts[1], parts[2]);
+  absl::Status s = mirror_.Reconcile(parts[1], parts[2], parts[3]);
   metrics_->GrpcReconciled();
   return s;
 }
@@ -424,8 +457,9 @@ absl::Status ClaimController::Reconcile(const std::string& key) {
 // Each step below decides one thing from the caches and the allocator (what to decide
 // from the claim and its objects alone is in claim_objects.h) and returns the claim's
 // reconcile status when it ends the reconcile.
-absl::Status ClaimController::ReconcileKube(const std::string& name) {
-  ObjectPtr found = claims_.Get(options_.ns, name);
+absl::Status ClaimController::ReconcileKube(const std::string& ns, const std::string& name) {
+  if (!options_.namespaces.Serves(ns)) return absl::OkStatus();
+  ObjectPtr found = claims_.Get(ns, name);
   if (found == nullptr || json_fields::BeingDeleted(*found)) {
     return absl::OkStatus();  // on_delete releases
   }
@@ -435,7 +469,7 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
   // Lifecycle first: an expired claim is not (re)bound.
   const LifecycleVerdict shutdown = ShutdownVerdict(claim, now);
   if (shutdown.end != ClaimEnd::kNone) return EndClaim(claim, status, shutdown.end);
-  LookAgainAt(name, shutdown.look_again, now);
+  LookAgainAt(claim, shutdown.look_again, now);
 
   Placement placement = PlacedBefore(claim, status);
   if (placement.sandbox.empty() && !placement.refusal) {
@@ -445,7 +479,7 @@ absl::Status ClaimController::ReconcileKube(const std::string& name) {
   if (placement.refusal) return Refuse(claim, status, *placement.refusal);
   if (!placement.cold) {
     RETURN_IF_ERROR(writer_.Bind(claim, placement.sandbox, "warm"));
-    RETURN_IF_ERROR(writer_.PatchPodMetadata(placement.sandbox,
+    RETURN_IF_ERROR(writer_.PatchPodMetadata(ns, placement.sandbox,
                                              Field(Field(claim, "spec"), "additionalPodMetadata")));
   }
   return FollowSandbox(claim, status, placement, now);
@@ -486,34 +520,35 @@ absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, Cl
   }
   // Retain: the claim stays, its sandbox goes.
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
-  allocator->Release(KubeClaimOwner(options_.ns), Str(Field(claim, "metadata"), "uid"),
-                     [](absl::Status) {});
+  const std::string ns = Str(Field(claim, "metadata"), "namespace");
+  allocator->Release(KubeClaimOwner(ns), Str(Field(claim, "metadata"), "uid"), [](absl::Status) {});
   if (const std::string sandbox = Str(Field(status, "sandbox"), "name"); !sandbox.empty()) {
-    RETURN_IF_ERROR(writer_.DeleteSandbox(sandbox));
+    RETURN_IF_ERROR(writer_.DeleteSandbox(ns, sandbox));
   }
   return Refuse(claim, status, {"ClaimExpired", "the claim's shutdownTime has passed"});
 }
 
 ClaimController::Placement ClaimController::PlacedBefore(const Json& claim, const Json& status) {
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
+  const std::string ns = Str(Field(claim, "metadata"), "namespace");
   const std::string name = Str(Field(claim, "metadata"), "name");
   const std::string uid = Str(Field(claim, "metadata"), "uid");
   auto gone = [](const std::string& sandbox) {
     return Placement{.refusal = ClaimRefusal{"SandboxMissing",
                                              absl::StrCat("sandbox \"", sandbox, "\" is gone")}};
   };
-  absl::StatusOr<store::ClaimRecord> have = allocator->GetClaim(KubeClaimOwner(options_.ns), uid);
+  absl::StatusOr<store::ClaimRecord> have = allocator->GetClaim(KubeClaimOwner(ns), uid);
   if (have.ok()) {
+    // The allocator's sandbox id; a claim's sandbox is of the claim's namespace.
+    const std::string sandbox = options_.namespaces.Split(have->sandbox_id).name;
     // An ended allocator claim (its sandbox died or finished) still shows what its Sandbox
     // says while that exists (Finished, and ttlSecondsAfterFinished runs from it).
-    if (have->state != store::ClaimState::kActive &&
-        sandboxes_->Get(options_.ns, have->sandbox_id) == nullptr) {
-      return gone(have->sandbox_id);
+    if (have->state != store::ClaimState::kActive && sandboxes_->Get(ns, sandbox) == nullptr) {
+      return gone(sandbox);
     }
-    return Placement{.sandbox = have->sandbox_id};
+    return Placement{.sandbox = sandbox};
   }
-  if (ObjectPtr cold = sandboxes_->Get(options_.ns, name);
-      cold != nullptr && ControllerUid(*cold) == uid) {
+  if (ObjectPtr cold = sandboxes_->Get(ns, name); cold != nullptr && ControllerUid(*cold) == uid) {
     return Placement{.sandbox = name, .cold = true};
   }
   // Bound before, and neither the allocator nor the cluster has it any more.
@@ -524,15 +559,16 @@ ClaimController::Placement ClaimController::PlacedBefore(const Json& claim, cons
 }
 
 absl::StatusOr<ClaimController::Placement> ClaimController::PlaceNew(const Json& claim) {
+  const std::string ns = Str(Field(claim, "metadata"), "namespace");
   const std::string pool_name = PoolOf(claim);
-  ObjectPtr pool = pools_->Get(options_.ns, pool_name);
+  ObjectPtr pool = pools_->Get(ns, pool_name);
   if (pool == nullptr) {
     return Placement{
         .refusal = ClaimRefusal{"WarmPoolNotFound",
                                 absl::StrCat("SandboxWarmPool \"", pool_name, "\" not found")}};
   }
   const std::string template_name = Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name");
-  ObjectPtr sandbox_template = templates_->Get(options_.ns, template_name);
+  ObjectPtr sandbox_template = templates_->Get(ns, template_name);
   if (sandbox_template == nullptr) {
     return Placement{
         .refusal = ClaimRefusal{"TemplateNotFound",
@@ -543,30 +579,31 @@ absl::StatusOr<ClaimController::Placement> ClaimController::PlaceNew(const Json&
   }
   // Warm members run already: env or volumes of the claim's own need a new sandbox.
   if (!NeedsOwnSandbox(claim)) {
-    ASSIGN_OR_RETURN(std::string warm, ClaimWarm(claim, pool_name));
+    ASSIGN_OR_RETURN(std::string warm,
+                     ClaimWarm(claim, options_.namespaces.Qualify(ns, pool_name)));
     if (!warm.empty()) {
-      ObjectPtr member = sandboxes_->Get(options_.ns, warm);
-      metrics_->Created(template_name, "warm", pool_name,
+      ObjectPtr member = sandboxes_->Get(ns, warm);
+      metrics_->Created(ns, template_name, "warm", pool_name,
                         member != nullptr && IsReady(Field(*member, "status")), CreatedBy(claim));
       return Placement{.sandbox = std::move(warm)};
     }
   }
   ASSIGN_OR_RETURN(const bool made,
-                   writer_.CreateSandbox(ColdSandbox(claim, *sandbox_template, options_.ns)));
-  if (made) metrics_->Created(template_name, "cold", pool_name, false, CreatedBy(claim));
+                   writer_.CreateSandbox(ColdSandbox(claim, *sandbox_template, ns)));
+  if (made) metrics_->Created(ns, template_name, "cold", pool_name, false, CreatedBy(claim));
   return Placement{.sandbox = Str(Field(claim, "metadata"), "name"), .cold = true};
 }
 
 absl::StatusOr<std::string> ClaimController::ClaimWarm(const Json& claim, const std::string& pool) {
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
   allocator::ClaimRequest request;
-  request.owner = KubeClaimOwner(options_.ns);
+  request.owner = KubeClaimOwner(Str(Field(claim, "metadata"), "namespace"));
   request.claim_id = Str(Field(claim, "metadata"), "uid");
   request.pool = pool;
   request.policy = store::EmptyPoolPolicy::kFail;
   absl::StatusOr<allocator::ClaimResult> got =
       WaitClaim([&](allocator::ClaimCallback cb) { allocator->Claim(request, std::move(cb)); });
-  if (got.ok()) return got->claim.sandbox_id;
+  if (got.ok()) return options_.namespaces.Split(got->claim.sandbox_id).name;
   // None warm, or no allocator pool (yet): the claim goes cold.
   if (absl::IsResourceExhausted(got.status()) || absl::IsNotFound(got.status())) {
     return std::string();
@@ -576,12 +613,13 @@ absl::StatusOr<std::string> ClaimController::ClaimWarm(const Json& claim, const 
 
 absl::Status ClaimController::FollowSandbox(const Json& claim, const Json& status,
                                             const Placement& placement, absl::Time now) {
-  ObjectPtr sandbox = sandboxes_->Get(options_.ns, placement.sandbox);
+  const std::string ns = Str(Field(claim, "metadata"), "namespace");
+  ObjectPtr sandbox = sandboxes_->Get(ns, placement.sandbox);
   Json next = BoundClaimStatus(status, placement.sandbox, placement.cold, sandbox.get(), now);
   if (sandbox != nullptr) {
     const LifecycleVerdict ttl = TtlVerdict(claim, Field(*sandbox, "status"), now);
     if (ttl.end != ClaimEnd::kNone) return EndClaim(claim, status, ttl.end);
-    LookAgainAt(Str(Field(claim, "metadata"), "name"), ttl.look_again, now);
+    LookAgainAt(claim, ttl.look_again, now);
     if (IsReady(next) && !IsReady(status)) RecordReady(claim, placement, now);
   }
   return writer_.WriteStatus(claim, std::move(next));
@@ -603,7 +641,7 @@ void ClaimController::RecordReady(const Json& claim, const Placement& placement,
   if (std::optional<absl::Time> asked = ClientRequestedAt(claim)) {
     client_ms = absl::ToDoubleMilliseconds(now - *asked);
   }
-  ObjectPtr pool = pools_->Get(options_.ns, PoolOf(claim));
+  ObjectPtr pool = pools_->Get(Str(Field(claim, "metadata"), "namespace"), PoolOf(claim));
   const std::string template_name =
       pool ? Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") : "";
   metrics_->Ready(placement.cold ? "cold" : "warm", template_name,

@@ -1,6 +1,6 @@
 #pragma once
-// ClaimController: extensions.agents.x-k8s.io SandboxClaims of one namespace, served by the
-// same allocator as gRPC claims, so that no sandbox is ever held by two claims.
+// ClaimController: extensions.agents.x-k8s.io SandboxClaims of every namespace (or of one),
+// served by the same allocator as gRPC claims, so that no sandbox is ever held by two claims.
 //
 // A claim made with kubectl or a client library (one without sbx's own annotations) is
 // claimed in the allocator under owner "k8s-<namespace>" with the claim's uid as its id
@@ -48,6 +48,7 @@
 #include "src/k8s/client.h"
 #include "src/k8s/grpc_claim_mirror.h"
 #include "src/k8s/informer.h"
+#include "src/k8s/namespaces.h"
 #include "src/k8s/work_queue.h"
 #include "src/k8s/write_scheduler.h"
 
@@ -60,7 +61,8 @@ namespace sbx::k8s {
 class PeriodicPass;
 
 struct ClaimControllerOptions {
-  std::string ns = "default";
+  // The namespaces served and the allocator's names of their pools and sandboxes.
+  Namespaces namespaces;
   int workers = 8;
   // Every claim is looked at again this often.
   absl::Duration resync = absl::Seconds(30);
@@ -105,7 +107,8 @@ class ClaimController {
   absl::Status Start(allocator::Allocator* allocator);
   void Stop();
 
-  // Reconciles one work key now ("c/<claim name>" or "g/<owner>/<id>"; tests).
+  // Reconciles one work key now ("c/<namespace>/<claim name>" or
+  // "g/<namespace>/<owner>/<id>"; tests).
   absl::Status Reconcile(const std::string& key);
 
  private:
@@ -124,7 +127,7 @@ class ClaimController {
   void WatchSandboxes();
   void WatchPoolsAndTemplates(Informer* pools, Informer* templates);
   void Worker();
-  absl::Status ReconcileKube(const std::string& name);
+  absl::Status ReconcileKube(const std::string& ns, const std::string& name);
   // Carries out `end` (from ShutdownVerdict) for `claim` whose status is `status`.
   absl::Status EndClaim(const Json& claim, const Json& status, ClaimEnd end);
   // The sandbox chosen before: the allocator's (durable), else the claim's cold Sandbox.
@@ -145,12 +148,12 @@ class ClaimController {
   absl::Status Refuse(const Json& claim, const Json& status, const ClaimRefusal& refusal);
   void RecordReady(const Json& claim, const Placement& placement, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Looks at kubectl claim `name` again at `at` (nothing when it is InfiniteFuture).
-  void LookAgainAt(const std::string& name, absl::Time at, absl::Time now);
+  // Looks at kubectl claim `claim` again at `at` (nothing when it is InfiniteFuture).
+  void LookAgainAt(const Json& claim, absl::Time at, absl::Time now);
   void Enqueue(const std::string& key, absl::Duration delay = absl::ZeroDuration());
-  // Re-queues the kubectl claims not yet bound (no status.sandbox.name, not being deleted)
-  // whose spec.warmPoolRef.name is one of `pools`.
-  void EnqueueWaitingClaims(const absl::flat_hash_set<std::string>& pools);
+  // Re-queues the kubectl claims of namespace `ns` not yet bound (no status.sandbox.name,
+  // not being deleted) whose spec.warmPoolRef.name is one of `pools`.
+  void EnqueueWaitingClaims(const std::string& ns, const absl::flat_hash_set<std::string>& pools);
 
   Informer* const sandboxes_;
   const Informer* const pools_;

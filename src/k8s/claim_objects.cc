@@ -296,26 +296,26 @@ std::optional<absl::Time> ClientRequestedAt(const Json& claim) {
 }
 
 Json GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
-                      const std::string& ns) {
+                      const NamespacedName& where, const std::string& sandbox) {
   return {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
           {"kind", "SandboxClaim"},
           {"metadata",
            {{"name", name},
-            {"namespace", ns},
+            {"namespace", where.ns},
             {"labels", {{"sbx.dev/source", "grpc"}}},
             {"annotations",
              {{kSbxOwnerAnnotation, claim.owner},
               {kSbxClaimIdAnnotation, claim.id},
-              {kSandboxNameAnnotation, claim.sandbox_id}}}}},
-          {"spec", {{"warmPoolRef", {{"name", claim.pool}}}}}};
+              {kSandboxNameAnnotation, sandbox}}}}},
+          {"spec", {{"warmPoolRef", {{"name", where.name}}}}}};
 }
 
-Json GrpcClaimStatus(const store::ClaimRecord& claim, const Json* sandbox, const Json& old_status,
+Json GrpcClaimStatus(const std::string& sandbox_name, const Json* sandbox, const Json& old_status,
                      absl::Time now) {
   Json status = {
       {"conditions", Json::array({ClaimCondition("Ready", true, "DependenciesReady",
                                                  "claimed over gRPC", old_status, now)})},
-      {"sandbox", {{"name", claim.sandbox_id}}}};
+      {"sandbox", {{"name", sandbox_name}}}};
   if (sandbox != nullptr) {
     const Json& ips = Field(Field(*sandbox, "status"), "podIPs");
     if (ips.is_array()) status["sandbox"]["podIPs"] = ips;

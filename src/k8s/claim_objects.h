@@ -11,6 +11,7 @@
 
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "src/common/ids.h"
 #include "src/store/records.h"
 
 namespace sbx::k8s {
@@ -136,15 +137,16 @@ absl::Time ClaimCreatedAt(const Json& claim, absl::Time fallback);
 // that upstream's client libraries set), when it says so in RFC 3339.
 std::optional<absl::Time> ClientRequestedAt(const Json& claim);
 
-// The SandboxClaim named `name` in `ns` that shows active gRPC claim `claim`: label
-// sbx.dev/source grpc, annotations naming its owner, id and sandbox, spec.warmPoolRef its
-// pool.
+// The SandboxClaim named `name` in `where.ns` that shows active gRPC claim `claim` of
+// pool `where.name` (the SandboxWarmPool's own name): label sbx.dev/source grpc,
+// annotations naming its owner, id and Sandbox `sandbox` (its object name),
+// spec.warmPoolRef the pool.
 Json GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
-                      const std::string& ns);
+                      const NamespacedName& where, const std::string& sandbox);
 
-// The status of gRPC claim `claim`'s SandboxClaim: Ready=True DependenciesReady, the
-// sandbox's name and, when `sandbox` (its Sandbox object, or null) has them, its podIPs.
-Json GrpcClaimStatus(const store::ClaimRecord& claim, const Json* sandbox, const Json& old_status,
+// The status of a gRPC claim's SandboxClaim: Ready=True DependenciesReady, the name of its
+// Sandbox and, when `sandbox` (that object, or null) has them, its podIPs.
+Json GrpcClaimStatus(const std::string& sandbox_name, const Json* sandbox, const Json& old_status,
                      absl::Time now);
 
 }  // namespace sbx::k8s

@@ -26,63 +26,65 @@ absl::Status OkIfNotFound(absl::Status s) {
 
 }  // namespace
 
-ClaimWriter::ClaimWriter(Client* client, WriteScheduler* writes, const Informer* sandboxes,
-                         std::string ns)
-    : client_(client), writes_(writes), sandboxes_(sandboxes), ns_(std::move(ns)) {}
+ClaimWriter::ClaimWriter(Client* client, WriteScheduler* writes, const Informer* sandboxes)
+    : client_(client), writes_(writes), sandboxes_(sandboxes) {}
 
 absl::Status ClaimWriter::Bind(const Json& claim, const std::string& sandbox,
                                const std::string& launch_type) {
   const std::string uid = Str(Field(claim, "metadata"), "uid");
+  const std::string ns = Str(Field(claim, "metadata"), "namespace");
+  const std::string key = absl::StrCat(ns, "/", sandbox);
   std::string seen_version;
-  if (ObjectPtr seen = sandboxes_->Get(ns_, sandbox)) {
+  if (ObjectPtr seen = sandboxes_->Get(ns, sandbox)) {
     if (BoundTo(*seen, uid)) {
       absl::MutexLock lock(&mu_);
-      bound_.erase(sandbox);
+      bound_.erase(key);
       return absl::OkStatus();
     }
     seen_version = Version(*seen);
   }
   {
     absl::MutexLock lock(&mu_);
-    auto it = bound_.find(sandbox);
+    auto it = bound_.find(key);
     if (it != bound_.end() && it->second.first == uid && it->second.second == seen_version) {
       return absl::OkStatus();  // patched already; the cache has not caught up
     }
   }
   const Json patch = BindingPatch(claim, sandbox, launch_type);
   absl::Status patched = writes_->Run(WritePriority::kClaim, [&] {
-    return client_->PatchNoResult(kSandboxes, ns_, sandbox, PatchType::kMerge, patch);
+    return client_->PatchNoResult(kSandboxes, ns, sandbox, PatchType::kMerge, patch);
   });
   if (patched.ok()) {
     absl::MutexLock lock(&mu_);
     if (bound_.size() >= kMaxMemos) bound_.clear();
-    bound_[sandbox] = {uid, seen_version};
+    bound_[key] = {uid, seen_version};
   }
   return patched;
 }
 
-absl::Status ClaimWriter::PatchPodMetadata(const std::string& sandbox,
+absl::Status ClaimWriter::PatchPodMetadata(const std::string& ns, const std::string& sandbox,
                                            const Json& additional_pod_metadata) {
   const Json patch = PodMetadataPatch(additional_pod_metadata);
   if (patch.is_null()) return absl::OkStatus();
   // Sent again only when the patch or the Sandbox changed since (a pod made again by the
   // Sandbox controller changes the Sandbox's status), not on every reconcile and resync.
   std::string version;
-  if (ObjectPtr seen = sandboxes_->Get(ns_, sandbox)) version = Version(*seen);
+  if (ObjectPtr seen = sandboxes_->Get(ns, sandbox)) version = Version(*seen);
   const std::string memo = absl::StrCat(version, " ", patch.dump());
+  const std::string key = absl::StrCat(ns, "/", sandbox);
   {
     absl::MutexLock lock(&mu_);
-    auto it = pod_metadata_sent_.find(sandbox);
+    auto it = pod_metadata_sent_.find(key);
     if (it != pod_metadata_sent_.end() && it->second == memo) return absl::OkStatus();
   }
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
-    return client_->PatchNoResult(kPods, ns_, sandbox, PatchType::kMerge, patch);
+    return client_->PatchNoResult(kPods, ns, sandbox, PatchType::kMerge, patch);
   });
   if (absl::IsNotFound(s)) return absl::OkStatus();  // no pod yet; the Sandbox will change
   if (s.ok()) {
     absl::MutexLock lock(&mu_);
     if (pod_metadata_sent_.size() >= kMaxMemos) pod_metadata_sent_.clear();
-    pod_metadata_sent_[sandbox] = memo;
+    pod_metadata_sent_[key] = memo;
   }
   return s;
 }
@@ -108,7 +110,7 @@ absl::Status ClaimWriter::WriteStatus(const Json& claim, Json status) {
   const Json& meta = Field(claim, "metadata");
   const std::string name = Str(meta, "name");
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
-    return client_->PatchNoResult(kSandboxClaims, ns_, name, PatchType::kMerge,
+    return client_->PatchNoResult(kSandboxClaims, Str(meta, "namespace"), name, PatchType::kMerge,
                                   Json{{"status", status}}, "status");
   });
   if (s.ok()) {
@@ -135,7 +137,8 @@ absl::Status ClaimWriter::Annotate(const Json& claim, const Json& annotations) {
     if (it != annotated_.end() && it->second == memo) return absl::OkStatus();
   }
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
-    return client_->PatchNoResult(kSandboxClaims, ns_, Str(meta, "name"), PatchType::kMerge,
+    return client_->PatchNoResult(kSandboxClaims, Str(meta, "namespace"), Str(meta, "name"),
+                                  PatchType::kMerge,
                                   Json{{"metadata", {{"annotations", missing}}}});
   });
   if (s.ok()) {
@@ -154,12 +157,13 @@ void ClaimWriter::ForgetClaim(const std::string& claim_uid) {
 }
 
 absl::StatusOr<Json> ClaimWriter::CreateClaim(const Json& claim) {
+  const std::string ns = Str(Field(claim, "metadata"), "namespace");
   const std::string name = Str(Field(claim, "metadata"), "name");
   absl::StatusOr<Json> created;
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
-    created = client_->Create(kSandboxClaims, ns_, claim);
+    created = client_->Create(kSandboxClaims, ns, claim);
     if (absl::IsAlreadyExists(created.status())) {
-      created = client_->Get(kSandboxClaims, ns_, name);
+      created = client_->Get(kSandboxClaims, ns, name);
     }
     return created.status();
   });
@@ -168,16 +172,17 @@ absl::StatusOr<Json> ClaimWriter::CreateClaim(const Json& claim) {
 }
 
 absl::StatusOr<bool> ClaimWriter::CreateSandbox(const Json& sandbox) {
+  const std::string ns = Str(Field(sandbox, "metadata"), "namespace");
   absl::Status s = writes_->Run(WritePriority::kClaim,
-                                [&] { return client_->Create(kSandboxes, ns_, sandbox).status(); });
+                                [&] { return client_->Create(kSandboxes, ns, sandbox).status(); });
   if (absl::IsAlreadyExists(s)) return false;
   if (!s.ok()) return s;
   return true;
 }
 
-absl::Status ClaimWriter::DeleteSandbox(const std::string& name) {
+absl::Status ClaimWriter::DeleteSandbox(const std::string& ns, const std::string& name) {
   return OkIfNotFound(writes_->Run(WritePriority::kCleanup,
-                                   [&] { return client_->Delete(kSandboxes, ns_, name, {}); }));
+                                   [&] { return client_->Delete(kSandboxes, ns, name, {}); }));
 }
 
 absl::Status ClaimWriter::DeleteClaim(const Json& claim, const std::string& propagation) {
@@ -194,7 +199,7 @@ absl::Status ClaimWriter::DeleteClaim(const Json& claim, const std::string& prop
   options.propagation_policy = propagation;
   options.precondition_uid = uid;
   absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
-    return client_->Delete(kSandboxClaims, ns_, Str(meta, "name"), options);
+    return client_->Delete(kSandboxClaims, Str(meta, "namespace"), Str(meta, "name"), options);
   });
   // A 409 Conflict of the precondition: the name holds another claim now; this one is gone.
   if (s.ok() || absl::IsNotFound(s) || absl::IsAborted(s)) {

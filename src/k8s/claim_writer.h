@@ -33,19 +33,20 @@ namespace sbx::k8s {
 
 class ClaimWriter {
  public:
-  // Writes objects of namespace `ns`; `sandboxes` is the informer of its Sandboxes.
-  ClaimWriter(Client* client, WriteScheduler* writes, const Informer* sandboxes, std::string ns);
+  // Writes each object in its own namespace (a claim's Sandbox is in the claim's);
+  // `sandboxes` is the informer of the Sandboxes of those namespaces.
+  ClaimWriter(Client* client, WriteScheduler* writes, const Informer* sandboxes);
 
   // Binds Sandbox `sandbox` to `claim` (BindingPatch) unless the informer shows it bound
   // already or the same patch went out while the informer still shows the version it was
   // sent against. Errors: the API's.
   absl::Status Bind(const Json& claim, const std::string& sandbox, const std::string& launch_type)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Applies a claim's spec.additionalPodMetadata to the pod of Sandbox `sandbox`; sent
+  // Applies a claim's spec.additionalPodMetadata to the pod of Sandbox `ns/sandbox`; sent
   // again only when the patch or the Sandbox changed. OK when the pod does not exist yet
   // (the Sandbox changes when it does). Errors: the API's.
-  absl::Status PatchPodMetadata(const std::string& sandbox, const Json& additional_pod_metadata)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PatchPodMetadata(const std::string& ns, const std::string& sandbox,
+                                const Json& additional_pod_metadata) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The status of `claim` (the informer's copy, or the API server's answer) as last
   // written: what this writer wrote while the copy still has the version it was written
@@ -67,8 +68,8 @@ class ClaimWriter {
   // Makes `sandbox` (a claim's cold Sandbox) and answers true; false when it exists.
   // Errors: the API's.
   absl::StatusOr<bool> CreateSandbox(const Json& sandbox);
-  // Deletes Sandbox `name`; OK when it is gone. Errors: the API's.
-  absl::Status DeleteSandbox(const std::string& name);
+  // Deletes Sandbox `ns/name`; OK when it is gone. Errors: the API's.
+  absl::Status DeleteSandbox(const std::string& ns, const std::string& name);
   // Deletes SandboxClaim `claim` (only that uid: a claim made again under its name stays)
   // with `propagation` ("Background", "Foreground", or "" for the API server's default);
   // sent once until ForgetClaim, however often a lagging informer copy asks again. OK
@@ -88,16 +89,15 @@ class ClaimWriter {
   Client* const client_;
   WriteScheduler* const writes_;
   const Informer* const sandboxes_;
-  const std::string ns_;
 
   absl::Mutex mu_;
   // Claim uid -> the status written and the claim's version in the informer's copy then.
   absl::flat_hash_map<std::string, Written> status_ ABSL_GUARDED_BY(mu_);
-  // The bindings patched whose echo the Sandbox informer has not shown yet: sandbox name
+  // The bindings patched whose echo the Sandbox informer has not shown yet: "<namespace>/<sandbox>"
   // -> (claim uid, the Sandbox's resourceVersion in the cache when the patch went out).
   absl::flat_hash_map<std::string, std::pair<std::string, std::string>> bound_ ABSL_GUARDED_BY(mu_);
-  // The pod metadata patch last sent to each Sandbox's pod, with the Sandbox's
-  // resourceVersion then: "<version> <patch>".
+  // The pod metadata patch last sent to each Sandbox's pod ("<namespace>/<sandbox>"), with
+  // the Sandbox's resourceVersion then: "<version> <patch>".
   absl::flat_hash_map<std::string, std::string> pod_metadata_sent_ ABSL_GUARDED_BY(mu_);
   // Claim uid -> "<version> <annotations patch>" last sent.
   absl::flat_hash_map<std::string, std::string> annotated_ ABSL_GUARDED_BY(mu_);

@@ -44,14 +44,13 @@ std::string GrpcClaimName(const std::string& owner, const std::string& id) {
   return absl::StrCat("grpc-", hex);
 }
 
-GrpcClaimMirror::GrpcClaimMirror(
-    ClaimWriter* writer, const Informer* claims, const Informer* sandboxes, std::string ns,
-    const Clock* clock,
-    std::function<void(const std::string& owner, const std::string& id)> enqueue)
+GrpcClaimMirror::GrpcClaimMirror(ClaimWriter* writer, const Informer* claims,
+                                 const Informer* sandboxes, Namespaces namespaces,
+                                 const Clock* clock, Enqueue enqueue)
     : writer_(writer),
       claims_(claims),
       sandboxes_(sandboxes),
-      ns_(std::move(ns)),
+      namespaces_(std::move(namespaces)),
       clock_(clock),
       enqueue_(std::move(enqueue)) {}
 
@@ -94,7 +93,8 @@ void GrpcClaimMirror::WatchLoop() {
       if (IsKubeClaimOwner(c.owner)) continue;  // kubectl claims have their objects
       absl::StatusOr<store::TemplateRecord> t = allocator->GetTemplate(c.pool);
       if (!t.ok() || t->runtime != "kubernetes") continue;
-      enqueue_(c.owner, c.id);
+      const std::string ns = namespaces_.Split(c.pool).ns;
+      if (namespaces_.Serves(ns)) enqueue_(ns, c.owner, c.id);
     }
     if (s.ok() || stopping_.load(std::memory_order_acquire)) continue;
     // Too slow (ABORTED) or the history is gone: resume, or start over from the state.
@@ -111,34 +111,44 @@ void GrpcClaimMirror::WatchLoop() {
   }
 }
 
-absl::Status GrpcClaimMirror::Reconcile(const std::string& owner, const std::string& id) {
+absl::Status GrpcClaimMirror::Reconcile(const std::string& ns, const std::string& owner,
+                                        const std::string& id) {
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
   const std::string name = GrpcClaimName(owner, id);
   absl::StatusOr<store::ClaimRecord> c = allocator->GetClaim(owner, id);
   if (!c.ok() || c->state != store::ClaimState::kActive) {
-    ObjectPtr shown = claims_->Get(ns_, name);
+    ObjectPtr shown = claims_->Get(ns, name);
     if (shown == nullptr) return absl::OkStatus();
     return writer_->DeleteClaim(*shown, "Background");
   }
-  ASSIGN_OR_RETURN(const Json claim, ShownClaim(*c, name));
+  const NamespacedName pool = namespaces_.Split(c->pool);
+  const NamespacedName sandbox_name = namespaces_.Split(c->sandbox_id);
+  if (pool.ns != ns || sandbox_name.ns != ns) {
+    return absl::InternalError(absl::StrCat("gRPC claim \"", owner, "/", id, "\" of pool \"",
+                                            c->pool, "\" and sandbox \"", c->sandbox_id,
+                                            "\" is not of namespace \"", ns, "\""));
+  }
+  ASSIGN_OR_RETURN(const Json claim, ShownClaim(*c, name, pool, sandbox_name.name));
   // The object names the sandbox the allocator chose; it never changes.
   const std::string recorded =
       Str(Field(Field(claim, "metadata"), "annotations"), kSandboxNameAnnotation);
-  if (recorded != c->sandbox_id) {
-    return absl::InternalError(absl::StrCat("SandboxClaim \"", name, "\" names sandbox \"",
+  if (recorded != sandbox_name.name) {
+    return absl::InternalError(absl::StrCat("SandboxClaim \"", ns, "/", name, "\" names sandbox \"",
                                             recorded, "\", the allocator \"", c->sandbox_id,
                                             "\": not rebinding"));
   }
-  RETURN_IF_ERROR(writer_->Bind(claim, c->sandbox_id, "warm"));
-  ObjectPtr sandbox = sandboxes_->Get(ns_, c->sandbox_id);
-  return writer_->WriteStatus(
-      claim, GrpcClaimStatus(*c, sandbox.get(), writer_->LastStatus(claim), clock_->Now()));
+  RETURN_IF_ERROR(writer_->Bind(claim, sandbox_name.name, "warm"));
+  ObjectPtr sandbox = sandboxes_->Get(ns, sandbox_name.name);
+  return writer_->WriteStatus(claim, GrpcClaimStatus(sandbox_name.name, sandbox.get(),
+                                                     writer_->LastStatus(claim), clock_->Now()));
 }
 
 absl::StatusOr<Json> GrpcClaimMirror::ShownClaim(const store::ClaimRecord& c,
-                                                 const std::string& name) {
-  if (ObjectPtr cached = claims_->Get(ns_, name)) return *cached;
-  return writer_->CreateClaim(GrpcSandboxClaim(c, name, ns_));
+                                                 const std::string& name,
+                                                 const NamespacedName& pool,
+                                                 const std::string& sandbox) {
+  if (ObjectPtr cached = claims_->Get(pool.ns, name)) return *cached;
+  return writer_->CreateClaim(GrpcSandboxClaim(c, name, pool, sandbox));
 }
 
 }  // namespace sbx::k8s

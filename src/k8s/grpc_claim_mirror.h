@@ -3,11 +3,11 @@
 //
 // A gRPC claim is answered from memory with no API write. The mirror hears of it
 // afterwards (an all-owners allocator watch; kubectl claims, owner "k8s-...", have their
-// objects already) and writes a SandboxClaim named GrpcClaimName(owner, id) carrying the
-// sandbox's name, the same binding patch of the Sandbox as a kubectl claim gets, and a
-// Ready status — idempotent writes at claim priority (ClaimWriter), so a retry after a
-// conflict or a crash never binds another sandbox. When the gRPC claim ends, its
-// SandboxClaim is deleted.
+// objects already) and writes, in the namespace of the claim's pool, a SandboxClaim named
+// GrpcClaimName(owner, id) carrying the sandbox's name, the same binding patch of the
+// Sandbox as a kubectl claim gets, and a Ready status — idempotent writes at claim
+// priority (ClaimWriter), so a retry after a conflict or a crash never binds another
+// sandbox. When the gRPC claim ends, its SandboxClaim is deleted.
 //
 // The ClaimController owns the mirror: they share the SandboxClaim informer (whose events
 // the controller routes here), the work queue and its workers, and the ClaimWriter.
@@ -29,6 +29,7 @@
 #include "src/common/clock.h"
 #include "src/k8s/claim_writer.h"
 #include "src/k8s/informer.h"
+#include "src/k8s/namespaces.h"
 
 namespace sbx::k8s {
 
@@ -38,12 +39,14 @@ std::string GrpcClaimName(const std::string& owner, const std::string& id);
 
 class GrpcClaimMirror {
  public:
-  // Mirrors into namespace `ns`: `claims` and `sandboxes` are its SandboxClaim and Sandbox
-  // informers. `enqueue` puts the work of gRPC claim (owner, id) into the work queue whose
-  // workers call Reconcile.
+  // Mirrors the claims of pools of `namespaces` (the allocator's pool names tell their
+  // namespace): `claims` and `sandboxes` are their SandboxClaim and Sandbox informers.
+  // `enqueue` puts the work of gRPC claim (owner, id), whose SandboxClaim is in namespace
+  // ns, into the work queue whose workers call Reconcile.
+  using Enqueue =
+      std::function<void(const std::string& ns, const std::string& owner, const std::string& id)>;
   GrpcClaimMirror(ClaimWriter* writer, const Informer* claims, const Informer* sandboxes,
-                  std::string ns, const Clock* clock,
-                  std::function<void(const std::string& owner, const std::string& id)> enqueue);
+                  Namespaces namespaces, const Clock* clock, Enqueue enqueue);
   ~GrpcClaimMirror();
 
   // Starts the allocator watch and the thread that follows it. Errors: the allocator's
@@ -55,21 +58,23 @@ class GrpcClaimMirror {
   // Makes gRPC claim (owner, id)'s SandboxClaim show the claim: written and bound while
   // the claim is active, deleted once it has ended. INTERNAL when the SandboxClaim names
   // another sandbox than the allocator's claim (never rebound); else the API's errors.
-  absl::Status Reconcile(const std::string& owner, const std::string& id);
+  // `ns` is the namespace of its pool (the work's).
+  absl::Status Reconcile(const std::string& ns, const std::string& owner, const std::string& id);
 
  private:
   void WatchLoop();
   // The SandboxClaim of active claim `c` named `name`: the informer's copy, else the
   // one made now (or, after a retry, the one made before).
-  absl::StatusOr<Json> ShownClaim(const store::ClaimRecord& c, const std::string& name);
+  absl::StatusOr<Json> ShownClaim(const store::ClaimRecord& c, const std::string& name,
+                                  const NamespacedName& pool, const std::string& sandbox);
   void WakeWatcher() ABSL_LOCKS_EXCLUDED(mu_);
 
   ClaimWriter* const writer_;
   const Informer* const claims_;
   const Informer* const sandboxes_;
-  const std::string ns_;
+  const Namespaces namespaces_;
   const Clock* const clock_;
-  const std::function<void(const std::string&, const std::string&)> enqueue_;
+  const Enqueue enqueue_;
   // Set by Start before the watcher runs; read by workers, which may run before.
   std::atomic<allocator::Allocator*> allocator_{nullptr};
   std::unique_ptr<allocator::ClaimWatch> watch_;

@@ -79,7 +79,7 @@ std::string FirstPodIp(const Json& sandbox) {
 }  // namespace
 
 absl::Status KubeRuntimeOptions::Validate() const {
-  if (ns.empty()) return absl::InvalidArgumentError("kubernetes runtime: namespace is empty");
+  if (absl::Status s = namespaces.Validate("kubernetes runtime"); !s.ok()) return s;
   if (ready_timeout <= absl::ZeroDuration() || check_interval <= absl::ZeroDuration() ||
       resume_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("kubernetes runtime: timeouts must be > 0");
@@ -198,17 +198,19 @@ void KubeRuntime::Create(runtime::CreateRequest request, runtime::CreateCallback
     absl::MutexLock lock(&mu_);
     if (stopping_) return std::move(done)(absl::CancelledError("shutting down"));
   }
-  ObjectPtr pool = pools_->Get(options_.ns, request.pool);
+  const NamespacedName where = options_.namespaces.Split(request.pool);
+  ObjectPtr pool =
+      options_.namespaces.Serves(where.ns) ? pools_->Get(where.ns, where.name) : nullptr;
   if (pool == nullptr) {
     return std::move(done)(absl::NotFoundError(absl::StrCat(
-        "SandboxWarmPool \"", request.pool, "\" not found in namespace \"", options_.ns, "\"")));
+        "SandboxWarmPool \"", where.name, "\" not found in namespace \"", where.ns, "\"")));
   }
   const std::string template_name = Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name");
-  ObjectPtr sandbox_template = templates_->Get(options_.ns, template_name);
+  ObjectPtr sandbox_template = templates_->Get(where.ns, template_name);
   if (sandbox_template == nullptr) {
     return std::move(done)(absl::FailedPreconditionError(
-        absl::StrCat("SandboxWarmPool \"", request.pool, "\": SandboxTemplate \"", template_name,
-                     "\" not found in namespace \"", options_.ns, "\"")));
+        absl::StrCat("SandboxWarmPool \"", where.name, "\": SandboxTemplate \"", template_name,
+                     "\" not found in namespace \"", where.ns, "\"")));
   }
   Json member = WarmMember(*pool, *sandbox_template);
   auto shared_done = std::make_shared<runtime::CreateCallback>(std::move(done));
@@ -218,21 +220,22 @@ void KubeRuntime::Create(runtime::CreateRequest request, runtime::CreateCallback
   }
   writes_->Submit(
       WritePriority::kRefill,
-      [this, member = std::move(member), pool_name = request.pool, shared_done] {
-        absl::StatusOr<Json> created = client_->Create(kSandboxes, options_.ns, member);
+      [this, member = std::move(member), pool_name = request.pool, ns = where.ns, shared_done] {
+        absl::StatusOr<Json> created = client_->Create(kSandboxes, ns, member);
         std::string name;
         {
           absl::MutexLock lock(&mu_);
           CreateAnsweredLocked(pool_name);
           if (created.ok() && !stopping_) {
             name = Str(Field(*created, "metadata"), "name");
-            pending_[name] = Pending{pool_name, clock_->Now(), std::move(*shared_done)};
+            pending_[options_.namespaces.Qualify(ns, name)] =
+                Pending{pool_name, clock_->Now(), std::move(*shared_done)};
           }
         }
         if (!created.ok()) return std::move(*shared_done)(created.status());
         if (name.empty()) return std::move(*shared_done)(absl::CancelledError("shutting down"));
         // The informer may have shown it Ready before the create answered.
-        if (ObjectPtr seen = sandboxes_->Get(options_.ns, name)) MaybeReady(*seen);
+        if (ObjectPtr seen = sandboxes_->Get(ns, name)) MaybeReady(*seen);
       },
       [this, pool_name = request.pool, shared_done] {
         {
@@ -255,7 +258,8 @@ void KubeRuntime::Delete(std::string id, runtime::DeleteCallback done) {
       [this, id, shared_done] {
         DeleteOptions options;
         options.propagation_policy = "Background";
-        std::move (*shared_done)(client_->Delete(kSandboxes, options_.ns, id, options));
+        const NamespacedName where = options_.namespaces.Split(id);
+        std::move (*shared_done)(client_->Delete(kSandboxes, where.ns, where.name, options));
       },
       [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
 }
@@ -283,8 +287,9 @@ void KubeRuntime::Suspend(std::string id, runtime::DoneCallback done) {
   writes_->Submit(
       WritePriority::kClaim,
       [this, id, shared_done] {
+        const NamespacedName where = options_.namespaces.Split(id);
         absl::StatusOr<Json> patched = client_->Patch(
-            kSandboxes, options_.ns, id, PatchType::kMerge, OperatingMode("Suspended"));
+            kSandboxes, where.ns, where.name, PatchType::kMerge, OperatingMode("Suspended"));
         std::move (*shared_done)(patched.ok() ? absl::OkStatus()
                                               : Named(id, "suspending", patched.status()));
       },
@@ -296,7 +301,8 @@ void KubeRuntime::Resume(std::string id, runtime::ResumeCallback done) {
   writes_->Submit(
       WritePriority::kClaim,
       [this, id, shared_done] {
-        absl::StatusOr<Json> patched = client_->Patch(kSandboxes, options_.ns, id,
+        const NamespacedName where = options_.namespaces.Split(id);
+        absl::StatusOr<Json> patched = client_->Patch(kSandboxes, where.ns, where.name,
                                                       PatchType::kMerge, OperatingMode("Running"));
         if (!patched.ok()) {
           return std::move(*shared_done)(Named(id, "resuming", patched.status()));
@@ -309,14 +315,14 @@ void KubeRuntime::Resume(std::string id, runtime::ResumeCallback done) {
                                    clock_->Now(), std::move(*shared_done)};
         }
         // Already Ready for this generation (it was running: the write changed nothing).
-        if (ObjectPtr seen = sandboxes_->Get(options_.ns, id)) MaybeResumed(*seen);
+        if (ObjectPtr seen = sandboxes_->Get(where.ns, where.name)) MaybeResumed(*seen);
       },
       [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
 }
 
 void KubeRuntime::MaybeResumed(const Json& sandbox) {
   const Json& meta = Field(sandbox, "metadata");
-  const std::string name = Str(meta, "name");
+  const std::string name = options_.namespaces.Qualify(sandbox);
   {
     absl::MutexLock lock(&mu_);
     auto it = resuming_.find(name);
@@ -325,7 +331,8 @@ void KubeRuntime::MaybeResumed(const Json& sandbox) {
   if (!IsReady(Field(sandbox, "status"))) return;
   runtime::SandboxInfo info;
   info.id = name;
-  info.pool = Str(Field(meta, "labels"), kSbxPoolLabel);
+  info.pool = options_.namespaces.Qualify(Str(meta, "namespace"),
+                                          Str(Field(meta, "labels"), kSbxPoolLabel));
   info.endpoint = EndpointOf(sandbox);
   info.node = Str(Field(sandbox, "status"), "nodeName");
   if (info.endpoint.empty()) return;
@@ -346,22 +353,26 @@ absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
   // completed a list proves nothing.
   if (!sandboxes_->WaitForSync(options_.list_sync_timeout)) {
     return absl::UnavailableError(
-        absl::StrCat("kubernetes runtime: the Sandboxes of namespace \"", options_.ns,
-                     "\" have not been listed completely within ",
+        absl::StrCat("kubernetes runtime: the Sandboxes of ",
+                     options_.namespaces.watch.empty()
+                         ? std::string("every namespace")
+                         : absl::StrCat("namespace \"", options_.namespaces.watch, "\""),
+                     " have not been listed completely within ",
                      absl::FormatDuration(options_.list_sync_timeout),
                      " (API server unreachable or failing): which sandboxes exist is unknown"));
   }
   std::vector<runtime::SandboxInfo> out;
   for (const ObjectPtr& sandbox : sandboxes_->List()) {
     const Json& meta = Field(*sandbox, "metadata");
-    if (Str(meta, "namespace") != options_.ns) continue;
+    const std::string ns = Str(meta, "namespace");
+    if (!options_.namespaces.Serves(ns)) continue;
     const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
     if (pool.empty()) continue;
     // Ended for good (what on_gone reports while running); readiness does not matter.
     if (!Field(meta, "deletionTimestamp").is_null() || Finished(*sandbox)) continue;
     runtime::SandboxInfo info;
-    info.id = Str(meta, "name");
-    info.pool = pool;
+    info.id = options_.namespaces.Qualify(ns, Str(meta, "name"));
+    info.pool = options_.namespaces.Qualify(ns, pool);
     info.endpoint = EndpointOf(*sandbox);
     info.node = Str(Field(*sandbox, "status"), "nodeName");
     info.ready = IsReady(Field(*sandbox, "status")) && !info.endpoint.empty();
@@ -376,18 +387,20 @@ absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
 std::string KubeRuntime::EndpointOf(const Json& sandbox) const {
   // The port comes from the pool's template; a member whose pool or template is gone
   // is reached by IP alone.
-  const std::string pool = Str(Field(Field(sandbox, "metadata"), "labels"), kSbxPoolLabel);
+  const Json& meta = Field(sandbox, "metadata");
+  const std::string ns = Str(meta, "namespace");
+  const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
   Json sandbox_template;
-  if (ObjectPtr p = pools_->Get(options_.ns, pool)) {
+  if (ObjectPtr p = pools_->Get(ns, pool)) {
     const std::string t = Str(Field(Field(*p, "spec"), "sandboxTemplateRef"), "name");
-    if (ObjectPtr found = templates_->Get(options_.ns, t)) sandbox_template = *found;
+    if (ObjectPtr found = templates_->Get(ns, t)) sandbox_template = *found;
   }
   return SandboxEndpoint(sandbox, sandbox_template, options_.sandboxd_port_name);
 }
 
 void KubeRuntime::OnSandbox(const ObjectPtr& sandbox) {
   const Json& meta = Field(*sandbox, "metadata");
-  if (Str(meta, "namespace") != options_.ns) return;
+  if (!options_.namespaces.Serves(Str(meta, "namespace"))) return;
   if (Finished(*sandbox) || !Field(meta, "deletionTimestamp").is_null()) {
     OnSandboxDeleted(sandbox);
     return;
@@ -398,7 +411,7 @@ void KubeRuntime::OnSandbox(const ObjectPtr& sandbox) {
 
 void KubeRuntime::MaybeReady(const Json& sandbox) {
   if (!IsReady(Field(sandbox, "status"))) return;
-  const std::string name = Str(Field(sandbox, "metadata"), "name");
+  const std::string name = options_.namespaces.Qualify(sandbox);
   // Most Ready events are of members reported long ago: no endpoint to work out for them.
   if (!IsPending(name)) return;
   const std::string endpoint = EndpointOf(sandbox);
@@ -430,8 +443,8 @@ void KubeRuntime::MaybeReady(const Json& sandbox) {
 
 void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
   const Json& meta = Field(*sandbox, "metadata");
-  if (Str(meta, "namespace") != options_.ns) return;
-  const std::string name = Str(meta, "name");
+  if (!options_.namespaces.Serves(Str(meta, "namespace"))) return;
+  const std::string name = options_.namespaces.Qualify(*sandbox);
   runtime::CreateCallback failed;
   runtime::ResumeCallback resume_failed;
   bool gone = false;
@@ -457,7 +470,8 @@ void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
         absl::StrCat("Sandbox \"", name, "\" was deleted or its pod ended while it resumed")));
   }
   if (gone) {
-    spdlog::info("Sandbox \"{}/{}\" is gone ({}): reported to the allocator", options_.ns, name,
+    spdlog::info("Sandbox \"{}/{}\" is gone ({}): reported to the allocator",
+                 Str(meta, "namespace"), Str(meta, "name"),
                  Finished(*sandbox) ? "its pod has finished" : "deleted");
     if (options_.on_gone) options_.on_gone(name);
   }
@@ -487,7 +501,8 @@ void KubeRuntime::CheckTimeouts() {
                      absl::FormatDuration(options_.resume_timeout), " of being resumed")));
   }
   for (const std::string& name : late) {
-    ObjectPtr seen = sandboxes_->Get(options_.ns, name);
+    const NamespacedName where = options_.namespaces.Split(name);
+    ObjectPtr seen = sandboxes_->Get(where.ns, where.name);
     if (seen != nullptr && Unschedulable(*seen)) continue;  // waits for capacity
     runtime::CreateCallback failed;
     {
@@ -497,7 +512,7 @@ void KubeRuntime::CheckTimeouts() {
       failed = std::move(it->second.done);
       pending_.erase(it);
     }
-    spdlog::warn("Sandbox \"{}/{}\" not ready after {}: replacing it", options_.ns, name,
+    spdlog::warn("Sandbox \"{}\" not ready after {}: replacing it", Namespaces::Path(where),
                  absl::FormatDuration(options_.ready_timeout));
     Delete(name, [](absl::Status) {});
     std::move(failed)(absl::DeadlineExceededError(absl::StrCat(

@@ -1,7 +1,9 @@
 #pragma once
 // KubeRuntime: the Runtime whose sandboxes are agents.x-k8s.io Sandboxes (and their pods)
-// in one namespace. A sandbox of allocator pool P is a warm member of the
-// SandboxWarmPool named P: a Sandbox named `P-xxxxx`, owned by the pool, labelled as
+// of the namespaces it serves (every one, or one). A sandbox of allocator pool "N/P" is a
+// warm member of the SandboxWarmPool P of namespace N: a Sandbox "P-xxxxx" of N, the
+// allocator's sandbox "N/P-xxxxx" ("P" and "P-xxxxx" in the default namespace:
+// namespaces.h), owned by the pool, labelled as
 // upstream-api.md says (warm-pool-sandbox, sandbox-template-ref-hash, launch-type: warm)
 // plus sbx's own `sbx.dev/pool` (kept for the Sandbox's whole life, so a restart finds the
 // claimed ones) and `sbx.dev/template-hash` (what the member was made from).
@@ -33,6 +35,7 @@
 #include "src/common/clock.h"
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
+#include "src/k8s/namespaces.h"
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/write_scheduler.h"
 #include "src/runtime/runtime.h"
@@ -50,8 +53,9 @@ inline constexpr char kSbxPoolLabel[] = "sbx.dev/pool";
 inline constexpr char kSbxTemplateHashLabel[] = "sbx.dev/template-hash";
 
 struct KubeRuntimeOptions {
-  // The namespace of the warm pools, their templates and members.
-  std::string ns = "default";
+  // The namespaces of the warm pools, their templates and members, and their names in
+  // the allocator. The informers given to the runtime must cover namespaces.watch.
+  Namespaces namespaces;
   // A member not Ready after this long is replaced (unless its pod is unschedulable).
   absl::Duration ready_timeout = absl::Minutes(5);
   // How often pending creates are checked against ready_timeout.
@@ -87,7 +91,7 @@ std::string SandboxEndpoint(const Json& sandbox, const Json& sandbox_template,
 class KubeRuntime final : public runtime::Runtime {
  public:
   // `sandboxes`, `pools`, `templates`: informers (started elsewhere) on Sandboxes,
-  // SandboxWarmPools and SandboxTemplates of options.ns.
+  // SandboxWarmPools and SandboxTemplates of options.namespaces.watch.
   KubeRuntime(Client* client, WriteScheduler* writes, const Informer* sandboxes,
               const Informer* pools, const Informer* templates, KubeRuntimeOptions options);
   ~KubeRuntime() override;
@@ -122,16 +126,18 @@ class KubeRuntime final : public runtime::Runtime {
   void OnSandbox(const ObjectPtr& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   void OnSandboxDeleted(const ObjectPtr& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Whether a create of Sandbox `name` is waiting for it to become Ready.
-  bool IsPending(const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Sandbox ids below are the allocator's (Namespaces::Qualify), pools the allocator's
+  // pool names.
+  // Whether a create of sandbox `id` is waiting for it to become Ready.
+  bool IsPending(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
   size_t pending() const ABSL_LOCKS_EXCLUDED(mu_);
   // Creates of `pool` waiting for their Sandbox to become Ready.
   int64_t PendingIn(const std::string& pool) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether Sandbox `name` is pending or being handed to the allocator right now. Once
+  // Whether sandbox `id` is pending or being handed to the allocator right now. Once
   // this is false for a member of ours, the allocator already tracks it (or refused it).
-  bool InPassage(const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
+  bool InPassage(const std::string& id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Creates of `pool` sent (or queued) whose answer has not come back. A member of `pool`
-  // seen before this returned 0 whose name is not InPassage afterwards is nobody's: its
+  // seen before this returned 0 whose id is not InPassage afterwards is nobody's: its
   // create failed (an answer lost to a fault) or was made by a process that is gone.
   int64_t CreatesInFlight(const std::string& pool) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -150,7 +156,7 @@ class KubeRuntime final : public runtime::Runtime {
   void CreateAnsweredLocked(const std::string& pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers the Resume of `sandbox` if it is Ready for the resuming write, with a pod IP.
   void MaybeResumed(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
-  // Completes the pending create of `name` if `sandbox` is Ready with a pod IP.
+  // Completes the pending create of `sandbox` if it is Ready with a pod IP.
   void MaybeReady(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   void CheckTimeouts() ABSL_LOCKS_EXCLUDED(mu_);
   std::string EndpointOf(const Json& sandbox) const;
@@ -176,7 +182,9 @@ class KubeRuntime final : public runtime::Runtime {
   absl::flat_hash_map<std::string, int64_t> in_flight_ ABSL_GUARDED_BY(mu_);
   // Members between pending_ and the allocator: their create callback is running.
   absl::flat_hash_set<std::string> handing_ ABSL_GUARDED_BY(mu_);
-  // Resumes waiting for their Sandbox to be Ready again, by name.
+  // Resumes waiting for their Sandbox to be Ready again, by sandbox id. (Every map here is
+  // keyed by the allocator's sandbox id, so that Sandboxes of one name in two namespaces
+  // are never taken for each other.)
   absl::flat_hash_map<std::string, Resuming> resuming_ ABSL_GUARDED_BY(mu_);
   // Members reported ready (and not yet gone), for on_gone.
   absl::flat_hash_map<std::string, std::string> live_ ABSL_GUARDED_BY(mu_);

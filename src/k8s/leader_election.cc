@@ -1,5 +1,7 @@
 #include "src/k8s/leader_election.h"
 
+#include "src/k8s/json_fields.h"
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -39,7 +41,8 @@ LeaderElector::LeaderElector(Client* client, LeaderElectionOptions options,
       options_(std::move(options)),
       clock_(options_.clock ? options_.clock : &Clock::Real()),
       on_started_(std::move(on_started)),
-      on_stopped_(std::move(on_stopped)) {}
+      on_stopped_(std::move(on_stopped)),
+      address_(options_.address) {}
 
 LeaderElector::~LeaderElector() { Stop(); }
 
@@ -63,6 +66,16 @@ bool LeaderElector::Sleep(absl::Duration d) {
   return !stopping_;
 }
 
+void LeaderElector::SetAddress(std::string address) {
+  absl::MutexLock lock(&mu_);
+  address_ = std::move(address);
+}
+
+std::string LeaderElector::LeaderAddress() const {
+  absl::MutexLock lock(&mu_);
+  return IsLeader() ? address_ : observed_address_;
+}
+
 absl::Time LeaderElector::SleepingUntil() const {
   absl::MutexLock lock(&mu_);
   return sleeping_until_;
@@ -73,14 +86,21 @@ bool LeaderElector::TryAcquireOrRenew() {
   const std::string now_text = FormatMicroTime(now);
   const int64_t duration_s = absl::ToInt64Seconds(options_.lease_duration);
   absl::StatusOr<Json> lease = client_->Get(kLeases, options_.lease_namespace, options_.lease_name);
+  std::string address;
+  {
+    absl::MutexLock lock(&mu_);
+    address = address_;
+  }
   if (absl::IsNotFound(lease.status())) {
-    Json fresh = {{"metadata", {{"name", options_.lease_name}}},
-                  {"spec",
-                   {{"holderIdentity", options_.identity},
-                    {"leaseDurationSeconds", duration_s},
-                    {"acquireTime", now_text},
-                    {"renewTime", now_text},
-                    {"leaseTransitions", 0}}}};
+    Json fresh = {
+        {"metadata",
+         {{"name", options_.lease_name}, {"annotations", {{kLeaderAddressAnnotation, address}}}}},
+        {"spec",
+         {{"holderIdentity", options_.identity},
+          {"leaseDurationSeconds", duration_s},
+          {"acquireTime", now_text},
+          {"renewTime", now_text},
+          {"leaseTransitions", 0}}}};
     return client_->Create(kLeases, options_.lease_namespace, fresh).ok();
   }
   if (!lease.ok()) return false;
@@ -91,12 +111,24 @@ bool LeaderElector::TryAcquireOrRenew() {
   if (!mine && !holder.empty()) {
     const absl::Time renewed = ParseTime(spec.value("renewTime", std::string()));
     const int64_t their_duration = spec.value("leaseDurationSeconds", duration_s);
-    if (renewed + absl::Seconds(their_duration) > now) return false;  // held and fresh
+    if (renewed + absl::Seconds(their_duration) > now) {  // held and fresh
+      std::string observed = json_fields::Str(
+          json_fields::Field(json_fields::Field(*lease, "metadata"), "annotations"),
+          kLeaderAddressAnnotation);
+      absl::MutexLock lock(&mu_);
+      observed_address_ = std::move(observed);
+      return false;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    observed_address_.clear();
   }
   if (!mine) {
     spec["acquireTime"] = now_text;
     spec["leaseTransitions"] = spec.value("leaseTransitions", 0) + 1;
   }
+  (*lease)["metadata"]["annotations"][kLeaderAddressAnnotation] = address;
   spec["holderIdentity"] = options_.identity;
   spec["leaseDurationSeconds"] = duration_s;
   spec["renewTime"] = now_text;

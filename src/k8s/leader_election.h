@@ -27,6 +27,8 @@ struct LeaderElectionOptions {
   std::string lease_name = "sbx-controller";
   // Unique per replica (pod name + a random suffix, say).
   std::string identity;
+  // This replica's gRPC address to begin with (SetAddress changes it).
+  std::string address;
   absl::Duration lease_duration = absl::Seconds(15);
   absl::Duration renew_deadline = absl::Seconds(10);
   absl::Duration retry_period = absl::Seconds(2);
@@ -47,6 +49,14 @@ class LeaderElector {
   // and hears on_stopped.
   void Stop();
   bool IsLeader() const { return leader_.load(std::memory_order_acquire); }
+  // Where this replica serves (its gRPC "host:port"), written into the Lease's annotation
+  // kLeaderAddressAnnotation whenever it takes or renews it, so that standbys can relay
+  // calls to the leader. May be set at any time (the next renewal writes it).
+  void SetAddress(std::string address) ABSL_LOCKS_EXCLUDED(mu_);
+  // The current leader's address: this replica's own while it leads, else the one the
+  // Lease named when last read (every retry_period) if its holder's term had not expired
+  // then; "" when unknown.
+  std::string LeaderAddress() const ABSL_LOCKS_EXCLUDED(mu_);
   // When the elector thread, now waiting between two attempts, looks again;
   // InfinitePast while it is not waiting (for tests that move a FakeClock).
   absl::Time SleepingUntil() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -70,8 +80,13 @@ class LeaderElector {
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string address_ ABSL_GUARDED_BY(mu_);
+  std::string observed_address_ ABSL_GUARDED_BY(mu_);
   absl::Time sleeping_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
+
+// The Lease annotation with the leader's gRPC address.
+inline constexpr char kLeaderAddressAnnotation[] = "sbx.dev/leader-address";
 
 // RFC 3339 with microseconds, as Kubernetes writes MicroTime.
 std::string FormatMicroTime(absl::Time t);

@@ -252,7 +252,7 @@ absl::Status SandboxController::Start(absl::Duration sync_timeout) {
           // A new leader looks at everything once: the previous one may have left work.
           for (const ObjectPtr& sandbox : sandboxes_.List()) queue_.Add(KeyOf(*sandbox));
         },
-        nullptr);
+        options_.on_stopped_leading);
     elector_->Start();
   }
   for (int i = 0; i < options_.workers; ++i) {
@@ -517,7 +517,7 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
       // stored object in the answer is not needed, so it is not parsed.
       Json desired = DesiredPod(sandbox);
       if (options_.sandboxd_secret) {
-        SetSandboxdSecret(&desired, kSandboxdPortName, options_.sandboxd_secret(name));
+        SetSandboxdSecret(&desired, kSandboxdPortName, options_.sandboxd_secret(ns, name));
       }
       auto pod = std::make_shared<const Json>(std::move(desired));
       created = client_->CreateNoResult(kPods, ns, *pod);

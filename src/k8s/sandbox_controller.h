@@ -39,16 +39,21 @@ struct SandboxControllerOptions {
   // Leader election (off: this replica always reconciles).
   bool leader_election = false;
   LeaderElectionOptions election;
+  // Called (on the elector's thread) when this replica stops leading, by losing the Lease
+  // or at Stop.
+  std::function<void()> on_stopped_leading;
   WorkQueueOptions queue;
   // A new Sandbox's first status, while it only says that the pod is on its way, is
   // written no earlier than this after the Sandbox's creation (creationTimestamp, whole
   // seconds): a member Ready sooner gets one status write, the Ready one. Errors,
   // unschedulable pods, suspension and expiry are written at once. Zero writes at once.
   absl::Duration first_status_hold = absl::Seconds(2);
-  // The secret of a Sandbox's daemon, by Sandbox name: every container of its pod that
-  // declares the port named `sbx-sandboxd` gets it as SBX_SANDBOXD_SECRET (sbx-sandboxd
-  // takes it out of its environment at start and refuses calls without it). Unset: none.
-  std::function<std::string(const std::string& sandbox_name)> sandboxd_secret;
+  // The secret of a Sandbox's daemon, by the Sandbox's namespace and name (so that
+  // Sandboxes of one name in two namespaces get different ones): every container of its
+  // pod that declares the port named `sbx-sandboxd` gets it as SBX_SANDBOXD_SECRET
+  // (sbx-sandboxd takes it out of its environment at start and refuses calls without it).
+  // Unset: none.
+  std::function<std::string(const std::string& ns, const std::string& name)> sandboxd_secret;
   // Time of the status hold, the expectations' timeout, shutdownTime and the rechecks; the
   // real clock when null. Also the clock of the work queue, the informers and the election
   // unless `queue.clock` or `election.clock` names another. Must outlive the controller.
@@ -73,6 +78,8 @@ class SandboxController {
   void Stop();
 
   bool IsLeader() const;
+  // The elector once Start has run with leader_election; null otherwise.
+  LeaderElector* elector() const { return elector_.get(); }
   // Reconciles one Sandbox ("namespace/name") now, from the caches.
   absl::Status Reconcile(const std::string& key);
   size_t QueueDepth() const { return queue_.Depth(); }

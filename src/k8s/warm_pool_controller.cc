@@ -22,8 +22,9 @@ using json_fields::Str;
 // Controller workers may wait for the allocator: they are not on the claim path.
 using allocator::Wait;
 
-// Work keys: "<pool>" is a full pass; "~<pool>" (after member changes) writes the status
-// and looks for a surplus only when the counts say there may be one.
+// Work keys, with the allocator's pool names: "<pool>" is a full pass; "~<pool>" (after
+// member changes) writes the status and looks for a surplus only when the counts say
+// there may be one.
 constexpr char kQuickPrefix[] = "~";
 
 int64_t Replicas(const Json& pool) {
@@ -48,7 +49,7 @@ absl::Duration Age(const Json& object, absl::Time now) {
 }  // namespace
 
 absl::Status WarmPoolControllerOptions::Validate() const {
-  if (ns.empty()) return absl::InvalidArgumentError("warm pool controller: namespace is empty");
+  RETURN_IF_ERROR(namespaces.Validate("warm pool controller"));
   if (workers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("warm pool controller workers ", workers, " must be at least 1"));
@@ -67,7 +68,7 @@ WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes, I
       pools_(client, InformerOn(kSandboxWarmPools)),
       templates_(client, InformerOn(kSandboxTemplates)) {
   InformerHandler pool_handler;
-  pool_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(Str(o->at("metadata"), "name")); };
+  pool_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(options_.namespaces.Qualify(*o)); };
   pool_handler.on_update = [this](const ObjectPtr& old, const ObjectPtr& o) {
     // Our own status writes come back as updates: they need no full pass.
     const Json& before = Field(*old, "metadata");
@@ -75,18 +76,20 @@ WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes, I
     const bool changed = Field(before, "generation") != Field(after, "generation") ||
                          Field(before, "deletionTimestamp") != Field(after, "deletionTimestamp") ||
                          Field(before, "uid") != Field(after, "uid");
-    const std::string name = Str(after, "name");
+    const std::string name = options_.namespaces.Qualify(*o);
     queue_.Add(changed ? name : absl::StrCat(kQuickPrefix, name));
   };
   pool_handler.on_delete = pool_handler.on_add;
   pools_.AddHandler(std::move(pool_handler));
 
-  // A template change concerns the pools that use it.
+  // A template change concerns the pools of its namespace that use it.
   auto template_changed = [this](const ObjectPtr& o) {
+    const std::string ns = Str(Field(*o, "metadata"), "namespace");
     const std::string name = Str(Field(*o, "metadata"), "name");
     for (const ObjectPtr& pool : pools_.List()) {
-      if (Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") == name) {
-        queue_.Add(Str(Field(*pool, "metadata"), "name"));
+      if (Str(Field(*pool, "metadata"), "namespace") == ns &&
+          Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") == name) {
+        queue_.Add(options_.namespaces.Qualify(*pool));
       }
     }
   };
@@ -110,26 +113,30 @@ WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes, I
 WarmPoolController::~WarmPoolController() { Stop(); }
 
 InformerOptions WarmPoolController::InformerOn(const Resource& resource) const {
-  InformerOptions options = NamespaceInformer(resource, options_.ns);
+  InformerOptions options = NamespaceInformer(resource, options_.namespaces.watch);
   options.clock = clock_;
   return options;
 }
 
-absl::Status WarmPoolController::DeleteMember(const std::string& name) {
+absl::Status WarmPoolController::DeleteMember(const std::string& id) {
+  const NamespacedName where = options_.namespaces.Split(id);
   absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
     DeleteOptions o;
     o.propagation_policy = "Background";
-    return client_->Delete(kSandboxes, options_.ns, name, o);
+    return client_->Delete(kSandboxes, where.ns, where.name, o);
   });
   return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 
 void WarmPoolController::EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay) {
   const Json& meta = Field(*sandbox, "metadata");
-  if (Str(meta, "namespace") != options_.ns) return;
+  const std::string ns = Str(meta, "namespace");
+  if (!options_.namespaces.Serves(ns)) return;
   const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
   // A member's change needs the pool's status and a surplus check, not a full pass.
-  if (!pool.empty()) queue_.AddAfter(absl::StrCat(kQuickPrefix, pool), delay);
+  if (!pool.empty()) {
+    queue_.AddAfter(absl::StrCat(kQuickPrefix, options_.namespaces.Qualify(ns, pool)), delay);
+  }
 }
 
 absl::Status WarmPoolController::StartInformers(absl::Duration sync_timeout) {
@@ -153,12 +160,12 @@ void WarmPoolController::Start(allocator::Allocator* allocator, KubeRuntime* run
   runtime_ = runtime;
   // Pools the allocator remembers whose SandboxWarmPool is gone are looked at too.
   for (const store::PoolRecord& p : allocator_->ListPools()) queue_.Add(p.name);
-  for (const ObjectPtr& pool : pools_.List()) queue_.Add(Str(Field(*pool, "metadata"), "name"));
+  for (const ObjectPtr& pool : pools_.List()) queue_.Add(options_.namespaces.Qualify(*pool));
   for (int i = 0; i < options_.workers; ++i) {
     workers_.push_back(BackgroundThread("sbx-k8s-pools", [this] { Worker(); }));
   }
   resync_ = std::make_unique<PeriodicPass>("sbx-k8s-poolsy", options_.resync, *clock_, [this] {
-    for (const ObjectPtr& pool : pools_.List()) queue_.Add(Str(Field(*pool, "metadata"), "name"));
+    for (const ObjectPtr& pool : pools_.List()) queue_.Add(options_.namespaces.Qualify(*pool));
   });
 }
 
@@ -179,7 +186,8 @@ void WarmPoolController::Worker() {
     if (s.ok()) {
       queue_.Forget(name);
     } else {
-      spdlog::warn("SandboxWarmPool \"{}/{}\": {}", options_.ns, name, s.ToString());
+      spdlog::warn("SandboxWarmPool \"{}\": {}", Namespaces::Path(options_.namespaces.Split(name)),
+                   s.ToString());
       queue_.AddRateLimited(name);
     }
     queue_.Done(name);
@@ -190,28 +198,31 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
   if (options_.is_leader && !options_.is_leader()) return absl::OkStatus();
   if (key.rfind(kQuickPrefix, 0) == 0) {
     const std::string name = key.substr(1);
-    ObjectPtr pool = pools_.Get(options_.ns, name);
+    const NamespacedName where = options_.namespaces.Split(name);
+    ObjectPtr pool = pools_.Get(where.ns, where.name);
     absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
     if (pool == nullptr || json_fields::BeingDeleted(*pool) || !st.ok()) return absl::OkStatus();
     // Maybe a surplus, or members that nobody tracks (creates whose answers were lost):
     // the full pass decides (and writes the status). Members still labelled include the
     // claimed ones not yet bound, so the second count is an upper bound.
     if (st->warm + runtime_->PendingIn(name) > Replicas(*pool) ||
-        static_cast<int64_t>(sandboxes_->ByLabel(kWarmPoolLabel, NameHash(name)).size()) >
+        static_cast<int64_t>(sandboxes_->ByLabel(kWarmPoolLabel, NameHash(where.name)).size()) >
             Replicas(*pool)) {
       queue_.Add(name);
       return absl::OkStatus();
     }
     return WriteStatus(*pool);
   }
-  const std::string& name = key;
-  ObjectPtr pool = pools_.Get(options_.ns, name);
+  const std::string& name = key;  // the allocator's
+  const NamespacedName where = options_.namespaces.Split(name);
+  ObjectPtr pool =
+      options_.namespaces.Serves(where.ns) ? pools_.Get(where.ns, where.name) : nullptr;
   if (pool == nullptr || json_fields::BeingDeleted(*pool)) return RemovePool(name);
-  if (absl::Status valid = ValidateName("SandboxWarmPool name", name); !valid.ok()) {
+  if (absl::Status valid = ValidateName("SandboxWarmPool name", where.name); !valid.ok()) {
     return absl::OkStatus();  // served by nobody; said once at the informer's add
   }
   const std::string template_name = Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name");
-  ObjectPtr sandbox_template = templates_.Get(options_.ns, template_name);
+  ObjectPtr sandbox_template = templates_.Get(where.ns, template_name);
 
   // The allocator's template names the SandboxTemplate; its pool follows spec.replicas.
   store::TemplateRecord t;
@@ -264,14 +275,16 @@ absl::Status WarmPoolController::RemovePool(const std::string& name) {
   absl::Status s =
       Wait([&](allocator::StatusCallback cb) { allocator_->DeleteTemplate(name, std::move(cb)); });
   if (!s.ok() && !absl::IsNotFound(s)) return s;
-  spdlog::info("SandboxWarmPool \"{}/{}\" is gone: its allocator pool is removed", options_.ns,
-               name);
+  spdlog::info("SandboxWarmPool \"{}\" is gone: its allocator pool is removed",
+               Namespaces::Path(options_.namespaces.Split(name)));
   return absl::OkStatus();
 }
 
 absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandbox_template) {
-  const std::string name = Str(Field(pool, "metadata"), "name");
-  const std::string hash = NameHash(name);
+  const std::string ns = Str(Field(pool, "metadata"), "namespace");
+  const std::string object_name = Str(Field(pool, "metadata"), "name");
+  const std::string name = options_.namespaces.Qualify(ns, object_name);  // the allocator's
+  const std::string hash = NameHash(object_name);
   const std::string spec_hash = TemplateSpecHash(sandbox_template);
   const bool recreate = Str(Field(Field(pool, "spec"), "updateStrategy"), "type") == "Recreate";
   // The warm count first, then the tracked ids: a member that turns warm in between is
@@ -289,9 +302,9 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   const absl::Time now = clock_->Now();
   for (const ObjectPtr& member : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
     const Json& meta = Field(*member, "metadata");
-    if (Str(meta, "namespace") != options_.ns || json_fields::BeingDeleted(*member)) continue;
-    if (Str(Field(meta, "labels"), kSbxPoolLabel) != name) continue;
-    const std::string id = Str(meta, "name");
+    if (Str(meta, "namespace") != ns || json_fields::BeingDeleted(*member)) continue;
+    if (Str(Field(meta, "labels"), kSbxPoolLabel) != object_name) continue;
+    const std::string id = options_.namespaces.Qualify(ns, Str(meta, "name"));
     if (tracked.contains(id)) {
       warm.push_back(member);  // warm, or claimed and not yet bound
     } else if (runtime_->IsPending(id)) {
@@ -320,8 +333,8 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   }
   for (const std::string& id : untracked) {
     if (tracked.contains(id)) continue;
-    spdlog::info("Sandbox \"{}/{}\" of pool \"{}\" is tracked by nobody: deleting it", options_.ns,
-                 id, name);
+    spdlog::info("Sandbox \"{}\" of pool \"{}\" is tracked by nobody: deleting it",
+                 Namespaces::Path(options_.namespaces.Split(id)), name);
     RETURN_IF_ERROR(DeleteMember(id));
   }
   // Newest first (by creationTimestamp, then name), keys read once per member.
@@ -341,7 +354,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   newest_first(&warm);
 
   auto delete_unready = [&](const ObjectPtr& member) {
-    return DeleteMember(Str(Field(*member, "metadata"), "name"));
+    return DeleteMember(options_.namespaces.Qualify(*member));
   };
   // Stale members (Recreate): replaced at once; the reconciler makes new ones.
   if (recreate) {
@@ -354,7 +367,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
         }
         if (list == &unready) {
           RETURN_IF_ERROR(delete_unready(m));
-        } else if (allocator_->RetireWarm(Str(Field(*m, "metadata"), "name")).ok()) {
+        } else if (allocator_->RetireWarm(options_.namespaces.Qualify(*m)).ok()) {
           --warm_count;
         } else {
           keep.push_back(m);  // claimed meanwhile: it is the claim's now
@@ -372,14 +385,15 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   }
   for (const ObjectPtr& m : warm) {
     if (surplus <= 0) break;
-    if (allocator_->RetireWarm(Str(Field(*m, "metadata"), "name")).ok()) --surplus;
+    if (allocator_->RetireWarm(options_.namespaces.Qualify(*m)).ok()) --surplus;
   }
   return absl::OkStatus();
 }
 
 absl::Status WarmPoolController::WriteStatus(const Json& pool) {
   const Json& meta = Field(pool, "metadata");
-  const std::string name = Str(meta, "name");
+  const std::string object_name = Str(meta, "name");
+  const std::string name = options_.namespaces.Qualify(pool);  // the allocator's
   absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
   // Counts, not a scan of the members: ready ones are the allocator's warm sandboxes, the
   // others the runtime's creates that wait for Ready.
@@ -387,7 +401,7 @@ absl::Status WarmPoolController::WriteStatus(const Json& pool) {
   const int64_t members = ready + runtime_->PendingIn(name);
   Json status = {{"replicas", members},
                  {"readyReplicas", ready},
-                 {"selector", absl::StrCat(kWarmPoolLabel, "=", NameHash(name))}};
+                 {"selector", absl::StrCat(kWarmPoolLabel, "=", NameHash(object_name))}};
   if (Field(meta, "generation").is_number_integer()) {
     status["observedGeneration"] = meta["generation"];
   }
@@ -397,8 +411,8 @@ absl::Status WarmPoolController::WriteStatus(const Json& pool) {
     same = old.contains(it.key()) && old[it.key()] == it.value();
   }
   if (same) return absl::OkStatus();
-  absl::Status s = client_->PatchNoResult(kSandboxWarmPools, options_.ns, name, PatchType::kMerge,
-                                          Json{{"status", status}}, "status");
+  absl::Status s = client_->PatchNoResult(kSandboxWarmPools, Str(meta, "namespace"), object_name,
+                                          PatchType::kMerge, Json{{"status", status}}, "status");
   return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// WarmPoolController: serves extensions.agents.x-k8s.io SandboxWarmPools of one namespace
-// from the allocator. Each pool (named like its SandboxWarmPool) gets an allocator pool
+// WarmPoolController: serves extensions.agents.x-k8s.io SandboxWarmPools of every namespace
+// (or of one) from the allocator. Each pool gets an allocator pool (named like its
+// SandboxWarmPool, qualified by its namespace outside the default one: namespaces.h)
 // whose warm target is spec.replicas; the allocator's refill reconciler then fills it
 // through the KubeRuntime, which makes the members. This controller does what the
 // allocator cannot know about Kubernetes:
@@ -34,6 +35,7 @@
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/kube_runtime.h"
+#include "src/k8s/namespaces.h"
 #include "src/k8s/thread_priority.h"
 #include "src/k8s/work_queue.h"
 #include "src/k8s/write_scheduler.h"
@@ -41,7 +43,8 @@
 namespace sbx::k8s {
 
 struct WarmPoolControllerOptions {
-  std::string ns = "default";
+  // The namespaces served and the allocator's names of their pools.
+  Namespaces namespaces;
   int workers = 2;
   // Every pool is looked at again this often.
   absl::Duration resync = absl::Seconds(10);
@@ -93,12 +96,13 @@ class WarmPoolController {
  private:
   void Worker();
   void EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay);
-  absl::Status RemovePool(const std::string& name);
+  // `pool` is the allocator's name of a pool.
+  absl::Status RemovePool(const std::string& pool);
   absl::Status TrimMembers(const Json& pool, const Json& sandbox_template);
   absl::Status WriteStatus(const Json& pool);
-  // Deletes member `name` (background propagation) through the scheduler; NOT_FOUND is
-  // success.
-  absl::Status DeleteMember(const std::string& name);
+  // Deletes member `id` (the allocator's sandbox id; background propagation) through the
+  // scheduler; NOT_FOUND is success.
+  absl::Status DeleteMember(const std::string& id);
   InformerOptions InformerOn(const Resource& resource) const;
 
   Client* const client_;

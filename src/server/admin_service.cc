@@ -92,12 +92,16 @@ void AdminService::WriteLocks::End(const std::string& key) {
   busy_.erase(key);
 }
 
+absl::StatusOr<std::string> AdminService::Canonical(absl::string_view field,
+                                                    absl::string_view name) const {
+  return CanonicalQualifiedName(field, name, allocator_->default_namespace());
+}
+
 template <typename Record, typename Response>
 grpc::ServerUnaryReactor* AdminService::DeleteObject(
     grpc::CallbackServerContext* ctx, const char* kind, const std::string& name, bool allow_missing,
     int64_t expected_generation, Response* resp, const std::function<absl::StatusOr<Record>()>& get,
     std::function<void(allocator::StatusCallback)> erase) {
-  if (absl::Status s = ValidateName("name", name); !s.ok()) return FinishNow(ctx, s);
   const std::string key = ObjectKey(kind, name);
   if (absl::Status s = writes_->Begin(key); !s.ok()) return FinishNow(ctx, s);
   const absl::StatusOr<Record> existing = get();
@@ -131,7 +135,8 @@ grpc::ServerUnaryReactor* AdminService::PutTemplate(grpc::CallbackServerContext*
   if (!req->has_template_()) {
     return FinishNow(ctx, absl::InvalidArgumentError("template is required"));
   }
-  absl::StatusOr<store::TemplateRecord> record = TemplateFromProto(req->template_());
+  absl::StatusOr<store::TemplateRecord> record =
+      TemplateFromProto(req->template_(), allocator_->default_namespace());
   if (!record.ok()) return FinishNow(ctx, record.status());
   const std::string key = TemplateKey(record->name);
   if (absl::Status s = writes_->Begin(key); !s.ok()) return FinishNow(ctx, s);
@@ -170,8 +175,9 @@ grpc::ServerUnaryReactor* AdminService::GetTemplate(grpc::CallbackServerContext*
                                                     v1::GetTemplateResponse* resp) {
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "GetTemplate");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
-  if (absl::Status s = ValidateName("name", req->name()); !s.ok()) return FinishNow(ctx, s);
-  absl::StatusOr<store::TemplateRecord> t = allocator_->GetTemplate(req->name());
+  absl::StatusOr<std::string> name = Canonical("name", req->name());
+  if (!name.ok()) return FinishNow(ctx, name.status());
+  absl::StatusOr<store::TemplateRecord> t = allocator_->GetTemplate(*name);
   if (!t.ok()) return FinishNow(ctx, t.status());
   ToProto(*t, resp->mutable_template_());
   return FinishNow(ctx, absl::OkStatus());
@@ -204,7 +210,9 @@ grpc::ServerUnaryReactor* AdminService::DeleteTemplate(grpc::CallbackServerConte
                                                        v1::DeleteTemplateResponse* resp) {
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "DeleteTemplate");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
-  const std::string& name = req->name();
+  absl::StatusOr<std::string> canonical = Canonical("name", req->name());
+  if (!canonical.ok()) return FinishNow(ctx, canonical.status());
+  const std::string& name = *canonical;
   return DeleteObject<store::TemplateRecord>(
       ctx, "template", name, req->allow_missing(), req->expected_generation(), resp,
       [&] { return allocator_->GetTemplate(name); },
@@ -219,7 +227,8 @@ grpc::ServerUnaryReactor* AdminService::PutPool(grpc::CallbackServerContext* ctx
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "PutPool");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
   if (!req->has_pool()) return FinishNow(ctx, absl::InvalidArgumentError("pool is required"));
-  absl::StatusOr<store::PoolRecord> record = PoolFromProto(req->pool());
+  absl::StatusOr<store::PoolRecord> record =
+      PoolFromProto(req->pool(), allocator_->default_namespace());
   if (!record.ok()) return FinishNow(ctx, record.status());
   const std::string key = PoolKey(record->name);
   if (absl::Status s = writes_->Begin(key); !s.ok()) return FinishNow(ctx, s);
@@ -254,8 +263,9 @@ grpc::ServerUnaryReactor* AdminService::GetPool(grpc::CallbackServerContext* ctx
                                                 v1::GetPoolResponse* resp) {
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "GetPool");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
-  if (absl::Status s = ValidateName("name", req->name()); !s.ok()) return FinishNow(ctx, s);
-  absl::Status s = FillPool(*allocator_, req->name(), resp->mutable_pool());
+  absl::StatusOr<std::string> name = Canonical("name", req->name());
+  if (!name.ok()) return FinishNow(ctx, name.status());
+  absl::Status s = FillPool(*allocator_, *name, resp->mutable_pool());
   if (!s.ok()) resp->Clear();
   return FinishNow(ctx, s);
 }
@@ -265,22 +275,22 @@ grpc::ServerUnaryReactor* AdminService::ListPools(grpc::CallbackServerContext* c
                                                   v1::ListPoolsResponse* resp) {
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "ListPools");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
+  std::string template_name;
   if (!req->template_().empty()) {
-    if (absl::Status s = ValidateName("template", req->template_()); !s.ok()) {
-      return FinishNow(ctx, s);
-    }
+    absl::StatusOr<std::string> canonical = Canonical("template", req->template_());
+    if (!canonical.ok()) return FinishNow(ctx, canonical.status());
+    template_name = *std::move(canonical);
   }
   std::vector<store::PoolRecord> pools = allocator_->ListPools();
-  if (!req->template_().empty()) {
-    pools.erase(std::remove_if(pools.begin(), pools.end(),
-                               [&](const store::PoolRecord& p) {
-                                 return p.template_name != req->template_();
-                               }),
+  if (!template_name.empty()) {
+    pools.erase(std::remove_if(
+                    pools.begin(), pools.end(),
+                    [&](const store::PoolRecord& p) { return p.template_name != template_name; }),
                 pools.end());
   }
   std::string next;
   absl::Status s = Page(
-      "pools", Fingerprint({req->template_()}), req->page_size(), req->page_token(), pools,
+      "pools", Fingerprint({template_name}), req->page_size(), req->page_token(), pools,
       [&](const store::PoolRecord& p) {
         v1::Pool* out = resp->add_pools();
         // A pool deleted since the listing is still shown, without status.
@@ -301,7 +311,9 @@ grpc::ServerUnaryReactor* AdminService::DeletePool(grpc::CallbackServerContext* 
                                                    v1::DeletePoolResponse* resp) {
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "DeletePool");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
-  const std::string& name = req->name();
+  absl::StatusOr<std::string> canonical = Canonical("name", req->name());
+  if (!canonical.ok()) return FinishNow(ctx, canonical.status());
+  const std::string& name = *canonical;
   return DeleteObject<store::PoolRecord>(
       ctx, "pool", name, req->allow_missing(), req->expected_generation(), resp,
       [&] { return allocator_->GetPool(name); },
@@ -315,10 +327,12 @@ grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* c
                                                   v1::ScalePoolResponse* resp) {
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, true, "ScalePool");
   if (!caller.ok()) return FinishNow(ctx, caller.status());
-  if (absl::Status s = ValidateName("name", req->name()); !s.ok()) return FinishNow(ctx, s);
+  absl::StatusOr<std::string> canonical = Canonical("name", req->name());
+  if (!canonical.ok()) return FinishNow(ctx, canonical.status());
+  const std::string& name = *canonical;
   if (!req->has_min_warm() && !req->has_max_warm()) {
-    return FinishNow(ctx, absl::InvalidArgumentError(absl::StrCat(
-                              "pool \"", req->name(), "\": set min_warm, max_warm or both")));
+    return FinishNow(ctx, absl::InvalidArgumentError(
+                              absl::StrCat("pool \"", name, "\": set min_warm, max_warm or both")));
   }
   if (req->has_min_warm() && req->min_warm().value() < 0) {
     return FinishNow(ctx, absl::InvalidArgumentError(
@@ -328,9 +342,9 @@ grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* c
     return FinishNow(ctx, absl::InvalidArgumentError(
                               absl::StrCat("max_warm ", req->max_warm().value(), " is negative")));
   }
-  const std::string key = PoolKey(req->name());
+  const std::string key = PoolKey(name);
   if (absl::Status s = writes_->Begin(key); !s.ok()) return FinishNow(ctx, s);
-  absl::StatusOr<store::PoolRecord> pool = allocator_->GetPool(req->name());
+  absl::StatusOr<store::PoolRecord> pool = allocator_->GetPool(name);
   if (!pool.ok()) {
     writes_->End(key);
     return FinishNow(ctx, pool.status());
@@ -339,14 +353,14 @@ grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* c
   if (req->has_max_warm()) pool->max_warm = req->max_warm().value();
   absl::Status check = absl::OkStatus();
   if (pool->max_warm < pool->min_warm) {
-    check = absl::InvalidArgumentError(absl::StrCat("pool \"", req->name(), "\": max_warm ",
-                                                    pool->max_warm, " would be below min_warm ",
-                                                    pool->min_warm));
+    check =
+        absl::InvalidArgumentError(absl::StrCat("pool \"", name, "\": max_warm ", pool->max_warm,
+                                                " would be below min_warm ", pool->min_warm));
   } else if (pool->max_warm > allocator_->max_pool_warm()) {
     // The allocator owns the limit (AllocatorOptions::max_pool_warm); checked here too so
     // that the scale answers before its write.
     check = absl::InvalidArgumentError(
-        absl::StrCat("pool \"", req->name(), "\": max_warm ", pool->max_warm, " is above ",
+        absl::StrCat("pool \"", name, "\": max_warm ", pool->max_warm, " is above ",
                      allocator_->max_pool_warm(), ", the allocator's max_pool_warm"));
   }
   if (!check.ok()) {
@@ -354,12 +368,11 @@ grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* c
     return FinishNow(ctx, check);
   }
   auto call = AsyncUnary<v1::ScalePoolResponse>::Create(ctx, resp);
-  allocator_->PutPool(
-      *pool, [a = allocator_, writes = writes_, call, key, name = req->name()](absl::Status s) {
-        writes->End(key);
-        call->Complete(
-            s, [&](v1::ScalePoolResponse* out) { return FillPool(*a, name, out->mutable_pool()); });
-      });
+  allocator_->PutPool(*pool, [a = allocator_, writes = writes_, call, key, name](absl::Status s) {
+    writes->End(key);
+    call->Complete(
+        s, [&](v1::ScalePoolResponse* out) { return FillPool(*a, name, out->mutable_pool()); });
+  });
   return call->reactor();
 }
 

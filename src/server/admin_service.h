@@ -64,8 +64,11 @@ class AdminService final : public sbx::v1::AdminService::CallbackService {
                                                       const v1::WatchPoolsRequest* req) override;
 
  private:
-  // The shared body of DeleteTemplate and DeletePool (after authorization): checks the
-  // name, honours allow_missing and expected_generation against `get`, and runs `erase`
+  // The one name (src/common/ids.h) of the template or pool a request names in `field`;
+  // INVALID_ARGUMENT naming the field when it is malformed.
+  absl::StatusOr<std::string> Canonical(absl::string_view field, absl::string_view name) const;
+  // The shared body of DeleteTemplate and DeletePool (after authorization and with the
+  // canonical name): honours allow_missing and expected_generation against `get`, and runs `erase`
   // with the object marked busy. `kind` is "template" or "pool".
   template <typename Record, typename Response>
   grpc::ServerUnaryReactor* DeleteObject(grpc::CallbackServerContext* ctx, const char* kind,

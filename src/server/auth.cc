@@ -71,7 +71,8 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
     };
     if (fields.size() < 2) {
       return bad(
-          absl::StrCat("want \"<token> <tenant> [admin] [claim_rate=R] [claim_burst=B]\", got ",
+          absl::StrCat("want \"<token> <tenant> [admin] [claim_rate=R] [claim_burst=B] "
+                       "[namespaces=N1,N2]\", got ",
                        fields.size(), " field(s)"));
     }
     Caller caller;
@@ -108,10 +109,20 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
         }
         caller.limits.claim_burst = burst;
         burst_set = true;
+      } else if (key == "namespaces") {
+        std::vector<std::string>& namespaces = caller.limits.namespaces;
+        for (absl::string_view ns : absl::StrSplit(value, ',')) {
+          if (absl::Status s = ValidateName("namespaces: namespace", ns); !s.ok()) {
+            return bad(s.message());
+          }
+          namespaces.emplace_back(ns);
+        }
+        std::sort(namespaces.begin(), namespaces.end());
+        namespaces.erase(std::unique(namespaces.begin(), namespaces.end()), namespaces.end());
       } else {
         return bad(absl::StrCat("field \"", field,
                                 "\" is none of admin (third field only), claim_rate=R, "
-                                "claim_burst=B"));
+                                "claim_burst=B, namespaces=N1,N2"));
       }
     }
     if (burst_set && caller.limits.claim_rate == 0) {

@@ -5,7 +5,12 @@
 // Tokens come from a file, one entry per line:
 //
 //   # comment
-//   <token> <tenant> [admin] [claim_rate=R] [claim_burst=B]
+//   <token> <tenant> [admin] [claim_rate=R] [claim_burst=B] [namespaces=N1,N2,...]
+//
+// namespaces=... confines the tenant to the pools of those namespaces (src/common/ids.h:
+// "<ns>/<pool>", or a bare pool name in the server's default namespace): Claim and
+// ClaimBatch from a pool of any other namespace answer PERMISSION_DENIED. Without it the
+// tenant may claim from every pool. An admin is never confined.
 //
 // claim_rate=R limits the tenant to R claims per second on average (a ClaimBatch of N
 // counts N), up to claim_burst=B at once (default: R rounded up, at least 1); beyond it
@@ -26,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -51,6 +57,9 @@ struct AuthOptions {
 struct TenantLimits {
   double claim_rate = 0;  // claims per second on average; 0: unlimited
   int claim_burst = 0;    // claims at once; set whenever claim_rate is
+  // The namespaces whose pools the tenant may claim from, sorted, without duplicates;
+  // empty: every namespace.
+  std::vector<std::string> namespaces;
   bool operator==(const TenantLimits&) const = default;
 };
 

@@ -99,6 +99,23 @@ absl::Status CheckTtl(const allocator::Allocator& a, const std::string& pool, ab
   return absl::OkStatus();
 }
 
+// The canonical name of the pool a claim names (src/common/ids.h), if the caller may claim
+// from its namespace: PERMISSION_DENIED naming the tenant and the namespace otherwise.
+absl::StatusOr<std::string> ClaimablePool(const allocator::Allocator& a, const std::string& pool,
+                                          const Caller& caller) {
+  ASSIGN_OR_RETURN(std::string canonical,
+                   CanonicalQualifiedName("pool", pool, a.default_namespace()));
+  const std::vector<std::string>& allowed = caller.limits.namespaces;
+  if (caller.admin || allowed.empty()) return canonical;
+  const std::string ns = SplitQualifiedName(canonical, a.default_namespace()).ns;
+  if (!std::binary_search(allowed.begin(), allowed.end(), ns)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant \"", caller.tenant, "\" may not claim from namespace \"", ns,
+                     "\" (pool \"", pool, "\"): its token allows ", absl::StrJoin(allowed, ", ")));
+  }
+  return canonical;
+}
+
 absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocator& a,
                                                        const v1::ClaimRequest& req,
                                                        const Caller& caller) {
@@ -106,8 +123,7 @@ absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocato
   r.owner = caller.tenant;
   if (!req.claim_id().empty()) RETURN_IF_ERROR(ValidateKey("claim_id", req.claim_id()));
   r.claim_id = req.claim_id();
-  RETURN_IF_ERROR(ValidateName("pool", req.pool()));
-  r.pool = req.pool();
+  ASSIGN_OR_RETURN(r.pool, ClaimablePool(a, req.pool(), caller));
   ASSIGN_OR_RETURN(r.policy, FromProto("empty_pool_policy", req.empty_pool_policy()));
   ASSIGN_OR_RETURN(r.wait, WaitTimeout(req.wait_timeout()));
   ASSIGN_OR_RETURN(r.ttl, TtlFromProto("ttl", req.ttl()));
@@ -131,8 +147,7 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
     }
   }
   r.batch_id = req.batch_id();
-  RETURN_IF_ERROR(ValidateName("pool", req.pool()));
-  r.pool = req.pool();
+  ASSIGN_OR_RETURN(r.pool, ClaimablePool(a, req.pool(), caller));
   // The allocator owns the limit (AllocatorOptions::max_batch).
   if (req.count() < 1 || req.count() > a.max_batch()) {
     return absl::InvalidArgumentError(
@@ -380,7 +395,8 @@ grpc::ServerUnaryReactor* ClaimService::ListClaims(grpc::CallbackServerContext* 
   auto list = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(const int page_size, PageSize(req->page_size()));
     const v1::ClaimFilter& filter = req->filter();
-    ASSIGN_OR_RETURN(ClaimQuery query, ClaimQueryFromProto(filter, *caller, "list"));
+    ASSIGN_OR_RETURN(ClaimQuery query,
+                     ClaimQueryFromProto(filter, *caller, "list", allocator_->default_namespace()));
     allocator::ClaimFilter& f = query.filter;
 
     std::vector<std::string> parts = {f.owner, f.pool, filter.label_selector()};

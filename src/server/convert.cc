@@ -342,7 +342,8 @@ bool ClaimQuery::Matches(const store::ClaimRecord& r) const {
 }
 
 absl::StatusOr<ClaimQuery> ClaimQueryFromProto(const v1::ClaimFilter& filter, const Caller& caller,
-                                               absl::string_view verb) {
+                                               absl::string_view verb,
+                                               absl::string_view default_ns) {
   ClaimQuery q;
   allocator::ClaimFilter& f = q.filter;
   f.owner = caller.tenant;
@@ -355,8 +356,9 @@ absl::StatusOr<ClaimQuery> ClaimQueryFromProto(const v1::ClaimFilter& filter, co
     RETURN_IF_ERROR(ValidateKey("filter.owner", filter.owner()));
     f.owner = filter.owner();
   }
-  if (!filter.pool().empty()) RETURN_IF_ERROR(ValidateName("filter.pool", filter.pool()));
-  f.pool = filter.pool();
+  if (!filter.pool().empty()) {
+    ASSIGN_OR_RETURN(f.pool, CanonicalQualifiedName("filter.pool", filter.pool(), default_ns));
+  }
   ASSIGN_OR_RETURN(f.labels, LabelsFromProto("filter.match_labels", filter.match_labels()));
   ASSIGN_OR_RETURN(q.selector, ParseLabelSelector(filter.label_selector()));
   for (int s : filter.states()) {
@@ -386,10 +388,10 @@ absl::StatusOr<ClaimQuery> ClaimQueryFromProto(const v1::ClaimFilter& filter, co
   return q;
 }
 
-absl::StatusOr<store::TemplateRecord> TemplateFromProto(const v1::Template& t) {
-  RETURN_IF_ERROR(ValidateName("template.name", t.name()));
+absl::StatusOr<store::TemplateRecord> TemplateFromProto(const v1::Template& t,
+                                                        absl::string_view default_ns) {
   store::TemplateRecord r;
-  r.name = t.name();
+  ASSIGN_OR_RETURN(r.name, CanonicalQualifiedName("template.name", t.name(), default_ns));
   r.runtime = t.runtime();
   if (t.runtime() == "local") {
     if (!t.has_local()) {
@@ -444,9 +446,12 @@ void ToProto(const store::TemplateRecord& r, v1::Template* out) {
   }
 }
 
-absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p) {
-  RETURN_IF_ERROR(ValidateName("pool.name", p.name()));
-  RETURN_IF_ERROR(ValidateName(absl::StrCat("pool \"", p.name(), "\": template"), p.template_()));
+absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p, absl::string_view default_ns) {
+  ASSIGN_OR_RETURN(const std::string name,
+                   CanonicalQualifiedName("pool.name", p.name(), default_ns));
+  ASSIGN_OR_RETURN(const std::string template_name,
+                   CanonicalQualifiedName(absl::StrCat("pool \"", p.name(), "\": template"),
+                                          p.template_(), default_ns));
   auto bad = [&](auto&&... parts) {
     return absl::InvalidArgumentError(absl::StrCat("pool \"", p.name(), "\": ", parts...));
   };
@@ -459,8 +464,8 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p) {
     return bad("max_sandboxes ", p.max_sandboxes(), " is below max_warm ", p.max_warm());
   }
   store::PoolRecord r;
-  r.name = p.name();
-  r.template_name = p.template_();
+  r.name = name;
+  r.template_name = template_name;
   r.min_warm = p.min_warm();
   r.max_warm = p.max_warm();
   ASSIGN_OR_RETURN(

@@ -95,14 +95,18 @@ struct ClaimQuery {
   bool Matches(const store::ClaimRecord& r) const;
 };
 // INVALID_ARGUMENT naming a malformed field; PERMISSION_DENIED when a non-admin names
-// another owner (`verb`, "list" or "watch", says what it may not do).
+// another owner (`verb`, "list" or "watch", says what it may not do). filter.pool is
+// made canonical with `default_ns`.
 absl::StatusOr<ClaimQuery> ClaimQueryFromProto(const v1::ClaimFilter& filter, const Caller& caller,
-                                               absl::string_view verb);
+                                               absl::string_view verb,
+                                               absl::string_view default_ns);
 
 // --- Templates and pools ---
 
 // Checks a template (name, runtime, the matching spec) and encodes it as a record.
-absl::StatusOr<store::TemplateRecord> TemplateFromProto(const v1::Template& t);
+// Names are canonical (CanonicalQualifiedName with `default_ns`, src/common/ids.h).
+absl::StatusOr<store::TemplateRecord> TemplateFromProto(const v1::Template& t,
+                                                        absl::string_view default_ns);
 // The bytes TemplateFromProto stores for a spec: deterministic (map entries sorted), so
 // equal specs give equal bytes and an identical Put can be recognised.
 std::string SerializeSpec(const google::protobuf::MessageLite& spec);
@@ -111,7 +115,7 @@ void ToProto(const store::TemplateRecord& r, v1::Template* out);
 
 // Checks a pool against admin.proto's limits and makes a record (generation 0).
 // UNIMPLEMENTED for max_sandboxes != 0, which this server cannot enforce yet.
-absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p);
+absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p, absl::string_view default_ns);
 void ToProto(const store::PoolRecord& r, v1::Pool* out);
 void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl::Time now,
              v1::PoolStatus* out);

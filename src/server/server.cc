@@ -13,12 +13,15 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "spdlog/spdlog.h"
 #include "src/allocator/allocator.h"
 #include "src/server/admin_service.h"
 #include "src/server/auth.h"
 #include "src/server/claim_service.h"
 #include "src/server/diagnostics_service.h"
+#include "src/server/forward.h"
 #include "src/server/pending_services.h"
 #include "src/server/unparsed_request.h"
 
@@ -55,11 +58,42 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
   return grpc::SslServerCredentials(ssl);
 }
 
+// The credentials of a standby's hop to the leader when the replicas serve TLS.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> HopCredentials(const ServerOptions& o) {
+  absl::StatusOr<std::string> cert = ReadPem("tls_cert_file", o.tls_cert_file);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("tls_key_file", o.tls_key_file);
+  if (!key.ok()) return key.status();
+  std::string root = *cert;
+  if (!o.tls_client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem("tls_client_ca_file", o.tls_client_ca_file);
+    if (!ca.ok()) return ca.status();
+    root = *ca;
+  }
+  using grpc::experimental::IdentityKeyCertPair;
+  std::vector<IdentityKeyCertPair> identity;
+  if (!o.tls_client_ca_file.empty()) identity.push_back(IdentityKeyCertPair{*key, *cert});
+  auto provider =
+      std::make_shared<grpc::experimental::StaticDataCertificateProvider>(root, identity);
+  grpc::experimental::TlsChannelCredentialsOptions tls;
+  tls.set_certificate_provider(provider);
+  tls.watch_root_certs();
+  if (!identity.empty()) tls.watch_identity_key_cert_pairs();
+  tls.set_verify_server_certs(true);
+  tls.set_check_call_host(false);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::experimental::TlsCredentials(tls);
+  if (creds == nullptr) {
+    return absl::InvalidArgumentError("TLS credentials for relaying to the leader: rejected");
+  }
+  return creds;
+}
+
 // What a server serves; outlives the grpc::Server (destroyed after it).
 struct Services {
   std::unique_ptr<Authenticator> auth;       // null without an allocator
   std::unique_ptr<SandboxdClients> daemons;  // null without an allocator
   std::vector<std::unique_ptr<grpc::Service>> services;
+  std::unique_ptr<ForwardingService> forward;  // a standby's relay to the leader
 };
 
 class GrpcServer final : public Server {
@@ -137,6 +171,11 @@ absl::Status ServerOptions::Validate() const {
         "tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file");
   }
   if (absl::Status s = sandbox_limits.Validate(); !s.ok()) return s;
+  if (forward.has_value()) {
+    if (allocator != nullptr) {
+      return absl::InvalidArgumentError("a server relays to the leader only without an allocator");
+    }
+  }
   if (allocator != nullptr) return auth.Validate();
   return absl::OkStatus();
 }
@@ -170,6 +209,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.request_counters));
     services->services.push_back(
         std::make_unique<AdminService>(options.allocator, services->auth.get()));
+  } else if (options.forward.has_value()) {
+    ForwardOptions forward = *options.forward;
+    if (!options.tls_cert_file.empty() && forward.credentials == nullptr) {
+      absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> hop = HopCredentials(options);
+      if (!hop.ok()) return hop.status();
+      forward.credentials = *std::move(hop);
+    }
+    services->forward = std::make_unique<ForwardingService>(std::move(forward));
   } else {
     services->services.push_back(std::make_unique<PendingClaimService>());
     services->services.push_back(std::make_unique<PendingSandboxService>());
@@ -184,6 +231,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
   for (const auto& service : services->services) builder.RegisterService(service.get());
+  if (services->forward != nullptr) builder.RegisterCallbackGenericService(services->forward.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(NewUnparsedRequestInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
@@ -200,10 +248,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.port_file.empty()) {
     if (absl::Status s = WritePortFile(options.port_file, port); !s.ok()) return s;
   }
-  spdlog::info("sbx-server serving on port {} (listen \"{}\", {})", port, options.listen,
+  spdlog::info("sbx-server serving on port {} (listen \"{}\", {}{})", port, options.listen,
                options.tls_cert_file.empty()        ? "plaintext"
                : options.tls_client_ca_file.empty() ? "TLS"
-                                                    : "mTLS: client certificates required");
+                                                    : "mTLS: client certificates required",
+               options.forward.has_value() ? "; a standby: sbx.v1 calls go to the leader" : "");
   return result;
 }
 

@@ -4,8 +4,8 @@
 //
 // With an allocator (ServerOptions::allocator), ClaimService, SandboxService and
 // AdminService are served over it, authenticated by bearer tokens (auth.h); without one
-// they answer UNIMPLEMENTED. Optional TLS, with client certificates (mTLS) when a client
-// CA is given.
+// they answer UNIMPLEMENTED, or are relayed to the leader (ServerOptions::forward). Optional TLS,
+// with client certificates (mTLS) when a client CA is given.
 //
 // Thread-safety: Server's methods may be called from any thread.
 // Lifetime: Start() returns a serving server; Shutdown() stops it (idempotent); the
@@ -13,11 +13,13 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "src/server/auth.h"
+#include "src/server/forward.h"
 #include "src/server/metrics.h"
 #include "src/server/sandbox_service.h"
 #include "src/server/tenant_limits.h"
@@ -60,6 +62,13 @@ struct ServerOptions {
   // The secret of a sandbox's daemon (sbx-sandboxd refuses calls without it), sent with
   // every call to it. Unset: calls carry none (daemons started without one).
   std::function<std::string(absl::string_view sandbox_id)> sandbox_secret;
+  // A standby replica (leader election): without an allocator and with this set, every
+  // sbx.v1 call is relayed to the leader (forward.h; Ping, health and reflection are
+  // answered here). With TLS (tls_cert_file), the hop is TLS too: the leader's certificate
+  // is checked against tls_client_ca_file, else against tls_cert_file itself (replicas
+  // that share one certificate), not against the address (pods are reached by name or IP
+  // their certificate need not carry); with mTLS this replica shows its own certificate.
+  std::optional<ForwardOptions> forward;
 
   // INVALID_ARGUMENT naming the bad field and value.
   absl::Status Validate() const;

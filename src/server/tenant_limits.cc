@@ -27,7 +27,9 @@ absl::Status TenantLimiter::TakeClaims(const Caller& caller, int claims) {
     absl::MutexLock lock(&mu_);
     auto [it, added] = buckets_.try_emplace(caller.tenant);
     Bucket& b = it->second;
-    if (added || !(b.limits == limits)) {  // new, or its limits changed at a reload
+    // New, or its rate changed at a reload (a change of namespaces keeps the bucket).
+    if (added || b.limits.claim_rate != limits.claim_rate ||
+        b.limits.claim_burst != limits.claim_burst) {
       b.limits = limits;
       b.tokens = limits.claim_burst;
       b.last = now;

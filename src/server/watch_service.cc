@@ -319,7 +319,8 @@ grpc::ServerWriteReactor<v1::ClaimEvent>* WatchClaims(grpc::CallbackServerContex
                                                       const Authenticator* auth) {
   absl::StatusOr<Caller> caller = Authorize(*auth, ctx, false, "WatchClaims");
   if (!caller.ok()) return new FailedStream<v1::ClaimEvent>(caller.status());
-  absl::StatusOr<ClaimQuery> query = ClaimQueryFromProto(req->filter(), *caller, "watch");
+  absl::StatusOr<ClaimQuery> query =
+      ClaimQueryFromProto(req->filter(), *caller, "watch", allocator->default_namespace());
   if (!query.ok()) return new FailedStream<v1::ClaimEvent>(query.status());
   if (req->start_revision() < 0) {
     return new FailedStream<v1::ClaimEvent>(absl::InvalidArgumentError(
@@ -336,14 +337,14 @@ grpc::ServerWriteReactor<v1::PoolEvent>* WatchPools(grpc::CallbackServerContext*
   absl::StatusOr<Caller> caller = Authorize(*auth, ctx, true, "WatchPools");
   if (!caller.ok()) return new FailedStream<v1::PoolEvent>(caller.status());
   std::set<std::string> names;
-  for (const std::string& name : req->names()) {
-    if (absl::Status s = ValidateName("names", name); !s.ok()) {
+  for (const std::string& given : req->names()) {
+    absl::StatusOr<std::string> name =
+        CanonicalQualifiedName("names", given, allocator->default_namespace());
+    if (!name.ok()) return new FailedStream<v1::PoolEvent>(name.status());
+    if (absl::Status s = allocator->GetPool(*name).status(); !s.ok()) {
       return new FailedStream<v1::PoolEvent>(s);
     }
-    if (absl::Status s = allocator->GetPool(name).status(); !s.ok()) {
-      return new FailedStream<v1::PoolEvent>(s);
-    }
-    names.insert(name);
+    names.insert(*std::move(name));
   }
   absl::StatusOr<absl::Duration> interval = FromProto("min_interval", req->min_interval());
   if (!interval.ok()) return new FailedStream<v1::PoolEvent>(interval.status());

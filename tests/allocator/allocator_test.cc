@@ -194,6 +194,25 @@ TEST_F(AllocatorTest, MaxWarmAboveTheAllocatorsLimitIsRefusedWhoeverWritesThePoo
   ASSERT_NO_FATAL_FAILURE(PutPoolRecord(PoolRec("big", 0, 10000, EmptyPoolPolicy::kFail)));
 }
 
+// Issue 20: pools of other namespaces are "<namespace>/<pool>"; the default namespace's
+// have their bare names only, so that no pool has two names.
+TEST_F(AllocatorTest, APoolHasOneNameWhateverItsNamespace) {
+  EXPECT_EQ(allocator_->default_namespace(), "default");
+  ASSERT_NO_FATAL_FAILURE(PutPoolRecord(PoolRec("team-a/py", 0, 10, EmptyPoolPolicy::kFail)));
+  EXPECT_TRUE(allocator_->GetPool("team-a/py").ok());
+  Result<absl::Status> r;
+  allocator_->PutPool(PoolRec("default/py2", 0, 10, EmptyPoolPolicy::kFail), r.callback());
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->code(), absl::StatusCode::kInvalidArgument) << *r.value;
+  EXPECT_THAT(std::string(r.value->message()), HasSubstr("is named \"py2\""));
+  EXPECT_FALSE(allocator_->GetPool("default/py2").ok());
+  ClaimRequest req = Req("c1");
+  req.pool = "default/py";
+  EXPECT_EQ(ClaimNow(req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.pool = "team-a/Py";
+  EXPECT_EQ(ClaimNow(req).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(AllocatorTest, SameIdOnAnotherPoolIsAlreadyExists) {
   PutPoolRecord(PoolRec("other", 0, 10, EmptyPoolPolicy::kFail));
   AddWarm("s1");

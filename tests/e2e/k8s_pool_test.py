@@ -59,12 +59,14 @@ def claim(name, pool_name, **spec):
 
 
 class PoolCluster(base.Cluster):
-    def start_pools(self, *flags):
-        # One store for every server of the cluster: a restart finds its claims.
+    def start_pools(self, *flags, namespace=NS, store="store"):
+        """sbx-server with --runtime kubernetes serving `namespace` (None: every one)."""
+        # One store for every server of the cluster (unless told): a restart finds its claims.
         metrics_port_file = os.path.join(self.dir, "metrics-port-%d" % len(self.servers))
-        server = self.start_server("--runtime", "kubernetes", "--kube_namespace", NS,
+        scope = ["--kube_namespace", namespace] if namespace else []
+        server = self.start_server("--runtime", "kubernetes", *scope,
                                    "--refill_qps", "1000", "--data_dir",
-                                   os.path.join(self.dir, "store"), "--metrics_port_file",
+                                   os.path.join(self.dir, store), "--metrics_port_file",
                                    metrics_port_file, *flags)
         server["metrics_port_file"] = metrics_port_file
         self.wait_for(lambda: "sbx-server serving on port" in self.read_log(server) or
@@ -646,6 +648,192 @@ class PoolTest(unittest.TestCase):
         stub.Release(pb.ReleaseRequest(claim_id="sleeper"), timeout=10)
         c.wait_for(lambda: c.sandbox(name) is None, 30, "the released Sandbox to go")
         c.wait_pool("py", 2)
+
+    def test_12_every_namespace_with_tenants_confined_to_theirs(self):
+        """Issue 20, item 1. Without --kube_namespace, SandboxWarmPools and SandboxClaims of
+        every namespace are served, each pool its own (one name in three namespaces is three
+        pools); gRPC names a pool "<namespace>/<pool>" ("py" is the default namespace's), and
+        a tenant of the tokens file confined to a namespace may claim only from its pools."""
+        c = self.cluster()
+        tokens = os.path.join(c.dir, "tokens")
+        with open(tokens, "w") as f:
+            f.write("tok-a alice namespaces=team-a\n")
+            f.write("tok-ops ops admin\n")
+        server = c.start_pools("--auth_tokens_file", tokens, namespace=None)
+
+        def at(ns, obj):
+            obj = json.loads(json.dumps(obj))
+            obj["metadata"]["namespace"] = ns
+            return obj
+        sizes = {"team-a": 2, "team-b": 1, NS: 1}
+        c.apply(*({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+                  for ns in ("team-a", "team-b")))
+        for ns, replicas in sizes.items():
+            c.apply(at(ns, template()), at(ns, pool("py", replicas)))
+
+        def members(ns):
+            path = "/apis/agents.x-k8s.io/v1beta1/namespaces/%s/sandboxes" % ns
+            return [s for s in c.list(path)
+                    if (s["metadata"].get("labels") or {}).get(WARM) == base.name_hash("py")
+                    and not s["metadata"].get("deletionTimestamp")]
+
+        def pool_ready(ns):
+            path = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/%s/sandboxwarmpools/py"
+            st = (c.get(path % ns) or {}).get("status") or {}
+            return st.get("readyReplicas") == sizes[ns] and len(members(ns)) == sizes[ns]
+        for ns in sizes:
+            c.wait_for(lambda: pool_ready(ns), 60, "pool %s/py to be full" % ns)
+
+        # A kubectl claim in team-b gets a member of team-b's pool.
+        team_b = {m["metadata"]["name"] for m in members("team-b")}
+        c.apply(at("team-b", claim("job", "py")))
+        team_b_claim = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/team-b/sandboxclaims/job"
+        c.wait_for(lambda: base.is_ready(c.get(team_b_claim)), 60, "team-b's claim to be Ready")
+        self.assertIn(c.get(team_b_claim)["status"]["sandbox"]["name"], team_b)
+
+        pb, stub = self.grpc_stubs(c, server)
+        alice = [("authorization", "Bearer tok-a")]
+        ops = [("authorization", "Bearer tok-ops")]
+        team_a = {m["metadata"]["name"] for m in members("team-a")}
+        got = stub.Claim(pb.ClaimRequest(pool="team-a/py", claim_id="a-1"), metadata=alice,
+                         timeout=10).claim
+        self.assertEqual(got.pool, "team-a/py")
+        self.assertTrue(got.sandbox.id.startswith("team-a/"), got.sandbox.id)
+        self.assertIn(got.sandbox.id.split("/", 1)[1], team_a)
+        # Its SandboxClaim is in team-a, naming the Sandbox and the pool by their own names.
+        path = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/team-a/sandboxclaims"
+
+        def mirrored():
+            objs = [o for o in c.list(path)
+                    if (o["metadata"].get("annotations") or {}).get("sbx.dev/claim-id") == "a-1"]
+            return objs and base.is_ready(objs[0]) and objs[0]
+        c.wait_for(mirrored, 30, "the gRPC claim's SandboxClaim in team-a")
+        obj = mirrored()
+        self.assertEqual(obj["spec"]["warmPoolRef"]["name"], "py")
+        self.assertEqual(obj["status"]["sandbox"]["name"], got.sandbox.id.split("/", 1)[1])
+
+        # Outside its namespaces alice is refused, naming the namespace; nothing is taken.
+        for other in ("team-b/py", "py", "default/py"):
+            with self.assertRaises(grpc.RpcError) as e:
+                stub.Claim(pb.ClaimRequest(pool=other, claim_id="a-x"), metadata=alice, timeout=10)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.PERMISSION_DENIED, other)
+            self.assertIn("namespace", e.exception.details())
+        # The admin's bare "py" is the default namespace's pool; spelled out, the same one.
+        first = stub.Claim(pb.ClaimRequest(pool="py", claim_id="o-1"), metadata=ops,
+                           timeout=10).claim
+        self.assertEqual(first.pool, "py")
+        self.assertNotIn("/", first.sandbox.id)
+        again = stub.Claim(pb.ClaimRequest(pool="%s/py" % NS, claim_id="o-1"), metadata=ops,
+                           timeout=10).claim
+        self.assertEqual(again.sandbox.id, first.sandbox.id)
+        # A malformed namespace is named in the error.
+        with self.assertRaises(grpc.RpcError) as e:
+            stub.Claim(pb.ClaimRequest(pool="Team_A/py", claim_id="o-2"), metadata=ops, timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("namespace", e.exception.details())
+        # Every pool refills from its own namespace.
+        for ns in sizes:
+            c.wait_for(lambda: pool_ready(ns), 60, "pool %s/py to refill" % ns)
+
+    def test_13_a_standby_relays_every_call_to_the_leader(self):
+        """Issue 20, item 7 (replicas that serve). With --kube_leader_election every replica
+        answers the sbx.v1 API: a standby relays each call to the leader with the client's
+        metadata (its token) and deadline, unary and streaming, and hands back the leader's
+        status, messages and trailing metadata. When the leader dies, the standby takes the
+        Lease and serves on the same port."""
+        c = self.cluster()
+        tokens = os.path.join(c.dir, "tokens")
+        with open(tokens, "w") as f:
+            f.write("tok-a alice\n")
+        lease_path = "/apis/coordination.k8s.io/v1/namespaces/%s/leases/sbx-controller" % NS
+        flags = ["--kube_leader_election", "--kube_lease_namespace", NS,
+                 "--auth_tokens_file", tokens]
+        a = c.start_pools(*flags, "--kube_identity", "replica-a", store="store-a")
+
+        def holder():
+            lease = c.get(lease_path)
+            return lease and (lease.get("spec") or {}).get("holderIdentity")
+        c.wait_for(lambda: holder() == "replica-a", 20, "replica-a to lead")
+        b = c.start_pools(*flags, "--kube_identity", "replica-b", store="store-b")
+        self.assertIn("a standby", c.read_log(b))
+        c.apply(template(), pool("py", 2), pool("none", 0))
+        c.wait_pool("py", 2)
+        c.wait_for(lambda: ((c.swp("none") or {}).get("status") or {}).get("readyReplicas") == 0,
+                   30, "pool none to have a status")
+        from sbx.v1 import claims_pb2, claims_pb2_grpc, diagnostics_pb2, diagnostics_pb2_grpc, types_pb2
+        alice = [("authorization", "Bearer tok-a")]
+
+        def stub(server):
+            channel = grpc.insecure_channel("127.0.0.1:%d" % c.grpc_port(server))
+            self.addCleanup(channel.close)
+            return claims_pb2_grpc.ClaimServiceStub(channel), \
+                diagnostics_pb2_grpc.DiagnosticsServiceStub(channel)
+        lead, _ = stub(a)
+        standby, standby_ping = stub(b)
+        # Ping is the standby's own; everything else is the leader's.
+        standby_ping.Ping(diagnostics_pb2.PingRequest(), timeout=10)
+        got = standby.Claim(claims_pb2.ClaimRequest(pool="py", claim_id="via-b"), metadata=alice,
+                            timeout=10).claim
+        self.assertEqual(got.owner, "alice")
+        seen = lead.GetClaim(claims_pb2.GetClaimRequest(claim_id="via-b"), metadata=alice,
+                             timeout=10).claim
+        self.assertEqual(seen.sandbox.id, got.sandbox.id)
+        # The token travels: without it the leader refuses, through the standby too.
+        with self.assertRaises(grpc.RpcError) as e:
+            standby.GetClaim(claims_pb2.GetClaimRequest(claim_id="via-b"), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+        # The leader's trailing metadata travels: an empty pool's retry hint.
+        standby.Claim(claims_pb2.ClaimRequest(pool="py", claim_id="via-b2"), metadata=alice,
+                      timeout=10)
+        with self.assertRaises(grpc.RpcError) as e:
+            standby.Claim(claims_pb2.ClaimRequest(
+                pool="none", claim_id="via-b3", empty_pool_policy=types_pb2.EMPTY_POOL_POLICY_FAIL),
+                metadata=alice, timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        trailers = dict(e.exception.trailing_metadata() or ())
+        self.assertIn("sbx-retry-after-ms", trailers)
+        # The deadline travels: a WAIT claim on the pool that never fills ends at the client's
+        # deadline.
+        started = time.time()
+        with self.assertRaises(grpc.RpcError) as e:
+            standby.Claim(claims_pb2.ClaimRequest(
+                pool="none", claim_id="via-b4", empty_pool_policy=types_pb2.EMPTY_POOL_POLICY_WAIT),
+                metadata=alice, timeout=1.5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        note("test_13: a WAIT claim relayed with a 1.5 s deadline ended after %.2f s",
+             time.time() - started)
+        # A stream: WatchClaims through the standby shows alice's claims, then a release.
+        events = standby.WatchClaims(claims_pb2.WatchClaimsRequest(), metadata=alice, timeout=20)
+        ids = set()
+        for event in events:
+            ids.add(event.claim.claim_id)
+            if {"via-b", "via-b2"} <= ids:
+                break
+        self.assertLessEqual({"via-b", "via-b2"}, ids)
+        events.cancel()
+
+        # The leader dies; the standby takes the Lease once it expires and serves itself.
+        base.proc_stop(a["proc"], sig=signal.SIGKILL)
+        killed = time.time()
+        c.wait_for(lambda: holder() == "replica-b", 25, "replica-b to take the expired lease")
+
+        def serves():
+            try:
+                standby.Claim(claims_pb2.ClaimRequest(
+                    pool="py", claim_id="after", empty_pool_policy=types_pb2.EMPTY_POOL_POLICY_WAIT),
+                    metadata=alice, timeout=5)
+                return True
+            except grpc.RpcError as err:
+                # The standby's relays still in flight when it hands its port to the new
+                # leader's server end CANCELLED after the shutdown grace.
+                if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND,
+                                  grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                    return False
+                raise
+        c.wait_for(serves, 40, "the new leader to serve claims on its port")
+        note("test_13: claims served by replica-b %.1f s after the leader was killed",
+             time.time() - killed)
+        self.assertIn("this replica leads", c.read_log(b))
 
 
 if __name__ == "__main__":

@@ -66,17 +66,18 @@ class ClaimControllerTest : public ::testing::Test {
   virtual const Clock* ControllerClock() { return nullptr; }
   // Whether the controller writes upstream's claim annotations.
   virtual bool ClaimAnnotations() { return false; }
+  // The namespace the controller and the informers serve ("": every one).
+  virtual std::string Watch() { return "default"; }
 
   void SetUp() override {
     ASSERT_TRUE(emulator_.ok());
     client_ = *Client::Create(emulator_.Cluster());
     ASSERT_NO_FATAL_FAILURE(InstallCrds(*client_));
-    sandboxes_ =
-        std::make_unique<Informer>(client_.get(), NamespaceInformer(kSandboxes, "default"));
+    sandboxes_ = std::make_unique<Informer>(client_.get(), NamespaceInformer(kSandboxes, Watch()));
     pools_ =
-        std::make_unique<Informer>(client_.get(), NamespaceInformer(kSandboxWarmPools, "default"));
+        std::make_unique<Informer>(client_.get(), NamespaceInformer(kSandboxWarmPools, Watch()));
     templates_ =
-        std::make_unique<Informer>(client_.get(), NamespaceInformer(kSandboxTemplates, "default"));
+        std::make_unique<Informer>(client_.get(), NamespaceInformer(kSandboxTemplates, Watch()));
     writes_ = std::make_unique<WriteScheduler>(WriteSchedulerOptions{});
     auto created = allocator::Allocator::Create(allocator::AllocatorOptions{}, &store_, &runtime_,
                                                 &reconciler_, &Clock::Real(), &ids_);
@@ -88,6 +89,7 @@ class ClaimControllerTest : public ::testing::Test {
     options.registry = registry_;
     options.clock = ControllerClock();
     options.claim_annotations = ClaimAnnotations();
+    options.namespaces.watch = Watch();
     // Before the informers start: the controller adds its handlers to them.
     controller_ = std::make_unique<ClaimController>(client_.get(), writes_.get(), sandboxes_.get(),
                                                     pools_.get(), templates_.get(), options);
@@ -368,7 +370,7 @@ TEST_F(ClaimControllerTest, AClaimBoundToAWarmMemberWritesItsBindingAndStatusOnc
 // status again. Made deterministic by handing the writer that pre-write copy itself (the
 // claim lives in a namespace the controller does not serve, so only this writer writes it).
 TEST_F(ClaimControllerTest, AStatusIsWrittenOnceWhileTheInformersCopyLagsBehindTheWrite) {
-  ClaimWriter writer(client_.get(), writes_.get(), sandboxes_.get(), "side");
+  ClaimWriter writer(client_.get(), writes_.get(), sandboxes_.get());
   ASSERT_NO_FATAL_FAILURE(Create(kNamespaces, {{"metadata", {{"name", "side"}}}}));
   absl::StatusOr<Json> made = client_->Create(kSandboxClaims, "side", Claim("solo", "py"));
   ASSERT_TRUE(made.ok()) << made.status();
@@ -397,6 +399,97 @@ TEST_F(ClaimControllerTest, AStatusIsWrittenOnceWhileTheInformersCopyLagsBehindT
   not_ready["conditions"][0]["status"] = "False";
   ASSERT_TRUE(writer.WriteStatus(*echo, not_ready).ok());
   EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 2);
+}
+
+// Every namespace served, as sbx-server does by default.
+class ClaimControllerEveryNamespaceTest : public ClaimControllerTest {
+ protected:
+  std::string Watch() override { return ""; }
+};
+
+// The attack: a user who may make SandboxClaims in namespace team-b makes one carrying
+// the annotations of another tenant's gRPC claim (owner and claim id; even the mirror's
+// own name), then deletes it. Deleting a gRPC claim's SandboxClaim releases the claim, so
+// had the annotations alone been trusted, team-b would end a stranger's claim.
+TEST_F(ClaimControllerEveryNamespaceTest, ADeletedLookalikeOfAGrpcClaimsObjectDoesNotReleaseIt) {
+  ASSERT_NO_FATAL_FAILURE(PoolWithOneWarmMember());
+  // The mirror shows the claims of pools whose allocator template (named like the pool,
+  // as the warm pool controller makes it) is of runtime kubernetes.
+  store::TemplateRecord t;
+  t.name = "py";
+  t.runtime = "kubernetes";
+  absl::Notification put;
+  alloc_->PutTemplate(t, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    put.Notify();
+  });
+  ASSERT_TRUE(put.WaitForNotificationWithTimeout(kStep));
+  allocator::ClaimRequest request;
+  request.owner = "alice";
+  request.claim_id = "c1";
+  request.pool = "py";
+  request.policy = store::EmptyPoolPolicy::kFail;
+  absl::Notification claimed;
+  absl::Status claim_status;
+  alloc_->Claim(request, [&](absl::StatusOr<allocator::ClaimResult> r) {
+    claim_status = r.status();
+    claimed.Notify();
+  });
+  ASSERT_TRUE(claimed.WaitForNotificationWithTimeout(kStep));
+  ASSERT_TRUE(claim_status.ok()) << claim_status;
+  const std::string mirror = GrpcClaimName("alice", "c1");
+  ASSERT_TRUE(
+      Eventually([&] { return controller_->claims().Get("default", mirror) != nullptr; }, kStep))
+      << "the gRPC claim's SandboxClaim was not made";
+
+  ASSERT_NO_FATAL_FAILURE(Create(kNamespaces, {{"metadata", {{"name", "team-b"}}}}));
+  Json lookalike = Claim(mirror, "py");
+  lookalike["metadata"]["annotations"] = {{kSbxOwnerAnnotation, "alice"},
+                                          {kSbxClaimIdAnnotation, "c1"}};
+  ASSERT_TRUE(client_->Create(kSandboxClaims, "team-b", lookalike).ok());
+  ASSERT_TRUE(client_->Delete(kSandboxClaims, "team-b", mirror, {}).ok());
+  // A later object of the same watch: once the controller's informer has it, the
+  // lookalike's deletion has been handled.
+  ASSERT_TRUE(client_->Create(kSandboxClaims, "team-b", Claim("marker", "none")).ok());
+  ASSERT_TRUE(
+      Eventually([&] { return controller_->claims().Get("team-b", "marker") != nullptr; }, kStep));
+  absl::StatusOr<store::ClaimRecord> c = alloc_->GetClaim("alice", "c1");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->state, store::ClaimState::kActive) << "a lookalike's deletion released the claim";
+
+  // The mirror's own object still speaks for it.
+  ASSERT_TRUE(client_->Delete(kSandboxClaims, "default", mirror, {}).ok());
+  EXPECT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<store::ClaimRecord> now = alloc_->GetClaim("alice", "c1");
+        return now.ok() && now->state != store::ClaimState::kActive;
+      },
+      kStep))
+      << "deleting the gRPC claim's own SandboxClaim did not release it";
+}
+
+// A claim is served from the pools of its own namespace: one that names a pool only
+// another namespace has waits for it (WarmPoolNotFound) and is never given that
+// namespace's members.
+TEST_F(ClaimControllerEveryNamespaceTest, AClaimIsServedOnlyFromItsOwnNamespacesPools) {
+  ASSERT_NO_FATAL_FAILURE(PoolWithOneWarmMember());
+  ASSERT_NO_FATAL_FAILURE(Create(kNamespaces, {{"metadata", {{"name", "team-b"}}}}));
+  ASSERT_TRUE(client_->Create(kSandboxClaims, "team-b", Claim("job", "py")).ok());
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<Json> got = client_->Get(kSandboxClaims, "team-b", "job");
+        if (!got.ok()) return false;
+        for (const Json& c :
+             got->value("status", Json::object()).value("conditions", Json::array())) {
+          if (c.value("type", "") == "Ready") return c.value("reason", "") == "WarmPoolNotFound";
+        }
+        return false;
+      },
+      kStep));
+  absl::StatusOr<allocator::PoolStatus> st = alloc_->GetPoolStatus("py");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->warm, 1) << "the default namespace's member was taken";
+  EXPECT_FALSE(client_->Get(kSandboxes, "team-b", "job").ok()) << "a cold Sandbox was made";
 }
 
 // With --kube_claim_annotations, as upstream's controller.

@@ -432,13 +432,13 @@ store::ClaimRecord GrpcClaim() {
   store::ClaimRecord c;
   c.owner = "alice";
   c.id = "c1";
-  c.pool = "py";
-  c.sandbox_id = "sb-1";
+  c.pool = "team/py";
+  c.sandbox_id = "team/sb-1";
   return c;
 }
 
 TEST(ClaimObjectsTest, AGrpcClaimsSandboxClaimNamesItsOwnerIdSandboxAndPool) {
-  const Json claim = GrpcSandboxClaim(GrpcClaim(), "grpc-622bb74485987482", "team");
+  const Json claim = GrpcSandboxClaim(GrpcClaim(), "grpc-622bb74485987482", {"team", "py"}, "sb-1");
   EXPECT_EQ(claim["metadata"]["name"], "grpc-622bb74485987482");
   EXPECT_EQ(claim["metadata"]["namespace"], "team");
   EXPECT_EQ(claim["metadata"]["labels"]["sbx.dev/source"], "grpc");
@@ -451,12 +451,11 @@ TEST(ClaimObjectsTest, AGrpcClaimsSandboxClaimNamesItsOwnerIdSandboxAndPool) {
 
 TEST(ClaimObjectsTest, AGrpcClaimsStatusIsReadyWithItsSandboxsPodIPs) {
   const Json sandbox = Sandbox("True");
-  const Json status = GrpcClaimStatus(GrpcClaim(), &sandbox, Json(), kNow);
+  const Json status = GrpcClaimStatus("sb-1", &sandbox, Json(), kNow);
   EXPECT_TRUE(IsReady(status));
   EXPECT_EQ((*Condition(status, "Ready"))["message"], "claimed over gRPC");
   EXPECT_EQ(status["sandbox"], Json({{"name", "sb-1"}, {"podIPs", {"10.0.0.9"}}}));
-  EXPECT_EQ(GrpcClaimStatus(GrpcClaim(), nullptr, Json(), kNow)["sandbox"],
-            Json({{"name", "sb-1"}}));
+  EXPECT_EQ(GrpcClaimStatus("sb-1", nullptr, Json(), kNow)["sandbox"], Json({{"name", "sb-1"}}));
 }
 
 }  // namespace

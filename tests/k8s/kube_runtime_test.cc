@@ -62,13 +62,18 @@ class KubeRuntimeListTest : public ::testing::Test {
     writes_.reset();
   }
 
-  void Create(const Json& sandbox, const Json& status = nullptr) {
-    ASSERT_TRUE(client_->Create(kSandboxes, "default", sandbox).ok());
+  void Create(const Json& sandbox, const Json& status = nullptr,
+              const std::string& ns = "default") {
+    ASSERT_TRUE(client_->Create(kSandboxes, ns, sandbox).ok());
     if (status.is_null()) return;
     absl::StatusOr<Json> patched =
-        client_->Patch(kSandboxes, "default", sandbox["metadata"]["name"], PatchType::kMerge,
+        client_->Patch(kSandboxes, ns, sandbox["metadata"]["name"], PatchType::kMerge,
                        Json{{"status", status}}, "status");
     ASSERT_TRUE(patched.ok()) << patched.status();
+  }
+
+  void MakeNamespace(const std::string& ns) {
+    ASSERT_TRUE(client_->Create(kNamespaces, "", {{"metadata", {{"name", ns}}}}).ok());
   }
 
   // Starts the informers and the runtime, as sbx-server does after a restart (without
@@ -76,7 +81,7 @@ class KubeRuntimeListTest : public ::testing::Test {
   void StartRuntime(absl::Duration list_sync_timeout) {
     for (const Resource* r : {&kSandboxes, &kSandboxWarmPools, &kSandboxTemplates}) {
       informers_.push_back(
-          std::make_unique<Informer>(client_.get(), NamespaceInformer(*r, "default")));
+          std::make_unique<Informer>(client_.get(), NamespaceInformer(*r, informer_ns_)));
       informers_.back()->Start();
     }
     writes_ = std::make_unique<WriteScheduler>(WriteSchedulerOptions{});
@@ -96,7 +101,8 @@ class KubeRuntimeListTest : public ::testing::Test {
     return ids;
   }
 
-  KubeRuntimeOptions options_;  // what StartRuntime gives the runtime
+  KubeRuntimeOptions options_;           // what StartRuntime gives the runtime
+  std::string informer_ns_ = "default";  // the informers' namespace ("": every one)
   std::unique_ptr<testing::TestEmulator> emulator_;
   std::unique_ptr<Client> client_;
   std::vector<std::unique_ptr<Informer>> informers_;
@@ -174,6 +180,85 @@ int64_t ReadyToWarmCount(prometheus::Registry& registry) {
 // wait below (30 s) failed; now it comes in well under a second.
 // Suspend and Resume (issue 20 item 8) with the Sandbox controller's part played by the
 // test: it writes the Sandbox's status as the controller would.
+// Every namespace served (the informers and the runtime): the allocator's ids of pools and
+// sandboxes carry their namespace outside the default one.
+TEST_F(KubeRuntimeListTest, ServingEveryNamespaceIdsCarryTheirNamespace) {
+  const Json ready = {{"conditions", {Condition("Ready", "True", "DependenciesReady")}},
+                      {"podIPs", {"10.0.0.7"}}};
+  for (const char* ns : {"team-a", "team-b"}) ASSERT_NO_FATAL_FAILURE(MakeNamespace(ns));
+  for (const char* ns : {"default", "team-a", "team-b"}) {
+    ASSERT_NO_FATAL_FAILURE(Create(Member("py-1"), ready, ns));
+  }
+  informer_ns_ = "";
+  StartRuntime(absl::Seconds(20));
+  absl::StatusOr<std::vector<runtime::SandboxInfo>> listed = runtime_->List();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<std::string> seen;
+  for (const runtime::SandboxInfo& info : *listed) seen.push_back(info.pool + " " + info.id);
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<std::string>{"py py-1", "team-a/py team-a/py-1",
+                                            "team-b/py team-b/py-1"}));
+}
+
+// The attack: a tenant who may make Sandboxes in its own namespace makes one named like
+// a warm member that another namespace's pool is creating, with the pool's label, and
+// marks it Ready with an address of its choosing. Had the runtime known its members by
+// name alone, the lookalike's Ready would complete the member's create, and the
+// allocator would hand the other namespace's claims a sandbox at the attacker's address.
+TEST_F(KubeRuntimeListTest, ALookalikeInAnotherNamespaceDoesNotCompleteAMembersCreate) {
+  for (const char* ns : {"team-a", "team-b"}) ASSERT_NO_FATAL_FAILURE(MakeNamespace(ns));
+  ASSERT_TRUE(client_
+                  ->Create(kSandboxTemplates, "team-a",
+                           {{"metadata", {{"name", "python"}}}, {"spec", Member("x")["spec"]}})
+                  .ok());
+  ASSERT_TRUE(
+      client_
+          ->Create(kSandboxWarmPools, "team-a",
+                   {{"metadata", {{"name", "py"}}},
+                    {"spec", {{"replicas", 1}, {"sandboxTemplateRef", {{"name", "python"}}}}}})
+          .ok());
+  informer_ns_ = "";
+  StartRuntime(absl::Seconds(20));
+  InformerHandler feed;
+  feed.on_add = [this](const ObjectPtr& o) { runtime_->OnSandbox(o); };
+  feed.on_update = [this](const ObjectPtr&, const ObjectPtr& o) { runtime_->OnSandbox(o); };
+  feed.on_delete = [this](const ObjectPtr& o) { runtime_->OnSandboxDeleted(o); };
+  informers_[0]->AddHandler(std::move(feed));
+  for (auto& informer : informers_) ASSERT_TRUE(informer->WaitForSync(absl::Seconds(10)));
+
+  absl::Mutex mu;
+  absl::StatusOr<runtime::SandboxInfo> result = absl::UnknownError("not called");
+  absl::Notification done;
+  runtime::CreateRequest request;
+  request.pool = "team-a/py";
+  runtime_->Create(request, [&](absl::StatusOr<runtime::SandboxInfo> info) {
+    absl::MutexLock lock(&mu);
+    result = std::move(info);
+    if (!done.HasBeenNotified()) done.Notify();
+  });
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (runtime_->pending() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_EQ(runtime_->pending(), 1u);
+  absl::StatusOr<ListResult> members = client_->List(kSandboxes, "team-a");
+  ASSERT_TRUE(members.ok()) << members.status();
+  ASSERT_EQ(members->items.size(), 1u);
+  const std::string name = members->items[0]["metadata"]["name"];
+
+  // The lookalike, Ready first; then the real member. One cluster-wide watch delivers
+  // both in this order, so the lookalike's event is handled first.
+  ASSERT_NO_FATAL_FAILURE(Create(
+      Member(name),
+      {{"conditions", {Condition("Ready", "True", "DependenciesReady")}}, {"podIPs", {"10.6.6.6"}}},
+      "team-b"));
+  ASSERT_TRUE(MarkSandboxReady(*client_, "team-a", name, "10.0.0.7").ok());
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::MutexLock lock(&mu);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->id, "team-a/" + name);
+  EXPECT_EQ(result->pool, "team-a/py");
+  EXPECT_EQ(result->endpoint, "10.0.0.7");
+}
+
 class KubeRuntimeResumeTest : public KubeRuntimeListTest {
  protected:
   // Member `name` Ready on `ip` for the Sandbox's current generation; the runtime started

@@ -70,6 +70,9 @@ TEST_F(AuthTest, MalformedLinesNameFileAndLine) {
       {"t1 alice claim_burst=3\n", ":1: claim_burst without claim_rate"},
       {"t1 alice claim_rate=5 admin\n", ":1: field \"admin\" is none of admin (third"},
       {"t1 alice claim_rate=5\nt2 alice\n", ":2: tenant \"alice\" has other limits on line 1"},
+      {"t1 alice namespaces=\n", ":1: namespaces: namespace is empty"},
+      {"t1 alice namespaces=a,B\n", ":1: namespaces: namespace \"B\" may contain only"},
+      {"t1 alice namespaces=a\nt2 alice namespaces=b\n", ":2: tenant \"alice\" has other limits"},
       {"# x\nt1 al/ice\n", ":2: tenant \"al/ice\""},
       {"t1 alice\nt1 bob\n", ":2: token appears twice"},
   };
@@ -95,15 +98,29 @@ TEST_F(AuthTest, ClaimRateAndBurstBelongToTheTenant) {
   for (const char* token : {"Bearer t1", "Bearer t2"}) {
     auto a = (*auth)->Authenticate(token);
     ASSERT_TRUE(a.ok()) << a.status();
-    EXPECT_EQ(a->limits, (TenantLimits{2.5, 3})) << token;
+    EXPECT_EQ(a->limits, (TenantLimits{2.5, 3, {}})) << token;
   }
   auto b = (*auth)->Authenticate("Bearer t3");
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(b->admin);
-  EXPECT_EQ(b->limits, (TenantLimits{10, 50}));
+  EXPECT_EQ(b->limits, (TenantLimits{10, 50, {}}));
   auto c = (*auth)->Authenticate("Bearer t4");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->limits, TenantLimits{});  // unlimited
+}
+
+// Issue 20: namespaces=... confines a tenant, sorted and without duplicates; the same set
+// on every line of the tenant, in any order.
+TEST_F(AuthTest, NamespacesBelongToTheTenant) {
+  Write("t1 alice namespaces=team-b,team-a,team-b\nt2 alice namespaces=team-a,team-b\nt3 bob\n");
+  auto auth = Make();
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  auto a = (*auth)->Authenticate("Bearer t1");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->limits.namespaces, (std::vector<std::string>{"team-a", "team-b"}));
+  auto b = (*auth)->Authenticate("Bearer t3");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->limits.namespaces.empty());
 }
 
 // Owners "k8s-<namespace>" belong to the Kubernetes claim controller (its claims are not

@@ -98,24 +98,25 @@ TEST(ConvertTest, PoolDefaultsAndLimits) {
   p.set_name("py");
   p.set_template_("py");
   p.set_max_warm(3);
-  auto r = PoolFromProto(p);
+  auto r = PoolFromProto(p, "default");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->empty_pool_policy, store::EmptyPoolPolicy::kWait);
   EXPECT_EQ(r->default_wait, absl::Seconds(30));
   EXPECT_EQ(r->selection_policy, "fifo");
   // The ceiling of max_warm is the allocator's (AllocatorTest.MaxWarmAboveTheAllocatorsLimit...).
   p.set_max_warm(10001);
-  EXPECT_TRUE(PoolFromProto(p).ok());
+  EXPECT_TRUE(PoolFromProto(p, "default").ok());
   p.set_max_warm(3);
   p.mutable_default_ttl()->set_seconds(100);
   p.mutable_max_ttl()->set_seconds(10);
-  EXPECT_THAT(std::string(PoolFromProto(p).status().message()), HasSubstr("default_ttl"));
+  EXPECT_THAT(std::string(PoolFromProto(p, "default").status().message()),
+              HasSubstr("default_ttl"));
   p.clear_default_ttl();
   p.set_max_sandboxes(5);
-  EXPECT_EQ(PoolFromProto(p).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(PoolFromProto(p, "default").status().code(), absl::StatusCode::kUnimplemented);
   p.set_max_sandboxes(0);
   p.set_selection_policy("spread");
-  EXPECT_EQ(PoolFromProto(p).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PoolFromProto(p, "default").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

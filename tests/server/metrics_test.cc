@@ -219,7 +219,8 @@ TEST_F(MetricsTest, TenantRefusalsAreCountedByTenant) {
   TenantLimiter limiter(&clock);
   Caller alice;
   alice.tenant = "alice";
-  alice.limits = {1, 1};
+  alice.limits.claim_rate = 1;
+  alice.limits.claim_burst = 1;
   ASSERT_TRUE(limiter.TakeClaims(alice, 1).ok());
   ASSERT_FALSE(limiter.TakeClaims(alice, 1).ok());
   ASSERT_FALSE(limiter.TakeClaims(alice, 1).ok());

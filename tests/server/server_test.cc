@@ -324,6 +324,45 @@ TEST_F(ServerTest, ATenantAboveItsClaimRateIsRefusedAndOthersAreNot) {
   }
 }
 
+// Issue 20: pools live in namespaces ("<namespace>/<pool>", a bare name in the default
+// one), and the tokens file confines a tenant to some: beyond them Claim and ClaimBatch
+// are PERMISSION_DENIED naming the namespace, and nothing is claimed. Another tenant and
+// the admin are not confined.
+TEST_F(ServerTest, ATenantConfinedToNamespacesClaimsOnlyFromTheirPools) {
+  MakePool("py", 2, 2);
+  MakePool("team-a/py", 2, 2);
+  MakePool("team-b/py", 1, 1);
+  WriteTokens(
+      absl::StrCat(kAlice, " alice namespaces=team-a\n", kBob, " bob\n", kAdmin, " root admin\n"));
+  ASSERT_TRUE(server_->ReloadAuth().ok());
+  v1::ClaimResponse resp;
+  grpc::Status ok = Claim(kAlice, ClaimReq("a1", "team-a/py"), &resp);
+  ASSERT_TRUE(ok.ok()) << Describe(ok);
+  EXPECT_EQ(resp.claim().pool(), "team-a/py");
+  for (const char* other : {"team-b/py", "py", "default/py"}) {
+    grpc::Status s = Claim(kAlice, ClaimReq("a-x", other), &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << other << ": " << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr("may not claim from namespace")) << other;
+  }
+  EXPECT_EQ(allocator_->GetClaim("alice", "a-x").status().code(), absl::StatusCode::kNotFound);
+  v1::ClaimBatchRequest breq;
+  breq.set_pool("team-b/py");
+  breq.set_count(1);
+  v1::ClaimBatchResponse bresp;
+  grpc::Status batch = claims_->ClaimBatch(Ctx(kAlice).get(), breq, &bresp);
+  EXPECT_EQ(batch.error_code(), grpc::StatusCode::PERMISSION_DENIED) << Describe(batch);
+  // Bob is not confined; "default/py" is the pool "py".
+  grpc::Status b = Claim(kBob, ClaimReq("b1", "default/py"), &resp);
+  ASSERT_TRUE(b.ok()) << Describe(b);
+  EXPECT_EQ(resp.claim().pool(), "py");
+  b = Claim(kBob, ClaimReq("b2", "team-b/py"), &resp);
+  EXPECT_TRUE(b.ok()) << Describe(b);
+  // A malformed namespace is named.
+  grpc::Status bad = Claim(kBob, ClaimReq("b3", "Team/py"), &resp);
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(bad);
+  EXPECT_THAT(bad.error_message(), HasSubstr("namespace \"Team\""));
+}
+
 TEST_F(ServerTest, WaitPolicyGetsTheSandboxThatIsAdded) {
   // max_warm 0: the reconciler adds nothing; the test adds the sandbox itself.
   MakePool("empty", 0, 0, v1::EMPTY_POOL_POLICY_WAIT);

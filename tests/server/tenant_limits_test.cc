@@ -16,7 +16,8 @@ using ::testing::HasSubstr;
 Caller Tenant(const std::string& name, double rate, int burst) {
   Caller c;
   c.tenant = name;
-  c.limits = {rate, burst};
+  c.limits.claim_rate = rate;
+  c.limits.claim_burst = burst;
   return c;
 }
 
