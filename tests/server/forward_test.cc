@@ -6,7 +6,10 @@
 
 #include "src/server/forward.h"
 
+#include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -305,6 +308,111 @@ TEST_F(ForwardTest, ARelayedCallIsNotRelayedAgain) {
   EXPECT_THAT(s.error_message(), HasSubstr("relayed to it already by \"standby-0\""));
   absl::MutexLock lock(&seen_.mu);
   EXPECT_EQ(seen_.forwarded_by, "") << "the leader saw the call";
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Replicas that serve TLS with one shared certificate: the standby's hop is TLS, checked
+// against that certificate, though the leader is reached at an address (127.0.0.1) the
+// certificate does not name.
+TEST(ForwardTlsTest, TheHopIsTlsCheckedAgainstTheSharedCertificateNotTheAddress) {
+  char dir_template[] = "/tmp/sbx-forward-tls-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string cert = dir + "/tls.crt", key = dir + "/tls.key";
+  const std::string cmd = absl::StrCat(
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=sbx.test -addext "
+      "subjectAltName=DNS:sbx.test -keyout ",
+      key, " -out ", cert, " >/dev/null 2>&1");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+
+  Seen seen;
+  Leader leader(&seen);
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({ReadFile(key), ReadFile(cert)});
+  grpc::ServerBuilder builder;
+  int leader_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::SslServerCredentials(ssl), &leader_port);
+  builder.RegisterCallbackGenericService(&leader);
+  std::unique_ptr<grpc::Server> leader_server = builder.BuildAndStart();
+  ASSERT_NE(leader_server, nullptr);
+
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.tls_cert_file = cert;
+  options.tls_key_file = key;
+  ForwardOptions forward;
+  forward.identity = "standby-tls";
+  forward.leader_address = [leader_port] { return absl::StrCat("127.0.0.1:", leader_port); };
+  options.forward = std::move(forward);
+  auto standby = Server::Start(options);
+  ASSERT_TRUE(standby.ok()) << standby.status();
+
+  grpc::SslCredentialsOptions client_ssl;
+  client_ssl.pem_root_certs = ReadFile(cert);
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride("sbx.test");
+  auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", (*standby)->port()),
+                                           grpc::SslCredentials(client_ssl), args);
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  Client call(&stub, &ctx, "/test.Echo/Bidi", {"over", "tls"}, true);
+  grpc::Status s = call.Await();
+  EXPECT_TRUE(s.ok()) << s.error_code() << ": " << s.error_message();
+  EXPECT_EQ(call.received(), (std::vector<std::string>{"over", "tls"}));
+  {
+    absl::MutexLock lock(&seen.mu);
+    EXPECT_EQ(seen.forwarded_by, "standby-tls");
+  }
+  (*standby)->Shutdown(absl::Seconds(1));
+  leader_server->Shutdown(std::chrono::system_clock::now());
+
+  // A "leader" with a certificate the replicas do not share is not relayed to.
+  const std::string other_cert = dir + "/other.crt", other_key = dir + "/other.key";
+  const std::string other_cmd = absl::StrCat(
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=sbx.test -addext "
+      "subjectAltName=DNS:sbx.test -keyout ",
+      other_key, " -out ", other_cert, " >/dev/null 2>&1");
+  ASSERT_EQ(std::system(other_cmd.c_str()), 0) << other_cmd;
+  Seen seen_other;
+  Leader impostor(&seen_other);
+  grpc::SslServerCredentialsOptions other_ssl;
+  other_ssl.pem_key_cert_pairs.push_back({ReadFile(other_key), ReadFile(other_cert)});
+  grpc::ServerBuilder other_builder;
+  int impostor_port = 0;
+  other_builder.AddListeningPort("127.0.0.1:0", grpc::SslServerCredentials(other_ssl),
+                                 &impostor_port);
+  other_builder.RegisterCallbackGenericService(&impostor);
+  std::unique_ptr<grpc::Server> impostor_server = other_builder.BuildAndStart();
+  ASSERT_NE(impostor_server, nullptr);
+  ForwardOptions to_impostor;
+  to_impostor.identity = "standby-tls";
+  to_impostor.leader_address = [impostor_port] {
+    return absl::StrCat("127.0.0.1:", impostor_port);
+  };
+  options.forward = std::move(to_impostor);
+  auto standby2 = Server::Start(options);
+  ASSERT_TRUE(standby2.ok()) << standby2.status();
+  auto channel2 = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", (*standby2)->port()),
+                                            grpc::SslCredentials(client_ssl), args);
+  grpc::GenericStub stub2(channel2);
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  Client refused(&stub2, &ctx2, "/test.Echo/Bidi", {"secret"}, true);
+  EXPECT_EQ(refused.Await().error_code(), grpc::StatusCode::UNAVAILABLE);
+  {
+    absl::MutexLock lock(&seen_other.mu);
+    EXPECT_EQ(seen_other.forwarded_by, "") << "relayed to a server of another certificate";
+  }
+  (*standby2)->Shutdown(absl::Seconds(1));
+  impostor_server->Shutdown(std::chrono::system_clock::now());
+  std::system(absl::StrCat("rm -rf ", dir).c_str());
 }
 
 }  // namespace
