@@ -123,7 +123,10 @@ absl::Status GrpcClaimMirror::Reconcile(const std::string& ns, const std::string
   }
   const NamespacedName pool = namespaces_.Split(c->pool);
   const NamespacedName sandbox_name = namespaces_.Split(c->sandbox_id);
-  if (pool.ns != ns || sandbox_name.ns != ns) {
+  // Work from a SandboxClaim of another namespace that carries this claim's annotations
+  // (anyone may write them): not the claim's mirror, nothing to do for it.
+  if (pool.ns != ns) return absl::OkStatus();
+  if (sandbox_name.ns != ns) {
     return absl::InternalError(absl::StrCat("gRPC claim \"", owner, "/", id, "\" of pool \"",
                                             c->pool, "\" and sandbox \"", c->sandbox_id,
                                             "\" is not of namespace \"", ns, "\""));
