@@ -1,5 +1,6 @@
 #include "src/server/forward.h"
 
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -16,6 +17,15 @@ bool HopByHop(grpc::string_ref key) {
   const absl::string_view k(key.data(), key.size());
   return k.empty() || k[0] == ':' || absl::StartsWith(k, "grpc-") || k == "te" ||
          k == "content-type" || k == "user-agent" || k == "host";
+}
+
+// Adds the entries of `from` that are not hop-by-hop, through `add(key, value)`.
+template <typename Add>
+void CopyMetadata(const std::multimap<grpc::string_ref, grpc::string_ref>& from, Add add) {
+  for (const auto& [key, value] : from) {
+    if (HopByHop(key)) continue;
+    add(std::string(key.data(), key.size()), std::string(value.data(), value.size()));
+  }
 }
 
 // One relayed call: the server side (Down, the client's call to this replica) and the
@@ -36,11 +46,8 @@ class Relay {
   Relay(grpc::GenericCallbackServerContext* ctx, std::shared_ptr<grpc::Channel> channel,
         const std::string& identity)
       : down_(this), up_(this), ctx_(ctx) {
-    for (const auto& [key, value] : ctx->client_metadata()) {
-      if (HopByHop(key)) continue;
-      up_ctx_.AddMetadata(std::string(key.data(), key.size()),
-                          std::string(value.data(), value.size()));
-    }
+    CopyMetadata(ctx->client_metadata(),
+                 [this](std::string k, std::string v) { up_ctx_.AddMetadata(k, v); });
     up_ctx_.AddMetadata(kForwardedByMetadata, identity);
     up_ctx_.set_deadline(ctx->deadline());
     grpc::GenericStub stub(std::move(channel));
@@ -89,24 +96,18 @@ class Relay {
 
   // A request message from the client (or its end).
   void ClientRead(bool ok) {
-    enum { kNothing, kWrite, kWritesDone } act = kNothing;
     {
       absl::MutexLock lock(&mu_);
       if (!request_hold_) return;  // the request flow is over
       if (ok) {
         leader_write_pending_ = true;
-        act = kWrite;
       } else {
         request_hold_ = false;
-        act = kWritesDone;
       }
     }
-    if (act == kWrite) {
-      up_.StartWrite(&down_in_);
-    } else {
-      up_.StartWritesDone();
-      up_.RemoveHold();
-    }
+    if (ok) return up_.StartWrite(&down_in_);
+    up_.StartWritesDone();
+    up_.RemoveHold();
   }
 
   // The leader took a request message.
@@ -133,11 +134,8 @@ class Relay {
   void CopyInitialMetadataLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (metadata_copied_) return;
     metadata_copied_ = true;
-    for (const auto& [key, value] : up_ctx_.GetServerInitialMetadata()) {
-      if (HopByHop(key)) continue;
-      ctx_->AddInitialMetadata(std::string(key.data(), key.size()),
-                               std::string(value.data(), value.size()));
-    }
+    CopyMetadata(up_ctx_.GetServerInitialMetadata(),
+                 [this](std::string k, std::string v) { ctx_->AddInitialMetadata(k, v); });
   }
 
   void LeaderMetadata(bool ok) {
@@ -197,11 +195,8 @@ class Relay {
     {
       absl::MutexLock lock(&mu_);
       if (!finished_) CopyInitialMetadataLocked();
-      for (const auto& [key, value] : up_ctx_.GetServerTrailingMetadata()) {
-        if (HopByHop(key)) continue;
-        ctx_->AddTrailingMetadata(std::string(key.data(), key.size()),
-                                  std::string(value.data(), value.size()));
-      }
+      CopyMetadata(up_ctx_.GetServerTrailingMetadata(),
+                   [this](std::string k, std::string v) { ctx_->AddTrailingMetadata(k, v); });
       if (!finished_) {
         finished_ = true;
         if (client_writes_ > 0) {

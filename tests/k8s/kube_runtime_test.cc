@@ -37,6 +37,21 @@ Json Member(const std::string& name, const std::string& pool = "py") {
              {{"spec", {{"containers", {{{"name", "main"}, {"image", "python:3.12-slim"}}}}}}}}}}};
 }
 
+// SandboxTemplate "python" (of Member's pod template) and SandboxWarmPool "py" of it, with
+// one replica, in namespace `ns`.
+void CreatePythonPool(Client& client, const std::string& ns) {
+  ASSERT_TRUE(client
+                  .Create(kSandboxTemplates, ns,
+                          {{"metadata", {{"name", "python"}}}, {"spec", Member("x")["spec"]}})
+                  .ok());
+  ASSERT_TRUE(
+      client
+          .Create(kSandboxWarmPools, ns,
+                  {{"metadata", {{"name", "py"}}},
+                   {"spec", {{"replicas", 1}, {"sandboxTemplateRef", {{"name", "python"}}}}}})
+          .ok());
+}
+
 Json Condition(const std::string& type, const std::string& status, const std::string& reason) {
   return {{"type", type},
           {"status", status},
@@ -207,16 +222,7 @@ TEST_F(KubeRuntimeListTest, ServingEveryNamespaceIdsCarryTheirNamespace) {
 // allocator would hand the other namespace's claims a sandbox at the attacker's address.
 TEST_F(KubeRuntimeListTest, ALookalikeInAnotherNamespaceDoesNotCompleteAMembersCreate) {
   for (const char* ns : {"team-a", "team-b"}) ASSERT_NO_FATAL_FAILURE(MakeNamespace(ns));
-  ASSERT_TRUE(client_
-                  ->Create(kSandboxTemplates, "team-a",
-                           {{"metadata", {{"name", "python"}}}, {"spec", Member("x")["spec"]}})
-                  .ok());
-  ASSERT_TRUE(
-      client_
-          ->Create(kSandboxWarmPools, "team-a",
-                   {{"metadata", {{"name", "py"}}},
-                    {"spec", {{"replicas", 1}, {"sandboxTemplateRef", {{"name", "python"}}}}}})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(CreatePythonPool(*client_, "team-a"));
   informer_ns_ = "";
   StartRuntime(absl::Seconds(20));
   InformerHandler feed;
@@ -400,22 +406,7 @@ TEST(KubeRuntimeTest, MemberReadyWhileTheWatchBreaksIsHandedOverSoon) {
   ASSERT_TRUE(emulator.ok());
   auto client = *Client::Create(emulator.Cluster());
   InstallCrds(*client);
-  ASSERT_TRUE(
-      client
-          ->Create(
-              kSandboxTemplates, "default",
-              {{"metadata", {{"name", "python"}}},
-               {"spec",
-                {{"podTemplate",
-                  {{"spec",
-                    {{"containers", {{{"name", "main"}, {"image", "python:3.12-slim"}}}}}}}}}}})
-          .ok());
-  ASSERT_TRUE(
-      client
-          ->Create(kSandboxWarmPools, "default",
-                   {{"metadata", {{"name", "py"}}},
-                    {"spec", {{"replicas", 1}, {"sandboxTemplateRef", {{"name", "python"}}}}}})
-          .ok());
+  ASSERT_NO_FATAL_FAILURE(CreatePythonPool(*client, "default"));
 
   // Production informer options (backoff 100 ms doubling to 10 s).
   Informer sandboxes(client.get(), NamespaceInformer(kSandboxes, "default"));
