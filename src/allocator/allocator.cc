@@ -278,12 +278,13 @@ class AllocatorImpl final : public Allocator {
 
   // A pool or template name: qualified (ids.h), and its one spelling.
   absl::Status ValidatePoolName(absl::string_view what, absl::string_view name) const {
-    ASSIGN_OR_RETURN(std::string canonical,
-                     CanonicalQualifiedName(what, name, options_.default_namespace));
-    if (canonical != name) {
+    // On every claim: checks without building the canonical name.
+    RETURN_IF_ERROR(ValidateQualifiedName(what, name));
+    const size_t slash = name.find('/');
+    if (slash != absl::string_view::npos && name.substr(0, slash) == options_.default_namespace) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, " \"", name, "\" is named \"", canonical, "\" (the default namespace, \"",
-          options_.default_namespace, "\", is not spelled out)"));
+          what, " \"", name, "\" is named \"", name.substr(slash + 1),
+          "\" (the default namespace, \"", options_.default_namespace, "\", is not spelled out)"));
     }
     return absl::OkStatus();
   }
