@@ -121,6 +121,39 @@ std::string MarkerValue() {
   return v;
 }
 
+std::string EncodeReplicaMarker(const ReplicaMarker& marker) {
+  Replica msg;
+  msg.set_leader(marker.leader);
+  msg.set_term(marker.term);
+  msg.set_self(marker.self);
+  msg.set_complete(marker.complete);
+  std::string out;
+  Serialize(msg, &out);
+  return out;
+}
+
+absl::StatusOr<ReplicaMarker> DecodeReplicaMarker(absl::string_view value) {
+  Replica msg;
+  if (value.empty() || static_cast<uint8_t>(value[0]) != kFormatVersion ||
+      !msg.ParseFromArray(value.data() + 1, static_cast<int>(value.size() - 1))) {
+    return Corrupt(kReplicaKey, "value does not parse");
+  }
+  ReplicaMarker marker;
+  marker.leader = msg.leader();
+  marker.term = msg.term();
+  marker.self = msg.self();
+  marker.complete = msg.complete();
+  return marker;
+}
+
+bool IsReplicatedKey(absl::string_view key) {
+  if (key == kRevisionKey) return true;
+  if (key.size() < 3) return false;
+  const absl::string_view prefix = key.substr(0, 2);
+  return prefix == kTemplatePrefix || prefix == kPoolPrefix || prefix == kSandboxPrefix ||
+         prefix == kClaimPrefix;
+}
+
 void AppendKey(Mutation::Kind kind, absl::string_view key, std::string* out) {
   absl::string_view prefix;
   switch (kind) {
@@ -259,6 +292,7 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
       out->revision = msg.revision();
       return absl::OkStatus();
     }
+    if (key == kReplicaKey) return absl::OkStatus();  // ReadMarker's, not a record
     if (key != kMarkerKey) return Corrupt(key, "unknown metadata key");
     if (value != MarkerValue()) {
       return Corrupt(key,

@@ -11,7 +11,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "src/store/replication.h"
 #include "src/store/store.h"
 
 namespace sbx::store::codec {
@@ -33,6 +35,14 @@ inline constexpr absl::string_view kMarkerKey = "m/store";
 // The claim revision mark (RevisionRecord): kMetaPrefix + kRevisionRecordKey.
 inline constexpr absl::string_view kRevisionKey = "m/revision";
 std::string MarkerValue();
+// Whose acknowledged commits the store holds (replication.h); skipped by RecordDecoder.
+inline constexpr absl::string_view kReplicaKey = "m/replica";
+std::string EncodeReplicaMarker(const ReplicaMarker& marker);
+// DATA_LOSS naming the key for a value that does not decode.
+absl::StatusOr<ReplicaMarker> DecodeReplicaMarker(absl::string_view value);
+// Whether a replicated entry may be written by a standby: records and the revision mark,
+// never the store's marker or its replica marker.
+bool IsReplicatedKey(absl::string_view key);
 
 // The RocksDB key of a record of `kind` named `key`; AppendKey appends it to `*out`.
 std::string EncodeKey(Mutation::Kind kind, absl::string_view key);

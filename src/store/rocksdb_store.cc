@@ -97,8 +97,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -119,6 +121,7 @@
 #include "src/common/status_macros.h"
 #include "src/store/batch_check.h"
 #include "src/store/record_codec.h"
+#include "src/store/replication.h"
 
 namespace sbx::store {
 namespace {
@@ -534,7 +537,7 @@ absl::StatusOr<OpenedDb> OpenDb(rocksdb::Options rocks, const RocksDbStoreOption
   return opened;
 }
 
-class RocksDbStore final : public Store {
+class RocksDbStore final : public Store, public Replicable {
  public:
   RocksDbStore(RocksDbStoreOptions options, OpenedDb opened)
       : options_(std::move(options)),
@@ -692,7 +695,136 @@ class RocksDbStore final : public Store {
     return s;
   }
 
+  // --- Replicable ---
+
+  void SetShipper(GroupShipper* shipper) override ABSL_LOCKS_EXCLUDED(ship_mu_) {
+    absl::MutexLock lock(&ship_mu_);
+    shipper_ = shipper;
+  }
+
+  absl::Status Snapshot(absl::FunctionRef<void()> at,
+                        absl::FunctionRef<void(absl::string_view, absl::string_view)> each) override
+      ABSL_LOCKS_EXCLUDED(ship_mu_, db_mu_) {
+    ship_mu_.Lock();
+    absl::ReaderMutexLock lock(&db_mu_);
+    if (db_ == nullptr) {
+      ship_mu_.Unlock();
+      return Closed("Snapshot");
+    }
+    const rocksdb::Snapshot* snapshot = db_->GetSnapshot();
+    at();
+    ship_mu_.Unlock();
+    rocksdb::ReadOptions ro;
+    ro.snapshot = snapshot;
+    ro.verify_checksums = true;
+    ro.fill_cache = false;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) each(View(it->key()), View(it->value()));
+    absl::Status status =
+        FromRocks(it->status(), absl::StrCat("reading a snapshot of ", Quoted(options_.path)));
+    it.reset();
+    db_->ReleaseSnapshot(snapshot);
+    return status;
+  }
+
+  absl::StatusOr<std::optional<ReplicaMarker>> ReadMarker() override ABSL_LOCKS_EXCLUDED(db_mu_) {
+    absl::ReaderMutexLock lock(&db_mu_);
+    if (db_ == nullptr) return Closed("ReadMarker");
+    std::string value;
+    rocksdb::Status s =
+        db_->Get(rocksdb::ReadOptions(),
+                 rocksdb::Slice(codec::kReplicaKey.data(), codec::kReplicaKey.size()), &value);
+    if (s.IsNotFound()) return std::optional<ReplicaMarker>();
+    RETURN_IF_ERROR(
+        FromRocks(s, absl::StrCat("reading the replica marker of ", Quoted(options_.path))));
+    absl::StatusOr<ReplicaMarker> marker = codec::DecodeReplicaMarker(value);
+    if (!marker.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("store at ", Quoted(options_.path), ": ", marker.status().message()));
+    }
+    return std::optional<ReplicaMarker>(*std::move(marker));
+  }
+
+  absl::Status WriteMarker(const ReplicaMarker& marker) override ABSL_LOCKS_EXCLUDED(db_mu_) {
+    rocksdb::WriteBatch batch;
+    batch.Put(Key(codec::kReplicaKey), codec::EncodeReplicaMarker(marker));
+    return WriteSynced(batch, "writing the replica marker");
+  }
+
+  absl::Status BeginLoad(const ReplicaMarker& marker) override ABSL_LOCKS_EXCLUDED(db_mu_) {
+    rocksdb::WriteBatch batch;
+    for (absl::string_view prefix :
+         {codec::kTemplatePrefix, codec::kPoolPrefix, codec::kSandboxPrefix, codec::kClaimPrefix}) {
+      std::string end(prefix);
+      end.back() = static_cast<char>(end.back() + 1);  // "c/" .. "c0": every key of the kind
+      batch.DeleteRange(Key(prefix), end);
+    }
+    batch.Delete(Key(codec::kRevisionKey));
+    ReplicaMarker loading = marker;
+    loading.complete = false;
+    batch.Put(Key(codec::kReplicaKey), codec::EncodeReplicaMarker(loading));
+    return WriteSynced(batch, "clearing the store for a snapshot");
+  }
+
+  absl::Status LoadEntries(const std::vector<std::pair<std::string, std::string>>& entries) override
+      ABSL_LOCKS_EXCLUDED(db_mu_) {
+    rocksdb::WriteBatch batch;
+    for (const auto& [key, value] : entries) {
+      if (!codec::IsReplicatedKey(key)) {
+        return absl::InvalidArgumentError(absl::StrCat("snapshot entry \"", absl::CHexEscape(key),
+                                                       "\" is not a record of an sbx store"));
+      }
+      batch.Put(key, value);
+    }
+    absl::ReaderMutexLock lock(&db_mu_);
+    if (db_ == nullptr) return Closed("LoadEntries");
+    return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch),
+                     absl::StrCat("loading a snapshot into ", Quoted(options_.path)));
+  }
+
+  absl::Status ApplyGroup(absl::string_view group) override ABSL_LOCKS_EXCLUDED(db_mu_) {
+    rocksdb::WriteBatch batch{std::string(group)};
+    // Only puts and deletes of records, in the default column family: what a leader's
+    // committer writes. Anything else (another store's marker, a range delete, bytes that
+    // are no write batch) is refused whole.
+    class Check final : public rocksdb::WriteBatch::Handler {
+     public:
+      rocksdb::Status PutCF(uint32_t cf, const rocksdb::Slice& key,
+                            const rocksdb::Slice&) override {
+        return Allowed(cf, key);
+      }
+      rocksdb::Status DeleteCF(uint32_t cf, const rocksdb::Slice& key) override {
+        return Allowed(cf, key);
+      }
+      static rocksdb::Status Allowed(uint32_t cf, const rocksdb::Slice& key) {
+        if (cf == 0 && codec::IsReplicatedKey(View(key))) return rocksdb::Status::OK();
+        return rocksdb::Status::InvalidArgument(
+            absl::StrCat("entry \"", absl::CHexEscape(View(key)), "\" is not a record"));
+      }
+    } check;
+    if (rocksdb::Status s = batch.Iterate(&check); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("shipped group refused: ", s.ToString()));
+    }
+    return WriteSynced(batch, "applying a shipped group");
+  }
+
  private:
+  static rocksdb::Slice Key(absl::string_view key) { return {key.data(), key.size()}; }
+
+  absl::Status Closed(absl::string_view what) const {
+    return absl::FailedPreconditionError(absl::StrCat(what, " on store at ", Quoted(options_.path),
+                                                      ", which is closed or lost its database"));
+  }
+
+  absl::Status WriteSynced(rocksdb::WriteBatch& batch, absl::string_view what)
+      ABSL_LOCKS_EXCLUDED(db_mu_) {
+    absl::ReaderMutexLock lock(&db_mu_);
+    if (db_ == nullptr) return Closed(what);
+    rocksdb::WriteOptions synced;
+    synced.sync = true;
+    return FromRocks(db_->Write(synced, &batch), absl::StrCat(what, " in ", Quoted(options_.path)));
+  }
+
   static void Encode(const WriteBatch& batch, Request* req) {
     req->ops.reserve(batch.size());
     for (const Mutation& m : batch.mutations()) {
@@ -769,10 +901,23 @@ class RocksDbStore final : public Store {
     } else if (batch_.Count() > 0) {
       rocksdb::Status s;
       const auto start = std::chrono::steady_clock::now();
+      GroupShipper* shipper = nullptr;
+      uint64_t ticket = 0;
       {
+        // Ship and write under one lock, so that a Snapshot sees a shipped group written.
+        absl::MutexLock ship_lock(&ship_mu_);
+        shipper = shipper_;
+        // Shipped before the write: the standby's write and sync overlap with ours.
+        if (shipper != nullptr) ticket = shipper->Ship(std::string(View(batch_.Data())));
         // Shared: only keeps Close() from freeing the database during the write.
         absl::ReaderMutexLock lock(&db_mu_);
         s = db_->Write(write_options_, &batch_);
+      }
+      if (shipper != nullptr && !s.ok()) shipper->LocalWriteFailed(ticket);
+      if (shipper != nullptr && s.ok()) {
+        if (absl::Status replicated = shipper->AwaitReplicated(ticket); !replicated.ok()) {
+          result = replicated;
+        }
       }
       write_seconds_.Observe(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -937,6 +1082,11 @@ class RocksDbStore final : public Store {
   // is the only writer, and LoadAll runs at start-up).
   mutable absl::Mutex db_mu_ ABSL_ACQUIRED_AFTER(close_mu_);
   std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(db_mu_);
+
+  // Held by the committer from shipping a group to its write, and by Snapshot() while it
+  // takes its snapshot. Taken before db_mu_.
+  absl::Mutex ship_mu_ ABSL_ACQUIRED_BEFORE(db_mu_);
+  GroupShipper* shipper_ ABSL_GUARDED_BY(ship_mu_) = nullptr;
 
   absl::Mutex mu_;
   std::deque<Request> queue_ ABSL_GUARDED_BY(mu_);
