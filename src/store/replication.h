@@ -70,8 +70,8 @@ class Replicable {
   virtual void SetShipper(GroupShipper* shipper) = 0;
   // A consistent copy of the store: takes a snapshot under the ship lock and calls `at`
   // there (so that what `at` registers sees exactly the groups shipped after the
-  // snapshot), then calls `each` for every stored entry (the store's own keys included)
-  // in key order, on this thread. Errors: the read's.
+  // snapshot), then calls `each` for every record and the revision mark (not the store's
+  // own markers) in key order, on this thread. Errors: the read's.
   virtual absl::Status Snapshot(
       absl::FunctionRef<void()> at,
       absl::FunctionRef<void(absl::string_view key, absl::string_view value)> each) = 0;

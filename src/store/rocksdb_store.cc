@@ -719,7 +719,9 @@ class RocksDbStore final : public Store, public Replicable {
     ro.verify_checksums = true;
     ro.fill_cache = false;
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) each(View(it->key()), View(it->value()));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      if (codec::IsReplicatedKey(View(it->key()))) each(View(it->key()), View(it->value()));
+    }
     absl::Status status =
         FromRocks(it->status(), absl::StrCat("reading a snapshot of ", Quoted(options_.path)));
     it.reset();

@@ -187,7 +187,8 @@ TEST_F(ReplicationStoreTest, ASnapshotAndTheGroupsAfterItRebuildTheStoreOnAStand
                         shipper.Record(true);  // as a standby attached here
                       },
                       [&](absl::string_view k, absl::string_view v) {
-                        if (codec::IsReplicatedKey(k)) entries.emplace_back(k, v);
+                        EXPECT_TRUE(codec::IsReplicatedKey(k)) << k;
+                        entries.emplace_back(k, v);
                       })
                   .ok());
   EXPECT_TRUE(at_called);
