@@ -20,6 +20,19 @@ absl::Time ParseTime(const std::string& text) {
   return absl::InfinitePast();
 }
 
+LeaseTerm LeaseTermOf(const Json& lease) {
+  LeaseTerm t;
+  const Json& annotations =
+      json_fields::Field(json_fields::Field(lease, "metadata"), "annotations");
+  t.replicated = annotations.is_object() && annotations.contains(kSyncReplicaAnnotation) &&
+                 annotations.contains(kTermLeaderAnnotation);
+  t.leader = json_fields::Str(annotations, kTermLeaderAnnotation);
+  t.sync_replica = json_fields::Str(annotations, kSyncReplicaAnnotation);
+  const Json& spec = json_fields::Field(lease, "spec");
+  if (spec.is_object()) t.term = spec.value("leaseTransitions", int64_t{0});
+  return t;
+}
+
 absl::Status LeaderElectionOptions::Validate() const {
   if (identity.empty()) return absl::InvalidArgumentError("leader election identity is empty");
   if (lease_name.empty() || lease_namespace.empty()) {
@@ -91,17 +104,23 @@ bool LeaderElector::TryAcquireOrRenew() {
     absl::MutexLock lock(&mu_);
     address = address_;
   }
+  const bool acquiring = !IsLeader();
   if (absl::IsNotFound(lease.status())) {
-    Json fresh = {
-        {"metadata",
-         {{"name", options_.lease_name}, {"annotations", {{kLeaderAddressAnnotation, address}}}}},
-        {"spec",
-         {{"holderIdentity", options_.identity},
-          {"leaseDurationSeconds", duration_s},
-          {"acquireTime", now_text},
-          {"renewTime", now_text},
-          {"leaseTransitions", 0}}}};
-    return client_->Create(kLeases, options_.lease_namespace, fresh).ok();
+    Json fresh = {{"metadata",
+                   {{"name", options_.lease_name},
+                    {"annotations",
+                     {{kLeaderAddressAnnotation, address},
+                      {kTermLeaderAnnotation, options_.identity},
+                      {kSyncReplicaAnnotation, ""}}}}},
+                  {"spec",
+                   {{"holderIdentity", options_.identity},
+                    {"leaseDurationSeconds", duration_s},
+                    {"acquireTime", now_text},
+                    {"renewTime", now_text},
+                    {"leaseTransitions", 0}}}};
+    if (!client_->Create(kLeases, options_.lease_namespace, fresh).ok()) return false;
+    term_.store(0, std::memory_order_release);
+    return true;
   }
   if (!lease.ok()) return false;
   Json& spec = (*lease)["spec"];
@@ -124,17 +143,54 @@ bool LeaderElector::TryAcquireOrRenew() {
     absl::MutexLock lock(&mu_);
     observed_address_.clear();
   }
+  if (acquiring && options_.may_lead && !options_.may_lead(LeaseTermOf(*lease))) return false;
   if (!mine) {
     spec["acquireTime"] = now_text;
-    spec["leaseTransitions"] = spec.value("leaseTransitions", 0) + 1;
+    spec["leaseTransitions"] = spec.value("leaseTransitions", int64_t{0}) + 1;
   }
-  (*lease)["metadata"]["annotations"][kLeaderAddressAnnotation] = address;
+  Json& annotations = (*lease)["metadata"]["annotations"];
+  annotations[kLeaderAddressAnnotation] = address;
+  if (acquiring) {
+    // A new term of this replica: its store is the truth, and no standby has it yet.
+    annotations[kTermLeaderAnnotation] = options_.identity;
+    annotations[kSyncReplicaAnnotation] = "";
+  }
   spec["holderIdentity"] = options_.identity;
   spec["leaseDurationSeconds"] = duration_s;
   spec["renewTime"] = now_text;
   // The lease's resourceVersion makes this a compare-and-swap: a competing replica's
   // write in between turns it into ABORTED.
-  return client_->Update(kLeases, options_.lease_namespace, *lease).ok();
+  if (!client_->Update(kLeases, options_.lease_namespace, *lease).ok()) return false;
+  if (acquiring) term_.store(spec.value("leaseTransitions", int64_t{0}), std::memory_order_release);
+  return true;
+}
+
+absl::Status LeaderElector::PublishSyncReplica(const std::string& identity) {
+  // A few tries: the elector's own renewals race with this write.
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (!IsLeader()) {
+      return absl::FailedPreconditionError(absl::StrCat(options_.identity, " does not hold Lease ",
+                                                        options_.lease_namespace, "/",
+                                                        options_.lease_name));
+    }
+    absl::StatusOr<Json> lease =
+        client_->Get(kLeases, options_.lease_namespace, options_.lease_name);
+    if (!lease.ok()) return absl::UnavailableError(lease.status().message());
+    const Json& spec = json_fields::Field(*lease, "spec");
+    const std::string holder =
+        spec.is_object() ? spec.value("holderIdentity", std::string()) : std::string();
+    const int64_t term = spec.is_object() ? spec.value("leaseTransitions", int64_t{0}) : 0;
+    if (holder != options_.identity || term != Term()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Lease ", options_.lease_namespace, "/", options_.lease_name, " is held by \"", holder,
+          "\" in term ", term, ", not by ", options_.identity, " in term ", Term()));
+    }
+    (*lease)["metadata"]["annotations"][kSyncReplicaAnnotation] = identity;
+    absl::Status written = client_->Update(kLeases, options_.lease_namespace, *lease).status();
+    if (written.ok()) return absl::OkStatus();
+    if (!absl::IsAborted(written)) return absl::UnavailableError(written.message());
+  }
+  return absl::UnavailableError("the Lease kept changing while naming the in-sync standby");
 }
 
 void LeaderElector::Release() {

@@ -11,16 +11,30 @@
 // Lifetime: Stop (or the destructor) joins the thread, releasing the lease if held.
 
 #include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "src/common/clock.h"
 #include "src/k8s/client.h"
 
 namespace sbx::k8s {
+
+// What a Lease says of the store that must survive its holder (docs/architecture.md,
+// "Replicas"): the leader whose store is the truth, its term, and the standby that holds
+// every commit it acknowledged.
+struct LeaseTerm {
+  // False for a Lease written by a version of sbx without store replication (or by
+  // something else): nothing is known of the stores then.
+  bool replicated = false;
+  std::string leader;        // annotation kTermLeaderAnnotation
+  int64_t term = 0;          // spec.leaseTransitions
+  std::string sync_replica;  // annotation kSyncReplicaAnnotation; "" for none
+};
 
 struct LeaderElectionOptions {
   std::string lease_namespace = "default";
@@ -34,6 +48,11 @@ struct LeaderElectionOptions {
   absl::Duration retry_period = absl::Seconds(2);
   // Time of renewals, expiry and waits; the real clock when null. Must outlive the elector.
   const Clock* clock = nullptr;
+  // Asked before each attempt to take the Lease (free, expired, or still naming this
+  // identity after a restart) with what the Lease says; false: do not take it, look again
+  // after retry_period. Null: always take it. Not asked while this replica leads, nor for a
+  // Lease that does not exist yet (the first leader of a cluster).
+  std::function<bool(const LeaseTerm&)> may_lead;
 
   absl::Status Validate() const;
 };
@@ -57,6 +76,13 @@ class LeaderElector {
   // Lease named when last read (every retry_period) if its holder's term had not expired
   // then; "" when unknown.
   std::string LeaderAddress() const ABSL_LOCKS_EXCLUDED(mu_);
+  // This leader's term: spec.leaseTransitions when it took the Lease (0 before).
+  int64_t Term() const { return term_.load(std::memory_order_acquire); }
+  // Writes kSyncReplicaAnnotation = `identity` ("" for none) into the Lease, as long as
+  // this replica holds it in its term (a compare-and-swap on the Lease). OK once written;
+  // FAILED_PRECONDITION when this replica does not lead or the Lease is another's (or of
+  // another term); UNAVAILABLE for errors of the API, which may be retried.
+  absl::Status PublishSyncReplica(const std::string& identity) ABSL_LOCKS_EXCLUDED(mu_);
   // When the elector thread, now waiting between two attempts, looks again;
   // InfinitePast while it is not waiting (for tests that move a FakeClock).
   absl::Time SleepingUntil() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -77,6 +103,7 @@ class LeaderElector {
   // Written by the elector thread, read by workers to decide whether to act; acquire/
   // release pairs it with the lease state the elector saw.
   std::atomic<bool> leader_{false};
+  std::atomic<int64_t> term_{0};
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -87,6 +114,12 @@ class LeaderElector {
 
 // The Lease annotation with the leader's gRPC address.
 inline constexpr char kLeaderAddressAnnotation[] = "sbx.dev/leader-address";
+// The leader whose store is the truth (written when a replica takes the Lease, kept after
+// it releases it), and the standby that holds every commit that leader acknowledged.
+inline constexpr char kTermLeaderAnnotation[] = "sbx.dev/term-leader";
+inline constexpr char kSyncReplicaAnnotation[] = "sbx.dev/sync-replica";
+// What `lease` (a coordination.k8s.io/v1 Lease) says of the stores.
+LeaseTerm LeaseTermOf(const Json& lease);
 
 // RFC 3339 with microseconds, as Kubernetes writes MicroTime.
 std::string FormatMicroTime(absl::Time t);

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <initializer_list>
 
+#include "absl/synchronization/mutex.h"
+
 #include "gtest/gtest.h"
 #include "src/common/clock.h"
 #include "tests/k8s/test_emulator.h"
@@ -99,6 +101,96 @@ TEST(LeaderElectionTest, ALeaderThatCannotRenewStepsDown) {
   emulator.ClearFaults();
   ASSERT_TRUE(WaitFor([&] { return a.IsLeader(); }));  // and campaigns again
   a.Stop();
+}
+
+Json Annotations(Client& client) {
+  absl::StatusOr<Json> lease = client.Get(kLeases, "default", "test-lease");
+  EXPECT_TRUE(lease.ok()) << lease.status();
+  return lease.ok() ? lease->at("metadata").value("annotations", Json::object()) : Json::object();
+}
+
+// Store replication's part of the Lease: the leader of the term and the standby that holds
+// everything it acknowledged.
+TEST(LeaderElectionTest, TheLeaseNamesTheTermsLeaderAndItsInSyncStandby) {
+  testing::TestEmulator emulator;
+  ASSERT_TRUE(emulator.ok());
+  auto client = *Client::Create(emulator.Cluster());
+  LeaderElector a(client.get(), Options("a"), nullptr, nullptr);
+  a.Start();
+  ASSERT_TRUE(WaitFor([&] { return a.IsLeader(); }));
+  EXPECT_EQ(Annotations(*client).value(kTermLeaderAnnotation, "?"), "a");
+  EXPECT_EQ(Annotations(*client).value(kSyncReplicaAnnotation, "?"), "");
+  EXPECT_EQ(a.Term(), 0);
+  ASSERT_TRUE(a.PublishSyncReplica("b").ok());
+  EXPECT_EQ(Annotations(*client).value(kSyncReplicaAnnotation, "?"), "b");
+  absl::StatusOr<Json> lease = client->Get(kLeases, "default", "test-lease");
+  ASSERT_TRUE(lease.ok());
+  const LeaseTerm term = LeaseTermOf(*lease);
+  EXPECT_TRUE(term.replicated);
+  EXPECT_EQ(term.leader, "a");
+  EXPECT_EQ(term.sync_replica, "b");
+  EXPECT_EQ(term.term, 0);
+  // Renewals keep what was published.
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_EQ(Annotations(*client).value(kSyncReplicaAnnotation, "?"), "b");
+
+  // Another replica took the Lease (a has not noticed yet): a may not name anyone.
+  ASSERT_TRUE(WaitFor([&] {  // a's renewals race with this write: retry on a conflict
+    absl::StatusOr<Json> now = client->Get(kLeases, "default", "test-lease");
+    if (!now.ok()) return false;
+    (*now)["spec"]["holderIdentity"] = "c";
+    (*now)["spec"]["leaseTransitions"] = 1;
+    return client->Update(kLeases, "default", *now).ok();
+  }));
+  absl::Status refused = a.PublishSyncReplica("");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(Annotations(*client).value(kSyncReplicaAnnotation, "?"), "b");
+  a.Stop();
+}
+
+// A replica whose store is not known to hold what the last leader acknowledged leaves an
+// expired Lease alone; once it may, it takes it, naming itself and no standby.
+TEST(LeaderElectionTest, AReplicaThatMayNotLeadLeavesTheLeaseAlone) {
+  testing::TestEmulator emulator;
+  ASSERT_TRUE(emulator.ok());
+  auto client = *Client::Create(emulator.Cluster());
+  {
+    LeaderElector a(client.get(), Options("a"), nullptr, nullptr);
+    a.Start();
+    ASSERT_TRUE(WaitFor([&] { return a.IsLeader(); }));
+    ASSERT_TRUE(a.PublishSyncReplica("c").ok());
+    a.Stop();  // releases the Lease
+  }
+  std::atomic<bool> may{false};
+  std::atomic<int> asked{0};
+  LeaseTerm seen;
+  absl::Mutex seen_mu;
+  LeaderElectionOptions options = Options("b");
+  options.may_lead = [&](const LeaseTerm& t) {
+    absl::MutexLock lock(&seen_mu);
+    seen = t;
+    ++asked;
+    return may.load();
+  };
+  LeaderElector b(client.get(), options, nullptr, nullptr);
+  b.Start();
+  ASSERT_TRUE(WaitFor([&] { return asked.load() >= 5; }));
+  EXPECT_FALSE(b.IsLeader());
+  {
+    absl::MutexLock lock(&seen_mu);
+    EXPECT_TRUE(seen.replicated);
+    EXPECT_EQ(seen.leader, "a");
+    EXPECT_EQ(seen.sync_replica, "c");
+  }
+  may = true;
+  ASSERT_TRUE(WaitFor([&] { return b.IsLeader(); }));
+  EXPECT_EQ(Annotations(*client).value(kTermLeaderAnnotation, "?"), "b");
+  EXPECT_EQ(Annotations(*client).value(kSyncReplicaAnnotation, "?"), "");
+  EXPECT_EQ(b.Term(), 1);
+  const int asked_when_leading = asked.load();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(asked.load(), asked_when_leading) << "asked again while leading";
+  b.Stop();
 }
 
 TEST(LeaderElectionTest, OptionsAreChecked) {
