@@ -83,7 +83,8 @@ def main():
                 [args.server, "--listen", "127.0.0.1:0", "--metrics_listen", "127.0.0.1:0",
                  "--runtime", "instant", "--config", config, "--refill_qps", "100000",
                  "--data_dir", os.path.join(work, name), "--kubeconfig", kubeconfig,
-                 "--kube_leader_election", "--kube_identity", name],
+                 "--kube_leader_election", "--kube_identity", name,
+                 "--sandbox_key_secret", "sbx-sandbox-key"],
                 stdout=open(log, "w"), stderr=subprocess.STDOUT))
             if name == "replica-a":
                 # The first one leads.

@@ -23,6 +23,9 @@ ALLOWED = {
     "k8s": {"common", "runtime:interface", "store:interface", "allocator:interface"},
     "sandboxd": {"common", "proto"},
     "server": {"allocator", "common", "proto"},
+    # Store replication between replicas: the store's replication interface and its own
+    # generated service (proto/sbx/replication/v1).
+    "replication": {"common", "store:interface", "proto"},
     "cmd": {"*"},
 }
 
@@ -61,7 +64,7 @@ def k8s_room(path):
 
 # The interface headers of components whose implementations others must not see.
 INTERFACES = {
-    "store": {"src/store/store.h", "src/store/records.h"},
+    "store": {"src/store/store.h", "src/store/records.h", "src/store/replication.h"},
     "runtime": {"src/runtime/runtime.h"},
     "allocator": {"src/allocator/allocator.h", "src/allocator/reconciler.h",
                   "src/allocator/sandbox.h"},
@@ -74,12 +77,13 @@ THIRD_PARTY = {
     "rocksdb/": ["src/store/rocksdb_store.cc"],
     "cpprest/": ["src/k8s/http_cpprest.cc"],
     "pplx/": ["src/k8s/http_cpprest.cc"],
-    "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc"],
+    "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc",
+                 "src/replication/service.cc"],
     "boost/": [],
-    "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/"],
-    "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/"],
+    "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],
+    "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],
     "google/protobuf/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/store/rocksdb_store.cc",
-                         "src/runtime/"],
+                         "src/runtime/", "src/replication/"],
     "prometheus/": ["src/server/", "src/cmd/", "src/k8s/"],
 }
 
@@ -124,7 +128,7 @@ def component_of_include(path):
         parts = path.split("/")
         if len(parts) >= 3:
             return parts[1], "src"
-    if path.startswith("sbx/v1/"):
+    if path.startswith("sbx/v1/") or path.startswith("sbx/replication/"):
         return "proto", "proto"
     if path.startswith("tests/") or path.startswith("bench/"):
         return path.split("/")[0], "outside"

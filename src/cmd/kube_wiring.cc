@@ -203,6 +203,7 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
   options.election.lease_name = "sbx-controller";
   options.election.identity = flags.identity.empty() ? DefaultIdentity() : flags.identity;
   options.election.address = flags.advertise_address;
+  options.election.may_lead = flags.may_lead;
   options.on_stopped_leading = flags.on_stopped_leading;
   kube.sandboxes_ = std::make_unique<k8s::SandboxController>(client, options);
   k8s::SandboxController* sandboxes = kube.sandboxes_.get();

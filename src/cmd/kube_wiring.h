@@ -19,6 +19,7 @@
 #include "src/k8s/claim_controller.h"
 #include "src/k8s/client.h"
 #include "src/k8s/kube_runtime.h"
+#include "src/k8s/leader_election.h"
 #include "src/k8s/sandbox_controller.h"
 #include "src/k8s/template_controller.h"
 #include "src/k8s/warm_pool_controller.h"
@@ -41,6 +42,8 @@ struct KubeFlags {
   // Lease while it leads), and what to do when it stops leading (lost Lease or Stop).
   std::string advertise_address;
   std::function<void()> on_stopped_leading;
+  // LeaderElectionOptions::may_lead (store replication: replication_wiring.h).
+  std::function<bool(const k8s::LeaseTerm&)> may_lead;
   // Warm pools and claims (with --runtime kubernetes) are served in `ns` (every namespace
   // when empty). pool_namespace is the default namespace, whose pools the allocator and
   // gRPC name without one (DefaultNamespace); then the write workers and write budget.

@@ -28,6 +28,7 @@
 #include "src/allocator/refill.h"
 #include "src/cmd/config.h"
 #include "src/cmd/kube_wiring.h"
+#include "src/cmd/replication_wiring.h"
 #include "src/cmd/wiring.h"
 #include "src/common/build_info.h"
 #include "src/common/clock.h"
@@ -36,6 +37,7 @@
 #include "src/common/sandbox_secret.h"
 #include "src/common/signals.h"
 #include "src/common/status_macros.h"
+#include "src/replication/service.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/runtime/instant_runtime.h"
 #include "src/server/metrics.h"
@@ -218,6 +220,12 @@ int main(int argc, char** argv) {
                  "key of the sandboxes' daemon secrets (made on first start, mode 0600; "
                  "default: sandbox.key in --data_dir; see --sandbox_key_secret for a key "
                  "shared by several replicas)");
+  double replication_ack_timeout_s = 2;
+  app.add_option("--replication_ack_timeout_s", replication_ack_timeout_s,
+                 "with --kube_leader_election: how long the leader waits for its in-sync "
+                 "standby to acknowledge a group commit before it drops the standby (and, once "
+                 "the Lease names no standby, acknowledges alone)")
+      ->capture_default_str();
   app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
@@ -274,6 +282,17 @@ int main(int argc, char** argv) {
   if (!kube_flags.sandbox_key_secret.empty() && !sandbox_key_file.empty()) {
     return Fail(absl::InvalidArgumentError(
         "--sandbox_key_secret and --sandbox_key_file both name the sandbox key: give one"));
+  }
+  if (kube_flags.leader_election && kube_flags.sandbox_key_secret.empty() &&
+      sandbox_key_file.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--kube_leader_election needs a sandbox key every replica shares (daemon secrets and "
+        "the replicas' replication token derive from it): --sandbox_key_secret NAME, or "
+        "--sandbox_key_file naming one file all replicas read"));
+  }
+  if (!(replication_ack_timeout_s > 0)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--replication_ack_timeout_s must be positive (got ", replication_ack_timeout_s, ")")));
   }
   if (absl::Status s = refill_options.Validate(); !s.ok()) return Fail(s);
   if (absl::Status s = metrics_options.Validate(); !s.ok()) return Fail(s);
@@ -371,10 +390,31 @@ int main(int argc, char** argv) {
   // to the leader) until it leads; everything that acts starts then (Activate below).
   const bool standby_first = kube != nullptr && kube_flags.leader_election;
   std::unique_ptr<sbx::server::Server> standby;
+  std::unique_ptr<sbx::cmd::Replication> replication;
   std::atomic<bool> stopping{false};
   if (standby_first) {
     if (kube_flags.identity.empty()) kube_flags.identity = sbx::cmd::DefaultIdentity();
+    // Store replication (docs/architecture.md, "Replicas"): this replica follows the
+    // leader into its store, and takes the Lease only when that store holds every claim
+    // the last leader acknowledged.
+    sbx::cmd::ReplicationOptions replication_options;
+    replication_options.identity = kube_flags.identity;
+    replication_options.token = sandbox_secrets->For(sbx::replication::kReplicationTokenLabel);
+    replication_options.ack_timeout = absl::Seconds(replication_ack_timeout_s);
+    if (!server_options.tls_cert_file.empty()) {
+      auto hop = sbx::server::HopCredentials(server_options);
+      if (!hop.ok()) return Fail(hop.status());
+      replication_options.credentials = *std::move(hop);
+    }
+    auto created = sbx::cmd::Replication::Create(store->get(), std::move(replication_options));
+    if (!created.ok()) return Fail(created.status());
+    replication = *std::move(created);
+    kube_flags.may_lead = [r = replication.get()](const sbx::k8s::LeaseTerm& t) {
+      return r->MayLead(t);
+    };
+    server_options.extra_services.push_back(replication->NewService());
     sbx::server::ServerOptions standby_options = server_options;
+    standby_options.extra_services = {replication->NewService()};
     sbx::server::ForwardOptions forward;
     forward.identity = kube_flags.identity;
     forward.leader_address = [&kube]() -> std::string {
@@ -408,6 +448,13 @@ int main(int argc, char** argv) {
                                                });
     if (!started.ok()) return Fail(started);
     if (runtime_name == "kubernetes") active_runtime = kube->runtime();
+  }
+  if (replication != nullptr) {
+    replication->StartFollowing([&kube]() -> std::string {
+      sbx::k8s::LeaderElector* elector = kube->elector();
+      if (elector == nullptr || elector->IsLeader()) return "";
+      return elector->LeaderAddress();
+    });
   }
   sbx::allocator::RefillReconciler refill(refill_options, active_runtime, &sbx::Clock::Real());
   sbx::allocator::AllocatorOptions allocator_options;
@@ -446,6 +493,7 @@ int main(int argc, char** argv) {
     };
     sources.requests = &request_counters;
     sources.tenants = &tenant_limiter;
+    if (replication != nullptr) sources.extra.push_back(replication->Collector());
     auto started = sbx::server::MetricsEndpoint::Start(metrics_options, registry, sources);
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
@@ -483,6 +531,15 @@ int main(int argc, char** argv) {
       }
       if (stopping.load()) return;
       spdlog::info("this replica leads: serving the API itself, the standby relay stops");
+      sbx::k8s::LeaderElector* elector = kube->elector();
+      absl::Status led = replication->Lead(elector->Term(), [elector](const std::string& name) {
+        return elector->PublishSyncReplica(name);
+      });
+      if (!led.ok()) {
+        spdlog::error("cannot lead: {}", led.ToString());
+        kill(getpid(), SIGTERM);
+        return;
+      }
       if (absl::Status s = activate(); !s.ok()) {
         spdlog::error("cannot serve after taking the lead: {}", s.ToString());
         kill(getpid(), SIGTERM);
@@ -518,13 +575,14 @@ int main(int argc, char** argv) {
     if (server != nullptr) server->Shutdown(absl::Seconds(shutdown_grace_s));
   }
   if (kube != nullptr) kube->StopPools();
-  metrics.reset();  // reads the allocator, refill and store: goes before them
+  metrics.reset();  // reads the allocator, refill, store and replication: goes before them
   refill.Stop();
   allocator_for_reports = nullptr;
   allocator->reset();
   kube.reset();
   runtime.reset();
   local.reset();  // leaves the sandboxes running unless --delete_sandboxes_on_exit
+  if (replication != nullptr) replication->Stop();  // before the store closes
   if (absl::Status s = (*store)->Close(); !s.ok()) return Fail(s);
   spdlog::info("sbx-server stopped");
   return 0;

@@ -402,6 +402,7 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   }
   std::unique_ptr<MetricsEndpoint> endpoint(new MetricsEndpoint());
   endpoint->registry_ = std::move(registry);
+  endpoint->extra_ = sources.extra;
   endpoint->collector_ = NewServerCollector(std::move(sources));
   try {
     // civetweb takes "host:port"; one worker thread is plenty for a scraper or two.
@@ -412,6 +413,7 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
   }
   endpoint->exposer_->RegisterCollectable(endpoint->registry_);
   endpoint->exposer_->RegisterCollectable(endpoint->collector_);
+  for (const auto& extra : endpoint->extra_) endpoint->exposer_->RegisterCollectable(extra);
   const std::vector<int> ports = endpoint->exposer_->GetListeningPorts();
   endpoint->port_ = ports.empty() ? 0 : ports.front();
   if (!options.port_file.empty()) {

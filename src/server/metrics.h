@@ -123,6 +123,8 @@ struct MetricsSources {
   const RequestCounters* requests = nullptr;
   // Claims refused by the tenants' limits (sbx_tenant_limited_total).
   const TenantLimiter* tenants = nullptr;
+  // Further families collected at scrape time (store replication's).
+  std::vector<std::shared_ptr<prometheus::Collectable>> extra;
 };
 
 // Builds every sbx_* family of sbx-server from `sources` at each Collect (the Kubernetes
@@ -159,6 +161,7 @@ class MetricsEndpoint {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> collector_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> extra_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };

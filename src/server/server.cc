@@ -59,7 +59,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const Serve
   return grpc::SslServerCredentials(ssl);
 }
 
-// The credentials of a standby's hop to the leader when the replicas serve TLS.
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> HopCredentials(const ServerOptions& o) {
   absl::StatusOr<std::string> cert = ReadPem("tls_cert_file", o.tls_cert_file);
   if (!cert.ok()) return cert.status();
@@ -92,12 +93,15 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> HopCredentials(const S
   return creds;
 }
 
+namespace {
+
 // What a server serves; outlives the grpc::Server (destroyed after it).
 struct Services {
   std::unique_ptr<Authenticator> auth;       // null without an allocator
   std::unique_ptr<SandboxdClients> daemons;  // null without an allocator
   std::vector<std::unique_ptr<grpc::Service>> services;
-  std::unique_ptr<ForwardingService> forward;  // a standby's relay to the leader
+  std::vector<std::shared_ptr<grpc::Service>> extra;  // ServerOptions::extra_services
+  std::unique_ptr<ForwardingService> forward;         // a standby's relay to the leader
 };
 
 class GrpcServer final : public Server {
@@ -234,7 +238,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   builder.AddListeningPort(options.listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   builder.SetMaxSendMessageSize(options.max_send_message_bytes);
+  services->extra = options.extra_services;
   for (const auto& service : services->services) builder.RegisterService(service.get());
+  for (const auto& service : services->extra) builder.RegisterService(service.get());
   if (services->forward != nullptr) builder.RegisterCallbackGenericService(services->forward.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(NewUnparsedRequestInterceptorFactory());

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -69,10 +70,20 @@ struct ServerOptions {
   // that share one certificate), not against the address (pods are reached by name or IP
   // their certificate need not carry); with mTLS this replica shows its own certificate.
   std::optional<ForwardOptions> forward;
+  // Further services served on the same port (the replicas' store replication). A
+  // grpc::Service serves one server: give each server its own instances.
+  std::vector<std::shared_ptr<grpc::Service>> extra_services;
 
   // INVALID_ARGUMENT naming the bad field and value.
   absl::Status Validate() const;
 };
+
+// The credentials of one replica's calls to another (a standby's relay hop, its store
+// replication) when the replicas serve TLS (tls_cert_file set): the other's certificate is
+// checked against tls_client_ca_file, else against tls_cert_file itself, not its address;
+// with mTLS this replica shows its own certificate. INVALID_ARGUMENT / NOT_FOUND for files
+// that cannot be read.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> HopCredentials(const ServerOptions& o);
 
 class Server {
  public:

@@ -627,7 +627,8 @@ class SandboxControllerTest(unittest.TestCase):
     # 9
     def test_09_leader_election(self):
         c = Cluster(self)
-        flags = ["--kube_leader_election", "--kube_lease_namespace", NS]
+        flags = ["--kube_leader_election", "--kube_lease_namespace", NS,
+                 "--sandbox_key_secret", "sbx-sandbox-key"]
         c.start_server(*flags, "--kube_identity", "replica-a")
         c.start_server(*flags, "--kube_identity", "replica-b")
         lease_path = "/apis/coordination.k8s.io/v1/namespaces/%s/leases/sbx-controller" % NS
@@ -665,7 +666,8 @@ class SandboxControllerTest(unittest.TestCase):
     # (lease 15 s, retry 2 s: about 15-17 s).
     def test_09b_leader_killed(self):
         c = Cluster(self)
-        flags = ["--kube_leader_election", "--kube_lease_namespace", NS]
+        flags = ["--kube_leader_election", "--kube_lease_namespace", NS,
+                 "--sandbox_key_secret", "sbx-sandbox-key"]
         c.start_server(*flags, "--kube_identity", "replica-a")
         lease_path = "/apis/coordination.k8s.io/v1/namespaces/%s/leases/sbx-controller" % NS
 
