@@ -459,24 +459,36 @@ int main(int argc, char** argv) {
   sbx::allocator::RefillReconciler refill(refill_options, active_runtime, &sbx::Clock::Real());
   sbx::allocator::AllocatorOptions allocator_options;
   allocator_options.default_namespace = default_namespace;
-  auto allocator =
-      sbx::allocator::Allocator::Create(allocator_options, store->get(), active_runtime, &refill,
-                                        &sbx::Clock::Real(), &sbx::IdGenerator::Random());
-  if (!allocator.ok()) {
-    return Fail(absl::Status(
-        allocator.status().code(),
-        absl::StrCat("store \"", store_options.path, "\": ", allocator.status().message())));
+  // The allocator recovers from the store when this replica serves: at once, or (a
+  // standby) once it leads, from the store it replicated as a standby.
+  std::unique_ptr<sbx::allocator::Allocator> allocator;
+  std::atomic<const sbx::allocator::Allocator*> allocator_for_metrics{nullptr};
+  auto open_allocator = [&]() -> absl::Status {
+    auto created =
+        sbx::allocator::Allocator::Create(allocator_options, store->get(), active_runtime, &refill,
+                                          &sbx::Clock::Real(), &sbx::IdGenerator::Random());
+    if (!created.ok()) {
+      return absl::Status(
+          created.status().code(),
+          absl::StrCat("store \"", store_options.path, "\": ", created.status().message()));
+    }
+    allocator = *std::move(created);
+    allocator_for_reports = allocator.get();
+    allocator_for_metrics = allocator.get();
+    const auto& rec = allocator->recovery();
+    spdlog::info(
+        "recovered {} templates, {} pools, {} sandboxes, {} active and {} ended claims in {}",
+        rec.templates, rec.pools, rec.sandboxes, rec.active_claims, rec.ended_claims,
+        absl::FormatDuration(rec.took));
+    return absl::OkStatus();
+  };
+  if (!standby_first) {
+    if (absl::Status s = open_allocator(); !s.ok()) return Fail(s);
   }
-  allocator_for_reports = allocator->get();
-  const auto& rec = (*allocator)->recovery();
-  spdlog::info(
-      "recovered {} templates, {} pools, {} sandboxes, {} active and {} ended claims in {}",
-      rec.templates, rec.pools, rec.sandboxes, rec.active_claims, rec.ended_claims,
-      absl::FormatDuration(rec.took));
   std::unique_ptr<sbx::server::MetricsEndpoint> metrics;
   if (metrics_options.enabled()) {
     sbx::server::MetricsSources sources;
-    sources.allocator = allocator->get();
+    sources.allocator = [&allocator_for_metrics] { return allocator_for_metrics.load(); };
     if (active_runtime != nullptr) sources.refill = &refill;
     sources.store = [store = store->get()] {
       const sbx::store::StoreStats st = store->Stats();
@@ -499,7 +511,6 @@ int main(int argc, char** argv) {
     metrics = *std::move(started);
   }
 
-  server_options.allocator = allocator->get();
   server_options.request_counters = &request_counters;
   server_options.tenant_limiter = &tenant_limiter;
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
@@ -509,11 +520,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<sbx::server::Server> server;
   auto activate = [&]() -> absl::Status {
     if (active_runtime != nullptr) {
-      RETURN_IF_ERROR(ReconcileWithRuntime(**allocator, *active_runtime, *registry));
+      RETURN_IF_ERROR(ReconcileWithRuntime(*allocator, *active_runtime, *registry));
     }
-    RETURN_IF_ERROR(sbx::cmd::ApplyConfig(config, **allocator));
-    if (active_runtime != nullptr) refill.Start(allocator->get());
-    if (kube != nullptr) RETURN_IF_ERROR(kube->StartPools(allocator->get()));
+    RETURN_IF_ERROR(sbx::cmd::ApplyConfig(config, *allocator));
+    if (active_runtime != nullptr) refill.Start(allocator.get());
+    if (kube != nullptr) RETURN_IF_ERROR(kube->StartPools(allocator.get()));
+    server_options.allocator = allocator.get();
     ASSIGN_OR_RETURN(auto started, sbx::server::Server::Start(server_options));
     absl::MutexLock lock(&server_mu);
     server = std::move(started);
@@ -535,6 +547,7 @@ int main(int argc, char** argv) {
       absl::Status led = replication->Lead(elector->Term(), [elector](const std::string& name) {
         return elector->PublishSyncReplica(name);
       });
+      if (led.ok()) led = open_allocator();
       if (!led.ok()) {
         spdlog::error("cannot lead: {}", led.ToString());
         kill(getpid(), SIGTERM);
@@ -578,7 +591,8 @@ int main(int argc, char** argv) {
   metrics.reset();  // reads the allocator, refill, store and replication: goes before them
   refill.Stop();
   allocator_for_reports = nullptr;
-  allocator->reset();
+  allocator_for_metrics = nullptr;
+  allocator.reset();
   kube.reset();
   runtime.reset();
   local.reset();  // leaves the sandboxes running unless --delete_sandboxes_on_exit

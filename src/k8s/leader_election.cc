@@ -2,6 +2,7 @@
 
 #include "src/k8s/json_fields.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -136,6 +137,7 @@ bool LeaderElector::TryAcquireOrRenew() {
           kLeaderAddressAnnotation);
       absl::MutexLock lock(&mu_);
       observed_address_ = std::move(observed);
+      observed_expiry_ = renewed + absl::Seconds(their_duration);
       return false;
     }
   }
@@ -206,9 +208,18 @@ void LeaderElector::Release() {
 
 void LeaderElector::Run() {
   while (true) {
-    // Campaign.
+    // Campaign: look again after retry_period, or as soon as the holder's term runs out
+    // (so that a standby takes over a dead leader's Lease when it expires, not up to
+    // retry_period later).
     while (!TryAcquireOrRenew()) {
-      if (!Sleep(options_.retry_period)) return;
+      absl::Duration wait = options_.retry_period;
+      {
+        absl::MutexLock lock(&mu_);
+        const absl::Duration left = observed_expiry_ - clock_->Now();
+        if (left < wait) wait = std::max(left, absl::Milliseconds(10));
+        observed_expiry_ = absl::InfiniteFuture();
+      }
+      if (!Sleep(wait)) return;
     }
     spdlog::info("leader election: {} leads through lease {}/{}", options_.identity,
                  options_.lease_namespace, options_.lease_name);

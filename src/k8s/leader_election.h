@@ -109,6 +109,8 @@ class LeaderElector {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string address_ ABSL_GUARDED_BY(mu_);
   std::string observed_address_ ABSL_GUARDED_BY(mu_);
+  // When the other holder's term, as last read, runs out (InfiniteFuture: not known).
+  absl::Time observed_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time sleeping_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 

@@ -104,7 +104,9 @@ class ServerCollector final : public prometheus::Collectable {
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
-    if (sources_.allocator != nullptr) CollectPools(&out);
+    if (const allocator::Allocator* a = sources_.allocator ? sources_.allocator() : nullptr) {
+      CollectPools(*a, &out);
+    }
     if (sources_.refill != nullptr) CollectRefill(&out);
     if (sources_.store) CollectStore(&out);
     if (sources_.requests != nullptr) CollectRequests(&out);
@@ -113,7 +115,7 @@ class ServerCollector final : public prometheus::Collectable {
   }
 
  private:
-  void CollectPools(std::vector<MetricFamily>* out) const {
+  void CollectPools(const allocator::Allocator& a, std::vector<MetricFamily>* out) const {
     auto claims = Family("sbx_claims_total",
                          "Claims answered, by pool, result (ok, exhausted, timeout, or the error "
                          "code) and launch_type (warm, wait, cold, none); a batch counts once per "
@@ -148,8 +150,8 @@ class ServerCollector final : public prometheus::Collectable {
     auto max_warm =
         Family("sbx_pool_max_warm", "The pool's ceiling of warm sandboxes", MetricType::Gauge);
 
-    for (const store::PoolRecord& record : sources_.allocator->ListPools()) {
-      absl::StatusOr<allocator::PoolStatus> st = sources_.allocator->GetPoolStatus(record.name);
+    for (const store::PoolRecord& record : a.ListPools()) {
+      absl::StatusOr<allocator::PoolStatus> st = a.GetPoolStatus(record.name);
       if (!st.ok()) continue;  // deleted since the list
       const std::string& pool = record.name;
       const allocator::PoolCountsSnapshot& c = st->counts;

@@ -116,7 +116,8 @@ struct StoreCounts {
 
 // Where the numbers come from. Every field is optional (null: those families are left out).
 struct MetricsSources {
-  const allocator::Allocator* allocator = nullptr;
+  // The allocator, read at each scrape (null: none yet, as on a standby until it leads).
+  std::function<const allocator::Allocator*()> allocator;
   // Creates in flight per pool (sbx_pool_starting_sandboxes) and refill totals.
   const allocator::RefillReconciler* refill = nullptr;
   std::function<StoreCounts()> store;

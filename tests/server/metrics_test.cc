@@ -104,7 +104,7 @@ class MetricsTest : public ::testing::Test {
 TEST_F(MetricsTest, PoolFamiliesFollowTheAllocator) {
   RequestCounters requests;
   MetricsSources sources;
-  sources.allocator = allocator_.get();
+  sources.allocator = [a = allocator_.get()] { return a; };
   sources.requests = &requests;
   auto collector = NewServerCollector(sources);
 
