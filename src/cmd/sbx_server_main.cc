@@ -582,6 +582,11 @@ int main(int argc, char** argv) {
                shutdown_grace_s);
   stopping.store(true);
   if (promotion.joinable()) promotion.join();
+  // A leader stops acknowledging first (later commits fail with UNAVAILABLE), so that its
+  // in-sync standby, still named by the Lease, holds everything it acknowledged and takes
+  // over as soon as the Lease is released below; this also ends the standby's stream,
+  // which would otherwise hold the server's shutdown for its whole grace period.
+  if (replication != nullptr) replication->Stop();
   if (standby != nullptr) standby->Shutdown(absl::Seconds(shutdown_grace_s));
   {
     absl::MutexLock lock(&server_mu);
@@ -596,7 +601,6 @@ int main(int argc, char** argv) {
   kube.reset();
   runtime.reset();
   local.reset();  // leaves the sandboxes running unless --delete_sandboxes_on_exit
-  if (replication != nullptr) replication->Stop();  // before the store closes
   if (absl::Status s = (*store)->Close(); !s.ok()) return Fail(s);
   spdlog::info("sbx-server stopped");
   return 0;

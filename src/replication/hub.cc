@@ -32,7 +32,10 @@ ReplicationHub::ReplicationHub(store::Replicable* store, HubOptions options)
   publisher_ = std::thread([this] { PublishLoop(); });
 }
 
-ReplicationHub::~ReplicationHub() { Stop(); }
+ReplicationHub::~ReplicationHub() {
+  Stop();
+  store_->SetShipper(nullptr);
+}
 
 void ReplicationHub::Stop() {
   {
@@ -40,13 +43,13 @@ void ReplicationHub::Stop() {
     if (stopped_) return;
     stopped_ = true;
     if (fatal_.ok()) {
-      fatal_ = absl::FailedPreconditionError(
-          "store replication stopped (this replica is shutting down); nothing more is "
-          "acknowledged");
+      fatal_ = absl::UnavailableError(
+          "this replica is shutting down and acknowledges nothing more; retry on the new "
+          "leader");
     }
     if (feed_ != nullptr) DropLocked(*feed_, absl::UnavailableError("the leader is stopping"));
   }
-  store_->SetShipper(nullptr);
+  // Still the store's shipper: every later commit fails (until the destructor detaches).
   if (publisher_.joinable()) publisher_.join();
 }
 
@@ -287,9 +290,10 @@ void ReplicationHub::PublishLoop() {
       continue;
     }
     if (absl::IsFailedPrecondition(published)) {
-      fatal_ = absl::FailedPreconditionError(absl::StrCat("this replica no longer leads (",
-                                                          published.message(),
-                                                          "); nothing more is acknowledged"));
+      // UNAVAILABLE for the clients of the commits that fail: the new leader serves them.
+      fatal_ =
+          absl::UnavailableError(absl::StrCat("this replica no longer leads (", published.message(),
+                                              "); nothing more is acknowledged"));
       spdlog::error("replication: {}", std::string(fatal_.message()));
       if (feed_ != nullptr) DropLocked(*feed_, fatal_);
       return;

@@ -13,15 +13,18 @@
 // drops it and groups wait until the Lease names no one (publish("")); a replica the
 // Lease does not name can never take the lead (LeaderElectionOptions::may_lead), so the
 // leader may then acknowledge alone. A publish refused because this replica no longer
-// holds the Lease fails every waiting and later group: a deposed leader acknowledges
-// nothing.
+// holds the Lease fails every waiting and later group (UNAVAILABLE: clients retry on the
+// new leader): a deposed leader acknowledges nothing.
 //
 // One standby at a time: with two replicas that is the other one; a third replica that
 // tries to attach while one is attached is refused (it relays calls but cannot lead).
 //
 // Thread-safety: every method may be called from any thread.
-// Lifetime: Stop (or the destructor) detaches from the store, drops the standby, fails
-// waiting groups with FAILED_PRECONDITION and joins the publisher thread.
+// Lifetime: Stop drops the standby without un-naming it (it holds everything
+// acknowledged, so it may take over), fails waiting and later groups with UNAVAILABLE
+// (the hub stays the store's shipper, so the store acknowledges nothing more) and joins
+// the publisher thread. The destructor stops and detaches from the store, which must
+// still exist then.
 
 #include <cstdint>
 #include <deque>
@@ -74,8 +77,7 @@ class ReplicationHub final : public store::GroupShipper {
   // One attached standby's stream, as the service sees it.
   class Feed;
 
-  // Ships the groups of `store` from now on. The hub must be stopped before the store is
-  // closed.
+  // Ships the groups of `store` from now on. The hub is destroyed before the store.
   ReplicationHub(store::Replicable* store, HubOptions options);
   ~ReplicationHub() override;
   ReplicationHub(const ReplicationHub&) = delete;

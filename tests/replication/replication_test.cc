@@ -85,7 +85,7 @@ class ReplicationTest : public ::testing::Test {
   void TearDown() override {
     follower_.reset();
     if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
-    if (hub_ != nullptr) hub_->Stop();
+    hub_.reset();  // before the store it ships from
     leader_store_.reset();
     standby_store_.reset();
     std::error_code ec;
@@ -257,9 +257,25 @@ TEST_F(ReplicationTest, ADeposedLeaderAcknowledgesNothing) {
   lease_.Refuse(absl::FailedPreconditionError("the Lease is held by replica-b"));
   follower_->Stop();  // the standby was promoted: it stopped following
   absl::Status s = Commit(*leader_store_, "lost");
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("no longer leads"));
-  EXPECT_EQ(Commit(*leader_store_, "later").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Commit(*leader_store_, "later").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(lease_.named(), "replica-b");  // nothing un-named it
+}
+
+// A leader that stops (SIGTERM) fails what it has not acknowledged instead of un-naming
+// its standby: the standby holds everything acknowledged and may take over at once.
+TEST_F(ReplicationTest, AStoppingLeaderLeavesItsStandbyNamed) {
+  StartLeader();
+  StartFollower();
+  ASSERT_TRUE(lease_.WaitNamed("replica-b"));
+  ASSERT_TRUE(Commit(*leader_store_, "acknowledged").ok());
+  hub_->Stop();
+  EXPECT_EQ(Commit(*leader_store_, "after").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(lease_.named(), "replica-b");
+  EXPECT_THAT(lease_.history(), ::testing::ElementsAre("replica-b"));
+  std::vector<std::string> pools = Pools(*standby_store_);
+  EXPECT_NE(std::find(pools.begin(), pools.end(), "acknowledged"), pools.end());
 }
 
 // The stream carries every tenant's claims: nobody without the replicas' token follows it.
