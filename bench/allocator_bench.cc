@@ -286,8 +286,12 @@ void BM_Allocator_ClaimRelease(benchmark::State& state, StoreKind kind) {
       state.SkipWithError(absl::StrCat("Claim: ", s.ToString()).c_str());
       break;
     }
-    absl::Status released =
-        Sync([&](allocator::StatusCallback cb) { a.Release("bench", claim_id, std::move(cb)); });
+    absl::Status released = Sync([&](allocator::StatusCallback cb) {
+      a.Release("bench", claim_id,
+                [cb = std::move(cb)](absl::StatusOr<store::ClaimRecord> ended) mutable {
+                  std::move(cb)(ended.status());
+                });
+    });
     if (!released.ok()) {
       state.SkipWithError(absl::StrCat("Release: ", released.ToString()).c_str());
       break;

@@ -70,6 +70,9 @@ struct ClaimEntry {
   TimerHandle expiry ABSL_GUARDED_BY(mu);
   // How the claim gets its sandbox, for the pool's counters.
   ClaimPath path ABSL_GUARDED_BY(mu) = ClaimPath::kWarm;
+  // Releases that arrived while the claim's end was being committed: answered with the
+  // ended record once it is durable.
+  std::vector<EndedCallback> end_waiters ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -516,7 +519,7 @@ class AllocatorImpl final : public Allocator {
         absl::MutexLock lock(&e->mu);
         active = e->phase == ClaimEntry::Phase::kActive;
       }
-      if (active) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+      if (active) EndClaim(e, ClaimState::kLost, [](absl::StatusOr<ClaimRecord>) {});
     }
     return absl::OkStatus();
   }
@@ -633,8 +636,7 @@ class AllocatorImpl final : public Allocator {
   // granted what it holds (if anything); otherwise all goes back and `status` answers.
   void GiveUpBatch(const BatchWaitPtr& w, absl::Status status, bool grant_best_effort);
 
-  void Release(const std::string& owner, const std::string& claim_id,
-               StatusCallback done) override {
+  void Release(const std::string& owner, const std::string& claim_id, EndedCallback done) override {
     EntryPtr e = claims_.Find(ClaimKey(owner, claim_id));
     if (e == nullptr) return std::move(done)(NotFound(claim_id));
     EndClaim(e, ClaimState::kReleased, std::move(done));
@@ -1037,7 +1039,7 @@ class AllocatorImpl final : public Allocator {
     // Published after the entry is active: whoever sees the revision sees the claim.
     hub_->Complete(record.revision, MakeEvent(ClaimEvent::Type::kAdded, record));
     for (auto& [cb, replayed] : callbacks) std::move(cb)(ClaimResult{record, replayed});
-    if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+    if (gone) EndClaim(e, ClaimState::kLost, [](absl::StatusOr<ClaimRecord>) {});
   }
 
   void ArmExpiryLocked(const EntryPtr& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) {
@@ -1047,14 +1049,23 @@ class AllocatorImpl final : public Allocator {
 
   // Ends an active claim as `end`: writes the ended record and removes the sandbox
   // record in one batch; then retires the sandbox and asks for a refill.
-  void EndClaim(const EntryPtr& e, ClaimState end, StatusCallback done) {
+  // Ends an active claim as `end` and answers its ended record. A claim that has ended is
+  // answered with its final record; one whose end is being committed, once that end is
+  // durable (Release's idempotence).
+  void EndClaim(const EntryPtr& e, ClaimState end, EndedCallback done) {
     store::WriteBatch batch;
     SandboxPtr sb;
     absl::Status refused;
+    std::optional<ClaimRecord> ended_before;
     absl::Time ended_at;
     uint64_t revision = 0;
     {
       absl::MutexLock lock(&e->mu);
+      if (e->phase == ClaimEntry::Phase::kEnding) {
+        e->end_waiters.push_back(std::move(done));
+        return;
+      }
+      if (e->phase == ClaimEntry::Phase::kEnded) ended_before = RecordLocked(*e);
       refused = NotActiveLocked(*e);
       if (refused.ok()) {
         e->phase = ClaimEntry::Phase::kEnding;
@@ -1069,16 +1080,23 @@ class AllocatorImpl final : public Allocator {
       }
     }
     // Callbacks never run under a lock: they may call back into the allocator.
+    if (ended_before.has_value()) return std::move(done)(*std::move(ended_before));
     if (!refused.ok()) return std::move(done)(refused);
     store_->Commit(std::move(batch), [this, e, end, sb, ended_at, revision,
                                       done = std::move(done)](absl::Status s) mutable {
+      std::vector<EndedCallback> waiters;
       if (!s.ok()) {
         {
           absl::MutexLock lock(&e->mu);
           e->phase = ClaimEntry::Phase::kActive;
           ArmExpiryLocked(e);
+          waiters.swap(e->end_waiters);
         }
         hub_->Complete(revision, nullptr);
+        for (EndedCallback& w : waiters) {
+          std::move(w)(absl::AbortedError(
+              absl::StrCat("the end of claim \"", e->key, "\" being committed failed; retry")));
+        }
         return std::move(done)(s);
       }
       ClaimRecord record;
@@ -1090,7 +1108,10 @@ class AllocatorImpl final : public Allocator {
         e->record.revision = revision;
         // e->sandbox stays: the ended claim still reports which sandbox it held.
         record = RecordLocked(*e);
+        waiters.swap(e->end_waiters);
       }
+      for (EndedCallback& w : waiters) std::move(w)(record);
+      ClaimRecord answer = record;
       hub_->Complete(revision, MakeEvent(ClaimEvent::Type::kModified, std::move(record)));
       sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
       e->pool->AddClaimed(-1);
@@ -1099,7 +1120,7 @@ class AllocatorImpl final : public Allocator {
       if (end != ClaimState::kLost) reconciler_->RetireSandbox(RecordOf(*sb));
       reconciler_->PoolBelowTarget(e->pool->name());
       ScheduleTimer(ended_at + options_.idempotency_window, TimerTask::Kind::kPurge, e);
-      std::move(done)(absl::OkStatus());
+      std::move(done)(std::move(answer));
     });
   }
 
@@ -1107,7 +1128,7 @@ class AllocatorImpl final : public Allocator {
     const EntryPtr& e = t.entry;
     switch (t.kind) {
       case TimerTask::Kind::kExpire:
-        return EndClaim(e, ClaimState::kExpired, [](absl::Status) {});
+        return EndClaim(e, ClaimState::kExpired, [](absl::StatusOr<ClaimRecord>) {});
       case TimerTask::Kind::kPurge:
         // After the idempotency window an ended claim leaves the table and the store.
         if (claims_.Erase(e)) Purge(e);
@@ -1261,7 +1282,7 @@ class AllocatorImpl final : public Allocator {
                          e->key.substr(e->key.find('/') + 1), "\": ", runtime_status.message())));
       }
       // The sandbox died while the runtime was asked (SandboxGone skips updating claims).
-      if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+      if (gone) EndClaim(e, ClaimState::kLost, [](absl::StatusOr<ClaimRecord>) {});
       return;
     }
     const uint64_t revision = updated.revision;
@@ -1307,7 +1328,7 @@ class AllocatorImpl final : public Allocator {
                      s.ok() ? MakeEvent(ClaimEvent::Type::kModified, result->claim) : nullptr);
       std::move(done)(std::move(result));
       // The sandbox died while the claim was being updated (SandboxGone skips such claims).
-      if (gone) EndClaim(e, ClaimState::kLost, [](absl::Status) {});
+      if (gone) EndClaim(e, ClaimState::kLost, [](absl::StatusOr<ClaimRecord>) {});
     });
   }
 

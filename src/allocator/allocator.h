@@ -179,6 +179,8 @@ struct BatchRequest {
 };
 using BatchCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<ClaimResult>>) &&>;
 using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
+// A claim's record once it has ended (Release).
+using EndedCallback = absl::AnyInvocable<void(absl::StatusOr<store::ClaimRecord>) &&>;
 
 // Runs `call` (an allocator method given a StatusCallback) and blocks until its callback
 // has run; returns that status. For start-up code and controllers, never the claim path.
@@ -352,10 +354,13 @@ class Allocator {
   // match, ALREADY_EXISTS when they do not, ABORTED while it is being committed.
   virtual void ClaimBatch(BatchRequest request, BatchCallback done) = 0;
   // Ends the claim; its sandbox is retired (deleted, never reused) and the pool refilled.
-  // NOT_FOUND (unknown to this owner), FAILED_PRECONDITION (already ended), ABORTED (its
-  // claim is still being committed).
+  // Answers the ended claim's record. Idempotent: a claim that has ended already (released,
+  // expired, lost) is answered with its final record, and one whose end (an expiry, a
+  // concurrent release) is being committed is answered with its record once that end is
+  // durable. Errors: NOT_FOUND (unknown to this owner), ABORTED (the claim is still being
+  // granted or updated, or the end being committed failed; retry), the store's error.
   virtual void Release(const std::string& owner, const std::string& claim_id,
-                       StatusCallback done) = 0;
+                       EndedCallback done) = 0;
   // Sets expiry to now + ttl (capped by the pool's max_ttl); an infinite ttl (and no
   // max_ttl) means the claim no longer expires. Same errors as Release, INVALID_ARGUMENT
   // for a ttl that is not positive or is finite and above kMaxTtl, and ABORTED while

@@ -496,6 +496,7 @@ int main(int argc, char** argv) {
       c.commits = st.commits;
       c.write_batches = st.write_batches;
       c.syncs = st.syncs;
+      c.committer_busy_seconds = st.committer_busy_seconds;
       c.write_seconds = st.write_seconds;
       c.group_commits = st.group_commits;
       c.writable = st.writable;

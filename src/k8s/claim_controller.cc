@@ -265,7 +265,7 @@ void ClaimController::WatchClaims() {
     }
     // Ending an ended claim answers FAILED_PRECONDITION, which is fine: this is the
     // deletion of the claim object that the end of a gRPC claim asked for.
-    a->Release(owner, id, [](absl::Status) {});
+    a->Release(owner, id, [](absl::StatusOr<store::ClaimRecord>) {});
   };
   claims_.AddHandler(std::move(claim_handler));
 }
@@ -394,7 +394,8 @@ absl::Status ClaimController::Start(allocator::Allocator* allocator) {
   for (const store::ClaimRecord& c : allocator->ListClaims(all)) {
     if (!IsKubeClaimOwner(c.owner) || present.contains(c.id)) continue;
     const std::string ns = c.owner.substr(kKubeClaimOwnerPrefix.size());
-    if (options_.namespaces.Serves(ns)) allocator->Release(c.owner, c.id, [](absl::Status) {});
+    if (options_.namespaces.Serves(ns))
+      allocator->Release(c.owner, c.id, [](absl::StatusOr<store::ClaimRecord>) {});
   }
   auto enqueue_kubectl_claims = [this] {
     for (const ObjectPtr& claim : claims_.List()) {
@@ -521,7 +522,8 @@ absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, Cl
   // Retain: the claim stays, its sandbox goes.
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
   const std::string ns = Str(Field(claim, "metadata"), "namespace");
-  allocator->Release(KubeClaimOwner(ns), Str(Field(claim, "metadata"), "uid"), [](absl::Status) {});
+  allocator->Release(KubeClaimOwner(ns), Str(Field(claim, "metadata"), "uid"),
+                     [](absl::StatusOr<store::ClaimRecord>) {});
   if (const std::string sandbox = Str(Field(status, "sandbox"), "name"); !sandbox.empty()) {
     RETURN_IF_ERROR(writer_.DeleteSandbox(ns, sandbox));
   }

@@ -71,7 +71,7 @@ void ReleaseAfterConfigError(allocator::Allocator* a, const std::vector<store::C
       error.code(),
       absl::StrCat(error.message(), "; the claim was released (retry with a new id)"));
   for (const store::ClaimRecord& c : claims) {
-    a->Release(c.owner, c.id, [left, shared_done, final_error](absl::Status) {
+    a->Release(c.owner, c.id, [left, shared_done, final_error](absl::StatusOr<store::ClaimRecord>) {
       if (left->fetch_sub(1) == 1) std::move (*shared_done)(final_error);
     });
   }
@@ -308,34 +308,17 @@ grpc::ServerUnaryReactor* ClaimService::Release(grpc::CallbackServerContext* ctx
   if (absl::Status s = RequireClaimId(req->claim_id()); !s.ok()) {
     return FinishCall(ctx, record, s);
   }
-  // Release is idempotent on the wire (claims.proto): an ended claim is OK with its final
-  // state, answered here without asking the allocator (which says FAILED_PRECONDITION).
-  absl::StatusOr<store::ClaimRecord> before = allocator_->GetClaim(caller->tenant, req->claim_id());
-  if (!before.ok()) return FinishCall(ctx, record, before.status());
-  if (before->state != store::ClaimState::kActive) {
-    ToProto(*before, resp->mutable_claim());
-    return FinishCall(ctx, record, absl::OkStatus());
-  }
+  // Release is idempotent on the wire (claims.proto): the allocator answers an ended claim
+  // (or one whose expiry is being committed) with its final record.
   auto call = AsyncUnary<v1::ReleaseResponse>::Create(ctx, resp);
   call->set_on_finish([record = std::move(record)](const absl::Status& s) { record.Done(s); });
-  allocator_->Release(
-      caller->tenant, req->claim_id(),
-      [call, a = allocator_, owner = caller->tenant, id = req->claim_id()](absl::Status s) {
-        if (s.code() == absl::StatusCode::kFailedPrecondition) {
-          // It ended between the read above and the release (expiry, loss, a concurrent
-          // release). The allocator may run this callback under the claim's lock, so the
-          // final state is not read here: a retry answers it from the branch above.
-          return call->Fail(absl::AbortedError(
-              absl::StrCat("claim \"", id, "\" ended while being released; retry")));
-        }
-        if (!s.ok()) return call->Fail(s);
-        // Success runs outside the allocator's locks: read the ended claim.
-        absl::StatusOr<store::ClaimRecord> claim = a->GetClaim(owner, id);
-        call->Complete(claim.status(), [&](v1::ReleaseResponse* out) {
-          ToProto(*claim, out->mutable_claim());
-          return absl::OkStatus();
-        });
-      });
+  allocator_->Release(caller->tenant, req->claim_id(),
+                      [call](absl::StatusOr<store::ClaimRecord> ended) {
+                        call->Complete(ended.status(), [&](v1::ReleaseResponse* out) {
+                          ToProto(*ended, out->mutable_claim());
+                          return absl::OkStatus();
+                        });
+                      });
   return call->reactor();
 }
 

@@ -224,6 +224,14 @@ class ServerCollector final : public prometheus::Collectable {
         s.commits);
     add("sbx_store_writes_total", "Physical store writes (one per group commit)", s.write_batches);
     add("sbx_store_syncs_total", "fsyncs the store issued", s.syncs);
+    {
+      auto f = Family("sbx_store_committer_busy_seconds_total",
+                      "Time the store's committer thread spent on group commits (write, fsync, "
+                      "replication, callbacks); its rate is the committer's busy fraction",
+                      MetricType::Counter);
+      AddValue(&f, {}, s.committer_busy_seconds);
+      out->push_back(std::move(f));
+    }
     auto gauge = [&](const char* name, const char* help, double v) {
       auto f = Family(name, help, MetricType::Gauge);
       AddValue(&f, {}, v);

@@ -686,6 +686,8 @@ class RocksDbStore final : public Store, public Replicable {
     s.commits = commits_.load(std::memory_order_relaxed);
     s.write_batches = write_batches_.load(std::memory_order_relaxed);
     s.syncs = syncs_.load(std::memory_order_relaxed);
+    s.committer_busy_seconds =
+        static_cast<double>(busy_nanos_.load(std::memory_order_relaxed)) / 1e9;
     s.write_seconds = write_seconds_.Snapshot();
     s.group_commits = group_commits_.Snapshot();
     s.writable = writable_stat_.load(std::memory_order_relaxed);
@@ -877,8 +879,14 @@ class RocksDbStore final : public Store, public Replicable {
         Refresh(0);  // the wait timed out
         continue;
       }
+      const auto busy_from = std::chrono::steady_clock::now();
       WriteGroup(group);
       group.clear();
+      busy_nanos_.fetch_add(
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now() - busy_from)
+                                    .count()),
+          std::memory_order_relaxed);
     }
   }
 
@@ -1119,6 +1127,7 @@ class RocksDbStore final : public Store, public Replicable {
   std::atomic<uint64_t> commits_{0};
   std::atomic<uint64_t> write_batches_{0};
   std::atomic<uint64_t> syncs_{0};
+  std::atomic<uint64_t> busy_nanos_{0};  // committer_busy_seconds, in nanoseconds
   // Observed by the committer only; read by Stats() (lock-free, see histogram.h).
   AtomicHistogram write_seconds_{CommitLatencyBuckets()};
   AtomicHistogram group_commits_{GroupSizeBuckets()};

@@ -77,6 +77,10 @@ struct StoreStats {
   uint64_t commits = 0;        // Commit() calls completed
   uint64_t write_batches = 0;  // physical writes (one per group commit)
   uint64_t syncs = 0;          // fsyncs issued
+  // Time the store's committer spent on groups (from taking a group to the end of its
+  // callbacks, replication included), in seconds; its rate is the committer's busy
+  // fraction. 0 for stores without a committer.
+  double committer_busy_seconds = 0;
   // Per physical write (group commit): how long the write and its fsync took (seconds),
   // and how many Commit() calls it carried. Empty (no bounds) for stores without groups.
   HistogramSnapshot write_seconds;

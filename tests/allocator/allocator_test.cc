@@ -107,10 +107,10 @@ class AllocatorTest : public ::testing::Test {
     return *out.value;
   }
   absl::Status ReleaseNow(const std::string& id, const std::string& owner = "alice") {
-    Result<absl::Status> out;
+    Result<absl::StatusOr<store::ClaimRecord>> out;
     allocator_->Release(owner, id, out.callback());
     EXPECT_TRUE(out.value.has_value());
-    return out.value.value_or(absl::InternalError("no result"));
+    return out.value.has_value() ? out.value->status() : absl::InternalError("no result");
   }
   int64_t Warm() { return allocator_->GetPoolStatus("py")->warm; }
   std::optional<store::ClaimRecord> StoredClaim(const std::string& key) {
@@ -346,11 +346,13 @@ TEST_F(AllocatorTest, ReleaseRetiresTheSandboxAndKeepsTheIdForTheWindow) {
   EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kReleased);
   EXPECT_FALSE(StoredSandbox("s1"));
   EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
-  // The sandbox is not reused and a second release is refused.
+  // The sandbox is not reused; a second release answers the claim as it ended, and
+  // changes nothing.
   EXPECT_EQ(Warm(), 0);
-  absl::Status again = ReleaseNow("c1");
-  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(again.message(), HasSubstr("was released"));
+  const uint64_t revision = StoredClaim("alice/c1")->revision;
+  EXPECT_TRUE(ReleaseNow("c1").ok());
+  EXPECT_EQ(StoredClaim("alice/c1")->revision, revision);
+  EXPECT_THAT(reconciler_.retired(), ::testing::ElementsAre("s1"));
   // A retried claim with the same id does not get a second sandbox.
   AddWarm("s2");
   EXPECT_EQ(ClaimNow(Req("c1")).status().code(), absl::StatusCode::kFailedPrecondition);
@@ -374,9 +376,11 @@ TEST_F(AllocatorTest, ExpiredClaimsAreReleasedByTimer) {
   clock_.Advance(absl::Seconds(2));
   EXPECT_EQ(allocator_->Tick(), 1);
   EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kExpired);
-  absl::Status rel = ReleaseNow("c1");
-  EXPECT_EQ(rel.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(rel.message(), HasSubstr("expired"));
+  // A release after the expiry answers the claim as it ended (EXPIRED), nothing more.
+  Result<absl::StatusOr<store::ClaimRecord>> rel;
+  allocator_->Release("alice", "c1", rel.callback());
+  ASSERT_TRUE(rel.value.has_value() && rel.value->ok());
+  EXPECT_EQ((*rel.value)->state, ClaimState::kExpired);
   EXPECT_THAT(reconciler_.retired(), ::testing::ElementsAre("s1"));
 }
 
@@ -886,13 +890,14 @@ TEST_F(AllocatorTest, RaceReleaseVsExpiryReleaseFirst) {
   r.ttl = absl::Seconds(10);
   ASSERT_TRUE(ClaimNow(r).ok());
   store_->Pause();
-  Result<absl::Status> rel;
+  Result<absl::StatusOr<store::ClaimRecord>> rel;
   allocator_->Release("alice", "c1", rel.callback());
   clock_.Advance(absl::Seconds(11));
   allocator_->Tick();  // the expiry timer was cancelled by the release
   store_->Resume();
   ASSERT_TRUE(rel.value.has_value());
-  EXPECT_TRUE(rel.value->ok());
+  ASSERT_TRUE(rel.value->ok());
+  EXPECT_EQ((*rel.value)->state, ClaimState::kReleased);
   EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kReleased);
   EXPECT_EQ(reconciler_.retired().size(), 1u);
 }
@@ -905,11 +910,14 @@ TEST_F(AllocatorTest, RaceReleaseVsExpiryExpiryFirst) {
   store_->Pause();
   clock_.Advance(absl::Seconds(11));
   EXPECT_EQ(allocator_->Tick(), 1);  // expiry is being committed
-  Result<absl::Status> rel;
+  // The release waits for the expiry and answers OK with the claim's final state.
+  Result<absl::StatusOr<store::ClaimRecord>> rel;
   allocator_->Release("alice", "c1", rel.callback());
-  ASSERT_TRUE(rel.value.has_value());
-  EXPECT_EQ(rel.value->code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(rel.value.has_value());
   store_->Resume();
+  ASSERT_TRUE(rel.value.has_value());
+  ASSERT_TRUE(rel.value->ok()) << rel.value->status();
+  EXPECT_EQ((*rel.value)->state, ClaimState::kExpired);
   EXPECT_EQ(StoredClaim("alice/c1")->state, ClaimState::kExpired);
   EXPECT_EQ(reconciler_.retired().size(), 1u);
 }
@@ -924,9 +932,9 @@ TEST_F(AllocatorTest, RaceClaimRetryVsInFlightCommit) {
   EXPECT_FALSE(first.value.has_value());
   EXPECT_FALSE(retry.value.has_value());
   // A release of the claim still in flight is refused, not lost.
-  Result<absl::Status> rel;
+  Result<absl::StatusOr<store::ClaimRecord>> rel;
   allocator_->Release("alice", "c1", rel.callback());
-  EXPECT_EQ(rel.value->code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(rel.value->status().code(), absl::StatusCode::kAborted);
   store_->Resume();
   ASSERT_TRUE(first.value.has_value() && retry.value.has_value());
   ASSERT_TRUE(first.value->ok() && retry.value->ok());
@@ -1102,8 +1110,10 @@ TEST_F(AllocatorTest, CallbacksMayReenterTheAllocator) {
   ASSERT_TRUE(ClaimNow(r).ok());
   ASSERT_TRUE(ReleaseNow("c1").ok());
   bool ran = false;
-  allocator_->Release("alice", "c1", [&](absl::Status s) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  allocator_->Release("alice", "c1", [&](absl::StatusOr<store::ClaimRecord> ended) {
+    // Idempotent: the ended claim's final record.
+    ASSERT_TRUE(ended.ok()) << ended.status();
+    EXPECT_EQ(ended->state, ClaimState::kReleased);
     EXPECT_EQ(allocator_->GetClaim("alice", "c1")->state, ClaimState::kReleased);
     ran = true;
   });

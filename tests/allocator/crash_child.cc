@@ -100,11 +100,9 @@ int main(int argc, char** argv) {
         }
         // Keep about half of the claims active, so that restarts have claims to recover.
         if (sandbox.empty() || absl::Bernoulli(gen, 0.5)) continue;
-        alloc.Release(owner, req.claim_id, [&](absl::Status s) {
-          // The release is durable; its revision is in the claim (read outside any lock:
-          // callbacks never run under the allocator's locks).
-          absl::StatusOr<store::ClaimRecord> ended = alloc.GetClaim(owner, req.claim_id);
-          if (s.ok() && ended.ok()) {
+        alloc.Release(owner, req.claim_id, [&](absl::StatusOr<store::ClaimRecord> ended) {
+          // The release is durable; its revision is in the ended record.
+          if (ended.ok()) {
             Say(absl::StrCat("R ", owner, "/", req.claim_id, " ", ended->revision));
           }
           absl::MutexLock lock(&mu);

@@ -133,11 +133,11 @@ TEST(ExactlyOnceTest, MillionClaimsFrom64ThreadsNeverShareASandbox) {
         });
         w.Wait();
         if (sandbox.empty()) continue;
-        a.Release(req.owner, req.claim_id, [&](absl::Status s) {
-          if (s.ok()) {
+        a.Release(req.owner, req.claim_id, [&](absl::StatusOr<store::ClaimRecord> ended) {
+          if (ended.ok()) {
             released.fetch_add(1);
           } else {
-            ADD_FAILURE() << s;
+            ADD_FAILURE() << ended.status();
             errors.fetch_add(1);
           }
           w.Done();

@@ -99,7 +99,8 @@ TEST_F(RefillTest, RefillsAfterAClaimAndDeletesTheReleasedSandbox) {
   CompleteAll();
   EXPECT_EQ(Warm(), 2);
   std::optional<absl::Status> rel;
-  allocator_->Release("alice", "c1", [&](absl::Status s) { rel = s; });
+  allocator_->Release("alice", "c1",
+                      [&](absl::StatusOr<store::ClaimRecord> ended) { rel = ended.status(); });
   ASSERT_TRUE(rel.has_value() && rel->ok());
   EXPECT_EQ(refill_->pending_deletes(), 1u);
   refill_->RunOnce();

@@ -165,9 +165,10 @@ class WatchTest : public ::testing::Test {
     return (*out.value)->claim;
   }
   absl::Status ReleaseNow(const std::string& id, const std::string& owner = "alice") {
-    Result<absl::Status> out;
+    Result<absl::StatusOr<store::ClaimRecord>> out;
     allocator_->Release(owner, id, out.callback());
-    return out.value.value_or(absl::InternalError("release did not complete"));
+    if (!out.value.has_value()) return absl::InternalError("release did not complete");
+    return out.value->status();
   }
   absl::StatusOr<store::ClaimRecord> RenewNow(const std::string& id) {
     Result<absl::StatusOr<ClaimResult>> out;
@@ -442,7 +443,7 @@ TEST_F(WatchTest, NoEventBeforeTheChangeIsDurable) {
   EXPECT_EQ(Revision(), 1u);
   // The same for a release.
   store_->Pause();
-  Result<absl::Status> released;
+  Result<absl::StatusOr<store::ClaimRecord>> released;
   allocator_->Release("alice", "c1", released.callback());
   EXPECT_TRUE(w.Take().empty());
   store_->Resume();
@@ -775,8 +776,8 @@ TEST(WatchRocksDbTest, RevisionsNeverGoBackwardsAcrossRestarts) {
     claimed.WaitForNotification();
     EXPECT_EQ(claim_revision, last + 1);
     absl::Notification released;
-    alloc.Release("alice", r.claim_id, [&](absl::Status s) {
-      EXPECT_TRUE(s.ok()) << s;
+    alloc.Release("alice", r.claim_id, [&](absl::StatusOr<store::ClaimRecord> ended) {
+      EXPECT_TRUE(ended.ok()) << ended.status();
       released.Notify();
     });
     released.WaitForNotification();
@@ -908,8 +909,8 @@ TEST(WatchStressTest, ConcurrentChangesAreSeenExactlyOnceInOrder) {
         if (i % 3 == 0) continue;  // keep some active
         absl::Notification released;
         bool ok = false;
-        a.Release("tenant", r.claim_id, [&](absl::Status s) {
-          ok = s.ok();
+        a.Release("tenant", r.claim_id, [&](absl::StatusOr<store::ClaimRecord> ended) {
+          ok = ended.ok();
           released.Notify();
         });
         released.WaitForNotification();

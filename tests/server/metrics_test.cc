@@ -124,8 +124,13 @@ TEST_F(MetricsTest, PoolFamiliesFollowTheAllocator) {
   ASSERT_TRUE(Claim("c3").ok());
   absl::StatusOr<allocator::ClaimResult> none = Claim("c4");  // FAIL policy, pool empty
   ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
-  ASSERT_TRUE(
-      allocator::Wait([&](auto cb) { allocator_->Release("alice", "c1", std::move(cb)); }).ok());
+  ASSERT_TRUE(allocator::Wait([&](allocator::StatusCallback cb) {
+                allocator_->Release(
+                    "alice", "c1",
+                    [cb = std::move(cb)](absl::StatusOr<store::ClaimRecord> r) mutable {
+                      std::move(cb)(r.status());
+                    });
+              }).ok());
   requests.CountCall(CountedMethod::kClaim, absl::StatusCode::kOk);
   requests.CountCall(CountedMethod::kClaim, absl::StatusCode::kResourceExhausted);
   requests.CountExec(absl::StatusCode::kOk, absl::Milliseconds(3));
@@ -196,6 +201,7 @@ TEST_F(MetricsTest, StoreFamiliesComeFromTheReader) {
     c.commits = 7;
     c.write_batches = 2;
     c.syncs = 2;
+    c.committer_busy_seconds = 0.25;
     AtomicHistogram h(CommitLatencyBuckets());
     h.Observe(0.002);
     h.Observe(0.0001);
@@ -205,6 +211,7 @@ TEST_F(MetricsTest, StoreFamiliesComeFromTheReader) {
   std::vector<MetricFamily> f = NewServerCollector(sources)->Collect();
   EXPECT_EQ(Find(f, "sbx_store_commits_total")->counter.value, 7);
   EXPECT_EQ(Find(f, "sbx_store_syncs_total")->counter.value, 2);
+  EXPECT_EQ(Find(f, "sbx_store_committer_busy_seconds_total")->counter.value, 0.25);
   const ClientMetric* h = Find(f, "sbx_store_commit_duration_seconds");
   ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->histogram.sample_count, 2u);

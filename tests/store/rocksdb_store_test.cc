@@ -411,6 +411,8 @@ TEST_F(RocksDbStoreTest, GroupLimitsSplitQueuedCommits) {
   ASSERT_TRUE(store->Close().ok());
   // 10 single-mutation commits in groups of 4, 4, 2, then the big batch alone.
   EXPECT_EQ(store->Stats().write_batches - before.write_batches, 4u);
+  // The committer's time on those groups is counted (its rate is its busy fraction).
+  EXPECT_GT(store->Stats().committer_busy_seconds, before.committer_busy_seconds);
 
   store = OpenOk(o);
   ASSERT_NE(store, nullptr);
