@@ -87,6 +87,9 @@ def main():
                     help="the server's --durability; buffered (no fsync per commit) shows what "
                          "the claim path costs besides the fsync, not a claim sbx acknowledges "
                          "durably")
+    ap.add_argument("--server_arg", action="append", default=[],
+                    help="one more sbx-server argument (repeatable), e.g. "
+                         "--server_arg=--store_pipeline=false to compare the serial commit")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -104,7 +107,7 @@ def main():
             [args.server, "--runtime", "instant", "--config", config, "--refill_qps", "100000",
              "--listen", "127.0.0.1:0", "--port_file", port_file, "--data_dir", data_dir,
              "--durability", args.durability, "--metrics_listen", "off", "--log_level", "warn",
-             "--insecure_no_auth"],
+             "--insecure_no_auth"] + args.server_arg,
             stdout=open(os.path.join(work, "server.log"), "w"), stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while not (os.path.exists(port_file) and open(port_file).read().strip()):

@@ -194,6 +194,10 @@ int main(int argc, char** argv) {
                  "sync: fsync each group commit; buffered: OS-buffered (survives kill -9, not "
                  "power loss)")
       ->capture_default_str();
+  app.add_option("--store_pipeline", store_options.pipeline,
+                 "with --durability sync: write the next group commit while the previous one "
+                 "is being synced (false: write, sync and answer each group before the next)")
+      ->capture_default_str();
   app.add_option("--config", config_path, "YAML file declaring templates and pools at start");
   app.add_option("--runtime", runtime_name,
                  "local: bubblewrap sandboxes on this machine; instant: sandboxes that are "
@@ -309,11 +313,12 @@ int main(int argc, char** argv) {
   store_options.durability = *mode;
   auto store = sbx::store::OpenRocksDbStore(store_options);
   if (!store.ok()) return Fail(store.status());
-  spdlog::info(
-      "store: RocksDB at \"{}\", durability {} ({}), free-space reserve {} bytes",
-      store_options.path, std::string(sbx::store::DurabilityName(*mode)),
-      *mode == sbx::store::Durability::kSync ? "fsync per group commit" : "OS-buffered, no fsync",
-      store_options.min_free_bytes);
+  spdlog::info("store: RocksDB at \"{}\", durability {} ({}), free-space reserve {} bytes",
+               store_options.path, std::string(sbx::store::DurabilityName(*mode)),
+               *mode != sbx::store::Durability::kSync ? "OS-buffered, no fsync"
+               : store_options.pipeline               ? "fsync per group commit, pipelined"
+                                                      : "fsync per group commit",
+               store_options.min_free_bytes);
 
   // One registry for every Prometheus metric of the process: the Kubernetes client and
   // controllers register theirs in it; the server's own families are read at scrape time
@@ -497,6 +502,7 @@ int main(int argc, char** argv) {
       c.write_batches = st.write_batches;
       c.syncs = st.syncs;
       c.committer_busy_seconds = st.committer_busy_seconds;
+      c.syncer_busy_seconds = st.syncer_busy_seconds;
       c.write_seconds = st.write_seconds;
       c.group_commits = st.group_commits;
       c.writable = st.writable;

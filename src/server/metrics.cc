@@ -232,6 +232,14 @@ class ServerCollector final : public prometheus::Collectable {
       AddValue(&f, {}, s.committer_busy_seconds);
       out->push_back(std::move(f));
     }
+    {
+      auto f = Family("sbx_store_syncer_busy_seconds_total",
+                      "Time the pipelined commit's syncer thread spent on groups (fsync of the "
+                      "log, the standby's acknowledgement, the answers)",
+                      MetricType::Counter);
+      AddValue(&f, {}, s.syncer_busy_seconds);
+      out->push_back(std::move(f));
+    }
     auto gauge = [&](const char* name, const char* help, double v) {
       auto f = Family(name, help, MetricType::Gauge);
       AddValue(&f, {}, v);

@@ -106,6 +106,7 @@ struct StoreCounts {
   uint64_t write_batches = 0;
   uint64_t syncs = 0;
   double committer_busy_seconds = 0;
+  double syncer_busy_seconds = 0;
   HistogramSnapshot write_seconds;
   HistogramSnapshot group_commits;
   // Whether the store accepts writes, the free bytes of its file system at its last check

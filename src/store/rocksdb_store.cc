@@ -87,6 +87,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -446,6 +447,72 @@ class Prefaulter {
 // refused instead of deadlocking on joining its own thread), or null.
 thread_local const void* current_committer = nullptr;
 
+// Makes the store's write-ahead log durable without going through RocksDB's writer: the
+// pipelined commit's syncer fdatasyncs the log files (RocksDB has handed every write to
+// the OS before Write returns, manual_wal_flush being off). DB::SyncWAL would do the same,
+// but it may not run after a failed write (see the top of this file), and with writes
+// going on beside it a write can fail at any moment. Keeps the files open between syncs
+// and fsyncs the folder when a new log file appears (so that the file itself survives).
+class WalSyncer {
+ public:
+  explicit WalSyncer(std::string dir) : dir_(std::move(dir)) {}
+  ~WalSyncer() {
+    for (auto& [name, fd] : fds_) close(fd);
+  }
+  WalSyncer(const WalSyncer&) = delete;
+  WalSyncer& operator=(const WalSyncer&) = delete;
+
+  absl::Status Sync() {
+    std::error_code ec;
+    std::vector<std::string> present;
+    bool fresh = false;
+    for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->path().extension() != ".log") continue;
+      std::string name = it->path().filename().string();
+      present.push_back(name);
+      if (fds_.count(name) > 0) continue;
+      const int fd = open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return Error("opening", it->path().string());
+      fds_.emplace(std::move(name), fd);
+      fresh = true;
+    }
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("listing store directory ", Quoted(dir_), ": ", ec.message()));
+    }
+    for (auto it = fds_.begin(); it != fds_.end();) {  // logs RocksDB has deleted
+      if (std::find(present.begin(), present.end(), it->first) == present.end()) {
+        close(it->second);
+        it = fds_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (const auto& [name, fd] : fds_) {
+      if (fdatasync(fd) != 0) return Error("syncing", dir_ + "/" + name);
+    }
+    if (fresh) {
+      const int dfd = open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (dfd < 0) return Error("opening", dir_);
+      const bool synced = fsync(dfd) == 0;
+      const int err = errno;
+      close(dfd);
+      if (!synced) {
+        errno = err;
+        return Error("syncing", dir_);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  static absl::Status Error(absl::string_view what, const std::string& path) {
+    return absl::UnavailableError(absl::StrCat(what, " ", Quoted(path), ": ", strerror(errno)));
+  }
+  const std::string dir_;
+  std::map<std::string, int> fds_;
+};
+
 // One accepted Commit(): its batch encoded into `buf` (keys and values back to back).
 struct Request {
   struct Op {
@@ -459,6 +526,17 @@ struct Request {
   std::vector<Op> ops;
   absl::Status status;  // not OK: the batch was refused before the write
   CommitCallback done;
+};
+
+// A group the pipelined committer has written (or refused), waiting for the syncer.
+struct WrittenGroup {
+  std::vector<Request> requests;
+  absl::Status result;   // the write's, or the refusal
+  bool written = false;  // a successful write that the sync makes durable
+  GroupShipper* shipper = nullptr;
+  uint64_t ticket = 0;
+  uint64_t generation = 0;  // the database's, at the write (reopens count up)
+  std::chrono::steady_clock::time_point start;
 };
 
 absl::Status CheckMarker(rocksdb::DB& db, const std::string& path, bool created);
@@ -547,7 +625,8 @@ class RocksDbStore final : public Store, public Replicable {
         db_(std::move(opened.db)),
         read_only_(opened.read_only),
         lock_(opened.lock) {
-    write_options_.sync = options_.durability == Durability::kSync;
+    pipelined_ = options_.durability == Durability::kSync && options_.pipeline;
+    write_options_.sync = options_.durability == Durability::kSync && !pipelined_;
     free_bytes_ = opened.free_bytes;
     last_probe_ = std::chrono::steady_clock::now();
     low_space_ = IsLow(free_bytes_);
@@ -559,6 +638,14 @@ class RocksDbStore final : public Store, public Replicable {
       CommitterLoop();
       current_committer = nullptr;
     });
+    if (pipelined_) {
+      syncer_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "sbx-sync");
+        current_committer = this;  // commit callbacks run here
+        SyncerLoop();
+        current_committer = nullptr;
+      });
+    }
   }
 
   ~RocksDbStore() override { Close().IgnoreError(); }
@@ -634,6 +721,13 @@ class RocksDbStore final : public Store, public Replicable {
       closing_ = true;
     }
     committer_.join();  // it drains the queue before it exits
+    if (syncer_.joinable()) {
+      {
+        absl::MutexLock lock(&sync_mu_);
+        sync_closing_ = true;
+      }
+      syncer_.join();  // it answers every group the committer wrote
+    }
     // The committer's state (read_only_, rocks_error_, low_space_) is final now: join()
     // orders its last writes before these reads.
     absl::Status status;
@@ -688,6 +782,8 @@ class RocksDbStore final : public Store, public Replicable {
     s.syncs = syncs_.load(std::memory_order_relaxed);
     s.committer_busy_seconds =
         static_cast<double>(busy_nanos_.load(std::memory_order_relaxed)) / 1e9;
+    s.syncer_busy_seconds =
+        static_cast<double>(sync_busy_nanos_.load(std::memory_order_relaxed)) / 1e9;
     s.write_seconds = write_seconds_.Snapshot();
     s.group_commits = group_commits_.Snapshot();
     s.writable = writable_stat_.load(std::memory_order_relaxed);
@@ -905,6 +1001,7 @@ class RocksDbStore final : public Store, public Replicable {
       }
     }
     absl::Status result;
+    WrittenGroup written;
     if (batch_.Count() > 0) Refresh(batch_.GetDataSize());
     if (batch_.Count() > 0 && !Writable()) {
       result = Refusal(group.size());
@@ -924,13 +1021,21 @@ class RocksDbStore final : public Store, public Replicable {
         s = db_->Write(write_options_, &batch_);
       }
       if (shipper != nullptr && !s.ok()) shipper->LocalWriteFailed(ticket);
-      if (shipper != nullptr && s.ok()) {
+      if (pipelined_) {
+        written.written = s.ok();
+        written.shipper = s.ok() ? shipper : nullptr;
+        written.ticket = ticket;
+        written.start = start;
+      }
+      if (!pipelined_ && shipper != nullptr && s.ok()) {
         if (absl::Status replicated = shipper->AwaitReplicated(ticket); !replicated.ok()) {
           result = replicated;
         }
       }
-      write_seconds_.Observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (!pipelined_) {
+        write_seconds_.Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
       group_commits_.Observe(static_cast<double>(group.size()));
       write_batches_.fetch_add(1, std::memory_order_relaxed);
       if (write_options_.sync) syncs_.fetch_add(1, std::memory_order_relaxed);
@@ -944,10 +1049,88 @@ class RocksDbStore final : public Store, public Replicable {
                             Quoted(options_.path), " failed (", FreeText(free_bytes_), ")"));
       }
     }
+    if (pipelined_) {
+      written.result = result;
+      written.generation = generation_;
+      written.requests = std::move(group);
+      group.clear();
+      absl::MutexLock lock(&sync_mu_);
+      sync_queue_.push_back(std::move(written));
+      return;
+    }
     // Counted before the callbacks, so that a caller woken by its callback sees its commit.
     commits_.fetch_add(group.size(), std::memory_order_relaxed);
     for (Request& req : group) {
       std::move(req.done)(req.status.ok() ? result : std::move(req.status));
+    }
+  }
+
+  // The pipelined commit's second half: syncs the log once for every group written so far,
+  // then answers them in order (after the standby, with replication). A failed sync fails
+  // its groups and every later group written to the same database (the kernel may have
+  // dropped the pages: nothing after it is trusted), and makes the committer reopen.
+  void SyncerLoop() ABSL_LOCKS_EXCLUDED(sync_mu_) {
+    WalSyncer wal(options_.path);
+    uint64_t broken_generation = 0;
+    bool broken = false;
+    std::deque<WrittenGroup> groups;
+    while (true) {
+      {
+        absl::MutexLock lock(&sync_mu_);
+        sync_mu_.Await(absl::Condition(
+            +[](RocksDbStore* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->sync_mu_) {
+              return !s->sync_queue_.empty() || s->sync_closing_;
+            },
+            this));
+        if (sync_queue_.empty()) return;  // closing, and everything is answered
+        groups.swap(sync_queue_);
+      }
+      const auto busy_from = std::chrono::steady_clock::now();
+      absl::Status synced;
+      bool any = false;
+      for (const WrittenGroup& g : groups) any = any || g.written;
+      if (any) {
+        synced = wal.Sync();
+        syncs_.fetch_add(1, std::memory_order_relaxed);
+        if (!synced.ok()) {
+          broken = true;
+          broken_generation = 0;
+          for (const WrittenGroup& g : groups) {
+            broken_generation = std::max(broken_generation, g.generation);
+          }
+          spdlog::error("store at \"{}\": {}; the store reopens its database", options_.path,
+                        synced.ToString());
+          absl::MutexLock lock(&sync_mu_);
+          sync_error_ = synced;
+        }
+      }
+      const auto synced_at = std::chrono::steady_clock::now();
+      for (WrittenGroup& g : groups) {
+        absl::Status result = g.result;
+        if (g.written && broken && g.generation <= broken_generation) {
+          result = absl::UnavailableError(absl::StrCat(
+              "group commit to store at ", Quoted(options_.path),
+              " not made durable: ", synced.ok() ? "an earlier sync failed" : synced.message()));
+          if (g.shipper != nullptr) g.shipper->LocalWriteFailed(g.ticket);
+        } else if (g.written && g.shipper != nullptr) {
+          if (absl::Status replicated = g.shipper->AwaitReplicated(g.ticket); !replicated.ok()) {
+            result = replicated;
+          }
+        }
+        if (g.written) {
+          write_seconds_.Observe(std::chrono::duration<double>(synced_at - g.start).count());
+        }
+        commits_.fetch_add(g.requests.size(), std::memory_order_relaxed);
+        for (Request& req : g.requests) {
+          std::move(req.done)(req.status.ok() ? result : std::move(req.status));
+        }
+      }
+      groups.clear();
+      sync_busy_nanos_.fetch_add(
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::steady_clock::now() - busy_from)
+                                    .count()),
+          std::memory_order_relaxed);
     }
   }
 
@@ -976,6 +1159,15 @@ class RocksDbStore final : public Store, public Replicable {
       low_space_ = IsLow(free_bytes_);
     }
     if (rocksdb::Status e = listener_->Take(); !e.ok() && rocks_error_.ok()) rocks_error_ = e;
+    if (pipelined_) {
+      absl::MutexLock lock(&sync_mu_);
+      if (!sync_error_.ok()) {
+        if (rocks_error_.ok())
+          rocks_error_ = rocksdb::Status::IOError(std::string(sync_error_.message()));
+        sync_error_ = absl::OkStatus();
+        PublishState();
+      }
+    }
     // Recover only after a fresh check: at most once per interval while refused, and not
     // while the space that ran out is still missing.
     const bool space_back =
@@ -1024,6 +1216,7 @@ class RocksDbStore final : public Store, public Replicable {
     lock_ = opened->lock;
     db_ = std::move(opened->db);
     rocks_error_ = rocksdb::Status::OK();
+    ++generation_;  // groups written from now on are not covered by an earlier failed sync
     if (read_only_) {
       NoteRecoveryFailure("still too full to open for writing");
     } else {
@@ -1116,6 +1309,17 @@ class RocksDbStore final : public Store, public Replicable {
 
   std::thread committer_;
 
+  // The pipelined commit (RocksDbStoreOptions::pipeline): the committer hands written
+  // groups to the syncer thread through sync_queue_; a failed sync is handed back through
+  // sync_error_ (the committer reopens).
+  bool pipelined_ = false;   // set in the constructor, then read-only
+  uint64_t generation_ = 0;  // committer only: database reopens
+  std::thread syncer_;
+  absl::Mutex sync_mu_;
+  std::deque<WrittenGroup> sync_queue_ ABSL_GUARDED_BY(sync_mu_);
+  bool sync_closing_ ABSL_GUARDED_BY(sync_mu_) = false;
+  absl::Status sync_error_ ABSL_GUARDED_BY(sync_mu_);
+
   absl::Mutex close_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   bool closed_ ABSL_GUARDED_BY(close_mu_) = false;
   absl::Status close_status_ ABSL_GUARDED_BY(close_mu_);
@@ -1127,7 +1331,8 @@ class RocksDbStore final : public Store, public Replicable {
   std::atomic<uint64_t> commits_{0};
   std::atomic<uint64_t> write_batches_{0};
   std::atomic<uint64_t> syncs_{0};
-  std::atomic<uint64_t> busy_nanos_{0};  // committer_busy_seconds, in nanoseconds
+  std::atomic<uint64_t> busy_nanos_{0};       // committer_busy_seconds, in nanoseconds
+  std::atomic<uint64_t> sync_busy_nanos_{0};  // syncer_busy_seconds, in nanoseconds
   // Observed by the committer only; read by Stats() (lock-free, see histogram.h).
   AtomicHistogram write_seconds_{CommitLatencyBuckets()};
   AtomicHistogram group_commits_{GroupSizeBuckets()};

@@ -67,6 +67,15 @@ struct RocksDbStoreOptions {
 
   Durability durability = Durability::kSync;
 
+  // kSync only: pipelined group commit. The committer writes each group without a sync
+  // and goes on to the next while a second thread fdatasyncs the write-ahead log for every
+  // group written so far and then answers them (after the standby's acknowledgement, with
+  // replication), so a commit waits for at most the rest of one sync and its own instead
+  // of the write, sync and callbacks of the group before it. False: each group is written
+  // with sync=true and answered by the committer before the next (the former behaviour,
+  // kept for comparison).
+  bool pipeline = true;
+
   // Limits on one group commit; a group closes when either is reached (a single larger
   // batch still forms a group by itself). The bytes are the encoded keys and values.
   // 4 MiB is about 30,000 claim records: large enough that a group is never split under

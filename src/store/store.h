@@ -81,6 +81,9 @@ struct StoreStats {
   // callbacks, replication included), in seconds; its rate is the committer's busy
   // fraction. 0 for stores without a committer.
   double committer_busy_seconds = 0;
+  // The same for the pipelined commit's syncer thread (its fsyncs, the standby's
+  // acknowledgements and the callbacks); 0 without one.
+  double syncer_busy_seconds = 0;
   // Per physical write (group commit): how long the write and its fsync took (seconds),
   // and how many Commit() calls it carried. Empty (no bounds) for stores without groups.
   HistogramSnapshot write_seconds;
