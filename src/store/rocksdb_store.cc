@@ -12,6 +12,17 @@
 // across a crash (the log record is checksummed as a whole), so a failed or torn group
 // applies none of its batches.
 //
+// Pipelined commit (kSync with options.pipeline, the default). The committer writes each
+// group without a sync and hands it to the syncer thread, then takes the next group at
+// once; the syncer fdatasyncs the log files itself (WalSyncer: RocksDB has given every
+// write to the OS when Write returns) once for every group written since its last sync,
+// then waits for the standby (replication) and runs the groups' callbacks in order. A
+// commit thus waits for the rest of the sync in progress and its own, not for the write,
+// sync and callbacks of the group before it. Not DB::SyncWAL: it may not run after a
+// failed write (below), and with writes going on beside it one can fail at any moment. A
+// failed sync fails its groups and every later one written to the same database, and the
+// committer reopens (as after a failed write).
+//
 // Opening. RocksDB's create_if_missing would happily create a fresh database inside any
 // directory, which after a mistake in a path (or a lost volume) would start sbx empty and
 // forget every claim. So creation is allowed only for a missing or empty directory; a

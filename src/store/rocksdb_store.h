@@ -2,8 +2,10 @@
 // The production Store: records in an embedded RocksDB database, written by group commit.
 //
 // One committer thread gathers the batches of all concurrent Commit() calls into one
-// RocksDB write (one WriteBatch, so the group is atomic) followed by one fsync, then runs
-// the group's callbacks on that thread, in submission order. A failed write fails every
+// RocksDB write (one WriteBatch, so the group is atomic) followed by one fsync, and the
+// group's callbacks run in submission order: on a syncer thread that syncs the log for
+// every group written meanwhile (the pipelined commit, RocksDbStoreOptions::pipeline), or
+// on the committer before its next group. A failed write fails every
 // callback of its group and applies none of its batches. After Close(), Commit runs its
 // callback at once on the caller's thread, with FAILED_PRECONDITION.
 //
