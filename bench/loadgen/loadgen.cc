@@ -392,7 +392,13 @@ RunResult Session::Go() {
   r.started = ok_ + failed_;
   r.warmup_ok = warmup_ok_;
   r.warmup_failed = warmup_failed_;
+  // The measured window ends at --duration, or (when --requests ran out first) at the
+  // last measured completion; dividing by the whole --duration then would understate the
+  // throughput of a run that finished early.
+  const bool budget_spent =
+      o.requests > 0 && measured_started_.load(std::memory_order_relaxed) >= o.requests;
   int64_t end = std::max(end_ns_ == kNever ? 0 : end_ns_, last_measured_done_ns_);
+  if (budget_spent && last_measured_done_ns_ > measure_start_ns_) end = last_measured_done_ns_;
   r.elapsed_s = std::max<double>(0, static_cast<double>(end - measure_start_ns_) / 1e9);
   if (r.elapsed_s > 0) {
     r.throughput = static_cast<double>(r.ok) / r.elapsed_s;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "spdlog/spdlog.h"
+#include "src/allocator/claim_table.h"
 #include "src/allocator/pool.h"
 #include "src/allocator/ready_set.h"
 #include "src/allocator/timer_queue.h"
@@ -136,102 +137,8 @@ struct TimerTask {
   BatchWaitPtr batch;
 };
 
-// A hash set of shared objects keyed by one of their string fields, looked up by that
-// string (heterogeneous lookup): the key is stored once, in the object.
-template <typename T, const std::string T::*kField>
-struct ByField {
-  static absl::string_view Key(absl::string_view k) { return k; }
-  static absl::string_view Key(const std::shared_ptr<T>& p) { return (*p).*kField; }
-  struct Hash {
-    using is_transparent = void;
-    template <typename K>
-    size_t operator()(const K& k) const {
-      return absl::HashOf(Key(k));
-    }
-  };
-  struct Eq {
-    using is_transparent = void;
-    template <typename A, typename B>
-    bool operator()(const A& a, const B& b) const {
-      return Key(a) == Key(b);
-    }
-  };
-  using Set = absl::flat_hash_set<std::shared_ptr<T>, Hash, Eq>;
-};
-
-// The claim table: entries hashed by their key into shards, each a hash set under its own
-// mutex, so that claims on different keys rarely meet on a lock. The key lives once, in
-// the entry; the sets hold pointers.
-class ClaimTable {
- public:
-  explicit ClaimTable(int shards)
-      : shift_(shards <= 1 ? 0 : 64 - std::countr_zero(static_cast<unsigned>(shards))) {
-    shards_.reserve(shards);
-    for (int i = 0; i < shards; ++i) shards_.push_back(std::make_unique<Shard>());
-  }
-
-  // Inserts `entry` unless its key exists. Returns the entry now in the table and whether
-  // it is `entry`.
-  std::pair<EntryPtr, bool> Insert(EntryPtr entry) {
-    Shard& s = ShardFor(entry->key);
-    absl::MutexLock lock(&s.mu);
-    auto [it, inserted] = s.set.insert(std::move(entry));
-    return {*it, inserted};
-  }
-
-  EntryPtr Find(absl::string_view key) const {
-    const Shard& s = ShardFor(key);
-    absl::MutexLock lock(&s.mu);
-    auto it = s.set.find(key);
-    return it == s.set.end() ? nullptr : *it;
-  }
-
-  // Erases `entry` only if it is still the one in the table under its key.
-  bool Erase(const EntryPtr& entry) {
-    Shard& s = ShardFor(entry->key);
-    absl::MutexLock lock(&s.mu);
-    auto it = s.set.find(absl::string_view(entry->key));
-    if (it == s.set.end() || *it != entry) return false;
-    s.set.erase(it);
-    return true;
-  }
-
-  void Reserve(size_t n) {
-    for (auto& s : shards_) {
-      absl::MutexLock lock(&s->mu);
-      s->set.reserve(n / shards_.size() + 1);
-    }
-  }
-
-  // Calls fn(entry) for every entry, shard by shard (not a consistent snapshot).
-  template <typename Fn>
-  void ForEach(Fn fn) const {
-    for (const auto& shard : shards_) {
-      std::vector<EntryPtr> copy;
-      {
-        absl::MutexLock lock(&shard->mu);
-        copy.assign(shard->set.begin(), shard->set.end());
-      }
-      for (const EntryPtr& e : copy) fn(e);
-    }
-  }
-
- private:
-  struct Shard {
-    mutable absl::Mutex mu;
-    ByField<ClaimEntry, &ClaimEntry::key>::Set set ABSL_GUARDED_BY(mu);
-  };
-  // The shard comes from the hash's high bits: the sets use the low bits for their slots
-  // and control bytes, and sharding on those would leave each set with few distinct ones.
-  size_t Index(absl::string_view key) const {
-    return shift_ == 0 ? 0 : absl::HashOf(key) >> shift_;
-  }
-  Shard& ShardFor(absl::string_view key) { return *shards_[Index(key)]; }
-  const Shard& ShardFor(absl::string_view key) const { return *shards_[Index(key)]; }
-
-  const int shift_;
-  std::vector<std::unique_ptr<Shard>> shards_;
-};
+// The claim table (claim_table.h): entries by their key "<owner>/<claim id>".
+using ClaimTable = ShardedTable<ClaimEntry, &ClaimEntry::key>;
 
 class AllocatorImpl final : public Allocator {
  public:

@@ -156,6 +156,17 @@ class LoadgenTest(unittest.TestCase):
         self.assertEqual(ratio["kind"], "throughput")
         self.assertGreater(ratio["throughput"], 0)
 
+    def test_requests_that_run_out_before_the_duration_end_the_window(self):
+        # 50 pings take far less than 30 s: the throughput is over the time they took, not
+        # over the whole --duration (which would report under 2 ops/s).
+        out = self.run_json("--workload=ping", "--concurrency=2", "--requests=50",
+                            "--duration=30s", "--warmup=0")
+        r = out["result"]
+        self.assertEqual(r["ok"], 50)
+        self.assertLess(r["elapsed_s"], 30)
+        self.assertAlmostEqual(r["throughput_ops_per_s"], r["ok"] / r["elapsed_s"], delta=1e-6 *
+                               r["throughput_ops_per_s"])
+
     def test_claim_release_open_loop_with_baseline(self):
         out = self.run_json("--workload=claim-release", "--pool=lg", "--rate=100",
                             "--connections=2", "--duration=1s", "--warmup=100ms", "--baseline")
