@@ -17,7 +17,7 @@
 namespace sbx::allocator {
 
 class Pool;
-struct ClaimEntry;  // defined in allocator.cc
+struct ClaimEntry;  // defined in allocator_impl.h
 
 enum class SandboxState : uint8_t {
   kWarm = 0,     // in its pool's ready set, free to claim
