@@ -26,12 +26,8 @@ void AllocatorImpl::Renew(const std::string& owner, const std::string& claim_id,
   uint64_t revision = 0;
   {
     absl::MutexLock lock(&e->mu);
-    refused = NotActiveLocked(*e);
+    refused = BeginChangeLocked(*e, ClaimEntry::Phase::kUpdating);
     if (refused.ok()) {
-      // kUpdating keeps a release or expiry from writing between this record and its
-      // commit.
-      e->phase = ClaimEntry::Phase::kUpdating;
-      timers_.Cancel(e->expiry);
       ClaimRecord renewed = RecordLocked(*e);
       renewed.expires = expires;
       renewed.revision = revision = hub_->Reserve();

@@ -360,6 +360,18 @@ class AllocatorImpl final : public Allocator {
     return absl::NotFoundError(absl::StrCat("claim \"", claim_id, "\" not found"));
   }
 
+  // Begins a change of an active claim (a renewal, suspension or resumption: kUpdating;
+  // its end: kEnding): moves it to `to` and cancels its expiry timer, so that no other
+  // change writes between this one's record and its commit. The one way every change
+  // starts. Otherwise why not (NotActiveLocked), with nothing changed.
+  absl::Status BeginChangeLocked(ClaimEntry& e, ClaimEntry::Phase to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(e.mu) {
+    if (absl::Status refused = NotActiveLocked(e); !refused.ok()) return refused;
+    e.phase = to;
+    timers_.Cancel(e.expiry);
+    return absl::OkStatus();
+  }
+
   // OK if the claim is active; otherwise why it cannot be released, expired or renewed
   // now (ABORTED while it is being granted or renewed, FAILED_PRECONDITION once ended).
   static absl::Status NotActiveLocked(const ClaimEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e.mu) {

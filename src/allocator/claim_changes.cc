@@ -19,10 +19,8 @@ void AllocatorImpl::EndClaim(const EntryPtr& e, ClaimState end, EndedCallback do
       return;
     }
     if (e->phase == ClaimEntry::Phase::kEnded) ended_before = RecordLocked(*e);
-    refused = NotActiveLocked(*e);
+    refused = BeginChangeLocked(*e, ClaimEntry::Phase::kEnding);
     if (refused.ok()) {
-      e->phase = ClaimEntry::Phase::kEnding;
-      timers_.Cancel(e->expiry);
       ClaimRecord ended = RecordLocked(*e);
       ended.state = end;
       ended.ended = ended_at = clock_->Now();
@@ -168,10 +166,8 @@ void AllocatorImpl::SetSuspended(const std::string& owner, const std::string& cl
   absl::Status refused;
   {
     absl::MutexLock lock(&e->mu);
-    refused = NotActiveLocked(*e);
+    refused = BeginChangeLocked(*e, ClaimEntry::Phase::kUpdating);
     if (refused.ok()) {
-      e->phase = ClaimEntry::Phase::kUpdating;
-      timers_.Cancel(e->expiry);
       sandbox_id = e->sandbox->id;
     }
   }
