@@ -8,12 +8,16 @@
 //       no store. With one thread this is one fsync per claim; with more, RocksDB's own
 //       write thread merges concurrent writers, which is the comparison for our committer.
 //   BM_Store_Recovery  Open + LoadAll of a store holding 1,000,000 claim records (written
-//       untimed, buffered, in setup): the restart path. Reports seconds and records/s.
+//       untimed, buffered, in setup): the restart path. Reports seconds and records/s; the
+//       first iteration is a cold restart (the files evicted from the page cache,
+//       cold_restart_s), the others find them cached (warm_restart_s).
 //
 // Databases live in a fresh directory under $SBX_BENCH_DIR (default: the system temp
 // directory); put it on the disk you want measured (tmpfs makes fsync free).
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -238,13 +242,45 @@ void TeardownRecovery(const benchmark::State&) {
   fs::remove_all(g_recovery_dir, ec);
 }
 
+// Evicts the files of `dir` from the page cache (fdatasync, then POSIX_FADV_DONTNEED:
+// clean pages of a file go; no root needed, unlike /proc/sys/vm/drop_caches), so that the
+// next read comes from the disk, as the first start after a reboot or on a new node does.
+// Returns the bytes evicted, or -1 when a file could not be.
+int64_t EvictFromPageCache(const std::string& dir) {
+  int64_t bytes = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    const int fd = open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    const bool ok = fdatasync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
+    close(fd);
+    if (!ok) return -1;
+    bytes += static_cast<int64_t>(it->file_size(ec));
+  }
+  return ec ? -1 : bytes;
+}
+
 void BM_Store_Recovery(benchmark::State& state) {
   RocksDbStoreOptions options;
   options.path = g_recovery_dir + "/db";
   double open_s = 0;
   double load_s = 0;
+  double cold_open_s = 0;
+  double cold_load_s = 0;
   int iteration = 0;
   for (auto _ : state) {
+    // The first iteration is the cold restart: the database's files are not in the page
+    // cache. Later ones find them there (a process restart on the same machine).
+    const bool cold = iteration == 0;
+    if (cold) {
+      state.PauseTiming();
+      if (EvictFromPageCache(options.path) < 0) {
+        state.SkipWithError("could not evict the database from the page cache");
+        break;
+      }
+      state.ResumeTiming();
+    }
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<std::unique_ptr<Store>> store = OpenRocksDbStore(options);
     if (!store.ok()) abort();
@@ -258,11 +294,17 @@ void BM_Store_Recovery(benchmark::State& state) {
     }
     open_s += std::chrono::duration<double>(opened - start).count();
     load_s += std::chrono::duration<double>(loaded - opened).count();
+    if (cold) {
+      cold_open_s = std::chrono::duration<double>(opened - start).count();
+      cold_load_s = std::chrono::duration<double>(loaded - opened).count();
+    }
     // The first load in the process is the honest restart: later ones reuse memory the
     // previous one freed, and page faults are a large part of the cost.
-    printf("BM_Store_Recovery: iteration %d: open %.3f s + LoadAll %.3f s\n", iteration++,
+    printf("BM_Store_Recovery: iteration %d (%s): open %.3f s + LoadAll %.3f s\n", iteration,
+           cold ? "cold: files evicted from the page cache" : "warm page cache",
            std::chrono::duration<double>(opened - start).count(),
            std::chrono::duration<double>(loaded - opened).count());
+    ++iteration;
     state.PauseTiming();  // freeing a million records and closing is not part of a restart
     contents->claims.clear();
     store->reset();
@@ -273,6 +315,12 @@ void BM_Store_Recovery(benchmark::State& state) {
   state.counters["load_s"] = load_s / n;
   state.counters["restart_s"] = (open_s + load_s) / n;
   state.counters["records_per_s"] = kRecoveryRecords * n / (open_s + load_s);
+  state.counters["cold_restart_s"] = cold_open_s + cold_load_s;
+  if (n > 1)
+    state.counters["warm_restart_s"] = (open_s + load_s - cold_open_s - cold_load_s) / (n - 1);
+  printf(
+      "BM_Store_Recovery: cold (first, page cache evicted) open %.3f s + LoadAll %.3f s = %.3f s\n",
+      cold_open_s, cold_load_s, cold_open_s + cold_load_s);
   printf("BM_Store_Recovery: %d records, open %.3f s + LoadAll %.3f s = %.3f s, %.0f records/s\n",
          kRecoveryRecords, open_s / n, load_s / n, (open_s + load_s) / n,
          kRecoveryRecords * n / (open_s + load_s));
