@@ -30,6 +30,7 @@
 #include "src/allocator/ready_set.h"
 #include "src/allocator/reconciler.h"
 #include "src/allocator/sandbox.h"
+#include "src/allocator/watch_hub.h"
 #include "src/common/clock.h"
 #include "src/common/ids.h"
 #include "src/runtime/runtime.h"
@@ -547,6 +548,73 @@ void BM_ClaimTable_InsertFindErase(benchmark::State& state) {
   if (state.thread_index() == 0) g_table.reset();
 }
 
+// ---------------------------------------------------------------------------------------
+// 1d. Watch hub alone (watch_hub.h): every thread reserves a revision and completes it with
+// an event of its own tenant's claim (completions arrive out of order across threads and
+// wait in the reorder buffer), while the argument's number of watches (one per tenant of 16,
+// plus none) are drained by a consumer thread. Items are published changes.
+
+using allocator::ClaimEvent;
+using allocator::ClaimEventPtr;
+using allocator::ClaimWatch;
+using allocator::WatchHub;
+using allocator::WatchRequest;
+std::shared_ptr<WatchHub> g_hub;
+
+void BM_WatchHub_Publish(benchmark::State& state) {
+  const int watches = static_cast<int>(state.range(0));
+  std::vector<std::unique_ptr<ClaimWatch>> subs;
+  std::atomic<bool> stop{false};
+  std::thread consumer;
+  if (state.thread_index() == 0) {
+    g_hub = std::make_shared<WatchHub>(0, 1024, size_t{1} << 20);
+    for (int w = 0; w < watches; ++w) {
+      WatchRequest req;
+      req.owner = absl::StrCat("tenant-", w);
+      req.start_revision = 0;  // an empty initial state, then every change
+      auto sub = g_hub->Subscribe(
+          req, [] {}, [](const WatchRequest&) { return std::vector<store::ClaimRecord>(); });
+      if (!sub.ok()) {
+        state.SkipWithError("subscribe failed");
+        return;
+      }
+      subs.push_back(*std::move(sub));
+    }
+    consumer = std::thread([&] {
+      std::vector<ClaimEventPtr> out;
+      while (!stop.load(std::memory_order_relaxed)) {
+        for (auto& s : subs) {
+          out.clear();
+          s->Poll(&out, 4096).IgnoreError();  // ends only when cancelled below
+        }
+        std::this_thread::yield();
+      }
+    });
+  }
+  store::ClaimRecord claim;
+  claim.owner = absl::StrCat("tenant-", state.thread_index() % 16);
+  claim.id = "c";
+  claim.pool = "py";
+  for (auto _ : state) {
+    WatchHub& hub = *g_hub;
+    const uint64_t rev = hub.Reserve();
+    auto event = std::make_shared<ClaimEvent>();
+    event->type = ClaimEvent::Type::kModified;
+    event->revision = rev;
+    event->claim = claim;
+    event->claim.revision = rev;
+    hub.Complete(rev, std::move(event));
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0) {
+    stop = true;
+    consumer.join();
+    for (auto& s : subs) s->Cancel();
+    subs.clear();
+    g_hub.reset();
+  }
+}
+
 // Registered by hand so that each implementation gets a readable name and the report
 // runs in the order of this file.
 void RegisterBenchmarks() {
@@ -571,6 +639,14 @@ void RegisterBenchmarks() {
         ->Threads(4)
         ->UseRealTime();
   }
+  benchmark::RegisterBenchmark("BM_WatchHub_Publish", BM_WatchHub_Publish)
+      ->ArgName("watches")
+      ->Arg(0)
+      ->Arg(16)
+      ->Threads(1)
+      ->Threads(2)
+      ->Threads(4)
+      ->UseRealTime();
   benchmark::RegisterBenchmark("BM_ClaimTable_InsertFindErase", BM_ClaimTable_InsertFindErase)
       ->Arg(1)
       ->Arg(64)
