@@ -15,27 +15,19 @@ Usage: python3 bench/relay_hop.py --server build/clang/src/cmd/sbx-server \
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import stop_all, wait_for  # noqa: E402
 
 CONFIG = """templates:
   - {name: bench, runtime: local, local: {network: false}}
 pools:
   - {name: bench, template: bench, min_warm: 2000, max_warm: 2000, empty_pool_policy: wait, default_wait: 10s}
 """
-
-
-def wait_for(pred, timeout, what):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise SystemExit("timed out waiting for " + what)
 
 
 def port_of(log_path):
@@ -118,15 +110,7 @@ def main():
                                                                   "/".join(p99), "/".join(ops)))
             print("%s: %s" % (workload, "; ".join(line)))
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if not os.environ.get("RELAY_HOP_KEEP"):
-            shutil.rmtree(work, ignore_errors=True)
+        stop_all(procs, work, "RELAY_HOP_KEEP")
 
 
 if __name__ == "__main__":

@@ -29,13 +29,15 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import stop_all, wait_for  # noqa: E402
 
 POOL_SIZE = 500
 CONFIG = """templates:
@@ -45,16 +47,6 @@ pools:
 """ % (POOL_SIZE, POOL_SIZE)
 SYNC_REPLICA = "sbx.dev/sync-replica"
 SETUPS = ("solo", "leader", "standby")
-
-
-def wait_for(pred, timeout, what):
-    end = time.time() + timeout
-    while time.time() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise SystemExit("timed out waiting for " + what)
 
 
 def read_int(path):
@@ -256,15 +248,7 @@ def main():
             print("(stopped early: --max_seconds %g reached; not every round ran)"
                   % args.max_seconds)
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if not os.environ.get("REPLICATION_COST_KEEP"):
-            shutil.rmtree(work, ignore_errors=True)
+        stop_all(procs, work, "REPLICATION_COST_KEEP")
 
 
 if __name__ == "__main__":

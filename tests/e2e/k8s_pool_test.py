@@ -1295,15 +1295,11 @@ class ClaimStorm:
                     "unexpected": self.unexpected[:5]}
 
 
-class KubeClaimLoop:
-    """SandboxClaims on `pool` created through the API server (as kubectl would), one every
-    `pace` s, at most `count`, until stop(). Records name -> time its create was answered."""
+class Background:
+    """A daemon thread running self._run until stop() or `deadline_s` (bounded)."""
 
-    def __init__(self, c, pool_name, count=40, pace=0.25, deadline_s=120):
-        self.c, self.pool_name, self.count, self.pace = c, pool_name, count, pace
+    def __init__(self, deadline_s):
         self.deadline = time.time() + deadline_s
-        self.created = {}
-        self.failures = []
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -1314,6 +1310,17 @@ class KubeClaimLoop:
         self.stopping.set()
         if self.thread.ident is not None:
             self.thread.join(timeout=20)
+
+
+class KubeClaimLoop(Background):
+    """SandboxClaims on `pool` created through the API server (as kubectl would), one every
+    `pace` s, at most `count`, until stop(). Records name -> time its create was answered."""
+
+    def __init__(self, c, pool_name, count=40, pace=0.25, deadline_s=120):
+        super().__init__(deadline_s)
+        self.c, self.pool_name, self.count, self.pace = c, pool_name, count, pace
+        self.created = {}
+        self.failures = []
 
     def _run(self):
         for i in range(self.count):
@@ -1331,24 +1338,14 @@ class KubeClaimLoop:
         return [n for n, at in dict(self.created).items() if at < t]
 
 
-class LeaseWatch:
+class LeaseWatch(Background):
     """The Lease sampled every 0.1 s (holder, renewTime, transitions, annotations) until
     stop() or `deadline_s`."""
 
     def __init__(self, c, deadline_s=180):
+        super().__init__(deadline_s)
         self.c = c
-        self.deadline = time.time() + deadline_s
         self.samples = []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self):
-        self.thread.start()
-
-    def stop(self):
-        self.stopping.set()
-        if self.thread.ident is not None:
-            self.thread.join(timeout=20)
 
     def _run(self):
         while not self.stopping.is_set() and time.time() < self.deadline:
