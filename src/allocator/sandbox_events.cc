@@ -29,6 +29,7 @@ absl::Status AllocatorImpl::AddSandbox(const runtime::SandboxInfo& info) {
   // for existence, and a claim's own record carries the sandbox it holds.
   store::WriteBatch batch;
   batch.Put(RecordOf(*sb));
+  batch.set_sync(false);  // no one waits for it; the reconciliation restores a lost one
   store_->Commit(std::move(batch), [id = info.id](absl::Status s) {
     if (!s.ok()) spdlog::warn("sandbox \"{}\": its record was not stored: {}", id, s.ToString());
   });
@@ -44,6 +45,7 @@ absl::Status AllocatorImpl::SandboxGone(const std::string& id) {
     ForgetSandbox(id);
     store::WriteBatch batch;
     batch.DeleteSandbox(id);
+    batch.set_sync(false);  // a record left behind is dropped by the reconciliation
     store_->Commit(std::move(batch), [](absl::Status) {});
     reconciler_->PoolBelowTarget(sb->pool->name());
     return absl::OkStatus();
@@ -76,6 +78,7 @@ absl::Status AllocatorImpl::RetireWarm(const std::string& id) {
   ForgetSandbox(id);
   store::WriteBatch batch;
   batch.DeleteSandbox(id);
+  batch.set_sync(false);  // a record left behind is dropped by the reconciliation
   store_->Commit(std::move(batch), [](absl::Status) {});
   reconciler_->RetireSandbox(RecordOf(*sb));
   reconciler_->PoolBelowTarget(sb->pool->name());

@@ -536,14 +536,16 @@ struct Request {
   std::string buf;
   std::vector<Op> ops;
   absl::Status status;  // not OK: the batch was refused before the write
+  bool sync = true;     // WriteBatch::sync
   CommitCallback done;
 };
 
 // A group the pipelined committer has written (or refused), waiting for the syncer.
 struct WrittenGroup {
   std::vector<Request> requests;
-  absl::Status result;   // the write's, or the refusal
-  bool written = false;  // a successful write that the sync makes durable
+  absl::Status result;      // the write's, or the refusal
+  bool written = false;     // a successful write
+  bool needs_sync = false;  // written, with a batch that must be synced before its answer
   GroupShipper* shipper = nullptr;
   uint64_t ticket = 0;
   uint64_t generation = 0;  // the database's, at the write (reopens count up)
@@ -668,6 +670,7 @@ class RocksDbStore final : public Store, public Replicable {
     Request req;
     req.status = CheckBatch(batch);
     if (req.status.ok()) Encode(batch, &req);
+    req.sync = batch.sync();
     req.done = std::move(done);
     {
       absl::MutexLock lock(&mu_);
@@ -1013,6 +1016,8 @@ class RocksDbStore final : public Store, public Replicable {
     }
     absl::Status result;
     WrittenGroup written;
+    bool group_sync = false;
+    for (const Request& req : group) group_sync = group_sync || (req.status.ok() && req.sync);
     if (batch_.Count() > 0) Refresh(batch_.GetDataSize());
     if (batch_.Count() > 0 && !Writable()) {
       result = Refusal(group.size());
@@ -1029,11 +1034,12 @@ class RocksDbStore final : public Store, public Replicable {
         if (shipper != nullptr) ticket = shipper->Ship(std::string(View(batch_.Data())));
         // Shared: only keeps Close() from freeing the database during the write.
         absl::ReaderMutexLock lock(&db_mu_);
-        s = db_->Write(write_options_, &batch_);
+        s = db_->Write(group_sync ? write_options_ : unsynced_options_, &batch_);
       }
       if (shipper != nullptr && !s.ok()) shipper->LocalWriteFailed(ticket);
       if (pipelined_) {
         written.written = s.ok();
+        written.needs_sync = s.ok() && group_sync;
         written.shipper = s.ok() ? shipper : nullptr;
         written.ticket = ticket;
         written.start = start;
@@ -1049,7 +1055,7 @@ class RocksDbStore final : public Store, public Replicable {
       }
       group_commits_.Observe(static_cast<double>(group.size()));
       write_batches_.fetch_add(1, std::memory_order_relaxed);
-      if (write_options_.sync) syncs_.fetch_add(1, std::memory_order_relaxed);
+      if (write_options_.sync && group_sync) syncs_.fetch_add(1, std::memory_order_relaxed);
       if (!s.ok()) {
         // Whatever failed, the committer reopens the database at its next check (Refresh).
         rocks_error_ = s;
@@ -1099,7 +1105,7 @@ class RocksDbStore final : public Store, public Replicable {
       const auto busy_from = std::chrono::steady_clock::now();
       absl::Status synced;
       bool any = false;
-      for (const WrittenGroup& g : groups) any = any || g.written;
+      for (const WrittenGroup& g : groups) any = any || g.needs_sync;
       if (any) {
         synced = wal.Sync();
         syncs_.fetch_add(1, std::memory_order_relaxed);
@@ -1123,7 +1129,9 @@ class RocksDbStore final : public Store, public Replicable {
               "group commit to store at ", Quoted(options_.path),
               " not made durable: ", synced.ok() ? "an earlier sync failed" : synced.message()));
           if (g.shipper != nullptr) g.shipper->LocalWriteFailed(g.ticket);
-        } else if (g.written && g.shipper != nullptr) {
+        } else if (g.needs_sync && g.shipper != nullptr) {
+          // A group answered without a sync of its own is not waited for on the standby
+          // either: a later synced group's acknowledgement covers it.
           if (absl::Status replicated = g.shipper->AwaitReplicated(g.ticket); !replicated.ok()) {
             result = replicated;
           }
@@ -1286,8 +1294,9 @@ class RocksDbStore final : public Store, public Replicable {
   }
 
   const RocksDbStoreOptions options_;
-  rocksdb::WriteOptions write_options_;  // set in the constructor, then read-only
-  rocksdb::Options rocks_options_;       // for Reopen
+  rocksdb::WriteOptions write_options_;     // set in the constructor, then read-only
+  rocksdb::WriteOptions unsynced_options_;  // for groups of WriteBatch::sync() false only
+  rocksdb::Options rocks_options_;          // for Reopen
   const std::shared_ptr<ErrorListener> listener_;
   const uint64_t probe_bytes_;  // check the free space after this many bytes written
 

@@ -55,8 +55,17 @@ class WriteBatch {
   const std::vector<Mutation>& mutations() const { return mutations_; }
   std::vector<Mutation>& mutations() { return mutations_; }
 
+  // false: the commit may be answered once written, without waiting for a sync of its own
+  // (it survives a crash of the process, not of the machine, until the next synced commit
+  // covers it). For records whose loss something else repairs: a warm sandbox's record,
+  // which the reconciliation with the runtime restores. Default true. A group with one
+  // synced batch is synced whole.
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+
  private:
   std::vector<Mutation> mutations_;
+  bool sync_ = true;
 };
 
 // Everything the store holds, as loaded at start-up.

@@ -43,6 +43,7 @@ namespace fs = std::filesystem;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using testing_records::FullClaim;
+using testing_records::FullSandbox;
 using testing_records::SmallClaim;
 
 // The stored value of `claim`, encoded the way the store encodes it.
@@ -443,6 +444,41 @@ TEST_F(RocksDbStoreTest, GroupBytesLimitSplitsQueuedCommits) {
   release.Notify();
   ASSERT_TRUE(store->Close().ok());
   EXPECT_EQ(store->Stats().write_batches, 5u);
+}
+
+// A batch marked set_sync(false) is answered once written, without a sync of its own;
+// the next synced commit covers it. Both the pipelined and the serial commit.
+TEST_F(RocksDbStoreTest, UnsyncedBatchesAreAnsweredWithoutASyncOfTheirOwn) {
+  for (bool pipeline : {true, false}) {
+    SCOPED_TRACE(pipeline ? "pipelined" : "serial");
+    RocksDbStoreOptions o = Options();
+    o.pipeline = pipeline;
+    std::unique_ptr<Store> store = OpenOk(o);
+    ASSERT_NE(store, nullptr);
+    const StoreStats before = store->Stats();
+    for (int i = 0; i < 10; ++i) {
+      WriteBatch b;
+      b.Put(FullSandbox(absl::StrCat("warm-", i)));
+      b.set_sync(false);
+      ASSERT_TRUE(store->CommitAndWait(std::move(b)).ok());
+    }
+    EXPECT_EQ(store->Stats().write_batches - before.write_batches, 10u);
+    EXPECT_EQ(store->Stats().syncs - before.syncs, 0u);
+    WriteBatch claim;
+    claim.Put(SmallClaim("c1"));
+    ASSERT_TRUE(store->CommitAndWait(std::move(claim)).ok());
+    EXPECT_EQ(store->Stats().syncs - before.syncs, 1u);
+    ASSERT_TRUE(store->Close().ok());
+    store = OpenOk(o);
+    ASSERT_NE(store, nullptr);
+    absl::StatusOr<Contents> c = store->LoadAll();
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->sandboxes.size(), 10u);
+    EXPECT_EQ(c->claims.size(), 1u);
+    ASSERT_TRUE(store->Close().ok());
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
 }
 
 TEST_F(RocksDbStoreTest, BufferedModeWritesWithoutSyncing) {
