@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "bench/page_cache.h"
 #include "benchmark/benchmark.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
@@ -242,25 +243,6 @@ void TeardownRecovery(const benchmark::State&) {
   fs::remove_all(g_recovery_dir, ec);
 }
 
-// Evicts the files of `dir` from the page cache (fdatasync, then POSIX_FADV_DONTNEED:
-// clean pages of a file go; no root needed, unlike /proc/sys/vm/drop_caches), so that the
-// next read comes from the disk, as the first start after a reboot or on a new node does.
-// Returns the bytes evicted, or -1 when a file could not be.
-int64_t EvictFromPageCache(const std::string& dir) {
-  int64_t bytes = 0;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (!it->is_regular_file()) continue;
-    const int fd = open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    const bool ok = fdatasync(fd) == 0 && posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) == 0;
-    close(fd);
-    if (!ok) return -1;
-    bytes += static_cast<int64_t>(it->file_size(ec));
-  }
-  return ec ? -1 : bytes;
-}
-
 void BM_Store_Recovery(benchmark::State& state) {
   RocksDbStoreOptions options;
   options.path = g_recovery_dir + "/db";
@@ -275,7 +257,7 @@ void BM_Store_Recovery(benchmark::State& state) {
     const bool cold = iteration == 0;
     if (cold) {
       state.PauseTiming();
-      if (EvictFromPageCache(options.path) < 0) {
+      if (sbx::bench::EvictFromPageCache(options.path) < 0) {
         state.SkipWithError("could not evict the database from the page cache");
         break;
       }
