@@ -1,5 +1,7 @@
 """Small helpers shared by the Python benchmark drivers of bench/ (relay_hop.py,
-replication_cost.py): bounded waits and stopping the processes a run started."""
+replication_cost.py): a kube-emulator with sbx's CRDs, bounded waits and stopping the
+processes a run started."""
+import json
 import os
 import shutil
 import subprocess
@@ -29,3 +31,23 @@ def stop_all(procs, work, keep_env):
             p.kill()
     if not os.environ.get(keep_env):
         shutil.rmtree(work, ignore_errors=True)
+
+
+def start_emulator(emulator, work, procs):
+    """Starts kube-emulator on loopback (appended to `procs`), writes a kubeconfig for it in
+    `work` and applies sbx's CRDs. Returns the kubeconfig's path."""
+    emu = subprocess.Popen([emulator, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    procs.append(emu)
+    url = emu.stdout.readline().strip().split("serving on ")[1]
+    kubeconfig = os.path.join(work, "kubeconfig")
+    with open(kubeconfig, "w") as f:
+        json.dump({"apiVersion": "v1", "kind": "Config",
+                   "clusters": [{"name": "emu", "cluster": {"server": url}}],
+                   "users": [{"name": "emu", "user": {"token": "t"}}],
+                   "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
+                   "current-context": "emu"}, f)
+    kubectl = ["kubectl", "--kubeconfig", kubeconfig]
+    crds = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "charts", "sbx", "crds")
+    subprocess.run(kubectl + ["apply", "-f", crds], check=True, stdout=subprocess.DEVNULL)
+    return kubeconfig

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import stop_all, wait_for  # noqa: E402
+from bench_util import start_emulator, stop_all, wait_for  # noqa: E402
 
 CONFIG = """templates:
   - {name: bench, runtime: local, local: {network: false}}
@@ -50,20 +50,7 @@ def main():
     work = tempfile.mkdtemp(prefix="relay-hop-")
     procs = []
     try:
-        emu = subprocess.Popen([args.emulator, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-        procs.append(emu)
-        url = emu.stdout.readline().strip().split("serving on ")[1]
-        kubeconfig = os.path.join(work, "kubeconfig")
-        with open(kubeconfig, "w") as f:
-            json.dump({"apiVersion": "v1", "kind": "Config",
-                       "clusters": [{"name": "emu", "cluster": {"server": url}}],
-                       "users": [{"name": "emu", "user": {"token": "t"}}],
-                       "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
-                       "current-context": "emu"}, f)
-        crds = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "charts", "sbx", "crds")
-        subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "apply", "-f", crds], check=True,
-                       stdout=subprocess.DEVNULL)
+        kubeconfig = start_emulator(args.emulator, work, procs)
         config = os.path.join(work, "bench.yaml")
         with open(config, "w") as f:
             f.write(CONFIG)

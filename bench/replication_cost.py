@@ -37,7 +37,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import stop_all, wait_for  # noqa: E402
+from bench_util import start_emulator, stop_all, wait_for  # noqa: E402
 
 POOL_SIZE = 500
 CONFIG = """templates:
@@ -118,20 +118,8 @@ def main():
     work = tempfile.mkdtemp(prefix="replication-cost-")
     procs = []
     try:
-        emu = subprocess.Popen([args.emulator, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
-        procs.append(emu)
-        url = emu.stdout.readline().strip().split("serving on ")[1]
-        kubeconfig = os.path.join(work, "kubeconfig")
-        with open(kubeconfig, "w") as f:
-            json.dump({"apiVersion": "v1", "kind": "Config",
-                       "clusters": [{"name": "emu", "cluster": {"server": url}}],
-                       "users": [{"name": "emu", "user": {"token": "t"}}],
-                       "contexts": [{"name": "emu", "context": {"cluster": "emu", "user": "emu"}}],
-                       "current-context": "emu"}, f)
+        kubeconfig = start_emulator(args.emulator, work, procs)
         kubectl = ["kubectl", "--kubeconfig", kubeconfig]
-        crds = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "charts", "sbx", "crds")
-        subprocess.run(kubectl + ["apply", "-f", crds], check=True, stdout=subprocess.DEVNULL)
         namespaces = "".join('---\n{"apiVersion": "v1", "kind": "Namespace", "metadata": '
                              '{"name": "%s"}}\n' % ns for ns in ("bench-solo", "bench-pair"))
         subprocess.run(kubectl + ["apply", "-f", "-"], input=namespaces, text=True, check=True,

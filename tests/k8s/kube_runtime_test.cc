@@ -93,6 +93,18 @@ class KubeRuntimeListTest : public ::testing::Test {
 
   // Starts the informers and the runtime, as sbx-server does after a restart (without
   // waiting for the caches: List must).
+  // The runtime started with the Sandbox informer feeding it, as sbx-server wires it, and
+  // every cache synced.
+  void StartFedRuntime() {
+    StartRuntime(absl::Seconds(20));
+    InformerHandler feed;
+    feed.on_add = [this](const ObjectPtr& o) { runtime_->OnSandbox(o); };
+    feed.on_update = [this](const ObjectPtr&, const ObjectPtr& o) { runtime_->OnSandbox(o); };
+    feed.on_delete = [this](const ObjectPtr& o) { runtime_->OnSandboxDeleted(o); };
+    informers_[0]->AddHandler(std::move(feed));
+    for (auto& informer : informers_) ASSERT_TRUE(informer->WaitForSync(absl::Seconds(10)));
+  }
+
   void StartRuntime(absl::Duration list_sync_timeout) {
     for (const Resource* r : {&kSandboxes, &kSandboxWarmPools, &kSandboxTemplates}) {
       informers_.push_back(
@@ -224,13 +236,7 @@ TEST_F(KubeRuntimeListTest, ALookalikeInAnotherNamespaceDoesNotCompleteAMembersC
   for (const char* ns : {"team-a", "team-b"}) ASSERT_NO_FATAL_FAILURE(MakeNamespace(ns));
   ASSERT_NO_FATAL_FAILURE(CreatePythonPool(*client_, "team-a"));
   informer_ns_ = "";
-  StartRuntime(absl::Seconds(20));
-  InformerHandler feed;
-  feed.on_add = [this](const ObjectPtr& o) { runtime_->OnSandbox(o); };
-  feed.on_update = [this](const ObjectPtr&, const ObjectPtr& o) { runtime_->OnSandbox(o); };
-  feed.on_delete = [this](const ObjectPtr& o) { runtime_->OnSandboxDeleted(o); };
-  informers_[0]->AddHandler(std::move(feed));
-  for (auto& informer : informers_) ASSERT_TRUE(informer->WaitForSync(absl::Seconds(10)));
+  ASSERT_NO_FATAL_FAILURE(StartFedRuntime());
 
   absl::Mutex mu;
   absl::StatusOr<runtime::SandboxInfo> result = absl::UnknownError("not called");
@@ -272,13 +278,7 @@ class KubeRuntimeResumeTest : public KubeRuntimeListTest {
   void StartWithReadyMember(const std::string& name, const std::string& ip) {
     ASSERT_NO_FATAL_FAILURE(Create(Member(name)));
     ASSERT_NO_FATAL_FAILURE(MarkReady(name, ip));
-    StartRuntime(absl::Seconds(20));
-    InformerHandler feed;
-    feed.on_add = [this](const ObjectPtr& o) { runtime_->OnSandbox(o); };
-    feed.on_update = [this](const ObjectPtr&, const ObjectPtr& o) { runtime_->OnSandbox(o); };
-    feed.on_delete = [this](const ObjectPtr& o) { runtime_->OnSandboxDeleted(o); };
-    informers_[0]->AddHandler(std::move(feed));
-    for (auto& informer : informers_) ASSERT_TRUE(informer->WaitForSync(absl::Seconds(10)));
+    ASSERT_NO_FATAL_FAILURE(StartFedRuntime());
   }
   // The Sandbox controller's status for `name`: Ready for its current generation on `ip`.
   void MarkReady(const std::string& name, const std::string& ip) {

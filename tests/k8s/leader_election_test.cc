@@ -103,6 +103,12 @@ TEST(LeaderElectionTest, ALeaderThatCannotRenewStepsDown) {
   a.Stop();
 }
 
+// Starts `e` and waits until it leads.
+void Lead(LeaderElector& e) {
+  e.Start();
+  ASSERT_TRUE(WaitFor([&] { return e.IsLeader(); }));
+}
+
 Json Annotations(Client& client) {
   absl::StatusOr<Json> lease = client.Get(kLeases, "default", "test-lease");
   EXPECT_TRUE(lease.ok()) << lease.status();
@@ -116,8 +122,7 @@ TEST(LeaderElectionTest, TheLeaseNamesTheTermsLeaderAndItsInSyncStandby) {
   ASSERT_TRUE(emulator.ok());
   auto client = *Client::Create(emulator.Cluster());
   LeaderElector a(client.get(), Options("a"), nullptr, nullptr);
-  a.Start();
-  ASSERT_TRUE(WaitFor([&] { return a.IsLeader(); }));
+  ASSERT_NO_FATAL_FAILURE(Lead(a));
   EXPECT_EQ(Annotations(*client).value(kTermLeaderAnnotation, "?"), "a");
   EXPECT_EQ(Annotations(*client).value(kSyncReplicaAnnotation, "?"), "");
   EXPECT_EQ(a.Term(), 0);
@@ -156,8 +161,7 @@ TEST(LeaderElectionTest, AReplicaThatMayNotLeadLeavesTheLeaseAlone) {
   auto client = *Client::Create(emulator.Cluster());
   {
     LeaderElector a(client.get(), Options("a"), nullptr, nullptr);
-    a.Start();
-    ASSERT_TRUE(WaitFor([&] { return a.IsLeader(); }));
+    ASSERT_NO_FATAL_FAILURE(Lead(a));
     ASSERT_TRUE(a.PublishSyncReplica("c").ok());
     a.Stop();  // releases the Lease
   }
