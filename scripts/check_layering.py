@@ -39,6 +39,7 @@ K8S_ROOMS = {
                "namespaces"},
     "sandbox_controller": {"sandbox_objects", "sandbox_controller", "template_objects",
                            "template_controller"},
+    "conversion": {"conversion", "conversion_webhook", "crd_conversion"},
     "pools": {"kube_runtime", "warm_pool_controller", "claim_objects", "claim_writer",
               "grpc_claim_mirror", "claim_controller"},
 }
@@ -46,6 +47,7 @@ K8S_ROOM_USES = {
     "transports": set(),
     "client": {"transports"},
     "sandbox_controller": {"client"},
+    "conversion": {"client"},
     "pools": {"client", "sandbox_controller"},
 }
 # Only the pools room sees the allocator, runtime and store: the REST client and the
@@ -75,11 +77,11 @@ INTERFACES = {
 # whole component.
 THIRD_PARTY = {
     "rocksdb/": ["src/store/rocksdb_store.cc"],
-    "cpprest/": ["src/k8s/http_cpprest.cc"],
-    "pplx/": ["src/k8s/http_cpprest.cc"],
+    "cpprest/": ["src/k8s/http_cpprest.cc", "src/k8s/conversion_webhook.cc"],
+    "pplx/": ["src/k8s/http_cpprest.cc", "src/k8s/conversion_webhook.cc"],
     "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc",
                  "src/replication/service.cc"],
-    "boost/": [],
+    "boost/": ["src/k8s/conversion_webhook.cc"],
     "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],
     "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],
     "google/protobuf/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/store/rocksdb_store.cc",

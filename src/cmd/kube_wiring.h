@@ -92,6 +92,8 @@ class KubeControllers {
   KubeControllers() = default;
   ~KubeControllers();
 
+  // The API client.
+  k8s::Client* client() { return client_.get(); }
   // The runtime of warm-pool members (nullptr unless pools are served).
   runtime::Runtime* runtime() { return runtime_.get(); }
   // The leader elector once StartKube has run with --kube_leader_election; else null.

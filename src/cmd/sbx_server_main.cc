@@ -27,6 +27,7 @@
 #include "src/allocator/allocator.h"
 #include "src/allocator/refill.h"
 #include "src/cmd/config.h"
+#include "src/cmd/conversion_wiring.h"
 #include "src/cmd/kube_wiring.h"
 #include "src/cmd/replication_wiring.h"
 #include "src/cmd/wiring.h"
@@ -159,6 +160,7 @@ int main(int argc, char** argv) {
   sbx::allocator::RefillOptions refill_options;
   std::string config_path;
   sbx::cmd::KubeFlags kube_flags;
+  sbx::cmd::ConversionFlags conversion_flags;
 
   CLI::App app{"sbx-server: warm-pool sandbox allocator for AI agents (gRPC)"};
   // A flag given twice takes its last value, so wrappers (scripts/run) can set defaults
@@ -265,6 +267,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--log_format", log_options.format, "text|json")->capture_default_str();
   sbx::cmd::AddKubeFlags(app, &kube_flags);
+  sbx::cmd::AddConversionFlags(app, &conversion_flags);
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
@@ -337,6 +340,10 @@ int main(int argc, char** argv) {
     if (!connected.ok()) return Fail(connected.status());
     kube = *std::move(connected);
   }
+  // Served by every replica from the start, leader or not.
+  auto conversion = sbx::cmd::StartConversion(
+      conversion_flags, kube != nullptr ? kube->client() : nullptr, registry.get());
+  if (!conversion.ok()) return Fail(conversion.status());
   // The key of the daemons' secrets, known before any sandbox is made or driven: from the
   // Secret that every replica shares, or from the file beside the store, which must exist
   // first (RocksDB makes its folder only when it is missing or empty).
@@ -606,6 +613,7 @@ int main(int argc, char** argv) {
   allocator_for_metrics = nullptr;
   allocator.reset();
   kube.reset();
+  conversion->reset();
   runtime.reset();
   local.reset();  // leaves the sandboxes running unless --delete_sandboxes_on_exit
   if (absl::Status s = (*store)->Close(); !s.ok()) return Fail(s);
