@@ -77,8 +77,8 @@ INTERFACES = {
 # whole component.
 THIRD_PARTY = {
     "rocksdb/": ["src/store/rocksdb_store.cc"],
-    "cpprest/": ["src/k8s/http_cpprest.cc", "src/k8s/conversion_webhook.cc"],
-    "pplx/": ["src/k8s/http_cpprest.cc", "src/k8s/conversion_webhook.cc"],
+    "cpprest/": ["src/k8s/http_cpprest.cc"],
+    "pplx/": ["src/k8s/http_cpprest.cc"],
     "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc",
                  "src/replication/service.cc"],
     "boost/": ["src/k8s/conversion_webhook.cc"],

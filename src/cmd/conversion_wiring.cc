@@ -21,6 +21,9 @@ void AddConversionFlags(CLI::App& app, ConversionFlags* flags) {
   app.add_option("--conversion_webhook_max_body_bytes", flags->webhook.max_body_bytes,
                  "largest ConversionReview accepted")
       ->capture_default_str();
+  app.add_option("--conversion_webhook_max_connections", flags->webhook.max_connections,
+                 "connections the conversion webhook serves at once")
+      ->capture_default_str();
   app.add_option("--conversion_webhook_service", flags->service,
                  "NAMESPACE/NAME[:PORT] of the webhook's Service: with "
                  "--conversion_webhook_ca_file, the CRDs' spec.conversion is pointed at it at "

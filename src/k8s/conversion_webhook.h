@@ -3,13 +3,13 @@
 // ConversionReviews for the agents.x-k8s.io kinds (POST /convert, src/k8s/conversion.h),
 // so that clients may still read and write the deprecated v1alpha1 while v1beta1 is stored.
 //
-// Stateless: every replica of sbx may serve it, leader or not. TLS only; the body is
-// bounded (413 beyond `max_body_bytes`, 411 without a Content-Length) and so is its JSON
-// nesting (400), since the port is reachable from inside the cluster, not only by the API
-// server.
+// Stateless: every replica of sbx may serve it, leader or not. TLS only; since the port is
+// reachable from inside the cluster, not only by the API server, a request is bounded:
+// its body (413 beyond `max_body_bytes`, refused before it is read), its JSON nesting
+// (400), the time to send it (30 s) and the connections served at once.
 //
-// Thread-safety: Start and Stop from one thread; requests are served on cpprestsdk's
-// threads. Stop (or the destructor) closes the port and waits for running requests.
+// Thread-safety: Start and Stop from one thread; requests are served on the webhook's own
+// two threads. Stop (or the destructor) closes the port and drops open connections.
 
 #include <cstddef>
 #include <memory>
@@ -33,6 +33,8 @@ struct ConversionWebhookOptions {
   std::string tls_key_file;
   // The largest request body accepted. The API server sends a list's objects in one review.
   size_t max_body_bytes = size_t{64} << 20;
+  // Connections served at once; more wait in the kernel's accept queue.
+  int max_connections = 16;
 
   // INVALID_ARGUMENT naming the option when one is missing or malformed.
   absl::Status Validate() const;

@@ -26,3 +26,8 @@ set_tests_properties(e2e.k8s_template PROPERTIES TIMEOUT 180)
 # with restart in the middle; every acknowledged gRPC claim must survive on its sandbox.
 add_test(NAME e2e.k8s_faults COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_faults_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
 set_tests_properties(e2e.k8s_faults PROPERTIES TIMEOUT 300)
+
+# agents.x-k8s.io v1alpha1 through sbx-server's conversion webhook: the webhook's defences
+# over real HTTPS, and kubectl reading and writing v1alpha1 against kube-emulator calling it.
+add_test(NAME e2e.k8s_conversion COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_conversion_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
+set_tests_properties(e2e.k8s_conversion PROPERTIES TIMEOUT 300)
