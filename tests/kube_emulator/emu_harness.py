@@ -1,9 +1,14 @@
 """Shared helpers for the kube-emulator Python tests (stdlib only).
 
 Starts the emulator binary on a free loopback port, talks raw HTTP/1.1 to it
-over keep-alive connections, and always kills the process at the end.
+over keep-alive connections, and always kills the process at the end. For CRD
+conversion: test CAs and serving certificates (openssl CLI), a ConversionReview
+server over HTTPS, and a multi-version CRD converted by it.
 """
+import base64
+import copy
 import http.client
+import http.server
 import json
 import os
 import signal
@@ -254,3 +259,172 @@ def make_tls(tmpdir):
     run("openssl", "x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key,
         "-CAcreateserial", "-out", crt, "-days", "2", "-extfile", ext)
     return ca_crt, crt, key
+
+
+# ---------------------------------------------------------------- CRD conversion webhooks
+
+WEBHOOK_SERVICE = ("test-ns", "conv-webhook")  # namespace, name
+WEBHOOK_DNS = "conv-webhook.test-ns.svc"
+
+
+def make_ca(tmpdir, name):
+    """Makes a CA (EC P-256) with openssl; returns (cert path, key path)."""
+    crt, key = os.path.join(tmpdir, name + ".crt"), os.path.join(tmpdir, name + ".key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", crt,
+                    "-days", "2", "-subj", "/CN=" + name], check=True, capture_output=True)
+    return crt, key
+
+
+def make_serving_cert(tmpdir, name, ca, sans):
+    """Makes a serving certificate for `sans` ("DNS:x", "IP:y") signed by `ca` (cert, key);
+    returns (cert path, key path)."""
+    crt, key = os.path.join(tmpdir, name + ".crt"), os.path.join(tmpdir, name + ".key")
+    csr, ext = os.path.join(tmpdir, name + ".csr"), os.path.join(tmpdir, name + ".cnf")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=%s\nbasicConstraints=CA:FALSE\n"
+                "keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n" % ",".join(sans))
+    run = lambda *a: subprocess.run(a, check=True, capture_output=True)
+    run("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", key, "-out", csr, "-subj", "/CN=" + name)
+    run("openssl", "x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial",
+        "-out", crt, "-days", "2", "-extfile", ext)
+    return crt, key
+
+
+def ca_bundle(ca):
+    """The caBundle field for CA (cert, key): base64 of the PEM."""
+    with open(ca[0], "rb") as f:
+        return base64.b64encode(f.read()).decode()
+
+
+def free_port():
+    """A loopback port nothing listens on (bound and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def convert_widget(obj, desired):
+    """The toy Widget conversion: v1 and v1beta1 keep spec.size, v2 has spec.dimensions.size.
+    Marks what it did in an annotation and (to be undone by the API server) the generation."""
+    obj = copy.deepcopy(obj)
+    spec = obj.get("spec") or {}
+    if "dimensions" in spec:
+        spec["size"] = spec.pop("dimensions").get("size")
+    if desired.endswith("/v2") and "size" in spec:
+        spec["dimensions"] = {"size": spec.pop("size")}
+    obj["apiVersion"] = desired
+    meta = obj.setdefault("metadata", {})
+    meta.setdefault("annotations", {})["conv.example.com/converted-to"] = desired.split("/")[1]
+    meta["generation"] = 99
+    return obj
+
+
+class ConversionWebhook:
+    """A ConversionReview server over HTTPS on a thread (stdlib only); a context manager.
+
+    `mode` selects what it answers: "ok", "fail" (a Failure result), "uid" (another uid),
+    "count" (one object too many), "http500". `reviews` holds (path, content type, review)
+    of every request.
+    """
+
+    def __init__(self, cert, convert=convert_widget):
+        self.convert = convert
+        self.mode = "ok"
+        self.reviews = []
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                review = json.loads(raw)
+                hook.reviews.append((self.path, self.headers.get("Content-Type"), review))
+                req = review["request"]
+                if hook.mode == "http500":
+                    return self.answer(500, b"boom", "text/plain")
+                resp = {"uid": req["uid"], "result": {"status": "Success"},
+                        "convertedObjects": [hook.convert(o, req["desiredAPIVersion"])
+                                             for o in req["objects"]]}
+                if hook.mode == "fail":
+                    resp = {"uid": req["uid"], "result": {
+                        "status": "Failure", "message": "widgets cannot be converted today"}}
+                elif hook.mode == "uid":
+                    resp["uid"] = "not-" + req["uid"]
+                elif hook.mode == "count":
+                    resp["convertedObjects"].append(resp["convertedObjects"][0])
+                self.answer(200, json.dumps({"apiVersion": review["apiVersion"],
+                                             "kind": "ConversionReview",
+                                             "response": resp}).encode())
+
+            def answer(self, code, body, ctype="application/json"):
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass  # e.g. a client that refused the certificate
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert[0], cert[1])
+        # The handshake runs on the connection's thread, not in accept().
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
+                                            do_handshake_on_connect=False)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def widget_conversion_crd(client_config):
+    """CRD widgets.conv.example.com: v1 (storage), v2 (spec.size as spec.dimensions.size),
+    v1beta1 (deprecated, v1's shape) and v1alpha1 (not served), converted by a webhook at
+    `client_config`."""
+    def schema(v2):
+        size = ({"dimensions": {"type": "object", "properties": {
+            "size": {"type": "string", "enum": ["S", "M", "L"]}}}} if v2 else
+                {"size": {"type": "string", "enum": ["S", "M", "L"]}})
+        return {"openAPIV3Schema": {"type": "object", "properties": {
+            "spec": {"type": "object", "properties": dict(size, color={"type": "string"})},
+            "status": {"type": "object", "properties": {"phase": {"type": "string"}}}}}}
+
+    def version(name, v2=False, **kw):
+        path = ".spec.dimensions.size" if v2 else ".spec.size"
+        v = {"name": name, "served": True, "storage": False, "schema": schema(v2),
+             "subresources": {"status": {}},
+             "additionalPrinterColumns": [{"name": "Size", "type": "string", "jsonPath": path}]}
+        v.update(kw)
+        return v
+
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.conv.example.com"},
+        "spec": {
+            "group": "conv.example.com", "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget",
+                      "listKind": "WidgetList"},
+            "versions": [version("v1alpha1", served=False), version("v1beta1", deprecated=True),
+                         version("v1", storage=True), version("v2", v2=True)],
+            "conversion": {"strategy": "Webhook", "webhook": {
+                "clientConfig": client_config, "conversionReviewVersions": ["v1"]}}}}

@@ -35,6 +35,10 @@ struct EmulatorOptions {
   int nodes = 3;           // fake nodes pods are bound to
   uint64_t seed = 0;       // 0 = random
   std::string token_file;  // bearer token file; empty = no auth
+  // CRD conversion webhooks given as a service: "NAMESPACE/NAME" -> "HOST:PORT" the
+  // service is reached at (its certificate is still checked for NAME.NAMESPACE.svc).
+  std::map<std::string, std::string> service_addresses;
+  int conversion_webhook_timeout_ms = 30000;  // the API server's 30 s
 
   // INVALID_ARGUMENT naming the bad knob.
   absl::Status Validate() const;

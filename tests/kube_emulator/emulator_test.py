@@ -4,6 +4,8 @@ Usage: python3 emulator_test.py KUBE_EMULATOR_BINARY PROJECT_SOURCE_DIR
 """
 import json
 import os
+import re
+import shutil
 import ssl
 import sys
 import tempfile
@@ -11,7 +13,9 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from emu_harness import Client, Emulator, Watch, make_tls, wait_until  # noqa: E402
+from emu_harness import (Client, ConversionWebhook, Emulator, Watch, WEBHOOK_DNS,  # noqa: E402
+                         ca_bundle, free_port, make_ca, make_serving_cert, make_tls,
+                         wait_until, widget_conversion_crd)
 
 BINARY = None
 NS = "/api/v1/namespaces/default"
@@ -982,6 +986,353 @@ class AuthTlsTest(unittest.TestCase):
                 bad = emu.client(ssl_context=ssl.create_default_context())
                 with self.assertRaises(ssl.SSLError):
                     bad.get("/version")
+
+
+CONV = "/apis/conv.example.com/%s/namespaces/default/widgets"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+
+
+def widget_in(version, name, size="M", labels=None):
+    spec = {"dimensions": {"size": size}} if version == "v2" else {"size": size}
+    return {"apiVersion": "conv.example.com/" + version, "kind": "Widget",
+            "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+class ConversionTest(unittest.TestCase):
+    """Multi-version CRDs and conversion webhooks over real HTTPS (a webhook in this process
+    with a certificate for conv-webhook.test-ns.svc signed by a test CA)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="emu-conv-")
+        cls.ca = make_ca(cls.tmp, "conv-ca")
+        cls.other_ca = make_ca(cls.tmp, "other-ca")
+        cert = make_serving_cert(cls.tmp, "conv-webhook", cls.ca,
+                                 ["DNS:" + WEBHOOK_DNS, "IP:127.0.0.1"])
+        cls.hook = ConversionWebhook(cert).__enter__()
+        cls.down_port = free_port()
+        cls.emu = Emulator(
+            BINARY, "--conversion_webhook_timeout_ms", "3000",
+            "--service_address", "test-ns/conv-webhook=127.0.0.1:%d" % cls.hook.port,
+            # The webhook's own address under a name its certificate does not carry.
+            "--service_address", "test-ns/wrong-name=127.0.0.1:%d" % cls.hook.port,
+            "--service_address", "test-ns/down=127.0.0.1:%d" % cls.down_port).__enter__()
+        cls.c = cls.emu.client()
+        cls.good_config = {"service": {"namespace": "test-ns", "name": "conv-webhook",
+                                       "path": "/convert"},
+                           "caBundle": ca_bundle(cls.ca)}
+        r = cls.c.post(CRDS, widget_conversion_crd(cls.good_config))
+        assert r.status == 201, r
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.emu.stop()
+        cls.hook.close()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def tearDown(self):
+        self.hook.mode = "ok"
+        self.use_client_config(self.good_config)
+
+    def use_client_config(self, config):
+        r = self.c.patch(CRDS + "/widgets.conv.example.com", [{
+            "op": "replace", "path": "/spec/conversion/webhook/clientConfig", "value": config}],
+            ctype="application/json-patch+json")
+        self.assertEqual(r.status, 200, r)
+
+    def assert_conversion_failed(self, r, version, reason):
+        self.assertEqual(r.status, 500, r)
+        self.assertEqual(r.json["kind"], "Status")
+        self.assertNotIn("reason", r.json)  # as the API server: StatusReasonUnknown
+        prefix = "conversion webhook for conv.example.com/%s, Kind=Widget failed: " % version
+        self.assertTrue(r.json["message"].startswith(prefix), r.json["message"])
+        self.assertRegex(r.json["message"][len(prefix):], reason)
+
+    def test_discovery_lists_served_versions_by_priority(self):
+        c = self.c
+        g = c.get("/apis/conv.example.com").json
+        self.assertEqual([v["version"] for v in g["versions"]], ["v2", "v1", "v1beta1"])
+        self.assertEqual(g["preferredVersion"],
+                         {"groupVersion": "conv.example.com/v2", "version": "v2"})
+        listed = {x["name"]: x for x in c.get("/apis").json["groups"]}["conv.example.com"]
+        self.assertEqual(listed["preferredVersion"]["version"], "v2")
+        names = {x["name"] for x in c.get("/apis/conv.example.com/v2").json["resources"]}
+        self.assertEqual(names, {"widgets", "widgets/status"})
+        self.assertEqual(c.get("/apis/conv.example.com/v1alpha1").status, 404)
+        self.assertEqual(c.get("/apis/conv.example.com/v1alpha1/namespaces/default/widgets")
+                         .status, 404)
+
+    def test_create_in_v2_is_stored_in_v1(self):
+        c = self.c
+        del self.hook.reviews[:]
+        r = c.post(CONV % "v2", widget_in("v2", "made-in-v2", "M"))
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual(r.json["apiVersion"], "conv.example.com/v2")
+        self.assertEqual(r.json["spec"], {"dimensions": {"size": "M"}})
+        # The webhook's annotation stays, its change of the generation does not.
+        self.assertEqual(r.json["metadata"]["generation"], 1)
+        self.assertEqual(r.json["metadata"]["annotations"],
+                         {"conv.example.com/converted-to": "v2"})
+        v1 = c.get(CONV % "v1" + "/made-in-v2").json
+        self.assertEqual(v1["apiVersion"], "conv.example.com/v1")
+        self.assertEqual(v1["spec"], {"size": "M"})
+        for field in ("uid", "resourceVersion", "creationTimestamp"):
+            self.assertEqual(v1["metadata"][field], r.json["metadata"][field])
+        # What the API server sends: v2 -> v1 to store, v1 -> v2 for the answer.
+        path, ctype, review = self.hook.reviews[0]
+        self.assertEqual(path, "/convert?timeout=3s")
+        self.assertEqual(ctype, "application/json")
+        self.assertEqual((review["apiVersion"], review["kind"]),
+                         ("apiextensions.k8s.io/v1", "ConversionReview"))
+        self.assertRegex(review["request"]["uid"], r"^[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}$")
+        self.assertEqual(review["request"]["desiredAPIVersion"], "conv.example.com/v1")
+        sent = review["request"]["objects"]
+        self.assertEqual([(o["apiVersion"], o["metadata"]["name"]) for o in sent],
+                         [("conv.example.com/v2", "made-in-v2")])
+        self.assertEqual(sent[0]["metadata"]["uid"], r.json["metadata"]["uid"])
+        self.assertEqual([x[2]["request"]["desiredAPIVersion"] for x in self.hook.reviews],
+                         ["conv.example.com/v1", "conv.example.com/v2"])
+        # The request version's schema applies to the body.
+        bad = widget_in("v2", "bad-size", "XL")
+        r = c.post(CONV % "v2", bad)
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("spec.dimensions.size", r.json["message"])
+        bad = widget_in("v2", "typo")
+        bad["spec"]["dimensons"] = 1
+        r = c.post(CONV % "v2" + "?fieldValidation=Strict", bad)
+        self.assertEqual(r.status, 400, r)
+        self.assertIn('unknown field "spec.dimensons"', r.json["message"])
+        self.assertEqual(c.get(CONV % "v1" + "/typo").status, 404)
+        r = c.post(CONV % "v2", widget_in("v1", "v1-body-to-v2"))
+        self.assertEqual(r.status, 400, r)
+        self.assertEqual(r.json["message"], "the API version in the data (conv.example.com/v1) "
+                         "does not match the expected API version (conv.example.com/v2)")
+
+    def test_get_list_watch_delete_in_another_version(self):
+        c = self.c
+        for name in ("glw-a", "glw-b"):
+            self.assertEqual(c.post(CONV % "v1", widget_in("v1", name, "S",
+                                                           {"set": "glw"})).status, 201)
+        w = Watch(self.emu, CONV % "v2" + "?watch=true&labelSelector=set%3Dglw")
+        self.assertTrue(w.wait_for(lambda ev: len(ev) >= 2))
+        self.assertEqual({(e["type"], e["object"]["apiVersion"], e["object"]["spec"]["dimensions"]
+                           ["size"]) for e in w.events},
+                         {("ADDED", "conv.example.com/v2", "S")})
+        got = c.get(CONV % "v2" + "/glw-a").json
+        self.assertEqual((got["apiVersion"], got["spec"]), ("conv.example.com/v2",
+                                                            {"dimensions": {"size": "S"}}))
+        del self.hook.reviews[:]
+        lst = c.get(CONV % "v2" + "?labelSelector=set%3Dglw").json
+        self.assertEqual(lst["apiVersion"], "conv.example.com/v2")
+        self.assertEqual([i["spec"]["dimensions"]["size"] for i in lst["items"]], ["S", "S"])
+        self.assertEqual([len(x[2]["request"]["objects"]) for x in self.hook.reviews], [2])
+        # The same object in every served version: one resourceVersion, one history.
+        r = c.patch(CONV % "v1" + "/glw-a", {"spec": {"size": "L"}})
+        self.assertEqual(r.status, 200, r)
+        self.assertTrue(w.wait_for(lambda ev: len(ev) >= 3))
+        ev = w.events[2]
+        self.assertEqual((ev["type"], ev["object"]["spec"]), ("MODIFIED",
+                                                              {"dimensions": {"size": "L"}}))
+        self.assertEqual(ev["object"]["metadata"]["resourceVersion"],
+                         r.json["metadata"]["resourceVersion"])
+        r = c.delete(CONV % "v2" + "/glw-b")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json["apiVersion"], "conv.example.com/v2")
+        self.assertTrue(w.wait_for(lambda ev: len(ev) >= 4))
+        self.assertEqual((w.events[3]["type"], w.events[3]["object"]["apiVersion"]),
+                         ("DELETED", "conv.example.com/v2"))
+        # A watch whose event cannot be converted ends, as the API server ends it.
+        self.hook.mode = "fail"
+        c.patch(CONV % "v1" + "/glw-a", {"spec": {"size": "M"}})
+        self.assertTrue(w.wait_end(timeout=5))
+        self.assertEqual(len(w.events), 4)
+        w.close()
+
+    def test_writes_in_v2_apply_to_the_v2_view(self):
+        c = self.c
+        self.assertEqual(c.post(CONV % "v1", widget_in("v1", "pw", "S")).status, 201)
+        r = c.patch(CONV % "v2" + "/pw", {"spec": {"dimensions": {"size": "L"}, "color": "red"}})
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json["spec"], {"dimensions": {"size": "L"}, "color": "red"})
+        self.assertEqual(c.get(CONV % "v1" + "/pw").json["spec"], {"size": "L", "color": "red"})
+        r = c.patch(CONV % "v2" + "/pw", [{"op": "replace", "path": "/spec/dimensions/size",
+                                          "value": "M"}], ctype="application/json-patch+json")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(c.get(CONV % "v1" + "/pw").json["spec"]["size"], "M")
+        # status subresource: only the status changes, the main resource keeps it.
+        r = c.patch(CONV % "v2" + "/pw/status",
+                    {"status": {"phase": "Ready"}, "spec": {"dimensions": {"size": "S"}}})
+        self.assertEqual(r.status, 200, r)
+        v1 = c.get(CONV % "v1" + "/pw").json
+        self.assertEqual((v1["status"], v1["spec"]["size"]), ({"phase": "Ready"}, "M"))
+        r = c.patch(CONV % "v2" + "/pw", {"status": {"phase": "Lost"}})
+        self.assertEqual(c.get(CONV % "v1" + "/pw").json["status"], {"phase": "Ready"})
+        # update: the resourceVersion must be current; a no-op keeps it.
+        cur = c.get(CONV % "v2" + "/pw").json
+        r = c.put(CONV % "v2" + "/pw", cur)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json["metadata"]["resourceVersion"], cur["metadata"]["resourceVersion"])
+        cur["spec"]["dimensions"]["size"] = "S"
+        r = c.put(CONV % "v2" + "/pw", cur)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(c.get(CONV % "v1" + "/pw").json["spec"]["size"], "S")
+        self.assertEqual(c.put(CONV % "v2" + "/pw", cur).status, 409)
+
+    def test_webhook_answers_that_fail_the_request(self):
+        c = self.c
+        self.assertEqual(c.post(CONV % "v1", widget_in("v1", "wf")).status, 201)
+        self.hook.mode = "fail"
+        self.assert_conversion_failed(c.get(CONV % "v2" + "/wf"), "v1",
+                                      r"^widgets cannot be converted today$")
+        self.assert_conversion_failed(c.post(CONV % "v2", widget_in("v2", "wf-new")), "v2",
+                                      r"^widgets cannot be converted today$")
+        self.assertEqual(c.get(CONV % "v1" + "/wf-new").status, 404)
+        self.assert_conversion_failed(c.delete(CONV % "v2" + "/wf"), "v1", "cannot be converted")
+        self.assertEqual(c.get(CONV % "v1" + "/wf").status, 200)  # not deleted
+        self.hook.mode = "uid"
+        self.assert_conversion_failed(c.get(CONV % "v2" + "/wf"), "v1",
+                                      r'^expected response.uid="[0-9a-f-]+", got "not-')
+        self.hook.mode = "http500"
+        self.assert_conversion_failed(
+            c.get(CONV % "v2" + "/wf"), "v1",
+            r'^an error on the server \("boom"\) has prevented the request from succeeding$')
+        self.hook.mode = "count"
+        r = c.get(CONV % "v2" + "/wf")
+        self.assertEqual(r.status, 500, r)
+        self.assertEqual(r.json["message"], "conversion webhook for conv.example.com/v1, "
+                         "Kind=Widget returned 2 objects, expected 1")
+        self.hook.mode = "ok"
+        self.assertEqual(c.get(CONV % "v2" + "/wf").status, 200)
+
+    def test_unreachable_webhooks(self):
+        c = self.c
+        self.assertEqual(c.post(CONV % "v1", widget_in("v1", "ur")).status, 201)
+        self.use_client_config({"service": {"namespace": "test-ns", "name": "down",
+                                            "path": "/convert"}, "caBundle": ca_bundle(self.ca)})
+        self.assert_conversion_failed(
+            c.get(CONV % "v2" + "/ur"), "v1",
+            r'^Post "https://down\.test-ns\.svc:443/convert\?timeout=3s": dial tcp '
+            r'127\.0\.0\.1:%d: connect: connection refused$' % self.down_port)
+        self.use_client_config({"service": {"namespace": "test-ns", "name": "nowhere"}})
+        self.assert_conversion_failed(
+            c.get(CONV % "v2" + "/ur"), "v1",
+            r'^Post "https://nowhere\.test-ns\.svc:443/\?timeout=3s": service "nowhere" not found')
+        # Reads in the storage version need no conversion.
+        self.assertEqual(c.get(CONV % "v1" + "/ur").status, 200)
+
+    def test_tls_is_verified(self):
+        c = self.c
+        self.assertEqual(c.post(CONV % "v1", widget_in("v1", "tls")).status, 201)
+        # The right address, but the certificate is not for wrong-name.test-ns.svc.
+        self.use_client_config({"service": {"namespace": "test-ns", "name": "wrong-name",
+                                            "path": "/convert"}, "caBundle": ca_bundle(self.ca)})
+        self.assert_conversion_failed(
+            c.get(CONV % "v2" + "/tls"), "v1",
+            r'^Post "https://wrong-name\.test-ns\.svc:443/convert\?timeout=3s": tls: failed to '
+            r'verify certificate: x509: certificate is valid for conv-webhook\.test-ns\.svc, not '
+            r'wrong-name\.test-ns\.svc$')
+        # The right name, but a caBundle of another CA (a live CRD change takes effect).
+        other = dict(self.good_config, caBundle=ca_bundle(self.other_ca))
+        self.use_client_config(other)
+        self.assert_conversion_failed(c.get(CONV % "v2" + "/tls"), "v1",
+                                      r"tls: failed to verify certificate: x509: certificate "
+                                      r"signed by unknown authority$")
+        # No caBundle: the system roots do not know the test CA either.
+        self.use_client_config({"service": self.good_config["service"]})
+        self.assert_conversion_failed(c.get(CONV % "v2" + "/tls"), "v1", "unknown authority")
+        self.use_client_config(self.good_config)
+        self.assertEqual(c.get(CONV % "v2" + "/tls").status, 200)
+        # clientConfig.url: checked for its host, here an IP address.
+        self.use_client_config({"url": "https://127.0.0.1:%d/convert" % self.hook.port,
+                                "caBundle": ca_bundle(self.ca)})
+        r = c.get(CONV % "v2" + "/tls")
+        self.assertEqual((r.status, r.json["spec"]), (200, {"dimensions": {"size": "M"}}))
+        self.use_client_config({"url": "https://localhost:%d/convert" % self.hook.port,
+                                "caBundle": ca_bundle(self.ca)})
+        self.assert_conversion_failed(c.get(CONV % "v2" + "/tls"), "v1",
+                                      "certificate is valid for conv-webhook.test-ns.svc, not "
+                                      "localhost$")
+
+    def test_deprecated_version_warns(self):
+        r = self.c.get(CONV % "v1beta1")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.headers.get("Warning"),
+                         '299 - "conv.example.com/v1beta1 Widget is deprecated"')
+        self.assertNotIn("Warning", self.c.get(CONV % "v1").headers)
+
+    def test_strategy_none_rewrites_the_api_version_only(self):
+        c = self.c
+        crd = json.loads(json.dumps(WIDGET_CRD).replace("widget", "gizmo")
+                         .replace("Widget", "Gizmo").replace("test.example.com",
+                                                             "conv.example.com"))
+        v1 = crd["spec"]["versions"][0]
+        v2 = json.loads(json.dumps(v1))
+        v2.update(name="v2", storage=False, deprecated=True,
+                  deprecationWarning='gizmos "v2" go away soon')
+        crd["spec"]["versions"].append(v2)
+        r = c.post(CRDS, crd)
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual(r.json["spec"]["conversion"], {"strategy": "None"})  # defaulted
+        gizmos = "/apis/conv.example.com/%s/namespaces/default/gizmos"
+        body = {"apiVersion": "conv.example.com/v2", "kind": "Gizmo",
+                "metadata": {"name": "g1"}, "spec": {"size": "S", "tags": ["a"]}}
+        r = c.post(gizmos % "v2", body)
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual(r.headers.get("Warning"), r'299 - "gizmos \"v2\" go away soon"')
+        got = c.get(gizmos % "v1" + "/g1").json
+        self.assertEqual(got["apiVersion"], "conv.example.com/v1")
+        self.assertEqual(got["spec"], r.json["spec"])
+        r = c.patch(gizmos % "v2" + "/g1/scale", {"spec": {"replicas": 3}})
+        self.assertEqual((r.status, r.json["kind"], r.json["spec"]), (200, "Scale", {"replicas": 3}))
+        self.assertEqual(c.get(gizmos % "v1" + "/g1").json["spec"]["replicas"], 3)
+        # A new storage version: new writes go there, old objects stay where they are.
+        versions = r = c.get(CRDS + "/gizmos.conv.example.com").json["spec"]["versions"]
+        versions[0]["storage"], versions[1]["storage"] = False, True
+        r = c.patch(CRDS + "/gizmos.conv.example.com", {"spec": {"versions": versions}})
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json["status"]["storedVersions"], ["v1", "v2"])
+        self.assertEqual(c.post(gizmos % "v1", dict(body, apiVersion="conv.example.com/v1",
+                                                    metadata={"name": "g2"})).status, 201)
+        self.assertEqual(c.get(gizmos % "v2" + "/g2").json["apiVersion"], "conv.example.com/v2")
+        self.assertEqual(c.patch(gizmos % "v2" + "/g1", {"spec": {"size": "L"}}).status, 200)
+        # A version objects may still be stored in cannot leave the CRD.
+        r = c.patch(CRDS + "/gizmos.conv.example.com", {"spec": {"versions": versions[1:]}})
+        self.assertEqual(r.status, 422, r)
+        self.assertIn('status.storedVersions[0]: Invalid value: "v1": must appear in '
+                      'spec.versions', r.json["message"])
+        self.assertEqual(c.delete(CRDS + "/gizmos.conv.example.com").status, 200)
+
+    def test_crd_conversion_is_validated(self):
+        c = self.c
+
+        def crd(name, **conversion):
+            x = widget_conversion_crd(self.good_config)
+            x["metadata"]["name"] = name + ".conv.example.com"
+            x["spec"]["names"] = {"plural": name, "kind": name.capitalize()}
+            x["spec"]["conversion"].update(conversion)
+            return x
+
+        bad = crd("norev")
+        bad["spec"]["conversion"]["webhook"]["conversionReviewVersions"] = ["v2"]
+        r = c.post(CRDS, bad)
+        self.assertEqual(r.status, 422, r)
+        self.assertIn('spec.conversion.conversionReviewVersions: Invalid value: []string{"v2"}: '
+                      "must include at least one of v1, v1beta1", r.json["message"])
+        bad = crd("plainhttp")
+        bad["spec"]["conversion"]["webhook"]["clientConfig"] = {"url": "http://127.0.0.1:1/"}
+        r = c.post(CRDS, bad)
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("'https' is the only allowed URL scheme", r.json["message"])
+        bad = crd("twostores")
+        bad["spec"]["versions"][3]["storage"] = True
+        r = c.post(CRDS, bad)
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("must have exactly one version marked as storage version", r.json["message"])
+        # Refused on update too: the live CRD keeps converting.
+        r = c.patch(CRDS + "/widgets.conv.example.com", {"spec": {"conversion": {
+            "webhook": {"conversionReviewVersions": ["v1beta2"]}}}})
+        self.assertEqual(r.status, 422, r)
 
 
 class PerfTest(unittest.TestCase):

@@ -282,6 +282,7 @@ bool HttpResponder::Send(int code, absl::string_view content_type, absl::string_
   std::string out = absl::StrCat(
       "HTTP/1.1 ", code, " ", ReasonPhrase(code), "\r\n", "Content-Type: ", content_type, "\r\n",
       "Content-Length: ", body.size(), "\r\n", "Cache-Control: no-cache, private\r\n");
+  for (const auto& [k, v] : always_) absl::StrAppend(&out, k, ": ", v, "\r\n");
   for (const auto& [k, v] : extra) absl::StrAppend(&out, k, ": ", v, "\r\n");
   if (close_) out += "Connection: close\r\n";
   out += "\r\n";
@@ -298,6 +299,7 @@ bool HttpResponder::StartChunked(int code, absl::string_view content_type, const
   std::string out = absl::StrCat(
       "HTTP/1.1 ", code, " ", ReasonPhrase(code), "\r\n", "Content-Type: ", content_type, "\r\n",
       "Transfer-Encoding: chunked\r\n", "Cache-Control: no-cache, private\r\n");
+  for (const auto& [k, v] : always_) absl::StrAppend(&out, k, ": ", v, "\r\n");
   for (const auto& [k, v] : extra) absl::StrAppend(&out, k, ": ", v, "\r\n");
   out += "\r\n";
   if (!conn_->WriteAll(out)) {

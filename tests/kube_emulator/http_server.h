@@ -58,6 +58,10 @@ class HttpResponder {
 
   bool Send(int code, absl::string_view content_type, absl::string_view body,
             const Headers& extra = {});
+  // A header for whatever response follows (e.g. a Warning known before the answer is).
+  void AddHeader(std::string name, std::string value) {
+    always_.emplace_back(std::move(name), std::move(value));
+  }
   bool StartChunked(int code, absl::string_view content_type, const Headers& extra = {});
   bool WriteChunk(absl::string_view data);
   bool EndChunked();
@@ -71,6 +75,7 @@ class HttpResponder {
 
  private:
   Connection* conn_;
+  Headers always_;
   bool close_ = false;
   bool sent_ = false;
 };

@@ -380,7 +380,7 @@ std::string Join(const std::string& base, const std::string& k) {
 }
 
 void PruneAndDefault(json& v, const json& s, bool root, const std::string& path,
-                     std::vector<std::string>* pruned) {
+                     std::vector<std::string>* pruned, bool defaults = true) {
   if (!s.is_object()) return;
   if (v.is_object()) {
     const json* props = s.contains("properties") ? &s["properties"] : nullptr;
@@ -389,7 +389,7 @@ void PruneAndDefault(json& v, const json& s, bool root, const std::string& path,
         s.contains("additionalProperties") && s["additionalProperties"].is_object()
             ? &s["additionalProperties"]
             : nullptr;
-    if (props != nullptr) {
+    if (props != nullptr && defaults) {
       for (auto it = props->begin(); it != props->end(); ++it) {
         if (!v.contains(it.key()) && it->is_object() && it->contains("default")) {
           v[it.key()] = (*it)["default"];
@@ -402,10 +402,10 @@ void PruneAndDefault(json& v, const json& s, bool root, const std::string& path,
         continue;
       }
       if (props != nullptr && props->contains(it.key())) {
-        PruneAndDefault(*it, (*props)[it.key()], false, Join(path, it.key()), pruned);
+        PruneAndDefault(*it, (*props)[it.key()], false, Join(path, it.key()), pruned, defaults);
         ++it;
       } else if (additional != nullptr) {
-        PruneAndDefault(*it, *additional, false, Join(path, it.key()), pruned);
+        PruneAndDefault(*it, *additional, false, Join(path, it.key()), pruned, defaults);
         ++it;
       } else if (preserve) {
         ++it;
@@ -416,7 +416,7 @@ void PruneAndDefault(json& v, const json& s, bool root, const std::string& path,
     }
   } else if (v.is_array() && s.contains("items")) {
     for (size_t i = 0; i < v.size(); ++i) {
-      PruneAndDefault(v[i], s["items"], false, absl::StrCat(path, "[", i, "]"), pruned);
+      PruneAndDefault(v[i], s["items"], false, absl::StrCat(path, "[", i, "]"), pruned, defaults);
     }
   }
 }
@@ -564,6 +564,11 @@ std::vector<SchemaError> ApplySchema(json& object, const json& schema,
   PruneAndDefault(object, schema, true, "", pruned);
   Validate(object, schema, "", errors);
   return errors;
+}
+
+void PruneToSchema(json& object, const json& schema) {
+  if (!schema.is_object() || schema.empty()) return;
+  PruneAndDefault(object, schema, true, "", nullptr, /*defaults=*/false);
 }
 
 namespace {

@@ -70,6 +70,10 @@ struct SchemaError {
 std::vector<SchemaError> ApplySchema(json& object, const json& schema,
                                      std::vector<std::string>* pruned = nullptr);
 
+// Prunes unknown fields as ApplySchema does, without defaulting or validating (what the API
+// server does to a custom resource converted to another version).
+void PruneToSchema(json& object, const json& schema);
+
 // Transition rules (x-kubernetes-validations) between the stored `old` object and its
 // update `object`. Only the rule "self == oldSelf" (immutability) is evaluated, on object
 // properties (not inside arrays); other CEL rules are not emulated. A rule applies only

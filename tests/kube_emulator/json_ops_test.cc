@@ -87,6 +87,18 @@ TEST(SchemaTest, PrunesDefaultsAndValidates) {
   EXPECT_NE(std::find(fields.begin(), fields.end(), "spec.mode"), fields.end());
 }
 
+// After a conversion the API server prunes with the target version's schema but neither
+// defaults nor validates.
+TEST(SchemaTest, PruneToSchemaNeitherDefaultsNorValidates) {
+  json schema = json::parse(R"({"type":"object","properties":{"spec":{"type":"object",
+      "properties":{"size":{"type":"string","enum":["S"]},"n":{"type":"integer","default":1}}}}})");
+  json obj = json::parse(R"({"apiVersion":"g/v2","kind":"K","metadata":{"name":"x"},
+      "spec":{"size":"XL","junk":1},"other":2})");
+  PruneToSchema(obj, schema);
+  EXPECT_EQ(obj, json::parse(R"({"apiVersion":"g/v2","kind":"K","metadata":{"name":"x"},
+      "spec":{"size":"XL"}})"));
+}
+
 // A Quantity is int-or-string with a pattern: the pattern applies to a string value.
 TEST(SchemaTest, AnIntOrStringStringMeetsItsPattern) {
   json schema = json::parse(R"({"type":"object","properties":{"memory":{

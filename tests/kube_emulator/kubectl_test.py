@@ -13,7 +13,9 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from emu_harness import Emulator, make_tls, wait_until  # noqa: E402
+from emu_harness import (ConversionWebhook, Emulator, WEBHOOK_DNS, ca_bundle,  # noqa: E402
+                         make_ca, make_serving_cert, make_tls, wait_until,
+                         widget_conversion_crd)
 
 BINARY = None
 SOURCE_DIR = None
@@ -321,6 +323,56 @@ class KubectlHttpsTest(unittest.TestCase):
                 p = k.run("get", "configmaps", check=False)
                 self.assertNotEqual(p.returncode, 0)
                 self.assertIn("Unauthorized", p.stderr)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class KubectlConversionTest(unittest.TestCase):
+    """kubectl against a CRD served in several versions, converted by a webhook."""
+
+    def test_versions_and_conversion(self):
+        tmp = tempfile.mkdtemp(prefix="emu-kubectl-conv-")
+        try:
+            ca = make_ca(tmp, "conv-ca")
+            cert = make_serving_cert(tmp, "conv-webhook", ca, ["DNS:" + WEBHOOK_DNS])
+            with ConversionWebhook(cert) as hook, Emulator(
+                    BINARY, "--service_address",
+                    "test-ns/conv-webhook=127.0.0.1:%d" % hook.port) as emu:
+                kc = os.path.join(tmp, "kubeconfig")
+                write_kubeconfig(kc, emu.url)
+                k = Kubectl(tmp, kc)
+                crd = widget_conversion_crd({"service": {"namespace": "test-ns",
+                                                         "name": "conv-webhook",
+                                                         "path": "/convert"},
+                                             "caBundle": ca_bundle(ca)})
+                k.run("apply", "-f", "-", input=json.dumps(crd))
+                k.run("wait", "--for=condition=Established",
+                      "crd/widgets.conv.example.com", "--timeout=20s")
+                w = {"apiVersion": "conv.example.com/v1", "kind": "Widget",
+                     "metadata": {"name": "w1"}, "spec": {"size": "L"}}
+                self.assertIn("widget.conv.example.com/w1 created",
+                              k.run("apply", "-f", "-", input=json.dumps(w)).stdout)
+                # Resource.version.group picks the version; the printer columns are its own.
+                out = k.run("get", "widgets.v2.conv.example.com").stdout
+                self.assertRegex(out, r"NAME\s+SIZE\s+AGE\s*\n\s*w1\s+L\s")
+                got = k.json("get", "widgets.v2.conv.example.com", "w1")
+                self.assertEqual((got["apiVersion"], got["spec"]),
+                                 ("conv.example.com/v2", {"dimensions": {"size": "L"}}))
+                # A bare kind is served in the preferred version (v2 > v1 > v1beta1).
+                got = k.json("get", "widget", "w1")
+                self.assertEqual(got["apiVersion"], "conv.example.com/v2")
+                k.run("patch", "widgets.v2.conv.example.com", "w1", "--type=merge",
+                      "-p", '{"spec":{"dimensions":{"size":"S"}}}')
+                self.assertEqual(k.json("get", "widgets.v1.conv.example.com", "w1")["spec"],
+                                 {"size": "S"})
+                p = k.run("get", "widgets.v1beta1.conv.example.com")
+                self.assertIn("Warning: conv.example.com/v1beta1 Widget is deprecated", p.stderr)
+                self.assertIn("w1", p.stdout)
+                hook.mode = "fail"
+                p = k.run("get", "widgets.v2.conv.example.com", "w1", check=False)
+                self.assertNotEqual(p.returncode, 0)
+                self.assertIn("Error from server: conversion webhook for conv.example.com/v1, "
+                              "Kind=Widget failed: widgets cannot be converted today", p.stderr)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

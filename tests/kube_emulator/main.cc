@@ -3,7 +3,8 @@
 //   [--token_file F] [--latency_ms N] [--error_rate CODE=FRACTION]...
 //   [--retry_after_seconds N] [--qps_limit N] [--watch_drop_rate F]
 //   [--bookmark_interval_ms N] [--watch_history N] [--pod_ready_delay_ms N] [--pod_ip IP]
-//   [--nodes N] [--seed N]
+//   [--nodes N] [--seed N] [--service_address NAMESPACE/NAME=HOST:PORT]...
+//   [--conversion_webhook_timeout_ms 30000]
 #include <signal.h>
 #include <unistd.h>
 
@@ -92,6 +93,14 @@ int main(int argc, char** argv) {
       options.nodes = ParseNumber<int>(name, value);
     } else if (name == "seed") {
       options.seed = ParseNumber<uint64_t>(name, value);
+    } else if (name == "service_address") {
+      size_t e = value.find('=');
+      if (e == std::string::npos) {
+        Die("--service_address wants NAMESPACE/NAME=HOST:PORT, got \"" + value + "\"");
+      }
+      options.service_addresses[value.substr(0, e)] = value.substr(e + 1);
+    } else if (name == "conversion_webhook_timeout_ms") {
+      options.conversion_webhook_timeout_ms = ParseNumber<int>(name, value);
     } else {
       Die(absl::StrCat("unknown flag --", name));
     }
