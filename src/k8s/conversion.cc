@@ -175,7 +175,7 @@ absl::StatusOr<Json> SandboxDown(const Json& beta, Json out) {
   Json alpha_spec = Pick(spec, kSandboxSpecShared);
   alpha_spec["replicas"] = suspended ? 0 : 1;
   Json status = Pick(Field(beta, "status"), kSandboxStatusShared);
-  int64_t status_replicas = suspended ? 0 : 1;
+  const int64_t status_replicas = suspended ? 0 : 1;
 
   ASSIGN_OR_RETURN(Json original, TakeAlphaState("Sandbox", out));
   if (!original.is_null()) {
@@ -189,9 +189,9 @@ absl::StatusOr<Json> SandboxDown(const Json& beta, Json out) {
         alpha_spec["replicas"] = *wrote;
       }
     }
-    ASSIGN_OR_RETURN(std::optional<int64_t> had,
-                     OptionalInt32(Field(original, "status"), "replicas", "status.replicas"));
-    status_replicas = had.value_or(0);
+    // status.replicas stays what the v1beta1 status says (1 unless suspended): upstream
+    // restores it from the annotation too, which holds the status of the last v1alpha1
+    // write (none for a kubectl apply), so a running Sandbox read 0 there.
   }
   if (status_replicas != 0) status["replicas"] = status_replicas;
   out["spec"] = std::move(alpha_spec);

@@ -100,7 +100,9 @@ Response Answer(const http::request<http::string_body>& request, const Metrics& 
     r.body() = std::move(body) + "\n";
     return r;
   };
-  if (request.target() != "/convert") {
+  // The API server adds the call's timeout as a query (/convert?timeout=30s).
+  beast::string_view target = request.target();
+  if (target.substr(0, target.find('?')) != "/convert") {
     return text(http::status::not_found, "only /convert is served here");
   }
   if (request.method() != http::verb::post) {

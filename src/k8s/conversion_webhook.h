@@ -25,8 +25,9 @@ class Registry;
 namespace sbx::k8s {
 
 struct ConversionWebhookOptions {
-  // host:port to listen on (a fixed port: the CRDs and the Service name it).
-  std::string listen = "0.0.0.0:9443";
+  // host:port to listen on, e.g. "0.0.0.0:9443" (a fixed port: the Service names it).
+  // Required.
+  std::string listen;
   // PEM certificate chain and private key; the chain must name the webhook's Service
   // (<name>.<namespace>.svc) and be signed by the CA in the CRDs' caBundle.
   std::string tls_cert_file;

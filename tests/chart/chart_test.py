@@ -10,11 +10,13 @@ Usage: python3 chart_test.py --renderer BIN --emulator BIN --server BIN --source
                              [unittest names...]
 """
 import argparse
+import base64
 import copy
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -244,7 +246,9 @@ class RenderTest(unittest.TestCase):
         kinds = sorted(o["kind"] for o in objs)
         self.assertEqual(kinds, sorted(["NetworkPolicy", "PodDisruptionBudget", "ServiceAccount",
                                         "ClusterRole", "ClusterRoleBinding", "Role",
-                                        "RoleBinding", "Service", "Service", "StatefulSet"]))
+                                        "RoleBinding", "Service", "Service", "StatefulSet",
+                                        "Service", "Secret", "ClusterRole",
+                                        "ClusterRoleBinding"]))
         for o in objs:
             labels = o["metadata"]["labels"]
             self.assertEqual(labels["app.kubernetes.io/instance"], RELEASE, o["kind"])
@@ -277,7 +281,7 @@ class RenderTest(unittest.TestCase):
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
             self.assertEqual(c[probe]["grpc"], {"port": 50051}, probe)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        self.assertEqual(ports, {"grpc": 50051, "metrics": 9090})
+        self.assertEqual(ports, {"grpc": 50051, "metrics": 9090, "webhook": 9443})
         sc = c["securityContext"]
         self.assertTrue(sc["runAsNonRoot"])
         self.assertEqual(sc["runAsUser"], 65532)
@@ -300,14 +304,16 @@ class RenderTest(unittest.TestCase):
                          {"prometheus.io/scrape": "true", "prometheus.io/port": "9090",
                           "prometheus.io/path": "/metrics"})
         self.assertEqual(sts["spec"]["serviceName"], "sbx-metrics")
-        binding = one(objs, "ClusterRoleBinding")
-        self.assertEqual(binding["roleRef"]["name"], one(objs, "ClusterRole")["metadata"]["name"])
+        binding = one(objs, "ClusterRoleBinding", "sbx-system-sbx")
+        self.assertEqual(binding["roleRef"]["name"],
+                         one(objs, "ClusterRole", "sbx-system-sbx")["metadata"]["name"])
         self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": "sbx",
                                                 "namespace": RELEASE_NS}])
         np = one(objs, "NetworkPolicy")["spec"]
         self.assertEqual(np["policyTypes"], ["Ingress", "Egress"])
         self.assertEqual(sorted(p["port"] for r in np["ingress"] for p in r["ports"]),
-                         ["grpc", "metrics"])
+                         ["grpc", "metrics", "webhook"])
+        self.check_conversion_webhook(objs, f)
         egress_ports = sorted((str(p["port"]), p["protocol"])
                               for r in np["egress"] for p in r["ports"])
         self.assertEqual(egress_ports, [("443", "TCP"), ("53", "TCP"), ("53", "UDP"),
@@ -340,6 +346,40 @@ class RenderTest(unittest.TestCase):
             for rule in o["rules"]:
                 self.assertNotIn("secrets", rule["resources"], rule)
 
+    def check_conversion_webhook(self, objs, f):
+        """The webhook's Service, certificate and CRD rule, and the flags that use them."""
+        svc = one(objs, "Service", "sbx-webhook")["spec"]
+        self.assertEqual([(p["port"], p["targetPort"]) for p in svc["ports"]], [(443, "webhook")])
+        self.assertEqual(f["--conversion_webhook_listen"], "0.0.0.0:9443")
+        self.assertEqual(f["--conversion_webhook_service"], RELEASE_NS + "/sbx-webhook:443")
+        secret = one(objs, "Secret", "sbx-webhook-tls")
+        self.assertEqual(secret["type"], "kubernetes.io/tls")
+        with tempfile.TemporaryDirectory() as d:
+            for key in ("ca.crt", "tls.crt"):
+                with open(os.path.join(d, key), "wb") as fh:
+                    fh.write(base64.b64decode(secret["data"][key]))
+            # The certificate names the Service as the API server calls it, and the CA in
+            # the Secret (what sbx-server writes into the CRDs) verifies it.
+            r = subprocess.run(["openssl", "verify", "-CAfile", os.path.join(d, "ca.crt"),
+                                "-verify_hostname", "sbx-webhook.%s.svc" % RELEASE_NS,
+                                os.path.join(d, "tls.crt")], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        role = one(objs, "ClusterRole", "sbx-system-sbx-crd-conversion")
+        self.assertEqual(role["rules"], [{
+            "apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+            "resourceNames": ["sandboxes.agents.x-k8s.io",
+                              "sandboxclaims.extensions.agents.x-k8s.io",
+                              "sandboxtemplates.extensions.agents.x-k8s.io",
+                              "sandboxwarmpools.extensions.agents.x-k8s.io"],
+            "verbs": ["get", "patch"]}])
+        _, off = rendered("--set", "conversionWebhook.enabled=false")
+        self.assertFalse([a for a in container(off)["args"] if "conversion" in a])
+        self.assertEqual(by_kind(off, "Secret"), [])
+        _, own = rendered("--set", "conversionWebhook.existingSecret=from-cert-manager")
+        self.assertEqual(by_kind(own, "Secret"), [])
+        vols = {v["name"]: v for v in one(own, "StatefulSet")["spec"]["template"]["spec"]["volumes"]}
+        self.assertEqual(vols["webhook-tls"]["secret"]["secretName"], "from-cert-manager")
+
     def test_every_flag_is_a_flag_of_sbx_server(self):
         known = server_flags()
         self.assertIn("--kube_leader_election", known)  # the --help parse works
@@ -359,7 +399,7 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(kinds, sorted([
             "NetworkPolicy", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding",
             "Role", "RoleBinding", "Role", "RoleBinding", "Service", "Service", "StatefulSet",
-            "ServiceMonitor",
+            "ServiceMonitor", "Service", "Secret", "ClusterRole", "ClusterRoleBinding",
             "PrometheusRule", "ConfigMap"]))
         self.assertEqual(one(objs, "StatefulSet")["spec"]["replicas"], 3)
         f = flags(objs)
@@ -664,6 +704,12 @@ def rbac_problems(rules, requests):
     return sorted(set(denied)), sorted(set(unused)), sorted(set(stale))
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def health_check(port_file):
     """The status grpc.health.v1.Health/Check returns for service "" on the served port."""
     import grpc  # python3-grpcio; imported here so that the other tests do not need it
@@ -745,6 +791,17 @@ class RbacTest(unittest.TestCase):
                 if k not in known:
                     continue  # see test_every_flag_is_a_flag_of_sbx_server
                 a = "--metrics_listen=127.0.0.1:0"
+            elif k == "--conversion_webhook_listen":
+                a = "--conversion_webhook_listen=127.0.0.1:%d" % free_port()
+            elif k.startswith("--conversion_webhook_") and k.endswith("_file"):
+                # The chart's own certificate, from the Secret it made, where the pod mounts it.
+                [secret] = [o for o in by_kind(objs, "Secret")
+                            if o["metadata"]["name"].endswith("-webhook-tls")]
+                key = os.path.basename(a.partition("=")[2])
+                path = os.path.join(cluster.dir, "webhook-" + key)
+                with open(path, "wb") as fh:
+                    fh.write(base64.b64decode(secret["data"][key]))
+                a = "%s=%s" % (k, path)
             args.append(a)
         port_file = os.path.join(cluster.dir, "port")
         args.append("--port_file=" + port_file)
@@ -915,8 +972,17 @@ class RbacTest(unittest.TestCase):
     def test_one_namespace_with_leader_election(self):
         requests = self.run_scenario(["-f", values_file("values-ha.yaml")], "agents")
         # Nothing outside the watched namespace but the Lease in the release namespace.
-        self.assertEqual({r["namespace"] for r in requests if r["resource"]},
+        # (and the four CRDs, cluster-scoped, whose conversion it writes at start).
+        self.assertEqual({r["namespace"] for r in requests
+                          if r["resource"] and r["resource"] != "customresourcedefinitions"},
                          {"agents", RELEASE_NS})
+        self.assertEqual({(r["verb"], r["name"]) for r in requests
+                          if r["resource"] == "customresourcedefinitions"},
+                         {(v, n) for v in ("get", "patch") for n in (
+                             "sandboxes.agents.x-k8s.io",
+                             "sandboxclaims.extensions.agents.x-k8s.io",
+                             "sandboxtemplates.extensions.agents.x-k8s.io",
+                             "sandboxwarmpools.extensions.agents.x-k8s.io")})
         self.assertTrue(any(r["resource"] == "leases" and r["verb"] == "update"
                             for r in requests))
 

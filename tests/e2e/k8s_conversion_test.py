@@ -66,7 +66,7 @@ def peak_rss_kb(pid):
     raise AssertionError("no VmHWM for pid %d" % pid)
 
 
-def flood(c, size):
+def flood(c, size, send_body=True):
     """POSTs `size` bytes to the webhook in 1 MiB writes; the server's first answer line."""
     sock = c.tls().wrap_socket(socket.create_connection(("127.0.0.1", c.webhook_port)),
                                server_hostname="127.0.0.1")
@@ -76,7 +76,7 @@ def flood(c, size):
                      b"Content-Length: %d\r\n\r\n" % size)
         chunk = b" " * (1 << 20)
         try:
-            for _ in range(size >> 20):
+            for _ in range((size >> 20) if send_body else 0):
                 sock.sendall(chunk)
         except (OSError, ssl.SSLError):
             pass  # the server closed the connection: what a refusal should do
@@ -161,16 +161,14 @@ class ConversionTest(unittest.TestCase):
         # A body larger than the limit is refused from its Content-Length, and not read:
         # sending 200 MB must not grow the server by more than a few MB (cpprestsdk's
         # listener, tried first, grew it by the whole body even after answering 413).
-        code, text = c.post(None, raw=b" " * 300000)
-        self.assertEqual(code, 413, text)
+        self.assertIn(b" 413 ", flood(c, 300000, send_body=False))
         before = peak_rss_kb(server["proc"].pid)
-        answer = flood(c, 200 << 20)
-        self.assertIn(b" 413 ", answer)
+        flood(c, 200 << 20)  # the answer may be lost to the reset of the unread rest
         grown = peak_rss_kb(server["proc"].pid) - before
         base.note("a 200 MB body refused; the server's peak RSS grew by %d kB", grown)
         self.assertLess(grown, 50 * 1024)
-        # Nesting a hundred thousand deep (would overflow the stack when copied or printed).
-        deep = b"[" * 100000 + b"]" * 100000
+        # Nesting fifty thousand deep (would overflow the stack when copied or printed).
+        deep = b"[" * 50000 + b"]" * 50000
         body = json.dumps(review([alpha_sandbox("deep")], "agents.x-k8s.io/v1beta1"))
         body = body.replace('"containers": [', '"containers": [' + deep.decode() + ",", 1)
         code, text = c.post(None, raw=body.encode())
@@ -216,7 +214,7 @@ class ConversionTest(unittest.TestCase):
         self.start_converting(c)
         r = c.kubectl("apply", "-f", "-", input=json.dumps(alpha_sandbox("alpha-sb")))
         self.assertIn("deprecated", r.stderr, "kubectl shows the deprecation warning")
-        sb = c.wait_ready("alpha-sb")
+        sb = base.Cluster.wait_ready(c, "alpha-sb")
         self.assertEqual(sb["apiVersion"], "agents.x-k8s.io/v1beta1")
         self.assertEqual(sb["spec"]["operatingMode"], "Running")
         self.assertIn(STATE, sb["metadata"]["annotations"])
@@ -241,7 +239,7 @@ class ConversionTest(unittest.TestCase):
         # Resumed in v1beta1, read in v1alpha1: running again.
         c.kubectl("patch", "sandboxes.v1beta1.agents.x-k8s.io", "alpha-sb", "--type=merge",
                   "-p", json.dumps({"spec": {"operatingMode": "Running"}}))
-        c.wait_ready("alpha-sb")
+        base.Cluster.wait_ready(c, "alpha-sb")
         got = json.loads(c.kubectl("get", "sandboxes.v1alpha1.agents.x-k8s.io", "alpha-sb",
                                    "-o", "json").stdout)
         self.assertEqual(got["spec"]["replicas"], 1)

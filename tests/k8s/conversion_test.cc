@@ -92,6 +92,15 @@ TEST(ConversionTest, ASandboxWrittenInV1beta1ReadsAsReplicas) {
   }
 }
 
+// Upstream restores status.replicas from the state annotation, i.e. from the status of the
+// last v1alpha1 write; a Sandbox applied with kubectl (no status) then reads 0 while it
+// runs. sbx keeps status what v1beta1 observes.
+TEST(ConversionTest, ASandboxsStatusReplicasFollowItsModeNotTheLastV1alpha1Write) {
+  Json beta = Convert(AlphaSandbox(Json()), kCoreBeta);  // applied without a status
+  beta["status"] = {{"conditions", Json::array()}};
+  EXPECT_EQ(Convert(beta, kCoreAlpha)["status"]["replicas"], 1);
+}
+
 TEST(ConversionTest, ASandboxSuspendedInV1alpha1AndResumedInV1beta1ReadsAsRunning) {
   Json beta = Convert(AlphaSandbox(0), kCoreBeta);
   ASSERT_EQ(beta["spec"]["operatingMode"], "Suspended");
