@@ -242,35 +242,30 @@ absl::StatusOr<Json> TemplateDown(const Json& beta, Json out) {
 
 // --- SandboxWarmPool ---
 
-Json WarmPoolSpecShared(const Json& spec) {
-  Json out = Json::object();
-  const Json& ref = Field(spec, "sandboxTemplateRef");
-  out["sandboxTemplateRef"] = Pick(ref, {"name"});
+// A warm pool's spec and status in the other version: spec.replicas is optional in
+// v1beta1 and required in v1alpha1, hence `missing_replicas` when it is absent.
+absl::StatusOr<Json> WarmPoolIn(const Json& from, Json out, int64_t missing_replicas) {
+  const Json& spec = Field(from, "spec");
+  ASSIGN_OR_RETURN(std::optional<int64_t> replicas,
+                   OptionalInt32(spec, "replicas", "spec.replicas"));
+  Json converted = Json::object();
+  converted["replicas"] = replicas.value_or(missing_replicas);
+  converted["sandboxTemplateRef"] = Pick(Field(spec, "sandboxTemplateRef"), {"name"});
   const Json& strategy = Field(spec, "updateStrategy");
-  if (!strategy.is_null()) out["updateStrategy"] = Pick(strategy, {"type"});
+  if (!strategy.is_null()) converted["updateStrategy"] = Pick(strategy, {"type"});
+  out["spec"] = std::move(converted);
+  SetOrOmit(out, "status", Pick(Field(from, "status"), kWarmPoolStatusShared));
   return out;
 }
 
 absl::StatusOr<Json> WarmPoolUp(const Json& alpha, Json out) {
-  const Json& spec = Field(alpha, "spec");
-  ASSIGN_OR_RETURN(std::optional<int64_t> replicas,
-                   OptionalInt32(spec, "replicas", "spec.replicas"));
-  Json beta_spec = WarmPoolSpecShared(spec);
-  beta_spec["replicas"] = replicas.value_or(0);
-  out["spec"] = std::move(beta_spec);
-  SetOrOmit(out, "status", Pick(Field(alpha, "status"), kWarmPoolStatusShared));
+  ASSIGN_OR_RETURN(out, WarmPoolIn(alpha, std::move(out), /*missing_replicas=*/0));
   KeepAlphaState(alpha, "SandboxWarmPool", out);
   return out;
 }
 
 absl::StatusOr<Json> WarmPoolDown(const Json& beta, Json out) {
-  const Json& spec = Field(beta, "spec");
-  ASSIGN_OR_RETURN(std::optional<int64_t> replicas,
-                   OptionalInt32(spec, "replicas", "spec.replicas"));
-  Json alpha_spec = WarmPoolSpecShared(spec);
-  alpha_spec["replicas"] = replicas.value_or(1);
-  out["spec"] = std::move(alpha_spec);
-  SetOrOmit(out, "status", Pick(Field(beta, "status"), kWarmPoolStatusShared));
+  ASSIGN_OR_RETURN(out, WarmPoolIn(beta, std::move(out), /*missing_replicas=*/1));
   RETURN_IF_ERROR(TakeAlphaState("SandboxWarmPool", out).status());
   return out;
 }
