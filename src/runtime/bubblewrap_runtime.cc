@@ -25,7 +25,6 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -170,9 +169,24 @@ bool WriteFile(const std::string& path, const std::string& value) {
   return close(fd) == 0 && ok;
 }
 
+// The content of `path`, or what was read before an error. Not std::ifstream: libstdc++'s
+// filebuf throws when read(2) fails, as it does with ESRCH for /proc/<pid>/ files of a
+// process that exits while it is read.
 std::string ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string out;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  close(fd);
+  return out;
 }
 
 // The pids in a cgroup (v1 cgroup.procs), empty if it is gone.

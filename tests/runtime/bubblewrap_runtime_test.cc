@@ -5,6 +5,7 @@
 #include "src/common/sandbox_secret.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,17 +35,27 @@ namespace pb = ::sbx::sandboxd::v1;
 // Lists the network interfaces of the calling process's network namespace.
 constexpr char kInterfaces[] = "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | sort";
 
-// Pids of processes whose command line contains `text` (bwrap names its sandbox's id and
-// folder on its command line).
-// Processes naming `text` on their command line or working in a folder that names it
-// (a sandbox's top process works in its host folder).
+// The content of `path`, empty or short if it cannot be read: /proc/<pid>/ files of a
+// process that exits meanwhile fail with ESRCH, which std::ifstream turns into a throw.
+std::string ReadFile(const std::string& path) {
+  std::string out;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+// Pids of processes naming `text` on their command line or working in a folder that names
+// it (bwrap names its sandbox's id and folder on its command line; a sandbox's top process
+// works in its host folder).
 std::vector<pid_t> ProcessesNaming(const std::string& text) {
   std::vector<pid_t> pids;
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string cmd = ReadFile(entry.path() / "cmdline");
     std::error_code ec;
     const std::string cwd = fs::read_symlink(entry.path() / "cwd", ec).string();
     const pid_t pid = std::stoi(name);
@@ -54,11 +65,6 @@ std::vector<pid_t> ProcessesNaming(const std::string& text) {
     }
   }
   return pids;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 constexpr char kFreezer[] = "/sys/fs/cgroup/freezer/sbx";
@@ -367,8 +373,7 @@ TEST_F(BubblewrapRuntimeTest, ReportsASandboxThatDies) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     const std::string name = entry.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline");
-    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string cmd = ReadFile(entry.path() / "cmdline");
     if (cmd.find(info->id) != std::string::npos && std::stoi(name) != getpid()) {
       victim = std::stoi(name);
       break;
