@@ -83,7 +83,7 @@ void AllocatorImpl::PutPool(store::PoolRecord p, StatusCallback done) {
           pool = AddPoolLocked(p);
         }
       }
-      if (pool->warm() < pool->Target()) reconciler_->PoolBelowTarget(p.name);
+      if (pool->warm() < pool->Target(clock_->Now())) reconciler_->PoolBelowTarget(p.name);
     }
     std::move(done)(s);
   });
@@ -97,9 +97,14 @@ absl::StatusOr<PoolStatus> AllocatorImpl::GetPoolStatus(const std::string& name)
   st.warm = pool->warm();
   st.claimed = pool->claimed();
   st.waiting = pool->waiting();
-  st.target = pool->Target();
+  const TargetDecision target = pool->Decide(clock_->Now());
+  st.target = target.target;
+  st.target_reason = target.reason;
+  st.demand = target.estimate;
+  st.arrivals = pool->arrivals();
   st.min_warm = settings.min_warm;
   st.max_warm = settings.max_warm;
+  st.sizing = settings.sizing;
   st.counts = pool->counters().Snapshot();
   return st;
 }

@@ -86,6 +86,7 @@ absl::Status AllocatorOptions::Validate() const {
         absl::StrCat("max_pool_warm ", max_pool_warm, " is negative"));
   }
   RETURN_IF_ERROR(ValidateName("default_namespace", default_namespace));
+  RETURN_IF_ERROR(demand.Validate());
   return absl::OkStatus();
 }
 

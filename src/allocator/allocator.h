@@ -40,6 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "src/allocator/demand.h"
 #include "src/allocator/pool_counters.h"
 #include "src/allocator/reconciler.h"
 #include "src/allocator/sandbox.h"
@@ -90,6 +91,8 @@ struct AllocatorOptions {
   // watch with ABORTED, so that a slow consumer costs bounded memory and never slows
   // claims. The initial state and the history replayed when a watch starts do not count.
   size_t watch_queue = 10000;
+  // Estimators and tuning of demand sizing (pools with sizing kDemand; demand.h).
+  DemandOptions demand;
 
   // Test hooks (sync points). Nullptr in production.
   // Runs after a claim pops a candidate sandbox and before its Warm→Claimed CAS.
@@ -203,6 +206,12 @@ struct PoolStatus {
   int64_t target = 0;
   int32_t min_warm = 0;
   int32_t max_warm = 0;
+  store::PoolSizing sizing = store::PoolSizing::kStatic;
+  // What decided the target, and the demand estimate (computed for static pools too).
+  TargetReason target_reason = TargetReason::kFloor;
+  DemandEstimate demand;
+  // Claims (a batch: its count) that reached the pool since it was created in this process.
+  uint64_t arrivals = 0;
   // Claim outcomes, latencies and ends of this pool since it was created in this process.
   PoolCountsSnapshot counts;
 };
@@ -337,6 +346,13 @@ class Allocator {
   // it. FAILED_PRECONDITION when it is not warm (a claim holds it or is taking it; the
   // claim wins), NOT_FOUND for an unknown id.
   virtual absl::Status RetireWarm(const std::string& id) = 0;
+  // Retires up to `n` warm sandboxes of `pool` (demand sizing's scale-down), the ones its
+  // selection policy would hand out first. Returns how many it retired; NOT_FOUND for an
+  // unknown pool.
+  virtual absl::StatusOr<int> TrimWarm(const std::string& pool, int n) = 0;
+  // A sandbox of `pool` took `took` from its create request until it was ready (the
+  // demand estimate's create latency). Unknown pools are ignored.
+  virtual void ObserveCreateLatency(const std::string& pool, absl::Duration took) = 0;
   // Ids of every sandbox the allocator tracks (warm or claimed), for reconciling with the
   // runtime after a restart: those the runtime does not have are reported SandboxGone.
   virtual std::vector<std::string> ListSandboxIds() const = 0;

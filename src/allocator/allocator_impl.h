@@ -255,6 +255,8 @@ class AllocatorImpl final : public Allocator {
   absl::Status SandboxGone(const std::string& id) override;
 
   absl::Status RetireWarm(const std::string& id) override;
+  absl::StatusOr<int> TrimWarm(const std::string& pool, int n) override;
+  void ObserveCreateLatency(const std::string& pool, absl::Duration took) override;
 
   std::vector<std::string> ListSandboxIds() const override {
     absl::MutexLock lock(&sandboxes_mu_);
@@ -464,7 +466,8 @@ class AllocatorImpl final : public Allocator {
   }
   Pool* AddPoolLocked(const store::PoolRecord& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto policy = NewSelectionPolicy(p.selection_policy);
-    auto pool = std::make_unique<Pool>(p, policy.ok() ? std::move(*policy) : NewFifoReadySet());
+    auto pool = std::make_unique<Pool>(p, policy.ok() ? std::move(*policy) : NewFifoReadySet(),
+                                       nullptr, options_.demand, clock_->Now());
     Pool* raw = pool.get();
     pools_[p.name] = std::move(pool);
     return raw;

@@ -65,6 +65,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
     return std::move(done)(std::move(results));
   }
 
+  pool->CountArrivals(static_cast<uint64_t>(req.count));
   std::vector<SandboxPtr> taken;
   taken.reserve(req.count);
   while (static_cast<int>(taken.size()) < req.count) {
@@ -260,7 +261,7 @@ void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Durati
     absl::MutexLock lock(&taken[i]->mu);
     taken[i]->claim = e;
   }
-  if (pool->warm() < pool->min_warm()) reconciler_->PoolBelowTarget(pool->name());
+  if (pool->warm() < pool->target_hint()) reconciler_->PoolBelowTarget(pool->name());
   store_->Commit(std::move(batch), [this, pool, first_revision, entries = std::move(entries),
                                     done = std::move(done)](absl::Status s) mutable {
     if (!s.ok()) {

@@ -38,6 +38,7 @@ void AllocatorImpl::Claim(ClaimRequest req, ClaimCallback done) {
     return AnswerExisting(existing, pool, std::move(cb), req.cancellation);
   }
 
+  pool->CountArrivals(1);
   const std::function<void(const SandboxPtr&)>* hook =
       options_.after_pop ? &options_.after_pop : nullptr;
   if (SandboxPtr sb = pool->TryTake(hook)) {
@@ -46,7 +47,7 @@ void AllocatorImpl::Claim(ClaimRequest req, ClaimCallback done) {
       entry->assigned = true;
     }
     CommitClaim(entry, std::move(sb), LaunchType::kWarm, false);
-    if (pool->warm() < pool->min_warm()) reconciler_->PoolBelowTarget(pool->name());
+    if (pool->warm() < pool->target_hint()) reconciler_->PoolBelowTarget(pool->name());
     return;
   }
 
@@ -64,7 +65,7 @@ void AllocatorImpl::Claim(ClaimRequest req, ClaimCallback done) {
     case EmptyPoolPolicy::kFail:
       FailEntry(entry,
                 absl::ResourceExhaustedError(absl::StrCat(
-                    "pool \"", pool->name(), "\" has no warm sandbox (target ", pool->Target(),
+                    "pool \"", pool->name(), "\" has no warm sandbox (target ", pool->target_hint(),
                     "); retry after about 1s, or claim with policy WAIT or COLD")));
       return;
     case EmptyPoolPolicy::kWait:

@@ -5,11 +5,13 @@
 namespace sbx::allocator {
 
 Pool::Pool(store::PoolRecord settings, std::unique_ptr<SelectionPolicy> ready,
-           Hook before_unlocked_push)
+           Hook before_unlocked_push, DemandOptions demand, absl::Time start)
     : name_(settings.name),
       ready_(std::move(ready)),
       before_unlocked_push_(std::move(before_unlocked_push)),
       min_warm_(settings.min_warm),
+      target_hint_(settings.min_warm),
+      demand_(std::move(demand), start),
       settings_(std::move(settings)) {}
 
 store::PoolRecord Pool::settings() const {
@@ -114,11 +116,37 @@ int64_t Pool::waiting() const {
   return static_cast<int64_t>(waiters_.size());
 }
 
-int64_t Pool::Target() const {
-  absl::ReaderMutexLock lock(&mu_);
-  const int64_t want = settings_.min_warm + static_cast<int64_t>(waiters_.size());
-  return std::clamp<int64_t>(want, settings_.min_warm,
-                             std::max(settings_.max_warm, settings_.min_warm));
+void Pool::ObserveCreateLatency(absl::Duration took) {
+  absl::MutexLock lock(&demand_mu_);
+  demand_.ObserveCreateLatency(took);
+}
+
+TargetDecision Pool::Decide(absl::Time now) {
+  int32_t floor;
+  int32_t ceiling;
+  store::PoolSizing sizing;
+  int64_t waiting;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    floor = settings_.min_warm;
+    ceiling = settings_.max_warm;
+    sizing = settings_.sizing;
+    waiting = static_cast<int64_t>(waiters_.size());
+  }
+  TargetDecision d;
+  {
+    absl::MutexLock lock(&demand_mu_);
+    demand_.Sample(now, arrivals());
+    // Estimated for static pools too: their status shows what demand sizing would do.
+    d = demand_.Decide(now, floor, ceiling, waiting);
+  }
+  if (sizing == store::PoolSizing::kStatic) {
+    DemandEstimate estimate = d.estimate;
+    d = StaticTarget(floor, ceiling, waiting);
+    d.estimate = estimate;
+  }
+  target_hint_.store(d.target, std::memory_order_relaxed);
+  return d;
 }
 
 }  // namespace sbx::allocator

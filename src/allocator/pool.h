@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
+#include "src/allocator/demand.h"
 #include "src/allocator/pool_counters.h"
 #include "src/allocator/ready_set.h"
 #include "src/allocator/sandbox.h"
@@ -39,7 +40,8 @@ class Pool {
   using Hook = std::function<void()>;
 
   Pool(store::PoolRecord settings, std::unique_ptr<SelectionPolicy> ready,
-       Hook before_unlocked_push = nullptr);
+       Hook before_unlocked_push = nullptr, DemandOptions demand = {},
+       absl::Time start = absl::UnixEpoch());
 
   const std::string& name() const { return name_; }
 
@@ -82,9 +84,22 @@ class Pool {
   // The floor, readable without the lock on the claim path.
   int32_t min_warm() const { return min_warm_.load(std::memory_order_relaxed); }
 
-  // The number of warm sandboxes the pool should have now: its floor plus the claims
-  // waiting, capped by its ceiling.
-  int64_t Target() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts claims (a batch: its count) that reached this pool, for the demand estimate.
+  // Lock-free.
+  void CountArrivals(uint64_t n) { arrivals_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t arrivals() const { return arrivals_.load(std::memory_order_relaxed); }
+  // A sandbox of this pool took `took` from the create request until it was ready.
+  void ObserveCreateLatency(absl::Duration took) ABSL_LOCKS_EXCLUDED(demand_mu_);
+
+  // The number of warm sandboxes the pool should have at `now`, and why: static sizing is
+  // the floor plus the claims waiting, demand sizing follows the demand estimate
+  // (demand.h); both between floor and ceiling. Samples the arrival counter, so the
+  // scheduler calls it on every pass.
+  TargetDecision Decide(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_, demand_mu_);
+  int64_t Target(absl::Time now) { return Decide(now).target; }
+  // The last target decided (the floor before any), for the claim path's cheap "below
+  // target?" check.
+  int64_t target_hint() const { return target_hint_.load(std::memory_order_relaxed); }
 
  private:
   SandboxPtr PopWarm(const std::function<void(const SandboxPtr&)>* after_pop);
@@ -105,6 +120,12 @@ class Pool {
   // sees the waiter and matches them under the lock, so no wakeup is lost.
   std::atomic<int64_t> waiting_{0};
   PoolCounters counters_;
+  std::atomic<uint64_t> arrivals_{0};
+  std::atomic<int64_t> target_hint_{0};
+
+  // Separate from mu_: the scheduler's sampling never delays waiters.
+  absl::Mutex demand_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  DemandEstimator demand_ ABSL_GUARDED_BY(demand_mu_);
 
   mutable absl::Mutex mu_;
   store::PoolRecord settings_ ABSL_GUARDED_BY(mu_);

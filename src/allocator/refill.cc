@@ -106,6 +106,7 @@ void RefillReconciler::RunOnce() {
 
   // Decide under the lock; read the allocator and call the runtime outside it.
   std::vector<std::pair<runtime::CreateRequest, int>> creates;
+  std::vector<std::pair<std::string, int>> trims;
   for (const std::string& pool : check) {
     absl::StatusOr<PoolStatus> st = allocator_->GetPoolStatus(pool);
     absl::StatusOr<store::PoolRecord> settings = allocator_->GetPool(pool);
@@ -118,6 +119,13 @@ void RefillReconciler::RunOnce() {
     PoolState& ps = pools_[pool];
     if (clock_->Now() < ps.retry_at) {
       dirty_.insert(pool);  // backing off: look again later
+      continue;
+    }
+    if (st->sizing == store::PoolSizing::kDemand && st->warm > st->target) {
+      // Demand fell (the estimate's cool-down has passed): the surplus goes. Static pools
+      // keep what they have, as they always did (a SandboxWarmPool's controller trims its
+      // own).
+      trims.emplace_back(pool, static_cast<int>(st->warm - st->target));
       continue;
     }
     int deficit = static_cast<int>(st->target - st->warm) - ps.creating;
@@ -133,6 +141,14 @@ void RefillReconciler::RunOnce() {
     req.pool = pool;
     req.template_name = settings->template_name;
     creates.emplace_back(std::move(req), got);
+  }
+  for (const auto& [pool, n] : trims) {
+    // Retired sandboxes come back through RetireSandbox, to be deleted below.
+    absl::StatusOr<int> trimmed = allocator_->TrimWarm(pool, n);
+    if (trimmed.ok() && *trimmed > 0) {
+      absl::MutexLock lock(&mu_);
+      stats_.trimmed += static_cast<uint64_t>(*trimmed);
+    }
   }
   for (auto& [req, n] : creates) {
     absl::StatusOr<store::TemplateRecord> t = allocator_->GetTemplate(req.template_name);
@@ -155,8 +171,9 @@ void RefillReconciler::RunOnce() {
   for (auto& [req, n] : creates) {
     for (int i = 0; i < n; ++i) {
       const std::string pool = req.pool;
-      runtime_->Create(req, [this, pool](absl::StatusOr<runtime::SandboxInfo> info) {
-        OnCreated(pool, std::move(info));
+      const absl::Time started = clock_->Now();
+      runtime_->Create(req, [this, pool, started](absl::StatusOr<runtime::SandboxInfo> info) {
+        OnCreated(pool, started, std::move(info));
       });
     }
   }
@@ -165,10 +182,12 @@ void RefillReconciler::RunOnce() {
   }
 }
 
-void RefillReconciler::OnCreated(const std::string& pool,
+void RefillReconciler::OnCreated(const std::string& pool, absl::Time started,
                                  absl::StatusOr<runtime::SandboxInfo> info) {
   bool orphan = false;
   if (info.ok()) {
+    // Before the sandbox is added: a waiter it serves then sees the latency it waited for.
+    allocator_->ObserveCreateLatency(pool, clock_->Now() - started);
     absl::Status added = allocator_->AddSandbox(*info);
     // NOT_FOUND: the pool was deleted meanwhile (the allocator already asked to retire
     // the sandbox). Anything else: the sandbox is not tracked, so it must not live on.

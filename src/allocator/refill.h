@@ -7,7 +7,9 @@
 // Runtime writes go through one token bucket (qps, burst) shared by creates and deletes;
 // creates go first, deletes (clean-up) only with budget left over, as design.md asks.
 // A failed create is retried with exponential backoff per pool; a create that succeeds
-// ends the backoff.
+// ends the backoff. Every pass samples each pool's demand estimate (Pool::Decide); pools
+// sized by demand lose their surplus warm sandboxes when the target falls (TrimWarm), and
+// every create's latency is reported to the estimate.
 //
 // Thread-safety: PoolBelowTarget and RetireSandbox may be called from any thread and
 // only set state and wake the worker. Runtime callbacks may arrive on any thread.
@@ -55,6 +57,8 @@ struct RefillStats {
   uint64_t creates_failed = 0;
   uint64_t deletes_started = 0;
   uint64_t deletes_failed = 0;
+  // Warm sandboxes retired because demand sizing lowered the target.
+  uint64_t trimmed = 0;
 };
 
 class RefillReconciler final : public Reconciler {
@@ -90,8 +94,8 @@ class RefillReconciler final : public Reconciler {
 
   // Takes up to `want` tokens; returns how many it got.
   int TakeTokensLocked(int want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnCreated(const std::string& pool, absl::StatusOr<runtime::SandboxInfo> info)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnCreated(const std::string& pool, absl::Time started,
+                 absl::StatusOr<runtime::SandboxInfo> info) ABSL_LOCKS_EXCLUDED(mu_);
   void OnDeleted(const std::string& id, absl::Status status) ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 

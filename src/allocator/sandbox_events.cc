@@ -85,4 +85,31 @@ absl::Status AllocatorImpl::RetireWarm(const std::string& id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> AllocatorImpl::TrimWarm(const std::string& pool_name, int n) {
+  ASSIGN_OR_RETURN(Pool * pool, FindPool(pool_name));
+  int trimmed = 0;
+  store::WriteBatch batch;
+  batch.set_sync(false);  // a record left behind is dropped by the reconciliation
+  std::vector<SandboxPtr> retired;
+  while (trimmed < n) {
+    // Taken like a claim takes one (Warm→Claimed, so no claim can get it), then retired.
+    SandboxPtr sb = pool->TryTake();
+    if (sb == nullptr) break;
+    sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
+    ForgetSandbox(sb->id);
+    batch.DeleteSandbox(sb->id);
+    retired.push_back(std::move(sb));
+    ++trimmed;
+  }
+  if (trimmed == 0) return 0;
+  store_->Commit(std::move(batch), [](absl::Status) {});
+  for (const SandboxPtr& sb : retired) reconciler_->RetireSandbox(RecordOf(*sb));
+  return trimmed;
+}
+
+void AllocatorImpl::ObserveCreateLatency(const std::string& pool, absl::Duration took) {
+  absl::StatusOr<Pool*> p = FindPool(pool);
+  if (p.ok()) (*p)->ObserveCreateLatency(took);
+}
+
 }  // namespace sbx::allocator::internal

@@ -213,6 +213,7 @@ void EncodeValue(const Mutation& m, std::string* out) {
               [&](int32_t ns) { msg.set_max_ttl_ns(ns); });
           msg.set_selection_policy(r.selection_policy);
           msg.set_generation(r.generation);
+          msg.set_sizing(static_cast<uint32_t>(r.sizing));
           Serialize(msg, out);
         } else if constexpr (std::is_same_v<R, SandboxRecord>) {
           Sandbox msg;
@@ -375,6 +376,10 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
     absl::Status s =
         DecodeEnum(key, "empty pool policy", msg.empty_pool_policy(), EmptyPoolPolicy::kWait,
                    EmptyPoolPolicy::kFail, &r.empty_pool_policy);
+    if (s.ok()) {
+      s = DecodeEnum(key, "pool sizing", msg.sizing(), PoolSizing::kStatic, PoolSizing::kDemand,
+                     &r.sizing);
+    }
     if (s.ok()) {
       s = DecodeDuration(key, "default_wait", msg.default_wait_s(), msg.default_wait_ns(),
                          &r.default_wait);

@@ -45,6 +45,12 @@ struct TemplateRecord {
   uint64_t generation = 0;
 };
 
+// How a pool's warm target is chosen (src/allocator/demand.h).
+enum class PoolSizing : uint8_t {
+  kStatic = 0,  // min_warm plus the claims waiting, capped by max_warm
+  kDemand = 1,  // from the measured demand, between min_warm and max_warm
+};
+
 struct PoolRecord {
   std::string name;
   std::string template_name;
@@ -60,6 +66,7 @@ struct PoolRecord {
   absl::Duration max_ttl = absl::ZeroDuration();
   // Name of the selection policy ("fifo").
   std::string selection_policy = "fifo";
+  PoolSizing sizing = PoolSizing::kStatic;
   uint64_t generation = 0;
 };
 

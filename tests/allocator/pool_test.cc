@@ -50,7 +50,7 @@ TEST(PoolTest, WaitersGetNewSandboxesDirectly) {
   EXPECT_EQ(pool.TakeOrEnqueue(w1), nullptr);
   EXPECT_EQ(pool.TakeOrEnqueue(w2), nullptr);
   EXPECT_EQ(pool.waiting(), 2);
-  EXPECT_EQ(pool.Target(), 3);
+  EXPECT_EQ(pool.Target(absl::UnixEpoch()), 3);
   pool.AddWarm(NewSandbox(&pool, "a"));
   EXPECT_TRUE(pool.CancelWaiter(w2));
   EXPECT_FALSE(pool.CancelWaiter(w1));  // already served
@@ -61,14 +61,14 @@ TEST(PoolTest, WaitersGetNewSandboxesDirectly) {
 
 TEST(PoolTest, TargetStaysWithinFloorAndCeiling) {
   Pool pool(Settings(2, 3), NewFifoReadySet());
-  EXPECT_EQ(pool.Target(), 2);
+  EXPECT_EQ(pool.Target(absl::UnixEpoch()), 2);
   std::vector<WaiterPtr> ws;
   for (int i = 0; i < 5; ++i) {
     ws.push_back(std::make_shared<Waiter>());
     ws.back()->deliver = [](SandboxPtr) {};
     pool.TakeOrEnqueue(ws.back());
   }
-  EXPECT_EQ(pool.Target(), 3);
+  EXPECT_EQ(pool.Target(absl::UnixEpoch()), 3);
 }
 
 // Many threads take while others add: every sandbox is taken at most once and none is lost.
