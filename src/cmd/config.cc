@@ -80,7 +80,7 @@ sbx::v1::Template ParseTemplate(const YAML::Node& n, const std::string& where) {
 sbx::v1::Pool ParsePool(const YAML::Node& n, const std::string& where) {
   CheckKeys(n,
             {"name", "template", "min_warm", "max_warm", "empty_pool_policy", "default_wait",
-             "default_ttl", "max_ttl", "selection_policy"},
+             "default_ttl", "max_ttl", "selection_policy", "sizing"},
             where);
   sbx::v1::Pool p;
   p.set_name(n["name"].as<std::string>(""));
@@ -102,6 +102,15 @@ sbx::v1::Pool ParsePool(const YAML::Node& n, const std::string& where) {
   SetDuration(n["default_ttl"], where + ".default_ttl", p.mutable_default_ttl());
   SetDuration(n["max_ttl"], where + ".max_ttl", p.mutable_max_ttl());
   p.set_selection_policy(n["selection_policy"].as<std::string>("fifo"));
+  const std::string sizing = n["sizing"].as<std::string>("static");
+  if (sizing == "static") {
+    p.set_sizing(sbx::v1::POOL_SIZING_STATIC);
+  } else if (sizing == "demand") {
+    p.set_sizing(sbx::v1::POOL_SIZING_DEMAND);
+  } else {
+    throw ConfigError(
+        absl::StrCat(where, ": sizing \"", sizing, "\" is not one of static, demand"));
+  }
   return p;
 }
 

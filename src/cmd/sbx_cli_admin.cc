@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "src/cmd/sbx_cli_commands.h"
 
@@ -28,14 +29,20 @@ std::string DurationOr(const google::protobuf::Duration& d, bool set, const std:
   return absl::FormatDuration(FromProto(d));
 }
 
+const char* SizingName(v1::PoolSizing s) {
+  return s == v1::POOL_SIZING_DEMAND ? "demand" : "static";
+}
+
 void PrintPools(const std::vector<v1::Pool>& pools) {
-  Table table({"NAME", "TEMPLATE", "WARM", "STARTING", "CLAIMED", "WAITING", "TARGET", "MIN", "MAX",
-               "ERROR"});
+  Table table({"NAME", "TEMPLATE", "WARM", "STARTING", "CLAIMED", "WAITING", "TARGET", "WHY", "MIN",
+               "MAX", "SIZING", "RATE/S", "ERROR"});
   for (const v1::Pool& p : pools) {
     const v1::PoolStatus& s = p.status();
     table.AddRow({p.name(), p.template_(), absl::StrCat(s.warm()), absl::StrCat(s.starting()),
                   absl::StrCat(s.claimed()), absl::StrCat(s.waiting_claims()),
-                  absl::StrCat(s.target()), absl::StrCat(p.min_warm()), absl::StrCat(p.max_warm()),
+                  absl::StrCat(s.target()), s.target_reason().empty() ? "-" : s.target_reason(),
+                  absl::StrCat(p.min_warm()), absl::StrCat(p.max_warm()), SizingName(p.sizing()),
+                  absl::StrFormat("%.1f", s.arrival_rate()),
                   s.last_error().empty() ? "-" : s.last_error()});
   }
   table.Print(stdout);
@@ -61,7 +68,13 @@ void PrintPoolDetail(const v1::Pool& p) {
   table.AddRow({"starting", absl::StrCat(s.starting())});
   table.AddRow({"claimed", absl::StrCat(s.claimed())});
   table.AddRow({"waiting_claims", absl::StrCat(s.waiting_claims())});
+  table.AddRow({"sizing", SizingName(p.sizing())});
   table.AddRow({"target", absl::StrCat(s.target())});
+  table.AddRow({"target_reason", s.target_reason().empty() ? "-" : s.target_reason()});
+  table.AddRow({"demand", absl::StrCat(s.demand())});
+  table.AddRow({"arrival_rate", absl::StrFormat("%.2f/s (last seconds), %.2f/s (last minutes)",
+                                                s.arrival_rate(), s.arrival_rate_long())});
+  table.AddRow({"create_latency", absl::FormatDuration(FromProto(s.create_latency()))});
   table.AddRow({"stale", absl::StrCat(s.stale())});
   table.AddRow({"observed_generation", absl::StrCat(s.observed_generation())});
   table.AddRow({"template_generation", absl::StrCat(s.template_generation())});

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "spdlog/spdlog.h"
@@ -30,6 +31,42 @@ constexpr char kQuickPrefix[] = "~";
 int64_t Replicas(const Json& pool) {
   const Json& r = Field(Field(pool, "spec"), "replicas");
   return r.is_number_integer() ? std::max<int64_t>(0, r.get<int64_t>()) : 1;
+}
+
+// Demand sizing, opted into with annotations (never spec fields: the CRD stays
+// upstream's). spec.replicas stays the floor the user asked for.
+struct Sizing {
+  store::PoolSizing sizing = store::PoolSizing::kStatic;
+  int64_t ceiling = 0;  // sbx.dev/max-warm; 0: none given
+};
+
+Sizing SizingOf(const Json& pool) {
+  Sizing out;
+  const Json& annotations = Field(Field(pool, "metadata"), "annotations");
+  const std::string mode = Str(annotations, kSizingAnnotation);
+  const std::string ceiling = Str(annotations, kMaxWarmAnnotation);
+  const std::string name = Str(Field(pool, "metadata"), "name");
+  if (mode == "demand") {
+    out.sizing = store::PoolSizing::kDemand;
+  } else if (!mode.empty() && mode != "static") {
+    spdlog::warn(
+        "SandboxWarmPool \"{}\": annotation {}=\"{}\" is not static or demand; sized static", name,
+        kSizingAnnotation, mode);
+  }
+  if (!ceiling.empty() && (!absl::SimpleAtoi(ceiling, &out.ceiling) || out.ceiling < 0)) {
+    spdlog::warn("SandboxWarmPool \"{}\": annotation {}=\"{}\" is not a count; ignored", name,
+                 kMaxWarmAnnotation, ceiling);
+    out.ceiling = 0;
+  }
+  return out;
+}
+
+// How many members the controller keeps: spec.replicas, or for demand sizing the
+// allocator's target (the refill retires warm surplus then; the controller only unready
+// members beyond what the target still needs).
+int64_t Desired(const Json& pool, const allocator::PoolStatus& st) {
+  if (SizingOf(pool).sizing == store::PoolSizing::kDemand) return std::max(st.target, st.warm);
+  return Replicas(pool);
 }
 
 std::string Created(const Json& object) {
@@ -205,9 +242,10 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
     // Maybe a surplus, or members that nobody tracks (creates whose answers were lost):
     // the full pass decides (and writes the status). Members still labelled include the
     // claimed ones not yet bound, so the second count is an upper bound.
-    if (st->warm + runtime_->PendingIn(name) > Replicas(*pool) ||
+    const int64_t desired = Desired(*pool, *st);
+    if (st->warm + runtime_->PendingIn(name) > desired ||
         static_cast<int64_t>(sandboxes_->ByLabel(kWarmPoolLabel, NameHash(where.name)).size()) >
-            Replicas(*pool)) {
+            desired) {
       queue_.Add(name);
       return absl::OkStatus();
     }
@@ -240,16 +278,25 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
   // No member can come while the template is missing: the target is zero until it does.
   const int64_t replicas = sandbox_template == nullptr ? 0 : Replicas(*pool);
   p.min_warm = p.max_warm = static_cast<int32_t>(std::min<int64_t>(replicas, 1 << 30));
+  const Sizing sizing = SizingOf(*pool);
+  p.sizing = sizing.sizing;
+  if (sizing.sizing == store::PoolSizing::kDemand && sandbox_template != nullptr) {
+    // The ceiling: sbx.dev/max-warm, never below the floor nor above the allocator's limit.
+    p.max_warm = static_cast<int32_t>(std::clamp<int64_t>(
+        sizing.ceiling, p.min_warm, std::max<int64_t>(p.min_warm, allocator_->max_pool_warm())));
+  }
   p.empty_pool_policy = store::EmptyPoolPolicy::kFail;
   absl::StatusOr<store::PoolRecord> have_p = allocator_->GetPool(name);
   if (!have_p.ok() || have_p->template_name != p.template_name || have_p->min_warm != p.min_warm ||
-      have_p->max_warm != p.max_warm || have_p->empty_pool_policy != p.empty_pool_policy) {
+      have_p->max_warm != p.max_warm || have_p->empty_pool_policy != p.empty_pool_policy ||
+      have_p->sizing != p.sizing) {
     if (have_p.ok()) {  // keep what an admin set over gRPC besides the target
       store::PoolRecord merged = *have_p;
       merged.template_name = p.template_name;
       merged.min_warm = p.min_warm;
       merged.max_warm = p.max_warm;
       merged.empty_pool_policy = p.empty_pool_policy;
+      merged.sizing = p.sizing;
       p = merged;
     }
     RETURN_IF_ERROR(
@@ -377,7 +424,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
     }
   }
   // Scale-down: unready members first, then the newest warm ones.
-  int64_t surplus = warm_count + static_cast<int64_t>(unready.size()) - Replicas(pool);
+  int64_t surplus = warm_count + static_cast<int64_t>(unready.size()) - Desired(pool, *st);
   for (const ObjectPtr& m : unready) {
     if (surplus <= 0) break;
     RETURN_IF_ERROR(delete_unready(m));

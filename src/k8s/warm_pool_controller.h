@@ -18,7 +18,11 @@
 // refills, like every write of the runtime and the claim controller;
 // - status: replicas, readyReplicas, selector, observedGeneration (merge patch of the
 //   status subresource, only when it changes);
-// - deletion: the allocator pool goes when its SandboxWarmPool does (after its claims).
+// - deletion: the allocator pool goes when its SandboxWarmPool does (after its claims);
+// - demand sizing, opted into with annotations (kSizingAnnotation, kMaxWarmAnnotation):
+//   spec.replicas stays the floor and the scale subresource keeps working; the target
+//   follows demand up to the ceiling, and the refill retires the warm surplus itself, so
+//   the controller's scale-down leaves warm members of such pools alone.
 //
 // Thread-safety: Start/Stop from one thread; workers reconcile different pools at once.
 // Lifetime: construct before the informers start (it adds handlers), Start after the
@@ -41,6 +45,12 @@
 #include "src/k8s/write_scheduler.h"
 
 namespace sbx::k8s {
+
+// Annotations of a SandboxWarmPool (docs/kubernetes.md): "demand" sizes the pool from the
+// claims it sees (src/allocator/demand.h) instead of holding spec.replicas...
+inline constexpr char kSizingAnnotation[] = "sbx.dev/sizing";
+// ...up to this many warm members (a count; without it the ceiling is spec.replicas).
+inline constexpr char kMaxWarmAnnotation[] = "sbx.dev/max-warm";
 
 struct WarmPoolControllerOptions {
   // The namespaces served and the allocator's names of their pools.

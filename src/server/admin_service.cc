@@ -51,7 +51,7 @@ bool SamePool(const store::PoolRecord& a, const store::PoolRecord& b) {
   return a.template_name == b.template_name && a.min_warm == b.min_warm &&
          a.max_warm == b.max_warm && a.empty_pool_policy == b.empty_pool_policy &&
          a.default_wait == b.default_wait && a.default_ttl == b.default_ttl &&
-         a.max_ttl == b.max_ttl && a.selection_policy == b.selection_policy;
+         a.max_ttl == b.max_ttl && a.selection_policy == b.selection_policy && a.sizing == b.sizing;
 }
 
 // One page of `items` (sorted by name) after the token's name.

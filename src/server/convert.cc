@@ -486,6 +486,17 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p, absl::string_
     return bad("selection_policy ", Quote(p.selection_policy()),
                " is not supported (this server knows \"fifo\")");
   }
+  switch (p.sizing()) {
+    case v1::POOL_SIZING_UNSPECIFIED:
+    case v1::POOL_SIZING_STATIC:
+      r.sizing = store::PoolSizing::kStatic;
+      break;
+    case v1::POOL_SIZING_DEMAND:
+      r.sizing = store::PoolSizing::kDemand;
+      break;
+    default:
+      return bad("sizing ", static_cast<int>(p.sizing()), " is not a PoolSizing");
+  }
   if (p.max_sandboxes() != 0) {
     return absl::UnimplementedError(
         absl::StrCat(prefix, "max_sandboxes ", p.max_sandboxes(),
@@ -505,6 +516,8 @@ void ToProto(const store::PoolRecord& r, v1::Pool* out) {
   if (r.max_ttl != absl::ZeroDuration()) ToProto(r.max_ttl, out->mutable_max_ttl());
   out->set_selection_policy(r.selection_policy);
   out->set_generation(static_cast<int64_t>(r.generation));
+  out->set_sizing(r.sizing == store::PoolSizing::kDemand ? v1::POOL_SIZING_DEMAND
+                                                         : v1::POOL_SIZING_STATIC);
 }
 
 void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl::Time now,
@@ -513,6 +526,11 @@ void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl:
   out->set_claimed(static_cast<int32_t>(s.claimed));
   out->set_target(static_cast<int32_t>(s.target));
   out->set_waiting_claims(static_cast<int32_t>(s.waiting));
+  out->set_target_reason(allocator::TargetReasonName(s.target_reason));
+  out->set_arrival_rate(s.demand.rate_short);
+  out->set_arrival_rate_long(s.demand.rate_long);
+  ToProto(s.demand.create_latency, out->mutable_create_latency());
+  out->set_demand(static_cast<int32_t>(std::min<int64_t>(s.demand.demand, INT32_MAX)));
   out->set_template_generation(static_cast<int64_t>(template_generation));
   ToProto(now, out->mutable_updated_at());
 }

@@ -139,9 +139,26 @@ class ServerCollector final : public prometheus::Collectable {
         Family("sbx_pool_starting_sandboxes",
                "Sandboxes being created for the pool by the refill reconciler", MetricType::Gauge);
     auto target = Family("sbx_pool_target_sandboxes",
-                         "Warm sandboxes the pool should have now (floor plus waiting claims, "
-                         "capped by the ceiling)",
+                         "Warm sandboxes the pool should have now, between its floor and "
+                         "ceiling (static sizing: floor plus waiting claims; demand sizing: "
+                         "the demand estimate plus waiting claims)",
                          MetricType::Gauge);
+    auto reason = Family("sbx_pool_target_reason",
+                         "1 for what decides the pool's target now (floor, demand, waiters, "
+                         "burst, ceiling), 0 for the others",
+                         MetricType::Gauge);
+    auto demand = Family("sbx_pool_demand_sandboxes",
+                         "Warm sandboxes the measured demand calls for (claims expected while a "
+                         "new sandbox is made, with margin), before waiters, floor and ceiling",
+                         MetricType::Gauge);
+    auto rate = Family("sbx_pool_arrival_rate",
+                       "Claims per second reaching the pool, averaged over the last seconds "
+                       "(window=short) and minutes (window=long)",
+                       MetricType::Gauge);
+    auto create_latency = Family("sbx_pool_create_latency_seconds",
+                                 "Median time the pool's recent sandboxes took from create to "
+                                 "ready, as demand sizing uses it",
+                                 MetricType::Gauge);
     auto waiting =
         Family("sbx_pool_waiting_claims", "Claims queued for a sandbox (the wait queue's depth)",
                MetricType::Gauge);
@@ -178,6 +195,17 @@ class ServerCollector final : public prometheus::Collectable {
       AddValue(&warm, {{"pool", pool}}, static_cast<double>(st->warm));
       AddValue(&claimed, {{"pool", pool}}, static_cast<double>(st->claimed));
       AddValue(&target, {{"pool", pool}}, static_cast<double>(st->target));
+      for (allocator::TargetReason r :
+           {allocator::TargetReason::kFloor, allocator::TargetReason::kDemand,
+            allocator::TargetReason::kWaiters, allocator::TargetReason::kBurst,
+            allocator::TargetReason::kCeiling}) {
+        AddValue(&reason, {{"pool", pool}, {"reason", allocator::TargetReasonName(r)}},
+                 st->target_reason == r ? 1 : 0);
+      }
+      AddValue(&demand, {{"pool", pool}}, static_cast<double>(st->demand.demand));
+      AddValue(&rate, {{"pool", pool}, {"window", "short"}}, st->demand.rate_short);
+      AddValue(&rate, {{"pool", pool}, {"window", "long"}}, st->demand.rate_long);
+      AddValue(&create_latency, {{"pool", pool}}, absl::ToDoubleSeconds(st->demand.create_latency));
       AddValue(&waiting, {{"pool", pool}}, static_cast<double>(st->waiting));
       AddValue(&min_warm, {{"pool", pool}}, st->min_warm);
       AddValue(&max_warm, {{"pool", pool}}, st->max_warm);
@@ -185,8 +213,9 @@ class ServerCollector final : public prometheus::Collectable {
         AddValue(&starting, {{"pool", pool}}, sources_.refill->creating(pool));
       }
     }
-    for (MetricFamily* f : {&claims, &latency, &ended, &exhausted, &warm, &claimed, &starting,
-                            &target, &waiting, &min_warm, &max_warm}) {
+    for (MetricFamily* f :
+         {&claims, &latency, &ended, &exhausted, &warm, &claimed, &starting, &target, &reason,
+          &demand, &rate, &create_latency, &waiting, &min_warm, &max_warm}) {
       if (!f->metric.empty()) out->push_back(std::move(*f));
     }
   }

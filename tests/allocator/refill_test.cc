@@ -1,6 +1,10 @@
 #include "src/allocator/refill.h"
 
+#include "absl/strings/str_cat.h"
+
+#include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
@@ -22,10 +26,12 @@ MemoryStoreOptions Inline() {
 
 class RefillTest : public ::testing::Test {
  protected:
-  void Start(RefillOptions options, int min_warm) {
+  void Start(RefillOptions options, int min_warm,
+             store::PoolSizing sizing = store::PoolSizing::kStatic, DemandOptions demand = {}) {
     refill_ = std::make_unique<RefillReconciler>(options, &runtime_, &clock_);
     AllocatorOptions ao;
     ao.timer_thread = false;
+    ao.demand = demand;
     auto a = Allocator::Create(ao, &store_, &runtime_, refill_.get(), &clock_, &ids_);
     ASSERT_TRUE(a.ok()) << a.status();
     allocator_ = std::move(*a);
@@ -41,6 +47,7 @@ class RefillTest : public ::testing::Test {
     p.min_warm = min_warm;
     p.max_warm = 100;
     p.empty_pool_policy = store::EmptyPoolPolicy::kFail;
+    p.sizing = sizing;
     allocator_->PutPool(p, [&](absl::Status s) { done = s; });
     ASSERT_TRUE(done.has_value() && done->ok());
   }
@@ -106,6 +113,77 @@ TEST_F(RefillTest, RefillsAfterAClaimAndDeletesTheReleasedSandbox) {
   refill_->RunOnce();
   EXPECT_THAT(runtime_.deleted(), ::testing::ElementsAre(c->claim.sandbox_id));
   EXPECT_EQ(refill_->pending_deletes(), 0u);
+}
+
+TEST_F(RefillTest, DemandSizingGrowsWithClaimsLearnsTheLatencyAndTrimsAfterTheCoolDown) {
+  DemandOptions demand;
+  demand.short_window = absl::Seconds(1);
+  demand.long_window = absl::Seconds(4);
+  demand.cool_down = absl::Seconds(5);
+  Start({}, 0, store::PoolSizing::kDemand, demand);
+  refill_->RunOnce();
+  EXPECT_EQ(runtime_.pending_creates(), 0u) << "no demand yet, floor 0";
+  // 10 claims a second for 10 s (refused: the pool is FAIL and empty, but they count).
+  int id = 0;
+  std::vector<absl::Time> started;  // of each create, in order
+  for (int second = 0; second < 10; ++second) {
+    for (int i = 0; i < 10; ++i) (void)ClaimNow(absl::StrCat("c", id++));
+    clock_.Advance(absl::Seconds(1));
+    refill_->RunOnce();
+    started.resize(runtime_.pending_creates(), clock_.Now());
+  }
+  absl::StatusOr<PoolStatus> st = allocator_->GetPoolStatus("py");
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->target_reason, TargetReason::kDemand);
+  EXPECT_NEAR(st->demand.rate_long, 10, 2);
+  EXPECT_EQ(st->arrivals, 100u);
+  // 10/s x 1 s (the default latency before any create): a few more than 10.
+  EXPECT_GT(st->target, 10);
+  EXPECT_LT(st->target, 25);
+  EXPECT_EQ(runtime_.pending_creates(), static_cast<size_t>(st->target));
+  // They are ready 3 s after the last began: the estimate uses the median of what each
+  // took from its own start.
+  clock_.Advance(absl::Seconds(3));
+  std::vector<absl::Duration> took;
+  for (absl::Time t : started) took.push_back(clock_.Now() - t);
+  std::sort(took.begin(), took.end());
+  CompleteAll();
+  st = allocator_->GetPoolStatus("py");
+  EXPECT_EQ(st->demand.create_samples, static_cast<int>(took.size()));
+  EXPECT_EQ(st->demand.create_latency, took[(took.size() + 1) / 2 - 1]);
+  EXPECT_EQ(st->warm, static_cast<int64_t>(next_ - 1));
+  // Silence: inside the cool-down nothing is trimmed; after it the target falls and the
+  // refill retires the warm surplus.
+  const int64_t warm = st->warm;
+  refill_->RunOnce();
+  EXPECT_EQ(refill_->stats().trimmed, 0u);
+  for (int second = 0; second < 60; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    refill_->RunOnce();
+  }
+  st = allocator_->GetPoolStatus("py");
+  EXPECT_EQ(st->target, 0);
+  EXPECT_EQ(st->target_reason, TargetReason::kFloor);
+  EXPECT_EQ(st->warm, 0);
+  EXPECT_EQ(refill_->stats().trimmed, static_cast<uint64_t>(warm));
+  EXPECT_EQ(runtime_.deleted().size(), static_cast<size_t>(warm));
+}
+
+TEST_F(RefillTest, StaticPoolsKeepTheirSurplus) {
+  Start({}, 3);
+  refill_->RunOnce();
+  CompleteAll();
+  store::PoolRecord p = *allocator_->GetPool("py");
+  p.min_warm = 1;
+  std::optional<absl::Status> done;
+  allocator_->PutPool(p, [&](absl::Status s) { done = s; });
+  ASSERT_TRUE(done.has_value() && done->ok());
+  for (int second = 0; second < 60; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    refill_->RunOnce();
+  }
+  EXPECT_EQ(Warm(), 3);
+  EXPECT_EQ(refill_->stats().trimmed, 0u);
 }
 
 TEST_F(RefillTest, TokenBucketLimitsRuntimeWrites) {

@@ -736,6 +736,61 @@ class PoolTest(unittest.TestCase):
         for ns in sizes:
             c.wait_for(lambda: pool_ready(ns), 60, "pool %s/py to refill" % ns)
 
+    def test_12b_demand_sizing_by_annotation(self):
+        """sbx.dev/sizing: demand grows a pool past spec.replicas (its floor) when claims come
+        faster than members are made, up to sbx.dev/max-warm; spec.replicas and kubectl scale
+        keep working; without the annotation the pool holds spec.replicas again."""
+        from sbx.v1 import admin_pb2, admin_pb2_grpc, types_pb2
+        c = self.cluster()
+        server = c.start_pools()
+        body = pool("py", 1)
+        body["metadata"]["annotations"] = {"sbx.dev/sizing": "demand", "sbx.dev/max-warm": "25"}
+        c.apply(template(), body)
+        c.wait_pool("py", 1)
+        pb, stub = self.grpc_stubs(c, server)
+        channel = grpc.insecure_channel("127.0.0.1:%d" % c.grpc_port(server))
+        self.addCleanup(channel.close)
+        admin = admin_pb2_grpc.AdminServiceStub(channel)
+
+        def status():
+            return admin.GetPool(admin_pb2.GetPoolRequest(name="py"), timeout=10).pool
+
+        got = status()
+        self.assertEqual(got.sizing, admin_pb2.POOL_SIZING_DEMAND)
+        self.assertEqual((got.min_warm, got.max_warm), (1, 25))
+        # A surge: 30 claims within about a second, each waiting for a member if need be.
+        for i in range(30):
+            stub.Claim(pb.ClaimRequest(pool="py", claim_id="surge-%d" % i,
+                                       empty_pool_policy=types_pb2.EMPTY_POOL_POLICY_WAIT),
+                       timeout=30)
+        seen = {}
+
+        def grown():
+            st = status().status
+            seen["last"] = (st.target, st.target_reason, st.arrival_rate, len(c.members("py")))
+            return st.target > 1 and st.target_reason in ("demand", "ceiling") and \
+                len(c.members("py")) > 1
+        c.wait_for(grown, 30, "the demand-sized pool to grow past its floor")
+        st = status().status
+        self.assertLessEqual(st.target, 25)
+        self.assertGreater(st.arrival_rate_long, 0)
+        self.assertGreater(st.create_latency.seconds * 1e9 + st.create_latency.nanos, 0)
+        metrics = c.metrics(server)
+        self.assertIn('sbx_pool_arrival_rate{pool="py",window="short"}', metrics)
+        self.assertRegex(metrics, r'sbx_pool_target_reason\{pool="py",reason="(demand|ceiling)"\} 1')
+        for i in range(30):
+            stub.Release(pb.ReleaseRequest(claim_id="surge-%d" % i), timeout=10)
+        # kubectl scale still moves the floor of a demand-sized pool.
+        c.kubectl("scale", "swp/py", "--replicas=3")
+        c.wait_for(lambda: status().min_warm == 3, 30, "the floor to follow spec.replicas")
+        # Without the annotation the pool is static again: spec.replicas members, the
+        # surplus retired by the controller.
+        c.kubectl("annotate", "swp/py", "sbx.dev/sizing-", "sbx.dev/max-warm-")
+        c.wait_for(lambda: status().sizing == admin_pb2.POOL_SIZING_STATIC, 30,
+                   "the pool to be sized static")
+        c.wait_pool("py", 3)
+        self.assertEqual(status().status.target, 3)
+
     def test_13_a_standby_relays_every_call_to_the_leader(self):
         """Issue 20, item 7 (replicas that serve). With --kube_leader_election every replica
         answers the sbx.v1 API: a standby relays each call to the leader with the client's

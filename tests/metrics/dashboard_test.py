@@ -197,7 +197,8 @@ class AlertRulesTest(unittest.TestCase):
             groups = yaml.safe_load(f)
         self.assertIsInstance(groups, list)
         names = {r["alert"] for g in groups for r in g["rules"]}
-        self.assertEqual(names, {"SbxPoolExhausted", "SbxClaimLatencyHigh",
+        self.assertEqual(names, {"SbxPoolExhausted", "SbxPoolCeilingHoldsClaims",
+                                 "SbxClaimLatencyHigh",
                                  "SbxKubernetesApiErrors", "SbxStoreCommitSlow",
                                  "SbxStoreNotWritable", "SbxStoreDiskLow"})
         for g in groups:
@@ -213,7 +214,44 @@ class AlertRulesTest(unittest.TestCase):
         r = subprocess.run([PROMTOOL, "check", "rules", path], capture_output=True, text=True,
                            timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("6 rules found", r.stdout + r.stderr)
+        self.assertIn("7 rules found", r.stdout + r.stderr)
+
+    def test_ceiling_alert_fires_only_while_claims_wait(self):
+        # promtool's rule unit tests: pool a is held at its ceiling with claims waiting,
+        # pool b is at its ceiling with none waiting, pool c has claims waiting below it.
+        with open(os.path.join(SOURCE, "charts", "sbx", "files", "alerts.yaml")) as f:
+            groups = yaml.safe_load(f)
+        d = tempfile.mkdtemp(prefix="sbx-rules-")
+        self.addCleanup(shutil.rmtree, d, True)
+        with open(os.path.join(d, "rules.yaml"), "w") as f:
+            yaml.safe_dump({"groups": groups}, f)
+        series = []
+        for pool, ceiling, waiting in (("a", 1, 7), ("b", 1, 0), ("c", 0, 7)):
+            series.append({"series": 'sbx_pool_target_reason{pool="%s",reason="ceiling"}' % pool,
+                           "values": "%dx10" % ceiling})
+            series.append({"series": 'sbx_pool_waiting_claims{pool="%s"}' % pool,
+                           "values": "%dx10" % waiting})
+        tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [{
+            "interval": "1m", "input_series": series,
+            "alert_rule_test": [
+                {"eval_time": "3m", "alertname": "SbxPoolCeilingHoldsClaims", "exp_alerts": []},
+                {"eval_time": "6m", "alertname": "SbxPoolCeilingHoldsClaims", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning", "pool": "a"},
+                    "exp_annotations": {
+                        "summary": "sbx pool a is held at its ceiling while claims wait",
+                        "description": None}}]}]}]}
+        # The description is long prose; compare it as the rule renders it.
+        rule = next(r for g in groups for r in g["rules"]
+                    if r["alert"] == "SbxPoolCeilingHoldsClaims")
+        desc = rule["annotations"]["description"].replace("{{ $labels.pool }}", "a")
+        desc = desc.replace("{{ $value | humanize }}", "7")
+        tests["tests"][0]["alert_rule_test"][1]["exp_alerts"][0]["exp_annotations"][
+            "description"] = desc
+        with open(os.path.join(d, "tests.yaml"), "w") as f:
+            yaml.safe_dump(tests, f)
+        r = subprocess.run([PROMTOOL, "test", "rules", "tests.yaml"], capture_output=True,
+                           text=True, timeout=60, cwd=d)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
 
 if __name__ == "__main__":
