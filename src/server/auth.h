@@ -70,13 +70,13 @@ struct AuthOptions {
 
 // What one tenant may do (from its lines of the tokens file).
 struct TenantLimits {
-  double claim_rate = 0;   // claims per second on average; 0: unlimited
-  int claim_burst = 0;     // claims at once; set whenever claim_rate is
-  int64_t max_claims = 0;  // claims held at once (waiting or active); 0: unlimited
-  int weight = 1;          // share of an empty pool, 1..allocator::kMaxWeight
+  double claim_rate = 0;  // claims per second on average; 0: unlimited
+  int claim_burst = 0;    // claims at once; set whenever claim_rate is
   // The namespaces whose pools the tenant may claim from, sorted, without duplicates;
   // empty: every namespace.
   std::vector<std::string> namespaces;
+  int64_t max_claims = 0;  // claims held at once (waiting or active); 0: unlimited
+  int weight = 1;          // share of an empty pool, 1..allocator::kMaxWeight
   bool operator==(const TenantLimits&) const = default;
 };
 
