@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -375,6 +376,78 @@ TEST_F(ServerTest, ATenantAtItsMaxClaimsIsRefusedUntilItReleasesOne) {
   WriteTokens(absl::StrCat(kAlice, " alice max_claims=0\n"));
   absl::Status bad = server_->ReloadAuth();
   EXPECT_THAT(std::string(bad.message()), HasSubstr("max_claims \"0\""));
+}
+
+// Issue 22: the tokens file's weight and the request's priority reach the pool's queue.
+// The pool never refills (max_warm 0): the test adds each sandbox. Alice (weight 3) queues
+// five NORMAL claims and then one INTERACTIVE, bob (weight 1) two; the first four sandboxes
+// go to alice's interactive claim and her two oldest, then to bob's oldest.
+TEST_F(ServerTest, WaitingClaimsAreServedByTenantWeightAndPriority) {
+  MakePool("scarce", 0, 0, v1::EMPTY_POOL_POLICY_WAIT);
+  WriteTokens(absl::StrCat(kAlice, " alice weight=3\n", kBob, " bob\n", kAdmin, " root admin\n"));
+  ASSERT_TRUE(server_->ReloadAuth().ok());
+  std::vector<std::thread> callers;
+  std::vector<grpc::Status> results(8);
+  auto claim_in_background = [&](int i, const std::string& token, const std::string& id,
+                                 v1::ClaimPriority priority) {
+    callers.emplace_back([&, i, token, id, priority] {
+      v1::ClaimRequest req = ClaimReq(id, "scarce");
+      req.set_priority(priority);
+      v1::ClaimResponse resp;
+      results[i] = claims_->Claim(Ctx(token, 30).get(), req, &resp);
+    });
+  };
+  auto wait_for_waiting = [&](int64_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (allocator_->GetPoolStatus("scarce")->waiting < n && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    ASSERT_EQ(allocator_->GetPoolStatus("scarce")->waiting, n);
+  };
+  // Queued one at a time, so that the order within a tenant is known.
+  for (int i = 0; i < 5; ++i) {
+    claim_in_background(i, kAlice, absl::StrCat("a", i), v1::CLAIM_PRIORITY_NORMAL);
+    wait_for_waiting(i + 1);
+  }
+  claim_in_background(5, kAlice, "a-now", v1::CLAIM_PRIORITY_INTERACTIVE);
+  wait_for_waiting(6);
+  claim_in_background(6, kBob, "b0", v1::CLAIM_PRIORITY_UNSPECIFIED);
+  wait_for_waiting(7);
+  claim_in_background(7, kBob, "b1", v1::CLAIM_PRIORITY_UNSPECIFIED);
+  wait_for_waiting(8);
+  auto granted = [&](const std::string& owner) {
+    allocator::ClaimFilter f;
+    f.owner = owner;
+    f.pool = "scarce";
+    f.limit = 0;
+    std::set<std::string> ids;
+    for (const store::ClaimRecord& c : allocator_->ListClaims(f)) ids.insert(c.id);
+    return ids;
+  };
+  for (int i = 0; i < 4; ++i) {
+    runtime::SandboxInfo info;
+    info.id = absl::StrCat("scarce-", i);
+    info.pool = "scarce";
+    info.endpoint = "unix:/tmp/" + info.id;
+    ASSERT_TRUE(allocator_->AddSandbox(info).ok());
+  }
+  // Deliveries are synchronous; the claims' commits are not: wait for the four to be active.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (granted("alice").size() + granted("bob").size() < 4 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(granted("alice"), (std::set<std::string>{"a-now", "a0", "a1"}));
+  EXPECT_EQ(granted("bob"), (std::set<std::string>{"b0"}));
+  EXPECT_EQ(allocator_->GetPoolStatus("scarce")->waiting, 4);
+  for (int i = 4; i < 8; ++i) {
+    runtime::SandboxInfo info;
+    info.id = absl::StrCat("scarce-", i);
+    info.pool = "scarce";
+    info.endpoint = "unix:/tmp/" + info.id;
+    ASSERT_TRUE(allocator_->AddSandbox(info).ok());
+  }
+  for (std::thread& t : callers) t.join();
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(results[i].ok()) << i << ": " << Describe(results[i]);
 }
 
 // Issue 22: `sbx claim default --count 3` on the embedded defaults (scripts/
