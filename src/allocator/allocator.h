@@ -198,7 +198,8 @@ struct BatchRequest {
   ClaimPriority priority = ClaimPriority::kNormal;
   int weight = 1;
   // As ClaimRequest's; the batch counts `count` claims, taken all at once or refused (a
-  // BEST_EFFORT batch gives back those it is not granted). A retried batch is answered.
+  // BEST_EFFORT batch gives back those it is not granted). A retry of a granted batch is
+  // answered; one of a batch still waiting for sandboxes counts again.
   int64_t max_claims = 0;
 };
 using BatchCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<ClaimResult>>) &&>;
