@@ -22,12 +22,10 @@
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "src/allocator/claim_table.h"
 
 namespace sbx::allocator {
 
@@ -44,6 +42,8 @@ struct OwnerClaimCount {
 class OwnerClaims {
  private:
   struct Counter {
+    explicit Counter(absl::string_view owner_in) : owner(owner_in) {}
+    const std::string owner;
     // The slots held. Atomic so that a claim takes and gives back slots without a lock;
     // relaxed, because it orders nothing else: exactness needs only that each change is
     // one read-modify-write of this one word.
@@ -93,8 +93,7 @@ class OwnerClaims {
 
   // Takes `n` slots of `owner` if it then holds at most `max` (0: no maximum). Otherwise
   // RESOURCE_EXHAUSTED naming the owner, what it holds and its maximum (nothing taken).
-  absl::StatusOr<Slots> Take(absl::string_view owner, int64_t n, int64_t max)
-      ABSL_LOCKS_EXCLUDED(mu_) {
+  absl::StatusOr<Slots> Take(absl::string_view owner, int64_t n, int64_t max) {
     std::shared_ptr<Counter> c = CounterOf(owner);
     int64_t held = c->held.load(std::memory_order_relaxed);
     do {
@@ -111,44 +110,34 @@ class OwnerClaims {
   }
 
   // Slots `owner` holds now (0 for an owner never seen).
-  int64_t Held(absl::string_view owner) const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::ReaderMutexLock lock(&mu_);
-    auto it = owners_.find(owner);
-    return it == owners_.end() ? 0 : it->second->held.load(std::memory_order_relaxed);
+  int64_t Held(absl::string_view owner) const {
+    std::shared_ptr<Counter> c = owners_.Find(owner);
+    return c == nullptr ? 0 : c->held.load(std::memory_order_relaxed);
   }
 
   // Every owner seen so far, sorted by owner.
-  std::vector<OwnerClaimCount> Counts() const ABSL_LOCKS_EXCLUDED(mu_) {
+  std::vector<OwnerClaimCount> Counts() const {
     std::vector<OwnerClaimCount> out;
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      out.reserve(owners_.size());
-      for (const auto& [owner, c] : owners_) {
-        out.push_back(OwnerClaimCount{owner, c->held.load(std::memory_order_relaxed),
-                                      c->refused.load(std::memory_order_relaxed)});
-      }
-    }
+    owners_.ForEach([&](const std::shared_ptr<Counter>& c) {
+      out.push_back(OwnerClaimCount{c->owner, c->held.load(std::memory_order_relaxed),
+                                    c->refused.load(std::memory_order_relaxed)});
+    });
     std::sort(out.begin(), out.end(),
               [](const OwnerClaimCount& a, const OwnerClaimCount& b) { return a.owner < b.owner; });
     return out;
   }
 
  private:
-  std::shared_ptr<Counter> CounterOf(absl::string_view owner) ABSL_LOCKS_EXCLUDED(mu_) {
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      if (auto it = owners_.find(owner); it != owners_.end()) return it->second;
-    }
-    absl::MutexLock lock(&mu_);
-    std::shared_ptr<Counter>& c = owners_[owner];
-    if (c == nullptr) c = std::make_shared<Counter>();
-    return c;
+  std::shared_ptr<Counter> CounterOf(absl::string_view owner) {
+    if (std::shared_ptr<Counter> c = owners_.Find(owner)) return c;
+    return owners_.Insert(std::make_shared<Counter>(owner)).first;
   }
 
   // Owners are tenants (and the Kubernetes claim controller's per-namespace owners): few,
-  // so they are kept for the life of the process.
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Counter>> owners_ ABSL_GUARDED_BY(mu_);
+  // so they are kept for the life of the process. Sharded like the claim table, so that
+  // claims of different owners rarely meet on a lock (those of one owner meet on its
+  // counter anyway).
+  ShardedTable<Counter, &Counter::owner> owners_{16};
 };
 
 }  // namespace sbx::allocator
