@@ -31,6 +31,7 @@
 #include "src/allocator/ready_set.h"
 #include "src/allocator/reconciler.h"
 #include "src/allocator/sandbox.h"
+#include "src/allocator/waiter_queue.h"
 #include "src/allocator/watch_hub.h"
 #include "src/common/clock.h"
 #include "src/common/ids.h"
@@ -561,6 +562,30 @@ void BM_ClaimTable_InsertFindErase(benchmark::State& state) {
 }
 
 // ---------------------------------------------------------------------------------------
+// 1c'. Waiter queue alone (waiter_queue.h), as AddWarm and TakeOrEnqueue use it under the
+// pool's mutex: Pop the next waiter and Push it back, with the argument's number of tenants
+// waiting (weights 1..4, waiters spread over the three priorities), 10,000 waiters in all.
+// Items are pops.
+
+void BM_WaiterQueue_PopPush(benchmark::State& state) {
+  const int tenants = static_cast<int>(state.range(0));
+  allocator::WaiterQueue queue;
+  constexpr int kWaiters = 10'000;
+  for (int i = 0; i < kWaiters; ++i) {
+    auto w = std::make_shared<allocator::Waiter>();
+    w->owner = absl::StrCat("tenant-", i % tenants);
+    w->weight = 1 + (i % tenants) % 4;
+    w->priority = static_cast<allocator::ClaimPriority>(i % allocator::kClaimPriorities);
+    queue.Push(std::move(w));
+  }
+  for (auto _ : state) {
+    allocator::WaiterPtr w = queue.Pop();
+    queue.Push(std::move(w));
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// ---------------------------------------------------------------------------------------
 // 1d. Watch hub alone (watch_hub.h): every thread reserves a revision and completes it with
 // an event of its own tenant's claim (completions arrive out of order across threads and
 // wait in the reorder buffer), while the argument's number of watches (one per tenant of 16,
@@ -666,6 +691,11 @@ void RegisterBenchmarks() {
       ->Threads(2)
       ->Threads(4)
       ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_WaiterQueue_PopPush", BM_WaiterQueue_PopPush)
+      ->ArgName("tenants")
+      ->Arg(1)
+      ->Arg(16)
+      ->Arg(1000);
   benchmark::RegisterBenchmark("BM_Allocator_ClaimRelease/memory_store_inline",
                                BM_Allocator_ClaimRelease, StoreKind::kMemoryInline);
   benchmark::RegisterBenchmark("BM_Allocator_ClaimRelease/null_store", BM_Allocator_ClaimRelease,

@@ -5,8 +5,11 @@
 // A claim takes a warm sandbox from its pool's lock-free ready set (one CAS decides it),
 // writes the claim record through the store's group commit, and completes its callback
 // when the record is durable. Claims are idempotent by (owner, claim id). An empty pool
-// follows the claim's policy: WAIT (FIFO, with a deadline), COLD (Runtime::Create now) or
-// FAIL (RESOURCE_EXHAUSTED with a retry hint). Expired claims are released by timers.
+// follows the claim's policy: WAIT (queued with a deadline: by weighted fair share between
+// owners, by priority within an owner, FIFO within one owner and priority; waiter_queue.h),
+// COLD (Runtime::Create now) or FAIL (RESOURCE_EXHAUSTED with a retry hint). An owner may
+// be held to a maximum of claims (max_claims; owner_claims.h). Expired claims are released
+// by timers.
 //
 // Revisions and watches: every change of a claim (granted, renewed, suspended, resumed,
 // released, expired, lost, and its deletion when the idempotency window closes) gets the
@@ -41,9 +44,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "src/allocator/demand.h"
+#include "src/allocator/owner_claims.h"
 #include "src/allocator/pool_counters.h"
 #include "src/allocator/reconciler.h"
 #include "src/allocator/sandbox.h"
+#include "src/allocator/waiter_queue.h"
 #include "src/common/clock.h"
 #include "src/common/ids.h"
 #include "src/runtime/runtime.h"
@@ -60,6 +65,8 @@ inline constexpr absl::Duration kMaxTtl = absl::Hours(24 * 365 * 100);
 // The longest ClaimBatch id: its claims are "<batch_id>#<i>" and a claim id has at most
 // 128 characters.
 inline constexpr size_t kMaxBatchIdLength = 120;
+// The largest fair-share weight of an owner (ClaimRequest::weight).
+inline constexpr int kMaxWeight = 1000;
 
 // INVALID_ARGUMENT when `ttl` is above kMaxTtl, naming `field`, the TTL and the maximum;
 // OK otherwise (sign and zero are the caller's business).
@@ -151,6 +158,17 @@ struct ClaimRequest {
   std::map<std::string, std::string> labels;
   // Optional: the caller's way to give up waiting.
   std::shared_ptr<WaitCancellation> cancellation;
+  // Where the claim waits among its owner's waiting claims of the pool (strictly by
+  // priority, then FIFO).
+  ClaimPriority priority = ClaimPriority::kNormal;
+  // The owner's share of an empty pool against other owners' waiting claims, 1 to
+  // kMaxWeight: waiting owners are served in turns of `weight` sandboxes (waiter_queue.h).
+  // The server gives its tenant's weight.
+  int weight = 1;
+  // The most claims the owner may hold (waiting, being granted or active), this one
+  // included; 0: no maximum. Beyond it RESOURCE_EXHAUSTED, and nothing is held. A retry of
+  // an existing claim is answered as usual. The server gives its tenant's max_claims.
+  int64_t max_claims = 0;
 };
 
 // The result of a claim: its record, and whether it was a retry answered from the table.
@@ -179,6 +197,13 @@ struct BatchRequest {
   absl::Duration wait = absl::ZeroDuration();
   // Optional: the caller's way to give up waiting.
   std::shared_ptr<WaitCancellation> cancellation;
+  // As ClaimRequest's, for every waiting member of the batch.
+  ClaimPriority priority = ClaimPriority::kNormal;
+  int weight = 1;
+  // As ClaimRequest's; the batch counts `count` claims, taken all at once or refused (a
+  // BEST_EFFORT batch gives back those it is not granted). A retry of a granted batch is
+  // answered; one of a batch still waiting for sandboxes counts again.
+  int64_t max_claims = 0;
 };
 using BatchCallback = absl::AnyInvocable<void(absl::StatusOr<std::vector<ClaimResult>>) &&>;
 using StatusCallback = absl::AnyInvocable<void(absl::Status) &&>;
@@ -335,8 +360,9 @@ class Allocator {
   virtual void DeletePool(const std::string& name, StatusCallback done) = 0;
 
   // --- Runtime side ---
-  // A new sandbox is ready: it becomes warm in its pool (or goes straight to the oldest
-  // waiting claim). NOT_FOUND when the pool does not exist (the sandbox is retired).
+  // A new sandbox is ready: it becomes warm in its pool (or goes straight to the next
+  // waiting claim by fair share and priority). NOT_FOUND when the pool does not exist (the sandbox
+  // is retired).
   virtual absl::Status AddSandbox(const runtime::SandboxInfo& sandbox) = 0;
   // Sandbox `id` no longer exists. A warm one is skipped from now on; a claimed one
   // makes its claim LOST. NOT_FOUND for an unknown id.
@@ -359,13 +385,17 @@ class Allocator {
 
   // --- Claims ---
   // Completes `done` once the claim is durable (or failed). Errors: INVALID_ARGUMENT,
-  // NOT_FOUND (pool), RESOURCE_EXHAUSTED (FAIL policy, empty pool; message has a retry
-  // hint), DEADLINE_EXCEEDED (WAIT/COLD deadline passed; nothing is left behind),
-  // ALREADY_EXISTS (the id names a claim on another pool), FAILED_PRECONDITION (the id
-  // names a claim that has ended), the store's error (the sandbox returns to the pool).
+  // NOT_FOUND (pool), RESOURCE_EXHAUSTED (FAIL policy, empty pool; or the owner is at its
+  // max_claims; the message has a retry hint), DEADLINE_EXCEEDED (WAIT/COLD deadline passed;
+  // nothing is left behind), ALREADY_EXISTS (the id names a claim on another pool),
+  // FAILED_PRECONDITION (the id names a claim that has ended), the store's error (the sandbox
+  // returns to the pool).
   virtual void Claim(ClaimRequest request, ClaimCallback done) = 0;
-  // N claims in one durable write. kAllOrNothing: RESOURCE_EXHAUSTED unless all N are
-  // warm now. kBestEffort: as many as are warm (RESOURCE_EXHAUSTED if none). A batch id
+  // N claims in one durable write. kAllOrNothing: all N, from the warm ones and (WAIT or
+  // COLD) those that come before the wait deadline; with FAIL, RESOURCE_EXHAUSTED unless
+  // all N are warm now. kBestEffort: as many as are warm, or (WAIT or COLD) as came by the
+  // deadline (RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED if none). RESOURCE_EXHAUSTED also
+  // when the N claims would take the owner past max_claims. A batch id
   // that names an existing batch answers with its claims (replayed) when pool and count
   // match, ALREADY_EXISTS when they do not, ABORTED while it is being committed.
   virtual void ClaimBatch(BatchRequest request, BatchCallback done) = 0;
@@ -400,6 +430,10 @@ class Allocator {
   // start to miss nothing: every change up to it is in the list (a claim may also show a
   // newer change, whose event such a watch then repeats; its claim.revision tells).
   virtual std::vector<store::ClaimRecord> ListClaims(const ClaimFilter& filter) const = 0;
+
+  // Claims held (waiting, being granted or active) and max_claims refusals, by owner: every
+  // owner seen since the start, sorted by owner.
+  virtual std::vector<OwnerClaimCount> OwnerClaimCounts() const = 0;
 
   // --- Revisions and watches ---
   // The current revision: every change up to it is durable and visible (GetClaim,

@@ -81,6 +81,8 @@ struct ClaimEntry {
   // Releases that arrived while the claim's end was being committed: answered with the
   // ended record once it is durable.
   std::vector<EndedCallback> end_waiters ABSL_GUARDED_BY(mu);
+  // The owner's slot (max_claims) the claim holds until it fails or its end is durable.
+  OwnerClaims::Slots slot ABSL_GUARDED_BY(mu);
 };
 
 namespace internal {
@@ -112,7 +114,7 @@ inline ClaimEventPtr MakeEvent(ClaimEvent::Type type, ClaimRecord claim) {
 }
 
 // A batch (policy WAIT or COLD) waiting for the sandboxes it did not find warm: each
-// missing one is a waiter in the pool's FIFO queue, so the pool's target grows by them.
+// missing one is a waiter in the pool's queue, so the pool's target grows by them.
 // Granted when the last one comes; at the deadline a BEST_EFFORT batch is granted what it
 // holds (if anything), otherwise everything held goes back to the pool.
 struct BatchWait {
@@ -125,6 +127,8 @@ struct BatchWait {
   BatchCallback done ABSL_GUARDED_BY(mu);
   std::vector<SandboxPtr> taken ABSL_GUARDED_BY(mu);
   std::vector<WaiterPtr> waiters ABSL_GUARDED_BY(mu);
+  // The owner's slots for the batch's `count` claims (max_claims).
+  OwnerClaims::Slots slots ABSL_GUARDED_BY(mu);
   // Granted, failed or given up: sandboxes delivered from now on go back to the pool.
   bool finished ABSL_GUARDED_BY(mu) = false;
 };
@@ -272,11 +276,12 @@ class AllocatorImpl final : public Allocator {
 
   void ClaimBatch(BatchRequest req, BatchCallback done) override;
   // The rest of ClaimBatch once `taken` holds the batch's sandboxes (already kClaimed,
-  // between 1 and req.count): new claims, one commit.
+  // between 1 and req.count): new claims, one commit. Each claim takes one of `slots`; the
+  // rest are given back.
   void GrantBatch(const BatchRequest& req, Pool* pool, absl::Duration ttl,
-                  std::vector<SandboxPtr> taken, BatchCallback done);
+                  std::vector<SandboxPtr> taken, OwnerClaims::Slots slots, BatchCallback done);
   void WaitForBatch(BatchRequest req, Pool* pool, absl::Duration ttl, std::vector<SandboxPtr> taken,
-                    absl::Duration wait, BatchCallback done);
+                    OwnerClaims::Slots slots, absl::Duration wait, BatchCallback done);
   void DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb);
   void BatchDeadline(const BatchWaitPtr& w);
   // Ends a waiting batch that is not granted yet: BEST_EFFORT with `grant_best_effort` is
@@ -326,6 +331,8 @@ class AllocatorImpl final : public Allocator {
   void Resume(const std::string& owner, const std::string& claim_id, ClaimCallback done) override {
     SetSuspended(owner, claim_id, false, std::move(done));
   }
+
+  std::vector<OwnerClaimCount> OwnerClaimCounts() const override { return owners_.Counts(); }
 
   // ---- Revisions and watches ----
 
@@ -436,7 +443,27 @@ class AllocatorImpl final : public Allocator {
       return absl::InvalidArgumentError(
           absl::StrCat("wait ", absl::FormatDuration(req.wait), " is negative"));
     }
+    return ValidateShare(req.priority, req.weight, req.max_claims);
+  }
+
+  static absl::Status ValidateShare(ClaimPriority priority, int weight, int64_t max_claims) {
+    if (static_cast<int>(priority) >= kClaimPriorities) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("priority ", static_cast<int>(priority), " is not a ClaimPriority"));
+    }
+    if (weight < 1 || weight > kMaxWeight) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight ", weight, " is outside 1..", kMaxWeight));
+    }
+    if (max_claims < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("max_claims ", max_claims, " is negative"));
+    }
     return absl::OkStatus();
+  }
+
+  // The owner part of a claim's key "<owner>/<claim id>" (owners have no '/').
+  static absl::string_view OwnerOf(const ClaimEntry& e) {
+    return absl::string_view(e.key).substr(0, e.key.find('/'));
   }
 
   static absl::StatusOr<absl::Duration> EffectiveTtl(const store::PoolRecord& p,
@@ -501,7 +528,8 @@ class AllocatorImpl final : public Allocator {
   // deadline passed), in which case the sandbox goes back to the pool.
   void Deliver(const EntryPtr& e, SandboxPtr sb, LaunchType launch, bool new_sandbox);
 
-  void Wait(const EntryPtr& e, absl::Duration wait);
+  // Queues `e` as a waiter of its pool with `priority` and its owner's `weight`.
+  void Wait(const EntryPtr& e, absl::Duration wait, ClaimPriority priority, int weight);
 
   void ColdStart(const EntryPtr& e, const store::PoolRecord& settings, absl::Duration wait);
 
@@ -571,6 +599,8 @@ class AllocatorImpl final : public Allocator {
   IdGenerator* const ids_;
 
   ClaimTable claims_;
+  // Claims held per owner, for max_claims.
+  OwnerClaims owners_;
   TimerQueue<TimerTask> timers_;
 
   // Pools and templates: read on every claim (shared lock), written by admin calls.

@@ -18,6 +18,9 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
     return std::move(done)(absl::InvalidArgumentError(
         absl::StrCat("batch count ", req.count, " is outside 1..", options_.max_batch)));
   }
+  if (absl::Status s = ValidateShare(req.priority, req.weight, req.max_claims); !s.ok()) {
+    return std::move(done)(s);
+  }
   absl::StatusOr<Pool*> pool_or = FindPool(req.pool);
   if (!pool_or.ok()) return std::move(done)(pool_or.status());
   Pool* pool = *pool_or;
@@ -65,6 +68,14 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
     return std::move(done)(std::move(results));
   }
 
+  // A new batch: all its slots of the owner's max_claims, or none.
+  absl::StatusOr<OwnerClaims::Slots> slots = owners_.Take(req.owner, req.count, req.max_claims);
+  if (!slots.ok()) {
+    pool->counters().CountClaims(absl::StatusCode::kResourceExhausted, ClaimPath::kNone,
+                                 static_cast<uint64_t>(req.count));
+    return std::move(done)(slots.status());
+  }
+
   pool->CountArrivals(static_cast<uint64_t>(req.count));
   std::vector<SandboxPtr> taken;
   taken.reserve(req.count);
@@ -78,9 +89,11 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   const EmptyPoolPolicy policy = req.policy.value_or(settings.empty_pool_policy);
   if ((short_all || taken.empty()) && policy != EmptyPoolPolicy::kFail) {
     const absl::Duration wait = req.wait > absl::ZeroDuration() ? req.wait : settings.default_wait;
-    return WaitForBatch(std::move(req), pool, *ttl, std::move(taken), wait, std::move(done));
+    return WaitForBatch(std::move(req), pool, *ttl, std::move(taken), *std::move(slots), wait,
+                        std::move(done));
   }
   if (short_all || taken.empty()) {
+    slots->Reset();
     const size_t had = taken.size();
     for (SandboxPtr& sb : taken) {
       sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
@@ -94,12 +107,12 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
         "pool \"", pool->name(), "\" had ", had, " warm sandboxes; the batch asked for ", req.count,
         "; retry after about 1s")));
   }
-  GrantBatch(req, pool, *ttl, std::move(taken), std::move(done));
+  GrantBatch(req, pool, *ttl, std::move(taken), *std::move(slots), std::move(done));
 }
 
 void AllocatorImpl::WaitForBatch(BatchRequest req, Pool* pool, absl::Duration ttl,
-                                 std::vector<SandboxPtr> taken, absl::Duration wait,
-                                 BatchCallback done) {
+                                 std::vector<SandboxPtr> taken, OwnerClaims::Slots slots,
+                                 absl::Duration wait, BatchCallback done) {
   reconciler_->PoolBelowTarget(pool->name());
   pool->counters().CountExhausted();
   const int missing = req.count - static_cast<int>(taken.size());
@@ -110,6 +123,7 @@ void AllocatorImpl::WaitForBatch(BatchRequest req, Pool* pool, absl::Duration tt
     absl::MutexLock lock(&w->mu);
     w->taken = std::move(taken);
     w->waiters.reserve(missing);
+    w->slots = std::move(slots);
   }
   // The deadline first: a batch served while its waiters are still being queued finds
   // it scheduled, and a deadline before the last waiter is queued cancels all queued.
@@ -117,6 +131,9 @@ void AllocatorImpl::WaitForBatch(BatchRequest req, Pool* pool, absl::Duration tt
   for (int i = 0; i < missing; ++i) {
     auto waiter = std::make_shared<Waiter>();
     waiter->deliver = [this, w](SandboxPtr sb) { DeliverToBatch(w, std::move(sb)); };
+    waiter->owner = w->req.owner;
+    waiter->priority = w->req.priority;
+    waiter->weight = w->req.weight;
     {
       absl::MutexLock lock(&w->mu);
       if (w->finished) return;  // the deadline came first
@@ -137,6 +154,7 @@ void AllocatorImpl::WaitForBatch(BatchRequest req, Pool* pool, absl::Duration tt
 
 void AllocatorImpl::DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb) {
   std::vector<SandboxPtr> taken;
+  OwnerClaims::Slots slots;
   BatchCallback done;
   {
     absl::MutexLock lock(&w->mu);
@@ -145,6 +163,7 @@ void AllocatorImpl::DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb) {
       if (static_cast<int>(w->taken.size()) < w->req.count) return;
       w->finished = true;
       taken = std::move(w->taken);
+      slots = std::move(w->slots);
       done = std::move(w->done);
     }
   }
@@ -153,7 +172,7 @@ void AllocatorImpl::DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb) {
     w->pool->AddWarm(std::move(sb));
     return;
   }
-  GrantBatch(w->req, w->pool, w->ttl, std::move(taken), std::move(done));
+  GrantBatch(w->req, w->pool, w->ttl, std::move(taken), std::move(slots), std::move(done));
 }
 
 void AllocatorImpl::BatchDeadline(const BatchWaitPtr& w) {
@@ -175,6 +194,7 @@ void AllocatorImpl::GiveUpBatch(const BatchWaitPtr& w, absl::Status status,
                                 bool grant_best_effort) {
   std::vector<SandboxPtr> taken;
   std::vector<WaiterPtr> waiters;
+  OwnerClaims::Slots slots;  // given back on return unless granted
   BatchCallback done;
   {
     absl::MutexLock lock(&w->mu);
@@ -182,13 +202,15 @@ void AllocatorImpl::GiveUpBatch(const BatchWaitPtr& w, absl::Status status,
     w->finished = true;
     taken = std::move(w->taken);
     waiters = std::move(w->waiters);
+    slots = std::move(w->slots);
     done = std::move(w->done);
   }
   // A waiter already matched but not yet delivered gives its sandbox back on delivery.
   for (const WaiterPtr& waiter : waiters) w->pool->CancelWaiter(waiter);
   if (grant_best_effort && w->req.mode == BatchMode::kBestEffort && !taken.empty()) {
-    return GrantBatch(w->req, w->pool, w->ttl, std::move(taken), std::move(done));
+    return GrantBatch(w->req, w->pool, w->ttl, std::move(taken), std::move(slots), std::move(done));
   }
+  slots.Reset();  // before the answer: a caller that retries at once finds them free
   for (SandboxPtr& sb : taken) {
     sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
     w->pool->AddWarm(std::move(sb));
@@ -199,7 +221,8 @@ void AllocatorImpl::GiveUpBatch(const BatchWaitPtr& w, absl::Status status,
 }
 
 void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Duration ttl,
-                               std::vector<SandboxPtr> taken, BatchCallback done) {
+                               std::vector<SandboxPtr> taken, OwnerClaims::Slots slots,
+                               BatchCallback done) {
   auto id_of = [&](int i) { return absl::StrCat(req.batch_id, "#", i); };
   const absl::Time now = clock_->Now();
   std::vector<EntryPtr> entries;
@@ -236,6 +259,7 @@ void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Durati
       committing = existing->phase == ClaimEntry::Phase::kCommitting;
     }
     for (const EntryPtr& mine : entries) claims_.Erase(mine);
+    slots.Reset();
     for (SandboxPtr& sb : taken) {
       sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
       pool->AddWarm(std::move(sb));
@@ -256,11 +280,13 @@ void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Durati
     {
       absl::MutexLock lock(&e->mu);
       e->record.revision = first_revision + i;
+      e->slot = slots.Split(1);
       batch.Put(RecordLocked(*e));
     }
     absl::MutexLock lock(&taken[i]->mu);
     taken[i]->claim = e;
   }
+  slots.Reset();  // those of members a BEST_EFFORT batch did not get
   if (pool->warm() < pool->target_hint()) reconciler_->PoolBelowTarget(pool->name());
   store_->Commit(std::move(batch), [this, pool, first_revision, entries = std::move(entries),
                                     done = std::move(done)](absl::Status s) mutable {

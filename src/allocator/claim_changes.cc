@@ -60,6 +60,7 @@ void AllocatorImpl::EndClaim(const EntryPtr& e, ClaimState end, EndedCallback do
       // e->sandbox stays: the ended claim still reports which sandbox it held.
       record = RecordLocked(*e);
       waiters.swap(e->end_waiters);
+      e->slot.Reset();  // durably ended: the owner may claim again
     }
     for (EndedCallback& w : waiters) std::move(w)(record);
     ClaimRecord answer = record;

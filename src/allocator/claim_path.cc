@@ -37,6 +37,20 @@ void AllocatorImpl::Claim(ClaimRequest req, ClaimCallback done) {
     }
     return AnswerExisting(existing, pool, std::move(cb), req.cancellation);
   }
+  // The owner's slot is taken once the claim is known to be new, so that a retry of an
+  // existing claim is answered even when its owner is at its maximum.
+  absl::StatusOr<OwnerClaims::Slots> slot = owners_.Take(OwnerOf(*entry), 1, req.max_claims);
+  if (!slot.ok()) {
+    {
+      absl::MutexLock lock(&entry->mu);
+      entry->path = ClaimPath::kNone;
+    }
+    return FailEntry(entry, slot.status());
+  }
+  {
+    absl::MutexLock lock(&entry->mu);
+    entry->slot = *std::move(slot);
+  }
 
   pool->CountArrivals(1);
   const std::function<void(const SandboxPtr&)>* hook =
@@ -69,7 +83,7 @@ void AllocatorImpl::Claim(ClaimRequest req, ClaimCallback done) {
                     "); retry after about 1s, or claim with policy WAIT or COLD")));
       return;
     case EmptyPoolPolicy::kWait:
-      Wait(entry, wait);
+      Wait(entry, wait, req.priority, req.weight);
       if (req.cancellation) {
         req.cancellation->OnCancel([this, entry] { CallGaveUp(entry); });
       }
@@ -129,6 +143,7 @@ void AllocatorImpl::FailEntry(const EntryPtr& e, absl::Status status) {
     callbacks = std::move(e->callbacks);
     e->waiter = nullptr;
     path = e->path;
+    e->slot.Reset();
   }
   e->pool->counters().CountClaims(status.code(), path);
   claims_.Erase(e);
@@ -156,11 +171,15 @@ void AllocatorImpl::Deliver(const EntryPtr& e, SandboxPtr sb, LaunchType launch,
   CommitClaim(e, std::move(sb), launch, new_sandbox);
 }
 
-void AllocatorImpl::Wait(const EntryPtr& e, absl::Duration wait) {
+void AllocatorImpl::Wait(const EntryPtr& e, absl::Duration wait, ClaimPriority priority,
+                         int weight) {
   auto waiter = std::make_shared<Waiter>();
   waiter->deliver = [this, e](SandboxPtr sb) {
     Deliver(e, std::move(sb), LaunchType::kWarm, false);
   };
+  waiter->owner = std::string(OwnerOf(*e));
+  waiter->priority = priority;
+  waiter->weight = weight;
   {
     absl::MutexLock lock(&e->mu);
     e->waiter = waiter;

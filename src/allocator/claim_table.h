@@ -1,7 +1,8 @@
 #pragma once
-// ShardedTable: the allocator's claim table (allocator.cc uses it for its ClaimEntry),
-// here on its own so that it is tested and measured alone (tests/allocator/
-// claim_table_test.cc, bench/allocator_bench.cc BM_ClaimTable_*).
+// ShardedTable: the allocator's claim table (allocator.cc uses it for its ClaimEntry;
+// owner_claims.h for its per-owner counters), here on its own so that it is tested and
+// measured alone (tests/allocator/claim_table_test.cc, bench/allocator_bench.cc
+// BM_ClaimTable_*).
 //
 // Shared objects hashed by a string field of theirs (the key lives once, in the object)
 // into shards, each a hash set under its own mutex, so that operations on different keys

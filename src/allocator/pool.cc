@@ -60,8 +60,7 @@ void Pool::AddWarm(SandboxPtr sandbox) {
       return;
     }
     if (!sandbox->Transition(SandboxState::kWarm, SandboxState::kClaimed)) return;  // died
-    waiter = std::move(waiters_.front());
-    waiters_.pop_front();
+    waiter = waiters_.Pop();
     waiting_.fetch_sub(1, std::memory_order_seq_cst);
   }
   std::move(waiter->deliver)(std::move(sandbox));
@@ -76,8 +75,7 @@ void Pool::MatchWaiters() {
       if (waiters_.empty()) return;
       sandbox = PopWarm(nullptr);
       if (sandbox == nullptr) return;
-      waiter = std::move(waiters_.front());
-      waiters_.pop_front();
+      waiter = waiters_.Pop();
       waiting_.fetch_sub(1, std::memory_order_seq_cst);
     }
     std::move(waiter->deliver)(std::move(sandbox));
@@ -92,15 +90,13 @@ SandboxPtr Pool::TakeOrEnqueue(WaiterPtr waiter) {
     waiting_.fetch_sub(1, std::memory_order_seq_cst);
     return s;
   }
-  waiters_.push_back(std::move(waiter));
+  waiters_.Push(std::move(waiter));
   return nullptr;
 }
 
 bool Pool::CancelWaiter(const WaiterPtr& waiter) {
   absl::MutexLock lock(&mu_);
-  auto it = std::find(waiters_.begin(), waiters_.end(), waiter);
-  if (it == waiters_.end()) return false;
-  waiters_.erase(it);
+  if (!waiters_.Remove(waiter)) return false;
   waiting_.fetch_sub(1, std::memory_order_seq_cst);
   return true;
 }

@@ -1,6 +1,7 @@
 #pragma once
-// A pool: its settings, its lock-free ready set of warm sandboxes, and the FIFO queue of
-// claims waiting for one.
+// A pool: its settings, its lock-free ready set of warm sandboxes, and the queue of claims
+// waiting for one (served by fair share between tenants, by priority within a tenant, and
+// FIFO within one tenant and priority: waiter_queue.h).
 //
 // Thread-safety: all methods may be called concurrently. TryTake is lock-free (the
 // ready set's queue plus one CAS per candidate), and so is AddWarm while no claim waits;
@@ -11,7 +12,6 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <memory>
 #include <string>
 
@@ -22,16 +22,10 @@
 #include "src/allocator/pool_counters.h"
 #include "src/allocator/ready_set.h"
 #include "src/allocator/sandbox.h"
+#include "src/allocator/waiter_queue.h"
 #include "src/store/records.h"
 
 namespace sbx::allocator {
-
-// A claim waiting for a warm sandbox (policy WAIT, or COLD while its sandbox starts).
-struct Waiter {
-  // Receives the sandbox, already moved to kClaimed. Runs outside the pool's lock.
-  absl::AnyInvocable<void(SandboxPtr) &&> deliver;
-};
-using WaiterPtr = std::shared_ptr<Waiter>;
 
 class Pool {
  public:
@@ -53,13 +47,14 @@ class Pool {
   // between popping a candidate and claiming it (nullptr in production).
   SandboxPtr TryTake(const std::function<void(const SandboxPtr&)>* after_pop = nullptr);
 
-  // Adds a warm sandbox (state kWarm). If claims are waiting, the oldest gets it directly
-  // (no thundering herd) and this returns after delivering; otherwise it joins the
-  // ready set.
+  // Adds a warm sandbox (state kWarm). If claims are waiting, the next by fair share and
+  // priority (WaiterQueue::Pop) gets it directly (no thundering herd) and this returns
+  // after delivering; otherwise it joins the ready set.
   void AddWarm(SandboxPtr sandbox) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Slow path of a WAIT claim: under the lock, tries the ready set once more (so that a
-  // sandbox added concurrently is never missed) and otherwise queues `waiter` FIFO.
+  // sandbox added concurrently is never missed) and otherwise queues `waiter` (by its
+  // owner, weight and priority).
   // Returns the sandbox if one was taken (the waiter is then not queued).
   SandboxPtr TakeOrEnqueue(WaiterPtr waiter) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -129,7 +124,7 @@ class Pool {
 
   mutable absl::Mutex mu_;
   store::PoolRecord settings_ ABSL_GUARDED_BY(mu_);
-  std::list<WaiterPtr> waiters_ ABSL_GUARDED_BY(mu_);
+  WaiterQueue waiters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::allocator

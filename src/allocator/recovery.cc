@@ -118,6 +118,9 @@ absl::Status AllocatorImpl::Recover() {
       e->sandbox = std::move(sb);
       e->record = std::move(c);
       ArmExpiryLocked(e);
+      // Counted whatever the owner's maximum is now (0: none): an owner recovered above a
+      // lowered max_claims is refused new claims until it is below it.
+      e->slot = *owners_.Take(OwnerOf(*e), 1, 0);
     }
     pool->AddClaimed(1);
     claims_.Insert(std::move(e));

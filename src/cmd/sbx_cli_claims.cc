@@ -26,6 +26,7 @@ struct ClaimArgs {
   std::string ttl;
   std::string wait;
   std::string policy;
+  std::string priority;
   std::vector<std::string> labels;
   std::vector<std::string> env;
   std::vector<std::string> files;
@@ -45,6 +46,13 @@ v1::EmptyPoolPolicy PolicyFromFlag(const std::string& policy) {
   if (policy == "cold") return v1::EMPTY_POOL_POLICY_COLD;
   if (policy == "fail") return v1::EMPTY_POOL_POLICY_FAIL;
   return v1::EMPTY_POOL_POLICY_UNSPECIFIED;
+}
+
+v1::ClaimPriority PriorityFromFlag(const std::string& priority) {
+  if (priority == "batch") return v1::CLAIM_PRIORITY_BATCH;
+  if (priority == "normal") return v1::CLAIM_PRIORITY_NORMAL;
+  if (priority == "interactive") return v1::CLAIM_PRIORITY_INTERACTIVE;
+  return v1::CLAIM_PRIORITY_UNSPECIFIED;
 }
 
 std::string StateName(v1::ClaimState state) {
@@ -153,6 +161,7 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
     req.set_claim_id(a.id);
     req.set_pool(a.pool);
     req.set_empty_pool_policy(PolicyFromFlag(a.policy));
+    req.set_priority(PriorityFromFlag(a.priority));
     if (!a.wait.empty()) ToProto(ParseDurationFlag(a.wait), req.mutable_wait_timeout());
     if (!a.ttl.empty()) ToProto(ParseDurationFlag(a.ttl), req.mutable_ttl());
     *req.mutable_labels() = labels;
@@ -177,6 +186,7 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
   req.set_count(a.count);
   req.set_mode(a.best_effort ? v1::BATCH_MODE_BEST_EFFORT : v1::BATCH_MODE_ALL_OR_NOTHING);
   req.set_empty_pool_policy(PolicyFromFlag(a.policy));
+  req.set_priority(PriorityFromFlag(a.priority));
   if (!a.wait.empty()) ToProto(ParseDurationFlag(a.wait), req.mutable_wait_timeout());
   if (!a.ttl.empty()) ToProto(ParseDurationFlag(a.ttl), req.mutable_ttl());
   *req.mutable_labels() = labels;
@@ -322,6 +332,11 @@ void AddClaimCommands(CLI::App& app, Context& ctx, Actions& actions) {
                     "When the pool is empty: wait (queue), cold (start one now), fail (error "
                     "at once). Default: the pool's")
         ->check(CLI::IsMember({"wait", "cold", "fail"}));
+    sub->add_option("--priority", a->priority,
+                    "Place among your own claims waiting for the same empty pool: interactive "
+                    "(served first), normal (default) or batch (served last). Other tenants "
+                    "are served by their share, whatever the priority")
+        ->check(CLI::IsMember({"interactive", "normal", "batch"}));
     sub->add_option("--label", a->labels, "Label k=v recorded on the claim (repeatable)")
         ->allow_extra_args(false)
         ->check(KeyValueCheck());

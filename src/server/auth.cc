@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "src/allocator/allocator.h"
 #include "src/common/ids.h"
 
 namespace sbx::server {
@@ -72,7 +73,7 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
     if (fields.size() < 2) {
       return bad(
           absl::StrCat("want \"<token> <tenant> [admin] [claim_rate=R] [claim_burst=B] "
-                       "[namespaces=N1,N2]\", got ",
+                       "[max_claims=N] [weight=W] [namespaces=N1,N2]\", got ",
                        fields.size(), " field(s)"));
     }
     Caller caller;
@@ -109,6 +110,19 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
         }
         caller.limits.claim_burst = burst;
         burst_set = true;
+      } else if (key == "max_claims") {
+        int64_t max = 0;
+        if (!absl::SimpleAtoi(value, &max) || max < 1) {
+          return bad(absl::StrCat("max_claims \"", value, "\" is not a whole number above 0"));
+        }
+        caller.limits.max_claims = max;
+      } else if (key == "weight") {
+        int weight = 0;
+        if (!absl::SimpleAtoi(value, &weight) || weight < 1 || weight > allocator::kMaxWeight) {
+          return bad(absl::StrCat("weight \"", value, "\" is not a whole number in 1..",
+                                  allocator::kMaxWeight));
+        }
+        caller.limits.weight = weight;
       } else if (key == "namespaces") {
         std::vector<std::string>& namespaces = caller.limits.namespaces;
         for (absl::string_view ns : absl::StrSplit(value, ',')) {
@@ -122,7 +136,7 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
       } else {
         return bad(absl::StrCat("field \"", field,
                                 "\" is none of admin (third field only), claim_rate=R, "
-                                "claim_burst=B, namespaces=N1,N2"));
+                                "claim_burst=B, max_claims=N, weight=W, namespaces=N1,N2"));
       }
     }
     if (burst_set && caller.limits.claim_rate == 0) {

@@ -5,7 +5,8 @@
 // Tokens come from a file, one entry per line:
 //
 //   # comment
-//   <token> <tenant> [admin] [claim_rate=R] [claim_burst=B] [namespaces=N1,N2,...]
+//   <token> <tenant> [admin] [claim_rate=R] [claim_burst=B] [max_claims=N] [weight=W]
+//           [namespaces=N1,N2,...]
 //
 // namespaces=... confines the tenant to the pools of those namespaces (src/common/ids.h:
 // "<ns>/<pool>", or a bare pool name in the server's default namespace): Claim and
@@ -15,6 +16,19 @@
 // claim_rate=R limits the tenant to R claims per second on average (a ClaimBatch of N
 // counts N), up to claim_burst=B at once (default: R rounded up, at least 1); beyond it
 // Claim and ClaimBatch answer RESOURCE_EXHAUSTED with the time to wait (tenant_limits.h).
+//
+// max_claims=N lets the tenant hold at most N claims at once (a ClaimBatch of K counts K;
+// claims waiting for a sandbox count; a claim counts until its release, expiry or loss is
+// durable); beyond it Claim and ClaimBatch answer RESOURCE_EXHAUSTED with a retry hint and
+// hold nothing. The allocator keeps the count (allocator::OwnerClaims), so that it is exact
+// under concurrent claims. Default: no maximum.
+//
+// weight=W (1 to 1000, default 1) is the tenant's share of an empty pool: tenants with
+// claims waiting for the same pool are served in turns of W sandboxes each
+// (allocator::WaiterQueue), so a tenant of weight 2 gets twice the sandboxes of one of
+// weight 1 while both wait, and no backlog of one tenant holds back another's claim for
+// longer than one turn of each tenant waiting.
+//
 // Limits belong to the tenant: every line (token) of one tenant must give the same ones.
 //
 // Tokens are any run of non-blank characters; tenants follow the claim-id syntax
@@ -28,6 +42,7 @@
 // reload swaps the whole table at once, so a call sees either the old or the new one.
 // Lifetime: plain object; the server owns it.
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -60,6 +75,8 @@ struct TenantLimits {
   // The namespaces whose pools the tenant may claim from, sorted, without duplicates;
   // empty: every namespace.
   std::vector<std::string> namespaces;
+  int64_t max_claims = 0;  // claims held at once (waiting or active); 0: unlimited
+  int weight = 1;          // share of an empty pool, 1..allocator::kMaxWeight
   bool operator==(const TenantLimits&) const = default;
 };
 

@@ -130,6 +130,9 @@ absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
+  ASSIGN_OR_RETURN(r.priority, FromProto("priority", req.priority()));
+  r.weight = caller.limits.weight;
+  r.max_claims = caller.limits.max_claims;
   return r;
 }
 
@@ -172,6 +175,9 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
+  ASSIGN_OR_RETURN(r.priority, FromProto("priority", req.priority()));
+  r.weight = caller.limits.weight;
+  r.max_claims = caller.limits.max_claims;
   return r;
 }
 

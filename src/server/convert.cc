@@ -194,6 +194,22 @@ absl::StatusOr<std::optional<store::EmptyPoolPolicy>> FromProto(absl::string_vie
       absl::StrCat(field, " ", static_cast<int>(p), " is not a known EmptyPoolPolicy"));
 }
 
+absl::StatusOr<allocator::ClaimPriority> FromProto(absl::string_view field, v1::ClaimPriority p) {
+  switch (p) {
+    case v1::CLAIM_PRIORITY_UNSPECIFIED:
+    case v1::CLAIM_PRIORITY_NORMAL:
+      return allocator::ClaimPriority::kNormal;
+    case v1::CLAIM_PRIORITY_BATCH:
+      return allocator::ClaimPriority::kBatch;
+    case v1::CLAIM_PRIORITY_INTERACTIVE:
+      return allocator::ClaimPriority::kInteractive;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " ", static_cast<int>(p), " is not a known ClaimPriority"));
+}
+
 v1::EmptyPoolPolicy ToProto(store::EmptyPoolPolicy p) {
   switch (p) {
     case store::EmptyPoolPolicy::kWait:

@@ -57,6 +57,9 @@ void ToProto(absl::Time t, google::protobuf::Timestamp* out);
 absl::StatusOr<std::optional<store::EmptyPoolPolicy>> FromProto(absl::string_view field,
                                                                 v1::EmptyPoolPolicy p);
 v1::EmptyPoolPolicy ToProto(store::EmptyPoolPolicy p);
+// UNSPECIFIED is NORMAL; INVALID_ARGUMENT naming `field` for a value that is not a
+// ClaimPriority.
+absl::StatusOr<allocator::ClaimPriority> FromProto(absl::string_view field, v1::ClaimPriority p);
 v1::ClaimState ToProto(store::ClaimState s);
 v1::LaunchType ToProto(store::LaunchType t);
 

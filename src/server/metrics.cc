@@ -104,13 +104,12 @@ class ServerCollector final : public prometheus::Collectable {
 
   std::vector<MetricFamily> Collect() const override {
     std::vector<MetricFamily> out;
-    if (const allocator::Allocator* a = sources_.allocator ? sources_.allocator() : nullptr) {
-      CollectPools(*a, &out);
-    }
+    const allocator::Allocator* a = sources_.allocator ? sources_.allocator() : nullptr;
+    if (a != nullptr) CollectPools(*a, &out);
     if (sources_.refill != nullptr) CollectRefill(&out);
     if (sources_.store) CollectStore(&out);
     if (sources_.requests != nullptr) CollectRequests(&out);
-    if (sources_.tenants != nullptr) CollectTenants(&out);
+    if (sources_.tenants != nullptr || a != nullptr) CollectTenants(a, &out);
     return out;
   }
 
@@ -332,13 +331,32 @@ class ServerCollector final : public prometheus::Collectable {
     out->push_back(std::move(exec_seconds));
   }
 
-  void CollectTenants(std::vector<MetricFamily>* out) const {
+  // The claim-rate refusals come from the server's TenantLimiter, the max_claims ones and
+  // the claims held from the allocator, which keeps that count (allocator::OwnerClaims).
+  void CollectTenants(const allocator::Allocator* a, std::vector<MetricFamily>* out) const {
     auto limited = Family("sbx_tenant_limited_total",
                           "Claim and ClaimBatch calls refused because the tenant was above a "
-                          "limit of its tokens-file line, by tenant and limit (claim_rate)",
+                          "limit of its tokens-file line, by tenant and limit (claim_rate, "
+                          "max_claims)",
                           MetricType::Counter);
-    for (const auto& [tenant, n] : sources_.tenants->Refusals()) {
-      AddValue(&limited, {{"tenant", tenant}, {"limit", "claim_rate"}}, static_cast<double>(n));
+    if (sources_.tenants != nullptr) {
+      for (const auto& [tenant, n] : sources_.tenants->Refusals()) {
+        AddValue(&limited, {{"tenant", tenant}, {"limit", "claim_rate"}}, static_cast<double>(n));
+      }
+    }
+    if (a != nullptr) {
+      auto held = Family("sbx_tenant_claims",
+                         "Claims a tenant holds now (waiting for a sandbox, being granted or "
+                         "active), which its max_claims bounds",
+                         MetricType::Gauge);
+      for (const allocator::OwnerClaimCount& c : a->OwnerClaimCounts()) {
+        AddValue(&held, {{"tenant", c.owner}}, static_cast<double>(c.held));
+        if (c.refused > 0) {
+          AddValue(&limited, {{"tenant", c.owner}, {"limit", "max_claims"}},
+                   static_cast<double>(c.refused));
+        }
+      }
+      out->push_back(std::move(held));
     }
     out->push_back(std::move(limited));
   }

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
@@ -155,6 +156,57 @@ TEST(PoolTest, WaitersNeverMissConcurrentlyAddedSandboxes) {
   EXPECT_EQ(served.load(), kConsumers * kEach);
   EXPECT_EQ(pool.warm(), 0);
   EXPECT_EQ(pool.waiting(), 0);
+}
+
+// Issue 22: with waiters of several owners, weights and priorities queued, cancelled (a
+// deadline, a caller that gave up) and served concurrently, each waiter is either served
+// once or cancelled, never both and never neither, and no sandbox is lost.
+TEST(PoolTest, WaitersOfManyOwnersAreServedOrCancelledExactlyOnce) {
+  Pool pool(Settings(0, 1000000), NewFifoReadySet());
+  constexpr int kOwners = 4;
+  constexpr int kEach = 5000;
+  struct Slot {
+    WaiterPtr waiter;
+    std::atomic<int> delivered{0};
+    bool cancelled = false;
+    bool took = false;  // TakeOrEnqueue answered with a sandbox: never queued
+  };
+  std::vector<std::vector<Slot>> slots(kOwners);
+  for (auto& v : slots) v = std::vector<Slot>(kEach);
+  std::vector<std::thread> threads;
+  for (int o = 0; o < kOwners; ++o) {
+    threads.emplace_back([&, o] {
+      for (int i = 0; i < kEach; ++i) {
+        Slot& slot = slots[o][i];
+        slot.waiter = std::make_shared<Waiter>();
+        slot.waiter->owner = absl::StrCat("owner-", o);
+        slot.waiter->weight = o + 1;
+        slot.waiter->priority = static_cast<ClaimPriority>(i % kClaimPriorities);
+        slot.waiter->deliver = [&slot](SandboxPtr) { slot.delivered.fetch_add(1); };
+        slot.took = pool.TakeOrEnqueue(slot.waiter) != nullptr;
+        // Every third waiter gives up, from the middle of its owner's queue if still there.
+        if (i % 3 == 2) slot.cancelled = pool.CancelWaiter(slots[o][i - 1].waiter);
+      }
+    });
+  }
+  constexpr int kSandboxes = kOwners * kEach;
+  threads.emplace_back([&] {
+    for (int i = 0; i < kSandboxes; ++i) pool.AddWarm(NewSandbox(&pool, "s"));
+  });
+  for (auto& t : threads) t.join();
+  int served = 0;
+  for (int o = 0; o < kOwners; ++o) {
+    for (int i = 0; i < kEach; ++i) {
+      const Slot& slot = slots[o][i];
+      // The cancellation of waiter i - 1 is recorded on waiter i.
+      const bool cancelled = i + 1 < kEach && i % 3 == 1 && slots[o][i + 1].cancelled;
+      const int outcomes = slot.delivered.load() + (slot.took ? 1 : 0) + (cancelled ? 1 : 0);
+      ASSERT_EQ(outcomes, 1) << "owner " << o << " waiter " << i;
+      served += slot.delivered.load() + (slot.took ? 1 : 0);
+    }
+  }
+  EXPECT_EQ(pool.waiting(), 0);
+  EXPECT_EQ(served + pool.warm(), kSandboxes);
 }
 
 }  // namespace

@@ -254,6 +254,7 @@ class UsageTest(CliTestCase):
             (["claim"], "pool"),
             (["claim", "default", "--ttl", "10"], "not a duration"),
             (["claim", "default", "--policy", "sometimes"], "sometimes"),
+            (["claim", "default", "--priority", "urgent"], "urgent"),
             (["claim", "default", "--label", "novalue"], "KEY=VALUE"),
             (["claim", "default", "--count", "0"], "--count"),
             (["claim", "default", "--best-effort"], "--count"),
@@ -415,13 +416,31 @@ class ClaimServiceCliTest(CliTestCase):
         self.assertEqual(r.stdout.split(), ["batch-1#0", "batch-1#1"])
         self.assertIn("replayed", r.stderr)
         self.assertOk(sbx("release", "batch-1#0", "batch-1#1"))
-        # Batches take warm sandboxes only (they do not wait): let the pool refill first.
+        # A best-effort batch takes what is warm when it arrives: let the pool refill first.
         self.wait_warm("default", 1)
         r = sbx("claim", "default", "--count", "2", "--best-effort", "--wait", "20s")
         self.assertOk(r)
         rows = r.stdout.splitlines()[1:]
         self.assertTrue(1 <= len(rows) <= 2, r.stdout)
         self.assertOk(sbx("release", *[row.split()[0] for row in rows]))
+
+    def test_batch_larger_than_the_warm_sandboxes_waits_for_the_refill(self):
+        # Issue 22: `sbx claim default --count 3` with 2 warm (pool policy wait, room to
+        # grow) waits for the refill and gets all of them, instead of RESOURCE_EXHAUSTED.
+        self.wait_warm("default", 2)
+        r = sbx("pools", "get", "default", "-o", "json")
+        self.assertOk(r)
+        count = json.loads(r.stdout)["status"]["warm"] + 1
+        r = sbx("claim", "default", "--count", str(count), "-q", "--priority", "batch")
+        self.assertOk(r)
+        ids = r.stdout.split()
+        self.assertEqual(len(ids), count, r.stderr)
+        self.assertOk(sbx("release", *ids))
+
+    def test_claim_with_a_priority(self):
+        r = sbx("claim", "default", "--priority", "interactive", "-q")
+        self.assertOk(r)
+        self.assertOk(sbx("release", r.stdout.strip()))
 
     def test_errors_name_the_code_and_the_server_message(self):
         r = sbx("claim", "nope")

@@ -68,6 +68,12 @@ TEST_F(AuthTest, MalformedLinesNameFileAndLine) {
       {"t1 alice claim_rate=fast\n", ":1: claim_rate \"fast\""},
       {"t1 alice claim_rate=5 claim_burst=0\n", ":1: claim_burst \"0\" is not a whole number"},
       {"t1 alice claim_burst=3\n", ":1: claim_burst without claim_rate"},
+      {"t1 alice max_claims=0\n", ":1: max_claims \"0\" is not a whole number above 0"},
+      {"t1 alice max_claims=many\n", ":1: max_claims \"many\""},
+      {"t1 alice weight=0\n", ":1: weight \"0\" is not a whole number in 1..1000"},
+      {"t1 alice weight=1001\n", ":1: weight \"1001\""},
+      {"t1 alice weight=2\nt2 alice\n", ":2: tenant \"alice\" has other limits on line 1"},
+      {"t1 alice max_claims=5\nt2 alice max_claims=6\n", ":2: tenant \"alice\" has other"},
       {"t1 alice claim_rate=5 admin\n", ":1: field \"admin\" is none of admin (third"},
       {"t1 alice claim_rate=5\nt2 alice\n", ":2: tenant \"alice\" has other limits on line 1"},
       {"t1 alice namespaces=\n", ":1: namespaces: namespace is empty"},
@@ -98,15 +104,33 @@ TEST_F(AuthTest, ClaimRateAndBurstBelongToTheTenant) {
   for (const char* token : {"Bearer t1", "Bearer t2"}) {
     auto a = (*auth)->Authenticate(token);
     ASSERT_TRUE(a.ok()) << a.status();
-    EXPECT_EQ(a->limits, (TenantLimits{2.5, 3, {}})) << token;
+    EXPECT_EQ(a->limits, (TenantLimits{2.5, 3, {}, 0, 1})) << token;
   }
   auto b = (*auth)->Authenticate("Bearer t3");
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE(b->admin);
-  EXPECT_EQ(b->limits, (TenantLimits{10, 50, {}}));
+  EXPECT_EQ(b->limits, (TenantLimits{10, 50, {}, 0, 1}));
   auto c = (*auth)->Authenticate("Bearer t4");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->limits, TenantLimits{});  // unlimited
+}
+
+// Issue 22: max_claims and weight come with each of the tenant's tokens; by default no
+// maximum and weight 1.
+TEST_F(AuthTest, MaxClaimsAndWeightBelongToTheTenant) {
+  Write("t1 alice max_claims=20 weight=4\nt2 alice weight=4 max_claims=20\nt3 bob\n");
+  auto auth = Make();
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  for (const char* token : {"Bearer t1", "Bearer t2"}) {
+    auto a = (*auth)->Authenticate(token);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->limits.max_claims, 20) << token;
+    EXPECT_EQ(a->limits.weight, 4) << token;
+  }
+  auto b = (*auth)->Authenticate("Bearer t3");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->limits.max_claims, 0);
+  EXPECT_EQ(b->limits.weight, 1);
 }
 
 // Issue 20: namespaces=... confines a tenant, sorted and without duplicates; the same set

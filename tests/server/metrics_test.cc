@@ -81,11 +81,12 @@ class MetricsTest : public ::testing::Test {
     }
   }
 
-  absl::StatusOr<allocator::ClaimResult> Claim(const std::string& id) {
+  absl::StatusOr<allocator::ClaimResult> Claim(const std::string& id, int64_t max_claims = 0) {
     allocator::ClaimRequest r;
     r.owner = "alice";
     r.claim_id = id;
     r.pool = "p";
+    r.max_claims = max_claims;
     absl::Notification done;
     absl::StatusOr<allocator::ClaimResult> result = absl::UnknownError("not called");
     allocator_->Claim(std::move(r), [&](absl::StatusOr<allocator::ClaimResult> got) {
@@ -238,6 +239,39 @@ TEST_F(MetricsTest, TenantRefusalsAreCountedByTenant) {
       Find(f, "sbx_tenant_limited_total", {{"tenant", "alice"}, {"limit", "claim_rate"}});
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->counter.value, 2);
+}
+
+// Issue 22: the max_claims refusals and the claims held come from the allocator, next to
+// the claim-rate refusals of the server's limiter, in one family.
+TEST_F(MetricsTest, MaxClaimsRefusalsAndClaimsHeldAreCountedByTenant) {
+  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
+  TenantLimiter limiter(&clock);
+  Caller alice;
+  alice.tenant = "alice";
+  alice.limits.claim_rate = 1;
+  alice.limits.claim_burst = 1;
+  ASSERT_TRUE(limiter.TakeClaims(alice, 1).ok());
+  ASSERT_FALSE(limiter.TakeClaims(alice, 1).ok());
+  ASSERT_TRUE(Claim("c1", 2).ok());
+  ASSERT_TRUE(Claim("c2", 2).ok());
+  for (const char* id : {"c3", "c4", "c5"}) {
+    EXPECT_EQ(Claim(id, 2).status().code(), absl::StatusCode::kResourceExhausted) << id;
+  }
+  MetricsSources sources;
+  sources.tenants = &limiter;
+  sources.allocator = [a = allocator_.get()] { return a; };
+  std::vector<MetricFamily> f = NewServerCollector(sources)->Collect();
+  const ClientMetric* rate =
+      Find(f, "sbx_tenant_limited_total", {{"tenant", "alice"}, {"limit", "claim_rate"}});
+  ASSERT_NE(rate, nullptr);
+  EXPECT_EQ(rate->counter.value, 1);
+  const ClientMetric* max =
+      Find(f, "sbx_tenant_limited_total", {{"tenant", "alice"}, {"limit", "max_claims"}});
+  ASSERT_NE(max, nullptr);
+  EXPECT_EQ(max->counter.value, 3);
+  const ClientMetric* held = Find(f, "sbx_tenant_claims", {{"tenant", "alice"}});
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->gauge.value, 2);
 }
 
 TEST(MetricsOptionsTest, ValidatesTheAddress) {

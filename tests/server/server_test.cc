@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -322,6 +323,147 @@ TEST_F(ServerTest, ATenantAboveItsClaimRateIsRefusedAndOthersAreNot) {
     grpc::Status b = Claim(kBob, ClaimReq(id), &resp);
     EXPECT_TRUE(b.ok()) << id << ": " << Describe(b);
   }
+}
+
+// Issue 22: a tenant's max_claims from the tokens file. Its claims count until released;
+// beyond the maximum Claim and ClaimBatch are RESOURCE_EXHAUSTED naming the tenant and the
+// limit, with the retry hint, and nothing is held; a retry of a granted claim is answered;
+// a release frees a slot; another tenant is untouched.
+TEST_F(ServerTest, ATenantAtItsMaxClaimsIsRefusedUntilItReleasesOne) {
+  MakePool("py", 4, 8);
+  WriteTokens(absl::StrCat(kAlice, " alice max_claims=2 weight=3\n", kBob, " bob\n", kAdmin,
+                           " root admin\n"));
+  ASSERT_TRUE(server_->ReloadAuth().ok());
+  v1::ClaimResponse resp;
+  ASSERT_TRUE(Claim(kAlice, ClaimReq("a1"), &resp).ok());
+  ASSERT_TRUE(Claim(kAlice, ClaimReq("a2"), &resp).ok());
+  auto ctx = Ctx(kAlice);
+  grpc::Status s = claims_->Claim(ctx.get(), ClaimReq("a3"), &resp);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("tenant \"alice\" holds 2 claims"));
+  EXPECT_THAT(s.error_message(), HasSubstr("max_claims"));
+  const auto& trailers = ctx->GetServerTrailingMetadata();
+  auto it = trailers.find("sbx-retry-after-ms");
+  ASSERT_NE(it, trailers.end()) << "no sbx-retry-after-ms trailer";
+  EXPECT_EQ(std::string(it->second.data(), it->second.size()), "1000");
+  EXPECT_EQ(allocator_->GetClaim("alice", "a3").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 2) << "a refused claim holds a sandbox";
+  // A retry of a granted claim is answered.
+  v1::ClaimResponse again;
+  grpc::Status retry = Claim(kAlice, ClaimReq("a1"), &again);
+  ASSERT_TRUE(retry.ok()) << Describe(retry);
+  EXPECT_TRUE(again.replayed());
+  // A batch counts each of its claims.
+  v1::ClaimBatchRequest breq;
+  breq.set_pool("py");
+  breq.set_count(1);
+  v1::ClaimBatchResponse bresp;
+  s = claims_->ClaimBatch(Ctx(kAlice).get(), breq, &bresp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
+  // Bob is not limited by alice's claims.
+  for (const char* id : {"b1", "b2", "b3"}) {
+    grpc::Status b = Claim(kBob, ClaimReq(id), &resp);
+    EXPECT_TRUE(b.ok()) << id << ": " << Describe(b);
+  }
+  // A release frees a slot.
+  v1::ReleaseRequest rel;
+  rel.set_claim_id("a1");
+  v1::ReleaseResponse relresp;
+  ASSERT_TRUE(claims_->Release(Ctx(kAlice).get(), rel, &relresp).ok());
+  s = Claim(kAlice, ClaimReq("a3"), &resp);
+  EXPECT_TRUE(s.ok()) << Describe(s);
+  // A bad value in the tokens file is named and the old table stays.
+  WriteTokens(absl::StrCat(kAlice, " alice max_claims=0\n"));
+  absl::Status bad = server_->ReloadAuth();
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("max_claims \"0\""));
+}
+
+// Issue 22: the tokens file's weight and the request's priority reach the pool's queue.
+// The pool never refills (max_warm 0): the test adds each sandbox. Alice (weight 3) queues
+// five NORMAL claims and then one INTERACTIVE, bob (weight 1) two; the first four sandboxes
+// go to alice's interactive claim and her two oldest, then to bob's oldest.
+TEST_F(ServerTest, WaitingClaimsAreServedByTenantWeightAndPriority) {
+  MakePool("scarce", 0, 0, v1::EMPTY_POOL_POLICY_WAIT);
+  WriteTokens(absl::StrCat(kAlice, " alice weight=3\n", kBob, " bob\n", kAdmin, " root admin\n"));
+  ASSERT_TRUE(server_->ReloadAuth().ok());
+  std::vector<std::thread> callers;
+  std::vector<grpc::Status> results(8);
+  auto claim_in_background = [&](int i, const std::string& token, const std::string& id,
+                                 v1::ClaimPriority priority) {
+    callers.emplace_back([&, i, token, id, priority] {
+      v1::ClaimRequest req = ClaimReq(id, "scarce");
+      req.set_priority(priority);
+      v1::ClaimResponse resp;
+      results[i] = claims_->Claim(Ctx(token, 30).get(), req, &resp);
+    });
+  };
+  auto wait_for_waiting = [&](int64_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (allocator_->GetPoolStatus("scarce")->waiting < n && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    ASSERT_EQ(allocator_->GetPoolStatus("scarce")->waiting, n);
+  };
+  // Queued one at a time, so that the order within a tenant is known.
+  for (int i = 0; i < 5; ++i) {
+    claim_in_background(i, kAlice, absl::StrCat("a", i), v1::CLAIM_PRIORITY_NORMAL);
+    wait_for_waiting(i + 1);
+  }
+  claim_in_background(5, kAlice, "a-now", v1::CLAIM_PRIORITY_INTERACTIVE);
+  wait_for_waiting(6);
+  claim_in_background(6, kBob, "b0", v1::CLAIM_PRIORITY_UNSPECIFIED);
+  wait_for_waiting(7);
+  claim_in_background(7, kBob, "b1", v1::CLAIM_PRIORITY_UNSPECIFIED);
+  wait_for_waiting(8);
+  auto granted = [&](const std::string& owner) {
+    allocator::ClaimFilter f;
+    f.owner = owner;
+    f.pool = "scarce";
+    f.limit = 0;
+    std::set<std::string> ids;
+    for (const store::ClaimRecord& c : allocator_->ListClaims(f)) ids.insert(c.id);
+    return ids;
+  };
+  for (int i = 0; i < 4; ++i) {
+    runtime::SandboxInfo info;
+    info.id = absl::StrCat("scarce-", i);
+    info.pool = "scarce";
+    info.endpoint = "unix:/tmp/" + info.id;
+    ASSERT_TRUE(allocator_->AddSandbox(info).ok());
+  }
+  // Deliveries are synchronous; the claims' commits are not: wait for the four to be active.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (granted("alice").size() + granted("bob").size() < 4 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  EXPECT_EQ(granted("alice"), (std::set<std::string>{"a-now", "a0", "a1"}));
+  EXPECT_EQ(granted("bob"), (std::set<std::string>{"b0"}));
+  EXPECT_EQ(allocator_->GetPoolStatus("scarce")->waiting, 4);
+  for (int i = 4; i < 8; ++i) {
+    runtime::SandboxInfo info;
+    info.id = absl::StrCat("scarce-", i);
+    info.pool = "scarce";
+    info.endpoint = "unix:/tmp/" + info.id;
+    ASSERT_TRUE(allocator_->AddSandbox(info).ok());
+  }
+  for (std::thread& t : callers) t.join();
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(results[i].ok()) << i << ": " << Describe(results[i]);
+}
+
+// Issue 22: `sbx claim default --count 3` on the embedded defaults (scripts/
+// example-config.yaml: 2 warm, max_warm 16, policy WAIT), as the CLI sends it (no policy:
+// the pool's). The batch waits for the refill and gets 3 claims; nothing is left waiting.
+TEST_F(ServerTest, ABatchLargerThanTheWarmSandboxesWaitsForTheRefill) {
+  MakePool("default", 2, 16, v1::EMPTY_POOL_POLICY_WAIT);
+  v1::ClaimBatchRequest breq;
+  breq.set_pool("default");
+  breq.set_count(3);
+  v1::ClaimBatchResponse bresp;
+  grpc::Status s = claims_->ClaimBatch(Ctx(kAlice).get(), breq, &bresp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  EXPECT_EQ(bresp.claims_size(), 3);
+  EXPECT_EQ(allocator_->GetPoolStatus("default")->waiting, 0);
+  EXPECT_EQ(allocator_->GetPoolStatus("default")->claimed, 3);
 }
 
 // Issue 20: pools live in namespaces ("<namespace>/<pool>", a bare name in the default
