@@ -162,6 +162,14 @@ POLICIES = {
     "fail": types_pb2.EMPTY_POOL_POLICY_FAIL,
 }
 
+# How urgent a claim is among its own tenant's claims waiting for an empty pool.
+PRIORITIES = {
+    None: types_pb2.CLAIM_PRIORITY_UNSPECIFIED,
+    "interactive": types_pb2.CLAIM_PRIORITY_INTERACTIVE,
+    "normal": types_pb2.CLAIM_PRIORITY_NORMAL,
+    "batch": types_pb2.CLAIM_PRIORITY_BATCH,
+}
+
 SIGNALS = {"HUP": 1, "INT": 2, "QUIT": 3, "KILL": 9, "USR1": 10, "USR2": 12, "TERM": 15,
            "CONT": 18, "STOP": 19}
 
@@ -171,6 +179,14 @@ def policy_value(policy: Optional[str]) -> int:
     if key not in POLICIES:
         raise ValueError(f"policy {policy!r} is not one of 'wait', 'cold', 'fail'")
     return POLICIES[key]
+
+
+def priority_value(priority: Optional[str]) -> int:
+    key = priority.lower() if isinstance(priority, str) else priority
+    if key not in PRIORITIES:
+        raise ValueError(f"priority {priority!r} is not one of 'interactive', 'normal', "
+                         f"'batch'")
+    return PRIORITIES[key]
 
 
 def signal_value(sig: Union[int, str]) -> int:
@@ -396,10 +412,11 @@ def stdin_bytes(stdin: Union[None, str, bytes]) -> Optional[bytes]:
     return stdin.encode() if isinstance(stdin, str) else bytes(stdin)
 
 
-def claim_request(claim_id: str, pool: str, ttl, env, files, labels, wait, policy
-                  ) -> claims_pb2.ClaimRequest:
+def claim_request(claim_id: str, pool: str, ttl, env, files, labels, wait, policy,
+                  priority=None) -> claims_pb2.ClaimRequest:
     req = claims_pb2.ClaimRequest(claim_id=claim_id, pool=pool,
                                   empty_pool_policy=policy_value(policy),
+                                  priority=priority_value(priority),
                                   labels=dict(labels or {}), config=sandbox_config(env, files))
     set_duration(req.wait_timeout, wait)
     set_duration(req.ttl, ttl)
@@ -407,13 +424,13 @@ def claim_request(claim_id: str, pool: str, ttl, env, files, labels, wait, polic
 
 
 def batch_request(batch_id: str, pool: str, count: int, best_effort: bool, ttl, env, files,
-                  labels, wait, policy) -> claims_pb2.ClaimBatchRequest:
+                  labels, wait, policy, priority=None) -> claims_pb2.ClaimBatchRequest:
     req = claims_pb2.ClaimBatchRequest(
         batch_id=batch_id, pool=pool, count=count,
         mode=claims_pb2.BATCH_MODE_BEST_EFFORT if best_effort
         else claims_pb2.BATCH_MODE_ALL_OR_NOTHING,
-        empty_pool_policy=policy_value(policy), labels=dict(labels or {}),
-        config=sandbox_config(env, files))
+        empty_pool_policy=policy_value(policy), priority=priority_value(priority),
+        labels=dict(labels or {}), config=sandbox_config(env, files))
     set_duration(req.wait_timeout, wait)
     set_duration(req.ttl, ttl)
     return req

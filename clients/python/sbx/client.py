@@ -131,8 +131,8 @@ class Client:
               env: Optional[Mapping[str, str]] = None,
               files: Optional[Mapping[str, Content]] = None,
               labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
-              policy: Optional[str] = None, claim_id: Optional[str] = None,
-              timeout: Optional[float] = None) -> "Sandbox":
+              policy: Optional[str] = None, priority: Optional[str] = None,
+              claim_id: Optional[str] = None, timeout: Optional[float] = None) -> "Sandbox":
         """Claims a warm sandbox of `pool`; use the result in a `with` block to release it
         at the end (also on exceptions and Ctrl-C), or call its release().
 
@@ -140,15 +140,21 @@ class Client:
         env: variables for every command run in it. files: path -> content placed in
         the workspace before the claim returns (1 MiB in total). labels: for selectors.
         wait: seconds to wait when the pool is empty (None: the pool's default_wait).
-        policy: "wait", "cold" or "fail" (None: the pool's). claim_id: the idempotency
-        key (default: a fresh one generated here, reused by every automatic retry).
+        policy: "wait", "cold" or "fail" (None: the pool's). priority: "interactive",
+        "normal" or "batch" (None: normal), the claim's place among this tenant's own
+        claims waiting for the empty pool: every waiting interactive one is served before
+        any normal one, every normal before any batch; it never overtakes another
+        tenant's claims, and does nothing when a warm sandbox is there. claim_id: the
+        idempotency key (default: a fresh one generated here, reused by every automatic
+        retry).
 
         Raises NotFound (no such pool), PoolExhausted (policy "fail"; see retry_after),
         DeadlineExceeded (no sandbox within `wait`), InvalidArgument, ... An error
         raised after the server may have granted the claim carries `claim_id`.
         """
         claim_id = c.check_id(claim_id, "claim_id") if claim_id else c.new_claim_id()
-        req = c.claim_request(claim_id, pool, ttl, env, files, labels, wait, policy)
+        req = c.claim_request(claim_id, pool, ttl, env, files, labels, wait, policy,
+                              priority)
         try:
             resp = self._call(self._claims.Claim, req, claim_id=claim_id,
                               timeout=c.claim_deadline(wait, timeout))
@@ -166,15 +172,16 @@ class Client:
                     env: Optional[Mapping[str, str]] = None,
                     files: Optional[Mapping[str, Content]] = None,
                     labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
-                    policy: Optional[str] = None, timeout: Optional[float] = None
-                    ) -> "SandboxGroup":
+                    policy: Optional[str] = None, priority: Optional[str] = None,
+                    timeout: Optional[float] = None) -> "SandboxGroup":
         """Claims `n` sandboxes (1-1000) in one ClaimBatch call: all or nothing, or with
         best_effort between 1 and n. The claims are `<batch_id>#<i>`. Returns a
         SandboxGroup (a sequence of Sandbox) that releases them all at the end of a
-        `with` block or on release(). Other arguments as for claim()."""
+        `with` block or on release(). The sandboxes the batch waits for all wait at its
+        `priority`. Other arguments as for claim()."""
         batch_id = c.check_id(batch_id, "batch_id") if batch_id else c.new_claim_id("pyb")
         req = c.batch_request(batch_id, pool, n, best_effort, ttl, env, files, labels, wait,
-                              policy)
+                              policy, priority)
         try:
             resp = self._call(self._claims.ClaimBatch, req, claim_id=batch_id,
                               timeout=c.claim_deadline(wait, timeout))

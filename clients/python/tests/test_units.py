@@ -111,6 +111,21 @@ class ValuesTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             c.policy_value("sometimes")
 
+    def test_priority(self):
+        self.assertEqual([c.priority_value(x) for x in (None, "interactive", "Normal", "BATCH")],
+                         [0, 3, 2, 1])
+        for bad in ("urgent", "", "high"):
+            with self.subTest(bad=bad), self.assertRaises(ValueError) as ctx:
+                c.priority_value(bad)
+            self.assertIn(repr(bad), str(ctx.exception))
+            self.assertIn("'interactive', 'normal', 'batch'", str(ctx.exception))
+        # Refused before any call: nothing listens on this port.
+        with sbx.Client("127.0.0.1:1") as client:
+            for call in (lambda: client.claim("py", priority="urgent"),
+                         lambda: client.claim_batch("py", 2, priority="urgent")):
+                with self.assertRaisesRegex(ValueError, "priority 'urgent' is not one of"):
+                    call()
+
     def test_exec_result(self):
         r = sbx.ExecResult(stdout_raw=b"\xffok", stderr_raw=b"", exit_code=None, signal=9,
                            timed_out=True)
@@ -126,6 +141,12 @@ class ValuesTest(unittest.TestCase):
         self.assertEqual((req.ttl.seconds, req.wait_timeout.ToMilliseconds()), (600, 2500))
         self.assertEqual(req.config.files[0].content, b"x")
         self.assertEqual(req.empty_pool_policy, 2)
+        self.assertEqual(req.priority, 0)  # None: the server's default (normal)
+        self.assertEqual(c.claim_request("id-1", "py", None, None, None, None, None, None,
+                                         "batch").priority, 1)
+        breq = c.batch_request("b-1", "py", 3, True, None, None, None, None, None, "wait",
+                               "interactive")
+        self.assertEqual((breq.count, breq.empty_pool_policy, breq.priority), (3, 1, 3))
         with self.assertRaises(ValueError):
             c.claim_request("id", "py", -1, None, None, None, None, None)
 
