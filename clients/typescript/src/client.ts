@@ -6,11 +6,12 @@ import * as grpc from '@grpc/grpc-js';
 import {randomUUID} from 'node:crypto';
 import fs from 'node:fs';
 
+import {InvalidArgument} from './errors.js';
 import {Sandbox, SandboxGroup, deadlineOf, type Context} from './sandbox.js';
 import {iterateStream, Transport, type CallOptions, type RetryOptions} from './transport.js';
 import {
   durationMs, toClaim, toClaimEvent, toPool, toProtoDuration, type Claim, type ClaimEvent,
-  type ClaimState, type Duration, type EmptyPoolPolicy, type PingResult, type Pool,
+  type ClaimPriority, type ClaimState, type Duration, type EmptyPoolPolicy, type PingResult, type Pool,
 } from './types.js';
 
 /** Default server, as the CLI's. */
@@ -70,6 +71,11 @@ export interface ClaimOptions extends CallOptions {
   wait?: Duration;
   /** What to do when the pool is empty. Default: the pool's. */
   policy?: EmptyPoolPolicy;
+  /**
+   * Place among this tenant's own claims waiting for the empty pool (see
+   * {@link ClaimPriority}); a batch's missing sandboxes all wait at it. Default: `normal`.
+   */
+  priority?: ClaimPriority;
 }
 
 /** Options of {@link Client.claimBatch}. */
@@ -108,6 +114,21 @@ const kPolicy: Record<EmptyPoolPolicy, string> = {
   wait: 'EMPTY_POOL_POLICY_WAIT', cold: 'EMPTY_POOL_POLICY_COLD', fail: 'EMPTY_POOL_POLICY_FAIL',
 };
 
+const kPriority: Record<ClaimPriority, string> = {
+  interactive: 'CLAIM_PRIORITY_INTERACTIVE', normal: 'CLAIM_PRIORITY_NORMAL', batch: 'CLAIM_PRIORITY_BATCH',
+};
+
+// Checked here rather than left to the server: proto-loader would send an unknown name as
+// the enum's zero (normal), so a typo from JavaScript would pass silently.
+function priorityName(p: ClaimPriority | undefined): string {
+  if (p === undefined) return 'CLAIM_PRIORITY_UNSPECIFIED';
+  if (!Object.hasOwn(kPriority, p)) {
+    throw new InvalidArgument(grpc.status.INVALID_ARGUMENT,
+        `priority ${JSON.stringify(p)} is not one of "interactive", "normal", "batch"`);
+  }
+  return kPriority[p];
+}
+
 function pem(v: string | Buffer | undefined, what: string): Buffer | null {
   if (v === undefined) return null;
   if (Buffer.isBuffer(v)) return v;
@@ -131,6 +152,7 @@ function claimFields(opts: ClaimOptions | ClaimBatchOptions): Record<string, unk
       Object.entries(opts.files ?? {}).map(([path, content]) => ({path, content}));
   return {
     empty_pool_policy: opts.policy ? kPolicy[opts.policy] : 'EMPTY_POOL_POLICY_UNSPECIFIED',
+    priority: priorityName(opts.priority),
     wait_timeout: opts.wait === undefined ? null : toProtoDuration(durationMs(opts.wait, 'wait')),
     ttl: opts.ttl === undefined ? null : toProtoDuration(durationMs(opts.ttl, 'ttl')),
     labels: opts.labels ?? {},

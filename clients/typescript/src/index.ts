@@ -12,8 +12,8 @@ export {ExecProcess} from './exec.js';
 export type {ExecChunk, ExecExit, ExecResult} from './exec.js';
 export type {CallOptions, RetryOptions} from './transport.js';
 export type {
-  Claim, ClaimEvent, ClaimState, Duration, EmptyPoolPolicy, FileInfo, PingResult, Pool, PoolStatus,
-  SandboxInfo, SignalName,
+  Claim, ClaimEvent, ClaimPriority, ClaimState, Duration, EmptyPoolPolicy, FileInfo, PingResult, Pool,
+  PoolStatus, SandboxInfo, SignalName,
 } from './types.js';
 export {
   Aborted, AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument,

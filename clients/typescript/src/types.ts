@@ -12,6 +12,15 @@ export type Duration = number | string;
 /** What a claim does when its pool has no warm sandbox (default: the pool's, itself `wait` by default). */
 export type EmptyPoolPolicy = 'wait' | 'cold' | 'fail';
 
+/**
+ * How urgent a claim is among its own tenant's claims waiting for the same empty pool:
+ * every waiting `interactive` one is served before any `normal` one (the default), every
+ * `normal` one before any `batch` one. It never lets a tenant overtake another (tenants
+ * share an empty pool by weight), and a claim that finds a warm sandbox takes it whatever
+ * its priority.
+ */
+export type ClaimPriority = 'interactive' | 'normal' | 'batch';
+
 /** Lifecycle of a claim; only `active` claims hold a sandbox. */
 export type ClaimState = 'active' | 'released' | 'expired' | 'lost' | 'unspecified';
 
