@@ -150,7 +150,8 @@ class Client:
 
         Raises NotFound (no such pool), PoolExhausted (policy "fail"; see retry_after),
         DeadlineExceeded (no sandbox within `wait`), InvalidArgument, ... An error
-        raised after the server may have granted the claim carries `claim_id`.
+        raised after the server may have granted the claim carries `claim_id`. A policy
+        or priority not among the above is a ValueError naming it, before any call.
         """
         claim_id = c.check_id(claim_id, "claim_id") if claim_id else c.new_claim_id()
         req = c.claim_request(claim_id, pool, ttl, env, files, labels, wait, policy,
