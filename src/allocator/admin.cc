@@ -128,7 +128,7 @@ void AllocatorImpl::DeletePool(const std::string& name, StatusCallback done) {
   batch.DeletePool(name);
   std::vector<store::SandboxRecord> retired;
   while (SandboxPtr sb = pool->TryTake()) {
-    sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
+    pool->Retire(sb);
     batch.DeleteSandbox(sb->id);
     retired.push_back(RecordOf(*sb));
     ForgetSandbox(sb->id);

@@ -420,6 +420,7 @@ class AllocatorImpl final : public Allocator {
     r.pool = sb.pool != nullptr ? sb.pool->name() : std::move(pool_name);
     r.endpoint = sb.endpoint;
     r.node = sb.node;
+    r.node_labels = sb.node_labels;
     r.created = sb.created;
     return r;
   }

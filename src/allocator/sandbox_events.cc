@@ -13,7 +13,7 @@ absl::Status AllocatorImpl::AddSandbox(const runtime::SandboxInfo& info) {
     pool = FindPoolLocked(info.pool);
   }
   auto sb = std::make_shared<Sandbox>(info.id, info.endpoint, info.node, pool, clock_->Now(),
-                                      SandboxState::kWarm);
+                                      SandboxState::kWarm, info.node_labels);
   if (pool == nullptr) {
     reconciler_->RetireSandbox(RecordOf(*sb, info.pool));
     return absl::NotFoundError(

@@ -70,6 +70,8 @@ struct SandboxRecord {
   std::string endpoint;
   // Where it runs (node name on Kubernetes; empty for the local runtime).
   std::string node;
+  // The labels of `node` when the runtime reported the sandbox (Kubernetes: the Node's).
+  std::map<std::string, std::string> node_labels;
   absl::Time created = absl::UnixEpoch();
 };
 
