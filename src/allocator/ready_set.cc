@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/hash/hash.h"
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -82,11 +83,24 @@ class NodeReadySet final : public SelectionPolicy {
   // Entries beyond this many nodes share the last one (their counts mix).
   static constexpr int kMaxNodes = 1024;
 
+  // One bit per label (key and value), so that nodes are filtered by one AND each instead
+  // of map lookups; only the node picked is then checked on its labels (a bit shared by
+  // two labels can let a node through that lacks one).
+  static uint64_t LabelBit(const std::string& key, const std::string& value) {
+    return uint64_t{1} << (absl::HashOf(key, value) & 63);
+  }
+  static uint64_t LabelMask(const NodeLabels& labels) {
+    uint64_t mask = 0;
+    for (const auto& [key, value] : labels) mask |= LabelBit(key, value);
+    return mask;
+  }
+
   struct Node {
     Node(std::string name_in, NodeLabels labels_in)
-        : name(std::move(name_in)), labels(std::move(labels_in)) {}
+        : name(std::move(name_in)), labels(std::move(labels_in)), label_mask(LabelMask(labels)) {}
     const std::string name;
     const NodeLabels labels;
+    const uint64_t label_mask;
     moodycamel::ConcurrentQueue<SandboxPtr> queue;
     // Members in `queue` that no Pop has reserved yet. A Pop reserves one (a CAS that
     // keeps it non-negative) before it dequeues, so a reserved member is always there and
@@ -106,9 +120,10 @@ class NodeReadySet final : public SelectionPolicy {
     return true;
   }
 
-  // The node with a member that the order picks among the first `n` (those with every
-  // label of `prefer` when it is not null), or null.
-  Node* Pick(int n, const NodeLabels* prefer, Order order) const {
+  // The node with a member that the order picks among the first `n`, or null. With
+  // `prefer_mask` (not 0), only nodes whose label_mask has its bits; with `prefer` (not
+  // null) too, only nodes that have its labels.
+  Node* Pick(int n, uint64_t prefer_mask, const NodeLabels* prefer, Order order) const {
     Node* best = nullptr;
     int64_t best_claimed = 0;
     int64_t best_available = 0;
@@ -116,6 +131,7 @@ class NodeReadySet final : public SelectionPolicy {
       Node* node = nodes_[i].get();
       const int64_t available = node->available.load(std::memory_order_relaxed);
       if (available <= 0) continue;
+      if ((node->label_mask & prefer_mask) != prefer_mask) continue;
       if (prefer != nullptr && !HasLabels(*node, *prefer)) continue;
       const int64_t claimed = node->claimed.load(std::memory_order_relaxed);
       bool better;
@@ -139,10 +155,17 @@ class NodeReadySet final : public SelectionPolicy {
 
   SandboxPtr Take(const NodeLabels* prefer) {
     const Order order = order_.load(std::memory_order_relaxed);
+    const uint64_t prefer_mask = prefer != nullptr ? LabelMask(*prefer) : 0;
     while (true) {
       const int n = size_.load(std::memory_order_acquire);
-      Node* node = prefer != nullptr ? Pick(n, prefer, order) : nullptr;
-      if (node == nullptr) node = Pick(n, nullptr, order);
+      Node* node = nullptr;
+      if (prefer != nullptr) {
+        node = Pick(n, prefer_mask, nullptr, order);
+        if (node != nullptr && !HasLabels(*node, *prefer)) {
+          node = Pick(n, prefer_mask, prefer, order);  // let through by a shared bit
+        }
+      }
+      if (node == nullptr) node = Pick(n, 0, nullptr, order);
       if (node == nullptr) return nullptr;
       int64_t available = node->available.load(std::memory_order_relaxed);
       bool reserved = false;
