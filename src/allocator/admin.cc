@@ -160,7 +160,11 @@ absl::Status AllocatorImpl::ValidatePool(const store::PoolRecord& p) const {
   }
   RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": default_ttl"), p.default_ttl));
   RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": max_ttl"), p.max_ttl));
-  RETURN_IF_ERROR(NewSelectionPolicy(p.selection_policy).status());
+  if (!IsSelectionPolicy(p.selection_policy)) {
+    return absl::InvalidArgumentError(absl::StrCat("pool \"", p.name, "\": selection policy \"",
+                                                   p.selection_policy, "\" is not known (known: ",
+                                                   KnownSelectionPolicies(), ")"));
+  }
   return absl::OkStatus();
 }
 

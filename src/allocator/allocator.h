@@ -155,6 +155,12 @@ struct ClaimRequest {
   std::shared_ptr<WaitCancellation> cancellation;
 };
 
+// The selection policies a pool may name (store::PoolRecord::selection_policy; what
+// each does: ready_set.h), for error messages: "fifo, spread, pack".
+absl::string_view KnownSelectionPolicies();
+// Whether `name` names a selection policy ("" is fifo).
+bool IsSelectionPolicy(absl::string_view name);
+
 // The result of a claim: its record, and whether it was a retry answered from the table.
 struct ClaimResult {
   store::ClaimRecord claim;

@@ -4,12 +4,13 @@
 #include <array>
 #include <string>
 
+#include "absl/base/internal/raw_logging.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/hash/hash.h"
-#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "concurrentqueue/concurrentqueue.h"
+#include "src/allocator/allocator.h"
 
 namespace sbx::allocator {
 namespace {

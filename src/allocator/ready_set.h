@@ -74,11 +74,7 @@ std::unique_ptr<SelectionPolicy> NewFifoReadySet();
 // A node-aware set ("spread" or "pack"; CHECKs that `name` is one of them).
 std::unique_ptr<SelectionPolicy> NewNodeReadySet(absl::string_view name);
 
-// The names NewSelectionPolicy knows, for error messages: "fifo, spread, pack".
-absl::string_view KnownSelectionPolicies();
-
-// Whether `name` names a policy ("" is fifo).
-bool IsSelectionPolicy(absl::string_view name);
+// KnownSelectionPolicies and IsSelectionPolicy: allocator.h.
 
 // The policy named `name` ("fifo", "" for fifo, "spread", "pack"). INVALID_ARGUMENT,
 // naming the value and the known ones, for an unknown name.

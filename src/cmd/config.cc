@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "src/allocator/allocator.h"
 #include "yaml-cpp/yaml.h"
 
 namespace sbx::cmd {
@@ -102,6 +103,11 @@ sbx::v1::Pool ParsePool(const YAML::Node& n, const std::string& where) {
   SetDuration(n["default_ttl"], where + ".default_ttl", p.mutable_default_ttl());
   SetDuration(n["max_ttl"], where + ".max_ttl", p.mutable_max_ttl());
   p.set_selection_policy(n["selection_policy"].as<std::string>("fifo"));
+  if (!sbx::allocator::IsSelectionPolicy(p.selection_policy())) {
+    throw ConfigError(absl::StrCat(where, ": selection_policy \"", p.selection_policy(),
+                                   "\" is not one of ",
+                                   sbx::allocator::KnownSelectionPolicies()));
+  }
   return p;
 }
 

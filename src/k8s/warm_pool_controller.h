@@ -18,7 +18,10 @@
 // refills, like every write of the runtime and the claim controller;
 // - status: replicas, readyReplicas, selector, observedGeneration (merge patch of the
 //   status subresource, only when it changes);
-// - deletion: the allocator pool goes when its SandboxWarmPool does (after its claims).
+// - deletion: the allocator pool goes when its SandboxWarmPool does (after its claims);
+// - selection policy: the annotation sbx.dev/selection-policy (fifo, spread, pack) sets
+//   the allocator pool's, so the CRD keeps upstream's fields (an unknown value is logged
+//   and the pool keeps its policy).
 //
 // Thread-safety: Start/Stop from one thread; workers reconcile different pools at once.
 // Lifetime: construct before the informers start (it adds handlers), Start after the
@@ -41,6 +44,8 @@
 #include "src/k8s/write_scheduler.h"
 
 namespace sbx::k8s {
+
+inline constexpr char kSelectionPolicyAnnotation[] = "sbx.dev/selection-policy";
 
 struct WarmPoolControllerOptions {
   // The namespaces served and the allocator's names of their pools.

@@ -248,6 +248,7 @@ class RenderTest(unittest.TestCase):
                                         "ClusterRole", "ClusterRoleBinding", "Role",
                                         "RoleBinding", "Service", "Service", "StatefulSet",
                                         "Service", "Secret", "ClusterRole",
+                                        "ClusterRoleBinding", "ClusterRole",
                                         "ClusterRoleBinding"]))
         for o in objs:
             labels = o["metadata"]["labels"]
@@ -400,7 +401,7 @@ class RenderTest(unittest.TestCase):
             "NetworkPolicy", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding",
             "Role", "RoleBinding", "Role", "RoleBinding", "Service", "Service", "StatefulSet",
             "ServiceMonitor", "Service", "Secret", "ClusterRole", "ClusterRoleBinding",
-            "PrometheusRule", "ConfigMap"]))
+            "ClusterRole", "ClusterRoleBinding", "PrometheusRule", "ConfigMap"]))
         self.assertEqual(one(objs, "StatefulSet")["spec"]["replicas"], 3)
         f = flags(objs)
         self.assertIs(f["--kube_leader_election"], True)
