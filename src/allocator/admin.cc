@@ -161,9 +161,9 @@ absl::Status AllocatorImpl::ValidatePool(const store::PoolRecord& p) const {
   RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": default_ttl"), p.default_ttl));
   RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": max_ttl"), p.max_ttl));
   if (!IsSelectionPolicy(p.selection_policy)) {
-    return absl::InvalidArgumentError(absl::StrCat("pool \"", p.name, "\": selection policy \"",
-                                                   p.selection_policy, "\" is not known (known: ",
-                                                   KnownSelectionPolicies(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool \"", p.name, "\": selection policy \"", p.selection_policy,
+                     "\" is not known (known: ", KnownSelectionPolicies(), ")"));
   }
   return absl::OkStatus();
 }

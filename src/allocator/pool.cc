@@ -60,7 +60,8 @@ SandboxPtr Pool::PopWarm(const std::function<void(const SandboxPtr&)>* after_pop
                          const NodeLabels* prefer) {
   SelectionPolicy* ready = ready_.load(std::memory_order_acquire);
   while (true) {
-    while (SandboxPtr candidate = prefer != nullptr ? ready->PopPreferring(*prefer) : ready->Pop()) {
+    while (SandboxPtr candidate =
+               prefer != nullptr ? ready->PopPreferring(*prefer) : ready->Pop()) {
       if (after_pop != nullptr && *after_pop) (*after_pop)(candidate);
       if (candidate->Transition(SandboxState::kWarm, SandboxState::kClaimed)) {
         warm_.fetch_sub(1, std::memory_order_relaxed);

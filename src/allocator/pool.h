@@ -122,10 +122,12 @@ class Pool {
   // current one.
   void MoveLocked(SelectionPolicy* from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void CountClaimed(Sandbox& sandbox) {
-    if (sandbox.node_claims != nullptr) sandbox.node_claims->fetch_add(1, std::memory_order_relaxed);
+    if (sandbox.node_claims != nullptr)
+      sandbox.node_claims->fetch_add(1, std::memory_order_relaxed);
   }
   static void Uncount(Sandbox& sandbox) {
-    if (sandbox.node_claims != nullptr) sandbox.node_claims->fetch_sub(1, std::memory_order_relaxed);
+    if (sandbox.node_claims != nullptr)
+      sandbox.node_claims->fetch_sub(1, std::memory_order_relaxed);
     sandbox.node_claims = nullptr;
   }
 

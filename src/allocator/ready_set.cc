@@ -142,8 +142,7 @@ class NodeReadySet final : public SelectionPolicy {
         better = claimed > best_claimed;  // ties: the first node, so claims stay together
       } else {
         // Ties: the node with the most warm members, so warm members stay balanced too.
-        better = claimed < best_claimed ||
-                 (claimed == best_claimed && available > best_available);
+        better = claimed < best_claimed || (claimed == best_claimed && available > best_available);
       }
       if (better) {
         best = node;
@@ -250,9 +249,8 @@ bool IsSelectionPolicy(absl::string_view name) {
 absl::StatusOr<std::unique_ptr<SelectionPolicy>> NewSelectionPolicy(absl::string_view name) {
   if (name == "fifo" || name.empty()) return NewFifoReadySet();
   if (name == "spread" || name == "pack") return NewNodeReadySet(name);
-  return absl::InvalidArgumentError(absl::StrCat("selection policy \"", name,
-                                                 "\" is not known (known: ",
-                                                 KnownSelectionPolicies(), ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "selection policy \"", name, "\" is not known (known: ", KnownSelectionPolicies(), ")"));
 }
 
 }  // namespace sbx::allocator

@@ -105,8 +105,7 @@ sbx::v1::Pool ParsePool(const YAML::Node& n, const std::string& where) {
   p.set_selection_policy(n["selection_policy"].as<std::string>("fifo"));
   if (!sbx::allocator::IsSelectionPolicy(p.selection_policy())) {
     throw ConfigError(absl::StrCat(where, ": selection_policy \"", p.selection_policy(),
-                                   "\" is not one of ",
-                                   sbx::allocator::KnownSelectionPolicies()));
+                                   "\" is not one of ", sbx::allocator::KnownSelectionPolicies()));
   }
   return p;
 }

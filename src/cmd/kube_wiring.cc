@@ -250,7 +250,8 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     runtime_options.on_gone = std::move(on_gone);
     runtime_options.registry = flags.registry;
     if (flags.node_labels) {
-      kube.nodes_ = std::make_unique<k8s::Informer>(client, k8s::NamespaceInformer(k8s::kNodes, ""));
+      kube.nodes_ =
+          std::make_unique<k8s::Informer>(client, k8s::NamespaceInformer(k8s::kNodes, ""));
       kube.nodes_->Start();
       runtime_options.nodes = kube.nodes_.get();
     }

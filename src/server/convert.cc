@@ -483,8 +483,8 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p, absl::string_
   RETURN_IF_ERROR(CheckMaxTtl(p.name(), r.default_ttl, r.max_ttl, "default_ttl"));
   r.selection_policy = p.selection_policy().empty() ? "fifo" : p.selection_policy();
   if (!allocator::IsSelectionPolicy(r.selection_policy)) {
-    return bad("selection_policy ", Quote(p.selection_policy()), " is not known (known: ",
-               allocator::KnownSelectionPolicies(), ")");
+    return bad("selection_policy ", Quote(p.selection_policy()),
+               " is not known (known: ", allocator::KnownSelectionPolicies(), ")");
   }
   if (p.max_sandboxes() != 0) {
     return absl::UnimplementedError(
