@@ -254,7 +254,7 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
         "SandboxWarmPool \"{}\": annotation {}: \"{}\" is not a selection policy "
         "(known: {}); the pool keeps \"{}\"",
         Namespaces::Path(where), kSelectionPolicyAnnotation, policy,
-        allocator::KnownSelectionPolicies(), p.selection_policy);
+        std::string(allocator::KnownSelectionPolicies()), p.selection_policy);
   }
   if (!have_p.ok() || have_p->template_name != p.template_name || have_p->min_warm != p.min_warm ||
       have_p->max_warm != p.max_warm || have_p->empty_pool_policy != p.empty_pool_policy ||

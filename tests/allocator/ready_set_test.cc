@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "src/allocator/allocator.h"
 #include "src/allocator/pool.h"
 
 namespace sbx::allocator {

@@ -58,11 +58,14 @@ class PlacementTest(unittest.TestCase):
         c.wait_for(lambda: self.pool().status.warm == want, 60,
                    "the allocator's pool to hold %d warm sandboxes" % want)
 
-    def claim(self, claim_id, **preference):
+    def claim_node(self, c, claim_id, **preference):
+        """Claims a sandbox of pool py and returns the node of its pod (the Sandbox's
+        status.nodeName: the API's Sandbox.node is not filled in)."""
         req = self.pb.ClaimRequest(pool="py", claim_id=claim_id)
         for k, v in preference.items():
             req.node_preference[k] = v
-        return self.claims.Claim(req, timeout=10).claim
+        sandbox = self.claims.Claim(req, timeout=10).claim.sandbox.id
+        return (c.sandbox(sandbox).get("status") or {}).get("nodeName", "")
 
     def warm_per_node(self, c):
         """Warm members of pool py per node (their pods' nodes)."""
@@ -71,14 +74,21 @@ class PlacementTest(unittest.TestCase):
             out[(m.get("status") or {}).get("nodeName", "")] += 1
         return out
 
-    def test_spread_then_pack_then_node_preference(self):
+    def test_spread_then_pack_with_node_preference(self):
         c = self.start(9, "spread")
         self.wait_warm(c, 9)
         self.assertEqual(self.pool().selection_policy, "spread")
-        # spread: each claim on the node with the fewest claims of the pool.
-        spread = [self.claim("spread-%d" % i).sandbox.node for i in range(3)]
+        # Two claims that prefer emu-node-1 get it (the preference wins over spread)...
+        host = "kubernetes.io/hostname"
+        for i in range(2):
+            self.assertEqual(self.claim_node(c, "on-1-%d" % i, **{host: NODES[0]}), NODES[0])
+        # ...then spread: each claim on the node with the fewest claims of the pool, so
+        # never emu-node-1 (2 claims) while the others have fewer.
+        spread = [self.claim_node(c, "spread-%d" % i) for i in range(3)]
         base.note("spread claims on %s" % spread)
-        self.assertEqual(sorted(spread), NODES)
+        self.assertEqual(sorted(spread[:2]), NODES[1:])
+        self.assertNotEqual(spread[2], NODES[0])
+        claimed = collections.Counter([NODES[0]] * 2 + spread)
 
         # The annotation changes the live pool's policy; the claims held keep their counts.
         c.kubectl("annotate", "sandboxwarmpool", "py", "%s=pack" % POLICY, "--overwrite")
@@ -88,23 +98,22 @@ class PlacementTest(unittest.TestCase):
         self.wait_warm(c, 9)
         warm = self.warm_per_node(c)
         base.note("warm members per node before pack claims: %s" % dict(warm))
-        packed = [self.claim("pack-%d" % i).sandbox.node for i in range(3)]
+        packed = [self.claim_node(c, "pack-%d" % i) for i in range(3)]
         base.note("pack claims on %s" % packed)
-        # pack: every claim on the most-claimed node, while it has warm members (the
-        # refill may already be adding more to it).
+        # pack: every claim on a most-claimed node (2 claims each), while it has warm
+        # members (the refill may already be adding more to it).
         first = packed[0]
+        self.assertEqual(claimed[first], max(claimed.values()), dict(claimed))
         same = min(3, warm[first])
         self.assertGreaterEqual(same, 2, "emu nodes are bound round robin: %s" % dict(warm))
         self.assertEqual(packed[:same], [first] * same)
 
-        # A node preference: the zone of another node wins over pack's choice, and a zone
+        # A zone preference: the zone of another node wins over pack's choice, and a zone
         # that no node has falls back to any sandbox.
         other = next(n for n in NODES if n != first)
         zone = "zone-%d" % (NODES.index(other) + 1)
-        self.assertEqual(self.claim("prefer-1", **{ZONE: zone}).sandbox.node, other)
-        self.assertEqual(self.claim("prefer-host", **{"kubernetes.io/hostname": other})
-                         .sandbox.node, other)
-        self.assertIn(self.claim("prefer-none", **{ZONE: "zone-9"}).sandbox.node, NODES)
+        self.assertEqual(self.claim_node(c, "prefer-zone", **{ZONE: zone}), other)
+        self.assertIn(self.claim_node(c, "prefer-none", **{ZONE: "zone-9"}), NODES)
 
     def test_an_unknown_policy_is_logged_and_the_pool_keeps_its_own(self):
         c = self.start(2, "zigzag")
