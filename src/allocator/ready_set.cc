@@ -106,8 +106,10 @@ class NodeReadySet final : public SelectionPolicy {
     // Members in `queue` that no Pop has reserved yet. A Pop reserves one (a CAS that
     // keeps it non-negative) before it dequeues, so a reserved member is always there and
     // a Pop never spins on a count that a preempted thread has yet to lower. Atomic, as
-    // Pushes and Pops race on it; see Push and Take for the orders.
-    std::atomic<int64_t> available{0};
+    // Pushes and Pops race on it; see Push and Take for the orders. On a cache line of
+    // its own (with `claimed`): every Pop reads it, so it must not share one with the
+    // queue's indices or the fields Pick reads.
+    alignas(64) std::atomic<int64_t> available{0};
     // Sandboxes of this node claimed from the pool, moved through Sandbox::node_claims by
     // the pool. Relaxed everywhere: it steers the choice and orders nothing.
     std::atomic<int64_t> claimed{0};
@@ -130,10 +132,11 @@ class NodeReadySet final : public SelectionPolicy {
     int64_t best_available = 0;
     for (int i = 0; i < n; ++i) {
       Node* node = nodes_[i].get();
-      const int64_t available = node->available.load(std::memory_order_relaxed);
-      if (available <= 0) continue;
+      // The labels first: they never change, so other nodes' hot counts stay untouched.
       if ((node->label_mask & prefer_mask) != prefer_mask) continue;
       if (prefer != nullptr && !HasLabels(*node, *prefer)) continue;
+      const int64_t available = node->available.load(std::memory_order_relaxed);
+      if (available <= 0) continue;
       const int64_t claimed = node->claimed.load(std::memory_order_relaxed);
       bool better;
       if (best == nullptr) {
