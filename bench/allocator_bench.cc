@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -75,10 +76,19 @@ constexpr int kPrefill = 1024;
 // They sit on this many nodes (round robin), two nodes per zone, as in a small cluster.
 constexpr int kNodes = 8;
 std::string NodeName(int i) { return absl::StrCat("gke-sbx-pool-1-node-", i % kNodes); }
-allocator::NodeLabels NodeLabelsOf(int i) {
-  return {{"kubernetes.io/hostname", NodeName(i)},
+// One shared object per node, as the allocator interns them.
+allocator::NodeLabelsPtr NodeLabelsOf(int i) {
+  static const std::vector<allocator::NodeLabelsPtr>* const labels = [] {
+    auto* out = new std::vector<allocator::NodeLabelsPtr>;
+    for (int n = 0; n < kNodes; ++n) {
+      out->push_back(std::make_shared<const allocator::NodeLabels>(allocator::NodeLabels{
+          {"kubernetes.io/hostname", NodeName(n)},
           {"kubernetes.io/os", "linux"},
-          {"topology.kubernetes.io/zone", absl::StrCat("europe-west1-", (i % kNodes) / 2)}};
+          {"topology.kubernetes.io/zone", absl::StrCat("europe-west1-", n / 2)}}));
+    }
+    return out;
+  }();
+  return (*labels)[i % kNodes];
 }
 const char* PolicyName(ReadySetKind kind) {
   return kind == ReadySetKind::kSpread ? "spread" : kind == ReadySetKind::kPack ? "pack" : "fifo";

@@ -190,7 +190,8 @@ void AllocatorImpl::ColdStart(const EntryPtr& e, const store::PoolRecord& settin
   runtime_->Create(std::move(req), [this, e](absl::StatusOr<runtime::SandboxInfo> info) {
     if (!info.ok()) return FailEntry(e, info.status());
     auto sb = std::make_shared<Sandbox>(info->id, info->endpoint, info->node, e->pool,
-                                        clock_->Now(), SandboxState::kClaimed, info->node_labels);
+                                        clock_->Now(), SandboxState::kClaimed,
+                                        InternNodeLabels(info->node, info->node_labels));
     e->pool->AdoptClaimed(*sb);
     {
       absl::MutexLock lock(&sandboxes_mu_);

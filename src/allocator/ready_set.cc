@@ -203,7 +203,8 @@ class NodeReadySet final : public SelectionPolicy {
     const int m = size_.load(std::memory_order_relaxed);
     if (Node* node = Find(sandbox.node, n, m)) return node;  // added meanwhile
     if (m == kMaxNodes) return nodes_[kMaxNodes - 1].get();
-    nodes_[m] = std::make_unique<Node>(sandbox.node, sandbox.node_labels);
+    nodes_[m] = std::make_unique<Node>(
+        sandbox.node, sandbox.node_labels != nullptr ? *sandbox.node_labels : NodeLabels());
     // release: a reader that sees the new size sees the entry.
     size_.store(m + 1, std::memory_order_release);
     return nodes_[m].get();

@@ -31,10 +31,13 @@ const char* SandboxStateName(SandboxState s);
 
 // Labels of a node (Kubernetes: the Node object's metadata.labels).
 using NodeLabels = std::map<std::string, std::string>;
+// Shared by the sandboxes of a node (the allocator interns them per node): a Node has tens
+// of labels, and a copy in every sandbox would cost more than the rest of it.
+using NodeLabelsPtr = std::shared_ptr<const NodeLabels>;
 
 struct Sandbox {
   Sandbox(std::string id_in, std::string endpoint_in, std::string node_in, Pool* pool_in,
-          absl::Time created_in, SandboxState initial, NodeLabels node_labels_in = {})
+          absl::Time created_in, SandboxState initial, NodeLabelsPtr node_labels_in = nullptr)
       : id(std::move(id_in)),
         endpoint(std::move(endpoint_in)),
         node(std::move(node_in)),
@@ -55,8 +58,9 @@ struct Sandbox {
   const std::string id;
   const std::string endpoint;
   const std::string node;
-  // The labels of `node` when the runtime reported the sandbox (empty when it reports none).
-  const NodeLabels node_labels;
+  // The labels of `node` when the runtime reported the sandbox; null when it reported none
+  // (the local runtime).
+  const NodeLabelsPtr node_labels;
   // The owning pool; pools are never freed while the allocator lives (see Allocator).
   Pool* const pool;
   const absl::Time created;

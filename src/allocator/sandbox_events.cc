@@ -12,8 +12,9 @@ absl::Status AllocatorImpl::AddSandbox(const runtime::SandboxInfo& info) {
     absl::ReaderMutexLock lock(&mu_);
     pool = FindPoolLocked(info.pool);
   }
-  auto sb = std::make_shared<Sandbox>(info.id, info.endpoint, info.node, pool, clock_->Now(),
-                                      SandboxState::kWarm, info.node_labels);
+  auto sb =
+      std::make_shared<Sandbox>(info.id, info.endpoint, info.node, pool, clock_->Now(),
+                                SandboxState::kWarm, InternNodeLabels(info.node, info.node_labels));
   if (pool == nullptr) {
     reconciler_->RetireSandbox(RecordOf(*sb, info.pool));
     return absl::NotFoundError(

@@ -31,7 +31,7 @@ SandboxPtr Warm(Pool* pool, const std::string& id, const std::string& node,
                 NodeLabels labels = {}) {
   if (labels.empty()) labels = {{"kubernetes.io/hostname", node}};
   return std::make_shared<Sandbox>(id, "ep", node, pool, absl::UnixEpoch(), SandboxState::kWarm,
-                                   std::move(labels));
+                                   std::make_shared<const NodeLabels>(std::move(labels)));
 }
 
 // `per_node` warm sandboxes on each of `nodes`, pushed node after node.
