@@ -101,9 +101,9 @@ void Pool::AdoptClaimed(Sandbox& sandbox) {
 
 void Pool::AddWarm(SandboxPtr sandbox) {
   if (waiting_.load(std::memory_order_seq_cst) == 0) {
+    SelectionPolicy* ready = ready_.load(std::memory_order_seq_cst);
     if (before_unlocked_push_) before_unlocked_push_();
     warm_.fetch_add(1, std::memory_order_relaxed);
-    SelectionPolicy* ready = ready_.load(std::memory_order_seq_cst);
     ready->Push(std::move(sandbox));
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (ready_.load(std::memory_order_seq_cst) != ready) {

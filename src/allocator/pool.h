@@ -44,7 +44,7 @@ using WaiterPtr = std::shared_ptr<Waiter>;
 class Pool {
  public:
   // Test hook (a sync point): runs in AddWarm's lock-free path after it saw no waiter and
-  // before it pushes. Null in production.
+  // read which ready set to push to, and before it pushes. Null in production.
   using Hook = std::function<void()>;
 
   // `ready` follows settings.selection_policy.

@@ -202,6 +202,33 @@ TEST(SelectionPolicyTest, PolicyChangesKeepEverySandbox) {
   EXPECT_EQ(pool->warm(), 0);
 }
 
+// The race of a lock-free AddWarm with a policy change: the push lands in the set the
+// change just emptied. AddWarm sees the change after its push and moves the sandbox on.
+TEST(SelectionPolicyTest, APushRacingAPolicyChangeIsNotStranded) {
+  store::PoolRecord settings;
+  settings.name = "py";
+  settings.max_warm = 10;
+  Pool* pool = nullptr;
+  bool changed = false;
+  Pool racing(settings, NewFifoReadySet(), [&] {
+    if (changed) return;
+    changed = true;
+    store::PoolRecord now = pool->settings();
+    now.selection_policy = "spread";
+    pool->set_settings(now);
+  });
+  pool = &racing;
+  racing.AddWarm(Warm(pool, "a1", "a"));
+  ASSERT_TRUE(changed);
+  SandboxPtr got = racing.TryTake();
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->id, "a1");
+  // It went through the spread set, which points it at its node's count.
+  ASSERT_NE(got->node_claims, nullptr);
+  EXPECT_EQ(got->node_claims->load(), 1);
+  EXPECT_EQ(racing.warm(), 0);
+}
+
 // Threads take and give back (or retire and re-add) sandboxes of 8 nodes at once: no
 // sandbox is handed out twice, none is lost, and the per-node counts come back exact.
 TEST(SelectionPolicyTest, ConcurrentTakesAndReleasesKeepCountsExact) {
