@@ -37,15 +37,15 @@ struct SandboxInfo {
   std::string endpoint;
   // Node it runs on (empty for the local runtime).
   std::string node;
-  // That node's labels, where the runtime knows them (Kubernetes: the Node object's, such
-  // as topology.kubernetes.io/zone); the spread and pack policies match a claim's node
-  // preference against them.
-  std::map<std::string, std::string> node_labels;
   // Frozen by Suspend (reported by List).
   bool suspended = false;
   // Whether it can serve now (reported by List). A sandbox that exists but is not ready
   // (the Kubernetes runtime: its Sandbox not Ready, or no pod IP) is still listed.
   bool ready = true;
+  // The labels of `node`, where the runtime knows them (Kubernetes: the Node object's,
+  // such as topology.kubernetes.io/zone); the spread and pack policies match a claim's
+  // node preference against them.
+  std::map<std::string, std::string> node_labels = {};
 };
 
 using CreateCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;

@@ -70,9 +70,10 @@ struct SandboxRecord {
   std::string endpoint;
   // Where it runs (node name on Kubernetes; empty for the local runtime).
   std::string node;
-  // The labels of `node` when the runtime reported the sandbox (Kubernetes: the Node's).
-  std::map<std::string, std::string> node_labels;
   absl::Time created = absl::UnixEpoch();
+  // The labels of `node` when the runtime reported the sandbox (Kubernetes: the Node's).
+  // Last, so that positional initializers of the fields above keep working.
+  std::map<std::string, std::string> node_labels = {};
 };
 
 // The store key of a claim. Claim ids are scoped by their owner (tenant): two tenants may
