@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <string>
+#include <thread>
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/base/thread_annotations.h"
@@ -130,7 +131,14 @@ class NodeReadySet final : public SelectionPolicy {
     Node* best = nullptr;
     int64_t best_claimed = 0;
     int64_t best_available = 0;
-    for (int i = 0; i < n; ++i) {
+    // spread scans from a place of each thread's own, so that concurrent claims resolve
+    // exact ties on different nodes instead of all contending for one; pack keeps ties on
+    // the first node, to keep claims together.
+    static thread_local const uint32_t scan_salt =
+        static_cast<uint32_t>(absl::Hash<std::thread::id>()(std::this_thread::get_id()));
+    const int start = order == Order::kSpread && n > 0 ? static_cast<int>(scan_salt % n) : 0;
+    for (int k = 0; k < n; ++k) {
+      const int i = start + k < n ? start + k : start + k - n;
       Node* node = nodes_[i].get();
       // The labels first: they never change, so other nodes' hot counts stay untouched.
       if ((node->label_mask & prefer_mask) != prefer_mask) continue;
