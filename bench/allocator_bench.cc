@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,12 +54,16 @@ using allocator::SelectionPolicy;
 // ---------------------------------------------------------------------------------------
 // Shared helpers
 
-enum class ReadySetKind { kLockFreeFifo, kAbslMutexDeque, kStdMutexDeque };
+enum class ReadySetKind { kLockFreeFifo, kAbslMutexDeque, kStdMutexDeque, kSpread, kPack };
 
 std::unique_ptr<SelectionPolicy> NewReadySet(ReadySetKind kind) {
   switch (kind) {
     case ReadySetKind::kLockFreeFifo:
       return allocator::NewFifoReadySet();
+    case ReadySetKind::kSpread:
+      return allocator::NewNodeReadySet("spread");
+    case ReadySetKind::kPack:
+      return allocator::NewNodeReadySet("pack");
     case ReadySetKind::kAbslMutexDeque:
       return std::make_unique<AbslMutexDequeReadySet>();
     case ReadySetKind::kStdMutexDeque:
@@ -69,6 +74,31 @@ std::unique_ptr<SelectionPolicy> NewReadySet(ReadySetKind kind) {
 
 // Warm sandboxes each pool / ready set starts with.
 constexpr int kPrefill = 1024;
+// They sit on this many nodes (round robin), two nodes per zone, as in a small cluster.
+constexpr int kNodes = 8;
+std::string NodeName(int i) { return absl::StrCat("gke-sbx-pool-1-node-", i % kNodes); }
+// One shared object per node, as the allocator interns them.
+allocator::NodeLabelsPtr NodeLabelsOf(int i) {
+  static const std::vector<allocator::NodeLabelsPtr>* const labels = [] {
+    auto* out = new std::vector<allocator::NodeLabelsPtr>;
+    for (int n = 0; n < kNodes; ++n) {
+      out->push_back(std::make_shared<const allocator::NodeLabels>(allocator::NodeLabels{
+          {"kubernetes.io/hostname", NodeName(n)},
+          {"kubernetes.io/os", "linux"},
+          {"topology.kubernetes.io/zone", absl::StrCat("europe-west1-", n / 2)}}));
+    }
+    return out;
+  }();
+  return (*labels)[i % kNodes];
+}
+const char* PolicyName(ReadySetKind kind) {
+  return kind == ReadySetKind::kSpread ? "spread" : kind == ReadySetKind::kPack ? "pack" : "fifo";
+}
+// With preference: each thread prefers one zone (2 of the 8 nodes).
+enum class Prefer { kNone, kZone };
+allocator::NodeLabels PreferredBy(int thread_index) {
+  return {{"topology.kubernetes.io/zone", absl::StrCat("europe-west1-", thread_index % 4)}};
+}
 
 // Ids shaped like production ones (IdGenerator::Random gives 32 hex characters), so that
 // string copies and hashing cost what they cost in production (no small-string shortcut).
@@ -182,37 +212,43 @@ absl::Status ClaimInline(Allocator& a, std::string claim_id) {
 // ---------------------------------------------------------------------------------------
 // 1a. Pool: TryTake + release + refill.
 //
-// One iteration: TryTake (ready-set pop + the Warm→Claimed CAS), the release transition
-// Claimed→Retired, a reset Retired→Warm, and AddWarm (lock-free while no claim waits:
-// an atomic check for waiters, then the push). The same Sandbox object is recycled, so no malloc is
-// measured. Threads share one pool, created by thread 0 before the timed loop (Google
+// One iteration: TryTake (ready-set pop + the Warm→Claimed CAS, and for spread and pack
+// the choice of a node and its claimed count), the release (Pool::Retire: Claimed→Retired
+// and the node's count back down), a reset Retired→Warm, and AddWarm (lock-free while no
+// claim waits: an atomic check for waiters, then the push). The same Sandbox object is
+// recycled, so no malloc is measured. Sandboxes sit on kNodes nodes for every kind
+// (fifo ignores them). Threads share one pool, created by thread 0 before the timed loop (Google
 // Benchmark's start barrier publishes it) and destroyed after the stop barrier.
 
 std::unique_ptr<Pool> g_pool;
 
 std::unique_ptr<Pool> NewPrefilledPool(ReadySetKind kind) {
-  auto pool = std::make_unique<Pool>(BenchPool(), NewReadySet(kind));
+  store::PoolRecord settings = BenchPool();
+  settings.selection_policy = PolicyName(kind);
+  auto pool = std::make_unique<Pool>(settings, NewReadySet(kind));
   const absl::Time now = absl::Now();
   for (int i = 0; i < kPrefill; ++i) {
     const std::string id = SandboxId(i);
-    pool->AddWarm(
-        std::make_shared<Sandbox>(id, Endpoint(id), "", pool.get(), now, SandboxState::kWarm));
+    pool->AddWarm(std::make_shared<Sandbox>(id, Endpoint(id), NodeName(i), pool.get(), now,
+                                            SandboxState::kWarm, NodeLabelsOf(i)));
   }
   return pool;
 }
 
-void BM_Pool_ClaimRelease(benchmark::State& state, ReadySetKind kind) {
+void BM_Pool_ClaimRelease(benchmark::State& state, ReadySetKind kind, Prefer prefer) {
   if (state.thread_index() == 0) g_pool = NewPrefilledPool(kind);
+  const allocator::NodeLabels preferred = PreferredBy(state.thread_index());
+  const allocator::NodeLabels* preference = prefer == Prefer::kZone ? &preferred : nullptr;
   int64_t empty = 0;
   int64_t bad_transitions = 0;
   for (auto _ : state) {
     Pool& pool = *g_pool;
-    SandboxPtr sb = pool.TryTake();
+    SandboxPtr sb = pool.TryTake(nullptr, preference);
     if (sb == nullptr) {
       ++empty;
       continue;
     }
-    if (!sb->Transition(SandboxState::kClaimed, SandboxState::kRetired)) ++bad_transitions;
+    if (!pool.Retire(sb)) ++bad_transitions;
     if (!sb->Transition(SandboxState::kRetired, SandboxState::kWarm)) ++bad_transitions;
     pool.AddWarm(std::move(sb));
   }
@@ -234,8 +270,8 @@ void BM_ReadySet_PushPop(benchmark::State& state, ReadySetKind kind) {
     const absl::Time now = absl::Now();
     for (int i = 0; i < kPrefill; ++i) {
       const std::string id = SandboxId(i);
-      g_ready->Push(
-          std::make_shared<Sandbox>(id, Endpoint(id), "", nullptr, now, SandboxState::kWarm));
+      g_ready->Push(std::make_shared<Sandbox>(id, Endpoint(id), NodeName(i), nullptr, now,
+                                              SandboxState::kWarm, NodeLabelsOf(i)));
     }
   }
   int64_t empty = 0;
@@ -659,10 +695,26 @@ void RegisterBenchmarks() {
       {"lockfree_fifo", ReadySetKind::kLockFreeFifo},
       {"absl_mutex_deque", ReadySetKind::kAbslMutexDeque},
       {"std_mutex_deque", ReadySetKind::kStdMutexDeque},
+      {"spread_8_nodes", ReadySetKind::kSpread},
+      {"pack_8_nodes", ReadySetKind::kPack},
   };
-  for (const auto& [name, kind] : kinds) {
+  struct PoolCase {
+    const char* name;
+    ReadySetKind kind;
+    Prefer prefer;
+  };
+  const PoolCase pool_cases[] = {
+      {"lockfree_fifo", ReadySetKind::kLockFreeFifo, Prefer::kNone},
+      {"absl_mutex_deque", ReadySetKind::kAbslMutexDeque, Prefer::kNone},
+      {"std_mutex_deque", ReadySetKind::kStdMutexDeque, Prefer::kNone},
+      {"spread_8_nodes", ReadySetKind::kSpread, Prefer::kNone},
+      {"pack_8_nodes", ReadySetKind::kPack, Prefer::kNone},
+      {"spread_8_nodes_prefer_zone", ReadySetKind::kSpread, Prefer::kZone},
+      {"pack_8_nodes_prefer_zone", ReadySetKind::kPack, Prefer::kZone},
+  };
+  for (const auto& [name, kind, prefer] : pool_cases) {
     benchmark::RegisterBenchmark(absl::StrCat("BM_Pool_ClaimRelease/", name).c_str(),
-                                 BM_Pool_ClaimRelease, kind)
+                                 BM_Pool_ClaimRelease, kind, prefer)
         ->Threads(1)
         ->Threads(2)
         ->Threads(4)  // more threads than cores: a preempted lock holder stalls the rest

@@ -133,7 +133,7 @@ void AllocatorImpl::DeletePool(const std::string& name, StatusCallback done) {
   batch.DeletePool(name);
   std::vector<store::SandboxRecord> retired;
   while (SandboxPtr sb = pool->TryTake()) {
-    sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
+    pool->Retire(sb);
     batch.DeleteSandbox(sb->id);
     retired.push_back(RecordOf(*sb));
     ForgetSandbox(sb->id);
@@ -165,7 +165,11 @@ absl::Status AllocatorImpl::ValidatePool(const store::PoolRecord& p) const {
   }
   RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": default_ttl"), p.default_ttl));
   RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": max_ttl"), p.max_ttl));
-  RETURN_IF_ERROR(NewSelectionPolicy(p.selection_policy).status());
+  if (!IsSelectionPolicy(p.selection_policy)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool \"", p.name, "\": selection policy \"", p.selection_policy,
+                     "\" is not known (known: ", KnownSelectionPolicies(), ")"));
+  }
   return absl::OkStatus();
 }
 

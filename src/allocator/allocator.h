@@ -156,6 +156,11 @@ struct ClaimRequest {
   // kMaxTtl.
   absl::Duration ttl = absl::ZeroDuration();
   std::map<std::string, std::string> labels;
+  // Soft preference: a sandbox whose node has all these labels (such as
+  // topology.kubernetes.io/zone or kubernetes.io/hostname) if one is warm, any sandbox
+  // otherwise. Honoured by the spread and pack policies (ready_set.h) when taking a warm
+  // sandbox; a claim that waits gets the next sandbox to become warm.
+  std::map<std::string, std::string> node_preference;
   // Optional: the caller's way to give up waiting.
   std::shared_ptr<WaitCancellation> cancellation;
   // Where the claim waits among its owner's waiting claims of the pool (strictly by
@@ -170,6 +175,12 @@ struct ClaimRequest {
   // an existing claim is answered as usual. The server gives its tenant's max_claims.
   int64_t max_claims = 0;
 };
+
+// The selection policies a pool may name (store::PoolRecord::selection_policy; what
+// each does: ready_set.h), for error messages: "fifo, spread, pack".
+absl::string_view KnownSelectionPolicies();
+// Whether `name` names a selection policy ("" is fifo).
+bool IsSelectionPolicy(absl::string_view name);
 
 // The result of a claim: its record, and whether it was a retry answered from the table.
 struct ClaimResult {
@@ -189,6 +200,8 @@ struct BatchRequest {
   BatchMode mode = BatchMode::kAllOrNothing;
   absl::Duration ttl = absl::ZeroDuration();
   std::map<std::string, std::string> labels;
+  // As ClaimRequest::node_preference, for every sandbox of the batch.
+  std::map<std::string, std::string> node_preference;
   // When too few sandboxes are warm: FAIL answers RESOURCE_EXHAUSTED at once; WAIT and
   // COLD queue the missing ones as waiters of the pool (its target grows by them) until
   // they come or `wait` passes. The pool's default when unset.

@@ -429,6 +429,7 @@ class AllocatorImpl final : public Allocator {
     r.pool = sb.pool != nullptr ? sb.pool->name() : std::move(pool_name);
     r.endpoint = sb.endpoint;
     r.node = sb.node;
+    if (sb.node_labels != nullptr) r.node_labels = *sb.node_labels;
     r.created = sb.created;
     return r;
   }
@@ -610,6 +611,20 @@ class AllocatorImpl final : public Allocator {
   absl::flat_hash_map<std::string, store::TemplateRecord> templates_ ABSL_GUARDED_BY(mu_);
 
   // Every live sandbox by id (for death reports); not touched on the warm claim path.
+  // The labels of `node` as one object shared by its sandboxes: the last labels reported
+  // for it, replaced when they differ (held sandboxes keep the ones they came with). One
+  // entry per node ever seen: bounded by the cluster.
+  NodeLabelsPtr InternNodeLabels(const std::string& node, const NodeLabels& labels)
+      ABSL_LOCKS_EXCLUDED(node_labels_mu_) {
+    if (labels.empty()) return nullptr;
+    absl::MutexLock lock(&node_labels_mu_);
+    NodeLabelsPtr& shared = node_labels_[node];
+    if (shared == nullptr || *shared != labels) shared = std::make_shared<const NodeLabels>(labels);
+    return shared;
+  }
+  absl::Mutex node_labels_mu_;
+  absl::flat_hash_map<std::string, NodeLabelsPtr> node_labels_ ABSL_GUARDED_BY(node_labels_mu_);
+
   mutable absl::Mutex sandboxes_mu_;
   ByField<Sandbox, &Sandbox::id>::Set sandboxes_ ABSL_GUARDED_BY(sandboxes_mu_);
 

@@ -80,7 +80,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
   std::vector<SandboxPtr> taken;
   taken.reserve(req.count);
   while (static_cast<int>(taken.size()) < req.count) {
-    SandboxPtr sb = pool->TryTake();
+    SandboxPtr sb = pool->TryTake(nullptr, &req.node_preference);
     if (sb == nullptr) break;
     taken.push_back(std::move(sb));
   }
@@ -96,8 +96,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
     slots->Reset();
     const size_t had = taken.size();
     for (SandboxPtr& sb : taken) {
-      sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
-      pool->AddWarm(std::move(sb));
+      pool->GiveBack(std::move(sb));
     }
     reconciler_->PoolBelowTarget(pool->name());
     pool->counters().CountExhausted();
@@ -168,8 +167,7 @@ void AllocatorImpl::DeliverToBatch(const BatchWaitPtr& w, SandboxPtr sb) {
     }
   }
   if (sb != nullptr) {  // too late: back to the pool
-    sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
-    w->pool->AddWarm(std::move(sb));
+    w->pool->GiveBack(std::move(sb));
     return;
   }
   GrantBatch(w->req, w->pool, w->ttl, std::move(taken), std::move(slots), std::move(done));
@@ -212,8 +210,7 @@ void AllocatorImpl::GiveUpBatch(const BatchWaitPtr& w, absl::Status status,
   }
   slots.Reset();  // before the answer: a caller that retries at once finds them free
   for (SandboxPtr& sb : taken) {
-    sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
-    w->pool->AddWarm(std::move(sb));
+    w->pool->GiveBack(std::move(sb));
   }
   w->pool->counters().CountClaims(status.code(), ClaimPath::kWait,
                                   static_cast<uint64_t>(w->req.count));
@@ -261,8 +258,7 @@ void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Durati
     for (const EntryPtr& mine : entries) claims_.Erase(mine);
     slots.Reset();
     for (SandboxPtr& sb : taken) {
-      sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
-      pool->AddWarm(std::move(sb));
+      pool->GiveBack(std::move(sb));
     }
     if (committing) {
       return std::move(done)(absl::AbortedError(
@@ -299,8 +295,7 @@ void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Durati
           e->assigned = false;
         }
         FailEntry(e, s);
-        sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
-        pool->AddWarm(std::move(sb));
+        pool->GiveBack(std::move(sb));
       }
       for (size_t i = 0; i < entries.size(); ++i) hub_->Complete(first_revision + i, nullptr);
       return std::move(done)(s);

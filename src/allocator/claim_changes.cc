@@ -65,7 +65,7 @@ void AllocatorImpl::EndClaim(const EntryPtr& e, ClaimState end, EndedCallback do
     for (EndedCallback& w : waiters) std::move(w)(record);
     ClaimRecord answer = record;
     hub_->Complete(revision, MakeEvent(ClaimEvent::Type::kModified, std::move(record)));
-    sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
+    e->pool->Retire(sb);
     e->pool->AddClaimed(-1);
     e->pool->counters().CountEnded(end);
     ForgetSandbox(sb->id);

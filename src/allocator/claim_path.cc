@@ -55,7 +55,7 @@ void AllocatorImpl::Claim(ClaimRequest req, ClaimCallback done) {
   pool->CountArrivals(1);
   const std::function<void(const SandboxPtr&)>* hook =
       options_.after_pop ? &options_.after_pop : nullptr;
-  if (SandboxPtr sb = pool->TryTake(hook)) {
+  if (SandboxPtr sb = pool->TryTake(hook, &req.node_preference)) {
     {
       absl::MutexLock lock(&entry->mu);
       entry->assigned = true;
@@ -159,13 +159,12 @@ void AllocatorImpl::Deliver(const EntryPtr& e, SandboxPtr sb, LaunchType launch,
     e->waiter = nullptr;
   }
   if (!assigned) {
-    sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
     if (new_sandbox) {
       store::WriteBatch batch;
       batch.Put(RecordOf(*sb));
       store_->Commit(std::move(batch), [](absl::Status) {});
     }
-    e->pool->AddWarm(std::move(sb));
+    e->pool->GiveBack(std::move(sb));
     return;
   }
   CommitClaim(e, std::move(sb), launch, new_sandbox);
@@ -211,7 +210,9 @@ void AllocatorImpl::ColdStart(const EntryPtr& e, const store::PoolRecord& settin
   runtime_->Create(std::move(req), [this, e](absl::StatusOr<runtime::SandboxInfo> info) {
     if (!info.ok()) return FailEntry(e, info.status());
     auto sb = std::make_shared<Sandbox>(info->id, info->endpoint, info->node, e->pool,
-                                        clock_->Now(), SandboxState::kClaimed);
+                                        clock_->Now(), SandboxState::kClaimed,
+                                        InternNodeLabels(info->node, info->node_labels));
+    e->pool->AdoptClaimed(*sb);
     {
       absl::MutexLock lock(&sandboxes_mu_);
       sandboxes_.insert(sb);
@@ -249,8 +250,7 @@ void AllocatorImpl::CommitClaim(const EntryPtr& e, SandboxPtr sb, LaunchType lau
         e->assigned = false;
         e->sandbox = nullptr;
       }
-      sb->Transition(SandboxState::kClaimed, SandboxState::kWarm);
-      e->pool->AddWarm(sb);
+      e->pool->GiveBack(sb);
       FailEntry(e, s);
       hub_->Complete(revision, nullptr);
       return;

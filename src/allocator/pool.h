@@ -7,13 +7,22 @@
 // ready set's queue plus one CAS per candidate), and so is AddWarm while no claim waits;
 // the waiter queue and settings use a mutex, touched on the claim path only when the
 // pool is empty.
-// Lifetime: owned by the Allocator, never freed before it (sandboxes point to it).
+// Lifetime: owned by the Allocator, never freed before it (sandboxes point to it). A
+// pool keeps every ready set it has had (a change of selection policy makes a new one)
+// until it is destroyed: threads may still be using the previous one, and claimed
+// sandboxes point to its per-node counts.
+//
+// Per-node claim counts (for the spread and pack policies): a sandbox counts on its
+// node from the moment it leaves the ready set as claimed (TryTake, a waiting claim
+// served by AddWarm, AdoptClaimed) until it goes back (GiveBack) or its claim ends
+// (Retire).
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
@@ -30,9 +39,10 @@ namespace sbx::allocator {
 class Pool {
  public:
   // Test hook (a sync point): runs in AddWarm's lock-free path after it saw no waiter and
-  // before it pushes. Null in production.
+  // read which ready set to push to, and before it pushes. Null in production.
   using Hook = std::function<void()>;
 
+  // `ready` follows settings.selection_policy.
   Pool(store::PoolRecord settings, std::unique_ptr<SelectionPolicy> ready,
        Hook before_unlocked_push = nullptr, DemandOptions demand = {},
        absl::Time start = absl::UnixEpoch());
@@ -40,12 +50,29 @@ class Pool {
   const std::string& name() const { return name_; }
 
   store::PoolRecord settings() const ABSL_LOCKS_EXCLUDED(mu_);
+  // New settings (validated by the caller). A new selection policy takes effect at once:
+  // spread and pack switch in place, keeping the per-node counts; a switch to or from
+  // fifo moves the warm sandboxes to a new ready set, whose counts start from the claims
+  // made after the switch.
   void set_settings(store::PoolRecord settings) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Takes a warm sandbox and moves it to kClaimed, or returns nullptr when none is warm.
   // Dead sandboxes met on the way are dropped. Lock-free. `after_pop` is a test hook run
-  // between popping a candidate and claiming it (nullptr in production).
-  SandboxPtr TryTake(const std::function<void(const SandboxPtr&)>* after_pop = nullptr);
+  // between popping a candidate and claiming it (nullptr in production). With `prefer`
+  // (not null, not empty) a sandbox on a node with those labels goes first, when the
+  // policy knows nodes (ready_set.h).
+  SandboxPtr TryTake(const std::function<void(const SandboxPtr&)>* after_pop = nullptr,
+                     const NodeLabels* prefer = nullptr);
+
+  // A sandbox taken from this pool (kClaimed) that no claim keeps: back to kWarm and the
+  // ready set (or a waiting claim), no longer counted as claimed on its node.
+  void GiveBack(SandboxPtr sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  // The claim holding `sandbox` ended: kClaimed -> kRetired, no longer counted on its
+  // node. Returns whether this call made the transition.
+  bool Retire(const SandboxPtr& sandbox);
+  // `sandbox` of this pool was made claimed (a cold start, a claim recovered from the
+  // store): it counts on its node like one taken from the ready set.
+  void AdoptClaimed(Sandbox& sandbox);
 
   // Adds a warm sandbox (state kWarm). If claims are waiting, the next by fair share and
   // priority (WaiterQueue::Pop) gets it directly (no thundering herd) and this returns
@@ -97,12 +124,30 @@ class Pool {
   int64_t target_hint() const { return target_hint_.load(std::memory_order_relaxed); }
 
  private:
-  SandboxPtr PopWarm(const std::function<void(const SandboxPtr&)>* after_pop);
+  SandboxPtr PopWarm(const std::function<void(const SandboxPtr&)>* after_pop,
+                     const NodeLabels* prefer);
   // Hands warm sandboxes in the ready set to queued waiters until one side is empty.
   void MatchWaiters() ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves every sandbox left in `from` (a ready set the pool no longer uses) to the
+  // current one.
+  void MoveLocked(SelectionPolicy* from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void CountClaimed(Sandbox& sandbox) {
+    if (sandbox.node_claims != nullptr)
+      sandbox.node_claims->fetch_add(1, std::memory_order_relaxed);
+  }
+  static void Uncount(Sandbox& sandbox) {
+    if (sandbox.node_claims != nullptr)
+      sandbox.node_claims->fetch_sub(1, std::memory_order_relaxed);
+    sandbox.node_claims = nullptr;
+  }
 
   const std::string name_;
-  const std::unique_ptr<SelectionPolicy> ready_;
+  // The ready set in use, one of sets_. Atomic because set_settings replaces it while
+  // claims pop from it without a lock. Loaded with acquire (it is published with a
+  // seq_cst store after its construction); AddWarm's lock-free path re-reads it after a
+  // seq_cst fence: either that read sees the new set, or the move out of the old set
+  // (after its own fence) sees the sandbox pushed, so none is stranded.
+  std::atomic<SelectionPolicy*> ready_;
   const Hook before_unlocked_push_;
   // Counters read by the scheduler and metrics; relaxed, as they order nothing.
   std::atomic<int64_t> warm_{0};
@@ -125,6 +170,8 @@ class Pool {
   mutable absl::Mutex mu_;
   store::PoolRecord settings_ ABSL_GUARDED_BY(mu_);
   WaiterQueue waiters_ ABSL_GUARDED_BY(mu_);
+  // Every ready set this pool has had, the one in use last.
+  std::vector<std::unique_ptr<SelectionPolicy>> sets_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::allocator

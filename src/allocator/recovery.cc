@@ -71,8 +71,9 @@ absl::Status AllocatorImpl::Recover() {
       reconciler_->RetireSandbox(rec);
       continue;
     }
-    auto sb = std::make_shared<Sandbox>(rec.id, rec.endpoint, rec.node, pool, rec.created,
-                                        SandboxState::kWarm);
+    auto sb =
+        std::make_shared<Sandbox>(rec.id, rec.endpoint, rec.node, pool, rec.created,
+                                  SandboxState::kWarm, InternNodeLabels(rec.node, rec.node_labels));
     {
       absl::MutexLock lock(&sandboxes_mu_);
       sandboxes_.insert(sb);
@@ -100,7 +101,8 @@ absl::Status AllocatorImpl::Recover() {
     auto sb = std::make_shared<Sandbox>(
         std::move(c.sandbox_id), r != nullptr ? r->endpoint : std::move(c.endpoint),
         r != nullptr ? r->node : std::string(), pool, r != nullptr ? r->created : c.created,
-        SandboxState::kClaimed);
+        SandboxState::kClaimed, r != nullptr ? InternNodeLabels(r->node, r->node_labels) : nullptr);
+    pool->AdoptClaimed(*sb);
     c.sandbox_id = std::string();
     c.endpoint = std::string();
     {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -28,12 +29,19 @@ enum class SandboxState : uint8_t {
 
 const char* SandboxStateName(SandboxState s);
 
+// Labels of a node (Kubernetes: the Node object's metadata.labels).
+using NodeLabels = std::map<std::string, std::string>;
+// Shared by the sandboxes of a node (the allocator interns them per node): a Node has tens
+// of labels, and a copy in every sandbox would cost more than the rest of it.
+using NodeLabelsPtr = std::shared_ptr<const NodeLabels>;
+
 struct Sandbox {
   Sandbox(std::string id_in, std::string endpoint_in, std::string node_in, Pool* pool_in,
-          absl::Time created_in, SandboxState initial)
+          absl::Time created_in, SandboxState initial, NodeLabelsPtr node_labels_in = nullptr)
       : id(std::move(id_in)),
         endpoint(std::move(endpoint_in)),
         node(std::move(node_in)),
+        node_labels(std::move(node_labels_in)),
         pool(pool_in),
         created(created_in),
         state(initial) {}
@@ -50,6 +58,9 @@ struct Sandbox {
   const std::string id;
   const std::string endpoint;
   const std::string node;
+  // The labels of `node` when the runtime reported the sandbox; null when it reported none
+  // (the local runtime).
+  const NodeLabelsPtr node_labels;
   // The owning pool; pools are never freed while the allocator lives (see Allocator).
   Pool* const pool;
   const absl::Time created;
@@ -60,6 +71,15 @@ struct Sandbox {
   // the commit of a claim on it; seq_cst pairs the store here with the load in the claim's
   // activation (see Allocator's SandboxGone).
   std::atomic<bool> gone{false};
+
+  // The count of claimed sandboxes on this sandbox's node kept by the node-aware ready set
+  // of its pool (ready_set.h), or null when the pool's policy counts nothing (fifo). Set
+  // by that ready set's Push, and by the pool when the sandbox is claimed without passing
+  // through the set; read by the pool when the sandbox becomes claimed and when it stops
+  // being claimed. Not atomic: only the holder of the sandbox touches it (the ready set
+  // while warm, then the one claim that won the Warm->Claimed transition), and each
+  // hand-over goes through that transition or a lock.
+  std::atomic<int64_t>* node_claims = nullptr;
 
   // The claim holding it (empty while warm), for death reports.
   absl::Mutex mu;

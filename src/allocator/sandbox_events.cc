@@ -12,8 +12,9 @@ absl::Status AllocatorImpl::AddSandbox(const runtime::SandboxInfo& info) {
     absl::ReaderMutexLock lock(&mu_);
     pool = FindPoolLocked(info.pool);
   }
-  auto sb = std::make_shared<Sandbox>(info.id, info.endpoint, info.node, pool, clock_->Now(),
-                                      SandboxState::kWarm);
+  auto sb =
+      std::make_shared<Sandbox>(info.id, info.endpoint, info.node, pool, clock_->Now(),
+                                SandboxState::kWarm, InternNodeLabels(info.node, info.node_labels));
   if (pool == nullptr) {
     reconciler_->RetireSandbox(RecordOf(*sb, info.pool));
     return absl::NotFoundError(
@@ -95,7 +96,7 @@ absl::StatusOr<int> AllocatorImpl::TrimWarm(const std::string& pool_name, int n)
     // Taken like a claim takes one (Warm→Claimed, so no claim can get it), then retired.
     SandboxPtr sb = pool->TryTake();
     if (sb == nullptr) break;
-    sb->Transition(SandboxState::kClaimed, SandboxState::kRetired);
+    pool->Retire(sb);  // its node's claimed count goes back down too
     ForgetSandbox(sb->id);
     batch.DeleteSandbox(sb->id);
     retired.push_back(std::move(sb));

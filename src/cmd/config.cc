@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "src/allocator/allocator.h"
 #include "yaml-cpp/yaml.h"
 
 namespace sbx::cmd {
@@ -110,6 +111,10 @@ sbx::v1::Pool ParsePool(const YAML::Node& n, const std::string& where) {
   } else {
     throw ConfigError(
         absl::StrCat(where, ": sizing \"", sizing, "\" is not one of static, demand"));
+  }
+  if (!sbx::allocator::IsSelectionPolicy(p.selection_policy())) {
+    throw ConfigError(absl::StrCat(where, ": selection_policy \"", p.selection_policy(),
+                                   "\" is not one of ", sbx::allocator::KnownSelectionPolicies()));
   }
   return p;
 }

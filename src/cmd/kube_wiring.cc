@@ -12,6 +12,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/config.h"
+#include "src/k8s/resources.h"
 #include "src/k8s/sandbox_key.h"
 
 namespace sbx::cmd {
@@ -58,6 +59,10 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
   app.add_flag("--kube_claim_annotations", flags->claim_annotations,
                "write upstream's SandboxClaim annotations agents.x-k8s.io/sandbox-name and "
                "controller-first-observed-at (one or two more writes per claim)");
+  app.add_option("--kube_node_labels", flags->node_labels,
+                 "watch Nodes (cluster-wide list and watch) so that sandboxes carry their "
+                 "node's labels, which a claim's node_preference matches (false: none)")
+      ->capture_default_str();
   app.add_option("--kube_ready_timeout_seconds", flags->ready_timeout_s,
                  "a warm-pool member not Ready after this long is replaced (unless its pod is "
                  "unschedulable)")
@@ -244,6 +249,12 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     runtime_options.ready_timeout = absl::Seconds(flags.ready_timeout_s);
     runtime_options.on_gone = std::move(on_gone);
     runtime_options.registry = flags.registry;
+    if (flags.node_labels) {
+      kube.nodes_ =
+          std::make_unique<k8s::Informer>(client, k8s::NamespaceInformer(k8s::kNodes, ""));
+      kube.nodes_->Start();
+      runtime_options.nodes = kube.nodes_.get();
+    }
     RETURN_IF_ERROR(runtime_options.Validate());
     kube.runtime_ = std::make_unique<k8s::KubeRuntime>(
         client, kube.writes_.get(), &sandboxes->sandbox_informer(), &kube.pools_->pools(),
@@ -268,6 +279,11 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
   if (serve_pools) {
     RETURN_IF_ERROR(kube.pools_->StartInformers(absl::Seconds(30)));
     RETURN_IF_ERROR(kube.claims_->StartInformers(absl::Seconds(30)));
+    if (kube.nodes_ != nullptr && !kube.nodes_->WaitForSync(absl::Seconds(30))) {
+      return absl::UnavailableError(
+          "the Node informer did not complete its first list within 30 s (Nodes are listed "
+          "for their labels; --kube_node_labels=false turns that off)");
+    }
   }
   spdlog::info(
       "kubernetes: {} at {}; Sandbox controller running ({} workers{}, namespace {}), "

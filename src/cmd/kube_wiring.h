@@ -18,6 +18,7 @@
 #include "src/allocator/allocator.h"
 #include "src/k8s/claim_controller.h"
 #include "src/k8s/client.h"
+#include "src/k8s/informer.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/leader_election.h"
 #include "src/k8s/sandbox_controller.h"
@@ -53,6 +54,9 @@ struct KubeFlags {
   int write_burst = 200;
   int claim_workers = 8;
   bool claim_annotations = false;
+  // Watch the cluster's Nodes (list and watch, cluster-wide) so that warm-pool members
+  // carry their node's labels, which claims' node_preference matches.
+  bool node_labels = true;
   double ready_timeout_s = 300;
   // sbx-server's own pods, admitted to sbx-sandboxd's port by the default NetworkPolicy of
   // each SandboxTemplate: their labels ("k=v,k2=v2"; "" admits none) and namespace (""
@@ -122,6 +126,8 @@ class KubeControllers {
   std::unique_ptr<k8s::WriteScheduler> writes_;
   std::unique_ptr<k8s::WarmPoolController> pools_;
   std::unique_ptr<k8s::ClaimController> claims_;
+  // Before runtime_, which reads it.
+  std::unique_ptr<k8s::Informer> nodes_;
   std::unique_ptr<k8s::KubeRuntime> runtime_;
 };
 

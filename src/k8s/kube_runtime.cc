@@ -335,6 +335,7 @@ void KubeRuntime::MaybeResumed(const Json& sandbox) {
                                           Str(Field(meta, "labels"), kSbxPoolLabel));
   info.endpoint = EndpointOf(sandbox);
   info.node = Str(Field(sandbox, "status"), "nodeName");
+  info.node_labels = NodeLabelsOf(info.node);
   if (info.endpoint.empty()) return;
   runtime::ResumeCallback done;
   {
@@ -375,12 +376,26 @@ absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
     info.pool = options_.namespaces.Qualify(ns, pool);
     info.endpoint = EndpointOf(*sandbox);
     info.node = Str(Field(*sandbox, "status"), "nodeName");
+    info.node_labels = NodeLabelsOf(info.node);
     info.ready = IsReady(Field(*sandbox, "status")) && !info.endpoint.empty();
     info.suspended = Str(Field(*sandbox, "spec"), "operatingMode") == "Suspended";
     out.push_back(std::move(info));
   }
   absl::MutexLock lock(&mu_);
   for (const runtime::SandboxInfo& info : out) live_[info.id] = info.pool;
+  return out;
+}
+
+std::map<std::string, std::string> KubeRuntime::NodeLabelsOf(const std::string& node) const {
+  std::map<std::string, std::string> out;
+  if (options_.nodes == nullptr || node.empty()) return out;
+  ObjectPtr object = options_.nodes->Get("", node);
+  if (object == nullptr) return out;
+  const Json& labels = Field(Field(*object, "metadata"), "labels");
+  if (!labels.is_object()) return out;
+  for (const auto& [key, value] : labels.items()) {
+    if (value.is_string()) out.emplace(key, value.get<std::string>());
+  }
   return out;
 }
 
@@ -431,6 +446,7 @@ void KubeRuntime::MaybeReady(const Json& sandbox) {
   info.id = name;
   info.endpoint = endpoint;
   info.node = Str(Field(sandbox, "status"), "nodeName");
+  info.node_labels = NodeLabelsOf(info.node);
   // Observed as the member is handed over (the allocator's AddSandbox, in `done`, does
   // not wait), so that whoever sees it warm also finds it counted.
   if (const absl::Time since = ReadySince(sandbox); since != absl::InfinitePast()) {

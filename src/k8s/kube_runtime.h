@@ -72,6 +72,10 @@ struct KubeRuntimeOptions {
   absl::Duration resume_timeout = absl::Minutes(2);
   // A member reported ready (or listed) and later gone (deleted, pod ended).
   std::function<void(const std::string& id)> on_gone;
+  // An informer (started elsewhere) on the cluster's Nodes: when set, each sandbox comes
+  // with the labels of its pod's node (SandboxInfo::node_labels, for claims' node
+  // preference); when null, with none. Must outlive the runtime.
+  const Informer* nodes = nullptr;
   // Metrics: sbx_k8s_member_ready_to_warm_seconds (from a new member's Ready condition,
   // its lastTransitionTime, until the runtime hands it to the allocator, which holds it
   // warm at once). A private registry when null.
@@ -160,6 +164,8 @@ class KubeRuntime final : public runtime::Runtime {
   void MaybeReady(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   void CheckTimeouts() ABSL_LOCKS_EXCLUDED(mu_);
   std::string EndpointOf(const Json& sandbox) const;
+  // The labels of Node `node` from options_.nodes (none when it is unknown).
+  std::map<std::string, std::string> NodeLabelsOf(const std::string& node) const;
 
   Client* const client_;
   WriteScheduler* const writes_;

@@ -23,6 +23,7 @@ struct Resource {
 
 inline const Resource kNamespaces{"", "v1", "namespaces", "Namespace", false};
 inline const Resource kPods{"", "v1", "pods", "Pod", true};
+inline const Resource kNodes{"", "v1", "nodes", "Node", false};
 inline const Resource kServices{"", "v1", "services", "Service", true};
 inline const Resource kPersistentVolumeClaims{"", "v1", "persistentvolumeclaims",
                                               "PersistentVolumeClaim", true};

@@ -287,9 +287,23 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
   }
   p.empty_pool_policy = store::EmptyPoolPolicy::kFail;
   absl::StatusOr<store::PoolRecord> have_p = allocator_->GetPool(name);
+  if (have_p.ok()) p.selection_policy = have_p->selection_policy;
+  // The selection policy comes from an annotation: the CRD stays upstream's. Without it
+  // the pool keeps the policy it has (fifo, or what an admin set over gRPC).
+  const std::string policy =
+      Str(Field(Field(*pool, "metadata"), "annotations"), kSelectionPolicyAnnotation);
+  if (allocator::IsSelectionPolicy(policy) && !policy.empty()) {
+    p.selection_policy = policy;
+  } else if (!policy.empty()) {
+    spdlog::warn(
+        "SandboxWarmPool \"{}\": annotation {}: \"{}\" is not a selection policy "
+        "(known: {}); the pool keeps \"{}\"",
+        Namespaces::Path(where), kSelectionPolicyAnnotation, policy,
+        std::string(allocator::KnownSelectionPolicies()), p.selection_policy);
+  }
   if (!have_p.ok() || have_p->template_name != p.template_name || have_p->min_warm != p.min_warm ||
       have_p->max_warm != p.max_warm || have_p->empty_pool_policy != p.empty_pool_policy ||
-      have_p->sizing != p.sizing) {
+      have_p->sizing != p.sizing || have_p->selection_policy != p.selection_policy) {
     if (have_p.ok()) {  // keep what an admin set over gRPC besides the target
       store::PoolRecord merged = *have_p;
       merged.template_name = p.template_name;
@@ -297,6 +311,7 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
       merged.max_warm = p.max_warm;
       merged.empty_pool_policy = p.empty_pool_policy;
       merged.sizing = p.sizing;
+      merged.selection_policy = p.selection_policy;
       p = merged;
     }
     RETURN_IF_ERROR(

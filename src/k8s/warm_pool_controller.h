@@ -23,6 +23,9 @@
 //   spec.replicas stays the floor and the scale subresource keeps working; the target
 //   follows demand up to the ceiling, and the refill retires the warm surplus itself, so
 //   the controller's scale-down leaves warm members of such pools alone.
+// - selection policy: the annotation sbx.dev/selection-policy (fifo, spread, pack) sets
+//   the allocator pool's, so the CRD keeps upstream's fields (an unknown value is logged
+//   and the pool keeps its policy).
 //
 // Thread-safety: Start/Stop from one thread; workers reconcile different pools at once.
 // Lifetime: construct before the informers start (it adds handlers), Start after the
@@ -51,6 +54,7 @@ namespace sbx::k8s {
 inline constexpr char kSizingAnnotation[] = "sbx.dev/sizing";
 // ...up to this many warm members (a count; without it the ceiling is spec.replicas).
 inline constexpr char kMaxWarmAnnotation[] = "sbx.dev/max-warm";
+inline constexpr char kSelectionPolicyAnnotation[] = "sbx.dev/selection-policy";
 
 struct WarmPoolControllerOptions {
   // The namespaces served and the allocator's names of their pools.

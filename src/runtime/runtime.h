@@ -42,6 +42,10 @@ struct SandboxInfo {
   // Whether it can serve now (reported by List). A sandbox that exists but is not ready
   // (the Kubernetes runtime: its Sandbox not Ready, or no pod IP) is still listed.
   bool ready = true;
+  // The labels of `node`, where the runtime knows them (Kubernetes: the Node object's,
+  // such as topology.kubernetes.io/zone); the spread and pack policies match a claim's
+  // node preference against them.
+  std::map<std::string, std::string> node_labels = {};
 };
 
 using CreateCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;

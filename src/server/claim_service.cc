@@ -128,6 +128,7 @@ absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.wait, WaitTimeout(req.wait_timeout()));
   ASSIGN_OR_RETURN(r.ttl, TtlFromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
+  ASSIGN_OR_RETURN(r.node_preference, LabelsFromProto("node_preference", req.node_preference()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
   ASSIGN_OR_RETURN(r.priority, FromProto("priority", req.priority()));
@@ -173,6 +174,7 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.wait, WaitTimeout(req.wait_timeout()));
   ASSIGN_OR_RETURN(r.ttl, TtlFromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
+  ASSIGN_OR_RETURN(r.node_preference, LabelsFromProto("node_preference", req.node_preference()));
   RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
   ASSIGN_OR_RETURN(r.priority, FromProto("priority", req.priority()));

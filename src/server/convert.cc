@@ -498,9 +498,9 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p, absl::string_
   ASSIGN_OR_RETURN(r.max_ttl, TtlFromProto(prefix + "max_ttl", p.max_ttl()));
   RETURN_IF_ERROR(CheckMaxTtl(p.name(), r.default_ttl, r.max_ttl, "default_ttl"));
   r.selection_policy = p.selection_policy().empty() ? "fifo" : p.selection_policy();
-  if (r.selection_policy != "fifo") {
+  if (!allocator::IsSelectionPolicy(r.selection_policy)) {
     return bad("selection_policy ", Quote(p.selection_policy()),
-               " is not supported (this server knows \"fifo\")");
+               " is not known (known: ", allocator::KnownSelectionPolicies(), ")");
   }
   switch (p.sizing()) {
     case v1::POOL_SIZING_UNSPECIFIED:

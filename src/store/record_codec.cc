@@ -220,6 +220,11 @@ void EncodeValue(const Mutation& m, std::string* out) {
           msg.set_pool(r.pool);
           msg.set_endpoint(r.endpoint);
           msg.set_node(r.node);
+          for (const auto& [k, v] : r.node_labels) {
+            Label* label = msg.add_node_labels();
+            label->set_key(k);
+            label->set_value(v);
+          }
           EncodeTime(
               r.created, [&](int64_t s) { msg.set_created_s(s); },
               [&](int32_t ns) { msg.set_created_ns(ns); });
@@ -359,6 +364,10 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
     r.pool = std::move(*msg.mutable_pool());
     r.endpoint = std::move(*msg.mutable_endpoint());
     r.node = std::move(*msg.mutable_node());
+    for (Label& label : *msg.mutable_node_labels()) {
+      r.node_labels.insert_or_assign(std::move(*label.mutable_key()),
+                                     std::move(*label.mutable_value()));
+    }
     absl::Status s = DecodeTime(key, "created", msg.created_s(), msg.created_ns(), &r.created);
     if (!s.ok()) out->sandboxes.pop_back();
     return s;

@@ -78,6 +78,9 @@ struct SandboxRecord {
   // Where it runs (node name on Kubernetes; empty for the local runtime).
   std::string node;
   absl::Time created = absl::UnixEpoch();
+  // The labels of `node` when the runtime reported the sandbox (Kubernetes: the Node's).
+  // Last, so that positional initializers of the fields above keep working.
+  std::map<std::string, std::string> node_labels = {};
 };
 
 // The store key of a claim. Claim ids are scoped by their owner (tenant): two tenants may

@@ -248,6 +248,7 @@ class RenderTest(unittest.TestCase):
                                         "ClusterRole", "ClusterRoleBinding", "Role",
                                         "RoleBinding", "Service", "Service", "StatefulSet",
                                         "Service", "Secret", "ClusterRole",
+                                        "ClusterRoleBinding", "ClusterRole",
                                         "ClusterRoleBinding"]))
         for o in objs:
             labels = o["metadata"]["labels"]
@@ -393,6 +394,19 @@ class RenderTest(unittest.TestCase):
                     continue
                 self.assertIn(flag, known, "values %s" % values)
 
+    def test_node_labels_take_a_cluster_role_and_can_be_turned_off(self):
+        _, objs = rendered()
+        role = one(objs, "ClusterRole", "sbx-system-sbx-nodes")
+        self.assertEqual(role["rules"], [{"apiGroups": [""], "resources": ["nodes"],
+                                          "verbs": ["list", "watch"]}])
+        binding = one(objs, "ClusterRoleBinding", "sbx-system-sbx-nodes")
+        self.assertEqual(binding["roleRef"]["name"], "sbx-system-sbx-nodes")
+        self.assertEqual(flags(objs)["--kube_node_labels"], "true")
+        _, off = rendered("--set", "kube.nodeLabels=false")
+        self.assertEqual([o["metadata"]["name"] for o in by_kind(off, "ClusterRole")
+                          if o["metadata"]["name"].endswith("-nodes")], [])
+        self.assertEqual(flags(off)["--kube_node_labels"], "false")
+
     def test_ha_values(self):
         _, objs = rendered("-f", values_file("values-ha.yaml"))
         kinds = sorted(o["kind"] for o in objs)
@@ -400,7 +414,7 @@ class RenderTest(unittest.TestCase):
             "NetworkPolicy", "PodDisruptionBudget", "ServiceAccount", "Role", "RoleBinding",
             "Role", "RoleBinding", "Role", "RoleBinding", "Service", "Service", "StatefulSet",
             "ServiceMonitor", "Service", "Secret", "ClusterRole", "ClusterRoleBinding",
-            "PrometheusRule", "ConfigMap"]))
+            "ClusterRole", "ClusterRoleBinding", "PrometheusRule", "ConfigMap"]))
         self.assertEqual(one(objs, "StatefulSet")["spec"]["replicas"], 3)
         f = flags(objs)
         self.assertIs(f["--kube_leader_election"], True)
@@ -972,10 +986,14 @@ class RbacTest(unittest.TestCase):
     def test_one_namespace_with_leader_election(self):
         requests = self.run_scenario(["-f", values_file("values-ha.yaml")], "agents")
         # Nothing outside the watched namespace but the Lease in the release namespace.
-        # (and the four CRDs, cluster-scoped, whose conversion it writes at start).
+        # (and the four CRDs, cluster-scoped, whose conversion it writes at start, and the
+        # Nodes, cluster-scoped, read for their labels).
         self.assertEqual({r["namespace"] for r in requests
-                          if r["resource"] and r["resource"] != "customresourcedefinitions"},
+                          if r["resource"] and r["resource"] not in ("customresourcedefinitions",
+                                                                     "nodes")},
                          {"agents", RELEASE_NS})
+        self.assertEqual({r["verb"] for r in requests if r["resource"] == "nodes"},
+                         {"list", "watch"})
         self.assertEqual({(r["verb"], r["name"]) for r in requests
                           if r["resource"] == "customresourcedefinitions"},
                          {(v, n) for v in ("get", "patch") for n in (

@@ -31,3 +31,8 @@ set_tests_properties(e2e.k8s_faults PROPERTIES TIMEOUT 300)
 # over real HTTPS, and kubectl reading and writing v1alpha1 against kube-emulator calling it.
 add_test(NAME e2e.k8s_conversion COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_conversion_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
 set_tests_properties(e2e.k8s_conversion PROPERTIES TIMEOUT 300)
+
+# Placement policies (issue 22): a SandboxWarmPool annotated spread, then pack, over the
+# emulator's three nodes labelled with zones; gRPC claims with and without node_preference.
+add_test(NAME e2e.k8s_placement COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_placement_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
+set_tests_properties(e2e.k8s_placement PROPERTIES TIMEOUT 300)

@@ -19,6 +19,7 @@
 #include "src/common/clock.h"
 #include "src/common/ids.h"
 #include "src/k8s/informer.h"
+#include "src/k8s/json_fields.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/write_scheduler.h"
 #include "src/store/memory_store.h"
@@ -198,6 +199,56 @@ TEST_F(WarmPoolControllerTest, AMemberOfALostCreateGoesAtTheNextPass) {
         return writes_->stats().done[static_cast<size_t>(WritePriority::kCleanup)] == cleanups + 1;
       },
       absl::Seconds(10)));
+}
+
+// Issue 22. The annotation sbx.dev/selection-policy sets the allocator pool's policy (the
+// CRD has no field for it); an unknown value changes nothing, and neither does removing it.
+std::string AnnotatedPolicy(const Json& pool) {
+  return json_fields::Str(json_fields::Field(json_fields::Field(pool, "metadata"), "annotations"),
+                          kSelectionPolicyAnnotation);
+}
+
+TEST_F(WarmPoolControllerTest, TheSelectionPolicyAnnotationSetsThePoolsPolicy) {
+  Start(absl::Seconds(30));
+  EXPECT_EQ(alloc_->GetPool("py")->selection_policy, "fifo");
+  auto annotate = [&](const Json& value) {
+    ASSERT_TRUE(
+        client_
+            ->Patch(kSandboxWarmPools, "default", "py", PatchType::kMerge,
+                    {{"metadata", {{"annotations", {{kSelectionPolicyAnnotation, value}}}}}})
+            .ok());
+  };
+  // The pass reads the pool from the informer, which hears of the patch a little later.
+  auto policy_becomes = [&](const std::string& want) {
+    return Eventually(
+        [&] {
+          return controller_->Reconcile("py").ok() &&
+                 alloc_->GetPool("py")->selection_policy == want;
+        },
+        absl::Seconds(10));
+  };
+  annotate("spread");
+  EXPECT_TRUE(policy_becomes("spread"));
+  annotate("pack");
+  EXPECT_TRUE(policy_becomes("pack"));
+  annotate("zigzag");
+  ASSERT_TRUE(Eventually(
+      [&] {
+        ObjectPtr pool = controller_->pools().Get("default", "py");
+        return pool != nullptr && AnnotatedPolicy(*pool) == "zigzag";
+      },
+      absl::Seconds(10)));
+  ASSERT_TRUE(controller_->Reconcile("py").ok());
+  EXPECT_EQ(alloc_->GetPool("py")->selection_policy, "pack");
+  annotate(nullptr);  // removed: the pool keeps its policy
+  ASSERT_TRUE(Eventually(
+      [&] {
+        ObjectPtr pool = controller_->pools().Get("default", "py");
+        return pool != nullptr && AnnotatedPolicy(*pool).empty();
+      },
+      absl::Seconds(10)));
+  ASSERT_TRUE(controller_->Reconcile("py").ok());
+  EXPECT_EQ(alloc_->GetPool("py")->selection_policy, "pack");
 }
 
 }  // namespace

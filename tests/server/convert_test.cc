@@ -115,8 +115,17 @@ TEST(ConvertTest, PoolDefaultsAndLimits) {
   p.set_max_sandboxes(5);
   EXPECT_EQ(PoolFromProto(p, "default").status().code(), absl::StatusCode::kUnimplemented);
   p.set_max_sandboxes(0);
-  p.set_selection_policy("spread");
-  EXPECT_EQ(PoolFromProto(p, "default").status().code(), absl::StatusCode::kInvalidArgument);
+  for (const char* known : {"fifo", "spread", "pack"}) {
+    p.set_selection_policy(known);
+    absl::StatusOr<store::PoolRecord> with = PoolFromProto(p, "default");
+    ASSERT_TRUE(with.ok()) << known << ": " << with.status();
+    EXPECT_EQ(with->selection_policy, known);
+  }
+  p.set_selection_policy("round-robin");
+  absl::Status unknown = PoolFromProto(p, "default").status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(unknown.message()), HasSubstr("\"round-robin\""));
+  EXPECT_THAT(std::string(unknown.message()), HasSubstr("fifo, spread, pack"));
 }
 
 }  // namespace

@@ -144,7 +144,8 @@ class ServerTest : public ::testing::Test {
   // given), through the admin API; waits until the pool is filled.
   void MakePool(const std::string& pool, int min_warm, int max_warm,
                 v1::EmptyPoolPolicy policy = v1::EMPTY_POOL_POLICY_FAIL,
-                absl::Duration max_ttl = absl::ZeroDuration()) {
+                absl::Duration max_ttl = absl::ZeroDuration(),
+                const std::string& selection_policy = "") {
     v1::PutTemplateRequest treq;
     treq.mutable_template_()->set_name("py");
     treq.mutable_template_()->set_runtime("local");
@@ -162,6 +163,7 @@ class ServerTest : public ::testing::Test {
     p->set_empty_pool_policy(policy);
     if (max_ttl > absl::ZeroDuration())
       p->mutable_max_ttl()->set_seconds(absl::ToInt64Seconds(max_ttl));
+    p->set_selection_policy(selection_policy);
     v1::PutPoolResponse presp;
     s = admin_->PutPool(Ctx(Token(kAdmin)).get(), preq, &presp);
     ASSERT_TRUE(s.ok()) << Describe(s);
@@ -539,6 +541,54 @@ TEST_F(ServerTest, WaitPolicyGetsTheSandboxThatIsAdded) {
   v1::ClaimResponse none;
   grpc::Status s = Claim(kAlice, quick, &none);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << Describe(s);
+}
+
+// A claim's node_preference reaches the pool's spread policy: a sandbox on a node with the
+// labels when one is warm, any other one when none is.
+TEST_F(ServerTest, NodePreferenceSteersClaimsOfASpreadPool) {
+  MakePool("placed", 0, 10, v1::EMPTY_POOL_POLICY_FAIL, absl::ZeroDuration(), "spread");
+  for (const auto& [node, zone] : {std::pair<std::string, std::string>{"n1", "zone-a"},
+                                   std::pair<std::string, std::string>{"n2", "zone-b"}}) {
+    for (int i = 0; i < 2; ++i) {
+      runtime::SandboxInfo info;
+      info.id = absl::StrCat(node, "-", i);
+      info.pool = "placed";
+      info.endpoint = absl::StrCat("unix:/tmp/", info.id);
+      info.node = node;
+      info.node_labels = {{"kubernetes.io/hostname", node}, {"topology.kubernetes.io/zone", zone}};
+      ASSERT_TRUE(allocator_->AddSandbox(info).ok());
+    }
+  }
+  auto claim_in = [&](const std::string& id, const std::string& zone) {
+    v1::ClaimRequest req = ClaimReq(id, "placed");
+    (*req.mutable_node_preference())["topology.kubernetes.io/zone"] = zone;
+    v1::ClaimResponse resp;
+    grpc::Status s = Claim(kAlice, req, &resp);
+    EXPECT_TRUE(s.ok()) << Describe(s);
+    return resp.claim().sandbox().id();
+  };
+  EXPECT_EQ(claim_in("b1", "zone-b").substr(0, 3), "n2-");
+  // spread alone would now pick n1 (no claim there); the preference keeps it on n2.
+  EXPECT_EQ(claim_in("b2", "zone-b").substr(0, 3), "n2-");
+  // zone-b has no warm sandbox left: any other one.
+  EXPECT_EQ(claim_in("b3", "zone-b").substr(0, 3), "n1-");
+  v1::ClaimBatchRequest batch;
+  batch.set_batch_id("in-a");
+  batch.set_pool("placed");
+  batch.set_count(1);
+  (*batch.mutable_node_preference())["topology.kubernetes.io/zone"] = "zone-a";
+  v1::ClaimBatchResponse bresp;
+  grpc::Status s = claims_->ClaimBatch(Ctx(kAlice).get(), batch, &bresp);
+  ASSERT_TRUE(s.ok()) << Describe(s);
+  ASSERT_EQ(bresp.claims_size(), 1);
+  EXPECT_EQ(bresp.claims(0).sandbox().id().substr(0, 3), "n1-");
+  // A preference is checked like labels.
+  v1::ClaimRequest bad = ClaimReq("bad", "placed");
+  (*bad.mutable_node_preference())["-zone"] = "x";
+  v1::ClaimResponse none;
+  s = Claim(kAlice, bad, &none);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("node_preference"));
 }
 
 // A client that gives up a waiting claim (its deadline passed, or it cancelled) takes

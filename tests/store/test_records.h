@@ -50,6 +50,8 @@ inline SandboxRecord FullSandbox(const std::string& id) {
   r.pool = "py";
   r.endpoint = "unix:///run/sbx/" + id + ".sock";
   r.node = "node-7";
+  r.node_labels = {{"kubernetes.io/hostname", "node-7"},
+                   {"topology.kubernetes.io/zone", "europe-west1-b"}};
   r.created = absl::FromUnixNanos(1'700'000'123'456'789'012LL);
   return r;
 }
@@ -122,6 +124,7 @@ inline ::testing::AssertionResult Same(const SandboxRecord& a, const SandboxReco
   SBX_CMP_FIELD(pool);
   SBX_CMP_FIELD(endpoint);
   SBX_CMP_FIELD(node);
+  SBX_CMP_FIELD(node_labels);
   SBX_CMP_FIELD(created);
   return ::testing::AssertionSuccess();
 }
