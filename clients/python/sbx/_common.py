@@ -413,24 +413,28 @@ def stdin_bytes(stdin: Union[None, str, bytes]) -> Optional[bytes]:
 
 
 def claim_request(claim_id: str, pool: str, ttl, env, files, labels, wait, policy,
-                  priority=None) -> claims_pb2.ClaimRequest:
+                  priority=None, node_preference=None) -> claims_pb2.ClaimRequest:
     req = claims_pb2.ClaimRequest(claim_id=claim_id, pool=pool,
                                   empty_pool_policy=policy_value(policy),
                                   priority=priority_value(priority),
-                                  labels=dict(labels or {}), config=sandbox_config(env, files))
+                                  labels=dict(labels or {}),
+                                  node_preference=dict(node_preference or {}),
+                                  config=sandbox_config(env, files))
     set_duration(req.wait_timeout, wait)
     set_duration(req.ttl, ttl)
     return req
 
 
 def batch_request(batch_id: str, pool: str, count: int, best_effort: bool, ttl, env, files,
-                  labels, wait, policy, priority=None) -> claims_pb2.ClaimBatchRequest:
+                  labels, wait, policy, priority=None, node_preference=None
+                  ) -> claims_pb2.ClaimBatchRequest:
     req = claims_pb2.ClaimBatchRequest(
         batch_id=batch_id, pool=pool, count=count,
         mode=claims_pb2.BATCH_MODE_BEST_EFFORT if best_effort
         else claims_pb2.BATCH_MODE_ALL_OR_NOTHING,
         empty_pool_policy=policy_value(policy), priority=priority_value(priority),
-        labels=dict(labels or {}), config=sandbox_config(env, files))
+        labels=dict(labels or {}), node_preference=dict(node_preference or {}),
+        config=sandbox_config(env, files))
     set_duration(req.wait_timeout, wait)
     set_duration(req.ttl, ttl)
     return req

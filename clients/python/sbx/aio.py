@@ -113,6 +113,7 @@ class AsyncClient:
               files: Optional[Mapping[str, Content]] = None,
               labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
               policy: Optional[str] = None, priority: Optional[str] = None,
+              node_preference: Optional[Mapping[str, str]] = None,
               claim_id: Optional[str] = None,
               timeout: Optional[float] = None) -> "_Pending[AsyncSandbox]":
         """Claims a sandbox, as sbx.Client.claim. Use `async with client.claim(...) as sb:`
@@ -120,7 +121,7 @@ class AsyncClient:
         `sb = await client.claim(...)` then `await sb.release()`."""
         claim_id = c.check_id(claim_id, "claim_id") if claim_id else c.new_claim_id()
         req = c.claim_request(claim_id, pool, ttl, env, files, labels, wait, policy,
-                              priority)
+                              priority, node_preference)
 
         async def run() -> AsyncSandbox:
             try:
@@ -140,11 +141,12 @@ class AsyncClient:
                     files: Optional[Mapping[str, Content]] = None,
                     labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
                     policy: Optional[str] = None, priority: Optional[str] = None,
+                    node_preference: Optional[Mapping[str, str]] = None,
                     timeout: Optional[float] = None) -> "_Pending[AsyncSandboxGroup]":
         """ClaimBatch, as sbx.Client.claim_batch; `async with` or await."""
         batch_id = c.check_id(batch_id, "batch_id") if batch_id else c.new_claim_id("pyb")
         req = c.batch_request(batch_id, pool, n, best_effort, ttl, env, files, labels, wait,
-                              policy, priority)
+                              policy, priority, node_preference)
 
         async def run() -> AsyncSandboxGroup:
             try:

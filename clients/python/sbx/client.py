@@ -132,6 +132,7 @@ class Client:
               files: Optional[Mapping[str, Content]] = None,
               labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
               policy: Optional[str] = None, priority: Optional[str] = None,
+              node_preference: Optional[Mapping[str, str]] = None,
               claim_id: Optional[str] = None, timeout: Optional[float] = None) -> "Sandbox":
         """Claims a warm sandbox of `pool`; use the result in a `with` block to release it
         at the end (also on exceptions and Ctrl-C), or call its release().
@@ -144,9 +145,14 @@ class Client:
         "normal" or "batch" (None: normal), the claim's place among this tenant's own
         claims waiting for the empty pool: every waiting interactive one is served before
         any normal one, every normal before any batch; it never overtakes another
-        tenant's claims, and does nothing when a warm sandbox is there. claim_id: the
-        idempotency key (default: a fresh one generated here, reused by every automatic
-        retry).
+        tenant's claims, and does nothing when a warm sandbox is there. node_preference:
+        node labels, e.g. {"topology.kubernetes.io/zone": "europe-west1-b"}: a soft
+        preference for a warm sandbox whose node has all of them, any warm sandbox when
+        none has (never an error for lack of a match); only pools whose selection_policy
+        is "spread" or "pack" honour it, and the local runtime reports no node labels.
+        Same syntax and limits as labels, checked by the server (InvalidArgument naming
+        the bad key or value). claim_id: the idempotency key (default: a fresh one
+        generated here, reused by every automatic retry).
 
         Raises NotFound (no such pool), PoolExhausted (policy "fail"; see retry_after),
         DeadlineExceeded (no sandbox within `wait`), InvalidArgument, ... An error
@@ -155,7 +161,7 @@ class Client:
         """
         claim_id = c.check_id(claim_id, "claim_id") if claim_id else c.new_claim_id()
         req = c.claim_request(claim_id, pool, ttl, env, files, labels, wait, policy,
-                              priority)
+                              priority, node_preference)
         try:
             resp = self._call(self._claims.Claim, req, claim_id=claim_id,
                               timeout=c.claim_deadline(wait, timeout))
@@ -174,15 +180,17 @@ class Client:
                     files: Optional[Mapping[str, Content]] = None,
                     labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
                     policy: Optional[str] = None, priority: Optional[str] = None,
+                    node_preference: Optional[Mapping[str, str]] = None,
                     timeout: Optional[float] = None) -> "SandboxGroup":
         """Claims `n` sandboxes (1-1000) in one ClaimBatch call: all or nothing, or with
         best_effort between 1 and n. The claims are `<batch_id>#<i>`. Returns a
         SandboxGroup (a sequence of Sandbox) that releases them all at the end of a
         `with` block or on release(). The sandboxes the batch waits for all wait at its
-        `priority`. Other arguments as for claim()."""
+        `priority`; `node_preference` applies to each of its sandboxes. Other arguments as
+        for claim()."""
         batch_id = c.check_id(batch_id, "batch_id") if batch_id else c.new_claim_id("pyb")
         req = c.batch_request(batch_id, pool, n, best_effort, ttl, env, files, labels, wait,
-                              policy, priority)
+                              policy, priority, node_preference)
         try:
             resp = self._call(self._claims.ClaimBatch, req, claim_id=batch_id,
                               timeout=c.claim_deadline(wait, timeout))

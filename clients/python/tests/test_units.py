@@ -150,6 +150,23 @@ class ValuesTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             c.claim_request("id", "py", -1, None, None, None, None, None)
 
+    def test_node_preference_in_the_requests(self):
+        zone = {"topology.kubernetes.io/zone": "europe-west1-b", "disk": "ssd"}
+        req = c.claim_request("id-1", "py", None, None, None, {"l": "v"}, None, None, None,
+                              zone)
+        self.assertEqual((dict(req.node_preference), dict(req.labels)), (zone, {"l": "v"}))
+        breq = c.batch_request("b-1", "py", 2, False, None, None, None, {"l": "v"}, None,
+                               None, None, zone)
+        self.assertEqual((dict(breq.node_preference), dict(breq.labels)), (zone, {"l": "v"}))
+        # None (the default) sends none: any node.
+        self.assertEqual(len(c.claim_request("id-1", "py", None, None, None, None, None,
+                                             None).node_preference), 0)
+        self.assertEqual(len(c.batch_request("b-1", "py", 2, False, None, None, None, None,
+                                             None, None).node_preference), 0)
+        # What goes on the wire: decoded again, the map is there.
+        wire = type(req).FromString(req.SerializeToString())
+        self.assertEqual(dict(wire.node_preference), zone)
+
 
 class TreeTest(unittest.TestCase):
     def test_no_generated_code_in_the_source_tree(self):
