@@ -76,6 +76,15 @@ export interface ClaimOptions extends CallOptions {
    * {@link ClaimPriority}); a batch's missing sandboxes all wait at it. Default: `normal`.
    */
   priority?: ClaimPriority;
+  /**
+   * Soft placement preference: node labels, e.g. `{'topology.kubernetes.io/zone':
+   * 'europe-west1-b'}`. The claim gets a warm sandbox whose node has all of them if one
+   * is warm, any warm sandbox otherwise (never an error for lack of a match); for a batch,
+   * each of its sandboxes. Honoured by pools whose selection policy is `spread` or `pack`;
+   * the local runtime reports no node labels. Same syntax and limits as `labels`, checked
+   * by the server ({@link InvalidArgument} naming the bad key or value). Default: none.
+   */
+  nodePreference?: Record<string, string>;
 }
 
 /** Options of {@link Client.claimBatch}. */
@@ -156,6 +165,7 @@ function claimFields(opts: ClaimOptions | ClaimBatchOptions): Record<string, unk
     wait_timeout: opts.wait === undefined ? null : toProtoDuration(durationMs(opts.wait, 'wait')),
     ttl: opts.ttl === undefined ? null : toProtoDuration(durationMs(opts.ttl, 'ttl')),
     labels: opts.labels ?? {},
+    node_preference: opts.nodePreference ?? {},
     // Only when there is something to deliver (the server ignores an empty one anyway).
     config: Object.keys(opts.env ?? {}).length === 0 && files.length === 0 ? null : {
       env: opts.env ?? {},

@@ -143,12 +143,14 @@ export async function waitFor(what: string, cond: () => Promise<boolean> | boole
 }
 
 /** An instant-runtime config with one pool. */
-export function instantConfig(pools: {name: string; warm: number; policy?: string; wait?: string; maxTtl?: string}[]): string {
+export function instantConfig(pools: {name: string; warm: number; policy?: string; wait?: string; maxTtl?: string;
+                                      selection?: string}[]): string {
   const lines = ['templates:', '  - {name: t, runtime: local, local: {network: false}}', 'pools:'];
   for (const p of pools) {
     lines.push(`  - {name: ${p.name}, template: t, min_warm: ${p.warm}, max_warm: ${p.warm}, ` +
                `empty_pool_policy: ${p.policy ?? 'wait'}, default_wait: ${p.wait ?? '10s'}` +
-               (p.maxTtl ? `, max_ttl: ${p.maxTtl}` : '') + '}');
+               (p.maxTtl ? `, max_ttl: ${p.maxTtl}` : '') +
+               (p.selection ? `, selection_policy: ${p.selection}` : '') + '}');
   }
   return lines.join('\n') + '\n';
 }
