@@ -28,6 +28,7 @@ struct ClaimArgs {
   std::string policy;
   std::string priority;
   std::vector<std::string> labels;
+  std::vector<std::string> prefer;
   std::vector<std::string> env;
   std::vector<std::string> files;
   int count = 1;
@@ -153,6 +154,11 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
     auto [k, v] = SplitKeyValue(kv);
     labels[k] = v;
   }
+  google::protobuf::Map<std::string, std::string> prefer;
+  for (const std::string& kv : a.prefer) {
+    auto [k, v] = SplitKeyValue(kv);
+    prefer[k] = v;
+  }
   const absl::Duration wait = a.wait.empty() ? kDefaultPoolWait : ParseDurationFlag(a.wait);
   const absl::Duration deadline = a.policy == "fail" ? client.timeout() : wait + client.timeout();
 
@@ -165,6 +171,7 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
     if (!a.wait.empty()) ToProto(ParseDurationFlag(a.wait), req.mutable_wait_timeout());
     if (!a.ttl.empty()) ToProto(ParseDurationFlag(a.ttl), req.mutable_ttl());
     *req.mutable_labels() = labels;
+    *req.mutable_node_preference() = prefer;
     *req.mutable_config() = std::move(config);
     v1::ClaimResponse resp;
     if (absl::Status s = client.Call(
@@ -190,6 +197,7 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
   if (!a.wait.empty()) ToProto(ParseDurationFlag(a.wait), req.mutable_wait_timeout());
   if (!a.ttl.empty()) ToProto(ParseDurationFlag(a.ttl), req.mutable_ttl());
   *req.mutable_labels() = labels;
+  *req.mutable_node_preference() = prefer;
   *req.mutable_config() = std::move(config);
   v1::ClaimBatchResponse resp;
   const absl::Time start = absl::Now();
@@ -338,6 +346,12 @@ void AddClaimCommands(CLI::App& app, Context& ctx, Actions& actions) {
                     "are served by their share, whatever the priority")
         ->check(CLI::IsMember({"interactive", "normal", "batch"}));
     sub->add_option("--label", a->labels, "Label k=v recorded on the claim (repeatable)")
+        ->allow_extra_args(false)
+        ->check(KeyValueCheck());
+    sub->add_option("--prefer", a->prefer,
+                    "Node label k=v the sandbox's node should have, e.g. "
+                    "topology.kubernetes.io/zone=europe-west1-b (repeatable; soft: any sandbox "
+                    "when none matches; honoured by spread and pack pools)")
         ->allow_extra_args(false)
         ->check(KeyValueCheck());
     sub->add_option("--env", a->env,

@@ -256,6 +256,7 @@ class UsageTest(CliTestCase):
             (["claim", "default", "--policy", "sometimes"], "sometimes"),
             (["claim", "default", "--priority", "urgent"], "urgent"),
             (["claim", "default", "--label", "novalue"], "KEY=VALUE"),
+            (["claim", "default", "--prefer", "novalue"], "KEY=VALUE"),
             (["claim", "default", "--count", "0"], "--count"),
             (["claim", "default", "--best-effort"], "--count"),
             (["-o", "yaml", "pools"], "yaml"),
@@ -442,6 +443,15 @@ class ClaimServiceCliTest(CliTestCase):
         self.assertOk(r)
         self.assertOk(sbx("release", r.stdout.strip()))
 
+    def test_claim_with_a_node_preference(self):
+        # Soft: no local sandbox has node labels, so nothing matches and a sandbox is
+        # still granted; a bad key is the server's INVALID_ARGUMENT naming it.
+        r = sbx("claim", "default", "--prefer", "topology.kubernetes.io/zone=a", "-q")
+        self.assertOk(r)
+        self.assertOk(sbx("release", r.stdout.strip()))
+        r = sbx("claim", "default", "--prefer", "-bad=a")
+        self.assertError(r, "INVALID_ARGUMENT", "node_preference")
+
     def test_errors_name_the_code_and_the_server_message(self):
         r = sbx("claim", "nope")
         self.assertError(r, "NOT_FOUND", '"nope"')
@@ -477,8 +487,13 @@ class AdminCliTest(CliTestCase):
         r = sbx("pools")
         self.assertOk(r)
         header = r.stdout.splitlines()[0].split()
-        for column in ("NAME", "TEMPLATE", "WARM", "CLAIMED", "WAITING", "TARGET", "MIN", "MAX"):
+        for column in ("NAME", "TEMPLATE", "WARM", "CLAIMED", "WAITING", "TARGET", "WHY", "MIN",
+                       "MAX", "SIZING", "RATE/S"):
             self.assertIn(column, header)
+        # Issue 22: the target and why; the example pools are sized static at their floor.
+        default = r.stdout.splitlines()[1].split()
+        self.assertEqual(default[header.index("SIZING")], "static")
+        self.assertIn(default[header.index("WHY")], ("floor", "waiters"))
         names = [line.split()[0] for line in r.stdout.splitlines()[1:]]
         self.assertEqual(names, ["default", "empty", "spare"])
         r = sbx("pools", "-o", "json")
@@ -494,6 +509,8 @@ class AdminCliTest(CliTestCase):
         self.assertOk(r)
         self.assertIn("min_warm", r.stdout)
         self.assertIn("max_ttl", r.stdout)
+        for field in ("sizing", "target_reason", "arrival_rate", "create_latency"):
+            self.assertIn(field, r.stdout)
         r = sbx("pools", "get", "nope")
         self.assertError(r, "NOT_FOUND", '"nope"')
         r = sbx("pools", token=TENANT)
