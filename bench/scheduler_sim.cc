@@ -276,6 +276,7 @@ absl::StatusOr<Result> Run(const Trace& trace, const Strategy& strategy, const S
   const absl::Time end = measured + absl::Seconds(s.minutes * 60);
   size_t next = 0;
   uint64_t claim_no = 0;
+  std::optional<uint64_t> created_before;  // sandboxes made during the warm-up
   absl::Time last_tick = clock.Now();
   for (absl::Time now = clock.Now(); now < end; now += step) {
     clock.Set(now);
@@ -313,6 +314,7 @@ absl::StatusOr<Result> Run(const Trace& trace, const Strategy& strategy, const S
       alloc->Tick();
       last_tick = now;
     }
+    if (now >= measured && !created_before) created_before = runtime.created();
     if (now >= measured) {
       absl::StatusOr<allocator::PoolStatus> st = alloc->GetPoolStatus("sim");
       if (st.ok()) r.idle_sandbox_s += static_cast<double>(st->warm) * absl::ToDoubleSeconds(step);
@@ -326,7 +328,7 @@ absl::StatusOr<Result> Run(const Trace& trace, const Strategy& strategy, const S
   refill.Stop();
   r.p50_ms = Quantile(latencies, 0.50);
   r.p99_ms = Quantile(latencies, 0.99);
-  r.created = runtime.created();
+  r.created = runtime.created() - created_before.value_or(0);
   return r;
 }
 
