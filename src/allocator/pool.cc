@@ -17,7 +17,6 @@ Pool::Pool(store::PoolRecord settings, std::unique_ptr<SelectionPolicy> ready,
     : name_(settings.name),
       ready_(ready.get()),
       before_unlocked_push_(std::move(before_unlocked_push)),
-      min_warm_(settings.min_warm),
       target_hint_(settings.min_warm),
       demand_(std::move(demand), start),
       settings_(std::move(settings)) {
@@ -32,7 +31,6 @@ store::PoolRecord Pool::settings() const {
 
 void Pool::set_settings(store::PoolRecord settings) {
   absl::MutexLock lock(&mu_);
-  min_warm_.store(settings.min_warm, std::memory_order_relaxed);
   const absl::string_view policy = PolicyName(settings.selection_policy);
   if (policy != PolicyName(settings_.selection_policy)) {
     SelectionPolicy* old = ready_.load(std::memory_order_relaxed);

@@ -103,9 +103,6 @@ class Pool {
   PoolCounters& counters() { return counters_; }
   const PoolCounters& counters() const { return counters_; }
 
-  // The floor, readable without the lock on the claim path.
-  int32_t min_warm() const { return min_warm_.load(std::memory_order_relaxed); }
-
   // Counts claims (a batch: its count) that reached this pool, for the demand estimate.
   // Lock-free.
   void CountArrivals(uint64_t n) { arrivals_.fetch_add(n, std::memory_order_relaxed); }
@@ -152,8 +149,6 @@ class Pool {
   // Counters read by the scheduler and metrics; relaxed, as they order nothing.
   std::atomic<int64_t> warm_{0};
   std::atomic<int64_t> claimed_{0};
-  // Copy of settings_.min_warm for the lock-free refill check; relaxed, a hint only.
-  std::atomic<int32_t> min_warm_{0};
   // Claims queued or about to queue as waiters. Lets AddWarm skip the lock when nobody
   // waits. seq_cst, with a fence on each side (AddWarm: push, fence, load; TakeOrEnqueue:
   // increment, fence, pop): either the waiter's pop sees the pushed sandbox or AddWarm

@@ -40,7 +40,9 @@ struct Sizing {
   int64_t ceiling = 0;  // sbx.dev/max-warm; 0: none given
 };
 
-Sizing SizingOf(const Json& pool) {
+// `warn`: log annotation values that cannot be read (the full pass does; the member-change
+// fast path, which runs far more often, does not repeat it).
+Sizing SizingOf(const Json& pool, bool warn = false) {
   Sizing out;
   const Json& annotations = Field(Field(pool, "metadata"), "annotations");
   const std::string mode = Str(annotations, kSizingAnnotation);
@@ -48,14 +50,16 @@ Sizing SizingOf(const Json& pool) {
   const std::string name = Str(Field(pool, "metadata"), "name");
   if (mode == "demand") {
     out.sizing = store::PoolSizing::kDemand;
-  } else if (!mode.empty() && mode != "static") {
+  } else if (warn && !mode.empty() && mode != "static") {
     spdlog::warn(
         "SandboxWarmPool \"{}\": annotation {}=\"{}\" is not static or demand; sized static", name,
         kSizingAnnotation, mode);
   }
   if (!ceiling.empty() && (!absl::SimpleAtoi(ceiling, &out.ceiling) || out.ceiling < 0)) {
-    spdlog::warn("SandboxWarmPool \"{}\": annotation {}=\"{}\" is not a count; ignored", name,
-                 kMaxWarmAnnotation, ceiling);
+    if (warn) {
+      spdlog::warn("SandboxWarmPool \"{}\": annotation {}=\"{}\" is not a count; ignored", name,
+                   kMaxWarmAnnotation, ceiling);
+    }
     out.ceiling = 0;
   }
   return out;
@@ -278,7 +282,7 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
   // No member can come while the template is missing: the target is zero until it does.
   const int64_t replicas = sandbox_template == nullptr ? 0 : Replicas(*pool);
   p.min_warm = p.max_warm = static_cast<int32_t>(std::min<int64_t>(replicas, 1 << 30));
-  const Sizing sizing = SizingOf(*pool);
+  const Sizing sizing = SizingOf(*pool, /*warn=*/true);
   p.sizing = sizing.sizing;
   if (sizing.sizing == store::PoolSizing::kDemand && sandbox_template != nullptr) {
     // The ceiling: sbx.dev/max-warm, never below the floor nor above the allocator's limit.

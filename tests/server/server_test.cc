@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -58,6 +59,14 @@ std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token, int seconds =
 
 std::string Describe(const grpc::Status& s) {
   return absl::StrCat("status ", static_cast<int>(s.error_code()), ": ", s.error_message());
+}
+
+// The call's retry hint (trailer sbx-retry-after-ms), nullopt when there is none.
+std::optional<std::string> RetryAfterMs(const grpc::ClientContext& ctx) {
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find("sbx-retry-after-ms");
+  if (it == trailers.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
 }
 
 // Calls `method` with `bytes` as its one request message, as a client that does not
@@ -276,10 +285,7 @@ TEST_F(ServerTest, FailPolicyOnEmptyPoolIsResourceExhaustedWithRetryHint) {
   grpc::Status s = claims_->Claim(ctx.get(), req, &resp);
   ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
   EXPECT_THAT(s.error_message(), HasSubstr("empty"));
-  const auto& trailers = ctx->GetServerTrailingMetadata();
-  auto it = trailers.find("sbx-retry-after-ms");
-  ASSERT_NE(it, trailers.end()) << "no sbx-retry-after-ms trailer";
-  EXPECT_EQ(std::string(it->second.data(), it->second.size()), "1000");
+  EXPECT_EQ(RetryAfterMs(*ctx), "1000");
 }
 
 // Issue 22: a tenant's claim rate from the tokens file (a reload gives it). Beyond its
@@ -299,11 +305,10 @@ TEST_F(ServerTest, ATenantAboveItsClaimRateIsRefusedAndOthersAreNot) {
   grpc::Status s = claims_->Claim(ctx.get(), ClaimReq("a3"), &resp);
   ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
   EXPECT_THAT(s.error_message(), HasSubstr("tenant \"alice\" is above its claim rate"));
-  const auto& trailers = ctx->GetServerTrailingMetadata();
-  auto it = trailers.find("sbx-retry-after-ms");
-  ASSERT_NE(it, trailers.end()) << "no sbx-retry-after-ms trailer";
+  const std::optional<std::string> hint = RetryAfterMs(*ctx);
+  ASSERT_TRUE(hint.has_value()) << "no sbx-retry-after-ms trailer";
   int64_t wait_ms = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &wait_ms));
+  ASSERT_TRUE(absl::SimpleAtoi(*hint, &wait_ms)) << *hint;
   EXPECT_GT(wait_ms, 1000) << "the hint is the bucket's wait, not the allocator's 1 s";
   EXPECT_LE(wait_ms, 100000);
   EXPECT_EQ(allocator_->GetClaim("alice", "a3").status().code(), absl::StatusCode::kNotFound)
@@ -344,10 +349,7 @@ TEST_F(ServerTest, ATenantAtItsMaxClaimsIsRefusedUntilItReleasesOne) {
   ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
   EXPECT_THAT(s.error_message(), HasSubstr("tenant \"alice\" holds 2 claims"));
   EXPECT_THAT(s.error_message(), HasSubstr("max_claims"));
-  const auto& trailers = ctx->GetServerTrailingMetadata();
-  auto it = trailers.find("sbx-retry-after-ms");
-  ASSERT_NE(it, trailers.end()) << "no sbx-retry-after-ms trailer";
-  EXPECT_EQ(std::string(it->second.data(), it->second.size()), "1000");
+  EXPECT_EQ(RetryAfterMs(*ctx), "1000");
   EXPECT_EQ(allocator_->GetClaim("alice", "a3").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 2) << "a refused claim holds a sandbox";
   // A retry of a granted claim is answered.
@@ -646,8 +648,7 @@ TEST_F(ServerTest, BatchIsAllOrNothing) {
   auto ctx = Ctx(kAlice);
   grpc::Status s = claims_->ClaimBatch(ctx.get(), req, &resp);
   ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << Describe(s);
-  EXPECT_NE(ctx->GetServerTrailingMetadata().find("sbx-retry-after-ms"),
-            ctx->GetServerTrailingMetadata().end());
+  EXPECT_TRUE(RetryAfterMs(*ctx).has_value()) << "no sbx-retry-after-ms trailer";
   EXPECT_EQ(allocator_->GetPoolStatus("py")->warm, 3) << "a failed batch held sandboxes";
   EXPECT_EQ(allocator_->GetPoolStatus("py")->claimed, 0);
 
