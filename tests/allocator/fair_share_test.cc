@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "src/allocator/allocator.h"
@@ -31,6 +32,25 @@ struct Result {
   std::optional<T> value;
   auto callback() {
     return [this](T v) { value = std::move(v); };
+  }
+};
+
+// For claims made from several threads at once: with CallbackMode::kInline a commit that
+// joins another thread's group is completed by that thread, after this thread's call has
+// returned, so the answer is waited for.
+template <typename T>
+struct AwaitedResult {
+  absl::Notification done;
+  std::optional<T> value;
+  auto callback() {
+    return [this](T v) {
+      value = std::move(v);
+      done.Notify();
+    };
+  }
+  const T& Await() {
+    done.WaitForNotification();
+    return *value;
   }
 };
 using ClaimOut = Result<absl::StatusOr<ClaimResult>>;
@@ -356,13 +376,12 @@ TEST_F(FairShareTest, MaxClaimsIsExactUnderConcurrentClaims) {
           BatchRequest b = Batch("a", id, 2);
           b.policy = EmptyPoolPolicy::kFail;
           b.max_claims = 10;
-          BatchOut out;
+          AwaitedResult<absl::StatusOr<std::vector<ClaimResult>>> out;
           allocator_->ClaimBatch(b, out.callback());
-          if (!out.value.has_value()) {
-            ++other;
-          } else if (out.value->ok()) {
-            granted += static_cast<int>((*out.value)->size());
-          } else if (out.value->status().code() == absl::StatusCode::kResourceExhausted) {
+          const absl::StatusOr<std::vector<ClaimResult>>& answer = out.Await();
+          if (answer.ok()) {
+            granted += static_cast<int>(answer->size());
+          } else if (answer.status().code() == absl::StatusCode::kResourceExhausted) {
             ++refused;
           } else {
             ++other;
@@ -372,13 +391,12 @@ TEST_F(FairShareTest, MaxClaimsIsExactUnderConcurrentClaims) {
         ClaimRequest r = Req("a", id);
         r.policy = EmptyPoolPolicy::kFail;
         r.max_claims = 10;
-        ClaimOut out;
+        AwaitedResult<absl::StatusOr<ClaimResult>> out;
         allocator_->Claim(r, out.callback());
-        if (!out.value.has_value()) {
-          ++other;
-        } else if (out.value->ok()) {
+        const absl::StatusOr<ClaimResult>& answer = out.Await();
+        if (answer.ok()) {
           ++granted;
-        } else if (out.value->status().code() == absl::StatusCode::kResourceExhausted) {
+        } else if (answer.status().code() == absl::StatusCode::kResourceExhausted) {
           ++refused;
         } else {
           ++other;
