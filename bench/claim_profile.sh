@@ -7,6 +7,8 @@
 #
 # Usage: bench/claim_profile.sh [SERVER [LOADGEN [RATE [SECONDS]]]]
 #   defaults: build/clang/src/cmd/sbx-server build/clang/bench/sbx-loadgen 2000 7
+#   RATE "saturated": closed-loop Claim+Release, 64 in flight on 2 connections (the third
+#   ratio of bench/claim_floor.py) instead of open-loop claims.
 # Needs perf (Debian's linux-perf) and permission to profile the server (root, or
 # kernel.perf_event_paranoid <= 1). Keeps its folder (printed at the end) for perf report.
 set -euo pipefail
@@ -32,12 +34,17 @@ sleep 1.5  # the pool fills (the instant runtime makes a sandbox at once)
 PORT=$(cat "$W/port"); MPORT=$(cat "$W/mport")
 counters() {
   curl -s "127.0.0.1:$MPORT/metrics" |
-    grep -E '^sbx_store_((committer|syncer)_busy_seconds|writes|syncs|commits)_total'
+    grep -E "^sbx_store_((committer|syncer|answerer)_busy_seconds|writes|syncs|commits)_total"
 }
 counters > "$W/before"
 perf record -F 2999 -g -o "$W/perf.data" -p "$PID" -- sleep $((SECONDS_ + 1)) > /dev/null 2>&1 &
 PERF=$!
-"$LOADGEN" --server "127.0.0.1:$PORT" --pool bench --workload claim --rate "$RATE" \
+if [ "$RATE" = saturated ]; then
+  LOAD=(--workload claim-release --concurrency 64 --connections 2)
+else
+  LOAD=(--workload claim --rate "$RATE")
+fi
+"$LOADGEN" --server "127.0.0.1:$PORT" --pool bench "${LOAD[@]}" \
   --duration "${SECONDS_}s" --warmup 0.5s
 wait $PERF || true
 counters > "$W/after"

@@ -158,11 +158,11 @@ absl::Status AllocatorImpl::ValidatePool(const store::PoolRecord& p) const {
                                                    " is above ", options_.max_pool_warm,
                                                    ", the allocator's max_pool_warm"));
   }
-  if (p.default_wait < absl::ZeroDuration() || p.default_ttl < absl::ZeroDuration() ||
-      p.max_ttl < absl::ZeroDuration()) {
+  if (p.default_ttl < absl::ZeroDuration() || p.max_ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("pool \"", p.name, "\": durations must not be negative"));
   }
+  RETURN_IF_ERROR(CheckWait(absl::StrCat("pool \"", p.name, "\": default_wait"), p.default_wait));
   RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": default_ttl"), p.default_ttl));
   RETURN_IF_ERROR(CheckMaxTtl(absl::StrCat("pool \"", p.name, "\": max_ttl"), p.max_ttl));
   if (!IsSelectionPolicy(p.selection_policy)) {

@@ -49,6 +49,18 @@ absl::Status CheckMaxTtl(absl::string_view field, absl::Duration ttl) {
                                                  absl::FormatDuration(kMaxTtl), " (100 years)"));
 }
 
+absl::Status CheckWait(absl::string_view field, absl::Duration wait) {
+  if (wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " ", absl::FormatDuration(wait), " is negative"));
+  }
+  if (wait > kMaxWait) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " ", absl::FormatDuration(wait),
+                                                   " is above ", absl::FormatDuration(kMaxWait)));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(AllocatorOptions options,
                                                              store::Store* store,
                                                              runtime::Runtime* runtime,

@@ -67,10 +67,15 @@ inline constexpr absl::Duration kMaxTtl = absl::Hours(24 * 365 * 100);
 inline constexpr size_t kMaxBatchIdLength = 120;
 // The largest fair-share weight of an owner (ClaimRequest::weight).
 inline constexpr int kMaxWeight = 1000;
+// The longest a WAIT or COLD claim may wait for its sandbox: a claim's wait and a pool's
+// default_wait, whoever writes them (gRPC, the config file, Kubernetes).
+inline constexpr absl::Duration kMaxWait = absl::Hours(1);
 
 // INVALID_ARGUMENT when `ttl` is above kMaxTtl, naming `field`, the TTL and the maximum;
 // OK otherwise (sign and zero are the caller's business).
 absl::Status CheckMaxTtl(absl::string_view field, absl::Duration ttl);
+// INVALID_ARGUMENT when `wait` is negative or above kMaxWait, naming `field` and the wait.
+absl::Status CheckWait(absl::string_view field, absl::Duration wait);
 
 struct AllocatorOptions {
   // Ended (released, expired, lost) claims are kept this long so that a retried claim

@@ -440,10 +440,7 @@ class AllocatorImpl final : public Allocator {
     RETURN_IF_ERROR(ValidateKey("owner", req.owner));
     RETURN_IF_ERROR(ValidateKey("claim id", req.claim_id));
     RETURN_IF_ERROR(ValidatePoolName("pool name", req.pool));
-    if (req.wait < absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("wait ", absl::FormatDuration(req.wait), " is negative"));
-    }
+    RETURN_IF_ERROR(CheckWait("wait", req.wait));
     return ValidateShare(req.priority, req.weight, req.max_claims);
   }
 

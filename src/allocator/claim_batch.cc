@@ -18,6 +18,7 @@ void AllocatorImpl::ClaimBatch(BatchRequest req, BatchCallback done) {
     return std::move(done)(absl::InvalidArgumentError(
         absl::StrCat("batch count ", req.count, " is outside 1..", options_.max_batch)));
   }
+  if (absl::Status s = CheckWait("wait", req.wait); !s.ok()) return std::move(done)(s);
   if (absl::Status s = ValidateShare(req.priority, req.weight, req.max_claims); !s.ok()) {
     return std::move(done)(s);
   }

@@ -79,10 +79,7 @@ void ReleaseAfterConfigError(allocator::Allocator* a, const std::vector<store::C
 
 absl::StatusOr<absl::Duration> WaitTimeout(const google::protobuf::Duration& d) {
   ASSIGN_OR_RETURN(absl::Duration wait, FromProto("wait_timeout", d));
-  if (wait > kMaxWait) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("wait_timeout ", absl::FormatDuration(wait), " is above 1h"));
-  }
+  RETURN_IF_ERROR(allocator::CheckWait("wait_timeout", wait));  // the allocator's limit
   return wait;
 }
 

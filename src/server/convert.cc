@@ -490,9 +490,7 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p, absl::string_
   r.empty_pool_policy = policy.value_or(store::EmptyPoolPolicy::kWait);
   const std::string prefix = absl::StrCat("pool \"", p.name(), "\": ");
   ASSIGN_OR_RETURN(absl::Duration wait, FromProto(prefix + "default_wait", p.default_wait()));
-  if (wait > kMaxWait) {
-    return bad("default_wait ", absl::FormatDuration(wait), " is above 1h");
-  }
+  RETURN_IF_ERROR(allocator::CheckWait(prefix + "default_wait", wait));
   r.default_wait = wait == absl::ZeroDuration() ? absl::Seconds(30) : wait;
   ASSIGN_OR_RETURN(r.default_ttl, TtlFromProto(prefix + "default_ttl", p.default_ttl()));
   ASSIGN_OR_RETURN(r.max_ttl, TtlFromProto(prefix + "max_ttl", p.max_ttl()));

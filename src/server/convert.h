@@ -32,7 +32,6 @@ namespace sbx::server {
 
 // Limits of the API (types.proto, admin.proto, claims.proto).
 inline constexpr int kMaxLabels = 64;
-inline constexpr absl::Duration kMaxWait = absl::Hours(1);
 inline constexpr int kMaxPageSize = 1000;
 inline constexpr int kDefaultPageSize = 100;
 inline constexpr size_t kMaxSelectorBytes = 1024;

@@ -194,6 +194,49 @@ TEST_F(AllocatorTest, MaxWarmAboveTheAllocatorsLimitIsRefusedWhoeverWritesThePoo
   ASSERT_NO_FATAL_FAILURE(PutPoolRecord(PoolRec("big", 0, 10000, EmptyPoolPolicy::kFail)));
 }
 
+// Issue 21: the allocator owns the longest wait (kMaxWait, 1 h): a pool's default_wait
+// and a claim's or batch's wait above it are refused whoever writes them, not only by the
+// gRPC API's own check.
+TEST_F(AllocatorTest, AWaitAboveTheAllocatorsLimitIsRefusedWhoeverAsks) {
+  store::PoolRecord slow = PoolRec("slow", 0, 10, EmptyPoolPolicy::kWait);
+  slow.default_wait = absl::Hours(2);
+  Result<absl::Status> r;
+  allocator_->PutPool(slow, r.callback());
+  ASSERT_TRUE(r.value.has_value());
+  EXPECT_EQ(r.value->code(), absl::StatusCode::kInvalidArgument) << *r.value;
+  EXPECT_THAT(std::string(r.value->message()),
+              HasSubstr("pool \"slow\": default_wait 2h is above 1h"));
+  EXPECT_FALSE(allocator_->GetPool("slow").ok());
+  slow.default_wait = kMaxWait;
+  ASSERT_NO_FATAL_FAILURE(PutPoolRecord(slow));
+
+  ClaimRequest req = Req("c1");
+  req.wait = kMaxWait + absl::Seconds(1);
+  absl::StatusOr<ClaimResult> claim = ClaimNow(req);
+  EXPECT_EQ(claim.status().code(), absl::StatusCode::kInvalidArgument) << claim.status();
+  EXPECT_THAT(std::string(claim.status().message()), HasSubstr("wait 1h1s is above 1h"));
+  req.wait = -absl::Seconds(1);
+  EXPECT_EQ(ClaimNow(req).status().code(), absl::StatusCode::kInvalidArgument);
+
+  BatchRequest b;
+  b.owner = "alice";
+  b.batch_id = "b1";
+  b.pool = "py";
+  b.count = 2;
+  b.wait = absl::Hours(3);
+  Result<absl::StatusOr<std::vector<ClaimResult>>> batch;
+  allocator_->ClaimBatch(b, batch.callback());
+  ASSERT_TRUE(batch.value.has_value());
+  EXPECT_EQ(batch.value->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(batch.value->status().message()), HasSubstr("wait 3h is above 1h"));
+  b.wait = -absl::Seconds(1);
+  Result<absl::StatusOr<std::vector<ClaimResult>>> negative;
+  allocator_->ClaimBatch(b, negative.callback());
+  ASSERT_TRUE(negative.value.has_value());
+  EXPECT_EQ(negative.value->status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(negative.value->status().message()), HasSubstr("is negative"));
+}
+
 // Issue 20: pools of other namespaces are "<namespace>/<pool>"; the default namespace's
 // have their bare names only, so that no pool has two names.
 TEST_F(AllocatorTest, APoolHasOneNameWhateverItsNamespace) {
