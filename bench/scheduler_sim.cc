@@ -265,7 +265,7 @@ absl::StatusOr<Result> Run(const Trace& trace, const Strategy& strategy, const S
   p.max_warm = strategy.max_warm;
   p.sizing = strategy.sizing;
   p.empty_pool_policy = store::EmptyPoolPolicy::kWait;
-  p.default_wait = absl::Hours(10);
+  p.default_wait = allocator::kMaxWait;  // the longest the allocator allows (1 h)
   alloc->PutPool(p, [&](absl::Status st) { put = st; });
   RETURN_IF_ERROR(put);
 

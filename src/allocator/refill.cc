@@ -26,6 +26,10 @@ absl::Status RefillOptions::Validate() const {
   }
   if (resync <= absl::ZeroDuration())
     return absl::InvalidArgumentError("refill resync must be > 0");
+  if (coalesce < absl::ZeroDuration() || coalesce > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "refill coalesce ", absl::FormatDuration(coalesce), " is outside 0..1s"));
+  }
   return absl::OkStatus();
 }
 
@@ -236,9 +240,16 @@ void RefillReconciler::Loop() {
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     wake_ = false;
+    ++stats_.passes;
     mu_.Unlock();
     RunOnce();
     mu_.Lock();
+    if (wake_ && options_.coalesce > absl::ZeroDuration()) {
+      // Notified again during the pass: more are likely on their way. Let them gather
+      // (the condition holds only for Stop, so the notifications do not wake this
+      // thread) and take them in one pass.
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.coalesce);
+    }
     // Sleep until woken or the next resync; with work waiting for tokens or a backoff,
     // look again soon.
     absl::Time deadline = next_resync_;

@@ -12,7 +12,8 @@
 // every create's latency is reported to the estimate.
 //
 // Thread-safety: PoolBelowTarget and RetireSandbox may be called from any thread and
-// only set state and wake the worker. Runtime callbacks may arrive on any thread.
+// only set state and wake the worker (at most once per RefillOptions::coalesce while
+// they keep coming). Runtime callbacks may arrive on any thread.
 // Lifetime: Start() after the Allocator exists; Stop() (or the destructor) before the
 // Allocator and the Runtime are destroyed. Stop waits for the creates and deletes in
 // flight to call back.
@@ -46,6 +47,12 @@ struct RefillOptions {
   absl::Duration max_backoff = absl::Seconds(10);
   // Every pool is re-checked this often even without a notification (level-triggered).
   absl::Duration resync = absl::Seconds(1);
+  // While notifications keep coming (one arrived during the last pass), the worker lets
+  // them gather this long (real time) before its next pass instead of being woken for
+  // each: under a stream of claims it then runs once per window for many of them, not
+  // once or twice per claim (a context switch each). A lone notification is still acted
+  // on at once. Zero: a pass per wake-up.
+  absl::Duration coalesce = absl::Milliseconds(2);
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
@@ -59,6 +66,8 @@ struct RefillStats {
   uint64_t deletes_failed = 0;
   // Warm sandboxes retired because demand sizing lowered the target.
   uint64_t trimmed = 0;
+  // Passes of the worker thread (Start), each after a wake-up, a resync or a retry.
+  uint64_t passes = 0;
 };
 
 class RefillReconciler final : public Reconciler {

@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <optional>
 #include <vector>
 
@@ -337,6 +339,83 @@ TEST(RefillWorkerTest, KeepsAPoolFull) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   EXPECT_EQ((*a)->GetPoolStatus("py")->warm, 4);
+  refill.Stop();
+  a->reset();
+}
+
+// Notifications that keep arriving while the worker runs a pass are taken together after
+// RefillOptions::coalesce instead of waking the worker for each (each wake-up is a context
+// switch on the thread that notifies, the claim path's). The first pass is held inside
+// the runtime's Create while a notification arrives; then 40 more come 5 ms apart, all
+// within the 1 s window. Without the window every one of them would wake the worker for
+// a pass of its own.
+TEST(RefillWorkerTest, NotificationsArrivingDuringAPassAreTakenTogether) {
+  class HeldRuntime : public runtime::Runtime {
+   public:
+    void Create(runtime::CreateRequest r, runtime::CreateCallback done) override {
+      if (!entered.HasBeenNotified()) {
+        entered.Notify();
+        release.WaitForNotification();
+      }
+      runtime::SandboxInfo info;
+      info.id = "h" + std::to_string(next_.fetch_add(1));
+      info.pool = r.pool;
+      std::move(done)(info);
+    }
+    void Delete(std::string, runtime::DeleteCallback done) override {
+      std::move(done)(absl::OkStatus());
+    }
+    void Suspend(std::string, runtime::DoneCallback done) override {
+      std::move(done)(absl::UnimplementedError("not used"));
+    }
+    void Resume(std::string, runtime::ResumeCallback done) override {
+      std::move(done)(absl::UnimplementedError("not used"));
+    }
+    absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override {
+      return std::vector<runtime::SandboxInfo>{};
+    }
+    absl::Notification entered, release;
+    std::atomic<int> next_{1};
+  } runtime;
+  MemoryStore store;
+  SequentialIdGenerator ids("id-");
+  RefillOptions options;
+  options.coalesce = absl::Seconds(1);
+  options.resync = absl::Hours(1);  // no pass of its own during the test
+  RefillReconciler refill(options, &runtime, &Clock::Real());
+  auto a = Allocator::Create({}, &store, &runtime, &refill, &Clock::Real(), &ids);
+  ASSERT_TRUE(a.ok());
+  refill.Start(a->get());
+  absl::Notification t, p;
+  (*a)->PutTemplate(store::TemplateRecord{"py", "local", "", 0}, [&](absl::Status) { t.Notify(); });
+  t.WaitForNotification();
+  store::PoolRecord pool;
+  pool.name = "py";
+  pool.template_name = "py";
+  pool.min_warm = 1;
+  pool.max_warm = 1;
+  pool.empty_pool_policy = store::EmptyPoolPolicy::kFail;
+  (*a)->PutPool(pool, [&](absl::Status) { p.Notify(); });
+  p.WaitForNotification();
+  runtime.entered.WaitForNotification();  // a pass is creating the pool's sandbox
+  const uint64_t before = refill.stats().passes;
+  refill.PoolBelowTarget("py");  // arrives during the pass
+  runtime.release.Notify();
+  for (int i = 0; i < 40; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+    refill.PoolBelowTarget("py");
+  }
+  // Every notification has been taken once the worker runs a pass after the last one.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (refill.stats().passes < before + 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  const uint64_t passes = refill.stats().passes - before;
+  std::printf("41 notifications after the held pass took %llu more passes\n",
+              static_cast<unsigned long long>(passes));
+  EXPECT_GE(passes, 1u);
+  EXPECT_LT(passes, 10u) << "notifications woke the worker one by one";
   refill.Stop();
   a->reset();
 }

@@ -337,7 +337,7 @@ TEST_F(ServerTest, ATenantAboveItsClaimRateIsRefusedAndOthersAreNot) {
 // limit, with the retry hint, and nothing is held; a retry of a granted claim is answered;
 // a release frees a slot; another tenant is untouched.
 TEST_F(ServerTest, ATenantAtItsMaxClaimsIsRefusedUntilItReleasesOne) {
-  MakePool("py", 4, 8);
+  MakePool("py", 8, 8);  // every claim below finds a warm sandbox without the refill
   WriteTokens(absl::StrCat(kAlice, " alice max_claims=2 weight=3\n", kBob, " bob\n", kAdmin,
                            " root admin\n"));
   ASSERT_TRUE(server_->ReloadAuth().ok());
