@@ -27,8 +27,8 @@ absl::Status RefillOptions::Validate() const {
   if (resync <= absl::ZeroDuration())
     return absl::InvalidArgumentError("refill resync must be > 0");
   if (coalesce < absl::ZeroDuration() || coalesce > absl::Seconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "refill coalesce ", absl::FormatDuration(coalesce), " is outside 0..1s"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("refill coalesce ", absl::FormatDuration(coalesce), " is outside 0..1s"));
   }
   return absl::OkStatus();
 }
