@@ -19,13 +19,7 @@ LOADGEN=${ARGS[1]:-build/clang/bench/sbx-loadgen}
 SECONDS_=${ARGS[2]:-5}
 W=$(mktemp -d /tmp/claim-cpu-XXXX)
 trap 'kill $PID 2>/dev/null || true; rm -rf "$W"' EXIT
-cat > "$W/bench.yaml" <<YAML
-templates:
-  - {name: bench, runtime: local, local: {network: false}}
-pools:
-  - {name: bench, template: bench, min_warm: 5000, max_warm: 5000, empty_pool_policy: wait, default_wait: 10s}
-YAML
-"$SERVER" --runtime instant --config "$W/bench.yaml" --refill_qps 100000 \
+"$SERVER" --runtime instant --config "$(dirname "$0")/claim_bench.yaml" --refill_qps 100000 \
   --listen 127.0.0.1:0 --port_file "$W/port" --data_dir "$W/data" --metrics_listen off \
   --log_level warn --insecure_no_auth "$@" > "$W/server.log" 2>&1 &
 PID=$!

@@ -17,13 +17,7 @@ LOADGEN=${2:-build/clang/bench/sbx-loadgen}
 RATE=${3:-2000}
 SECONDS_=${4:-7}
 W=$(mktemp -d /tmp/claim-profile-XXXX)
-cat > "$W/bench.yaml" <<YAML
-templates:
-  - {name: bench, runtime: local, local: {network: false}}
-pools:
-  - {name: bench, template: bench, min_warm: 5000, max_warm: 5000, empty_pool_policy: wait, default_wait: 10s}
-YAML
-"$SERVER" --runtime instant --config "$W/bench.yaml" --refill_qps 100000 \
+"$SERVER" --runtime instant --config "$(dirname "$0")/claim_bench.yaml" --refill_qps 100000 \
   --listen 127.0.0.1:0 --port_file "$W/port" --data_dir "$W/data" \
   --metrics_listen 127.0.0.1:0 --metrics_port_file "$W/mport" --log_level warn \
   --insecure_no_auth > "$W/server.log" 2>&1 &

@@ -281,47 +281,62 @@ TEST_F(RefillTest, SandboxOfADeletedPoolIsDeleted) {
   EXPECT_THAT(runtime_.deleted(), ::testing::ElementsAre("late"));
 }
 
+// A runtime for the worker tests: each sandbox is made at once, on the calling thread
+// (after BeforeCreate), and deletes succeed.
+class InstantRuntime : public runtime::Runtime {
+ public:
+  void Create(runtime::CreateRequest r, runtime::CreateCallback done) override {
+    BeforeCreate();
+    runtime::SandboxInfo info;
+    info.id = "i" + std::to_string(next_.fetch_add(1));
+    info.pool = r.pool;
+    std::move(done)(info);
+  }
+  void Delete(std::string, runtime::DeleteCallback done) override {
+    std::move(done)(absl::OkStatus());
+  }
+  void Suspend(std::string, runtime::DoneCallback done) override {
+    std::move(done)(absl::UnimplementedError("not used"));
+  }
+  void Resume(std::string, runtime::ResumeCallback done) override {
+    std::move(done)(absl::UnimplementedError("not used"));
+  }
+  absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override {
+    return std::vector<runtime::SandboxInfo>{};
+  }
+
+ protected:
+  virtual void BeforeCreate() {}
+
+ private:
+  std::atomic<int> next_{1};
+};
+
+// Puts template and pool "py" through `a` and waits for both to be committed.
+void PutPyPool(Allocator* a, int min_warm, int max_warm, store::EmptyPoolPolicy policy) {
+  absl::Notification t, p;
+  a->PutTemplate(store::TemplateRecord{"py", "local", "", 0}, [&](absl::Status) { t.Notify(); });
+  t.WaitForNotification();
+  store::PoolRecord pool;
+  pool.name = "py";
+  pool.template_name = "py";
+  pool.min_warm = min_warm;
+  pool.max_warm = max_warm;
+  pool.empty_pool_policy = policy;
+  a->PutPool(pool, [&](absl::Status) { p.Notify(); });
+  p.WaitForNotification();
+}
+
 // The worker thread on the real clock keeps a pool full while claims take from it.
 TEST(RefillWorkerTest, KeepsAPoolFull) {
-  class InstantRuntime : public runtime::Runtime {
-   public:
-    void Create(runtime::CreateRequest r, runtime::CreateCallback done) override {
-      runtime::SandboxInfo info;
-      info.id = "i" + std::to_string(next_.fetch_add(1));
-      info.pool = r.pool;
-      std::move(done)(info);
-    }
-    void Delete(std::string, runtime::DeleteCallback done) override {
-      std::move(done)(absl::OkStatus());
-    }
-    void Suspend(std::string, runtime::DoneCallback done) override {
-      std::move(done)(absl::UnimplementedError("not used"));
-    }
-    void Resume(std::string, runtime::ResumeCallback done) override {
-      std::move(done)(absl::UnimplementedError("not used"));
-    }
-    absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override {
-      return std::vector<runtime::SandboxInfo>{};
-    }
-    std::atomic<int> next_{1};
-  } runtime;
+  InstantRuntime runtime;
   MemoryStore store;
   SequentialIdGenerator ids("id-");
   RefillReconciler refill({}, &runtime, &Clock::Real());
   auto a = Allocator::Create({}, &store, &runtime, &refill, &Clock::Real(), &ids);
   ASSERT_TRUE(a.ok());
   refill.Start(a->get());
-  absl::Notification t, p;
-  (*a)->PutTemplate(store::TemplateRecord{"py", "local", "", 0}, [&](absl::Status) { t.Notify(); });
-  t.WaitForNotification();
-  store::PoolRecord pool;
-  pool.name = "py";
-  pool.template_name = "py";
-  pool.min_warm = 4;
-  pool.max_warm = 8;
-  pool.empty_pool_policy = store::EmptyPoolPolicy::kWait;
-  (*a)->PutPool(pool, [&](absl::Status) { p.Notify(); });
-  p.WaitForNotification();
+  PutPyPool(a->get(), 4, 8, store::EmptyPoolPolicy::kWait);
   for (int i = 0; i < 50; ++i) {
     absl::Notification done;
     ClaimRequest r;
@@ -350,32 +365,17 @@ TEST(RefillWorkerTest, KeepsAPoolFull) {
 // within the 1 s window. Without the window every one of them would wake the worker for
 // a pass of its own.
 TEST(RefillWorkerTest, NotificationsArrivingDuringAPassAreTakenTogether) {
-  class HeldRuntime : public runtime::Runtime {
+  // The first create holds its pass until the test releases it.
+  class HeldRuntime : public InstantRuntime {
    public:
-    void Create(runtime::CreateRequest r, runtime::CreateCallback done) override {
-      if (!entered.HasBeenNotified()) {
-        entered.Notify();
-        release.WaitForNotification();
-      }
-      runtime::SandboxInfo info;
-      info.id = "h" + std::to_string(next_.fetch_add(1));
-      info.pool = r.pool;
-      std::move(done)(info);
-    }
-    void Delete(std::string, runtime::DeleteCallback done) override {
-      std::move(done)(absl::OkStatus());
-    }
-    void Suspend(std::string, runtime::DoneCallback done) override {
-      std::move(done)(absl::UnimplementedError("not used"));
-    }
-    void Resume(std::string, runtime::ResumeCallback done) override {
-      std::move(done)(absl::UnimplementedError("not used"));
-    }
-    absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override {
-      return std::vector<runtime::SandboxInfo>{};
-    }
     absl::Notification entered, release;
-    std::atomic<int> next_{1};
+
+   protected:
+    void BeforeCreate() override {
+      if (entered.HasBeenNotified()) return;
+      entered.Notify();
+      release.WaitForNotification();
+    }
   } runtime;
   MemoryStore store;
   SequentialIdGenerator ids("id-");
@@ -386,17 +386,7 @@ TEST(RefillWorkerTest, NotificationsArrivingDuringAPassAreTakenTogether) {
   auto a = Allocator::Create({}, &store, &runtime, &refill, &Clock::Real(), &ids);
   ASSERT_TRUE(a.ok());
   refill.Start(a->get());
-  absl::Notification t, p;
-  (*a)->PutTemplate(store::TemplateRecord{"py", "local", "", 0}, [&](absl::Status) { t.Notify(); });
-  t.WaitForNotification();
-  store::PoolRecord pool;
-  pool.name = "py";
-  pool.template_name = "py";
-  pool.min_warm = 1;
-  pool.max_warm = 1;
-  pool.empty_pool_policy = store::EmptyPoolPolicy::kFail;
-  (*a)->PutPool(pool, [&](absl::Status) { p.Notify(); });
-  p.WaitForNotification();
+  PutPyPool(a->get(), 1, 1, store::EmptyPoolPolicy::kFail);
   runtime.entered.WaitForNotification();  // a pass is creating the pool's sandbox
   const uint64_t before = refill.stats().passes;
   refill.PoolBelowTarget("py");  // arrives during the pass
