@@ -4,9 +4,11 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -636,6 +638,79 @@ TEST_F(ServerTest, AWaitWhoseClientGaveUpGrantsNothing) {
   }
   EXPECT_EQ(allocator_->GetPoolStatus("empty")->waiting, 0);
   EXPECT_EQ(allocator_->GetPoolStatus("empty")->warm, 1) << "the batch kept the sandbox";
+}
+
+// Clients giving up waiting claims (deadlines of 1-20 ms) from 8 threads while sandboxes
+// arrive one by one: each give-up runs the call's OnCancel, on whichever thread gRPC sees
+// it (the call's reactions run inline, not on gRPC's executor: call.h), racing with
+// grants answered from the store's thread. Nothing may hang, no sandbox may be granted
+// twice, a claim answered OK is active on its sandbox, and every sandbox is either warm
+// or held by exactly one active claim.
+TEST_F(ServerTest, ClientsGivingUpWhileSandboxesArriveLoseNothing) {
+  MakePool("empty", 0, 0, v1::EMPTY_POOL_POLICY_WAIT);
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 30;
+  constexpr int kSandboxes = 120;
+  std::atomic<bool> adding{true};
+  std::thread adder([&] {
+    for (int i = 0; i < kSandboxes; ++i) {
+      runtime::SandboxInfo info;
+      info.id = absl::StrCat("arriving-", i);
+      info.pool = "empty";
+      info.endpoint = absl::StrCat("unix:/tmp/", info.id);
+      EXPECT_TRUE(allocator_->AddSandbox(info).ok());
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    adding = false;
+  });
+  absl::Mutex mu;
+  std::map<std::string, std::string> granted;  // claim id -> sandbox id
+  std::vector<std::thread> clients;
+  for (int t = 0; t < kThreads; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::string id = absl::StrCat("give-up-", t, "-", i);
+        v1::ClaimRequest req = ClaimReq(id, "empty");
+        req.mutable_wait_timeout()->set_seconds(30);
+        auto ctx = Ctx(kAlice);
+        ctx->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(1 + (t * kPerThread + i) % 20));
+        v1::ClaimResponse resp;
+        grpc::Status s = claims_->Claim(ctx.get(), req, &resp);
+        if (s.ok()) {
+          absl::MutexLock lock(&mu);
+          granted[id] = resp.claim().sandbox().id();
+        } else {
+          EXPECT_TRUE(s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                      s.error_code() == grpc::StatusCode::CANCELLED)
+              << id << ": " << Describe(s);
+        }
+      }
+    });
+  }
+  for (std::thread& c : clients) c.join();
+  adder.join();
+  std::set<std::string> sandboxes;
+  for (const auto& [id, sandbox] : granted) {
+    EXPECT_TRUE(sandboxes.insert(sandbox).second) << "sandbox " << sandbox << " granted twice";
+    absl::StatusOr<store::ClaimRecord> c = allocator_->GetClaim("alice", id);
+    ASSERT_TRUE(c.ok()) << id << ": " << c.status();
+    EXPECT_EQ(c->state, store::ClaimState::kActive) << id;
+    EXPECT_EQ(c->sandbox_id, sandbox) << id;
+  }
+  // Claims granted after their client gave up are active too (a retry with the same id
+  // gets them): warm + claimed accounts for every sandbox once the calls have settled.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (allocator_->GetPoolStatus("empty")->waiting > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  const allocator::PoolStatus st = *allocator_->GetPoolStatus("empty");
+  EXPECT_EQ(st.waiting, 0);
+  EXPECT_EQ(st.warm + st.claimed, kSandboxes);
+  EXPECT_GE(st.claimed, static_cast<int64_t>(granted.size()));
+  std::printf("%zu of %d claims answered OK, %lld sandboxes claimed, %lld warm\n",
+              granted.size(), kThreads * kPerThread, static_cast<long long>(st.claimed),
+              static_cast<long long>(st.warm));
 }
 
 TEST_F(ServerTest, BatchIsAllOrNothing) {
