@@ -708,8 +708,8 @@ TEST_F(ServerTest, ClientsGivingUpWhileSandboxesArriveLoseNothing) {
   EXPECT_EQ(st.waiting, 0);
   EXPECT_EQ(st.warm + st.claimed, kSandboxes);
   EXPECT_GE(st.claimed, static_cast<int64_t>(granted.size()));
-  std::printf("%zu of %d claims answered OK, %lld sandboxes claimed, %lld warm\n",
-              granted.size(), kThreads * kPerThread, static_cast<long long>(st.claimed),
+  std::printf("%zu of %d claims answered OK, %lld sandboxes claimed, %lld warm\n", granted.size(),
+              kThreads * kPerThread, static_cast<long long>(st.claimed),
               static_cast<long long>(st.warm));
 }
 
