@@ -193,10 +193,14 @@ TEST_F(WarmPoolControllerTest, AMemberOfALostCreateGoesAtTheNextPass) {
   ASSERT_TRUE(controller_->Reconcile("py").ok());
   EXPECT_FALSE(Exists("py-lost")) << "a member nobody tracks was kept";
   // Deleted through the write scheduler at clean-up priority (write_scheduler.h); its
-  // count follows the write's end by a moment.
+  // count follows the write's end by a moment. At least one: the controller's own worker
+  // may reconcile the pool at the same time (the member's informer event queued it) and
+  // delete it too, which the API server answers 404 (the likely cause of a failure of
+  // the former "== cleanups + 1" under ctest -j2: the member was gone, the count never
+  // equal).
   EXPECT_TRUE(Eventually(
       [&] {
-        return writes_->stats().done[static_cast<size_t>(WritePriority::kCleanup)] == cleanups + 1;
+        return writes_->stats().done[static_cast<size_t>(WritePriority::kCleanup)] >= cleanups + 1;
       },
       absl::Seconds(10)));
 }
