@@ -222,13 +222,19 @@ TEST_F(MetricsTest, StoreFamiliesComeFromTheReader) {
   EXPECT_EQ(FindFamily(f, "sbx_claims_total"), nullptr);
 }
 
+// A tenant allowed one claim per second, with a burst of one.
+Caller OneClaimPerSecond(const std::string& tenant) {
+  Caller c;
+  c.tenant = tenant;
+  c.limits.claim_rate = 1;
+  c.limits.claim_burst = 1;
+  return c;
+}
+
 TEST_F(MetricsTest, TenantRefusalsAreCountedByTenant) {
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
   TenantLimiter limiter(&clock);
-  Caller alice;
-  alice.tenant = "alice";
-  alice.limits.claim_rate = 1;
-  alice.limits.claim_burst = 1;
+  const Caller alice = OneClaimPerSecond("alice");
   ASSERT_TRUE(limiter.TakeClaims(alice, 1).ok());
   ASSERT_FALSE(limiter.TakeClaims(alice, 1).ok());
   ASSERT_FALSE(limiter.TakeClaims(alice, 1).ok());
@@ -246,10 +252,7 @@ TEST_F(MetricsTest, TenantRefusalsAreCountedByTenant) {
 TEST_F(MetricsTest, MaxClaimsRefusalsAndClaimsHeldAreCountedByTenant) {
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
   TenantLimiter limiter(&clock);
-  Caller alice;
-  alice.tenant = "alice";
-  alice.limits.claim_rate = 1;
-  alice.limits.claim_burst = 1;
+  const Caller alice = OneClaimPerSecond("alice");
   ASSERT_TRUE(limiter.TakeClaims(alice, 1).ok());
   ASSERT_FALSE(limiter.TakeClaims(alice, 1).ok());
   ASSERT_TRUE(Claim("c1", 2).ok());

@@ -148,6 +148,12 @@ class ServerTest : public ::testing::Test {
     std::ofstream out(tokens_file_, std::ios::trunc);
     out << text;
   }
+  // Tokens of alice (with `alice_limits`, e.g. "max_claims=2"), bob and an admin, loaded.
+  void LimitAlice(const std::string& alice_limits) {
+    WriteTokens(absl::StrCat(kAlice, " alice ", alice_limits, "\n", kBob, " bob\n", kAdmin,
+                             " root admin\n"));
+    ASSERT_TRUE(server_->ReloadAuth().ok());
+  }
 
   std::string Token(const std::string& t) const { return insecure_ ? std::string() : t; }
 
@@ -297,9 +303,7 @@ TEST_F(ServerTest, FailPolicyOnEmptyPoolIsResourceExhaustedWithRetryHint) {
 // test runs, however slow the machine.)
 TEST_F(ServerTest, ATenantAboveItsClaimRateIsRefusedAndOthersAreNot) {
   MakePool("py", 8, 8);
-  WriteTokens(absl::StrCat(kAlice, " alice claim_rate=0.01 claim_burst=2\n", kBob, " bob\n", kAdmin,
-                           " root admin\n"));
-  ASSERT_TRUE(server_->ReloadAuth().ok());
+  ASSERT_NO_FATAL_FAILURE(LimitAlice("claim_rate=0.01 claim_burst=2"));
   v1::ClaimResponse resp;
   ASSERT_TRUE(Claim(kAlice, ClaimReq("a1"), &resp).ok());
   ASSERT_TRUE(Claim(kAlice, ClaimReq("a2"), &resp).ok());
@@ -340,9 +344,7 @@ TEST_F(ServerTest, ATenantAboveItsClaimRateIsRefusedAndOthersAreNot) {
 // a release frees a slot; another tenant is untouched.
 TEST_F(ServerTest, ATenantAtItsMaxClaimsIsRefusedUntilItReleasesOne) {
   MakePool("py", 8, 8);  // every claim below finds a warm sandbox without the refill
-  WriteTokens(absl::StrCat(kAlice, " alice max_claims=2 weight=3\n", kBob, " bob\n", kAdmin,
-                           " root admin\n"));
-  ASSERT_TRUE(server_->ReloadAuth().ok());
+  ASSERT_NO_FATAL_FAILURE(LimitAlice("max_claims=2 weight=3"));
   v1::ClaimResponse resp;
   ASSERT_TRUE(Claim(kAlice, ClaimReq("a1"), &resp).ok());
   ASSERT_TRUE(Claim(kAlice, ClaimReq("a2"), &resp).ok());
@@ -390,8 +392,7 @@ TEST_F(ServerTest, ATenantAtItsMaxClaimsIsRefusedUntilItReleasesOne) {
 // go to alice's interactive claim and her two oldest, then to bob's oldest.
 TEST_F(ServerTest, WaitingClaimsAreServedByTenantWeightAndPriority) {
   MakePool("scarce", 0, 0, v1::EMPTY_POOL_POLICY_WAIT);
-  WriteTokens(absl::StrCat(kAlice, " alice weight=3\n", kBob, " bob\n", kAdmin, " root admin\n"));
-  ASSERT_TRUE(server_->ReloadAuth().ok());
+  ASSERT_NO_FATAL_FAILURE(LimitAlice("weight=3"));
   std::vector<std::thread> callers;
   std::vector<grpc::Status> results(8);
   auto claim_in_background = [&](int i, const std::string& token, const std::string& id,
