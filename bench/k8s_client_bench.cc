@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "src/k8s/client.h"
+#include "src/k8s/leader_election.h"
 #include "tests/k8s/emulator_process.h"
 
 namespace sbx::k8s {
@@ -56,6 +57,36 @@ void BM_K8s_Create(benchmark::State& state) {
     const std::string name = absl::StrCat("c-", g_serial.fetch_add(1));
     absl::StatusOr<Json> created = g_client->Create(kLeases, "bench", Lease(name));
     if (!created.ok()) state.SkipWithError(created.status().ToString().c_str());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// Issue 32's fence: a write (a Secret create, which a leader's client fences) through a
+// client without a fence (arg 0, the baseline) and with a leading elector's fence (arg 1),
+// alternating in one run; and the fence's check alone.
+LeaderElector* g_elector = nullptr;
+std::unique_ptr<Client> g_fenced;
+
+Json Secret(const std::string& name) {
+  return {{"metadata", {{"name", name}, {"namespace", "bench"}}}, {"type", "Opaque"}};
+}
+
+void BM_K8s_CreateFenced(benchmark::State& state) {
+  if (state.thread_index() == 0) SetLatency(state, 0);
+  Client* client = state.range(0) == 0 ? g_client.get() : g_fenced.get();
+  for (auto _ : state) {
+    const std::string name = absl::StrCat("s-", g_serial.fetch_add(1));
+    absl::Status created = client->CreateNoResult(kSecrets, "bench", Secret(name));
+    if (!created.ok()) state.SkipWithError(created.ToString().c_str());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+void BM_Fence_WriteWindow(benchmark::State& state) {
+  for (auto _ : state) {
+    absl::StatusOr<absl::Duration> window = g_elector->WriteWindow();
+    if (!window.ok()) state.SkipWithError(window.status().ToString().c_str());
+    benchmark::DoNotOptimize(window);
   }
   state.SetItemsProcessed(state.iterations());
 }
@@ -129,6 +160,16 @@ BENCHMARK(BM_K8s_Create)
     ->Threads(64)
     ->UseRealTime();
 BENCHMARK(BM_K8s_WatchEvents)->ArgName("latency_ms")->Arg(0)->Arg(5)->UseRealTime();
+BENCHMARK(BM_K8s_CreateFenced)
+    ->ArgName("fenced")
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(0)
+    ->Arg(1)
+    ->Threads(1)
+    ->Threads(16)
+    ->UseRealTime();
+BENCHMARK(BM_Fence_WriteWindow)->Threads(1)->Threads(2);
 
 }  // namespace
 }  // namespace sbx::k8s
@@ -174,10 +215,34 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // A leader for the fenced client (it leads for the whole run: renewals every second).
+  auto fenced = sbx::k8s::Client::Create(emulator.Cluster(), options);
+  if (!fenced.ok()) {
+    std::fprintf(stderr, "%s\n", fenced.status().ToString().c_str());
+    return 1;
+  }
+  sbx::k8s::g_fenced = *std::move(fenced);
+  sbx::k8s::LeaderElectionOptions election;
+  election.identity = "bench";
+  election.lease_namespace = "bench";
+  election.lease_name = "bench-leader";
+  election.renew_deadline = absl::Seconds(3);
+  election.retry_period = absl::Seconds(1);
+  sbx::k8s::LeaderElector elector(sbx::k8s::g_client.get(), election, nullptr, nullptr);
+  elector.Start();
+  for (int i = 0; i < 500 && !elector.IsLeader(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  if (!elector.IsLeader()) {
+    std::fprintf(stderr, "the bench's elector did not lead\n");
+    return 1;
+  }
+  sbx::k8s::g_elector = &elector;
+  sbx::k8s::g_fenced->SetWriteFence(&elector);
   int bench_argc = static_cast<int>(rest.size());
   benchmark::Initialize(&bench_argc, rest.data());
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  elector.Stop();
+  sbx::k8s::g_fenced.reset();
   sbx::k8s::g_client.reset();
   return 0;
 }

@@ -12,6 +12,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/config.h"
+#include "src/k8s/json_fields.h"
 #include "src/k8s/resources.h"
 #include "src/k8s/sandbox_key.h"
 
@@ -39,6 +40,21 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
       ->capture_default_str();
   app.add_option("--kube_identity", flags->identity,
                  "this replica's name in the Lease (default: hostname-pid)");
+  app.add_option("--kube_lease_duration_seconds", flags->lease_duration_s,
+                 "with --kube_leader_election: how long the Lease holds without a renewal; a "
+                 "replica that can reach the leader, or has no replication stream from it, "
+                 "takes a silent leader's Lease after this")
+      ->capture_default_str();
+  app.add_option("--kube_renew_deadline_seconds", flags->renew_deadline_s,
+                 "with --kube_leader_election: the leader's write window: it writes nothing "
+                 "(and steps down) once its last successful renewal began this long ago, on "
+                 "its monotonic clock; a standby whose replication stream broke takes over "
+                 "0.5 s after that")
+      ->capture_default_str();
+  app.add_option("--kube_retry_period_seconds", flags->retry_period_s,
+                 "with --kube_leader_election: how often the Lease is renewed or looked at, "
+                 "and the timeout of each election request (never retried)")
+      ->capture_default_str();
   app.add_option("--kube_pool_namespace", flags->pool_namespace,
                  "the default namespace: its pools are named without one over gRPC and in the "
                  "store (\"py\" is \"<this>/py\"), those of others \"<namespace>/<pool>\" "
@@ -153,6 +169,21 @@ KubeControllers::~KubeControllers() {
   templates_.reset();
   sandboxes_.reset();
   client_.reset();
+  election_client_.reset();
+}
+
+size_t KubeControllers::ClusterSandboxes() const {
+  if (sandboxes_ == nullptr) return 0;
+  size_t n = 0;
+  for (const k8s::ObjectPtr& sandbox : sandboxes_->sandbox_informer().List()) {
+    const k8s::Json& labels = k8s::json_fields::Field(
+        k8s::json_fields::Field(*sandbox, "metadata"), "labels");
+    if (!k8s::json_fields::Str(labels, k8s::kSbxPoolLabel).empty() ||
+        !k8s::json_fields::Str(labels, k8s::kClaimUidLabel).empty()) {
+      ++n;
+    }
+  }
+  return n;
 }
 
 absl::Status KubeControllers::StartPools(allocator::Allocator* allocator) {
@@ -186,8 +217,30 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags& fl
   client_options.burst = flags.burst;
   client_options.transport = flags.http_transport;
   client_options.registry = flags.registry;
+  // The replica's name in every request's User-Agent, so that the API server's audit log
+  // (and the emulator's request log) tells which replica wrote what.
+  client_options.user_agent = absl::StrCat(
+      client_options.user_agent, " (", flags.identity.empty() ? DefaultIdentity() : flags.identity,
+      ")");
   auto kube = std::make_unique<KubeControllers>();
   ASSIGN_OR_RETURN(kube->client_, k8s::Client::Create(*cluster, client_options));
+  if (flags.leader_election) {
+    if (!(flags.retry_period_s > 0 && flags.renew_deadline_s > flags.retry_period_s &&
+          flags.lease_duration_s > flags.renew_deadline_s)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "leader election needs --kube_lease_duration_seconds > --kube_renew_deadline_seconds "
+          "> --kube_retry_period_seconds > 0 (got ",
+          flags.lease_duration_s, ", ", flags.renew_deadline_s, ", ", flags.retry_period_s, ")"));
+    }
+    // A renewal is two requests (read, compare-and-swap write), each bounded by the retry
+    // period and never retried: an attempt cannot hang past the renew deadline's reach.
+    k8s::ClientOptions election = client_options;
+    election.request_timeout = absl::Seconds(flags.retry_period_s);
+    election.max_retries = 0;
+    election.qps = 0;  // the shared limiter's queue must not delay a renewal
+    election.registry = nullptr;
+    ASSIGN_OR_RETURN(kube->election_client_, k8s::Client::Create(*cluster, election));
+  }
   return kube;
 }
 
@@ -209,6 +262,11 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
   options.election.identity = flags.identity.empty() ? DefaultIdentity() : flags.identity;
   options.election.address = flags.advertise_address;
   options.election.may_lead = flags.may_lead;
+  options.election.leader_unreachable = flags.leader_unreachable;
+  options.election.lease_duration = absl::Seconds(flags.lease_duration_s);
+  options.election.renew_deadline = absl::Seconds(flags.renew_deadline_s);
+  options.election.retry_period = absl::Seconds(flags.retry_period_s);
+  options.election_client = kube.election_client_.get();
   options.on_stopped_leading = flags.on_stopped_leading;
   kube.sandboxes_ = std::make_unique<k8s::SandboxController>(client, options);
   k8s::SandboxController* sandboxes = kube.sandboxes_.get();

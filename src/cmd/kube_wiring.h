@@ -43,8 +43,17 @@ struct KubeFlags {
   // Lease while it leads), and what to do when it stops leading (lost Lease or Stop).
   std::string advertise_address;
   std::function<void()> on_stopped_leading;
-  // LeaderElectionOptions::may_lead (store replication: replication_wiring.h).
+  // LeaderElectionOptions::may_lead and leader_unreachable (store replication:
+  // replication_wiring.h).
   std::function<bool(const k8s::LeaseTerm&)> may_lead;
+  std::function<bool()> leader_unreachable;
+  // The election's timing (LeaderElectionOptions): the Lease's duration, the leader's
+  // renew deadline (its write window) and the retry period (also each election request's
+  // timeout). A standby that cannot reach a dead leader takes over about renew_deadline +
+  // 0.5 s after its last renewal; others after lease_duration.
+  double lease_duration_s = 15;
+  double renew_deadline_s = 3;
+  double retry_period_s = 1;
   // Warm pools and claims (with --runtime kubernetes) are served in `ns` (every namespace
   // when empty). pool_namespace is the default namespace, whose pools the allocator and
   // gRPC name without one (DefaultNamespace); then the write workers and write budget.
@@ -104,6 +113,10 @@ class KubeControllers {
   k8s::LeaderElector* elector() const {
     return sandboxes_ != nullptr ? sandboxes_->elector() : nullptr;
   }
+  // The Sandboxes in the Sandbox controller's cache that sbx made for a pool or that a
+  // SandboxClaim holds (labels sbx.dev/pool, agents.x-k8s.io/claim-uid); 0 before
+  // StartKube.
+  size_t ClusterSandboxes() const;
   // Starts the warm-pool and claim controllers on `allocator`.
   absl::Status StartPools(allocator::Allocator* allocator);
   // Stops the pool and claim controllers, then the writes and the runtime: queued writes
@@ -121,6 +134,8 @@ class KubeControllers {
   friend absl::Status StartKube(KubeControllers&, const KubeFlags&, bool,
                                 std::function<void(const std::string&)>);
   std::unique_ptr<k8s::Client> client_;
+  // The elector's: each request bounded by the retry period, none retried.
+  std::unique_ptr<k8s::Client> election_client_;
   std::unique_ptr<k8s::SandboxController> sandboxes_;
   std::unique_ptr<k8s::TemplateController> templates_;
   std::unique_ptr<k8s::WriteScheduler> writes_;

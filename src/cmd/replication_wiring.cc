@@ -89,6 +89,61 @@ std::shared_ptr<grpc::Service> Replication::NewService() {
 }
 
 bool Replication::MayLead(const k8s::LeaseTerm& lease) {
+  if (!lease.promote.empty() && lease.promote == options_.identity) {
+    // An operator's word (docs/operations.md): this replica leads with what its store has.
+    absl::StatusOr<std::optional<store::ReplicaMarker>> marker = store_->ReadMarker();
+    absl::MutexLock lock(&mu_);
+    approved_.reset();
+    if (marker.ok()) approved_ = *marker;
+    spdlog::warn(
+        "the Lease's {} annotation names this replica (\"{}\"): taking the Lease with this "
+        "store as it is; acknowledged claims only the lost stores held are gone",
+        k8s::kPromoteAnnotation, options_.identity);
+    return true;
+  }
+  if (!lease.promote.empty()) {
+    absl::MutexLock lock(&mu_);
+    const std::string why = absl::StrCat("the Lease's ", k8s::kPromoteAnnotation,
+                                         " annotation names \"", lease.promote, "\"");
+    if (why != last_refusal_) {
+      last_refusal_ = why;
+      spdlog::warn("not taking the Lease: {}, not this replica (\"{}\")", why,
+                   options_.identity);
+    }
+    return false;
+  }
+  if (!lease.exists) {
+    // Nothing says which store is the truth, and an empty store that led would erase the
+    // cluster's claimed sandboxes: only a new cluster's first replica makes the Lease.
+    absl::StatusOr<std::optional<store::ReplicaMarker>> marker = store_->ReadMarker();
+    const size_t in_cluster = options_.cluster_sandboxes ? options_.cluster_sandboxes() : 0;
+    std::string why;
+    if (!marker.ok()) {
+      why = marker.status().ToString();
+    } else if (marker->has_value()) {
+      why = absl::StrCat("this replica's store holds leader \"", (*marker)->leader, "\"'s term ",
+                         (*marker)->term,
+                         ", and with no Lease nothing says whether another replica holds a newer "
+                         "one");
+    } else if (in_cluster > 0) {
+      why = absl::StrCat("this replica's store is empty and the cluster has ", in_cluster,
+                         " Sandboxes made or bound by sbx: leading would give up their claims");
+    } else {
+      absl::MutexLock lock(&mu_);
+      approved_.reset();
+      return true;  // a new cluster
+    }
+    absl::MutexLock lock(&mu_);
+    if (why != last_refusal_) {
+      last_refusal_ = why;
+      spdlog::warn(
+          "the Lease is missing and this replica does not make it: {}. Name the replica to "
+          "lead by creating the Lease with the annotation {}=<identity> (docs/operations.md, "
+          "\"Losing the only complete copy\")",
+          why, k8s::kPromoteAnnotation);
+    }
+    return false;
+  }
   if (!lease.replicated) {
     absl::MutexLock lock(&mu_);
     approved_.reset();
@@ -122,8 +177,8 @@ bool Replication::MayLead(const k8s::LeaseTerm& lease) {
     spdlog::warn(
         "not taking the Lease of leader \"{}\" (term {}): {}. Its acknowledged claims may be "
         "only in its store and its in-sync standby's; this replica waits for one of them (to "
-        "lead anyway, accepting their loss, delete the Lease: docs/operations.md)",
-        lease.leader, lease.term, why);
+        "lead anyway, accepting their loss, annotate the Lease {}={}: docs/operations.md)",
+        lease.leader, lease.term, why, k8s::kPromoteAnnotation, options_.identity);
   }
   return false;
 }
@@ -137,6 +192,12 @@ void Replication::StartFollowing(std::function<std::string()> leader_address) {
   o.store = store_;
   follower_ = std::make_unique<replication::Follower>(std::move(o));
   follower_->Start();
+  following_.store(follower_.get(), std::memory_order_release);
+}
+
+bool Replication::LeaderUnreachable() const {
+  const replication::Follower* f = following_.load(std::memory_order_acquire);
+  return f != nullptr && !f->Stats().following;
 }
 
 absl::Status Replication::Lead(int64_t term,
@@ -170,6 +231,8 @@ absl::Status Replication::Lead(int64_t term,
 }
 
 void Replication::Stop() {
+  // The shutdown and a deposed leader's elector thread may both stop it.
+  absl::MutexLock serialized(&stop_mu_);
   if (follower_ != nullptr) follower_->Stop();
   std::shared_ptr<replication::ReplicationHub> hub;
   {

@@ -8,6 +8,7 @@
 // Thread-safety: MayLead runs on the elector's thread, Lead on the promotion thread, the
 // services on gRPC's; the rest from main's thread.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,6 +32,10 @@ struct ReplicationOptions {
   std::string token;                                      // the replicas' replication token
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // to the leader; insecure when null
   absl::Duration ack_timeout = absl::Seconds(2);
+  // How many Sandboxes of the cluster sbx made or bound (pool members, claimed ones), for
+  // a missing Lease: only a replica that finds none (a new cluster) makes the Lease
+  // without an operator's word. Null: none are ever found.
+  std::function<size_t()> cluster_sandboxes;
 };
 
 class Replication {
@@ -47,6 +52,9 @@ class Replication {
   bool MayLead(const k8s::LeaseTerm& lease) ABSL_LOCKS_EXCLUDED(mu_);
   // Follows the leader at leader_address() until Lead or Stop.
   void StartFollowing(std::function<std::string()> leader_address);
+  // LeaderElectionOptions::leader_unreachable: true while following and the stream from
+  // the leader is down (it broke, or cannot be opened).
+  bool LeaderUnreachable() const;
   // This replica took the Lease in `term`: stops following, checks that the store is
   // still the one MayLead approved, marks it as this term's truth and starts shipping.
   // FAILED_PRECONDITION when the store changed since the approval (do not serve then).
@@ -64,6 +72,10 @@ class Replication {
   store::Replicable* const store_;
   const ReplicationOptions options_;
   std::unique_ptr<replication::Follower> follower_;
+  // follower_ for the elector's thread (LeaderUnreachable), which runs before
+  // StartFollowing: set once, after the follower started.
+  std::atomic<const replication::Follower*> following_{nullptr};
+  absl::Mutex stop_mu_;  // held through Stop
   mutable absl::Mutex mu_;
   std::shared_ptr<replication::ReplicationHub> hub_ ABSL_GUARDED_BY(mu_);
   // What MayLead last approved (nullopt: nothing, or a Lease without replication).

@@ -2,16 +2,19 @@
 // refill reconciler, serve gRPC, wait for SIGTERM/SIGINT (SIGHUP reloads the tokens
 // file), shut down with a deadline.
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include <signal.h>
 #include <unistd.h>
@@ -75,12 +78,24 @@ void LogFromGrpc(gpr_log_func_args* args) {
 // (warm ones are dropped and refilled, claimed ones become LOST, each logged and counted
 // in sbx_claims_lost_at_restart_total); what exists but is not ready keeps its claim, or
 // is retired when warm; what the runtime runs and the store does not know (created after
-// the last commit) is deleted. Only the runtime's List decides absence, so
-// it must answer existence with confidence or fail (the Kubernetes runtime fails while
-// its cache has not completed a list): a failed List stops the start, it never counts as
-// an empty one.
+// the last commit) is deleted, except what a claim holds in the runtime's own records (a
+// SandboxClaim's Sandbox: adopted, left to its claim), and except when there are more of
+// them than `limits` allow without confirmation (a store that lost its history would
+// erase the cluster): then none is deleted and each is logged. Only the runtime's List
+// decides absence, so it must answer existence with confidence or fail (the Kubernetes
+// runtime fails while its cache has not completed a list): a failed List stops the start,
+// it never counts as an empty one.
+struct StartDeleteLimits {
+  // Unknown sandboxes deleted at most: this share of the running ones, and never fewer
+  // than `floor` (a restart finds the few made after the last commit).
+  double share = 0.2;
+  size_t floor = 10;
+  bool confirmed = false;  // --start_confirm_deletes: delete them all
+};
+
 absl::Status ReconcileWithRuntime(sbx::allocator::Allocator& allocator,
-                                  sbx::runtime::Runtime& runtime, prometheus::Registry& registry) {
+                                  sbx::runtime::Runtime& runtime, prometheus::Registry& registry,
+                                  const StartDeleteLimits& limits) {
   auto running = runtime.List();
   if (!running.ok()) {
     return absl::Status(
@@ -121,8 +136,36 @@ absl::Status ReconcileWithRuntime(sbx::allocator::Allocator& allocator,
     }
     if (allocator.SandboxGone(id).ok()) ++gone;
   }
-  for (const std::string& id : live) {
-    if (known.contains(id)) continue;
+  std::vector<std::string> unknown;
+  size_t adopted_claimed = 0;
+  for (const sbx::runtime::SandboxInfo& s : *running) {
+    if (known.contains(s.id)) continue;
+    if (!s.held_by_claim.empty()) {
+      ++adopted_claimed;
+      spdlog::info("sandbox {} is unknown to the store but held by claim uid {}: kept", s.id,
+                   s.held_by_claim);
+      continue;
+    }
+    unknown.push_back(s.id);
+  }
+  const size_t limit = std::max(
+      limits.floor, static_cast<size_t>(limits.share * static_cast<double>(running->size())));
+  size_t over_limit = 0;
+  if (unknown.size() > limit && !limits.confirmed) {
+    over_limit = unknown.size();
+    std::sort(unknown.begin(), unknown.end());
+    for (const std::string& id : unknown) {
+      spdlog::warn("sandbox {} is unknown to the store: NOT deleted (over the start's limit)", id);
+    }
+    spdlog::error(
+        "{} of the {} running sandboxes are unknown to this replica's store, more than the {} "
+        "a start deletes by itself: none was deleted. A store that lost its history would "
+        "erase them; if this store is the truth, restart with --start_confirm_deletes "
+        "(docs/operations.md)",
+        unknown.size(), running->size(), limit);
+    unknown.clear();
+  }
+  for (const std::string& id : unknown) {
     ++deleted;
     runtime.Delete(id, [id](absl::Status s) {
       if (!s.ok() && !absl::IsNotFound(s)) {
@@ -131,12 +174,14 @@ absl::Status ReconcileWithRuntime(sbx::allocator::Allocator& allocator,
     });
   }
   sbx::server::RegisterClaimsLostAtRestart(registry, lost);
+  sbx::server::RegisterStartSandboxesKept(registry, adopted_claimed, over_limit);
   spdlog::info(
       "runtime reconciled: {} sandboxes adopted ({} claimed ones kept and {} warm ones retired "
       "while not ready), {} from before the restart gone ({} claims LOST), {} unknown ones "
-      "deleted",
+      "deleted, {} unknown ones kept (held by a claim in the runtime), {} kept over the delete "
+      "limit",
       live.size() - deleted, kept_unready, retired, gone, lost[sbx::server::kLostSandboxMissing],
-      deleted);
+      deleted, adopted_claimed, over_limit);
   return absl::OkStatus();
 }
 
@@ -232,6 +277,15 @@ int main(int argc, char** argv) {
                  "standby to acknowledge a group commit before it drops the standby (and, once "
                  "the Lease names no standby, acknowledges alone)")
       ->capture_default_str();
+  StartDeleteLimits start_delete_limits;
+  app.add_option("--start_max_delete_share", start_delete_limits.share,
+                 "at start, running sandboxes unknown to the store are deleted only while they "
+                 "are at most this share of the running ones (or 10); past it none is, each is "
+                 "logged (a store that lost its history would erase the cluster)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--start_confirm_deletes", start_delete_limits.confirmed,
+               "at start, delete every running sandbox unknown to the store, however many");
   app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
@@ -404,6 +458,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<sbx::server::Server> standby;
   std::unique_ptr<sbx::cmd::Replication> replication;
   std::atomic<bool> stopping{false};
+  // What a leader that loses the Lease stops first, on the elector's thread, before the
+  // server's shutdown (docs/architecture.md, "Fencing"): set once everything it names
+  // exists.
+  absl::Mutex quiesce_mu;
+  std::function<void()> quiesce;
+  std::once_flag quiesced;
   if (standby_first) {
     if (kube_flags.identity.empty()) kube_flags.identity = sbx::cmd::DefaultIdentity();
     // Store replication (docs/architecture.md, "Replicas"): this replica follows the
@@ -413,6 +473,8 @@ int main(int argc, char** argv) {
     replication_options.identity = kube_flags.identity;
     replication_options.token = sandbox_secrets->For(sbx::replication::kReplicationTokenLabel);
     replication_options.ack_timeout = absl::Seconds(replication_ack_timeout_s);
+    // Asked by the elector (after StartKube has made `kube`'s caches) for a missing Lease.
+    replication_options.cluster_sandboxes = [&kube] { return kube->ClusterSandboxes(); };
     if (!server_options.tls_cert_file.empty()) {
       auto hop = sbx::server::HopCredentials(server_options);
       if (!hop.ok()) return Fail(hop.status());
@@ -424,6 +486,7 @@ int main(int argc, char** argv) {
     kube_flags.may_lead = [r = replication.get()](const sbx::k8s::LeaseTerm& t) {
       return r->MayLead(t);
     };
+    kube_flags.leader_unreachable = [r = replication.get()] { return r->LeaderUnreachable(); };
     server_options.extra_services.push_back(replication->NewService());
     sbx::server::ServerOptions standby_options = server_options;
     standby_options.extra_services = {replication->NewService()};
@@ -444,11 +507,18 @@ int main(int argc, char** argv) {
     // The next start binds the same port (gRPC sets SO_REUSEPORT), so that clients keep
     // one address across the promotion.
     server_options.listen = sbx::cmd::WithPort(server_options.listen, standby->port());
-    kube_flags.on_stopped_leading = [&stopping] {
+    kube_flags.on_stopped_leading = [&stopping, &quiesce_mu, &quiesce] {
       if (stopping.load()) return;
       spdlog::error(
-          "this replica no longer leads: stopping, so that it restarts as a standby (its "
-          "allocator may not act beside the new leader's)");
+          "this replica no longer leads: it acknowledges nothing more and its controllers, "
+          "write queues and refill stop now; then the server stops, so that it restarts as a "
+          "standby (its allocator may not act beside the new leader's)");
+      std::function<void()> first;
+      {
+        absl::MutexLock lock(&quiesce_mu);
+        first = quiesce;
+      }
+      if (first) first();
       kill(getpid(), SIGTERM);
     };
   }
@@ -469,6 +539,17 @@ int main(int argc, char** argv) {
     });
   }
   sbx::allocator::RefillReconciler refill(refill_options, active_runtime, &sbx::Clock::Real());
+  if (replication != nullptr) {
+    absl::MutexLock lock(&quiesce_mu);
+    // Once, whoever comes first: the elector's thread or the shutdown below.
+    quiesce = [&replication, &kube, &refill, &quiesced] {
+      std::call_once(quiesced, [&] {
+        replication->Stop();  // nothing more is acknowledged
+        kube->StopPools();    // controllers, then the write queues and the runtime's creates
+        refill.Stop();
+      });
+    };
+  }
   sbx::allocator::AllocatorOptions allocator_options;
   allocator_options.default_namespace = default_namespace;
   // The allocator recovers from the store when this replica serves: at once, or (a
@@ -534,7 +615,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<sbx::server::Server> server;
   auto activate = [&]() -> absl::Status {
     if (active_runtime != nullptr) {
-      RETURN_IF_ERROR(ReconcileWithRuntime(*allocator, *active_runtime, *registry));
+      RETURN_IF_ERROR(
+          ReconcileWithRuntime(*allocator, *active_runtime, *registry, start_delete_limits));
     }
     RETURN_IF_ERROR(sbx::cmd::ApplyConfig(config, *allocator));
     if (active_runtime != nullptr) refill.Start(allocator.get());
@@ -605,6 +687,14 @@ int main(int argc, char** argv) {
   {
     absl::MutexLock lock(&server_mu);
     if (server != nullptr) server->Shutdown(absl::Seconds(shutdown_grace_s));
+  }
+  {
+    std::function<void()> first;
+    {
+      absl::MutexLock lock(&quiesce_mu);
+      first = quiesce;
+    }
+    if (first) first();  // waits for the elector's thread if it began
   }
   if (kube != nullptr) kube->StopPools();
   metrics.reset();  // reads the allocator, refill, store and replication: goes before them

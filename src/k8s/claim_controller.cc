@@ -18,6 +18,7 @@
 #include "src/common/ids.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/json_fields.h"
+#include "src/k8s/kube_runtime.h"
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/thread_priority.h"
 
@@ -553,8 +554,16 @@ ClaimController::Placement ClaimController::PlacedBefore(const Json& claim, cons
   if (ObjectPtr cold = sandboxes_->Get(ns, name); cold != nullptr && ControllerUid(*cold) == uid) {
     return Placement{.sandbox = name, .cold = true};
   }
-  // Bound before, and neither the allocator nor the cluster has it any more.
   if (const std::string before = Str(Field(status, "sandbox"), "name"); !before.empty()) {
+    // Bound before, and the allocator does not know the claim (its store was lost, or the
+    // binding was made by another leader): a Sandbox that still carries this claim's uid
+    // is the claim's, kept as the API server records it.
+    if (ObjectPtr bound = sandboxes_->Get(ns, before);
+        bound != nullptr && !json_fields::BeingDeleted(*bound) &&
+        Str(Field(Field(*bound, "metadata"), "labels"), kClaimUidLabel) == uid) {
+      return Placement{.sandbox = before, .cold = true};
+    }
+    // Neither the allocator nor the cluster has it any more.
     return gone(before);
   }
   return Placement{};
@@ -629,7 +638,10 @@ absl::Status ClaimController::FollowSandbox(const Json& claim, const Json& statu
 
 absl::Status ClaimController::Refuse(const Json& claim, const Json& status,
                                      const ClaimRefusal& refusal) {
-  return writer_.WriteStatus(claim, RefusedStatus(status, refusal, clock_->Now()));
+  // Judged from this replica's caches and allocator: guarded by the claim's version, so a
+  // refusal that lands late (a deposed leader's) cannot overwrite what changed since.
+  return writer_.WriteStatus(claim, RefusedStatus(status, refusal, clock_->Now()),
+                             /*guarded=*/true);
 }
 
 void ClaimController::RecordReady(const Json& claim, const Placement& placement, absl::Time now) {

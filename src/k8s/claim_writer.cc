@@ -105,13 +105,15 @@ Json ClaimWriter::LastStatus(const Json& claim) {
   return Field(claim, "status");
 }
 
-absl::Status ClaimWriter::WriteStatus(const Json& claim, Json status) {
+absl::Status ClaimWriter::WriteStatus(const Json& claim, Json status, bool guarded) {
   if (StatusShows(LastStatus(claim), status)) return absl::OkStatus();
   const Json& meta = Field(claim, "metadata");
   const std::string name = Str(meta, "name");
+  Json patch = {{"status", status}};
+  if (guarded) patch["metadata"] = {{"resourceVersion", Str(meta, "resourceVersion")}};
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
     return client_->PatchNoResult(kSandboxClaims, Str(meta, "namespace"), name, PatchType::kMerge,
-                                  Json{{"status", status}}, "status");
+                                  patch, "status");
   });
   if (s.ok()) {
     absl::MutexLock lock(&mu_);

@@ -54,7 +54,10 @@ class ClaimWriter {
   Json LastStatus(const Json& claim) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `status` to `claim` (a merge patch of the status subresource) unless
   // LastStatus(claim) shows it already. OK when the claim is gone. Errors: the API's.
-  absl::Status WriteStatus(const Json& claim, Json status) ABSL_LOCKS_EXCLUDED(mu_);
+  // `guarded`: the patch names the copy's resourceVersion, so that it fails (ABORTED) when
+  // the claim changed since (a status that ends or refuses a claim, judged from the copy).
+  absl::Status WriteStatus(const Json& claim, Json status, bool guarded = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Adds `annotations` to `claim`'s metadata (a merge patch) unless its copy has them all
   // already or the same patch went out against the copy's version. OK when the claim is
   // gone. Errors: the API's.

@@ -401,10 +401,27 @@ absl::StatusOr<HttpResponse> Client::Do(Call call) {
   call.request.headers.emplace_back("Accept", "application/json");
   call.request.headers.emplace_back("User-Agent", options_.user_agent);
   bool reloaded_token = false;
+  // The Lease is how a replica comes to lead: its writes (the elector's, guarded by the
+  // Lease's own resourceVersion) are not fenced.
+  const bool write = (call.verb == "create" || call.verb == "update" || call.verb == "patch" ||
+                      call.verb == "delete") &&
+                     call.resource != &kLeases;
   for (int attempt = 0;; ++attempt) {
     const absl::Duration wait = limiter_.Reserve(absl::Now());
     if (wait > absl::ZeroDuration()) absl::SleepFor(wait);
     HttpRequest request = call.request;
+    if (write) {
+      if (const WriteFence* fence = fence_.load(std::memory_order_acquire); fence != nullptr) {
+        absl::StatusOr<absl::Duration> window = fence->WriteWindow();
+        if (!window.ok() || *window <= absl::ZeroDuration()) {
+          metrics_->Request(call.verb, resource, "fenced", absl::ZeroDuration());
+          return absl::FailedPreconditionError(absl::StrCat(
+              call.what, ": not sent: ",
+              window.ok() ? "this replica's write window has closed" : window.status().message()));
+        }
+        request.timeout = std::min(request.timeout, *window);
+      }
+    }
     Authorize(&request, /*force_reload=*/false);
     const absl::Time start = absl::Now();
     absl::StatusOr<HttpResponse> response = transport_->Send(request);

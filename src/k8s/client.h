@@ -19,6 +19,7 @@
 // Thread-safety: all methods may be called from any number of threads.
 // Lifetime: watches must be destroyed before the client.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -125,6 +126,19 @@ class Watch {
 
 class ClientMetrics;
 
+// What allows a replica to write to the API server (docs/architecture.md, "Fencing"): a
+// client with a fence asks it right before each attempt of every write (create, update,
+// patch, delete; not of Leases, the election's own), after the rate limiter's wait, and cuts the attempt's timeout to the
+// time it has left, so that a write still on the wire when leadership lapses is abandoned
+// then. Thread-safety: WriteWindow is called from any thread.
+class WriteFence {
+ public:
+  virtual ~WriteFence() = default;
+  // How long writes may still be sent from now (positive); FAILED_PRECONDITION saying why
+  // when none may (this replica does not lead, or its last renewal is too old).
+  virtual absl::StatusOr<absl::Duration> WriteWindow() const = 0;
+};
+
 class Client {
  public:
   // Builds a client for `cluster` with the cpprestsdk transport. INVALID_ARGUMENT for bad
@@ -181,6 +195,12 @@ class Client {
   // For informers: counts a watch restart of `r` for `reason` ("expired", "error", "end").
   void RecordWatchRestart(const Resource& r, const std::string& reason);
 
+  // Fences every later write with `fence` (null: none). A fenced write that may not be sent
+  // fails with FAILED_PRECONDITION without reaching the API server and is counted in
+  // sbx_k8s_requests_total with code "fenced". `fence` must outlive its use here: set
+  // another (or null) before destroying it.
+  void SetWriteFence(const WriteFence* fence) { fence_.store(fence, std::memory_order_release); }
+
  private:
   Client(ClusterConfig cluster, ClientOptions options, std::unique_ptr<HttpTransport> transport);
 
@@ -213,6 +233,9 @@ class Client {
   std::unique_ptr<HttpTransport> transport_;
   std::unique_ptr<ClientMetrics> metrics_;
   RateLimiter limiter_;
+  // Read before every write; set rarely (at start, at stop). acquire/release: the fence
+  // object is fully built before a writer can see it.
+  std::atomic<const WriteFence*> fence_{nullptr};
 
   absl::Mutex token_mu_;
   std::string token_ ABSL_GUARDED_BY(token_mu_);

@@ -259,7 +259,26 @@ void KubeRuntime::Delete(std::string id, runtime::DeleteCallback done) {
         DeleteOptions options;
         options.propagation_policy = "Background";
         const NamespacedName where = options_.namespaces.Split(id);
-        std::move (*shared_done)(client_->Delete(kSandboxes, where.ns, where.name, options));
+        // Guarded by the version this replica knows (its cache, then a fresh read after a
+        // 409): each try passes the client's fence again, so a write that a deposed leader
+        // held back while paused fails 409 rather than deleting what its successor changed.
+        auto guard = [&options](const Json& object) {
+          const Json& meta = Field(object, "metadata");
+          options.precondition_uid = Str(meta, "uid");
+          options.precondition_resource_version = Str(meta, "resourceVersion");
+        };
+        if (ObjectPtr cached = sandboxes_->Get(where.ns, where.name)) guard(*cached);
+        absl::Status s = client_->Delete(kSandboxes, where.ns, where.name, options);
+        for (int retry = 0; absl::IsAborted(s) && retry < 3; ++retry) {
+          absl::StatusOr<Json> fresh = client_->Get(kSandboxes, where.ns, where.name);
+          if (!fresh.ok()) {
+            s = fresh.status();
+            break;
+          }
+          guard(*fresh);
+          s = client_->Delete(kSandboxes, where.ns, where.name, options);
+        }
+        std::move (*shared_done)(s);
       },
       [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
 }
@@ -379,6 +398,7 @@ absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
     info.node_labels = NodeLabelsOf(info.node);
     info.ready = IsReady(Field(*sandbox, "status")) && !info.endpoint.empty();
     info.suspended = Str(Field(*sandbox, "spec"), "operatingMode") == "Suspended";
+    info.held_by_claim = Str(Field(meta, "labels"), kClaimUidLabel);
     out.push_back(std::move(info));
   }
   absl::MutexLock lock(&mu_);

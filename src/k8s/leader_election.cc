@@ -3,6 +3,7 @@
 #include "src/k8s/json_fields.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,7 @@ LeaseTerm LeaseTermOf(const Json& lease) {
                  annotations.contains(kTermLeaderAnnotation);
   t.leader = json_fields::Str(annotations, kTermLeaderAnnotation);
   t.sync_replica = json_fields::Str(annotations, kSyncReplicaAnnotation);
+  t.promote = json_fields::Str(annotations, kPromoteAnnotation);
   const Json& spec = json_fields::Field(lease, "spec");
   if (spec.is_object()) t.term = spec.value("leaseTransitions", int64_t{0});
   return t;
@@ -59,6 +61,36 @@ LeaderElector::LeaderElector(Client* client, LeaderElectionOptions options,
       address_(options_.address) {}
 
 LeaderElector::~LeaderElector() { Stop(); }
+
+absl::Time LeaderElector::Monotonic() const {
+  if (clock_ != &Clock::Real()) return clock_->Now();  // a test's clock
+  return absl::UnixEpoch() +
+         absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+absl::Time LeaderElector::WindowEnd() const {
+  if (!leader_.load(std::memory_order_acquire)) return absl::InfinitePast();
+  return absl::FromUnixNanos(window_end_ns_.load(std::memory_order_acquire));
+}
+
+bool LeaderElector::IsLeader() const { return Monotonic() < WindowEnd(); }
+
+absl::StatusOr<absl::Duration> LeaderElector::WriteWindow() const {
+  if (!leader_.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError(absl::StrCat(options_.identity, " does not hold Lease ",
+                                                      options_.lease_namespace, "/",
+                                                      options_.lease_name));
+  }
+  const absl::Duration left = WindowEnd() - Monotonic();
+  if (left <= absl::ZeroDuration()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        options_.identity, " has not renewed Lease ", options_.lease_namespace, "/",
+        options_.lease_name, " for ", absl::FormatDuration(options_.renew_deadline - left),
+        " (renew deadline ", absl::FormatDuration(options_.renew_deadline),
+        "): another replica may lead"));
+  }
+  return left;
+}
 
 void LeaderElector::Start() {
   thread_ = std::thread([this] { Run(); });
@@ -95,7 +127,7 @@ absl::Time LeaderElector::SleepingUntil() const {
   return sleeping_until_;
 }
 
-bool LeaderElector::TryAcquireOrRenew() {
+bool LeaderElector::TryAcquireOrRenew(absl::Time attempt_start) {
   const absl::Time now = clock_->Now();
   const std::string now_text = FormatMicroTime(now);
   const int64_t duration_s = absl::ToInt64Seconds(options_.lease_duration);
@@ -105,8 +137,13 @@ bool LeaderElector::TryAcquireOrRenew() {
     absl::MutexLock lock(&mu_);
     address = address_;
   }
-  const bool acquiring = !IsLeader();
+  const bool acquiring = !leader_.load(std::memory_order_acquire);
   if (absl::IsNotFound(lease.status())) {
+    // No Lease says whose store is the truth: only a replica whose store may lead makes
+    // one (a new cluster's first replica; docs/operations.md for the lost-Lease case).
+    LeaseTerm missing;
+    missing.exists = false;
+    if (options_.may_lead && !options_.may_lead(missing)) return false;
     Json fresh = {{"metadata",
                    {{"name", options_.lease_name},
                     {"annotations",
@@ -121,6 +158,8 @@ bool LeaderElector::TryAcquireOrRenew() {
                     {"leaseTransitions", 0}}}};
     if (!client_->Create(kLeases, options_.lease_namespace, fresh).ok()) return false;
     term_.store(0, std::memory_order_release);
+    window_end_ns_.store(absl::ToUnixNanos(attempt_start + options_.renew_deadline),
+                         std::memory_order_release);
     return true;
   }
   if (!lease.ok()) return false;
@@ -131,7 +170,22 @@ bool LeaderElector::TryAcquireOrRenew() {
   if (!mine && !holder.empty()) {
     const absl::Time renewed = ParseTime(spec.value("renewTime", std::string()));
     const int64_t their_duration = spec.value("leaseDurationSeconds", duration_s);
-    if (renewed + absl::Seconds(their_duration) > now) {  // held and fresh
+    std::string renewal = absl::StrCat(holder, "|", spec.value("renewTime", std::string()));
+    bool unreachable_and_stale = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (renewal != observed_renewal_) {
+        observed_renewal_ = std::move(renewal);
+        observed_renewal_at_ = attempt_start;
+      } else if (options_.leader_unreachable && options_.leader_unreachable() &&
+                 attempt_start - observed_renewal_at_ >=
+                     options_.renew_deadline + options_.takeover_margin) {
+        // The holder's write window closed by now on its own clock (it began before its
+        // renewal reached the API server, which is before this replica first saw it).
+        unreachable_and_stale = true;
+      }
+    }
+    if (renewed + absl::Seconds(their_duration) > now && !unreachable_and_stale) {
       std::string observed = json_fields::Str(
           json_fields::Field(json_fields::Field(*lease, "metadata"), "annotations"),
           kLeaderAddressAnnotation);
@@ -139,6 +193,13 @@ bool LeaderElector::TryAcquireOrRenew() {
       observed_address_ = std::move(observed);
       observed_expiry_ = renewed + absl::Seconds(their_duration);
       return false;
+    }
+    if (unreachable_and_stale) {
+      spdlog::warn(
+          "leader election: {} cannot reach leader \"{}\", whose Lease renewal has not changed "
+          "for {} (renew deadline {}): its write window has closed; taking the Lease",
+          options_.identity, holder, absl::FormatDuration(options_.renew_deadline + options_.takeover_margin),
+          absl::FormatDuration(options_.renew_deadline));
     }
   }
   {
@@ -156,6 +217,8 @@ bool LeaderElector::TryAcquireOrRenew() {
     // A new term of this replica: its store is the truth, and no standby has it yet.
     annotations[kTermLeaderAnnotation] = options_.identity;
     annotations[kSyncReplicaAnnotation] = "";
+    // An operator's promotion is used once.
+    if (annotations.is_object()) annotations.erase(kPromoteAnnotation);
   }
   spec["holderIdentity"] = options_.identity;
   spec["leaseDurationSeconds"] = duration_s;
@@ -164,6 +227,8 @@ bool LeaderElector::TryAcquireOrRenew() {
   // write in between turns it into ABORTED.
   if (!client_->Update(kLeases, options_.lease_namespace, *lease).ok()) return false;
   if (acquiring) term_.store(spec.value("leaseTransitions", int64_t{0}), std::memory_order_release);
+  window_end_ns_.store(absl::ToUnixNanos(attempt_start + options_.renew_deadline),
+                       std::memory_order_release);
   return true;
 }
 
@@ -210,9 +275,12 @@ void LeaderElector::Run() {
   while (true) {
     // Campaign: look again after retry_period, or as soon as the holder's term runs out
     // (so that a standby takes over a dead leader's Lease when it expires, not up to
-    // retry_period later).
-    while (!TryAcquireOrRenew()) {
+    // retry_period later), or every fast_poll while the leader is unreachable.
+    while (!TryAcquireOrRenew(Monotonic())) {
       absl::Duration wait = options_.retry_period;
+      if (options_.leader_unreachable && options_.leader_unreachable()) {
+        wait = std::min(wait, options_.fast_poll);
+      }
       {
         absl::MutexLock lock(&mu_);
         const absl::Duration left = observed_expiry_ - clock_->Now();
@@ -225,17 +293,31 @@ void LeaderElector::Run() {
                  options_.lease_namespace, options_.lease_name);
     leader_.store(true, std::memory_order_release);
     if (on_started_) on_started_();
-    // Lead: renew until stopped or unable to renew within the deadline.
-    absl::Time last_renew = clock_->Now();
+    // Lead: renew until stopped, or until the write window closes (renew_deadline after
+    // the start of the last successful renewal). The window closes by itself for every
+    // writer; this loop only notices it and steps down.
     bool stopping = false;
+    bool renewed = true;
     while (true) {
-      if (!Sleep(options_.retry_period)) {
+      // After a failed renewal, try again sooner: the window leaves room for several tries.
+      if (!Sleep(renewed ? options_.retry_period
+                         : std::min(options_.retry_period, options_.fast_poll))) {
         stopping = true;
         break;
       }
-      if (TryAcquireOrRenew()) {
-        last_renew = clock_->Now();
-      } else if (clock_->Now() - last_renew >= options_.renew_deadline) {
+      const absl::Time attempt = Monotonic();
+      if (attempt >= WindowEnd()) {
+        // Paused, or renewals kept failing: not even an attempt is made past the window
+        // (a renewal now would extend a term another replica may have begun).
+        spdlog::warn(
+            "leader election: {} has not renewed lease {}/{} within its renew deadline {}; "
+            "stepping down",
+            options_.identity, options_.lease_namespace, options_.lease_name,
+            absl::FormatDuration(options_.renew_deadline));
+        break;
+      }
+      renewed = TryAcquireOrRenew(attempt);
+      if (!renewed && Monotonic() >= WindowEnd()) {
         spdlog::warn("leader election: {} could not renew lease {}/{} for {}; stepping down",
                      options_.identity, options_.lease_namespace, options_.lease_name,
                      absl::FormatDuration(options_.renew_deadline));
@@ -243,6 +325,7 @@ void LeaderElector::Run() {
       }
     }
     leader_.store(false, std::memory_order_release);
+    window_end_ns_.store(0, std::memory_order_release);
     if (on_stopped_) on_stopped_();
     if (stopping) {
       Release();

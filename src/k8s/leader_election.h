@@ -3,11 +3,22 @@
 // coordination.k8s.io/v1 Lease (holderIdentity, leaseDurationSeconds, acquireTime,
 // renewTime, leaseTransitions), written with optimistic concurrency. A replica takes the
 // lease when it is free or its holder has not renewed it for leaseDurationSeconds; the
-// leader renews it every renew_period and gives up leadership (before the lease could
+// leader renews it every retry_period and gives up leadership (before the lease could
 // expire for the others) when it cannot renew for renew_deadline.
 //
-// Thread-safety: IsLeader may be called from any thread. Callbacks run on the elector's
-// thread.
+// Fencing (docs/architecture.md, "Fencing"): leadership is a window on the monotonic
+// clock, not a flag. Each successful renewal opens it until renew_deadline after the
+// attempt began (before its Lease write was sent); IsLeader and WriteWindow say false once
+// it has passed, whatever the elector thread is doing (a process paused past its Lease
+// resumes fenced). A standby whose link to the leader broke (leader_unreachable) takes the
+// Lease once it has seen the same renewal for renew_deadline + takeover_margin on its own
+// monotonic clock: by then the leader's window has closed, with no trust in either wall
+// clock. Otherwise a Lease is taken when its renewTime is leaseDurationSeconds old.
+// The elector's client should bound each request by retry_period and not retry it (the
+// wiring gives it a client of its own), so that an attempt cannot hang.
+//
+// Thread-safety: IsLeader and WriteWindow may be called from any thread. Callbacks run on
+// the elector's thread.
 // Lifetime: Stop (or the destructor) joins the thread, releasing the lease if held.
 
 #include <atomic>
@@ -28,12 +39,17 @@ namespace sbx::k8s {
 // "Replicas"): the leader whose store is the truth, its term, and the standby that holds
 // every commit it acknowledged.
 struct LeaseTerm {
+  // False when there is no Lease: nothing says which store is the truth then.
+  bool exists = true;
   // False for a Lease written by a version of sbx without store replication (or by
   // something else): nothing is known of the stores then.
   bool replicated = false;
   std::string leader;        // annotation kTermLeaderAnnotation
   int64_t term = 0;          // spec.leaseTransitions
   std::string sync_replica;  // annotation kSyncReplicaAnnotation; "" for none
+  // Annotation kPromoteAnnotation: the replica an operator named to lead next whatever its
+  // store holds (docs/operations.md, "Losing the only complete copy"); "" for none.
+  std::string promote;
 };
 
 struct LeaderElectionOptions {
@@ -47,27 +63,44 @@ struct LeaderElectionOptions {
   absl::Duration renew_deadline = absl::Seconds(10);
   absl::Duration retry_period = absl::Seconds(2);
   // Time of renewals, expiry and waits; the real clock when null. Must outlive the elector.
+  // The write window is measured on CLOCK_MONOTONIC with the real clock, on this clock's
+  // Now() with another (tests move it).
   const Clock* clock = nullptr;
-  // Asked before each attempt to take the Lease (free, expired, or still naming this
-  // identity after a restart) with what the Lease says; false: do not take it, look again
-  // after retry_period. Null: always take it. Not asked while this replica leads, nor for a
-  // Lease that does not exist yet (the first leader of a cluster).
+  // Asked before each attempt to take the Lease (free, expired, still naming this identity
+  // after a restart, or missing: LeaseTerm::exists false) with what the Lease says; false:
+  // do not take it, look again after retry_period. Null: always take it. Not asked while
+  // this replica leads.
   std::function<bool(const LeaseTerm&)> may_lead;
+  // True while this replica has lost its link to the leader (its replication stream
+  // broke). Then the Lease is looked at every fast_poll and taken once its holder's last
+  // renewal has been seen unchanged for renew_deadline + takeover_margin (see above).
+  // Null: never.
+  std::function<bool()> leader_unreachable;
+  absl::Duration takeover_margin = absl::Milliseconds(500);
+  absl::Duration fast_poll = absl::Milliseconds(200);
 
   absl::Status Validate() const;
 };
 
-class LeaderElector {
+class LeaderElector final : public WriteFence {
  public:
   LeaderElector(Client* client, LeaderElectionOptions options, std::function<void()> on_started,
                 std::function<void()> on_stopped);
-  ~LeaderElector();
+  ~LeaderElector() override;
 
   void Start();
   // Stops campaigning; a leader releases the lease (so another replica takes over at once)
   // and hears on_stopped.
   void Stop();
-  bool IsLeader() const { return leader_.load(std::memory_order_acquire); }
+  // True while this replica leads and its write window is open (see above).
+  bool IsLeader() const;
+  // WriteFence: the time left in this replica's write window; FAILED_PRECONDITION naming
+  // the Lease when it does not lead or the window has closed.
+  absl::StatusOr<absl::Duration> WriteWindow() const override;
+  // When the current write window closes, on Monotonic() (InfinitePast: none).
+  absl::Time WindowEnd() const;
+  // The clock of the write window: CLOCK_MONOTONIC, or a test clock's Now().
+  absl::Time Monotonic() const;
   // Where this replica serves (its gRPC "host:port"), written into the Lease's annotation
   // kLeaderAddressAnnotation whenever it takes or renews it, so that standbys can relay
   // calls to the leader. May be set at any time (the next renewal writes it).
@@ -90,7 +123,8 @@ class LeaderElector {
  private:
   void Run();
   // One attempt to take or renew the lease; true when this replica holds it afterwards.
-  bool TryAcquireOrRenew();
+  // `attempt_start` is the monotonic time the attempt began.
+  bool TryAcquireOrRenew(absl::Time attempt_start);
   void Release();
   bool Sleep(absl::Duration d);
 
@@ -104,6 +138,10 @@ class LeaderElector {
   // release pairs it with the lease state the elector saw.
   std::atomic<bool> leader_{false};
   std::atomic<int64_t> term_{0};
+  // End of the write window in nanoseconds of Monotonic() since the Unix epoch:
+  // written by the elector thread after each successful renewal, read by every writer
+  // (relaxed would do for the value itself; acquire/release orders it with leader_).
+  std::atomic<int64_t> window_end_ns_{0};
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -112,6 +150,10 @@ class LeaderElector {
   // When the other holder's term, as last read, runs out (InfiniteFuture: not known).
   absl::Time observed_expiry_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time sleeping_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The other holder's last renewal as seen ("holder|renewTime") and when it was first
+  // seen (monotonic), for the takeover of a leader this replica cannot reach.
+  std::string observed_renewal_ ABSL_GUARDED_BY(mu_);
+  absl::Time observed_renewal_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // The Lease annotation with the leader's gRPC address.
@@ -120,6 +162,10 @@ inline constexpr char kLeaderAddressAnnotation[] = "sbx.dev/leader-address";
 // it releases it), and the standby that holds every commit that leader acknowledged.
 inline constexpr char kTermLeaderAnnotation[] = "sbx.dev/term-leader";
 inline constexpr char kSyncReplicaAnnotation[] = "sbx.dev/sync-replica";
+// Written by an operator: the identity of the replica that may take the Lease next whatever
+// its store holds (accepting the loss of what only the lost stores had). Removed by that
+// replica when it takes the Lease.
+inline constexpr char kPromoteAnnotation[] = "sbx.dev/promote";
 // What `lease` (a coordination.k8s.io/v1 Lease) says of the stores.
 LeaseTerm LeaseTermOf(const Json& lease);
 

@@ -217,7 +217,25 @@ SandboxController::SandboxController(Client* client, SandboxControllerOptions op
   }
 }
 
-SandboxController::~SandboxController() { Stop(); }
+namespace {
+
+// The fence left on the client once the controller is gone: nothing more is written.
+class ClosedFence final : public WriteFence {
+ public:
+  absl::StatusOr<absl::Duration> WriteWindow() const override {
+    return absl::FailedPreconditionError("the Kubernetes controllers of this replica have stopped");
+  }
+};
+
+}  // namespace
+
+SandboxController::~SandboxController() {
+  Stop();
+  if (elector_ != nullptr) {
+    static const ClosedFence* closed = new ClosedFence();
+    client_->SetWriteFence(closed);
+  }
+}
 
 void SandboxController::EnqueueOwner(const ObjectPtr& object) {
   const Json& meta = Field(*object, "metadata");
@@ -247,12 +265,14 @@ absl::Status SandboxController::Start(absl::Duration sync_timeout) {
     LeaderElectionOptions election = options_.election;
     if (election.clock == nullptr) election.clock = clock_;
     elector_ = std::make_unique<LeaderElector>(
-        client_, election,
+        options_.election_client != nullptr ? options_.election_client : client_, election,
         [this] {
           // A new leader looks at everything once: the previous one may have left work.
           for (const ObjectPtr& sandbox : sandboxes_.List()) queue_.Add(KeyOf(*sandbox));
         },
         options_.on_stopped_leading);
+    // Before the elector can lead: no write of this client goes out unfenced from here.
+    client_->SetWriteFence(elector_.get());
     elector_->Start();
   }
   for (int i = 0; i < options_.workers; ++i) {

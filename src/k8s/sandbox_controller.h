@@ -36,9 +36,14 @@ struct SandboxControllerOptions {
   // "" watches every namespace.
   std::string ns;
   int workers = 4;
-  // Leader election (off: this replica always reconciles).
+  // Leader election (off: this replica always reconciles). With it, every write of the
+  // controller's client is fenced by the elector (Client::SetWriteFence) from Start on,
+  // and by a closed fence once the controller is destroyed.
   bool leader_election = false;
   LeaderElectionOptions election;
+  // The elector's own client, whose requests should be bounded by election.retry_period
+  // and not retried (LeaderElector); null: the controller's client.
+  Client* election_client = nullptr;
   // Called (on the elector's thread) when this replica stops leading, by losing the Lease
   // or at Stop.
   std::function<void()> on_stopped_leading;

@@ -161,11 +161,25 @@ InformerOptions WarmPoolController::InformerOn(const Resource& resource) const {
 
 absl::Status WarmPoolController::DeleteMember(const std::string& id) {
   const NamespacedName where = options_.namespaces.Split(id);
+  // The member as this pass judged it: the delete holds only while the Sandbox is still
+  // that version. A write that lands late (a deposed leader's, paused after its fence
+  // check) then fails 409 instead of deleting a member the new leader has bound since.
+  ObjectPtr judged = sandboxes_->Get(where.ns, where.name);
+  if (judged == nullptr) return absl::OkStatus();  // gone already
+  const Json& meta = Field(*judged, "metadata");
   absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
     DeleteOptions o;
     o.propagation_policy = "Background";
+    o.precondition_uid = Str(meta, "uid");
+    o.precondition_resource_version = Str(meta, "resourceVersion");
     return client_->Delete(kSandboxes, where.ns, where.name, o);
   });
+  if (absl::IsAborted(s)) {
+    // It changed since: the next pass judges it again.
+    spdlog::debug("Sandbox \"{}\" changed before its delete: kept for the next pass ({})",
+                  Namespaces::Path(where), std::string(s.message()));
+    return absl::OkStatus();
+  }
   return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 

@@ -46,6 +46,10 @@ struct SandboxInfo {
   // such as topology.kubernetes.io/zone); the spread and pack policies match a claim's
   // node preference against them.
   std::map<std::string, std::string> node_labels = {};
+  // The uid of the claim that holds it in the runtime's own records, where the runtime
+  // keeps one (Kubernetes: a SandboxClaim's, label agents.x-k8s.io/claim-uid); such a
+  // sandbox is bound outside sbx's store and is never deleted as unknown at start.
+  std::string held_by_claim = {};
 };
 
 using CreateCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;

@@ -458,6 +458,20 @@ void RegisterClaimsLostAtRestart(prometheus::Registry& registry,
   }
 }
 
+void RegisterStartSandboxesKept(prometheus::Registry& registry, uint64_t claimed,
+                                uint64_t over_limit) {
+  auto& family = prometheus::BuildGauge()
+                     .Name("sbx_start_sandboxes_kept")
+                     .Help(
+                         "Sandboxes running but unknown to the store that the reconciliation "
+                         "at this sbx-server's start did not delete, by reason: claimed (held "
+                         "by a claim the runtime records, adopted), over_delete_limit (more "
+                         "than the start may delete without --start_confirm_deletes)")
+                     .Register(registry);
+  family.Add({{"reason", "claimed"}}).Set(static_cast<double>(claimed));
+  family.Add({{"reason", "over_delete_limit"}}).Set(static_cast<double>(over_limit));
+}
+
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(
     const MetricsOptions& options, std::shared_ptr<prometheus::Registry> registry,
     MetricsSources sources) {

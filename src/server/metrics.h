@@ -145,6 +145,12 @@ inline constexpr char kLostSandboxMissing[] = "sandbox_missing";  // the runtime
 // reason of `lost` and kLostSandboxMissing, 0 when absent). Called once, at start.
 void RegisterClaimsLostAtRestart(prometheus::Registry& registry,
                                  const std::map<std::string, uint64_t>& lost);
+// sbx_start_sandboxes_kept{reason}: sandboxes the start's reconciliation found running
+// but unknown to the store and did not delete: "claimed" (held by a claim the runtime
+// records, adopted) and "over_delete_limit" (more unknown ones than the start may delete
+// without --start_confirm_deletes).
+void RegisterStartSandboxesKept(prometheus::Registry& registry, uint64_t claimed,
+                                uint64_t over_limit);
 
 // The HTTP endpoint: serves `registry` (the Kubernetes client's and controllers' metrics,
 // build info) and the server collector together on GET /metrics.

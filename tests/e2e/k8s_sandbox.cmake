@@ -7,6 +7,11 @@ set_tests_properties(e2e.k8s_sandbox PROPERTIES TIMEOUT 300)
 add_test(NAME e2e.k8s_pool COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_pool_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
 set_tests_properties(e2e.k8s_pool PROPERTIES TIMEOUT 600)
 
+# Fenced replicas (issue 32): a paused leader, a cut-off leader, a deleted Lease, three
+# replicas, kill -9 with the takeover time printed; the emulator's request log is the witness.
+add_test(NAME e2e.k8s_fencing COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_fencing_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
+set_tests_properties(e2e.k8s_fencing PROPERTIES TIMEOUT 600)
+
 # bench/k8s_pool_bench.py scaled down (300 members, 30 claims): it must run and count at
 # most 3 API writes per SandboxClaim; its timings are printed, never asserted.
 if(TARGET sbx-loadgen)

@@ -4,10 +4,12 @@
 
 #include <atomic>
 #include <initializer_list>
+#include <memory>
 
 #include "absl/synchronization/mutex.h"
 
 #include "gtest/gtest.h"
+#include "src/k8s/http.h"
 #include "src/common/clock.h"
 #include "tests/k8s/test_emulator.h"
 
@@ -97,7 +99,8 @@ TEST(LeaderElectionTest, ALeaderThatCannotRenewStepsDown) {
   // duration lets anyone else take it).
   emulator.SetFaults({{"errors", {{"500", 1.0}}}});
   ASSERT_TRUE(WaitFor([&] { return !a.IsLeader(); }));
-  EXPECT_EQ(stopped.load(), 1);
+  // IsLeader lapses with the window; the elector's thread notices at its next look.
+  ASSERT_TRUE(WaitFor([&] { return stopped.load() == 1; }));
   emulator.ClearFaults();
   ASSERT_TRUE(WaitFor([&] { return a.IsLeader(); }));  // and campaigns again
   a.Stop();
@@ -195,6 +198,170 @@ TEST(LeaderElectionTest, AReplicaThatMayNotLeadLeavesTheLeaseAlone) {
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(asked.load(), asked_when_leading) << "asked again while leading";
   b.Stop();
+}
+
+// A transport that a test can cut off, as a one-sided partition would: while cut, every
+// request fails at once with UNAVAILABLE (nothing reaches the API server).
+class Partitionable final : public HttpTransport {
+ public:
+  explicit Partitionable(std::unique_ptr<HttpTransport> inner) : inner_(std::move(inner)) {}
+  void Cut(bool cut) { cut_.store(cut); }
+  absl::StatusOr<HttpResponse> Send(const HttpRequest& request) override {
+    if (cut_.load()) return absl::UnavailableError("partitioned (test)");
+    return inner_->Send(request);
+  }
+  absl::StatusOr<std::unique_ptr<HttpStream>> OpenStream(const HttpRequest& request) override {
+    if (cut_.load()) return absl::UnavailableError("partitioned (test)");
+    return inner_->OpenStream(request);
+  }
+
+ private:
+  std::unique_ptr<HttpTransport> inner_;
+  std::atomic<bool> cut_{false};
+};
+
+// A client over a Partitionable transport (returned through *cut).
+std::unique_ptr<Client> CuttableClient(testing::TestEmulator& emulator, Partitionable** cut) {
+  TransportOptions t;
+  t.server = emulator.Cluster().server;
+  auto inner = NewSocketTransport(t);
+  EXPECT_TRUE(inner.ok()) << inner.status();
+  auto transport = std::make_unique<Partitionable>(*std::move(inner));
+  *cut = transport.get();
+  ClientOptions options;
+  options.max_retries = 0;
+  options.request_timeout = absl::Seconds(1);
+  auto client = Client::Create(emulator.Cluster(), options, std::move(transport));
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
+Json SecretNamed(const std::string& name) {
+  return {{"metadata", {{"name", name}}}, {"type", "Opaque"}};
+}
+
+// Issue 32: leadership is a window on the elector's clock. A leader that cannot renew
+// (here its requests stop reaching the API server) stops writing once renew_deadline has
+// passed since its last renewal began, whatever its elector thread is doing, and its
+// fenced client sends nothing more: the write fails FAILED_PRECONDITION without reaching
+// the API server. The Lease itself stays writable (it is how a replica comes to lead).
+TEST(LeaderElectionTest, AFencedClientWritesNothingOnceTheWindowCloses) {
+  testing::TestEmulator emulator;
+  ASSERT_TRUE(emulator.ok());
+  FakeClock clock(absl::Now());
+  Partitionable* cut = nullptr;
+  std::unique_ptr<Client> election = CuttableClient(emulator, &cut);
+  auto writer = *Client::Create(emulator.Cluster());
+  LeaderElectionOptions options = Options("a");
+  options.clock = &clock;
+  LeaderElector a(election.get(), options, nullptr, nullptr);
+  writer->SetWriteFence(&a);
+  // Before it leads, nothing is written.
+  absl::Status early = writer->Create(kSecrets, "default", SecretNamed("early")).status();
+  EXPECT_EQ(early.code(), absl::StatusCode::kFailedPrecondition) << early;
+  EXPECT_NE(early.message().find("does not hold Lease"), std::string::npos) << early;
+  ASSERT_NO_FATAL_FAILURE(Lead(a));
+  ASSERT_TRUE(writer->Create(kSecrets, "default", SecretNamed("while-leading")).ok());
+  absl::StatusOr<absl::Duration> window = a.WriteWindow();
+  ASSERT_TRUE(window.ok()) << window.status();
+  EXPECT_LE(*window, options.renew_deadline);
+
+  // Its renewals stop reaching the API server; time passes beyond the renew deadline.
+  cut->Cut(true);
+  clock.Advance(options.renew_deadline);
+  EXPECT_FALSE(a.IsLeader());
+  absl::StatusOr<absl::Duration> closed = a.WriteWindow();
+  EXPECT_EQ(closed.status().code(), absl::StatusCode::kFailedPrecondition) << closed.status();
+  const int64_t creates = emulator.Requests("create secrets");
+  absl::Status late = writer->Create(kSecrets, "default", SecretNamed("late")).status();
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(emulator.Requests("create secrets"), creates) << "a fenced write was sent";
+  EXPECT_TRUE(absl::IsNotFound(writer->Get(kSecrets, "default", "late").status()));
+  // Leases are not fenced: the election itself writes them.
+  Json lease = {{"metadata", {{"name", "other-lease"}}}, {"spec", Json::object()}};
+  EXPECT_TRUE(writer->Create(kLeases, "default", lease).ok());
+  writer->SetWriteFence(nullptr);
+  cut->Cut(false);
+  a.Stop();
+}
+
+// Issue 32: a standby that cannot reach its leader (its replication stream broke) takes the
+// Lease once it has seen the same renewal for renew_deadline + takeover_margin, long before
+// the Lease's duration runs out; and by then the old leader's window has closed.
+TEST(LeaderElectionTest, AStandbyThatLostTheLeaderTakesOverAfterTheRenewDeadline) {
+  testing::TestEmulator emulator;
+  ASSERT_TRUE(emulator.ok());
+  Partitionable* cut = nullptr;
+  std::unique_ptr<Client> a_client = CuttableClient(emulator, &cut);
+  auto b_client = *Client::Create(emulator.Cluster());
+  LeaderElectionOptions a_options = Options("a"), b_options = Options("b");
+  for (LeaderElectionOptions* o : {&a_options, &b_options}) {
+    o->lease_duration = absl::Seconds(60);  // never runs out in this test
+    o->renew_deadline = absl::Seconds(1);
+    o->retry_period = absl::Milliseconds(100);
+    o->takeover_margin = absl::Milliseconds(300);
+  }
+  std::atomic<bool> unreachable{false};
+  b_options.leader_unreachable = [&] { return unreachable.load(); };
+  std::atomic<bool> a_leads_when_b_started{false};
+  LeaderElector a(a_client.get(), a_options, nullptr, nullptr);
+  ASSERT_NO_FATAL_FAILURE(Lead(a));
+  LeaderElector b(
+      b_client.get(), b_options, [&] { a_leads_when_b_started = a.IsLeader(); }, nullptr);
+  b.Start();
+  // Reachable: b never takes a live leader's Lease.
+  absl::SleepFor(absl::Seconds(2));
+  EXPECT_FALSE(b.IsLeader());
+  // a is cut off (its renewals stop) and b's stream from it broke.
+  cut->Cut(true);
+  unreachable = true;
+  ASSERT_TRUE(WaitFor([&] { return b.IsLeader(); }));
+  EXPECT_FALSE(a_leads_when_b_started.load()) << "two leaders: a's window was still open";
+  absl::StatusOr<Json> lease = b_client->Get(kLeases, "default", "test-lease");
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->at("spec").at("holderIdentity"), "b");
+  EXPECT_EQ(lease->at("spec").at("leaseTransitions"), 1);
+  b.Stop();
+  cut->Cut(false);
+  a.Stop();
+}
+
+// Issue 32: a missing Lease is made only by a replica that may lead with no Lease (asked
+// with LeaseTerm::exists false); an operator's sbx.dev/promote names one replica, which
+// takes the Lease and removes the annotation, while the others leave it alone.
+TEST(LeaderElectionTest, AMissingLeaseIsMadeOnlyByAReplicaThatMayLead) {
+  testing::TestEmulator emulator;
+  ASSERT_TRUE(emulator.ok());
+  auto client = *Client::Create(emulator.Cluster());
+  std::atomic<int> asked_missing{0};
+  auto refuse_missing = [&](const LeaseTerm& t) {
+    if (!t.exists) {
+      ++asked_missing;
+      return false;
+    }
+    return t.promote.empty();
+  };
+  LeaderElectionOptions options = Options("a");
+  options.may_lead = refuse_missing;
+  LeaderElector a(client.get(), options, nullptr, nullptr);
+  a.Start();
+  ASSERT_TRUE(WaitFor([&] { return asked_missing.load() >= 3; }));
+  EXPECT_FALSE(a.IsLeader());
+  EXPECT_TRUE(absl::IsNotFound(client->Get(kLeases, "default", "test-lease").status()));
+
+  // The operator names b in a Lease held by nobody; a (asked, and not named) stays out.
+  Json lease = {{"metadata", {{"name", "test-lease"}, {"annotations", {{kPromoteAnnotation, "b"}}}}},
+                {"spec", {{"holderIdentity", ""}}}};
+  ASSERT_TRUE(client->Create(kLeases, "default", lease).ok());
+  LeaderElectionOptions b_options = Options("b");
+  b_options.may_lead = [](const LeaseTerm& t) { return t.promote == "b"; };
+  LeaderElector b(client.get(), b_options, nullptr, nullptr);
+  ASSERT_NO_FATAL_FAILURE(Lead(b));
+  EXPECT_FALSE(a.IsLeader());
+  EXPECT_FALSE(Annotations(*client).contains(kPromoteAnnotation)) << Annotations(*client);
+  EXPECT_EQ(Annotations(*client).value(kTermLeaderAnnotation, "?"), "b");
+  b.Stop();
+  a.Stop();
 }
 
 TEST(LeaderElectionTest, OptionsAreChecked) {
