@@ -147,7 +147,7 @@ class Watch:
     terminating chunk (broken) is told apart from a clean end (ended).
     """
 
-    def __init__(self, emu, path, token=None, ssl_context=None):
+    def __init__(self, emu, path, token=None, ssl_context=None, headers=None):
         self.events = []
         self.ended = False
         self.broken = False
@@ -157,6 +157,7 @@ class Watch:
             sock = ssl_context.wrap_socket(sock, server_hostname=emu.host)
         self.sock = sock
         auth = "Authorization: Bearer %s\r\n" % token if token else ""
+        auth += "".join("%s: %s\r\n" % kv for kv in (headers or {}).items())
         sock.sendall(("GET %s HTTP/1.1\r\nHost: %s:%d\r\nAccept: application/json\r\n%s\r\n"
                       % (path, emu.host, emu.port, auth)).encode())
         self.f = sock.makefile("rb")

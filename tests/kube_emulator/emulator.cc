@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -55,6 +56,10 @@ absl::Status EmulatorOptions::Validate() const {
   if (qps_limit < 0) return absl::InvalidArgumentError("--qps_limit must be >= 0");
   if (conversion_webhook_timeout_ms <= 0) {
     return absl::InvalidArgumentError("--conversion_webhook_timeout_ms must be > 0");
+  }
+  if (max_held_requests < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_held_requests must be >= 0, got ", max_held_requests));
   }
   for (const auto& [service, address] : service_addresses) {
     std::vector<std::string> parts = absl::StrSplit(service, '/');
@@ -538,8 +543,15 @@ struct Target {
 // What RBAC would see of one API request, judged from the path and method alone (like the
 // API server's request-info resolver), so that requests for unknown resources are logged
 // too. `resource` is empty for non-resource paths (discovery, /version, /openapi).
+// Then what became of it: when the emulator acted on it and what it answered.
 struct RequestRecord {
   std::string verb, group, version, resource, subresource, ns, name, path, user_agent;
+  // When the emulator acted: the first store change the request made, else the moment
+  // its answer (or, for a watch, its stream) started; until then, when it was taken up
+  // (after any hold). A dropped request: when it was dropped.
+  absl::Time time = absl::InfinitePast();
+  int code = 0;          // the HTTP status answered; 0 while unanswered or when dropped
+  bool dropped = false;  // held by hold_user_agents and given up by its client
 
   json ToJson() const {
     return {{"verb", verb},
@@ -550,9 +562,24 @@ struct RequestRecord {
             {"namespace", ns},
             {"name", name},
             {"path", path},
-            {"user_agent", user_agent}};
+            {"user_agent", user_agent},
+            {"time", UnixSeconds(time)},
+            {"code", code},
+            {"dropped", dropped}};
+  }
+  // Unix seconds with microseconds, as a JSON number.
+  static double UnixSeconds(absl::Time t) {
+    return static_cast<double>(absl::ToUnixMicros(t)) / 1e6;
   }
 };
+
+// The request being served on this thread, so that the store can stamp the moment the
+// request's first write is applied (CommitLocked) without passing it through every verb.
+// Only the connection thread that serves the request reads or writes it.
+struct RequestInFlight {
+  absl::Time applied = absl::InfinitePast();
+};
+thread_local RequestInFlight* current_request = nullptr;
 
 RequestRecord DescribeRequest(const HttpRequest& req) {
   RequestRecord r;
@@ -733,6 +760,9 @@ void ValidateRbac(const ResourceType& t, const json& obj, std::vector<SchemaErro
 // The request log keeps at most this many records (the oldest go first), so that a long
 // benchmark run cannot grow the emulator without bound.
 constexpr size_t kRequestLogLimit = 1000000;
+
+// How often a held request looks whether its client gave up (closed the connection).
+constexpr absl::Duration kHoldPollInterval = absl::Milliseconds(100);
 
 // True when two objects differ only in metadata and status (no change of generation),
 // compared field by field without copying either.
@@ -1100,7 +1130,28 @@ class EmulatorImpl {
   bool InjectFault(const HttpRequest& req, HttpResponder& resp, const std::string& verb,
                    const Target& t) ABSL_LOCKS_EXCLUDED(faults_mu_);
   void Count(const std::string& verb, const Target& t) ABSL_LOCKS_EXCLUDED(stats_mu_);
-  void LogRequest(RequestRecord record) ABSL_LOCKS_EXCLUDED(stats_mu_);
+  // Appends `record` to the request log and returns it, to be completed later.
+  std::shared_ptr<RequestRecord> LogRequest(RequestRecord record) ABSL_LOCKS_EXCLUDED(stats_mu_);
+  // Logs the request as taken up now and has `resp` stamp its code and time when the
+  // answer starts. *in_flight receives the store's write time (see current_request).
+  void TrackRequest(const HttpRequest& req, HttpResponder& resp,
+                    const std::shared_ptr<RequestInFlight>& in_flight)
+      ABSL_LOCKS_EXCLUDED(stats_mu_);
+
+  // --- one-sided partition (hold_user_agents) ---
+  enum class Hold { kServe, kDropped, kOverLimit };
+  // Blocks (this connection's thread only) while the request's User-Agent starts with
+  // a prefix in hold_user_agents_. kServe: not held, or healed with the client still
+  // connected; kDropped: the client closed its connection while held (the request was
+  // logged as dropped; the caller closes without answering); kOverLimit: it would be
+  // held but max_held_requests are already (the caller answers 503).
+  Hold HoldWhilePartitioned(const HttpRequest& req, HttpResponder& resp)
+      ABSL_LOCKS_EXCLUDED(hold_mu_);
+  bool HeldLocked(const std::string& user_agent) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(hold_mu_);
+  bool Held(const std::string& user_agent) ABSL_LOCKS_EXCLUDED(hold_mu_);
+  // Waits until `user_agent` is no longer held or `timeout` passed; true when healed.
+  bool AwaitHeal(const std::string& user_agent, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(hold_mu_);
   double Random() ABSL_LOCKS_EXCLUDED(rng_mu_);
   std::string RandomSuffix() ABSL_LOCKS_EXCLUDED(rng_mu_);
 
@@ -1226,11 +1277,19 @@ class EmulatorImpl {
   std::map<std::string, int64_t> stats_ ABSL_GUARDED_BY(stats_mu_);
   int64_t stats_writes_ ABSL_GUARDED_BY(stats_mu_) = 0;
   int64_t stats_total_ ABSL_GUARDED_BY(stats_mu_) = 0;
-  std::deque<RequestRecord> request_log_ ABSL_GUARDED_BY(stats_mu_);
+  // Shared with the request's responder, which fills in code and time (under stats_mu_).
+  std::deque<std::shared_ptr<RequestRecord>> request_log_ ABSL_GUARDED_BY(stats_mu_);
   int64_t request_log_dropped_ ABSL_GUARDED_BY(stats_mu_) = 0;
 
   absl::Mutex rng_mu_;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(rng_mu_);
+
+  // Its own mutex: held requests wait on conditions over it, which absl evaluates on
+  // every unlock, so it must not be one every request takes.
+  absl::Mutex hold_mu_;
+  std::vector<std::string> hold_user_agents_ ABSL_GUARDED_BY(hold_mu_);
+  int held_ ABSL_GUARDED_BY(hold_mu_) = 0;  // requests waiting in HoldWhilePartitioned
+  uint64_t hold_generation_ ABSL_GUARDED_BY(hold_mu_) = 0;  // +1 per new hold_user_agents_
 
   // Where conversion webhooks given as services are reached: "NAMESPACE/NAME" -> HOST:PORT.
   absl::Mutex services_mu_;
@@ -1420,13 +1479,90 @@ void EmulatorImpl::Count(const std::string& verb, const Target& t) {
   if (verb != "get" && verb != "list" && verb != "watch") ++stats_writes_;
 }
 
-void EmulatorImpl::LogRequest(RequestRecord record) {
+std::shared_ptr<RequestRecord> EmulatorImpl::LogRequest(RequestRecord record) {
+  auto shared = std::make_shared<RequestRecord>(std::move(record));
   absl::MutexLock l(&stats_mu_);
-  request_log_.push_back(std::move(record));
+  request_log_.push_back(shared);
   if (request_log_.size() > kRequestLogLimit) {
     request_log_.pop_front();
     ++request_log_dropped_;
   }
+  return shared;
+}
+
+void EmulatorImpl::TrackRequest(const HttpRequest& req, HttpResponder& resp,
+                                const std::shared_ptr<RequestInFlight>& in_flight) {
+  RequestRecord record = DescribeRequest(req);
+  record.time = absl::Now();
+  std::shared_ptr<RequestRecord> logged = LogRequest(std::move(record));
+  // Runs on this connection's thread when the answer starts, after any write the
+  // request made (so in_flight->applied needs no lock).
+  resp.OnStatus([this, logged, in_flight](int code) {
+    absl::Time acted =
+        in_flight->applied != absl::InfinitePast() ? in_flight->applied : absl::Now();
+    absl::MutexLock l(&stats_mu_);
+    logged->code = code;
+    logged->time = acted;
+  });
+}
+
+bool EmulatorImpl::HeldLocked(const std::string& user_agent) const {
+  for (const std::string& prefix : hold_user_agents_) {
+    if (absl::StartsWith(user_agent, prefix)) return true;
+  }
+  return false;
+}
+
+bool EmulatorImpl::Held(const std::string& user_agent) {
+  absl::MutexLock l(&hold_mu_);
+  return HeldLocked(user_agent);
+}
+
+bool EmulatorImpl::AwaitHeal(const std::string& user_agent, absl::Duration timeout) {
+  absl::MutexLock l(&hold_mu_);
+  if (!HeldLocked(user_agent)) return true;
+  // The condition absl evaluates on each unlock of hold_mu_ is an integer compare, not
+  // the prefix match, however many requests are held.
+  struct Wait {
+    EmulatorImpl* self;
+    uint64_t seen;
+  } wait{this, hold_generation_};
+  auto changed = [](Wait* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->self->hold_mu_) {
+    return w->self->hold_generation_ != w->seen;
+  };
+  hold_mu_.AwaitWithTimeout(absl::Condition(+changed, &wait), timeout);
+  return !HeldLocked(user_agent);
+}
+
+EmulatorImpl::Hold EmulatorImpl::HoldWhilePartitioned(const HttpRequest& req, HttpResponder& resp) {
+  const std::string user_agent = req.Header("user-agent");
+  {
+    absl::MutexLock l(&hold_mu_);
+    if (!HeldLocked(user_agent)) return Hold::kServe;
+    if (held_ >= options_.max_held_requests) return Hold::kOverLimit;
+    ++held_;
+  }
+  // The wait blocks only this connection's thread (one thread per connection). The
+  // client's connection is looked at between waits: a client that gave up frees its
+  // place at once instead of at the heal.
+  bool gone = false;
+  while (!AwaitHeal(user_agent, kHoldPollInterval)) {
+    if (resp.PeerGone()) {
+      gone = true;
+      break;
+    }
+  }
+  if (!gone) gone = resp.PeerGone();
+  {
+    absl::MutexLock l(&hold_mu_);
+    --held_;
+  }
+  if (!gone) return Hold::kServe;
+  RequestRecord record = DescribeRequest(req);
+  record.time = absl::Now();
+  record.dropped = true;
+  LogRequest(std::move(record));
+  return Hold::kDropped;
 }
 
 bool EmulatorImpl::InjectFault(const HttpRequest& req, HttpResponder& resp, const std::string& verb,
@@ -1572,13 +1708,33 @@ void EmulatorImpl::HandleUnsafe(const HttpRequest& req, HttpResponder& resp) {
     HandleAdmin(req, resp);
     return;
   }
+  // A partitioned client's request has not arrived yet: held before anything else.
+  const Hold hold = HoldWhilePartitioned(req, resp);
+  if (hold == Hold::kDropped) {
+    resp.Drop();
+    return;
+  }
   if (!Authorized(req)) {
     SendJson(resp, 401, MakeStatus(401, "Unauthorized", "Unauthorized"));
     return;
   }
   // Logged before faults are injected: a request that failed was still asked for (and
-  // would have needed RBAC permission).
-  LogRequest(DescribeRequest(req));
+  // would have needed RBAC permission). Its code and time are filled in as it is answered.
+  auto in_flight = std::make_shared<RequestInFlight>();
+  TrackRequest(req, resp, in_flight);
+  current_request = in_flight.get();
+  struct Reset {
+    ~Reset() { current_request = nullptr; }
+  } reset;
+  if (hold == Hold::kOverLimit) {
+    SendJson(resp, 503,
+             MakeStatus(503, "ServiceUnavailable",
+                        absl::StrCat("kube-emulator: ", options_.max_held_requests,
+                                     " requests are already held by hold_user_agents "
+                                     "(--max_held_requests); this one is refused")),
+             {{"Retry-After", "1"}});
+    return;
+  }
   Target t;
   bool is_resource = ParseTarget(req.path, &t);
   std::string verb;
@@ -1864,6 +2020,10 @@ ObjPtr EmulatorImpl::FindLocked(const ResourceType& t, const std::string& ns,
 
 void EmulatorImpl::CommitLocked(const std::string& store_key, const std::string& type,
                                 ObjPtr old_obj, ObjPtr obj) {
+  // Stamped under mu_, so the times of writes are in the order they were applied.
+  if (current_request != nullptr && current_request->applied == absl::InfinitePast()) {
+    current_request->applied = absl::Now();
+  }
   const json& o = *obj;
   std::string key = ObjKey(MetaStr(o, "namespace"), MetaStr(o, "name"));
   std::string uid = MetaStr(o, "uid");
@@ -3312,7 +3472,18 @@ void EmulatorImpl::DoWatch(const HttpRequest& req, HttpResponder& resp, const Ta
   bool clean_end = true;
   bool alive = !resp.close_after();
   const bool converting = Converting(*t.type);
+  const std::string user_agent = req.Header("user-agent");
   while (alive) {
+    // A watch whose client is cut off by hold_user_agents stays open and sends nothing:
+    // events wait in its queue (and end the watch on heal if they overflowed it), no
+    // bookmarks, and its timeoutSeconds is not looked at until the heal.
+    if (Held(user_agent)) {
+      if (!AwaitHeal(user_agent, kHoldPollInterval) && resp.PeerGone()) {
+        alive = false;
+        clean_end = false;
+      }
+      continue;
+    }
     std::deque<WatchEvent> batch;
     bool overflow;
     {
@@ -3325,6 +3496,11 @@ void EmulatorImpl::DoWatch(const HttpRequest& req, HttpResponder& resp, const Ta
       w->mu.AwaitWithDeadline(absl::Condition(+has_work, w.get()), wake);
       batch.swap(w->queue);
       overflow = w->overflow;
+    }
+    if (!batch.empty() && Held(user_agent)) {  // cut off while it waited: keep them
+      absl::MutexLock l(&w->mu);
+      w->queue.insert(w->queue.begin(), batch.begin(), batch.end());
+      continue;
     }
     double drop_rate;
     {
@@ -3737,14 +3913,29 @@ void EmulatorImpl::HandleAdmin(const HttpRequest& req, HttpResponder& resp) {
     return;
   }
   if (p == "/emulator/requests" && req.method == "GET") {
-    // Optional filter: ?user_agent=PREFIX keeps the records whose User-Agent starts so.
+    // Optional filters: ?user_agent=PREFIX keeps the records whose User-Agent starts so,
+    // ?since=UNIX_SECONDS those whose time is at or after it.
     const std::string prefix = req.Query("user_agent");
+    absl::Time since = absl::InfinitePast();
+    if (req.HasQuery("since")) {
+      double seconds;
+      if (!absl::SimpleAtod(req.Query("since"), &seconds) || !std::isfinite(seconds)) {
+        SendJson(resp, 400,
+                 {{"error", absl::StrCat("since wants Unix seconds (a number), got \"",
+                                         req.Query("since"), "\"")}});
+        return;
+      }
+      // The same rounding as the log's times, so that since=<a logged time> keeps it.
+      since = absl::FromUnixMicros(static_cast<int64_t>(std::llround(seconds * 1e6)));
+    }
     json out = json::array();
     int64_t dropped;
     {
       absl::MutexLock l(&stats_mu_);
-      for (const RequestRecord& r : request_log_) {
-        if (absl::StartsWith(r.user_agent, prefix)) out.push_back(r.ToJson());
+      for (const std::shared_ptr<RequestRecord>& r : request_log_) {
+        if (absl::StartsWith(r->user_agent, prefix) && r->time >= since) {
+          out.push_back(r->ToJson());
+        }
       }
       dropped = request_log_dropped_;
     }
@@ -3764,14 +3955,51 @@ void EmulatorImpl::HandleAdmin(const HttpRequest& req, HttpResponder& resp) {
   auto faults_json = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(faults_mu_) {
     json errors = json::object();
     for (const auto& [c, r] : error_rates_) errors[std::to_string(c)] = r;
-    return json({{"latency_ms", latency_ms_},
-                 {"errors", errors},
-                 {"retry_after_seconds", retry_after_},
-                 {"qps_limit", qps_limit_},
-                 {"watch_drop_rate", watch_drop_rate_}});
+    json out = {{"latency_ms", latency_ms_},
+                {"errors", errors},
+                {"retry_after_seconds", retry_after_},
+                {"qps_limit", qps_limit_},
+                {"watch_drop_rate", watch_drop_rate_}};
+    absl::MutexLock hl(&hold_mu_);
+    out["hold_user_agents"] = hold_user_agents_;
+    out["held"] = held_;
+    out["max_held_requests"] = options_.max_held_requests;
+    return out;
   };
   if (p == "/emulator/faults" && (req.method == "GET" || req.method == "POST")) {
+    // hold_user_agents is checked before anything is changed: a bad list changes nothing.
+    std::optional<std::vector<std::string>> hold;
+    if (body.contains("hold_user_agents")) {
+      const json& list = body["hold_user_agents"];
+      std::string bad;
+      if (!list.is_array()) {
+        bad = absl::StrCat("hold_user_agents must be a list of User-Agent prefixes (strings), got ",
+                           list.dump());
+      } else {
+        hold.emplace();
+        for (size_t i = 0; i < list.size() && bad.empty(); ++i) {
+          if (!list[i].is_string()) {
+            bad = absl::StrCat("hold_user_agents[", i, "] must be a string, got ", list[i].dump());
+          } else if (list[i].get<std::string>().empty()) {
+            bad = absl::StrCat("hold_user_agents[", i,
+                               "] is empty: it would hold every client (name a prefix)");
+          } else {
+            hold->push_back(list[i].get<std::string>());
+          }
+        }
+      }
+      if (!bad.empty()) {
+        SendJson(resp, 400, {{"error", bad}});
+        return;
+      }
+    }
     absl::MutexLock l(&faults_mu_);
+    if (hold.has_value()) {
+      // Held requests whose prefix is gone wake up when hold_mu_ is released.
+      absl::MutexLock hl(&hold_mu_);
+      hold_user_agents_ = std::move(*hold);
+      ++hold_generation_;
+    }
     try {
       if (body.contains("latency_ms")) latency_ms_ = body["latency_ms"].get<int>();
       if (body.contains("retry_after_seconds")) {

@@ -39,6 +39,9 @@ struct EmulatorOptions {
   // service is reached at (its certificate is still checked for NAME.NAMESPACE.svc).
   std::map<std::string, std::string> service_addresses;
   int conversion_webhook_timeout_ms = 30000;  // the API server's 30 s
+  // Requests held at once by the hold_user_agents fault (one-sided partition); more are
+  // answered 503. Each holds its connection's thread.
+  int max_held_requests = 1000;
 
   // INVALID_ARGUMENT naming the bad knob.
   absl::Status Validate() const;
@@ -53,7 +56,9 @@ class Emulator {
   Emulator(const Emulator&) = delete;
   Emulator& operator=(const Emulator&) = delete;
 
-  // Answers one HTTP request (API, discovery or /emulator/* admin).
+  // Answers one HTTP request (API, discovery or /emulator/* admin). An API request
+  // from a client cut off by the hold_user_agents fault blocks the calling connection
+  // thread until it is healed or the client closes (then it is dropped unanswered).
   void Handle(const HttpRequest& request, HttpResponder& responder);
 
  private:

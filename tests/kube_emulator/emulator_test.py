@@ -947,6 +947,191 @@ class FaultTest(unittest.TestCase):
             c.close()
 
 
+REPLICA_A = {"User-Agent": "sbx/0.1 (replica-a)"}
+REPLICA_B = {"User-Agent": "sbx/0.1 (replica-b)"}
+
+
+def raw_request(emu, method, path, body, user_agent):
+    """Sends one request on a fresh socket and returns the socket (unread)."""
+    import socket
+    s = socket.create_connection((emu.host, emu.port), timeout=30)
+    data = json.dumps(body).encode()
+    s.sendall(("%s %s HTTP/1.1\r\nHost: x\r\nUser-Agent: %s\r\nContent-Type: application/json\r\n"
+               "Content-Length: %d\r\n\r\n" % (method, path, user_agent, len(data))).encode() + data)
+    return s
+
+
+class RequestLogTimeTest(unittest.TestCase):
+    def test_time_and_code_of_ordinary_requests(self):
+        with Emulator(BINARY) as emu:
+            c = emu.client()
+            t0 = time.time()
+            self.assertEqual(c.post(NS + "/configmaps", cm("t1"), headers=REPLICA_B).status, 201)
+            self.assertEqual(c.get(NS + "/configmaps/t1", headers=REPLICA_B).status, 200)
+            self.assertEqual(c.get(NS + "/configmaps/none", headers=REPLICA_B).status, 404)
+            self.assertEqual(c.post(NS + "/configmaps", cm("t1"), headers=REPLICA_B).status, 409)
+            self.assertEqual(c.get(NS + "/configmaps?watch=true&timeoutSeconds=1",
+                                   headers=REPLICA_B).status, 200)
+            # Acted on after the injected latency: a write's time is when it was applied.
+            c.post("/emulator/faults", {"latency_ms": 300})
+            t_slow = time.time()
+            self.assertEqual(c.post(NS + "/configmaps", cm("t2"), headers=REPLICA_B).status, 201)
+            c.post("/emulator/faults", {"latency_ms": 0, "errors": {"500": 1.0}})
+            self.assertEqual(c.get(NS + "/configmaps", headers=REPLICA_B).status, 500)
+            c.post("/emulator/faults", {"errors": {"500": 0}})
+            t1 = time.time()
+            log = c.get("/emulator/requests?user_agent=sbx/0.1%20(replica-b)").json
+            self.assertEqual([(r["verb"], r["code"]) for r in log],
+                             [("create", 201), ("get", 200), ("get", 404), ("create", 409),
+                              ("watch", 200), ("create", 201), ("list", 500)])
+            self.assertFalse(any(r["dropped"] for r in log))
+            times = [r["time"] for r in log]
+            self.assertEqual(times, sorted(times))
+            self.assertGreaterEqual(times[0], t0 - 0.001)
+            self.assertLessEqual(times[-1], t1 + 0.001)
+            self.assertGreaterEqual(times[5], t_slow + 0.29)
+            # ?since keeps the records acted on at or after it, the boundary included.
+            since = c.get("/emulator/requests?since=%.6f" % times[5]).json
+            self.assertEqual([(r["verb"], r["code"]) for r in since],
+                             [("create", 201), ("list", 500)])
+            self.assertEqual(c.get("/emulator/requests?since=%.6f" % (t1 + 60)).json, [])
+            r = c.get("/emulator/requests?since=yesterday")
+            self.assertEqual(r.status, 400)
+            self.assertIn("since", r.json["error"])
+            c.close()
+
+
+class PartitionTest(unittest.TestCase):
+    """The hold_user_agents fault: a one-sided partition of some clients."""
+
+    def held(self, c):
+        return c.get("/emulator/faults").json["held"]
+
+    def test_held_create_is_applied_only_after_the_heal(self):
+        import threading
+        with Emulator(BINARY) as emu:
+            c = emu.client()
+            r = c.post("/emulator/faults", {"hold_user_agents": ["sbx/0.1 (replica-a)"]})
+            self.assertEqual(r.json["hold_user_agents"], ["sbx/0.1 (replica-a)"])
+            self.assertEqual(c.get("/emulator/faults").json["hold_user_agents"],
+                             ["sbx/0.1 (replica-a)"])
+            result = {}
+
+            def create():
+                a = emu.client(timeout=30)
+                result["r"] = a.post(NS + "/configmaps", cm("fenced"), headers=REPLICA_A)
+                a.close()
+            t = threading.Thread(target=create)
+            t.start()
+            self.assertTrue(wait_until(lambda: self.held(c) == 1))
+            # Another replica is served meanwhile, over its own connections.
+            b = emu.client(timeout=5)
+            self.assertEqual(b.post(NS + "/configmaps", cm("other"), headers=REPLICA_B).status,
+                             201)
+            time.sleep(0.3)
+            self.assertEqual(b.get(NS + "/configmaps/fenced", headers=REPLICA_B).status, 404)
+            self.assertNotIn("r", result)
+            self.assertEqual(c.get("/emulator/requests?user_agent=sbx/0.1%20(replica-a)").json,
+                             [])
+            healed_at = time.time()
+            r = c.post("/emulator/faults", {"hold_user_agents": []})
+            self.assertEqual(r.json["hold_user_agents"], [])
+            t.join(timeout=10)
+            self.assertEqual(result["r"].status, 201, result["r"])
+            self.assertEqual(b.get(NS + "/configmaps/fenced", headers=REPLICA_B).status, 200)
+            log = c.get("/emulator/requests?user_agent=sbx/0.1%20(replica-a)").json
+            self.assertEqual(len(log), 1, log)
+            self.assertEqual((log[0]["verb"], log[0]["code"], log[0]["dropped"]),
+                             ("create", 201, False))
+            self.assertGreater(log[0]["time"], healed_at)
+            other = c.get("/emulator/requests?user_agent=sbx/0.1%20(replica-b)").json
+            self.assertLess(other[0]["time"], healed_at)
+            b.close()
+            c.close()
+
+    def test_held_request_of_a_client_that_gave_up_is_dropped(self):
+        with Emulator(BINARY) as emu:
+            c = emu.client()
+            c.post("/emulator/faults", {"hold_user_agents": ["sbx/0.1 (replica-a"]})
+            s = raw_request(emu, "POST", NS + "/configmaps", cm("lost"), "sbx/0.1 (replica-a)")
+            self.assertTrue(wait_until(lambda: self.held(c) == 1))
+            gave_up = time.time()
+            s.close()  # the client times out
+            # Its place is freed without waiting for the heal.
+            self.assertTrue(wait_until(lambda: self.held(c) == 0))
+            c.post("/emulator/faults", {"hold_user_agents": []})
+            time.sleep(0.3)
+            self.assertEqual(c.get(NS + "/configmaps/lost").status, 404)
+            log = c.get("/emulator/requests?user_agent=sbx/0.1%20(replica-a)").json
+            self.assertEqual(len(log), 1, log)
+            self.assertEqual((log[0]["verb"], log[0]["resource"], log[0]["code"],
+                              log[0]["dropped"]), ("create", "configmaps", 0, True))
+            self.assertGreaterEqual(log[0]["time"], gave_up - 0.001)
+            c.close()
+
+    def test_open_watch_of_a_held_agent_hears_nothing_until_the_heal(self):
+        with Emulator(BINARY) as emu:
+            c = emu.client()
+            c.post(NS + "/configmaps", cm("before"))
+            w = Watch(emu, NS + "/configmaps?watch=true", headers=REPLICA_A)
+            self.assertTrue(w.wait_for(lambda ev: len(ev) == 1))
+            c.post("/emulator/faults", {"hold_user_agents": ["sbx/0.1 (replica-a)"]})
+            c.post(NS + "/configmaps", cm("during"))
+            self.assertFalse(w.wait_for(lambda ev: len(ev) > 1, timeout=0.6))
+            self.assertFalse(w.ended or w.broken)
+            c.post("/emulator/faults", {"hold_user_agents": []})
+            self.assertTrue(w.wait_for(lambda ev: len(ev) == 2))
+            self.assertEqual(w.events[1]["object"]["metadata"]["name"], "during")
+            w.close()
+            c.close()
+
+    def test_bound_and_bad_lists(self):
+        import threading
+        with Emulator(BINARY, "--max_held_requests", "1") as emu:
+            c = emu.client()
+            for bad, field in [("sbx/", "hold_user_agents"), ([1], "hold_user_agents[0]"),
+                               (["ok", ""], "hold_user_agents[1]")]:
+                r = c.post("/emulator/faults", {"hold_user_agents": bad})
+                self.assertEqual(r.status, 400, r)
+                self.assertIn(field, r.json["error"])
+            self.assertEqual(c.get("/emulator/faults").json["hold_user_agents"], [])
+            r = c.post("/emulator/faults", {"hold_user_agents": ["held/"]})
+            self.assertEqual(r.json["max_held_requests"], 1)
+            result = {}
+
+            def first():
+                a = emu.client(timeout=30)
+                result["r"] = a.get(NS + "/configmaps", headers={"User-Agent": "held/1"})
+                a.close()
+            t = threading.Thread(target=first)
+            t.start()
+            self.assertTrue(wait_until(lambda: self.held(c) == 1))
+            other = emu.client(timeout=5)
+            r = other.get(NS + "/configmaps", headers={"User-Agent": "held/2"})
+            other.close()
+            self.assertEqual(r.status, 503, r)
+            self.assertIn("max_held_requests", r.json["message"])
+            c.post("/emulator/faults", {"hold_user_agents": []})
+            t.join(timeout=10)
+            self.assertEqual(result["r"].status, 200)
+            log = c.get("/emulator/requests?user_agent=held/").json
+            self.assertEqual([(r["user_agent"], r["code"]) for r in log],
+                             [("held/2", 503), ("held/1", 200)])
+            c.close()
+
+    def test_sigterm_does_not_wait_for_held_requests(self):
+        import signal
+        with Emulator(BINARY) as emu:
+            c = emu.client()
+            c.post("/emulator/faults", {"hold_user_agents": ["held/"]})
+            s = raw_request(emu, "GET", NS + "/configmaps", {}, "held/1")
+            self.assertTrue(wait_until(lambda: self.held(c) == 1))
+            c.close()
+            emu.proc.send_signal(signal.SIGTERM)
+            self.assertEqual(emu.proc.wait(timeout=5), 0)
+            s.close()
+
+
 class AuthTlsTest(unittest.TestCase):
     def test_token_file_reload(self):
         with tempfile.TemporaryDirectory(prefix="emu-tok") as d:

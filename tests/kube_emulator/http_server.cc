@@ -278,7 +278,7 @@ const char* ReasonPhrase(int code) {
 
 bool HttpResponder::Send(int code, absl::string_view content_type, absl::string_view body,
                          const Headers& extra) {
-  sent_ = true;
+  Status(code);
   std::string out = absl::StrCat(
       "HTTP/1.1 ", code, " ", ReasonPhrase(code), "\r\n", "Content-Type: ", content_type, "\r\n",
       "Content-Length: ", body.size(), "\r\n", "Cache-Control: no-cache, private\r\n");
@@ -295,7 +295,7 @@ bool HttpResponder::Send(int code, absl::string_view content_type, absl::string_
 }
 
 bool HttpResponder::StartChunked(int code, absl::string_view content_type, const Headers& extra) {
-  sent_ = true;
+  Status(code);
   std::string out = absl::StrCat(
       "HTTP/1.1 ", code, " ", ReasonPhrase(code), "\r\n", "Content-Type: ", content_type, "\r\n",
       "Transfer-Encoding: chunked\r\n", "Cache-Control: no-cache, private\r\n");
@@ -449,7 +449,7 @@ void HttpServer::Serve(int fd) {
     }
     if (absl::AsciiStrToLower(req.Header("connection")) == "close") resp.Abort();
     handler_(req, resp);
-    if (!resp.sent()) resp.Send(500, "text/plain", "no response\n");
+    if (!resp.sent() && !resp.dropped()) resp.Send(500, "text/plain", "no response\n");
     if (resp.close_after()) return;
   }
 }

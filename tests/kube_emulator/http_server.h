@@ -66,18 +66,35 @@ class HttpResponder {
   bool WriteChunk(absl::string_view data);
   bool EndChunked();
   void Abort() { close_ = true; }
+  // Closes the connection without answering (only before Send() or StartChunked()):
+  // the request is treated as lost on its way.
+  void Drop() {
+    close_ = true;
+    dropped_ = true;
+  }
+  // `observer` is called with the status code on the responder's thread just before
+  // the head of the response is written (once: Send() or StartChunked()).
+  void OnStatus(std::function<void(int code)> observer) { on_status_ = std::move(observer); }
   // True when the peer closed the connection (or sent unexpected bytes) while a
   // stream was being served; checks without blocking.
   bool PeerGone() const;
 
   bool close_after() const { return close_; }
   bool sent() const { return sent_; }
+  bool dropped() const { return dropped_; }
 
  private:
+  void Status(int code) {
+    sent_ = true;
+    if (on_status_) on_status_(code);
+  }
+
   Connection* conn_;
   Headers always_;
+  std::function<void(int)> on_status_;
   bool close_ = false;
   bool sent_ = false;
+  bool dropped_ = false;
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponder&)>;

@@ -4,7 +4,7 @@
 //   [--retry_after_seconds N] [--qps_limit N] [--watch_drop_rate F]
 //   [--bookmark_interval_ms N] [--watch_history N] [--pod_ready_delay_ms N] [--pod_ip IP]
 //   [--nodes N] [--seed N] [--service_address NAMESPACE/NAME=HOST:PORT]...
-//   [--conversion_webhook_timeout_ms 30000]
+//   [--conversion_webhook_timeout_ms 30000] [--max_held_requests 1000]
 #include <signal.h>
 #include <unistd.h>
 
@@ -101,6 +101,8 @@ int main(int argc, char** argv) {
       options.service_addresses[value.substr(0, e)] = value.substr(e + 1);
     } else if (name == "conversion_webhook_timeout_ms") {
       options.conversion_webhook_timeout_ms = ParseNumber<int>(name, value);
+    } else if (name == "max_held_requests") {
+      options.max_held_requests = ParseNumber<int>(name, value);
     } else {
       Die(absl::StrCat("unknown flag --", name));
     }
