@@ -31,6 +31,9 @@ struct ReplicationOptions {
   std::string token;                                      // the replicas' replication token
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // to the leader; insecure when null
   absl::Duration ack_timeout = absl::Seconds(2);
+  // kOne: with no standby in sync the leader acknowledges alone (claims stay served);
+  // kTwo: it refuses every commit then (HubOptions::copies).
+  replication::Copies copies = replication::Copies::kOne;
 };
 
 class Replication {
