@@ -49,6 +49,10 @@ class ReplicationCollector final : public prometheus::Collectable {
            "Standbys this leader dropped (no acknowledgement within the ack timeout, stream "
            "ended, too far behind)",
            prometheus::MetricType::Counter, static_cast<double>(hub.drops));
+    family("sbx_replication_refused_total",
+           "Group commits this leader refused, unacknowledged, because no standby was in sync "
+           "and it keeps two copies (--replication_copies=2)",
+           prometheus::MetricType::Counter, static_cast<double>(hub.refused));
     family("sbx_replication_following",
            "1 while this standby follows the leader (its snapshot loaded)",
            prometheus::MetricType::Gauge, follower.following ? 1 : 0);
@@ -223,6 +227,7 @@ absl::Status Replication::Lead(int64_t term,
   o.identity = options_.identity;
   o.term = term;
   o.ack_timeout = options_.ack_timeout;
+  o.copies = options_.copies;
   o.publish = std::move(publish);
   auto hub = std::make_shared<replication::ReplicationHub>(store_, std::move(o));
   absl::MutexLock lock(&mu_);

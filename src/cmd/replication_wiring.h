@@ -36,6 +36,9 @@ struct ReplicationOptions {
   // a missing Lease: only a replica that finds none (a new cluster) makes the Lease
   // without an operator's word. Null: none are ever found.
   std::function<size_t()> cluster_sandboxes;
+  // kOne: with no standby in sync the leader acknowledges alone (claims stay served);
+  // kTwo: it refuses every commit then (HubOptions::copies).
+  replication::Copies copies = replication::Copies::kOne;
 };
 
 class Replication {

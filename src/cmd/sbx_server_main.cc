@@ -286,6 +286,16 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--start_confirm_deletes", start_delete_limits.confirmed,
                "at start, delete every running sandbox unknown to the store, however many");
+  int replication_copies = 1;
+  app.add_option("--replication_copies", replication_copies,
+                 "with --kube_leader_election: copies of a commit (the leader's, its in-sync "
+                 "standby's) needed to acknowledge it while no standby is in sync. 1: the leader "
+                 "acknowledges alone, so claims are served through a standby's restart or loss "
+                 "(what it acknowledges then is lost if its volume is lost too before a standby "
+                 "catches up); the default, because losing both at once is rarer than a standby "
+                 "restart, which 2 turns into an outage. 2: the leader refuses every write "
+                 "(UNAVAILABLE, nothing written) until a standby is in sync and named in the Lease")
+      ->capture_default_str();
   app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
@@ -350,6 +360,15 @@ int main(int argc, char** argv) {
         "--kube_leader_election needs a sandbox key every replica shares (daemon secrets and "
         "the replicas' replication token derive from it): --sandbox_key_secret NAME, or "
         "--sandbox_key_file naming one file all replicas read"));
+  }
+  if (replication_copies != 1 && replication_copies != 2) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--replication_copies must be 1 or 2 (got ", replication_copies, ")")));
+  }
+  if (replication_copies == 2 && !kube_flags.leader_election) {
+    return Fail(absl::InvalidArgumentError(
+        "--replication_copies=2 needs --kube_leader_election and a second replica: without a "
+        "standby every write would be refused"));
   }
   if (!(replication_ack_timeout_s > 0)) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -475,6 +494,8 @@ int main(int argc, char** argv) {
     replication_options.ack_timeout = absl::Seconds(replication_ack_timeout_s);
     // Asked by the elector (after StartKube has made `kube`'s caches) for a missing Lease.
     replication_options.cluster_sandboxes = [&kube] { return kube->ClusterSandboxes(); };
+    replication_options.copies =
+        replication_copies == 2 ? sbx::replication::Copies::kTwo : sbx::replication::Copies::kOne;
     if (!server_options.tls_cert_file.empty()) {
       auto hop = sbx::server::HopCredentials(server_options);
       if (!hop.ok()) return Fail(hop.status());

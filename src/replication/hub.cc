@@ -194,6 +194,15 @@ void ReplicationHub::DropLocked(Feed& feed, absl::Status why) {
   feed.queued_bytes = 0;
   if (feed_.get() == &feed) feed_.reset();
   ++drops_;
+  if (options_.copies == Copies::kTwo) {
+    // Still named: it holds every group acknowledged so far, and nothing is acknowledged
+    // without it (or another standby, once in sync and named), so it may still take over.
+    spdlog::warn(
+        "replication: standby \"{}\" dropped ({}); this leader keeps two copies, so every "
+        "commit is refused until a standby is in sync and named again",
+        feed.identity, feed.why.ToString());
+    return;
+  }
   desired_.clear();
   spdlog::warn(
       "replication: standby \"{}\" dropped ({}); groups wait until the Lease names no "
@@ -201,8 +210,13 @@ void ReplicationHub::DropLocked(Feed& feed, absl::Status why) {
       feed.identity, feed.why.ToString());
 }
 
-uint64_t ReplicationHub::Ship(std::string group) {
+absl::StatusOr<uint64_t> ReplicationHub::Ship(std::string group) {
   absl::MutexLock lock(&mu_);
+  if (options_.copies == Copies::kTwo) {
+    // Refused before the store writes it: a refused commit leaves nothing behind.
+    if (!fatal_.ok()) return fatal_;
+    if (!SecondCopyLocked(nullptr)) return NoSecondCopyLocked("commit refused, nothing written");
+  }
   const uint64_t ticket = ++shipped_;
   if (feed_ == nullptr) return ticket;
   v1::LeaderMessage m;
@@ -228,15 +242,56 @@ bool ReplicationHub::ReplicatedLocked(uint64_t ticket) const {
   return true;
 }
 
+bool ReplicationHub::SecondCopyLocked(std::string* why) const {
+  auto no = [why](std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return false;
+  };
+  if (feed_ == nullptr || feed_->dropped) {
+    return no(named_.empty()
+                  ? std::string("no standby is attached")
+                  : absl::StrCat("standby \"", named_, "\", named by the Lease, is not attached"));
+  }
+  const std::string& id = feed_->identity;
+  if (feed_->loading) return no(absl::StrCat("standby \"", id, "\" is loading a snapshot"));
+  if (!feed_->in_sync) {
+    return no(absl::StrCat("standby \"", id, "\" is catching up: it acknowledged group ",
+                           feed_->acked, " of ", shipped_));
+  }
+  if (named_ != id || maybe_named_.size() > 1) {
+    return no(absl::StrCat("standby \"", id, "\" is in sync but the Lease does not name it yet"));
+  }
+  return true;
+}
+
+absl::Status ReplicationHub::NoSecondCopyLocked(absl::string_view what) {
+  std::string why;
+  SecondCopyLocked(&why);
+  ++refused_;
+  return absl::UnavailableError(absl::StrCat(
+      what, ": no standby is in sync (", why,
+      ") and this leader was told to keep two copies of every commit "
+      "(--replication_copies=2); retry (with the same claim id) once a standby is in sync"));
+}
+
 absl::Status ReplicationHub::AwaitReplicated(uint64_t ticket) {
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = absl::Now() + options_.ack_timeout;
-  auto ready = [this, ticket]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return !fatal_.ok() || ReplicatedLocked(ticket);
+  const bool two = options_.copies == Copies::kTwo;
+  auto ready = [this, ticket, two]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return !fatal_.ok() || ReplicatedLocked(ticket) || (two && !SecondCopyLocked(nullptr));
   };
   while (true) {
     if (!fatal_.ok()) return fatal_;
-    if (ReplicatedLocked(ticket)) return absl::OkStatus();
+    // With two copies the Lease must name the standby that acknowledged (ReplicatedLocked
+    // alone also holds once the Lease names no one).
+    if (ReplicatedLocked(ticket) && (!two || !named_.empty())) return absl::OkStatus();
+    if (two && !SecondCopyLocked(nullptr)) {
+      // Its standby was dropped before acknowledging it: the group is in this replica's
+      // store (and maybe the standby's) but is failed, never acknowledged on one copy.
+      return NoSecondCopyLocked(
+          absl::StrCat("group ", ticket, " was written on this leader but not acknowledged"));
+    }
     if (feed_ != nullptr && maybe_named_.count(feed_->identity) > 0 && absl::Now() >= deadline) {
       DropLocked(*feed_, absl::DeadlineExceededError(
                              absl::StrCat("no acknowledgement of group ", ticket, " within ",
@@ -265,6 +320,7 @@ HubStats ReplicationHub::Stats() const {
   s.acked = feed_ != nullptr ? feed_->acked : 0;
   s.drops = drops_;
   s.publishes = publishes_;
+  s.refused = refused_;
   return s;
 }
 

@@ -12,7 +12,12 @@
 // acknowledgement. When it goes away or does not acknowledge within ack_timeout, the hub
 // drops it and groups wait until the Lease names no one (publish("")); a replica the
 // Lease does not name can never take the lead (LeaderElectionOptions::may_lead), so the
-// leader may then acknowledge alone. A publish refused because this replica no longer
+// leader may then acknowledge alone (HubOptions::copies kOne, the default). With kTwo the
+// leader never acknowledges alone: while the Lease names no standby that is attached and
+// in sync, Ship refuses every group (UNAVAILABLE; the store then writes nothing), a group
+// already shipped fails once its standby is dropped (UNAVAILABLE; it is written on this
+// replica, not acknowledged), and a dropped standby stays named (it holds everything
+// acknowledged) until another one is in sync. A publish refused because this replica no longer
 // holds the Lease fails every waiting and later group (UNAVAILABLE: clients retry on the
 // new leader): a deposed leader acknowledges nothing.
 //
@@ -37,12 +42,25 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "sbx/replication/v1/replication.pb.h"
 #include "src/store/replication.h"
 
 namespace sbx::replication {
+
+// How many copies a group needs before its commits are acknowledged.
+enum class Copies {
+  // Two while a standby is in sync; once it is dropped and the Lease names no one, the
+  // leader's copy alone. Claims are served through a standby's restart, at the price of
+  // losing what was acknowledged meanwhile if the leader's volume is lost before a
+  // standby is in sync again.
+  kOne,
+  // Always the leader's and the named in-sync standby's: without one, nothing is
+  // acknowledged (UNAVAILABLE) until a standby has loaded a snapshot and is named.
+  kTwo,
+};
 
 struct HubOptions {
   // This leader's identity and Lease term, sent to the standby (its marker records them).
@@ -60,6 +78,7 @@ struct HubOptions {
   // acknowledges nothing more); any other error is retried every retry_period.
   std::function<absl::Status(const std::string& sync_replica)> publish;
   absl::Duration retry_period = absl::Milliseconds(200);
+  Copies copies = Copies::kOne;
 };
 
 struct HubStats {
@@ -70,6 +89,7 @@ struct HubStats {
   uint64_t acked = 0;      // the attached standby's last acknowledged ticket
   uint64_t drops = 0;      // standbys dropped (timeouts, errors, replaced)
   uint64_t publishes = 0;  // Lease updates made
+  uint64_t refused = 0;    // groups refused for want of a second copy (Copies::kTwo)
 };
 
 class ReplicationHub final : public store::GroupShipper {
@@ -103,8 +123,10 @@ class ReplicationHub final : public store::GroupShipper {
 
   HubStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // store::GroupShipper
-  uint64_t Ship(std::string group) override ABSL_LOCKS_EXCLUDED(mu_);
+  // store::GroupShipper. With Copies::kTwo, Ship is UNAVAILABLE (nothing shipped) while
+  // the Lease names no attached, in-sync standby, and AwaitReplicated is UNAVAILABLE once
+  // the group's standby is dropped before it acknowledged the group.
+  absl::StatusOr<uint64_t> Ship(std::string group) override ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status AwaitReplicated(uint64_t ticket) override ABSL_LOCKS_EXCLUDED(mu_);
   void LocalWriteFailed(uint64_t ticket) override ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -112,6 +134,10 @@ class ReplicationHub final : public store::GroupShipper {
   void DropLocked(Feed& feed, absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PushLocked(Feed& feed, v1::LeaderMessage message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReplicatedLocked(uint64_t ticket) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies::kTwo: whether the Lease names the attached standby and it is in sync; if not,
+  // says why in *why (when not null).
+  bool SecondCopyLocked(std::string* why) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NoSecondCopyLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   store::Replicable* const store_;
@@ -130,6 +156,7 @@ class ReplicationHub final : public store::GroupShipper {
   std::string named_ ABSL_GUARDED_BY(mu_);  // last confirmed
   uint64_t drops_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t publishes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread publisher_;
 };
 

@@ -51,8 +51,9 @@ class GroupShipper {
   // On the committer thread, before the group's local write, under the store's ship lock
   // (so a Snapshot is taken before a shipped group or after its write, never between).
   // `group` is the group's encoded write batch. Must not block. Returns the group's ticket
-  // (1, 2, ... in shipping order).
-  virtual uint64_t Ship(std::string group) = 0;
+  // (1, 2, ... in shipping order), or the refusal (UNAVAILABLE: its commits may not be
+  // acknowledged now) with which the store fails the group's commits without writing it.
+  virtual absl::StatusOr<uint64_t> Ship(std::string group) = 0;
   // After the group's local write succeeded; blocks until its commits may be acknowledged.
   // An error fails them (this replica no longer leads).
   virtual absl::Status AwaitReplicated(uint64_t ticket) = 0;

@@ -1026,44 +1026,62 @@ class RocksDbStore final : public Store, public Replicable {
       const auto start = std::chrono::steady_clock::now();
       GroupShipper* shipper = nullptr;
       uint64_t ticket = 0;
+      absl::Status refused;
       {
         // Ship and write under one lock, so that a Snapshot sees a shipped group written.
         absl::MutexLock ship_lock(&ship_mu_);
         shipper = shipper_;
         // Shipped before the write: the standby's write and sync overlap with ours.
-        if (shipper != nullptr) ticket = shipper->Ship(std::string(View(batch_.Data())));
-        // Shared: only keeps Close() from freeing the database during the write.
-        absl::ReaderMutexLock lock(&db_mu_);
-        s = db_->Write(group_sync ? write_options_ : unsynced_options_, &batch_);
-      }
-      if (shipper != nullptr && !s.ok()) shipper->LocalWriteFailed(ticket);
-      if (pipelined_) {
-        written.written = s.ok();
-        written.needs_sync = s.ok() && group_sync;
-        written.shipper = s.ok() ? shipper : nullptr;
-        written.ticket = ticket;
-        written.start = start;
-      }
-      if (!pipelined_ && shipper != nullptr && s.ok()) {
-        if (absl::Status replicated = shipper->AwaitReplicated(ticket); !replicated.ok()) {
-          result = replicated;
+        if (shipper != nullptr) {
+          absl::StatusOr<uint64_t> shipped = shipper->Ship(std::string(View(batch_.Data())));
+          if (shipped.ok()) {
+            ticket = *shipped;
+          } else {
+            // Not acknowledgeable now (a leader that keeps two copies and has no standby in
+            // sync): not written either, so this store holds nothing its callers were told
+            // failed, as with a refusal for want of space.
+            refused = shipped.status();
+            shipper = nullptr;
+          }
+        }
+        if (refused.ok()) {
+          // Shared: only keeps Close() from freeing the database during the write.
+          absl::ReaderMutexLock lock(&db_mu_);
+          s = db_->Write(group_sync ? write_options_ : unsynced_options_, &batch_);
         }
       }
-      if (!pipelined_) {
-        write_seconds_.Observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-      group_commits_.Observe(static_cast<double>(group.size()));
-      write_batches_.fetch_add(1, std::memory_order_relaxed);
-      if (write_options_.sync && group_sync) syncs_.fetch_add(1, std::memory_order_relaxed);
-      if (!s.ok()) {
-        // Whatever failed, the committer reopens the database at its next check (Refresh).
-        rocks_error_ = s;
-        free_bytes_ = FreeBytes(options_.path);
-        PublishState();
-        result = FromRocks(
-            s, absl::StrCat("group write of ", group.size(), " commits to store at ",
-                            Quoted(options_.path), " failed (", FreeText(free_bytes_), ")"));
+      if (!refused.ok()) {
+        result = refused;  // nothing written, nothing counted
+      } else {
+        if (shipper != nullptr && !s.ok()) shipper->LocalWriteFailed(ticket);
+        if (pipelined_) {
+          written.written = s.ok();
+          written.needs_sync = s.ok() && group_sync;
+          written.shipper = s.ok() ? shipper : nullptr;
+          written.ticket = ticket;
+          written.start = start;
+        }
+        if (!pipelined_ && shipper != nullptr && s.ok()) {
+          if (absl::Status replicated = shipper->AwaitReplicated(ticket); !replicated.ok()) {
+            result = replicated;
+          }
+        }
+        if (!pipelined_) {
+          write_seconds_.Observe(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+        group_commits_.Observe(static_cast<double>(group.size()));
+        write_batches_.fetch_add(1, std::memory_order_relaxed);
+        if (write_options_.sync && group_sync) syncs_.fetch_add(1, std::memory_order_relaxed);
+        if (!s.ok()) {
+          // Whatever failed, the committer reopens the database at its next check (Refresh).
+          rocks_error_ = s;
+          free_bytes_ = FreeBytes(options_.path);
+          PublishState();
+          result = FromRocks(
+              s, absl::StrCat("group write of ", group.size(), " commits to store at ",
+                              Quoted(options_.path), " failed (", FreeText(free_bytes_), ")"));
+        }
       }
     }
     if (pipelined_) {

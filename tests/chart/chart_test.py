@@ -267,6 +267,7 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(f["--listen"], "0.0.0.0:50051")
         self.assertEqual(f["--metrics_listen"], "0.0.0.0:9090")
         self.assertNotIn("--kube_leader_election", f)
+        self.assertNotIn("--replication_copies", f)  # one replica: nothing to replicate
         self.assertNotIn("--kube_namespace", f)
         c = container(objs)
         self.assertEqual(c["image"], "sbx/sbx-server:0.1.0")
@@ -421,6 +422,7 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(f["--kube_namespace"], "agents")
         self.assertEqual(f["--kube_lease_namespace"], RELEASE_NS)
         self.assertEqual(f["--kube_identity"], "$(POD_NAME)")
+        self.assertEqual(f["--replication_copies"], "1")  # the default: serve on one copy
         env = {e["name"]: e for e in container(objs)["env"]}
         self.assertEqual(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name")
         role = one(objs, "Role", "sbx")
@@ -482,6 +484,17 @@ class RenderTest(unittest.TestCase):
         c = container(objs)
         self.assertEqual(c["readinessProbe"]["tcpSocket"], {"port": "grpc"})
         self.assertNotIn("grpc", c["readinessProbe"])
+
+    def test_replication_copies(self):
+        _, objs = rendered("--set", "replicas=2,replication.copies=2")
+        self.assertEqual(flags(objs)["--replication_copies"], "2")
+        # Two copies with one replica would refuse every write: the chart says so.
+        r = render("--set", "replication.copies=2", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("replication.copies 2 needs replicas > 1", r.stderr)
+        r = render("--set", "replicas=2,replication.copies=3", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("replication.copies", r.stderr)
 
     def test_sandbox_key_secret_name(self):
         _, objs = rendered("--set", "sandboxKey.secretName=team-key,fullnameOverride=agents")

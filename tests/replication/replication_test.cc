@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <memory>
@@ -102,8 +103,9 @@ class ReplicationTest : public ::testing::Test {
   }
 
   // The leader: a hub on its store, served by a real gRPC server.
-  void StartLeader(absl::Duration ack_timeout = absl::Seconds(2)) {
+  void StartLeader(absl::Duration ack_timeout = absl::Seconds(2), Copies copies = Copies::kOne) {
     HubOptions o;
+    o.copies = copies;
     o.identity = "replica-a";
     o.term = 4;
     o.ack_timeout = ack_timeout;
@@ -130,6 +132,9 @@ class ReplicationTest : public ::testing::Test {
   }
 
   absl::Status Commit(store::Store& s, const std::string& pool) {
+    return s.CommitAndWait(PoolBatch(pool));
+  }
+  static store::WriteBatch PoolBatch(const std::string& pool) {
     store::WriteBatch b;
     store::PoolRecord p;
     p.name = pool;
@@ -138,7 +143,44 @@ class ReplicationTest : public ::testing::Test {
     p.empty_pool_policy = store::EmptyPoolPolicy::kFail;
     p.selection_policy = "fifo";
     b.Put(p);
-    return s.CommitAndWait(std::move(b));
+    return b;
+  }
+
+  // Waits until the hub knows the Lease names `name` and, unless `name` is "", that the
+  // standby is attached and in sync (what a commit with two copies needs).
+  bool WaitHubNamed(const std::string& name, absl::Duration timeout = absl::Seconds(20)) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      HubStats st = hub_->Stats();
+      if (st.named == name && (name.empty() || (st.attached && st.in_sync))) return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  }
+
+  // Attaches a hand-driven standby `identity` and acknowledges its snapshot: it is then in
+  // sync, and acknowledges nothing more unless told to (AckAll).
+  std::shared_ptr<ReplicationHub::Feed> AttachByHand(const std::string& identity) {
+    auto feed = hub_->Attach(identity);
+    EXPECT_TRUE(feed.ok()) << feed.status();
+    if (!feed.ok()) return nullptr;
+    AckAll(**feed);
+    return *feed;
+  }
+  // Reads what the hub queued for `feed` and acknowledges the last group (or snapshot).
+  void AckAll(ReplicationHub::Feed& feed) {
+    uint64_t last = 0;
+    bool any = false;
+    absl::Status dropped;
+    while (auto m = hub_->Next(feed, absl::Milliseconds(50), &dropped)) {
+      if (m->has_snapshot_end()) last = m->snapshot_end().ticket(), any = true;
+      if (m->has_group()) last = m->group().ticket(), any = true;
+    }
+    if (any) EXPECT_TRUE(hub_->Ack(feed, last).ok());
+  }
+
+  static bool Has(const std::vector<std::string>& pools, const std::string& name) {
+    return std::find(pools.begin(), pools.end(), name) != pools.end();
   }
 
   static std::vector<std::string> Pools(store::Store& s) {
@@ -311,6 +353,101 @@ TEST_F(ReplicationTest, OneStandbyAtATime) {
   auto other = hub_->Attach("replica-c");
   EXPECT_EQ(other.status().code(), absl::StatusCode::kResourceExhausted) << other.status();
   ASSERT_TRUE(Commit(*leader_store_, "still-fine").ok());
+}
+
+// Copies::kTwo with no standby: every commit fails at once, UNAVAILABLE, saying why, and
+// nothing of it is written on the leader.
+TEST_F(ReplicationTest, TwoCopiesWithNoStandbyRefuseEveryCommitAndWriteNothing) {
+  StartLeader(absl::Seconds(2), Copies::kTwo);
+  for (int i = 0; i < 3; ++i) {
+    absl::Status s = Commit(*leader_store_, "refused-" + std::to_string(i));
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("no standby is in sync"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr("two copies"));
+  }
+  EXPECT_TRUE(Pools(*leader_store_).empty());
+  EXPECT_EQ(hub_->Stats().refused, 3u);
+  EXPECT_EQ(hub_->Stats().shipped, 0u);
+  EXPECT_TRUE(lease_.history().empty());
+}
+
+// Copies::kTwo: once a standby has loaded the snapshot and the Lease names it, commits
+// are acknowledged again, each one on the standby before its answer.
+TEST_F(ReplicationTest, TwoCopiesAcknowledgeOnceAStandbyIsInSyncAndNamed) {
+  StartLeader(absl::Seconds(2), Copies::kTwo);
+  ASSERT_EQ(Commit(*leader_store_, "alone").code(), absl::StatusCode::kUnavailable);
+  StartFollower();
+  ASSERT_TRUE(WaitHubNamed("replica-b"));
+  for (int i = 0; i < 10; ++i) {
+    const std::string pool = "two-" + std::to_string(i);
+    ASSERT_TRUE(Commit(*leader_store_, pool).ok());
+    EXPECT_TRUE(Has(Pools(*standby_store_), pool)) << "acknowledged before the standby had it";
+  }
+  EXPECT_FALSE(Has(Pools(*leader_store_), "alone"));
+  EXPECT_FALSE(Has(Pools(*standby_store_), "alone"));
+}
+
+// Copies::kTwo: a standby that goes away turns acknowledgements off again (the Lease
+// keeps naming it: it holds everything acknowledged), and back on once it is in sync.
+TEST_F(ReplicationTest, TwoCopiesStopAcknowledgingWhenTheStandbyGoesAndResumeWhenItIsBack) {
+  StartLeader(absl::Milliseconds(300), Copies::kTwo);
+  StartFollower();
+  ASSERT_TRUE(WaitHubNamed("replica-b"));
+  ASSERT_TRUE(Commit(*leader_store_, "acknowledged").ok());
+  follower_->Stop();
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (hub_->Stats().attached && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_FALSE(hub_->Stats().attached);
+  absl::Status s = Commit(*leader_store_, "while-gone");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("replica-b"));
+  EXPECT_FALSE(Has(Pools(*leader_store_), "while-gone"));
+  EXPECT_EQ(lease_.named(), "replica-b");
+  EXPECT_THAT(lease_.history(), ::testing::ElementsAre("replica-b"));
+  // The standby comes back: a new snapshot, in sync, and commits are acknowledged again.
+  StartFollower();
+  ASSERT_TRUE(WaitHubNamed("replica-b"));
+  ASSERT_TRUE(Commit(*leader_store_, "back").ok());
+  EXPECT_TRUE(Has(Pools(*standby_store_), "back"));
+  EXPECT_TRUE(Has(Pools(*standby_store_), "acknowledged"));
+  EXPECT_FALSE(Has(Pools(*standby_store_), "while-gone"));
+}
+
+// Copies::kTwo: a group shipped to the named standby, which is dropped before it
+// acknowledges it (here: no acknowledgement within the ack timeout), fails UNAVAILABLE;
+// it was written on the leader (the state the docs describe), and is not acknowledged.
+TEST_F(ReplicationTest, TwoCopiesFailAGroupWhoseStandbyIsDroppedBeforeItsAcknowledgement) {
+  StartLeader(absl::Milliseconds(300), Copies::kTwo);
+  auto feed = AttachByHand("replica-x");
+  ASSERT_NE(feed, nullptr);
+  ASSERT_TRUE(WaitHubNamed("replica-x"));
+  // Acknowledged: the hand-driven standby acknowledges it while the commit waits.
+  absl::Status first = absl::UnknownError("not answered");
+  absl::Notification first_done;
+  leader_store_->Commit(PoolBatch("acked"), [&](absl::Status st) {
+    first = st;
+    first_done.Notify();
+  });
+  while (!first_done.HasBeenNotified()) AckAll(*feed);
+  ASSERT_TRUE(first.ok()) << first;
+  // Not acknowledged by the standby: dropped at the ack timeout, and the group fails.
+  absl::Status s = Commit(*leader_store_, "unacknowledged");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("written on this leader but not acknowledged"));
+  EXPECT_FALSE(hub_->Stats().attached);
+  EXPECT_TRUE(Has(Pools(*leader_store_), "unacknowledged"));
+  EXPECT_EQ(lease_.named(), "replica-x");
+  // Still nothing is acknowledged with one copy.
+  EXPECT_EQ(Commit(*leader_store_, "after").code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(Has(Pools(*leader_store_), "after"));
+}
+
+// Copies::kOne (the default) with no standby: the leader acknowledges alone.
+TEST_F(ReplicationTest, OneCopyAcknowledgesAloneWithoutAStandby) {
+  StartLeader();
+  ASSERT_TRUE(Commit(*leader_store_, "alone").ok());
+  EXPECT_TRUE(Has(Pools(*leader_store_), "alone"));
+  EXPECT_EQ(hub_->Stats().refused, 0u);
 }
 
 TEST_F(ReplicationTest, AnAckOfAGroupNeverSentDropsTheStandby) {

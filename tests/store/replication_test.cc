@@ -35,8 +35,9 @@ using testing_records::FullSandbox;
 // Keeps what is shipped; acknowledges when `release` allows (at once by default).
 class RecordingShipper final : public GroupShipper {
  public:
-  uint64_t Ship(std::string group) override {
+  absl::StatusOr<uint64_t> Ship(std::string group) override {
     absl::MutexLock lock(&mu_);
+    if (!refusal_.ok()) return refusal_;
     if (recording_) groups_.push_back(std::move(group));
     return ++shipped_;
   }
@@ -73,6 +74,15 @@ class RecordingShipper final : public GroupShipper {
     absl::MutexLock lock(&mu_);
     return awaited_;
   }
+  std::vector<uint64_t> failed() {
+    absl::MutexLock lock(&mu_);
+    return failed_;
+  }
+  // Ship refuses every group with `refusal` (OK: ships again).
+  void Refuse(absl::Status refusal) {
+    absl::MutexLock lock(&mu_);
+    refusal_ = std::move(refusal);
+  }
 
  private:
   absl::Mutex mu_;
@@ -83,6 +93,7 @@ class RecordingShipper final : public GroupShipper {
   bool recording_ ABSL_GUARDED_BY(mu_) = true;
   uint64_t shipped_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status verdict_ ABSL_GUARDED_BY(mu_);
+  absl::Status refusal_ ABSL_GUARDED_BY(mu_);
 };
 
 class ReplicationStoreTest : public ::testing::Test {
@@ -96,10 +107,11 @@ class ReplicationStoreTest : public ::testing::Test {
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
-  std::unique_ptr<Store> Open(const std::string& name) {
+  std::unique_ptr<Store> Open(const std::string& name, bool pipeline = true) {
     RocksDbStoreOptions o;
     o.path = dir_ + "/" + name;
     o.min_free_bytes = 0;
+    o.pipeline = pipeline;
     absl::StatusOr<std::unique_ptr<Store>> store = OpenRocksDbStore(o);
     EXPECT_TRUE(store.ok()) << store.status();
     return store.ok() ? *std::move(store) : nullptr;
@@ -164,6 +176,42 @@ TEST_F(ReplicationStoreTest, AShipperErrorFailsTheGroupsCommits) {
   absl::Status s = leader->CommitAndWait(std::move(b));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   R(*leader).SetShipper(nullptr);
+}
+
+// A group the shipper refuses (a leader that keeps two copies with no standby in sync) is
+// failed with the refusal and not written: nothing the caller was told failed stays in the
+// store, with the pipelined commit and without.
+TEST_F(ReplicationStoreTest, AGroupTheShipperRefusesIsNotWritten) {
+  for (bool pipeline : {true, false}) {
+    SCOPED_TRACE(pipeline ? "pipelined" : "not pipelined");
+    auto leader = Open(pipeline ? "pipelined" : "plain", pipeline);
+    {
+      WriteBatch b;
+      b.Put(FullPool("before"));
+      ASSERT_TRUE(leader->CommitAndWait(std::move(b)).ok());
+    }
+    const std::vector<std::string> before = Keys(*leader);
+    RecordingShipper shipper;
+    R(*leader).SetShipper(&shipper);
+    shipper.Refuse(absl::UnavailableError("no standby is in sync"));
+    WriteBatch b;
+    b.Put(FullPool("refused"));
+    b.Put(FullSandbox("sb-refused"));
+    absl::Status s = leader->CommitAndWait(std::move(b));
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("no standby is in sync"));
+    EXPECT_EQ(Keys(*leader), before);
+    EXPECT_TRUE(shipper.groups().empty());
+    EXPECT_TRUE(shipper.awaited().empty());
+    EXPECT_TRUE(shipper.failed().empty());
+    // Shipping again: the next group is written and acknowledged as usual.
+    shipper.Refuse(absl::OkStatus());
+    WriteBatch again;
+    again.Put(FullPool("after"));
+    EXPECT_TRUE(leader->CommitAndWait(std::move(again)).ok());
+    EXPECT_EQ(shipper.groups().size(), 1u);
+    R(*leader).SetShipper(nullptr);
+  }
 }
 
 TEST_F(ReplicationStoreTest, ASnapshotAndTheGroupsAfterItRebuildTheStoreOnAStandby) {
