@@ -55,7 +55,12 @@ class FencingTest(pools.PoolTest):
         """`identity`'s writes the emulator applied (2xx) after `after` (Unix s), Leases
         aside (the election's own)."""
         late = []
-        for r in self.requests_of(c, identity):
+        log = self.requests_of(c, identity)
+        # The witness works only if the replica's requests are told apart.
+        self.assertTrue(any(r.get("verb") in WRITES for r in log),
+                        "no write of %s in the emulator's log (User-Agent %r)" % (
+                            identity, agent(identity)))
+        for r in log:
             if r.get("verb") not in WRITES or r.get("resource") == "leases":
                 continue
             self.assertIn("time", r, "the emulator's request log has no time: %s" % r)
