@@ -646,6 +646,12 @@ class SandboxControllerTest(unittest.TestCase):
         leader_index = 0 if first == "replica-a" else 1
         other = "replica-b" if first == "replica-a" else "replica-a"
         leader = c.servers[leader_index]["proc"]
+        # The other replica takes over only once it holds the leader's store (the Lease
+        # names it in sync): before that, losing the leader would lose its acknowledged
+        # claims, and the other replica rightly waits.
+        c.wait_for(lambda: ((c.get(lease_path) or {}).get("metadata", {}).get("annotations")
+                            or {}).get("sbx.dev/sync-replica") == other, 20,
+                   "%s to be the in-sync standby" % other, state=lambda: c.get(lease_path))
         # Apply during the hand-over: the outgoing leader stops, the other one is not leader
         # yet; the new leader must pick it up.
         leader.send_signal(signal.SIGTERM)
