@@ -76,6 +76,26 @@ class FencingTest(pools.PoolTest):
         self.assertEqual(spec.get("holderIdentity"), holder, lease)
         return parse_time(spec.get("acquireTime"))
 
+    def wait_serving(self, c, server):
+        """Until `server` answers the sbx.v1 API itself (a new leader activates after it takes
+        the Lease; meanwhile its port relays, and may answer UNAVAILABLE)."""
+        from sbx.v1 import claims_pb2, claims_pb2_grpc
+        channel = grpc.insecure_channel("127.0.0.1:%d" % c.grpc_port(server))
+        self.addCleanup(channel.close)
+        stub = claims_pb2_grpc.ClaimServiceStub(channel)
+        alice = [("authorization", "Bearer tok-a")]
+
+        def serves():
+            try:
+                stub.ListClaims(claims_pb2.ListClaimsRequest(page_size=1), metadata=alice,
+                                timeout=5)
+                return True
+            except grpc.RpcError as err:
+                if err.code() in pools.RETRIED:
+                    return False
+                raise
+        c.wait_for(serves, 40, "the new leader to serve on its port")
+
     def storm(self, c, servers):
         alice = [("authorization", "Bearer tok-a")]
         storm = pools.ClaimStorm([c.grpc_port(s) for s in servers], "py", alice)
@@ -119,6 +139,7 @@ class FencingTest(pools.PoolTest):
         self.assertIn("stepping down", c.read_log(a))
         self.assertEqual(storm.unexpected, [])
         self.assertEqual(kube.failures, [])
+        self.wait_serving(c, b)
         self.assert_claims_kept(c, b, storm, kube, paused)
 
     def test_02_a_leader_whose_requests_hang_steps_down_by_its_renew_deadline(self):
@@ -150,6 +171,7 @@ class FencingTest(pools.PoolTest):
                          "writes of the cut-off leader applied after replica-b's acquireTime")
         self.assertIn("stepping down", c.read_log(a))
         self.assertEqual(storm.unexpected, [])
+        self.wait_serving(c, b)
         self.assert_claims_kept(c, b, storm, kube, cut)
 
     def test_03_the_lease_deleted_with_an_empty_replica_and_a_complete_one(self):
@@ -193,6 +215,7 @@ class FencingTest(pools.PoolTest):
                    state=lambda: c.get(LEASE))
         self.assertIsNone(pools.lease_note(c, "sbx.dev/promote"))
         self.assertNotIn("this replica leads", c.read_log(empty))
+        self.wait_serving(c, b)
         self.assert_claims_kept(c, b, storm, kube, killed)
 
     def test_04_three_replicas_the_in_sync_standby_killed_first(self):
@@ -219,6 +242,7 @@ class FencingTest(pools.PoolTest):
         storm.stop()
         kube.stop()
         self.assertEqual(storm.unexpected, [])
+        self.wait_serving(c, third)
         self.assert_claims_kept(c, third, storm, kube, killed)
 
     def test_05_kill_9_of_the_leader_takeover_time(self):
