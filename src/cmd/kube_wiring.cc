@@ -176,8 +176,8 @@ size_t KubeControllers::ClusterSandboxes() const {
   if (sandboxes_ == nullptr) return 0;
   size_t n = 0;
   for (const k8s::ObjectPtr& sandbox : sandboxes_->sandbox_informer().List()) {
-    const k8s::Json& labels = k8s::json_fields::Field(
-        k8s::json_fields::Field(*sandbox, "metadata"), "labels");
+    const k8s::Json& labels =
+        k8s::json_fields::Field(k8s::json_fields::Field(*sandbox, "metadata"), "labels");
     if (!k8s::json_fields::Str(labels, k8s::kSbxPoolLabel).empty() ||
         !k8s::json_fields::Str(labels, k8s::kClaimUidLabel).empty()) {
       ++n;
@@ -219,9 +219,9 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags& fl
   client_options.registry = flags.registry;
   // The replica's name in every request's User-Agent, so that the API server's audit log
   // (and the emulator's request log) tells which replica wrote what.
-  client_options.user_agent = absl::StrCat(
-      client_options.user_agent, " (", flags.identity.empty() ? DefaultIdentity() : flags.identity,
-      ")");
+  client_options.user_agent =
+      absl::StrCat(client_options.user_agent, " (",
+                   flags.identity.empty() ? DefaultIdentity() : flags.identity, ")");
   auto kube = std::make_unique<KubeControllers>();
   ASSIGN_OR_RETURN(kube->client_, k8s::Client::Create(*cluster, client_options));
   if (flags.leader_election) {

@@ -111,8 +111,7 @@ bool Replication::MayLead(const k8s::LeaseTerm& lease) {
                                          " annotation names \"", lease.promote, "\"");
     if (why != last_refusal_) {
       last_refusal_ = why;
-      spdlog::warn("not taking the Lease: {}, not this replica (\"{}\")", why,
-                   options_.identity);
+      spdlog::warn("not taking the Lease: {}, not this replica (\"{}\")", why, options_.identity);
     }
     return false;
   }

@@ -128,9 +128,9 @@ class ClientMetrics;
 
 // What allows a replica to write to the API server (docs/architecture.md, "Fencing"): a
 // client with a fence asks it right before each attempt of every write (create, update,
-// patch, delete; not of Leases, the election's own), after the rate limiter's wait, and cuts the attempt's timeout to the
-// time it has left, so that a write still on the wire when leadership lapses is abandoned
-// then. Thread-safety: WriteWindow is called from any thread.
+// patch, delete; not of Leases, the election's own), after the rate limiter's wait, and cuts the
+// attempt's timeout to the time it has left, so that a write still on the wire when leadership
+// lapses is abandoned then. Thread-safety: WriteWindow is called from any thread.
 class WriteFence {
  public:
   virtual ~WriteFence() = default;

@@ -64,8 +64,7 @@ LeaderElector::~LeaderElector() { Stop(); }
 
 absl::Time LeaderElector::Monotonic() const {
   if (clock_ != &Clock::Real()) return clock_->Now();  // a test's clock
-  return absl::UnixEpoch() +
-         absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
 }
 
 absl::Time LeaderElector::WindowEnd() const {
@@ -83,11 +82,11 @@ absl::StatusOr<absl::Duration> LeaderElector::WriteWindow() const {
   }
   const absl::Duration left = WindowEnd() - Monotonic();
   if (left <= absl::ZeroDuration()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        options_.identity, " has not renewed Lease ", options_.lease_namespace, "/",
-        options_.lease_name, " for ", absl::FormatDuration(options_.renew_deadline - left),
-        " (renew deadline ", absl::FormatDuration(options_.renew_deadline),
-        "): another replica may lead"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(options_.identity, " has not renewed Lease ", options_.lease_namespace, "/",
+                     options_.lease_name, " for ",
+                     absl::FormatDuration(options_.renew_deadline - left), " (renew deadline ",
+                     absl::FormatDuration(options_.renew_deadline), "): another replica may lead"));
   }
   return left;
 }
@@ -198,7 +197,8 @@ bool LeaderElector::TryAcquireOrRenew(absl::Time attempt_start) {
       spdlog::warn(
           "leader election: {} cannot reach leader \"{}\", whose Lease renewal has not changed "
           "for {} (renew deadline {}): its write window has closed; taking the Lease",
-          options_.identity, holder, absl::FormatDuration(options_.renew_deadline + options_.takeover_margin),
+          options_.identity, holder,
+          absl::FormatDuration(options_.renew_deadline + options_.takeover_margin),
           absl::FormatDuration(options_.renew_deadline));
     }
   }

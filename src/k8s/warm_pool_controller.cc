@@ -159,14 +159,13 @@ InformerOptions WarmPoolController::InformerOn(const Resource& resource) const {
   return options;
 }
 
-absl::Status WarmPoolController::DeleteMember(const std::string& id) {
-  const NamespacedName where = options_.namespaces.Split(id);
+absl::Status WarmPoolController::DeleteMember(const ObjectPtr& judged) {
   // The member as this pass judged it: the delete holds only while the Sandbox is still
-  // that version. A write that lands late (a deposed leader's, paused after its fence
-  // check) then fails 409 instead of deleting a member the new leader has bound since.
-  ObjectPtr judged = sandboxes_->Get(where.ns, where.name);
-  if (judged == nullptr) return absl::OkStatus();  // gone already
+  // that version. One that changed since (a write that lands late, a deposed leader's
+  // paused after its fence check, would otherwise delete a member the new leader bound)
+  // fails 409 and is judged again at the next pass.
   const Json& meta = Field(*judged, "metadata");
+  const NamespacedName where{Str(meta, "namespace"), Str(meta, "name")};
   absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
     DeleteOptions o;
     o.propagation_policy = "Background";
@@ -378,7 +377,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
 
   // Members: still labelled as the pool's (a claimed one loses the label when bound).
   std::vector<ObjectPtr> unready, warm;
-  std::vector<std::pair<std::string, absl::Duration>> maybe_untracked;  // id, age
+  std::vector<std::pair<ObjectPtr, absl::Duration>> maybe_untracked;  // member, age
   const absl::Time now = clock_->Now();
   for (const ObjectPtr& member : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
     const Json& meta = Field(*member, "metadata");
@@ -390,7 +389,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
     } else if (runtime_->IsPending(id)) {
       unready.push_back(member);
     } else {
-      maybe_untracked.emplace_back(id, Age(*member, now));
+      maybe_untracked.emplace_back(member, Age(*member, now));
     }
   }
   // Neither tracked nor pending may still be in passage: its create has not answered yet,
@@ -402,20 +401,24 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   // creates whose answers faults lost for 30 s after the faults: issue 23. Taking the
   // first snapshot for the answer deleted members that turned warm during the pass.)
   const bool creates_in_flight = runtime_->CreatesInFlight(name) > 0;
-  std::vector<std::string> untracked;
-  for (auto& [id, age] : maybe_untracked) {
-    if ((creates_in_flight && age < options_.orphan_grace) || runtime_->InPassage(id)) continue;
-    untracked.push_back(std::move(id));
+  std::vector<ObjectPtr> untracked;
+  for (auto& [member, age] : maybe_untracked) {
+    if ((creates_in_flight && age < options_.orphan_grace) ||
+        runtime_->InPassage(options_.namespaces.Qualify(*member))) {
+      continue;
+    }
+    untracked.push_back(std::move(member));
   }
   if (!untracked.empty()) {
     tracked.clear();
     for (std::string& id : allocator_->ListSandboxIds()) tracked.insert(std::move(id));
   }
-  for (const std::string& id : untracked) {
+  for (const ObjectPtr& member : untracked) {
+    const std::string id = options_.namespaces.Qualify(*member);
     if (tracked.contains(id)) continue;
     spdlog::info("Sandbox \"{}\" of pool \"{}\" is tracked by nobody: deleting it",
                  Namespaces::Path(options_.namespaces.Split(id)), name);
-    RETURN_IF_ERROR(DeleteMember(id));
+    RETURN_IF_ERROR(DeleteMember(member));
   }
   // Newest first (by creationTimestamp, then name), keys read once per member.
   auto newest_first = [](std::vector<ObjectPtr>* members) {
@@ -433,9 +436,7 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   newest_first(&unready);
   newest_first(&warm);
 
-  auto delete_unready = [&](const ObjectPtr& member) {
-    return DeleteMember(options_.namespaces.Qualify(*member));
-  };
+  auto delete_unready = [&](const ObjectPtr& member) { return DeleteMember(member); };
   // Stale members (Recreate): replaced at once; the reconciler makes new ones.
   if (recreate) {
     for (auto* list : {&unready, &warm}) {

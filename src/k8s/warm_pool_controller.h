@@ -114,9 +114,10 @@ class WarmPoolController {
   absl::Status RemovePool(const std::string& pool);
   absl::Status TrimMembers(const Json& pool, const Json& sandbox_template);
   absl::Status WriteStatus(const Json& pool);
-  // Deletes member `id` (the allocator's sandbox id; background propagation) through the
-  // scheduler; NOT_FOUND is success.
-  absl::Status DeleteMember(const std::string& id);
+  // Deletes the member `judged` (as this pass read it from the cache; background
+  // propagation) through the scheduler, guarded by its uid and resourceVersion: NOT_FOUND
+  // is success, and so is a 409 (it changed since: the next pass judges it again).
+  absl::Status DeleteMember(const ObjectPtr& judged);
   InformerOptions InformerOn(const Resource& resource) const;
 
   Client* const client_;

@@ -9,8 +9,8 @@
 #include "absl/synchronization/mutex.h"
 
 #include "gtest/gtest.h"
-#include "src/k8s/http.h"
 #include "src/common/clock.h"
+#include "src/k8s/http.h"
 #include "tests/k8s/test_emulator.h"
 
 namespace sbx::k8s {
@@ -350,8 +350,9 @@ TEST(LeaderElectionTest, AMissingLeaseIsMadeOnlyByAReplicaThatMayLead) {
   EXPECT_TRUE(absl::IsNotFound(client->Get(kLeases, "default", "test-lease").status()));
 
   // The operator names b in a Lease held by nobody; a (asked, and not named) stays out.
-  Json lease = {{"metadata", {{"name", "test-lease"}, {"annotations", {{kPromoteAnnotation, "b"}}}}},
-                {"spec", {{"holderIdentity", ""}}}};
+  Json lease = {
+      {"metadata", {{"name", "test-lease"}, {"annotations", {{kPromoteAnnotation, "b"}}}}},
+      {"spec", {{"holderIdentity", ""}}}};
   ASSERT_TRUE(client->Create(kLeases, "default", lease).ok());
   LeaderElectionOptions b_options = Options("b");
   b_options.may_lead = [](const LeaseTerm& t) { return t.promote == "b"; };

@@ -205,6 +205,32 @@ TEST_F(WarmPoolControllerTest, AMemberOfALostCreateGoesAtTheNextPass) {
       absl::Seconds(10)));
 }
 
+// Issue 32. A member the pass judged nobody's, changed before its delete is sent (here
+// right after the pass read the allocator: another writer, as a new leader binding it,
+// labels it): the delete carries the version the pass judged, fails 409, and the member
+// stays. Without the guard a late delete of a deposed leader removed members its successor
+// had bound.
+TEST_F(WarmPoolControllerTest, AMemberChangedAfterThePassJudgedItIsNotDeleted) {
+  Start(absl::Hours(1));
+  Json member = Member("py-rebound");
+  member["metadata"]["labels"][kWarmPoolLabel] = NameHash("py");
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", member).ok());
+  ASSERT_TRUE(Eventually([&] { return sandboxes_->Get("default", "py-rebound") != nullptr; },
+                         absl::Seconds(10)));
+  // The pass reads the cache after its snapshot of the allocator: the change is made (and
+  // seen by the API server) but the pass holds the version it judged once it decided. To
+  // make the race certain the informer is stopped first, so the cache keeps the old one.
+  on_snapshot_ = [&] {
+    sandboxes_->Stop();
+    Json patch = {{"metadata", {{"labels", {{kClaimUidLabel, "uid-of-a-claim"}}}}}};
+    EXPECT_TRUE(client_->Patch(kSandboxes, "default", "py-rebound", PatchType::kMerge, patch).ok());
+  };
+  armed_ = true;
+  ASSERT_TRUE(controller_->Reconcile("py").ok());
+  ASSERT_TRUE(hook_ran_.HasBeenNotified());
+  EXPECT_TRUE(Exists("py-rebound")) << "a member changed since the pass judged it was deleted";
+}
+
 // Issue 22. The annotation sbx.dev/selection-policy sets the allocator pool's policy (the
 // CRD has no field for it); an unknown value changes nothing, and neither does removing it.
 std::string AnnotatedPolicy(const Json& pool) {
