@@ -519,6 +519,9 @@ int main(int argc, char** argv) {
     };
     sources.requests = &request_counters;
     sources.tenants = &tenant_limiter;
+    if (local != nullptr) {
+      sources.sandbox_output_dropped = [l = local.get()] { return l->output_dropped_bytes(); };
+    }
     if (replication != nullptr) sources.extra.push_back(replication->Collector());
     auto started = sbx::server::MetricsEndpoint::Start(metrics_options, registry, sources);
     if (!started.ok()) return Fail(started.status());

@@ -107,6 +107,15 @@ class ServerCollector final : public prometheus::Collectable {
     const allocator::Allocator* a = sources_.allocator ? sources_.allocator() : nullptr;
     if (a != nullptr) CollectPools(*a, &out);
     if (sources_.refill != nullptr) CollectRefill(&out);
+    if (sources_.sandbox_output_dropped) {
+      auto f = Family("sbx_sandbox_output_dropped_bytes_total",
+                      "Bytes local sandboxes wrote to their stdout/stderr (bubblewrap's and the "
+                      "daemon's, which a workload can reach through /proc/1/fd) that their "
+                      "bounded logs (2 x 1 MiB each) did not keep",
+                      MetricType::Counter);
+      AddValue(&f, {}, static_cast<double>(sources_.sandbox_output_dropped()));
+      out.push_back(std::move(f));
+    }
     if (sources_.store) CollectStore(&out);
     if (sources_.requests != nullptr) CollectRequests(&out);
     if (sources_.tenants != nullptr || a != nullptr) CollectTenants(a, &out);

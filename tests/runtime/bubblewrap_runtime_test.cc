@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -470,6 +471,71 @@ TEST_F(BubblewrapRuntimeTest, TemplateMountsAreChecked) {
   const std::string inside = "/hosttmp" + root_.substr(std::string("/tmp").size());
   EXPECT_EQ(Exec(*info, {"/bin/sh", "-c", "ls -A " + inside + " | wc -l"}, &code), "0\n");
   EXPECT_EQ(code, 0);
+}
+
+// Nothing a sandbox writes to its stdout/stderr (what bubblewrap's init holds, reachable
+// at /proc/1/fd/1 and /2) reaches a host file without a bound: its output FIFO is drained
+// into a log of at most 2 x 1 MiB, by this runtime and by the next one that adopts it.
+TEST_F(BubblewrapRuntimeTest, SandboxOutputReachesTheHostBounded) {
+  BubblewrapRuntimeOptions o = Options();
+  o.delete_on_exit = false;
+  StartRuntime(o);
+  auto info = CreateNow();
+  ASSERT_TRUE(info.ok()) << info.status();
+  const std::string dir = root_ + "/" + info->id;
+  // What the sandbox's pid 1 writes to, written from here (as the host's root may, which
+  // the sandbox may not when its uid is another): 6 MiB.
+  struct stat st;
+  ASSERT_EQ(lstat((dir + "/output").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  {
+    const int fd = open((dir + "/output").c_str(), O_WRONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    const std::string mib(1 << 20, 'x');
+    for (int i = 0; i < 6; ++i) ASSERT_EQ(write(fd, mib.data(), mib.size()), 1 << 20);
+    close(fd);
+  }
+  auto log_bytes = [&] {
+    uint64_t total = 0;
+    for (const char* name : {"/sandboxd.log", "/sandboxd.log.1"}) {
+      std::error_code ec;
+      const uint64_t n = fs::file_size(dir + name, ec);
+      if (!ec) total += n;
+    }
+    return total;
+  };
+  // The writes above returned once the runtime had read all but the pipe's buffer.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (runtime_->output_dropped_bytes() < (uint64_t{4} << 20) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_LE(log_bytes(), uint64_t{2} << 20);
+  EXPECT_GE(runtime_->output_dropped_bytes(), uint64_t{4} << 20);
+  int code = -1;
+  EXPECT_EQ(Exec(*info, {"/bin/echo", "alive"}, &code), "alive\n");
+
+  // While no runtime runs, writes wait in the pipe; the next runtime drains them.
+  runtime_.reset();
+  {
+    const int fd = open((dir + "/output").c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    const std::string marker = "written-while-no-runtime-ran\n";
+    ASSERT_EQ(write(fd, marker.data(), marker.size()), static_cast<ssize_t>(marker.size()));
+    close(fd);
+  }
+  StartRuntime(o);
+  EXPECT_EQ(runtime_->adopted(), 1u);
+  const absl::Time again = absl::Now() + absl::Seconds(10);
+  while (ReadFile(dir + "/sandboxd.log").find("written-while-no-runtime-ran") ==
+             std::string::npos &&
+         absl::Now() < again) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_THAT(ReadFile(dir + "/sandboxd.log"),
+              ::testing::HasSubstr("written-while-no-runtime-ran"));
+  EXPECT_LE(log_bytes(), uint64_t{2} << 20);
+  EXPECT_EQ(Exec(*info, {"/bin/echo", "adopted"}, &code), "adopted\n");
 }
 
 TEST_F(BubblewrapRuntimeTest, BadSpecsAndOptionsAreRefused) {
