@@ -39,6 +39,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -906,13 +907,99 @@ void AppendMask(const std::string& host, const std::string& inside, std::vector<
   }
 }
 
+// The folders of the host every sandbox sees (read-only), where they are folders.
+std::vector<std::string> SystemFolders() {
+  std::vector<std::string> out;
+  for (const char* top : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}) {
+    struct stat st;
+    if (lstat(top, &st) == 0 && S_ISDIR(st.st_mode)) out.emplace_back(top);
+  }
+  return out;
+}
+
+// Whether a sandbox's process may search (pass through) the host folder `dir`: with a
+// host uid of its own and no groups (own_uids), only the bits for others count; else it
+// has sbx's own uid and groups.
+bool SandboxMaySearch(const std::string& dir, bool own_uids) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return false;
+  return own_uids ? (st.st_mode & S_IXOTH) != 0 : access(dir.c_str(), X_OK) == 0;
+}
+
+std::string Parent(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+// Where the masks of the hidden paths go in the system folders. A mask on a file would
+// not survive the file's replacement by rename (the mount goes with the old file: a
+// tokens reload, a renewed key, an editor's save), so a hidden file is masked by masking
+// its folder; a hidden folder is masked itself. The mask moves up to the first folder on
+// the way that the sandbox may not search (bubblewrap mounts as the sandbox's user and
+// could not reach further). A mask inside another one is dropped (the outer one hides it,
+// and bubblewrap cannot make a mount point in the read-only outer mask). FAILED_PRECONDITION
+// naming the path when a hidden file lies right in a system folder (masking that folder
+// would hide the system) or a hidden folder holds one.
+absl::StatusOr<std::vector<std::string>> SystemMasks(const std::vector<std::string>& hidden,
+                                                     bool own_uids) {
+  const std::vector<std::string> tops = SystemFolders();
+  std::vector<std::string> masks;
+  for (const char* secret : kEtcSecrets) {
+    struct stat st;
+    if (lstat(secret, &st) == 0) masks.emplace_back(secret);
+  }
+  for (const std::string& h : hidden) {
+    for (const std::string& top : tops) {
+      if (PathIsWithin(top, h)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "\"", h, "\" (one of the server's own files, which no sandbox may see) holds ", top,
+            ", which every sandbox needs: keep the server's data dir, key, tokens file, TLS key "
+            "and sandbox root out of the system folders' ancestors"));
+      }
+      if (!PathIsWithin(h, top)) continue;
+      struct stat st;
+      std::string point = lstat(h.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? h : Parent(h);
+      if (point == top) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "\"", h,
+            "\" (one of the server's own files, which no sandbox may see) lies directly in ", top,
+            ", which every sandbox sees: a mask of the file alone would not survive its "
+            "replacement by rename (a tokens reload, a renewed key), and masking ",
+            top, " would hide it from the sandboxes. Move it into a folder of its own (e.g. ", top,
+            "/sbx/", h.substr(h.rfind('/') + 1), ")"));
+      }
+      // The shallowest folder below `top` on the way to `point` that the sandbox may not
+      // pass through.
+      for (size_t at = top.size() + 1; at < point.size(); ++at) {
+        if (point[at] != '/') continue;
+        const std::string dir = point.substr(0, at);
+        if (!SandboxMaySearch(dir, own_uids)) {
+          point = dir;
+          break;
+        }
+      }
+      masks.push_back(point);
+    }
+  }
+  std::sort(masks.begin(), masks.end());
+  masks.erase(std::unique(masks.begin(), masks.end()), masks.end());
+  std::vector<std::string> out;
+  for (const std::string& m : masks) {
+    // Sorted: an enclosing mask comes before what lies in it.
+    if (!out.empty() && std::any_of(out.begin(), out.end(),
+                                    [&m](const std::string& o) { return PathIsWithin(m, o); })) {
+      continue;
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
 // The system part of every sandbox's root: /usr, /etc and the top-level /bin, /sbin,
 // /lib* (as the host has them: folders bound read-only, symbolic links recreated), the
-// secrets of /etc and the hidden paths under them masked, and fresh /dev, /proc, /tmp,
-// /var/tmp and /run.
-std::vector<std::string> SystemArgs(const std::vector<std::string>& hidden) {
+// masks (SystemMasks) in them, and fresh /dev, /proc, /tmp, /var/tmp and /run.
+std::vector<std::string> SystemArgs(const std::vector<std::string>& masks) {
   std::vector<std::string> a;
-  std::vector<std::string> bound;
   for (const char* top : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}) {
     struct stat st;
     if (lstat(top, &st) != 0) continue;
@@ -922,21 +1009,43 @@ std::vector<std::string> SystemArgs(const std::vector<std::string>& hidden) {
       if (!ec) a.insert(a.end(), {"--symlink", target.string(), top});
     } else if (S_ISDIR(st.st_mode)) {
       a.insert(a.end(), {"--ro-bind", top, top});
-      bound.emplace_back(top);
     }
   }
-  std::vector<std::string> masked(std::begin(kEtcSecrets), std::end(kEtcSecrets));
-  for (const std::string& h : hidden) {
-    for (const std::string& b : bound) {
-      if (PathIsWithin(h, b)) masked.push_back(h);
-    }
-  }
-  for (const std::string& m : masked) AppendMask(m, m, &a);
+  for (const std::string& m : masks) AppendMask(m, m, &a);
   for (const char* x : {"--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var",
                         "--tmpfs", "/var/tmp", "--tmpfs", "/run"}) {
     a.emplace_back(x);
   }
   return a;
+}
+
+// OK, or INVALID_ARGUMENT naming the server's file when a template mount's source holds
+// one of the hidden paths or lies in one: no sandbox may see them, and a mask under a
+// mount would be one more mount to get right (and would not survive a rename). The
+// source's symbolic links are resolved as bubblewrap will.
+absl::Status CheckMounts(const LocalSpec& spec, const std::vector<std::string>& hidden) {
+  for (const auto& m : spec.mounts) {
+    std::error_code ec;
+    const std::string resolved = fs::weakly_canonical(m.source, ec).string();
+    for (const std::string& source : {m.source, resolved}) {
+      if (source.empty()) continue;
+      for (const std::string& h : hidden) {
+        if (PathIsWithin(source, h)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "mount source \"", m.source, "\" lies in \"", h,
+              "\", one of the server's own files (data dir, key, tokens file, TLS key, sandbox "
+              "root), which no sandbox may see"));
+        }
+        if (PathIsWithin(h, source)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "mount source \"", m.source, "\" holds \"", h,
+              "\", one of the server's own files (data dir, key, tokens file, TLS key, sandbox "
+              "root), which no sandbox may see: mount a folder that does not hold it"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The bubblewrap options of every sandbox: a user namespace in which the workload is uid
@@ -970,8 +1079,11 @@ struct Isolation {
   // The daemon's binary, opened as root may (O_PATH): bwrap binds it by descriptor, so
   // the sandbox's unprivileged uid needs no access to the folders it lives in.
   Fd sandboxd;
-  // Hidden host paths (absolute, normalized, symbolic links resolved).
+  // Hidden host paths, absolute and normalized, each as given and with its symbolic
+  // links resolved.
   std::vector<std::string> hidden;
+  // Where they are masked in the system folders (SystemMasks), with /etc's secrets.
+  std::vector<std::string> masks;
   // Whether each sandbox gets a host uid of its own (sbx is root).
   bool own_uids = false;
 };
@@ -986,7 +1098,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         iso_(std::move(isolation)),
         isolated_(iso_.isolated),
         cgroups_(std::move(cgroups)),
-        system_args_(SystemArgs(iso_.hidden)),
+        system_args_(SystemArgs(iso_.masks)),
         adopted_(adopted.size()),
         wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     {
@@ -1040,6 +1152,9 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     return running_.size();
   }
   size_t adopted() const override { return adopted_; }
+  absl::Status CheckSpec(const LocalSpec& spec) const override {
+    return CheckMounts(spec, iso_.hidden);
+  }
   uint64_t output_dropped_bytes() const override {
     return output_dropped_.load(std::memory_order_relaxed);
   }
@@ -1187,27 +1302,13 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
             "--workspace", workspace};
   }
 
-  // Where the template's mounts and the hidden paths meet: the bwrap arguments that mask
-  // hidden paths inside the template's mount sources, or INVALID_ARGUMENT when a source
-  // is (or lies in) a hidden path.
+  // The template's mounts, or INVALID_ARGUMENT when one would show the server's files
+  // (CheckMounts).
   absl::StatusOr<std::vector<std::string>> MountArgs(const LocalSpec& spec) const {
+    RETURN_IF_ERROR(CheckMounts(spec, iso_.hidden));
     std::vector<std::string> a;
     for (const auto& m : spec.mounts) {
-      std::error_code ec;
-      const std::string source = fs::weakly_canonical(m.source, ec).string();
-      for (const std::string& h : iso_.hidden) {
-        if (PathIsWithin(source, h)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("mount source \"", m.source, "\" lies in \"", h,
-                           "\", which sandboxes may not see (the server's own files)"));
-        }
-      }
-      a.push_back(m.read_only ? "--ro-bind" : "--bind");
-      a.push_back(m.source);
-      a.push_back(m.target);
-      for (const std::string& h : iso_.hidden) {
-        if (PathIsWithin(h, source)) AppendMask(h, m.target + h.substr(source.size()), &a);
-      }
+      a.insert(a.end(), {m.read_only ? "--ro-bind" : "--bind", m.source, m.target});
     }
     return a;
   }
@@ -1919,10 +2020,20 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
   std::string root = fs::absolute(options.root_dir).lexically_normal().string();
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   for (const std::string& h : options.hidden_paths) {
+    iso.hidden.push_back(fs::absolute(h).lexically_normal().string());
+    while (iso.hidden.back().size() > 1 && iso.hidden.back().back() == '/') {
+      iso.hidden.back().pop_back();
+    }
     iso.hidden.push_back(fs::weakly_canonical(h, ec).string());
   }
+  iso.hidden.push_back(root);
   iso.hidden.push_back(fs::weakly_canonical(root, ec).string());
+  std::sort(iso.hidden.begin(), iso.hidden.end());
+  iso.hidden.erase(std::unique(iso.hidden.begin(), iso.hidden.end()), iso.hidden.end());
   iso.own_uids = geteuid() == 0;
+  // Where the server's files are masked, or why they cannot be: the true reason, before
+  // any probe (whose failure would otherwise read as missing bubblewrap).
+  ASSIGN_OR_RETURN(iso.masks, SystemMasks(iso.hidden, iso.own_uids));
   absl::Status why;
   if (options.bwrap_path.empty()) {
     why = absl::FailedPreconditionError("no bubblewrap given");
@@ -1935,12 +2046,24 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
     // bubblewrap may be installed yet unusable (no user namespaces for this uid, seccomp
     // refused): run the daemon's --version in a sandbox made as the real ones are.
     iso.isolated = true;
-    std::vector<std::string> argv = IsolationArgs(options.bwrap_path);
-    argv.push_back("--unshare-net");
-    for (std::string& x : SystemArgs(iso.hidden)) argv.push_back(std::move(x));
-    argv.insert(argv.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside,
-                             kSandboxdInside, "--version"});
-    why = Probe(argv, iso, options.sandbox_uid_base);
+    auto probe = [&](const std::vector<std::string>& masks) {
+      std::vector<std::string> argv = IsolationArgs(options.bwrap_path);
+      argv.push_back("--unshare-net");
+      for (std::string& x : SystemArgs(masks)) argv.push_back(std::move(x));
+      argv.insert(argv.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside,
+                               kSandboxdInside, "--version"});
+      return Probe(argv, iso, options.sandbox_uid_base);
+    };
+    why = probe(iso.masks);
+    if (!why.ok() && probe({}).ok()) {
+      // bubblewrap isolates; it is the masks of the server's files that it cannot make.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bubblewrap works here, but cannot mask the server's own files in the folders "
+          "every sandbox sees (masks: ",
+          absl::StrJoin(iso.masks, ", "), "): ", why.message(),
+          ". Move the data dir, key, tokens file and TLS key out of /usr, /etc and /lib*, or "
+          "into folders of their own there"));
+    }
     iso.isolated = why.ok();
   }
   if (!iso.isolated) {

@@ -115,8 +115,10 @@ struct BubblewrapRuntimeOptions {
   // Required.
   std::function<std::string(const std::string& id)> secret_for;
   // Host files and folders no sandbox may see (the server's data dir, token files, keys):
-  // masked where they lie in a folder sandboxes see; a template mount whose source holds
-  // one is refused. The root dir is always hidden.
+  // where they lie in a system folder sandboxes see, each file's folder (a folder itself)
+  // is masked, so that a file replaced by rename stays hidden; a file right in /etc (or
+  // /usr, /lib*) is refused by Make() with that reason. A template mount whose source
+  // holds one or lies in one is refused (CheckSpec). The root dir is always hidden.
   std::vector<std::string> hidden_paths;
   // How long a new sandbox may take until its daemon accepts connections.
   absl::Duration ready_timeout = absl::Seconds(10);
@@ -155,6 +157,10 @@ class BubblewrapRuntime : public Runtime {
   virtual size_t running() const = 0;
   // How many sandboxes of an earlier run Make() adopted.
   virtual size_t adopted() const = 0;
+  // OK, or INVALID_ARGUMENT naming the file when a mount of `spec` holds one of the
+  // server's files (hidden_paths, the root dir) or lies in one: such a template is refused
+  // when it is put, and again at every create.
+  virtual absl::Status CheckSpec(const LocalSpec& spec) const = 0;
   // Bytes the sandboxes wrote to their stdout/stderr that their bounded logs did not keep
   // (see "Output" above), since Make().
   virtual uint64_t output_dropped_bytes() const = 0;

@@ -470,8 +470,8 @@ call('unshare_user', 272, 0x10000000)                   # CLONE_NEWUSER
     def test_cli_escapes_what_a_sandbox_chose(self):
         from sbx.v1 import sandboxes_pb2
         self.sandboxes.WriteFile(sandboxes_pb2.WriteFileRequest(
-            claim_id=self.b_id, path=TERMINAL_ATTACK, content=b"x"), metadata=TENANT_B,
-            timeout=10)
+            claim_id=self.b_id, path=TERMINAL_ATTACK, content=TERMINAL_ATTACK.encode()),
+            metadata=TENANT_B, timeout=10)
         for args in (("ls", self.b_id),
                      ("exec", self.b_id, "--", "printf", "%s\\n", TERMINAL_ATTACK),
                      ("exec", self.b_id, "--", "sh", "-c", "printf '%s' \"$1\" >&2", "sh",
@@ -640,14 +640,20 @@ class ServerFiles:
             chown_tree(workdir, self.run_as)
             chown_tree(self.etc, self.run_as)
         if not expect_start:
-            p = subprocess.run(
+            p = subprocess.Popen(
                 [*setpriv_prefix(self.run_as), SERVER, "--listen=127.0.0.1:0",
                  "--metrics_listen=off", f"--data_dir={workdir}/data",
                  f"--sandbox_root={workdir}/sb", f"--config={CONFIG}",
                  f"--auth_tokens_file={tokens}", *flags],
-                capture_output=True, timeout=60, cwd=workdir)
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=workdir)
+            try:
+                _, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+                self.fail("the server started (and kept running)")
             self.assertNotEqual(p.returncode, 0, "the server started")
-            return p.stderr.decode()
+            return err.decode()
         server = sbx_e2e.Server(SERVER, workdir, CONFIG, auth_tokens=tokens,
                                 prefix=setpriv_prefix(self.run_as),
                                 extra=[f"--metrics_port_file={workdir}/metrics-port", *flags])
@@ -675,29 +681,30 @@ class ServerFiles:
         return code, out.decode(errors="replace")
 
     def assert_hidden(self, server, claim_id, paths, secret):
+        """None of `paths` can be read or listed in the sandbox (a masked folder lists
+        empty), and `secret` shows nowhere."""
         for path in paths:
             code, out = self.sh(server, claim_id,
-                                f"cat {path} 2>&1 | head -c 300; ls -a {path} 2>&1 | head")
+                                f"if cat {path} >/dev/null 2>&1; then echo READABLE; fi; "
+                                f"cat {path} 2>/dev/null | head -c 300; ls -A {path} 2>/dev/null")
+            self.assertNotIn("READABLE", out, f"{path} in the sandbox: {out}")
             self.assertNotIn(secret, out, f"{path} in the sandbox: {out}")
-            self.assertNotIn("sandbox.key", out, f"{path} in the sandbox: {out}")
+            for name in ("sandbox.key", "tokens", "CURRENT"):  # CURRENT: RocksDB's
+                self.assertNotIn(name, out, f"{path} in the sandbox: {out}")
 
-    # 5 and 6. Seen at 6dad6b0: with the data dir under /etc (the key inside it) the server
-    # refused to start, telling the operator to install bubblewrap; a file mask vanished
-    # when the tokens file was replaced by rename (the documented reload), and a sandbox
-    # read the new file, admin token included.
+    # 5. Seen at 6dad6b0: a file mask vanished when the tokens file was replaced by rename
+    # (the documented reload), and a sandbox read the new file, admin token included.
     def test_files_under_etc_stay_hidden_across_a_rename(self):
         work = self.folder("etc-run")
-        data = os.path.join(self.etc, "data")
         auth = os.path.join(self.etc, "auth")
         os.makedirs(auth, exist_ok=True)
         tokens = os.path.join(auth, "tokens")
         with open(tokens, "w") as f:
             f.write(TOKENS)
         os.chmod(tokens, 0o644)  # readable by anyone: only the mask keeps it from sandboxes
-        server = self.start(work, tokens, f"--data_dir={data}")
+        server = self.start(work, tokens)
         self.claim(server, "old")
-        self.assert_hidden(server, "old", [tokens, auth, data, os.path.join(data, "sandbox.key")],
-                           "tok-admin")
+        self.assert_hidden(server, "old", [tokens, auth], "tok-admin")
         # The reload: a new file renamed over the old one, then SIGHUP.
         with open(tokens + ".new", "w") as f:
             f.write(TOKENS + "tok-new-admin ops2 admin\n")
@@ -720,11 +727,13 @@ class ServerFiles:
         except grpc.RpcError:
             return False
 
-    # 6. Seen at 6dad6b0: a tokens file in a 0700 folder under /etc stopped the server
-    # with the advice to install bubblewrap; a file right in /etc (no folder of its own
-    # to mask) must be refused with the true reason.
-    def test_files_in_private_folders_work_and_bare_files_are_refused_truly(self):
+    # 6. Seen at 6dad6b0: a data dir under /etc (the key inside it) and a tokens file in a
+    # 0700 folder under /etc each stopped the server with the advice to install bubblewrap;
+    # a file right in /etc (no folder of its own to mask) must be refused with the true
+    # reason.
+    def test_nested_and_private_files_work_and_bare_files_are_refused_truly(self):
         work = self.folder("private-run")
+        data = os.path.join(self.etc, "data")
         private = os.path.join(self.etc, "private")
         os.makedirs(private, exist_ok=True)
         tokens = os.path.join(private, "tokens")
@@ -734,9 +743,10 @@ class ServerFiles:
         if self.run_as is not None:
             chown_tree(self.etc, self.run_as)
         os.chmod(private, 0o700)
-        server = self.start(work, tokens)
+        server = self.start(work, tokens, f"--data_dir={data}")
         self.claim(server, "p")
-        self.assert_hidden(server, "p", [tokens, private], "tok-admin")
+        self.assert_hidden(server, "p", [tokens, private, data, os.path.join(data, "sandbox.key")],
+                           "tok-admin")
         server.stop()
         type(self).servers.remove(server)
 

@@ -460,17 +460,77 @@ TEST_F(BubblewrapRuntimeTest, TemplateMountsAreChecked) {
   inside_root.mounts.push_back({root_, "/sandboxes", true});
   auto refused = CreateNow(EncodeLocalSpec(inside_root));
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("may not see"));
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("no sandbox may see"));
   EXPECT_EQ(runtime_->running(), 0u);
-  // A mount that holds the root (it lies in /tmp) shows it empty.
-  LocalSpec holding_root;
-  holding_root.mounts.push_back({"/tmp", "/hosttmp", true});
-  auto info = CreateNow(EncodeLocalSpec(holding_root));
+  // A mount that holds the root (it lies in /tmp), or / itself, is refused naming it, at
+  // create and by CheckSpec (what PutTemplate asks); a mount beside it is fine.
+  for (const char* source : {"/tmp", "/"}) {
+    SCOPED_TRACE(source);
+    LocalSpec holding_root;
+    holding_root.mounts.push_back({source, "/host", true});
+    auto held = CreateNow(EncodeLocalSpec(holding_root));
+    EXPECT_EQ(held.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(held.status().message()), ::testing::HasSubstr(root_));
+    const absl::Status checked = runtime_->CheckSpec(holding_root);
+    EXPECT_EQ(checked.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(checked.message()), ::testing::HasSubstr("holds \"" + root_));
+  }
+  LocalSpec beside;
+  beside.mounts.push_back({share_, "/share", true});
+  EXPECT_TRUE(runtime_->CheckSpec(beside).ok());
+  auto info = CreateNow(EncodeLocalSpec(beside));
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(runtime_->running(), 1u);
+}
+
+// The server's files in a folder every sandbox sees (/etc): each file's folder is masked,
+// so a file replaced by rename (the tokens reload) stays hidden; a key inside a hidden
+// data dir is no second mask; a file right in /etc stops Make with that reason.
+TEST_F(BubblewrapRuntimeTest, ServerFilesInSystemFoldersStayHiddenAcrossARename) {
+  const std::string etc = "/etc/sbx-rt-" + std::to_string(getpid());
+  if (access("/etc", W_OK) != 0) GTEST_SKIP() << "needs to write /etc";
+  fs::create_directories(etc + "/auth");
+  fs::create_directories(etc + "/data");
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                              fs::perms::others_read);
+  };
+  write(etc + "/auth/tokens", "tok-old\n");
+  write(etc + "/data/sandbox.key", "the-key-bytes\n");
+  write(etc + "/beside", "visible\n");
+  BubblewrapRuntimeOptions o = Options();
+  o.hidden_paths = {etc + "/data", etc + "/data/sandbox.key", etc + "/auth/tokens"};
+  StartRuntime(o);
+  if (!runtime_->isolated()) {
+    fs::remove_all(etc);
+    GTEST_SKIP() << "bubblewrap cannot run on this machine";
+  }
+  auto info = CreateNow();
   ASSERT_TRUE(info.ok()) << info.status();
   int code = -1;
-  const std::string inside = "/hosttmp" + root_.substr(std::string("/tmp").size());
-  EXPECT_EQ(Exec(*info, {"/bin/sh", "-c", "ls -A " + inside + " | wc -l"}, &code), "0\n");
-  EXPECT_EQ(code, 0);
+  const std::string look = "cat " + etc + "/auth/tokens " + etc + "/data/sandbox.key " + etc +
+                           "/beside 2>&1; ls -A " + etc + "/auth " + etc + "/data";
+  std::string out = Exec(*info, {"/bin/sh", "-c", look}, &code);
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("tok-old")));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("the-key-bytes")));
+  EXPECT_THAT(out, ::testing::HasSubstr("visible"));
+  write(etc + "/auth/tokens.new", "tok-new\n");
+  fs::rename(etc + "/auth/tokens.new", etc + "/auth/tokens");
+  out = Exec(*info, {"/bin/sh", "-c", look}, &code);
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("tok-new")));
+  runtime_.reset();
+
+  write(etc + "-tokens", "bare\n");
+  o.hidden_paths = {etc + "-tokens"};
+  auto refused = BubblewrapRuntime::Make(o);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("\"" + etc + "-tokens\" (one of the server's own files"));
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::Not(::testing::HasSubstr("apt-get install bubblewrap")));
+  fs::remove(etc + "-tokens");
+  fs::remove_all(etc);
 }
 
 // Nothing a sandbox writes to its stdout/stderr (what bubblewrap's init holds, reachable
