@@ -530,7 +530,7 @@ int main(int argc, char** argv) {
 
   server_options.request_counters = &request_counters;
   server_options.tenant_limiter = &tenant_limiter;
-  server_options.check_template = sbx::cmd::NewTemplateCheck(local.get());
+  server_options.check_template = sbx::cmd::NewTemplateCheck(local.get(), kube != nullptr);
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
   // What a serving replica does (at once, or once it leads): reconcile with the runtime,
   // apply the config, refill, serve the pools and claims of the cluster, and the API.

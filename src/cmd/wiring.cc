@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "sbx/v1/admin.pb.h"
+#include "src/common/status_macros.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/server/convert.h"
 
@@ -57,10 +58,19 @@ std::unique_ptr<runtime::Runtime> NewLocalSpecTranslator(runtime::Runtime* local
   return std::make_unique<LocalSpecTranslator>(local);
 }
 
-server::TemplateCheck NewTemplateCheck(const runtime::BubblewrapRuntime* local) {
-  return [local](const sbx::v1::Template& t) -> absl::Status {
+server::TemplateCheck NewTemplateCheck(const runtime::BubblewrapRuntime* local, bool has_cluster) {
+  return [local, has_cluster](const sbx::v1::Template& t) -> absl::Status {
     const std::string where = absl::StrCat("template \"", t.name(), "\": ");
-    if (t.runtime() == "local" && local != nullptr) {
+    if (t.runtime() == "kubernetes") {
+      RETURN_IF_ERROR(
+          CheckPodTemplateShape(where + "kubernetes.pod_template", t.kubernetes().pod_template()));
+      if (!has_cluster) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            where,
+            "runtime \"kubernetes\" needs a Kubernetes cluster, and this server has none (start "
+            "it in a cluster or with --kubeconfig)"));
+      }
+    } else if (t.runtime() == "local" && local != nullptr) {
       if (absl::Status s = local->CheckSpec(FromApi(t.local())); !s.ok()) {
         return absl::Status(s.code(), absl::StrCat(where, s.message()));
       }

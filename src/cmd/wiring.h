@@ -20,10 +20,12 @@ namespace sbx::cmd {
 std::unique_ptr<runtime::Runtime> NewLocalSpecTranslator(runtime::Runtime* local);
 
 // The checks of PutTemplate that need this server's runtimes (ServerOptions::
-// check_template): a local template's mounts must not show the server's own files
-// (INVALID_ARGUMENT naming the file; `local` may be null when the local runtime does not
-// run here). `local` must outlive the check.
-server::TemplateCheck NewTemplateCheck(const runtime::BubblewrapRuntime* local);
+// check_template): a Kubernetes template's pod template must have a pod template's shape
+// (INVALID_ARGUMENT naming kubernetes.pod_template) and the server a cluster
+// (FAILED_PRECONDITION, `has_cluster`); a local template's mounts must not show the
+// server's own files (INVALID_ARGUMENT naming the file; `local` may be null when the
+// local runtime does not run here). `local` must outlive the check.
+server::TemplateCheck NewTemplateCheck(const runtime::BubblewrapRuntime* local, bool has_cluster);
 
 // Declares the config file's templates and pools through the allocator (creating or
 // replacing them), waiting for each to be durable. Errors name the entry.
