@@ -499,8 +499,14 @@ TEST_F(BubblewrapRuntimeTest, ServerFilesInSystemFoldersStayHiddenAcrossARename)
   write(etc + "/auth/tokens", "tok-old\n");
   write(etc + "/data/sandbox.key", "the-key-bytes\n");
   write(etc + "/beside", "visible\n");
+  // A file deeper in a folder the sandbox's uid may not pass through (as root: 0700): the
+  // mask goes on that folder, which bubblewrap can reach.
+  fs::create_directories(etc + "/private/deep");
+  write(etc + "/private/deep/tls.key", "the-tls-key\n");
+  fs::permissions(etc + "/private", fs::perms::owner_all);
   BubblewrapRuntimeOptions o = Options();
-  o.hidden_paths = {etc + "/data", etc + "/data/sandbox.key", etc + "/auth/tokens"};
+  o.hidden_paths = {etc + "/data", etc + "/data/sandbox.key", etc + "/auth/tokens",
+                    etc + "/private/deep/tls.key"};
   StartRuntime(o);
   if (!runtime_->isolated()) {
     fs::remove_all(etc);
@@ -510,10 +516,13 @@ TEST_F(BubblewrapRuntimeTest, ServerFilesInSystemFoldersStayHiddenAcrossARename)
   ASSERT_TRUE(info.ok()) << info.status();
   int code = -1;
   const std::string look = "cat " + etc + "/auth/tokens " + etc + "/data/sandbox.key " + etc +
-                           "/beside 2>&1; ls -A " + etc + "/auth " + etc + "/data";
+                           "/private/deep/tls.key " + etc + "/beside 2>&1; ls -A " + etc +
+                           "/auth " + etc + "/data " + etc + "/private";
   std::string out = Exec(*info, {"/bin/sh", "-c", look}, &code);
   EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("tok-old")));
   EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("the-key-bytes")));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("the-tls-key")));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("deep\n")));
   EXPECT_THAT(out, ::testing::HasSubstr("visible"));
   write(etc + "/auth/tokens.new", "tok-new\n");
   fs::rename(etc + "/auth/tokens.new", etc + "/auth/tokens");
