@@ -106,6 +106,8 @@ absl::StatusOr<PoolStatus> AllocatorImpl::GetPoolStatus(const std::string& name)
   st.max_warm = settings.max_warm;
   st.sizing = settings.sizing;
   st.counts = pool->counters().Snapshot();
+  st.last_error = pool->last_error();
+  st.create_failures = pool->create_failures();
   return st;
 }
 

@@ -257,6 +257,10 @@ struct PoolStatus {
   uint64_t arrivals = 0;
   // Claim outcomes, latencies and ends of this pool since it was created in this process.
   PoolCountsSnapshot counts;
+  // The runtime's error of the last failed create, empty once a create succeeded; and the
+  // failed creates since the pool was created in this process (ObserveCreateResult).
+  std::string last_error;
+  uint64_t create_failures = 0;
 };
 
 struct ClaimFilter {
@@ -397,6 +401,9 @@ class Allocator {
   // A sandbox of `pool` took `took` from its create request until it was ready (the
   // demand estimate's create latency). Unknown pools are ignored.
   virtual void ObserveCreateLatency(const std::string& pool, absl::Duration took) = 0;
+  // How a create for `pool` ended: an error becomes the pool's last_error and counts in
+  // its create_failures; OK clears last_error. Unknown pools are ignored.
+  virtual void ObserveCreateResult(const std::string& pool, const absl::Status& result) = 0;
   // Ids of every sandbox the allocator tracks (warm or claimed), for reconciling with the
   // runtime after a restart: those the runtime does not have are reported SandboxGone.
   virtual std::vector<std::string> ListSandboxIds() const = 0;

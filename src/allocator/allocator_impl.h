@@ -261,6 +261,7 @@ class AllocatorImpl final : public Allocator {
   absl::Status RetireWarm(const std::string& id) override;
   absl::StatusOr<int> TrimWarm(const std::string& pool, int n) override;
   void ObserveCreateLatency(const std::string& pool, absl::Duration took) override;
+  void ObserveCreateResult(const std::string& pool, const absl::Status& result) override;
 
   std::vector<std::string> ListSandboxIds() const override {
     absl::MutexLock lock(&sandboxes_mu_);

@@ -179,6 +179,26 @@ int64_t Pool::waiting() const {
   return static_cast<int64_t>(waiters_.size());
 }
 
+void Pool::ObserveCreateResult(const absl::Status& result) {
+  absl::MutexLock lock(&error_mu_);
+  if (result.ok()) {
+    last_error_.clear();
+    return;
+  }
+  last_error_ = result.ToString();
+  ++create_failures_;
+}
+
+std::string Pool::last_error() const {
+  absl::MutexLock lock(&error_mu_);
+  return last_error_;
+}
+
+uint64_t Pool::create_failures() const {
+  absl::MutexLock lock(&error_mu_);
+  return create_failures_;
+}
+
 void Pool::ObserveCreateLatency(absl::Duration took) {
   absl::MutexLock lock(&demand_mu_);
   demand_.ObserveCreateLatency(took);

@@ -26,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "src/allocator/demand.h"
 #include "src/allocator/pool_counters.h"
@@ -109,6 +110,10 @@ class Pool {
   uint64_t arrivals() const { return arrivals_.load(std::memory_order_relaxed); }
   // A sandbox of this pool took `took` from the create request until it was ready.
   void ObserveCreateLatency(absl::Duration took) ABSL_LOCKS_EXCLUDED(demand_mu_);
+  // How a create for this pool ended (Allocator::ObserveCreateResult), and what it left.
+  void ObserveCreateResult(const absl::Status& result) ABSL_LOCKS_EXCLUDED(error_mu_);
+  std::string last_error() const ABSL_LOCKS_EXCLUDED(error_mu_);
+  uint64_t create_failures() const ABSL_LOCKS_EXCLUDED(error_mu_);
 
   // The number of warm sandboxes the pool should have at `now`, and why: static sizing is
   // the floor plus the claims waiting, demand sizing follows the demand estimate
@@ -159,6 +164,9 @@ class Pool {
   std::atomic<int64_t> target_hint_{0};
 
   // Separate from mu_: the scheduler's sampling never delays waiters.
+  mutable absl::Mutex error_mu_;
+  std::string last_error_ ABSL_GUARDED_BY(error_mu_);
+  uint64_t create_failures_ ABSL_GUARDED_BY(error_mu_) = 0;
   absl::Mutex demand_mu_ ABSL_ACQUIRED_AFTER(mu_);
   DemandEstimator demand_ ABSL_GUARDED_BY(demand_mu_);
 

@@ -203,6 +203,8 @@ void RefillReconciler::OnCreated(const std::string& pool, absl::Time started,
   } else {
     spdlog::warn("creating a sandbox for pool \"{}\" failed: {}", pool, info.status().ToString());
   }
+  // Where the operator looks (PoolStatus.last_error, sbx pools, a metric), not only the log.
+  allocator_->ObserveCreateResult(pool, info.status());
   absl::MutexLock lock(&mu_);
   PoolState& ps = pools_[pool];
   --ps.creating;

@@ -113,4 +113,9 @@ void AllocatorImpl::ObserveCreateLatency(const std::string& pool, absl::Duration
   if (p.ok()) (*p)->ObserveCreateLatency(took);
 }
 
+void AllocatorImpl::ObserveCreateResult(const std::string& pool, const absl::Status& result) {
+  absl::StatusOr<Pool*> p = FindPool(pool);
+  if (p.ok()) (*p)->ObserveCreateResult(result);
+}
+
 }  // namespace sbx::allocator::internal

@@ -145,4 +145,41 @@ absl::StatusOr<ServerConfig> LoadConfig(const std::string& path) {
   }
 }
 
+absl::Status CheckPodTemplateShape(const std::string& field, const std::string& text) {
+  auto bad = [&field](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", parts...));
+  };
+  try {
+    const YAML::Node root = YAML::Load(text);
+    if (!root.IsMap()) {
+      return bad("not a pod template (a core/v1 PodTemplateSpec: a mapping with \"spec\")");
+    }
+    if (const YAML::Node meta = root["metadata"]; meta && !meta.IsMap()) {
+      return bad("metadata is not a mapping");
+    }
+    const YAML::Node spec = root["spec"];
+    if (!spec || !spec.IsMap()) {
+      return bad("spec is missing or not a mapping (a pod template has a pod spec)");
+    }
+    const YAML::Node containers = spec["containers"];
+    if (!containers || !containers.IsSequence() || containers.size() == 0) {
+      return bad("spec.containers is missing, empty or not a list");
+    }
+    for (size_t i = 0; i < containers.size(); ++i) {
+      const YAML::Node c = containers[i];
+      const std::string where = absl::StrCat("spec.containers[", i, "]");
+      if (!c.IsMap()) return bad(where, " is not a mapping");
+      for (const char* key : {"name", "image"}) {
+        const YAML::Node v = c[key];
+        if (!v || !v.IsScalar() || v.as<std::string>().empty()) {
+          return bad(where, ".", key, " is missing or empty");
+        }
+      }
+    }
+    return absl::OkStatus();
+  } catch (const YAML::Exception& e) {
+    return bad("does not parse as JSON or YAML: ", e.what());
+  }
+}
+
 }  // namespace sbx::cmd

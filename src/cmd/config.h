@@ -41,4 +41,10 @@ struct ServerConfig {
 // the file cannot be read.
 absl::StatusOr<ServerConfig> LoadConfig(const std::string& path);
 
+// OK when `text` (JSON or YAML) has the shape of a core/v1 PodTemplateSpec as far as sbx
+// uses it: a mapping with an optional "metadata" mapping and a "spec" mapping whose
+// "containers" is a non-empty list of mappings, each with a non-empty "name" and
+// "image". Otherwise INVALID_ARGUMENT "<field>: <what is wrong>" naming the place.
+absl::Status CheckPodTemplateShape(const std::string& field, const std::string& text);
+
 }  // namespace sbx::cmd

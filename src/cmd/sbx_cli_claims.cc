@@ -124,7 +124,9 @@ void PrintClaims(const std::vector<v1::Claim>& claims, bool wide, bool owner) {
 void Show(const Context& ctx, const std::vector<v1::Claim>& claims, bool quiet, bool as_array,
           bool wide = false, bool owner = false) {
   if (quiet) {
-    for (const v1::Claim& c : claims) std::printf("%s\n", c.claim_id().c_str());
+    for (const v1::Claim& c : claims) {
+      std::printf("%s\n", EscapeForTerminal(c.claim_id()).c_str());
+    }
   } else if (ctx.json()) {
     if (as_array) {
       PrintJsonArrayOf(claims);
@@ -181,7 +183,7 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
     }
     if (resp.replayed()) {
       std::fprintf(stderr, "sbx: note: claim \"%s\" already existed; returned unchanged\n",
-                   resp.claim().claim_id().c_str());
+                   EscapeForTerminal(resp.claim().claim_id()).c_str());
     }
     Show(ctx, {resp.claim()}, a.quiet, false);
     return 0;

@@ -39,11 +39,12 @@ bool IsUsageError(const absl::Status& status) {
 void PrintError(const absl::Status& status) {
   if (IsUsageError(status)) {
     std::fprintf(stderr, "sbx: error: %s\nRun with --help for more information.\n",
-                 std::string(status.message()).c_str());
+                 EscapeForTerminal(status.message()).c_str());
     return;
   }
+  // The message may quote what a sandbox or a tenant chose (a file name, a label).
   std::fprintf(stderr, "sbx: error: %s: %s\n", absl::StatusCodeToString(status.code()).c_str(),
-               std::string(status.message()).c_str());
+               EscapeForTerminal(status.message()).c_str());
 }
 
 CLI::Validator DurationCheck() {

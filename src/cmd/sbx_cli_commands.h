@@ -35,6 +35,8 @@ class Context {
   ClientOptions client_options;
   std::string output = "table";  // -o: table | json
   bool stderr_tty = false;       // progress is drawn in place only on a terminal
+  // Output from a sandbox (exec, cp to "-") is escaped on a terminal and exact otherwise.
+  bool stdout_tty = false;
   SignalRouter* signals = nullptr;
 
   Format format() const { return output == "json" ? Format::kJson : Format::kTable; }
@@ -70,7 +72,7 @@ void AddWatchCommands(CLI::App& app, Context& ctx, Actions& actions);
 absl::Status UsageError(const std::string& message);
 bool IsUsageError(const absl::Status& status);
 // Prints `sbx: error: <CODE>: <message>` (or `sbx: error: <message>` for usage errors)
-// on stderr.
+// on stderr, the message escaped (EscapeForTerminal).
 void PrintError(const absl::Status& status);
 
 // CLI11 check for flags that take a duration ("300ms", "30s", "10m", "1h30m"; >= 0).

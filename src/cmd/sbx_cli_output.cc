@@ -49,9 +49,148 @@ void PrintJsonLine(const google::protobuf::Message& message) {
   std::fflush(stdout);
 }
 
+// ---- Terminal safety --------------------------------------------------------------------
+
+namespace {
+
+// The length of the UTF-8 sequence that starts with `lead` (2..4), or 0 when `lead`
+// cannot start one.
+size_t Utf8Length(unsigned char lead) {
+  if (lead >= 0xC2 && lead <= 0xDF) return 2;
+  if (lead >= 0xE0 && lead <= 0xEF) return 3;
+  if (lead >= 0xF0 && lead <= 0xF4) return 4;
+  return 0;
+}
+
+// The code point of the complete sequence s[0..n), or -1 when it is not valid UTF-8
+// (continuation bytes, overlong forms, surrogates, beyond U+10FFFF).
+int32_t DecodeUtf8(absl::string_view s, size_t n) {
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  int32_t cp = byte(0) & (0x7F >> n);
+  for (size_t i = 1; i < n; ++i) {
+    if ((byte(i) & 0xC0) != 0x80) return -1;
+    cp = (cp << 6) | (byte(i) & 0x3F);
+  }
+  static constexpr int32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
+  return cp;
+}
+
+bool Unsafe(int32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9F) || (cp >= 0x202A && cp <= 0x202E) ||
+         (cp >= 0x2066 && cp <= 0x2069);
+}
+
+void AppendOctal(unsigned char c, std::string* out) {
+  const char digits[] = {'\\', static_cast<char>('0' + (c >> 6)),
+                         static_cast<char>('0' + ((c >> 3) & 7)), static_cast<char>('0' + (c & 7))};
+  out->append(digits, sizeof digits);
+}
+
+// Escapes s into out; stops before an incomplete UTF-8 sequence at the end when
+// `hold_tail` (returns where it stopped).
+size_t EscapeInto(absl::string_view s, EscapeMode mode, bool hold_tail, std::string* out) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7F) {
+      if (c == '\\' && mode == EscapeMode::kName) {
+        out->append("\\\\");
+      } else {
+        out->push_back(static_cast<char>(c));
+      }
+      ++i;
+      continue;
+    }
+    if (c < 0x80) {
+      if (mode == EscapeMode::kText && (c == '\n' || c == '\t')) {
+        out->push_back(static_cast<char>(c));
+      } else {
+        switch (c) {
+          case '\a':
+            out->append("\\a");
+            break;
+          case '\b':
+            out->append("\\b");
+            break;
+          case '\t':
+            out->append("\\t");
+            break;
+          case '\n':
+            out->append("\\n");
+            break;
+          case '\v':
+            out->append("\\v");
+            break;
+          case '\f':
+            out->append("\\f");
+            break;
+          case '\r':
+            out->append("\\r");
+            break;
+          default:
+            AppendOctal(c, out);
+        }
+      }
+      ++i;
+      continue;
+    }
+    const size_t n = Utf8Length(c);
+    if (n != 0 && i + n > s.size() && hold_tail) {
+      // Possibly the start of a sequence the next chunk completes.
+      bool prefix_ok = true;
+      for (size_t k = i + 1; k < s.size(); ++k) {
+        prefix_ok = prefix_ok && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80;
+      }
+      if (prefix_ok) return i;
+    }
+    const int32_t cp = n != 0 && i + n <= s.size() ? DecodeUtf8(s.substr(i), n) : -1;
+    if (cp < 0 || Unsafe(cp)) {
+      // One byte at a time: what follows an invalid lead byte is looked at again.
+      const size_t bytes = cp < 0 ? 1 : n;
+      for (size_t k = 0; k < bytes; ++k) AppendOctal(static_cast<unsigned char>(s[i + k]), out);
+      i += bytes;
+      continue;
+    }
+    out->append(s.data() + i, n);
+    i += n;
+  }
+  return i;
+}
+
+}  // namespace
+
+std::string EscapeForTerminal(absl::string_view s, EscapeMode mode) {
+  std::string out;
+  out.reserve(s.size());
+  EscapeInto(s, mode, /*hold_tail=*/false, &out);
+  return out;
+}
+
+std::string TerminalEscaper::Feed(absl::string_view chunk) {
+  pending_.append(chunk.data(), chunk.size());
+  std::string out;
+  const size_t used = EscapeInto(pending_, EscapeMode::kText, /*hold_tail=*/true, &out);
+  pending_.erase(0, used);
+  return out;
+}
+
+std::string TerminalEscaper::Finish() {
+  std::string out = EscapeForTerminal(pending_, EscapeMode::kText);
+  pending_.clear();
+  return out;
+}
+
 // ---- Tables and human formats -----------------------------------------------------------
 
 void Table::Print(FILE* out) const {
+  std::vector<std::vector<std::string>> rows;
+  rows.reserve(rows_.size());
+  for (const auto& row : rows_) {
+    std::vector<std::string> escaped;
+    for (const std::string& cell : row) escaped.push_back(EscapeForTerminal(cell));
+    rows.push_back(std::move(escaped));
+  }
   std::vector<size_t> widths(header_.size(), 0);
   auto measure = [&widths](const std::vector<std::string>& row) {
     for (size_t i = 0; i < row.size() && i < widths.size(); ++i) {
@@ -59,7 +198,7 @@ void Table::Print(FILE* out) const {
     }
   };
   measure(header_);
-  for (const auto& row : rows_) measure(row);
+  for (const auto& row : rows) measure(row);
   auto print = [&](const std::vector<std::string>& row) {
     std::string line;
     for (size_t i = 0; i < widths.size(); ++i) {
@@ -71,7 +210,7 @@ void Table::Print(FILE* out) const {
     std::fprintf(out, "%s\n", line.c_str());
   };
   print(header_);
-  for (const auto& row : rows_) print(row);
+  for (const auto& row : rows) print(row);
 }
 
 std::string HumanDuration(absl::Duration d) {
@@ -140,7 +279,7 @@ void WriteStderr(const std::string& text) {
 }  // namespace
 
 Progress::Progress(bool tty, std::string label)
-    : tty_(tty), label_(std::move(label)), start_(absl::Now()) {
+    : tty_(tty), label_(EscapeForTerminal(label)), start_(absl::Now()) {
   if (tty_) thread_ = std::thread([this] { Run(); });
 }
 
@@ -176,7 +315,7 @@ void Progress::Set(int64_t done, int64_t total, std::string detail) {
     if (stopped_) return;
     done_ = done;
     total_ = total;
-    detail_ = std::move(detail);
+    detail_ = EscapeForTerminal(detail);
     if (tty_) return;  // the drawing thread shows it
     std::string line = LineLocked(false);
     const absl::Time now = absl::Now();

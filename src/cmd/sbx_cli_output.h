@@ -47,9 +47,36 @@ void PrintJsonArrayOf(const Container& messages) {
 // Prints one message on one line and flushes stdout (for streams of events).
 void PrintJsonLine(const google::protobuf::Message& message);
 
+// ---- Terminal safety --------------------------------------------------------------------
+
+// What a sandbox or a tenant chose (file names, labels, error messages quoting them,
+// command output) must not drive the operator's terminal. Escaped as `ls -b` does:
+// backslash escapes for \a \b \t \n \v \f \r and the backslash itself, \ooo (octal) for
+// every other control byte (C0, DEL), for bytes that are not valid UTF-8, and for the
+// UTF-8 of C1 controls (U+0080..U+009F) and of the bidirectional overrides that reorder
+// what a terminal shows (U+202A..U+202E, U+2066..U+2069). Printable UTF-8 passes as is.
+enum class EscapeMode {
+  kName,  // a value in a table or a message: everything above is escaped
+  kText,  // command output shown on a terminal: newlines and tabs pass, no "\\" doubling
+};
+std::string EscapeForTerminal(absl::string_view s, EscapeMode mode = EscapeMode::kName);
+
+// EscapeForTerminal(kText) over a stream cut into chunks: a UTF-8 sequence split between
+// two chunks is held back until its end arrives (or Finish).
+class TerminalEscaper {
+ public:
+  std::string Feed(absl::string_view chunk);
+  // What is still held back, escaped (an incomplete sequence at the end of the stream).
+  std::string Finish();
+
+ private:
+  std::string pending_;
+};
+
 // ---- Tables and human formats -----------------------------------------------------------
 
-// Columns aligned on the widest cell, separated by three spaces.
+// Columns aligned on the widest cell, separated by three spaces. Every cell is escaped
+// (EscapeForTerminal): a table is for people, and its cells hold names others chose.
 class Table {
  public:
   explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}

@@ -34,6 +34,23 @@ constexpr int kPageSize = 500;
 // remote command).
 constexpr int kSignalsBeforeCancel = 3;
 
+// Where output from a sandbox goes: `fd` as is, or escaped (EscapeForTerminal) when `fd`
+// is a terminal.
+class OutputSink {
+ public:
+  OutputSink(int fd, bool terminal) : fd_(fd), terminal_(terminal) {}
+  absl::Status Write(absl::string_view data) {
+    if (!terminal_) return WriteAll(fd_, data);
+    return WriteAll(fd_, escaper_.Feed(data));
+  }
+  absl::Status Finish() { return terminal_ ? WriteAll(fd_, escaper_.Finish()) : absl::OkStatus(); }
+
+ private:
+  const int fd_;
+  const bool terminal_;
+  TerminalEscaper escaper_;
+};
+
 // ---- exec -------------------------------------------------------------------------------
 
 struct ExecArgs {
@@ -184,15 +201,19 @@ absl::StatusOr<int> RunExec(Context& ctx, const ExecArgs& a) {
   if (stream->Write(start)) {
     ctx.signals->SetHandler([&control](int sig) { control.OnSignal(sig); });
     std::thread writer([&] { WriteLoop(stream.get(), &control, a.interactive); });
+    // The command's output goes to a pipe or file byte for byte; to a terminal escaped,
+    // so that the sandbox cannot drive the operator's terminal.
+    OutputSink out(STDOUT_FILENO, ctx.stdout_tty);
+    OutputSink err(STDERR_FILENO, ctx.stderr_tty);
     v1::ExecResponse msg;
     while (stream->Read(&msg)) {
       absl::Status written;
       switch (msg.kind_case()) {
         case v1::ExecResponse::kStdoutChunk:
-          written = WriteAll(STDOUT_FILENO, msg.stdout_chunk());
+          written = out.Write(msg.stdout_chunk());
           break;
         case v1::ExecResponse::kStderrChunk:
-          written = WriteAll(STDERR_FILENO, msg.stderr_chunk());
+          written = err.Write(msg.stderr_chunk());
           break;
         case v1::ExecResponse::kExit:
           exit = msg.exit();
@@ -205,6 +226,10 @@ absl::StatusOr<int> RunExec(Context& ctx, const ExecArgs& a) {
         local_error = written;
         call->TryCancel();
       }
+    }
+    if (local_error.ok()) {
+      if (absl::Status s = out.Finish(); !s.ok()) local_error = s;
+      err.Finish().IgnoreError();
     }
     control.SetDone();
     writer.join();
@@ -362,6 +387,7 @@ absl::StatusOr<int> Download(Context& ctx, Client& client, const RemotePath& rem
     if (fd < 0) return ErrnoStatus(errno, absl::StrCat("creating \"", target, "\""));
   }
   std::optional<Progress> progress;
+  OutputSink to_stdout(STDOUT_FILENO, local == "-" && ctx.stdout_tty);
   absl::Status status;
   uint32_t mode = 0;
   int64_t offset = 0;
@@ -379,7 +405,7 @@ absl::StatusOr<int> Download(Context& ctx, Client& client, const RemotePath& rem
     if (!progress && ctx.stderr_tty && resp.size() >= kProgressBytes) {
       progress.emplace(true, absl::StrCat("downloading ", remote.path));
     }
-    status = WriteAll(fd, resp.content());
+    status = fd == STDOUT_FILENO ? to_stdout.Write(resp.content()) : WriteAll(fd, resp.content());
     if (!status.ok()) {
       status = absl::Status(
           status.code(),
@@ -398,10 +424,17 @@ absl::StatusOr<int> Download(Context& ctx, Client& client, const RemotePath& rem
   }
   if (progress) progress->Finish("");
   if (local == "-") {
+    if (status.ok()) status = to_stdout.Finish();
     if (!status.ok()) return status;
     return 0;
   }
-  if (status.ok() && ::fchmod(fd, mode == 0 ? 0644 : (mode & 07777)) != 0) {
+  // A plain file of this user: the sandbox chose the mode, so only its permission bits are
+  // kept (never set-uid, set-gid or sticky), under this process's umask, as a new file
+  // of `cp` gets. The owner is whoever runs sbx (mkstemp made the file).
+  const mode_t umask_now = ::umask(0);
+  ::umask(umask_now);
+  const mode_t kept = static_cast<mode_t>(mode == 0 ? 0666 : (mode & 0777)) & ~umask_now;
+  if (status.ok() && ::fchmod(fd, kept) != 0) {
     status = ErrnoStatus(errno, absl::StrCat("chmod \"", target, "\""));
   }
   if (::close(fd) != 0 && status.ok()) {

@@ -103,10 +103,10 @@ absl::StatusOr<int> RunWatchClaims(Context& ctx, const WatchClaimsArgs& a) {
         }
         const v1::Claim& c = e.claim();
         std::printf("%-9s %s%-36s %-16s %-9s %-36s %lld\n", EventName(e.type()).c_str(),
-                    owner ? absl::StrFormat("%-16s ", c.owner()).c_str() : "", c.claim_id().c_str(),
-                    c.pool().c_str(),
+                    owner ? absl::StrFormat("%-16s ", EscapeForTerminal(c.owner())).c_str() : "",
+                    EscapeForTerminal(c.claim_id()).c_str(), EscapeForTerminal(c.pool()).c_str(),
                     ShortEnumName(v1::ClaimState_Name(c.state()), "CLAIM_STATE_").c_str(),
-                    c.sandbox().id().empty() ? "-" : c.sandbox().id().c_str(),
+                    c.sandbox().id().empty() ? "-" : EscapeForTerminal(c.sandbox().id()).c_str(),
                     static_cast<long long>(e.revision()));
       });
 }
@@ -133,9 +133,11 @@ absl::StatusOr<int> RunWatchPools(Context& ctx, const WatchPoolsArgs& a) {
         const v1::Pool& p = e.pool();
         const v1::PoolStatus& s = p.status();
         std::printf("%-9s %-20s %5d %8d %7d %7d %6d %5d %5d%s\n", EventName(e.type()).c_str(),
-                    p.name().c_str(), s.warm(), s.starting(), s.claimed(), s.waiting_claims(),
-                    s.target(), p.min_warm(), p.max_warm(),
-                    s.last_error().empty() ? "" : ("   error: " + s.last_error()).c_str());
+                    EscapeForTerminal(p.name()).c_str(), s.warm(), s.starting(), s.claimed(),
+                    s.waiting_claims(), s.target(), p.min_warm(), p.max_warm(),
+                    s.last_error().empty()
+                        ? ""
+                        : ("   error: " + EscapeForTerminal(s.last_error())).c_str());
       });
 }
 

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   sbx::cli::Context ctx;
   ctx.signals = &signals;
   ctx.stderr_tty = isatty(STDERR_FILENO) == 1;
+  ctx.stdout_tty = isatty(STDOUT_FILENO) == 1;
   if (const char* s = std::getenv("SBX_SERVER"); s != nullptr && *s != '\0') {
     ctx.client_options.server = s;
   }

@@ -621,6 +621,9 @@ int main(int argc, char** argv) {
     };
     sources.requests = &request_counters;
     sources.tenants = &tenant_limiter;
+    if (local != nullptr) {
+      sources.sandbox_output_dropped = [l = local.get()] { return l->output_dropped_bytes(); };
+    }
     if (replication != nullptr) sources.extra.push_back(replication->Collector());
     auto started = sbx::server::MetricsEndpoint::Start(metrics_options, registry, sources);
     if (!started.ok()) return Fail(started.status());
@@ -629,6 +632,7 @@ int main(int argc, char** argv) {
 
   server_options.request_counters = &request_counters;
   server_options.tenant_limiter = &tenant_limiter;
+  server_options.check_template = sbx::cmd::NewTemplateCheck(local.get(), kube != nullptr);
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
   // What a serving replica does (at once, or once it leads): reconcile with the runtime,
   // apply the config, refill, serve the pools and claims of the cluster, and the API.

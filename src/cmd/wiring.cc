@@ -5,11 +5,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "sbx/v1/admin.pb.h"
+#include "src/common/status_macros.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/server/convert.h"
 
 namespace sbx::cmd {
 namespace {
+
+runtime::LocalSpec FromApi(const sbx::v1::LocalSpec& api) {
+  runtime::LocalSpec spec;
+  for (const auto& [k, v] : api.env()) spec.env[k] = v;
+  for (const auto& m : api.mounts()) spec.mounts.push_back({m.source(), m.target(), m.read_only()});
+  spec.network = api.network();
+  spec.memory_limit_bytes = api.memory_limit_bytes();
+  spec.pids_limit = api.pids_limit();
+  spec.workspace_size_bytes = api.workspace_size_bytes();
+  return spec;
+}
 
 class LocalSpecTranslator final : public runtime::Runtime {
  public:
@@ -21,15 +33,7 @@ class LocalSpecTranslator final : public runtime::Runtime {
       return std::move(done)(absl::InvalidArgumentError(
           absl::StrCat("template \"", request.template_name, "\": its local spec does not parse")));
     }
-    runtime::LocalSpec spec;
-    for (const auto& [k, v] : api.env()) spec.env[k] = v;
-    for (const auto& m : api.mounts())
-      spec.mounts.push_back({m.source(), m.target(), m.read_only()});
-    spec.network = api.network();
-    spec.memory_limit_bytes = api.memory_limit_bytes();
-    spec.pids_limit = api.pids_limit();
-    spec.workspace_size_bytes = api.workspace_size_bytes();
-    request.template_spec = runtime::EncodeLocalSpec(spec);
+    request.template_spec = runtime::EncodeLocalSpec(FromApi(api));
     local_->Create(std::move(request), std::move(done));
   }
 
@@ -52,6 +56,27 @@ class LocalSpecTranslator final : public runtime::Runtime {
 
 std::unique_ptr<runtime::Runtime> NewLocalSpecTranslator(runtime::Runtime* local) {
   return std::make_unique<LocalSpecTranslator>(local);
+}
+
+server::TemplateCheck NewTemplateCheck(const runtime::BubblewrapRuntime* local, bool has_cluster) {
+  return [local, has_cluster](const sbx::v1::Template& t) -> absl::Status {
+    const std::string where = absl::StrCat("template \"", t.name(), "\": ");
+    if (t.runtime() == "kubernetes") {
+      RETURN_IF_ERROR(
+          CheckPodTemplateShape(where + "kubernetes.pod_template", t.kubernetes().pod_template()));
+      if (!has_cluster) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            where,
+            "runtime \"kubernetes\" needs a Kubernetes cluster, and this server has none (start "
+            "it in a cluster or with --kubeconfig)"));
+      }
+    } else if (t.runtime() == "local" && local != nullptr) {
+      if (absl::Status s = local->CheckSpec(FromApi(t.local())); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(where, s.message()));
+      }
+    }
+    return absl::OkStatus();
+  };
 }
 
 absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& allocator) {

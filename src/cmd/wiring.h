@@ -8,7 +8,9 @@
 #include "absl/status/status.h"
 #include "src/allocator/allocator.h"
 #include "src/cmd/config.h"
+#include "src/runtime/bubblewrap_runtime.h"
 #include "src/runtime/runtime.h"
+#include "src/server/admin_service.h"
 
 namespace sbx::cmd {
 
@@ -16,6 +18,14 @@ namespace sbx::cmd {
 // sbx.v1.LocalSpec; the local runtime reads its own JSON (runtime::EncodeLocalSpec).
 // Creates with a spec that does not parse fail with INVALID_ARGUMENT naming the template.
 std::unique_ptr<runtime::Runtime> NewLocalSpecTranslator(runtime::Runtime* local);
+
+// The checks of PutTemplate that need this server's runtimes (ServerOptions::
+// check_template): a Kubernetes template's pod template must have a pod template's shape
+// (INVALID_ARGUMENT naming kubernetes.pod_template) and the server a cluster
+// (FAILED_PRECONDITION, `has_cluster`); a local template's mounts must not show the
+// server's own files (INVALID_ARGUMENT naming the file; `local` may be null when the
+// local runtime does not run here). `local` must outlive the check.
+server::TemplateCheck NewTemplateCheck(const runtime::BubblewrapRuntime* local, bool has_cluster);
 
 // Declares the config file's templates and pools through the allocator (creating or
 // replacing them), waiting for each to be durable. Errors name the entry.

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -38,6 +39,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -62,6 +64,13 @@ constexpr char kSandboxdInside[] = "/run/sbx/bin/sbx-sandboxd";
 constexpr char kSocketName[] = "sandboxd.sock";
 constexpr char kStateName[] = "state.json";
 constexpr char kLogName[] = "sandboxd.log";
+// The log's previous part, kept when the log reaches kLogCapBytes.
+constexpr char kOldLogName[] = "sandboxd.log.1";
+// A FIFO: the standard output and error of bwrap (the sandbox's pid 1 holds them) and of
+// the daemon. The runtime reads it into the log; see DrainOutput.
+constexpr char kOutputName[] = "output";
+// Bytes of a sandbox's output kept in each of its two log files.
+constexpr int64_t kLogCapBytes = int64_t{1} << 20;
 constexpr char kIdPrefix[] = "lb-";
 // The state file's version; files of other versions are not trusted (version 1 lived in a
 // folder the sandbox could write).
@@ -282,6 +291,20 @@ struct Sandbox {
   // Frozen by Suspend. Atomic because List reads it without op_mu (a suspend in progress
   // may be reported either way); relaxed: it orders nothing else.
   std::atomic<bool> suspended{false};
+
+  // The read end of the output FIFO (non-blocking), fixed once the sandbox is in the
+  // runtime's table; invalid for a sandbox adopted from a version without one. Closed
+  // with the Sandbox, never before: the reaper may be polling it.
+  Fd output;
+  // Serializes DrainOutput (the reaper, or Spawn before the table) with KillSandbox.
+  absl::Mutex log_mu;
+  bool log_closed ABSL_GUARDED_BY(log_mu) = false;
+  // The FIFO reached its end (every writer is gone): not polled any more. Atomic because
+  // the reaper reads it without log_mu to build its poll set; relaxed: a stale value
+  // costs one more poll.
+  std::atomic<bool> output_ended{false};
+  Fd log ABSL_GUARDED_BY(log_mu);  // the current log file, O_APPEND
+  int64_t log_size ABSL_GUARDED_BY(log_mu) = 0;
 };
 using SandboxPtr = std::shared_ptr<Sandbox>;
 
@@ -358,6 +381,73 @@ bool WriteState(const Sandbox& sb) {
   const bool ok = write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   if (close(fd) != 0 || !ok) return false;
   return renameat(dfd.get(), tmp.c_str(), dfd.get(), kStateName) == 0;
+}
+
+// Moves what the sandbox's output FIFO holds into its log: sandboxd.log, which at
+// kLogCapBytes becomes sandboxd.log.1 (replacing the previous one) and starts again. So
+// the host keeps at most 2 * kLogCapBytes of a sandbox's output however much it writes;
+// what is dropped is counted in `dropped`. Reads at most 1 MiB per call (the reaper
+// serves every sandbox in turn); a closed FIFO (every writer gone) sets output_ended.
+void DrainOutput(Sandbox& sb, std::atomic<uint64_t>* dropped) {
+  if (!sb.output.valid()) return;
+  absl::MutexLock lock(&sb.log_mu);
+  if (sb.log_closed) return;
+  char buf[65536];
+  for (int round = 0; round < 16; ++round) {
+    const ssize_t n = read(sb.output.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) sb.output_ended.store(true, std::memory_order_relaxed);
+    if (n <= 0) return;
+    absl::string_view chunk(buf, static_cast<size_t>(n));
+    if (sb.log_size + n > kLogCapBytes) {
+      // Rotate: the older part goes, the current one becomes it.
+      struct stat old_st;
+      const Fd dfd(open(sb.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (dfd.valid() && fstatat(dfd.get(), kOldLogName, &old_st, AT_SYMLINK_NOFOLLOW) == 0) {
+        dropped->fetch_add(static_cast<uint64_t>(old_st.st_size), std::memory_order_relaxed);
+      }
+      sb.log.Reset();
+      if (!dfd.valid() || renameat(dfd.get(), kLogName, dfd.get(), kOldLogName) != 0) {
+        // Cannot keep the older part: start the log again in place.
+        dropped->fetch_add(static_cast<uint64_t>(sb.log_size), std::memory_order_relaxed);
+        if (dfd.valid()) unlinkat(dfd.get(), kLogName, 0);
+      }
+      sb.log.Reset(OpenInDir(sb.dir, kLogName, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600));
+      sb.log_size = 0;
+    }
+    if (static_cast<int64_t>(chunk.size()) > kLogCapBytes) {
+      dropped->fetch_add(chunk.size() - kLogCapBytes, std::memory_order_relaxed);
+      chunk.remove_prefix(chunk.size() - kLogCapBytes);
+    }
+    const ssize_t w = sb.log.valid() ? write(sb.log.get(), chunk.data(), chunk.size()) : -1;
+    if (w > 0) sb.log_size += w;
+    if (w < static_cast<ssize_t>(chunk.size())) {
+      dropped->fetch_add(chunk.size() - static_cast<size_t>(std::max<ssize_t>(w, 0)),
+                         std::memory_order_relaxed);
+    }
+  }
+}
+
+// Opens the log of a sandbox found running (adopted): its output FIFO and the current log
+// file, both reached without symbolic links and made by this user. Logs when the sandbox
+// has no FIFO (started by a version that wrote its output to the log file directly).
+void OpenOutput(Sandbox& sb) {
+  Fd fifo(OpenInDir(sb.dir, kOutputName, O_RDONLY | O_NONBLOCK));
+  struct stat st;
+  if (!fifo.valid() || fstat(fifo.get(), &st) != 0 || !S_ISFIFO(st.st_mode) ||
+      st.st_uid != geteuid()) {
+    spdlog::warn(
+        "sandbox {}: no output FIFO (made by an older sbx): its output goes to {}/{} unbounded "
+        "until it ends",
+        sb.id, sb.dir, kLogName);
+    return;
+  }
+  absl::MutexLock lock(&sb.log_mu);
+  sb.log.Reset(OpenInDir(sb.dir, kLogName, O_WRONLY | O_CREAT | O_APPEND, 0600));
+  if (sb.log.valid() && fstat(sb.log.get(), &st) == 0 && S_ISREG(st.st_mode)) {
+    sb.log_size = st.st_size;
+  }
+  sb.output = std::move(fifo);
 }
 
 bool Connects(const std::string& path) {
@@ -484,6 +574,12 @@ void KillSandbox(Sandbox& sb) {
     }
     if (errno == EBUSY && fs::exists(cg))
       spdlog::warn("sandbox {}: cgroup {} stays busy", sb.id, cg);
+  }
+  {
+    // No log write may recreate a file in the folder being removed.
+    absl::MutexLock lock(&sb.log_mu);
+    sb.log_closed = true;
+    sb.log.Reset();
   }
   std::error_code ec;
   if (!sb.dir.empty()) fs::remove_all(sb.dir, ec);
@@ -811,13 +907,99 @@ void AppendMask(const std::string& host, const std::string& inside, std::vector<
   }
 }
 
+// The folders of the host every sandbox sees (read-only), where they are folders.
+std::vector<std::string> SystemFolders() {
+  std::vector<std::string> out;
+  for (const char* top : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}) {
+    struct stat st;
+    if (lstat(top, &st) == 0 && S_ISDIR(st.st_mode)) out.emplace_back(top);
+  }
+  return out;
+}
+
+// Whether a sandbox's process may search (pass through) the host folder `dir`: with a
+// host uid of its own and no groups (own_uids), only the bits for others count; else it
+// has sbx's own uid and groups.
+bool SandboxMaySearch(const std::string& dir, bool own_uids) {
+  struct stat st;
+  if (stat(dir.c_str(), &st) != 0) return false;
+  return own_uids ? (st.st_mode & S_IXOTH) != 0 : access(dir.c_str(), X_OK) == 0;
+}
+
+std::string Parent(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+}
+
+// Where the masks of the hidden paths go in the system folders. A mask on a file would
+// not survive the file's replacement by rename (the mount goes with the old file: a
+// tokens reload, a renewed key, an editor's save), so a hidden file is masked by masking
+// its folder; a hidden folder is masked itself. The mask moves up to the first folder on
+// the way that the sandbox may not search (bubblewrap mounts as the sandbox's user and
+// could not reach further). A mask inside another one is dropped (the outer one hides it,
+// and bubblewrap cannot make a mount point in the read-only outer mask). FAILED_PRECONDITION
+// naming the path when a hidden file lies right in a system folder (masking that folder
+// would hide the system) or a hidden folder holds one.
+absl::StatusOr<std::vector<std::string>> SystemMasks(const std::vector<std::string>& hidden,
+                                                     bool own_uids) {
+  const std::vector<std::string> tops = SystemFolders();
+  std::vector<std::string> masks;
+  for (const char* secret : kEtcSecrets) {
+    struct stat st;
+    if (lstat(secret, &st) == 0) masks.emplace_back(secret);
+  }
+  for (const std::string& h : hidden) {
+    for (const std::string& top : tops) {
+      if (PathIsWithin(top, h)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "\"", h, "\" (one of the server's own files, which no sandbox may see) holds ", top,
+            ", which every sandbox needs: keep the server's data dir, key, tokens file, TLS key "
+            "and sandbox root out of the system folders' ancestors"));
+      }
+      if (!PathIsWithin(h, top)) continue;
+      struct stat st;
+      std::string point = lstat(h.c_str(), &st) == 0 && S_ISDIR(st.st_mode) ? h : Parent(h);
+      if (point == top) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "\"", h,
+            "\" (one of the server's own files, which no sandbox may see) lies directly in ", top,
+            ", which every sandbox sees: a mask of the file alone would not survive its "
+            "replacement by rename (a tokens reload, a renewed key), and masking ",
+            top, " would hide it from the sandboxes. Move it into a folder of its own (e.g. ", top,
+            "/sbx/", h.substr(h.rfind('/') + 1), ")"));
+      }
+      // The shallowest folder below `top` on the way to `point` that the sandbox may not
+      // pass through.
+      for (size_t at = top.size() + 1; at < point.size(); ++at) {
+        if (point[at] != '/') continue;
+        const std::string dir = point.substr(0, at);
+        if (!SandboxMaySearch(dir, own_uids)) {
+          point = dir;
+          break;
+        }
+      }
+      masks.push_back(point);
+    }
+  }
+  std::sort(masks.begin(), masks.end());
+  masks.erase(std::unique(masks.begin(), masks.end()), masks.end());
+  std::vector<std::string> out;
+  for (const std::string& m : masks) {
+    // Sorted: an enclosing mask comes before what lies in it.
+    if (!out.empty() && std::any_of(out.begin(), out.end(),
+                                    [&m](const std::string& o) { return PathIsWithin(m, o); })) {
+      continue;
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
 // The system part of every sandbox's root: /usr, /etc and the top-level /bin, /sbin,
 // /lib* (as the host has them: folders bound read-only, symbolic links recreated), the
-// secrets of /etc and the hidden paths under them masked, and fresh /dev, /proc, /tmp,
-// /var/tmp and /run.
-std::vector<std::string> SystemArgs(const std::vector<std::string>& hidden) {
+// masks (SystemMasks) in them, and fresh /dev, /proc, /tmp, /var/tmp and /run.
+std::vector<std::string> SystemArgs(const std::vector<std::string>& masks) {
   std::vector<std::string> a;
-  std::vector<std::string> bound;
   for (const char* top : {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}) {
     struct stat st;
     if (lstat(top, &st) != 0) continue;
@@ -827,21 +1009,43 @@ std::vector<std::string> SystemArgs(const std::vector<std::string>& hidden) {
       if (!ec) a.insert(a.end(), {"--symlink", target.string(), top});
     } else if (S_ISDIR(st.st_mode)) {
       a.insert(a.end(), {"--ro-bind", top, top});
-      bound.emplace_back(top);
     }
   }
-  std::vector<std::string> masked(std::begin(kEtcSecrets), std::end(kEtcSecrets));
-  for (const std::string& h : hidden) {
-    for (const std::string& b : bound) {
-      if (PathIsWithin(h, b)) masked.push_back(h);
-    }
-  }
-  for (const std::string& m : masked) AppendMask(m, m, &a);
+  for (const std::string& m : masks) AppendMask(m, m, &a);
   for (const char* x : {"--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var",
                         "--tmpfs", "/var/tmp", "--tmpfs", "/run"}) {
     a.emplace_back(x);
   }
   return a;
+}
+
+// OK, or INVALID_ARGUMENT naming the server's file when a template mount's source holds
+// one of the hidden paths or lies in one: no sandbox may see them, and a mask under a
+// mount would be one more mount to get right (and would not survive a rename). The
+// source's symbolic links are resolved as bubblewrap will.
+absl::Status CheckMounts(const LocalSpec& spec, const std::vector<std::string>& hidden) {
+  for (const auto& m : spec.mounts) {
+    std::error_code ec;
+    const std::string resolved = fs::weakly_canonical(m.source, ec).string();
+    for (const std::string& source : {m.source, resolved}) {
+      if (source.empty()) continue;
+      for (const std::string& h : hidden) {
+        if (PathIsWithin(source, h)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "mount source \"", m.source, "\" lies in \"", h,
+              "\", one of the server's own files (data dir, key, tokens file, TLS key, sandbox "
+              "root), which no sandbox may see"));
+        }
+        if (PathIsWithin(h, source)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "mount source \"", m.source, "\" holds \"", h,
+              "\", one of the server's own files (data dir, key, tokens file, TLS key, sandbox "
+              "root), which no sandbox may see: mount a folder that does not hold it"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The bubblewrap options of every sandbox: a user namespace in which the workload is uid
@@ -875,8 +1079,11 @@ struct Isolation {
   // The daemon's binary, opened as root may (O_PATH): bwrap binds it by descriptor, so
   // the sandbox's unprivileged uid needs no access to the folders it lives in.
   Fd sandboxd;
-  // Hidden host paths (absolute, normalized, symbolic links resolved).
+  // Hidden host paths, absolute and normalized, each as given and with its symbolic
+  // links resolved.
   std::vector<std::string> hidden;
+  // Where they are masked in the system folders (SystemMasks), with /etc's secrets.
+  std::vector<std::string> masks;
   // Whether each sandbox gets a host uid of its own (sbx is root).
   bool own_uids = false;
 };
@@ -891,7 +1098,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         iso_(std::move(isolation)),
         isolated_(iso_.isolated),
         cgroups_(std::move(cgroups)),
-        system_args_(SystemArgs(iso_.hidden)),
+        system_args_(SystemArgs(iso_.masks)),
         adopted_(adopted.size()),
         wake_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     {
@@ -945,6 +1152,12 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     return running_.size();
   }
   size_t adopted() const override { return adopted_; }
+  absl::Status CheckSpec(const LocalSpec& spec) const override {
+    return CheckMounts(spec, iso_.hidden);
+  }
+  uint64_t output_dropped_bytes() const override {
+    return output_dropped_.load(std::memory_order_relaxed);
+  }
 
   void Create(CreateRequest request, CreateCallback done) override {
     Enqueue([this, request = std::move(request), done = std::move(done)](bool cancelled) mutable {
@@ -1089,27 +1302,13 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
             "--workspace", workspace};
   }
 
-  // Where the template's mounts and the hidden paths meet: the bwrap arguments that mask
-  // hidden paths inside the template's mount sources, or INVALID_ARGUMENT when a source
-  // is (or lies in) a hidden path.
+  // The template's mounts, or INVALID_ARGUMENT when one would show the server's files
+  // (CheckMounts).
   absl::StatusOr<std::vector<std::string>> MountArgs(const LocalSpec& spec) const {
+    RETURN_IF_ERROR(CheckMounts(spec, iso_.hidden));
     std::vector<std::string> a;
     for (const auto& m : spec.mounts) {
-      std::error_code ec;
-      const std::string source = fs::weakly_canonical(m.source, ec).string();
-      for (const std::string& h : iso_.hidden) {
-        if (PathIsWithin(source, h)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("mount source \"", m.source, "\" lies in \"", h,
-                           "\", which sandboxes may not see (the server's own files)"));
-        }
-      }
-      a.push_back(m.read_only ? "--ro-bind" : "--bind");
-      a.push_back(m.source);
-      a.push_back(m.target);
-      for (const std::string& h : iso_.hidden) {
-        if (PathIsWithin(h, source)) AppendMask(h, m.target + h.substr(source.size()), &a);
-      }
+      a.insert(a.end(), {m.read_only ? "--ro-bind" : "--bind", m.source, m.target});
     }
     return a;
   }
@@ -1264,7 +1463,29 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     std::vector<std::string> procs;
     for (const std::string& cg : sb->cgroup_dirs) procs.push_back(cg + "/cgroup.procs");
     const std::string log_path = sb->dir + "/" + kLogName;
-    Fd log(OpenInDir(sb->dir, kLogName, O_WRONLY | O_CREAT | O_TRUNC, 0600));
+    // The sandbox's stdout and stderr: a FIFO in its host folder, held open for reading
+    // and writing by the sandbox's first process (so a write never fails for want of a
+    // reader while no runtime runs; it waits once the pipe's buffer is full), drained
+    // into a bounded log by this runtime and by the next one that adopts the sandbox. No
+    // host file is ever open for writing in the sandbox.
+    Fd output_w;
+    {
+      const Fd dfd(open(sb->dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (!dfd.valid() || mkfifoat(dfd.get(), kOutputName, 0600) != 0) {
+        return fail(absl::UnavailableError(absl::StrCat("cannot make the output FIFO in \"",
+                                                        sb->dir, "\": ", std::strerror(errno))));
+      }
+      // Read end first, non-blocking; then the end the sandbox gets.
+      sb->output.Reset(OpenInDir(sb->dir, kOutputName, O_RDONLY | O_NONBLOCK));
+      output_w.Reset(OpenInDir(sb->dir, kOutputName, O_RDWR));
+      Fd log(OpenInDir(sb->dir, kLogName, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600));
+      if (!sb->output.valid() || !output_w.valid() || !log.valid()) {
+        return fail(absl::UnavailableError(absl::StrCat("cannot open the output FIFO or log in \"",
+                                                        sb->dir, "\": ", std::strerror(errno))));
+      }
+      absl::MutexLock lock(&sb->log_mu);
+      sb->log = std::move(log);
+    }
     Fd null(open("/dev/null", O_RDONLY | O_CLOEXEC));
     absl::StatusOr<Fd> secret = PipeWith(options_.secret_for(id));
     if (!secret.ok()) return fail(secret.status());
@@ -1284,8 +1505,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     plan.cgroup_procs = &procs;
     plan.cwd = sb->dir.c_str();
     plan.Give(STDIN_FILENO, null.get());
-    plan.Give(STDOUT_FILENO, log.get());
-    plan.Give(STDERR_FILENO, log.get());
+    plan.Give(STDOUT_FILENO, output_w.get());
+    plan.Give(STDERR_FILENO, output_w.get());
     plan.Give(kListenFd, listener.get());
     plan.Give(kSecretFd, secret->get());
     plan.Give(kReadyFd, ready_w.get());
@@ -1298,7 +1519,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     plan.uid = sb->host_uid;
     plan.gid = sb->host_uid;
     const pid_t pid = SpawnDetached(plan);
-    log.Reset();
+    output_w.Reset();
     info_w.Reset();
     ready_w.Reset();
     listener.Reset();
@@ -1325,6 +1546,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     while (true) {
       const absl::Time now = absl::Now();
       if (now > deadline) {
+        DrainOutput(*sb, &output_dropped_);
         failed = absl::DeadlineExceededError(
             absl::StrCat("sandbox ", id, " was not serving within ",
                          absl::FormatDuration(options_.ready_timeout), ": ", Tail(log_path)));
@@ -1333,14 +1555,17 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       if (!sb->pidfd.valid()) {
         int status = 0;
         if (waitpid(pid, &status, WNOHANG) == pid) {
+          DrainOutput(*sb, &output_dropped_);
           failed = Exited(*sb, log_path, status);
           break;
         }
       }
-      pollfd fds[3];
+      pollfd fds[4];
       nfds_t n = 0;
       int info_at = -1, pidfd_at = -1;
       fds[n++] = {ready_r.get(), POLLIN, 0};
+      const int output_at = static_cast<int>(n);
+      fds[n++] = {sb->output.get(), POLLIN, 0};
       if (info_r.valid()) {
         info_at = static_cast<int>(n);
         fds[n++] = {info_r.get(), POLLIN, 0};
@@ -1357,12 +1582,14 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         break;
       }
       if (info_at >= 0 && fds[info_at].revents != 0) ReadInfo(info_r, &info_text, sb.get());
+      if (fds[output_at].revents != 0) DrainOutput(*sb, &output_dropped_);
       if (fds[0].revents != 0) {
         char byte;
         if (read(ready_r.get(), &byte, 1) == 1) break;
         // The write end closed without a byte: the daemon ended; the pidfd tells how.
       }
       if (pidfd_at >= 0 && fds[pidfd_at].revents != 0) {
+        DrainOutput(*sb, &output_dropped_);
         failed = Exited(*sb, log_path, ReapIfChild(*sb, /*block=*/false));
         break;
       }
@@ -1428,6 +1655,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   void Reap() {
     while (true) {
       std::vector<SandboxPtr> watched;
+      std::vector<SandboxPtr> outputs;
       std::vector<pollfd> fds;
       bool scan = false;
       {
@@ -1446,7 +1674,14 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
             if (!sb->pidfd.valid()) watched.push_back(sb);
           }
         }
+        for (const auto& [id, sb] : running_) {
+          if (sb->output.valid() && !sb->output_ended.load(std::memory_order_relaxed)) {
+            outputs.push_back(sb);
+          }
+        }
       }
+      const size_t first_output = fds.size();
+      for (const SandboxPtr& sb : outputs) fds.push_back({sb->output.get(), POLLIN, 0});
       fds.push_back({wake_fd_.get(), POLLIN, 0});
       if (poll(fds.data(), fds.size(), scan ? 50 : -1) < 0 && errno != EINTR) {
         spdlog::error("local runtime reaper: poll: {}", std::strerror(errno));
@@ -1456,10 +1691,13 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         uint64_t count;
         [[maybe_unused]] ssize_t n = read(wake_fd_.get(), &count, sizeof(count));
       }
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (fds[first_output + i].revents != 0) DrainOutput(*outputs[i], &output_dropped_);
+      }
       std::vector<SandboxPtr> gone;
       for (size_t i = 0; i < watched.size(); ++i) {
         Sandbox& sb = *watched[i];
-        const bool ended = i < fds.size() - 1 && sb.pidfd.valid()
+        const bool ended = i < first_output && sb.pidfd.valid()
                                ? fds[i].revents != 0
                                : !sb.pidfd.valid() && !Alive(sb.pid, sb.start_time);
         if (ended) gone.push_back(watched[i]);
@@ -1471,6 +1709,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
           if (it == running_.end() || it->second != sb) continue;  // being deleted
           running_.erase(it);
         }
+        DrainOutput(*sb, &output_dropped_);  // its last words, for the log line below
         absl::MutexLock lock(&sb->op_mu);
         sb->ended = true;
         const int status = ReapIfChild(*sb, /*block=*/false);
@@ -1495,6 +1734,9 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   const size_t adopted_;
   // Tells the reaper that the table changed or that the runtime stops.
   const Fd wake_fd_;
+  // Bytes of sandboxes' output not kept in their logs (DrainOutput). Atomic: added to by
+  // the reaper and the workers, read by metrics; relaxed, a statistic.
+  std::atomic<uint64_t> output_dropped_{0};
   std::vector<std::thread> workers_;
   std::thread reaper_;
 
@@ -1575,6 +1817,7 @@ std::vector<SandboxPtr> AdoptOrCleanUp(const std::string& root, const Cgroups& c
           std::string state = ReadSmallFile(sb->freezer + "/freezer.state");
           sb->suspended.store(state.rfind("FROZEN", 0) == 0, std::memory_order_relaxed);
         }
+        OpenOutput(*sb);
         keep.insert(name);
         adopted.push_back(std::move(sb));
         continue;
@@ -1777,10 +2020,20 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
   std::string root = fs::absolute(options.root_dir).lexically_normal().string();
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   for (const std::string& h : options.hidden_paths) {
+    iso.hidden.push_back(fs::absolute(h).lexically_normal().string());
+    while (iso.hidden.back().size() > 1 && iso.hidden.back().back() == '/') {
+      iso.hidden.back().pop_back();
+    }
     iso.hidden.push_back(fs::weakly_canonical(h, ec).string());
   }
+  iso.hidden.push_back(root);
   iso.hidden.push_back(fs::weakly_canonical(root, ec).string());
+  std::sort(iso.hidden.begin(), iso.hidden.end());
+  iso.hidden.erase(std::unique(iso.hidden.begin(), iso.hidden.end()), iso.hidden.end());
   iso.own_uids = geteuid() == 0;
+  // Where the server's files are masked, or why they cannot be: the true reason, before
+  // any probe (whose failure would otherwise read as missing bubblewrap).
+  ASSIGN_OR_RETURN(iso.masks, SystemMasks(iso.hidden, iso.own_uids));
   absl::Status why;
   if (options.bwrap_path.empty()) {
     why = absl::FailedPreconditionError("no bubblewrap given");
@@ -1793,12 +2046,24 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
     // bubblewrap may be installed yet unusable (no user namespaces for this uid, seccomp
     // refused): run the daemon's --version in a sandbox made as the real ones are.
     iso.isolated = true;
-    std::vector<std::string> argv = IsolationArgs(options.bwrap_path);
-    argv.push_back("--unshare-net");
-    for (std::string& x : SystemArgs(iso.hidden)) argv.push_back(std::move(x));
-    argv.insert(argv.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside,
-                             kSandboxdInside, "--version"});
-    why = Probe(argv, iso, options.sandbox_uid_base);
+    auto probe = [&](const std::vector<std::string>& masks) {
+      std::vector<std::string> argv = IsolationArgs(options.bwrap_path);
+      argv.push_back("--unshare-net");
+      for (std::string& x : SystemArgs(masks)) argv.push_back(std::move(x));
+      argv.insert(argv.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside,
+                               kSandboxdInside, "--version"});
+      return Probe(argv, iso, options.sandbox_uid_base);
+    };
+    why = probe(iso.masks);
+    if (!why.ok() && probe({}).ok()) {
+      // bubblewrap isolates; it is the masks of the server's files that it cannot make.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "bubblewrap works here, but cannot mask the server's own files in the folders "
+          "every sandbox sees (masks: ",
+          absl::StrJoin(iso.masks, ", "), "): ", why.message(),
+          ". Move the data dir, key, tokens file and TLS key out of /usr, /etc and /lib*, or "
+          "into folders of their own there"));
+    }
     iso.isolated = why.ok();
   }
   if (!iso.isolated) {

@@ -28,6 +28,17 @@
 // freezer cgroup (cgroup v1, /sys/fs/cgroup/freezer/sbx/<id>) when the machine has one,
 // else with SIGSTOP/SIGCONT of each of its processes (logged once at start).
 //
+// Output: nothing a sandbox writes reaches a host file without a bound. The standard
+// output and error of bwrap (held by the sandbox's pid 1) and of the daemon are a FIFO in
+// the sandbox's host folder (`output`), which the sandbox's first process holds open for
+// reading and writing: a write never fails for want of a reader, and waits once the
+// pipe's buffer (64 KiB) is full while no runtime reads it. The runtime drains it into
+// `sandboxd.log`, which at 1 MiB becomes `sandboxd.log.1` (replacing the older part): at
+// most 2 MiB per sandbox; what is dropped is counted (output_dropped_bytes). A runtime
+// that adopts a sandbox opens its FIFO by name and drains it from then on. The FIFO is
+// the runtime's (mode 0600): a sandbox whose host uid differs (sbx runs as root) cannot
+// even open it through /proc/1/fd.
+//
 // Lifetime: sandboxes outlive the runtime and the sbx process. Each runs in its own
 // session (a Ctrl-C in sbx's terminal does not reach it) and is not tied to sbx by a
 // parent-death signal. Once ready, a sandbox's host folder holds a state file (id, pool,
@@ -104,8 +115,10 @@ struct BubblewrapRuntimeOptions {
   // Required.
   std::function<std::string(const std::string& id)> secret_for;
   // Host files and folders no sandbox may see (the server's data dir, token files, keys):
-  // masked where they lie in a folder sandboxes see; a template mount whose source holds
-  // one is refused. The root dir is always hidden.
+  // where they lie in a system folder sandboxes see, each file's folder (a folder itself)
+  // is masked, so that a file replaced by rename stays hidden; a file right in /etc (or
+  // /usr, /lib*) is refused by Make() with that reason. A template mount whose source
+  // holds one or lies in one is refused (CheckSpec). The root dir is always hidden.
   std::vector<std::string> hidden_paths;
   // How long a new sandbox may take until its daemon accepts connections.
   absl::Duration ready_timeout = absl::Seconds(10);
@@ -144,6 +157,13 @@ class BubblewrapRuntime : public Runtime {
   virtual size_t running() const = 0;
   // How many sandboxes of an earlier run Make() adopted.
   virtual size_t adopted() const = 0;
+  // OK, or INVALID_ARGUMENT naming the file when a mount of `spec` holds one of the
+  // server's files (hidden_paths, the root dir) or lies in one: such a template is refused
+  // when it is put, and again at every create.
+  virtual absl::Status CheckSpec(const LocalSpec& spec) const = 0;
+  // Bytes the sandboxes wrote to their stdout/stderr that their bounded logs did not keep
+  // (see "Output" above), since Make().
+  virtual uint64_t output_dropped_bytes() const = 0;
 };
 
 }  // namespace sbx::runtime

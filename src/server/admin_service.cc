@@ -138,6 +138,11 @@ grpc::ServerUnaryReactor* AdminService::PutTemplate(grpc::CallbackServerContext*
   absl::StatusOr<store::TemplateRecord> record =
       TemplateFromProto(req->template_(), allocator_->default_namespace());
   if (!record.ok()) return FinishNow(ctx, record.status());
+  // What only the runtimes know: whether this server has the runtime, whether a local
+  // mount would show the server's own files.
+  if (check_template_) {
+    if (absl::Status s = check_template_(req->template_()); !s.ok()) return FinishNow(ctx, s);
+  }
   const std::string key = TemplateKey(record->name);
   if (absl::Status s = writes_->Begin(key); !s.ok()) return FinishNow(ctx, s);
   // From here on no other write of this service touches the template.

@@ -9,7 +9,8 @@
 //
 // Not supported yet: Pool.max_sandboxes != 0 (UNIMPLEMENTED), created_at/updated_at of
 // templates and pools (the records keep no timestamps; left unset), PoolStatus.starting,
-// stale, observed_generation and last_error (need the reconciler; left 0/empty).
+// stale and observed_generation (need the reconciler; left 0). PoolStatus.last_error is
+// the runtime's error of the pool's last failed create (Allocator::ObserveCreateResult).
 //
 // Thread-safety: handlers run concurrently on gRPC's threads.
 // Lifetime: the Allocator and Authenticator must outlive the service and every call.
@@ -30,10 +31,15 @@
 
 namespace sbx::server {
 
+// What the runtimes of this server say about a template before it is stored
+// (ServerOptions::check_template): OK, or the error PutTemplate answers.
+using TemplateCheck = std::function<absl::Status(const v1::Template&)>;
+
 class AdminService final : public sbx::v1::AdminService::CallbackService {
  public:
-  AdminService(allocator::Allocator* allocator, const Authenticator* auth)
-      : allocator_(allocator), auth_(auth) {}
+  AdminService(allocator::Allocator* allocator, const Authenticator* auth,
+               TemplateCheck check_template = nullptr)
+      : allocator_(allocator), auth_(auth), check_template_(std::move(check_template)) {}
 
   grpc::ServerUnaryReactor* PutTemplate(grpc::CallbackServerContext* ctx,
                                         const v1::PutTemplateRequest* req,
@@ -93,6 +99,7 @@ class AdminService final : public sbx::v1::AdminService::CallbackService {
 
   allocator::Allocator* const allocator_;
   const Authenticator* const auth_;
+  const TemplateCheck check_template_;
   const std::shared_ptr<WriteLocks> writes_ = std::make_shared<WriteLocks>();
 };
 

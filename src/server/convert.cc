@@ -546,6 +546,7 @@ void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl:
   ToProto(s.demand.create_latency, out->mutable_create_latency());
   out->set_demand(static_cast<int32_t>(std::min<int64_t>(s.demand.demand, INT32_MAX)));
   out->set_template_generation(static_cast<int64_t>(template_generation));
+  out->set_last_error(s.last_error);
   ToProto(now, out->mutable_updated_at());
 }
 

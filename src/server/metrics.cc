@@ -107,6 +107,15 @@ class ServerCollector final : public prometheus::Collectable {
     const allocator::Allocator* a = sources_.allocator ? sources_.allocator() : nullptr;
     if (a != nullptr) CollectPools(*a, &out);
     if (sources_.refill != nullptr) CollectRefill(&out);
+    if (sources_.sandbox_output_dropped) {
+      auto f = Family("sbx_sandbox_output_dropped_bytes_total",
+                      "Bytes local sandboxes wrote to their stdout/stderr (bubblewrap's and the "
+                      "daemon's, which a workload can reach through /proc/1/fd) that their "
+                      "bounded logs (2 x 1 MiB each) did not keep",
+                      MetricType::Counter);
+      AddValue(&f, {}, static_cast<double>(sources_.sandbox_output_dropped()));
+      out.push_back(std::move(f));
+    }
     if (sources_.store) CollectStore(&out);
     if (sources_.requests != nullptr) CollectRequests(&out);
     if (sources_.tenants != nullptr || a != nullptr) CollectTenants(a, &out);
@@ -165,6 +174,12 @@ class ServerCollector final : public prometheus::Collectable {
         Family("sbx_pool_min_warm", "The pool's floor of warm sandboxes", MetricType::Gauge);
     auto max_warm =
         Family("sbx_pool_max_warm", "The pool's ceiling of warm sandboxes", MetricType::Gauge);
+    auto create_failures =
+        Family("sbx_pool_create_failures_total",
+               "Sandbox creates for the pool that the runtime refused or that failed (a "
+               "template refused at create, e.g. a mount holding the server's files; "
+               "PoolStatus.last_error says why)",
+               MetricType::Counter);
 
     for (const store::PoolRecord& record : a.ListPools()) {
       absl::StatusOr<allocator::PoolStatus> st = a.GetPoolStatus(record.name);
@@ -208,13 +223,14 @@ class ServerCollector final : public prometheus::Collectable {
       AddValue(&waiting, {{"pool", pool}}, static_cast<double>(st->waiting));
       AddValue(&min_warm, {{"pool", pool}}, st->min_warm);
       AddValue(&max_warm, {{"pool", pool}}, st->max_warm);
+      AddValue(&create_failures, {{"pool", pool}}, static_cast<double>(st->create_failures));
       if (sources_.refill != nullptr) {
         AddValue(&starting, {{"pool", pool}}, sources_.refill->creating(pool));
       }
     }
     for (MetricFamily* f :
          {&claims, &latency, &ended, &exhausted, &warm, &claimed, &starting, &target, &reason,
-          &demand, &rate, &create_latency, &waiting, &min_warm, &max_warm}) {
+          &demand, &rate, &create_latency, &waiting, &min_warm, &max_warm, &create_failures}) {
       if (!f->metric.empty()) out->push_back(std::move(*f));
     }
   }

@@ -126,6 +126,9 @@ struct MetricsSources {
   const RequestCounters* requests = nullptr;
   // Claims refused by the tenants' limits (sbx_tenant_limited_total).
   const TenantLimiter* tenants = nullptr;
+  // Bytes of local sandboxes' output their bounded logs did not keep
+  // (sbx_sandbox_output_dropped_bytes_total); unset without the local runtime.
+  std::function<uint64_t()> sandbox_output_dropped;
   // Further families collected at scrape time (store replication's).
   std::vector<std::shared_ptr<prometheus::Collectable>> extra;
 };

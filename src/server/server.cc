@@ -215,8 +215,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     services->services.push_back(std::make_unique<SandboxService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits,
         options.request_counters));
-    services->services.push_back(
-        std::make_unique<AdminService>(options.allocator, services->auth.get()));
+    services->services.push_back(std::make_unique<AdminService>(
+        options.allocator, services->auth.get(), options.check_template));
   } else if (options.forward.has_value()) {
     ForwardOptions forward = *options.forward;
     if (!options.tls_cert_file.empty() && forward.credentials == nullptr) {

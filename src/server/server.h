@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sbx/v1/admin.pb.h"
 #include "src/server/auth.h"
 #include "src/server/forward.h"
 #include "src/server/metrics.h"
@@ -70,6 +71,9 @@ struct ServerOptions {
   // that share one certificate), not against the address (pods are reached by name or IP
   // their certificate need not carry); with mTLS this replica shows its own certificate.
   std::optional<ForwardOptions> forward;
+  // Checks a template's runtime-specific parts before PutTemplate stores it (the runtime
+  // is available here; a local mount does not show the server's files; ...). Unset: none.
+  std::function<absl::Status(const v1::Template&)> check_template;
   // Further services served on the same port (the replicas' store replication). A
   // grpc::Service serves one server: give each server its own instances.
   std::vector<std::shared_ptr<grpc::Service>> extra_services;

@@ -247,6 +247,31 @@ TEST_F(RefillTest, FailedCreatesBackOff) {
   EXPECT_EQ(Warm(), 1);
 }
 
+// Issue 33: a create the runtime refuses (a template whose mount holds the server's
+// files) shows where the operator looks, not only in the log: PoolStatus.last_error (which
+// the API, `sbx pools` and WatchPools show) and the pool's failure count (the metric
+// sbx_pool_create_failures_total). A create that succeeds clears the error, not the count.
+TEST_F(RefillTest, AFailedCreateShowsInThePoolsStatus) {
+  Start({}, 1);
+  EXPECT_EQ(allocator_->GetPoolStatus("py")->last_error, "");
+  refill_->RunOnce();
+  runtime_.CompleteCreate("",
+                          absl::InvalidArgumentError("template \"py\": mount source \"/\" holds "
+                                                     "\"/var/lib/sbx\""));
+  PoolStatus st = *allocator_->GetPoolStatus("py");
+  EXPECT_EQ(st.last_error,
+            "INVALID_ARGUMENT: template \"py\": mount source \"/\" holds "
+            "\"/var/lib/sbx\"");
+  EXPECT_EQ(st.create_failures, 1u);
+  clock_.Advance(absl::Milliseconds(150));
+  refill_->RunOnce();
+  CompleteAll();
+  st = *allocator_->GetPoolStatus("py");
+  EXPECT_EQ(st.last_error, "");
+  EXPECT_EQ(st.create_failures, 1u);
+  EXPECT_EQ(st.warm, 1);
+}
+
 // Issue 23: creates run concurrently, so the failures of one burst add up (here 8 of 10,
 // a backoff of 10 s) before a success comes back. A create that succeeds shows the
 // runtime works: the pool is refilled at once. At 0045959 the retry time stayed and the

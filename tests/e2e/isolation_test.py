@@ -5,10 +5,12 @@ from inside tenant B's sandbox every attack class that once worked (issue 17). E
 must fail; each test says on which commit it was seen to succeed (the attack) before the
 defence went in.
 
-Usage: isolation_test.py PATH_TO_SBX_SERVER PROTO_DIR CONFIG_YAML
+Usage: isolation_test.py PATH_TO_SBX_SERVER PROTO_DIR CONFIG_YAML PATH_TO_SBX_CLI
 """
 
+import json
 import os
+import pty
 import pwd
 import re
 import shutil
@@ -19,14 +21,19 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 import grpc
 
 import sbx_e2e
 
-SERVER = PROTO = CONFIG = None
+SERVER = PROTO = CONFIG = CLI = None
 TENANT_A = (("authorization", "Bearer tok-a"),)
 TENANT_B = (("authorization", "Bearer tok-b"),)
+ADMIN = (("authorization", "Bearer tok-admin"),)
+TOKENS = "tok-a tenant-a\ntok-b tenant-b\ntok-admin ops admin\n"
+# A file name (and output) that drives a terminal: sets the window title, clears the screen.
+TERMINAL_ATTACK = "\x1b]0;pwned\x07\x1b[2J"
 # The unprivileged user the non-root run uses.
 NOBODY = "nobody"
 
@@ -34,6 +41,70 @@ NOBODY = "nobody"
 def stubs(channel):
     from sbx.v1 import claims_pb2_grpc, sandboxes_pb2_grpc
     return claims_pb2_grpc.ClaimServiceStub(channel), sandboxes_pb2_grpc.SandboxServiceStub(channel)
+
+
+def admin_stub(channel):
+    from sbx.v1 import admin_pb2_grpc
+    return admin_pb2_grpc.AdminServiceStub(channel)
+
+
+def setpriv_prefix(user):
+    """The command prefix that runs a program as `user` (None: as this process)."""
+    if user is None:
+        return ()
+    pw = pwd.getpwnam(user)
+    return ("setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all")
+
+
+def chown_tree(path, user):
+    pw = pwd.getpwnam(user)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+
+
+def run_on_tty(argv, umask=None):
+    """Runs `argv` with stdout and stderr on a new pseudo-terminal (as an operator's
+    shell would); returns (exit code, everything the terminal received)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the last writer closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    os.close(master)
+    return proc.wait(timeout=60), out
+
+
+def local_template(name, mounts=()):
+    from sbx.v1 import admin_pb2
+    return admin_pb2.Template(name=name, runtime="local", local=admin_pb2.LocalSpec(
+        mounts=[admin_pb2.BindMount(source=src, target=dst, read_only=True)
+                for src, dst in mounts]))
+
+
+def metric_lines(server, name):
+    with open(os.path.join(server.workdir, "metrics-port")) as f:
+        port = f.read().strip()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return [line for line in text.splitlines() if line.startswith(name)]
+
+
+def metric_sum(server, name, must=""):
+    total = 0.0
+    for line in metric_lines(server, name):
+        if must in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 class Attacks:
@@ -47,7 +118,7 @@ class Attacks:
         os.chmod(cls.dir, 0o755)
         cls.tokens = os.path.join(cls.dir, "tokens")
         with open(cls.tokens, "w") as f:
-            f.write("tok-a tenant-a\ntok-b tenant-b\ntok-admin ops admin\n")
+            f.write(TOKENS)
         os.chmod(cls.tokens, 0o600)
         # A host file no sandbox may touch, and a file of the server's owner.
         cls.canary = os.path.join(cls.dir, "canary")
@@ -307,9 +378,11 @@ call('unshare_user', 272, 0x10000000)                   # CLONE_NEWUSER
             pw = pwd.getpwnam(cls.run_as)
             prefix = ("setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
                       "--clear-groups", "--inh-caps=-all", "--bounding-set=-all")
-        cls.server = sbx_e2e.Server(SERVER, cls.dir, CONFIG, auth_tokens=cls.tokens,
-                                    prefix=prefix)
+        cls.server = sbx_e2e.Server(
+            SERVER, cls.dir, CONFIG, auth_tokens=cls.tokens, prefix=prefix,
+            extra=[f"--metrics_port_file={cls.dir}/metrics-port"])
         cls.claims, cls.sandboxes = stubs(cls.server.channel)
+        cls.admin = admin_stub(cls.server.channel)
 
     # Escaping the workspace through the file RPCs (symlinks made by the workload): reads
     # through them are refused; a write either is refused or replaces the link itself.
@@ -334,6 +407,163 @@ call('unshare_user', 272, 0x10000000)                   # CLONE_NEWUSER
             self.assertEqual(f.read(), "host data\n")
         with open("/etc/passwd") as f:
             self.assertNotIn("pwned", f.read())
+
+    # ---- Issue 33: what a sandbox reaches through sbx's own tools and operators' mounts.
+
+    def cli(self, *args, umask=0o022, tty=False):
+        """Runs the sbx CLI (as this process's user, as an operator would) for tenant B;
+        returns (exit code, stdout, stderr), or (exit code, terminal bytes, b"") with tty."""
+        argv = [CLI, "--server", self.server.target, "--token", "tok-b", *args]
+        old = os.umask(umask)
+        try:
+            if tty:
+                code, out = run_on_tty(argv)
+                return code, out, b""
+            p = subprocess.run(argv, capture_output=True, timeout=60)
+            return p.returncode, p.stdout, p.stderr
+        finally:
+            os.umask(old)
+
+    # 1. Seen at 6dad6b0: `sbx cp` out of a sandbox made a set-uid/set-gid file on the host
+    # with the mode the sandbox chose (06755, owned by root when the CLI runs as root).
+    def test_cp_out_writes_plain_files_only(self):
+        code, out = self.sh(
+            "printf x > suid && chmod 6755 suid && printf y > plain && chmod 0640 plain && "
+            "printf z > sticky && chmod 1777 sticky && rm -f fifo && mkfifo fifo && "
+            "ln -sfn suid link && ln -sfn /etc/passwd abs && echo READY")
+        self.assertIn("READY", out)
+        host = tempfile.mkdtemp(prefix="sbx-iso-cp-", dir="/tmp")
+        try:
+            expect = {("suid", 0o022): 0o755, ("suid", 0o077): 0o700, ("plain", 0o022): 0o640,
+                      ("sticky", 0o022): 0o755, ("link", 0o022): 0o755}
+            for (name, umask), mode in expect.items():
+                dest = os.path.join(host, f"{name}-{umask:o}")
+                code, _, err = self.cli("cp", f"{self.b_id}:{name}", dest, umask=umask)
+                self.assertEqual(code, 0, err)
+                st = os.lstat(dest)
+                self.assertTrue(stat.S_ISREG(st.st_mode), f"{name} is not a regular file")
+                self.assertEqual(stat.S_IMODE(st.st_mode), mode,
+                                 f"{name} with umask {umask:o}: mode {stat.S_IMODE(st.st_mode):o}")
+                self.assertEqual(st.st_uid, os.geteuid(), name)
+                self.assertEqual(st.st_gid, os.getegid(), name)
+            # Devices, FIFOs and sockets are refused; so is a link leaving the workspace.
+            for name in ("fifo", "abs"):
+                dest = os.path.join(host, name)
+                code, _, err = self.cli("cp", f"{self.b_id}:{name}", dest)
+                self.assertNotEqual(code, 0, f"cp of {name} succeeded")
+                self.assertFalse(os.path.lexists(dest), name)
+            # A link on the host at the destination is replaced, never written through.
+            victim = os.path.join(host, "victim")
+            os.symlink(self.canary, victim)
+            code, _, err = self.cli("cp", f"{self.b_id}:plain", victim)
+            self.assertEqual(code, 0, err)
+            self.assertFalse(os.path.islink(victim))
+            with open(self.canary) as f:
+                self.assertEqual(f.read(), "host data\n")
+            self.assertEqual([n for n in os.listdir(host) if ".sbx-" in n], [])
+        finally:
+            shutil.rmtree(host, ignore_errors=True)
+
+    # 2. Seen at 6dad6b0: `sbx ls` printed a file name the sandbox made with its raw
+    # control characters (the terminal's title changed and the screen was cleared); exec
+    # output reached the terminal raw as well.
+    def test_cli_escapes_what_a_sandbox_chose(self):
+        from sbx.v1 import sandboxes_pb2
+        self.sandboxes.WriteFile(sandboxes_pb2.WriteFileRequest(
+            claim_id=self.b_id, path=TERMINAL_ATTACK, content=TERMINAL_ATTACK.encode()),
+            metadata=TENANT_B, timeout=10)
+        for args in (("ls", self.b_id),
+                     ("exec", self.b_id, "--", "printf", "%s\\n", TERMINAL_ATTACK),
+                     ("exec", self.b_id, "--", "sh", "-c", "printf '%s' \"$1\" >&2", "sh",
+                      TERMINAL_ATTACK),
+                     ("cp", f"{self.b_id}:{TERMINAL_ATTACK}", "-"),
+                     ("cp", f"{self.b_id}:{TERMINAL_ATTACK}-missing", "/tmp/sbx-iso-never")):
+            code, out, _ = self.cli(*args, tty=True)
+            self.assertNotIn(b"\x1b", out, f"sbx {' '.join(args)} on a terminal: {out!r}")
+            self.assertNotIn(b"\x07", out, f"sbx {' '.join(args)} on a terminal: {out!r}")
+            if args[0] != "cp" or args[2] == "-":
+                self.assertIn(b"\\033]0;pwned", out, f"sbx {' '.join(args)}: {out!r}")
+        # Errors quoting a name are escaped wherever they go.
+        code, out, err = self.cli("cp", f"{self.b_id}:{TERMINAL_ATTACK}-missing",
+                                  "/tmp/sbx-iso-never")
+        self.assertNotEqual(code, 0)
+        self.assertNotIn(b"\x1b", err)
+        self.assertIn(b"\\033", err)
+        # To a pipe, exec output stays exact; -o json stays exact.
+        code, out, err = self.cli("exec", self.b_id, "--", "printf", "%s", TERMINAL_ATTACK)
+        self.assertEqual((code, out), (0, TERMINAL_ATTACK.encode()), err)
+        code, out, err = self.cli("-o", "json", "ls", self.b_id)
+        self.assertEqual(code, 0, err)
+        self.assertIn(TERMINAL_ATTACK, [f["path"] for f in json.loads(out)])
+
+    # 3. Seen at 6dad6b0: bubblewrap's init held the daemon's log (a host file) open as
+    # its stdout and stderr; `head -c 4M /dev/zero >> /proc/1/fd/2` grew it by 4 MiB, with
+    # no limit.
+    def test_sandbox_output_to_the_host_is_bounded(self):
+        before = metric_sum(self.server, "sbx_sandbox_output_dropped_bytes_total")
+        code, out = self.sh("for fd in 1 2; do head -c 8388608 /dev/zero >> /proc/1/fd/$fd; "
+                            "echo wrote=$?; done; true", timeout=120)
+        self.assertEqual(code, 0, out)
+        folder = self.sandbox_dir(self.b)
+        total = 0
+        for root, dirs, files in os.walk(folder):
+            for name in files:
+                path = os.path.join(root, name)
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+        self.assertLess(total, 3 << 20, f"the sandbox's host folder holds {total} bytes: {out}")
+        if "wrote=0" in out:
+            # What was written and not kept is counted.
+            after = metric_sum(self.server, "sbx_sandbox_output_dropped_bytes_total")
+            self.assertGreater(after, before, out)
+        self.assertEqual(self.sh("echo alive")[1].strip(), "alive")
+
+    # 4. Seen at 6dad6b0: a template mounting / put the masks of the server's files beside
+    # the mount (/host + etc/... = /hostetc/...), so a sandbox read them under /host.
+    def test_template_mount_holding_server_files_is_refused(self):
+        from sbx.v1 import admin_pb2
+        hidden = [os.path.join(self.dir, "data"), self.tokens, os.path.join(self.dir, "sb")]
+        for source in ("/", self.dir, os.path.join(self.dir, "data"),
+                       os.path.join(self.dir, "sb")):
+            with self.assertRaises(grpc.RpcError, msg=f"a mount of {source} was accepted") as e:
+                self.admin.PutTemplate(admin_pb2.PutTemplateRequest(
+                    template=local_template("iso-mount", [(source, "/host")])), metadata=ADMIN,
+                    timeout=30)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT,
+                             e.exception.details())
+            self.assertTrue(any(h in e.exception.details() for h in hidden),
+                            f"{source}: the refusal names no server file: "
+                            f"{e.exception.details()}")
+        # A folder holding none of them is fine.
+        shared = os.path.join(self.dir, "shared")
+        os.makedirs(shared, exist_ok=True)
+        self.admin.PutTemplate(admin_pb2.PutTemplateRequest(
+            template=local_template("iso-mount", [(shared, "/host")])), metadata=ADMIN,
+            timeout=30)
+        self.admin.DeleteTemplate(admin_pb2.DeleteTemplateRequest(name="iso-mount"),
+                                  metadata=ADMIN, timeout=30)
+
+    # 7. Seen at 6dad6b0: a Kubernetes template was accepted by a server without a cluster,
+    # and so was a pod template that is not one.
+    def test_kubernetes_template_is_checked_at_the_door(self):
+        from sbx.v1 import admin_pb2
+
+        def put(pod_template):
+            with self.assertRaises(grpc.RpcError, msg=pod_template) as e:
+                self.admin.PutTemplate(admin_pb2.PutTemplateRequest(template=admin_pb2.Template(
+                    name="iso-kube", runtime="kubernetes",
+                    kubernetes=admin_pb2.KubernetesSpec(pod_template=pod_template))),
+                    metadata=ADMIN, timeout=30)
+            return e.exception
+        for bad in ("hello: world", "[1, 2]", '{"spec": {"containers": []}}',
+                    '{"spec": {"containers": [{"name": "c"}]}}', "{not json or yaml"):
+            err = put(bad)
+            self.assertEqual(err.code(), grpc.StatusCode.INVALID_ARGUMENT, f"{bad}: {err.details()}")
+            self.assertIn("pod_template", err.details(), bad)
+        err = put('{"spec": {"containers": [{"name": "c", "image": "busybox"}]}}')
+        self.assertEqual(err.code(), grpc.StatusCode.FAILED_PRECONDITION, err.details())
+        self.assertIn("kubernetes", err.details())
 
 
 class AsRoot(Attacks, unittest.TestCase):
@@ -371,6 +601,230 @@ class AsNonRoot(Attacks, unittest.TestCase):
         super().setUpClass()
 
 
+class ServerFiles:
+    """The server's own files (data dir with the daemons' key inside, tokens file) in
+    folders every sandbox sees (/etc), as an operator may put them; and templates whose
+    mounts come to hold them. Run as root and as `nobody` (then the sandboxes share the
+    server's host uid, and only the masks stand between them and the files)."""
+
+    run_as = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="sbx-iso-files-", dir="/tmp")
+        os.chmod(cls.dir, 0o755)
+        # Under /etc, which every sandbox sees (read-only).
+        cls.etc = tempfile.mkdtemp(prefix="sbx-iso-", dir="/etc")
+        os.chmod(cls.etc, 0o755)
+        cls.servers = []
+
+    @classmethod
+    def tearDownClass(cls):
+        for server in cls.servers:
+            server.stop(signal.SIGKILL)
+        sbx_e2e.kill_all_with(cls.dir)
+        sbx_e2e.kill_all_with(cls.etc)
+        shutil.rmtree(cls.dir, ignore_errors=True)
+        shutil.rmtree(cls.etc, ignore_errors=True)
+
+    def folder(self, name, mode=0o755):
+        path = os.path.join(self.dir, name)
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, mode)
+        return path
+
+    def start(self, workdir, tokens, *flags, expect_start=True):
+        """A server in `workdir` as `run_as` with `tokens` as its tokens file; returns it,
+        or (when expect_start is False) the stderr of its refused start."""
+        if self.run_as is not None:
+            chown_tree(workdir, self.run_as)
+            chown_tree(self.etc, self.run_as)
+        if not expect_start:
+            p = subprocess.Popen(
+                [*setpriv_prefix(self.run_as), SERVER, "--listen=127.0.0.1:0",
+                 "--metrics_listen=off", f"--data_dir={workdir}/data",
+                 f"--sandbox_root={workdir}/sb", f"--config={CONFIG}",
+                 f"--auth_tokens_file={tokens}", *flags],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=workdir)
+            try:
+                _, err = p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+                self.fail("the server started (and kept running)")
+            self.assertNotEqual(p.returncode, 0, "the server started")
+            return err.decode()
+        server = sbx_e2e.Server(SERVER, workdir, CONFIG, auth_tokens=tokens,
+                                prefix=setpriv_prefix(self.run_as),
+                                extra=[f"--metrics_port_file={workdir}/metrics-port", *flags])
+        type(self).servers.append(server)
+        return server
+
+    def claim(self, server, claim_id, md=ADMIN):
+        from sbx.v1 import claims_pb2
+        claims, _ = stubs(server.channel)
+        return claims.Claim(claims_pb2.ClaimRequest(pool="default", claim_id=claim_id),
+                            metadata=md, timeout=60).claim
+
+    def sh(self, server, claim_id, script, md=ADMIN):
+        from sbx.v1 import sandboxes_pb2
+        _, sandboxes = stubs(server.channel)
+        start = sandboxes_pb2.ExecStart(claim_id=claim_id, argv=["/bin/sh", "-c", script])
+        out, code = b"", None
+        for r in sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]), metadata=md,
+                                timeout=60):
+            kind = r.WhichOneof("kind")
+            if kind in ("stdout_chunk", "stderr_chunk"):
+                out += getattr(r, kind)
+            elif kind == "exit":
+                code = r.exit.exit_code
+        return code, out.decode(errors="replace")
+
+    def assert_hidden(self, server, claim_id, paths, secret):
+        """None of `paths` can be read or listed in the sandbox (a masked folder lists
+        empty), and `secret` shows nowhere."""
+        for path in paths:
+            code, out = self.sh(server, claim_id,
+                                f"if cat {path} >/dev/null 2>&1; then echo READABLE; fi; "
+                                f"cat {path} 2>/dev/null | head -c 300; ls -A {path} 2>/dev/null")
+            self.assertNotIn("READABLE", out, f"{path} in the sandbox: {out}")
+            self.assertNotIn(secret, out, f"{path} in the sandbox: {out}")
+            for name in ("sandbox.key", "tokens", "CURRENT"):  # CURRENT: RocksDB's
+                self.assertNotIn(name, out, f"{path} in the sandbox: {out}")
+
+    # 5. Seen at 6dad6b0: a file mask vanished when the tokens file was replaced by rename
+    # (the documented reload), and a sandbox read the new file, admin token included.
+    def test_files_under_etc_stay_hidden_across_a_rename(self):
+        work = self.folder("etc-run")
+        auth = os.path.join(self.etc, "auth")
+        os.makedirs(auth, exist_ok=True)
+        tokens = os.path.join(auth, "tokens")
+        with open(tokens, "w") as f:
+            f.write(TOKENS)
+        os.chmod(tokens, 0o644)  # readable by anyone: only the mask keeps it from sandboxes
+        server = self.start(work, tokens)
+        self.claim(server, "old")
+        self.assert_hidden(server, "old", [tokens, auth], "tok-admin")
+        # The reload: a new file renamed over the old one, then SIGHUP.
+        with open(tokens + ".new", "w") as f:
+            f.write(TOKENS + "tok-new-admin ops2 admin\n")
+        os.chmod(tokens + ".new", 0o644)
+        if self.run_as is not None:
+            chown_tree(self.etc, self.run_as)
+        os.rename(tokens + ".new", tokens)
+        server.proc.send_signal(signal.SIGHUP)
+        sbx_e2e.wait_for(lambda: self._token_works(server, "tok-new-admin"), 30,
+                         "the reloaded tokens file")
+        self.assert_hidden(server, "old", [tokens, auth], "tok-new-admin")
+
+    def _token_works(self, server, token):
+        from sbx.v1 import admin_pb2
+        try:
+            admin_stub(server.channel).ListPools(admin_pb2.ListPoolsRequest(),
+                                                 metadata=(("authorization", f"Bearer {token}"),),
+                                                 timeout=10)
+            return True
+        except grpc.RpcError:
+            return False
+
+    # 6. Seen at 6dad6b0: a data dir under /etc (the key inside it) and a tokens file in a
+    # 0700 folder under /etc each stopped the server with the advice to install bubblewrap;
+    # a file right in /etc (no folder of its own to mask) must be refused with the true
+    # reason.
+    def test_nested_and_private_files_work_and_bare_files_are_refused_truly(self):
+        work = self.folder("private-run")
+        data = os.path.join(self.etc, "data")
+        private = os.path.join(self.etc, "private")
+        os.makedirs(private, exist_ok=True)
+        tokens = os.path.join(private, "tokens")
+        with open(tokens, "w") as f:
+            f.write(TOKENS)
+        os.chmod(tokens, 0o600)
+        if self.run_as is not None:
+            chown_tree(self.etc, self.run_as)
+        os.chmod(private, 0o700)
+        server = self.start(work, tokens, f"--data_dir={data}")
+        self.claim(server, "p")
+        self.assert_hidden(server, "p", [tokens, private, data, os.path.join(data, "sandbox.key")],
+                           "tok-admin")
+        server.stop()
+        type(self).servers.remove(server)
+
+        bare = self.etc + "-tokens"
+        try:
+            with open(bare, "w") as f:
+                f.write(TOKENS)
+            os.chmod(bare, 0o600)
+            if self.run_as is not None:
+                chown_tree(bare, self.run_as)
+            work = self.folder("bare-run")
+            err = self.start(work, bare, expect_start=False)
+            self.assertIn(bare, err)
+            self.assertIn("/etc", err)
+            self.assertNotIn("apt-get install bubblewrap", err)
+        finally:
+            os.unlink(bare)
+
+    # 6. Seen at 6dad6b0: a template refused because its mount came to hold a server file
+    # left PoolStatus.last_error empty; the reason was only in the server's log.
+    def test_refused_template_shows_where_the_operator_looks(self):
+        from sbx.v1 import admin_pb2
+        work = self.folder("refused-run")
+        shared = os.path.join(work, "shared")
+        os.makedirs(shared, exist_ok=True)
+        tokens = os.path.join(work, "tokens")
+        with open(tokens, "w") as f:
+            f.write(TOKENS)
+        os.chmod(tokens, 0o600)
+        server = self.start(work, tokens)
+        admin = admin_stub(server.channel)
+        admin.PutTemplate(admin_pb2.PutTemplateRequest(
+            template=local_template("shared", [(shared, "/shared")])), metadata=ADMIN,
+            timeout=30)
+        admin.PutPool(admin_pb2.PutPoolRequest(pool=admin_pb2.Pool(
+            name="shared", template="shared", min_warm=0, max_warm=2)), metadata=ADMIN,
+            timeout=30)
+        server.stop()
+        type(self).servers.remove(server)
+        # The operator moves the daemons' key into the mounted folder.
+        key = os.path.join(shared, "sandbox.key")
+        server = self.start(work, tokens, f"--sandbox_key_file={key}")
+        admin = admin_stub(server.channel)
+        admin.PutPool(admin_pb2.PutPoolRequest(pool=admin_pb2.Pool(
+            name="shared", template="shared", min_warm=1, max_warm=2)), metadata=ADMIN,
+            timeout=30)
+
+        def last_error():
+            pool = admin.GetPool(admin_pb2.GetPoolRequest(name="shared"), metadata=ADMIN,
+                                 timeout=10).pool
+            return pool.status.last_error
+        err = sbx_e2e.wait_for(last_error, 30, "PoolStatus.last_error")
+        self.assertIn(key, err)
+        self.assertEqual(admin.GetPool(admin_pb2.GetPoolRequest(name="shared"), metadata=ADMIN,
+                                       timeout=10).pool.status.warm, 0)
+        p = subprocess.run([CLI, "--server", server.target, "--token", "tok-admin", "pools"],
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(key, p.stdout.decode())
+        self.assertGreater(metric_sum(server, "sbx_pool_create_failures_total",
+                                      'pool="shared"'), 0)
+
+
+class ServerFilesAsRoot(ServerFiles, unittest.TestCase):
+    pass
+
+
+class ServerFilesAsNonRoot(ServerFiles, unittest.TestCase):
+    run_as = NOBODY
+
+    @classmethod
+    def setUpClass(cls):
+        why = can_run_as_nobody()
+        if why is not None:
+            raise unittest.SkipTest(why)
+        super().setUpClass()
+
+
 class FailClosedTest(unittest.TestCase):
     # 5. Fail-open. Seen at 660dada: without bubblewrap the server started and ran
     # sandboxes as plain processes.
@@ -391,7 +845,7 @@ class FailClosedTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    SERVER, PROTO, CONFIG = (os.path.abspath(a) for a in sys.argv[1:4])
-    del sys.argv[1:4]
+    SERVER, PROTO, CONFIG, CLI = (os.path.abspath(a) for a in sys.argv[1:5])
+    del sys.argv[1:5]
     sbx_e2e.generate_stubs(PROTO)
     unittest.main(verbosity=2)
