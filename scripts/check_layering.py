@@ -64,6 +64,56 @@ def k8s_room(path):
     return None
 
 
+# src/runtime in rooms (src/runtime/CMakeLists.txt): the local runtime (sbx::runtime_local)
+# is split by job, one room per stem (foo.h and foo.cc); each room may include the headers
+# of the rooms listed, which keeps them free of cycles. local_sandbox.h and proc.h are at
+# the bottom; bubblewrap_runtime.cc (the runtime's table, threads and Make) sits on top.
+# bubblewrap_runtime.h is the local runtime's public header: it may include only runtime.h
+# (RUNTIME_HEADER_USES), and it and the other public headers (RUNTIME_DOORS) are all that
+# files outside src/runtime may include of it.
+RUNTIME_ROOM_USES = {
+    "runtime": set(),
+    "instant_runtime": {"runtime"},
+    "proc": set(),
+    "local_sandbox": {"proc"},
+    "seccomp_filter": {"proc"},
+    "state_file": {"proc", "local_sandbox"},
+    "cgroups": {"proc", "local_sandbox", "bubblewrap_runtime"},
+    "bwrap_args": {"proc", "local_sandbox", "bubblewrap_runtime"},
+    "reaper": {"proc", "local_sandbox", "cgroups"},
+    "spawn": {"proc", "local_sandbox", "cgroups", "state_file", "reaper", "bubblewrap_runtime"},
+    "adoption": {"proc", "local_sandbox", "cgroups", "state_file", "reaper"},
+    "probe": {"proc", "local_sandbox", "seccomp_filter", "bwrap_args", "spawn",
+              "bubblewrap_runtime"},
+    "bubblewrap_runtime": {"runtime", "proc", "local_sandbox", "seccomp_filter", "state_file",
+                           "cgroups", "bwrap_args", "reaper", "spawn", "adoption", "probe"},
+}
+RUNTIME_HEADER_USES = {"src/runtime/bubblewrap_runtime.h": {"runtime"}}
+RUNTIME_DOORS = {"src/runtime/runtime.h", "src/runtime/bubblewrap_runtime.h",
+                 "src/runtime/instant_runtime.h"}
+
+
+def stem_of(path):
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def check_runtime_room(where, rel, inc):
+    """Errors of one include of a src/runtime file that crosses the rooms of src/runtime."""
+    room = stem_of(rel)
+    if room not in RUNTIME_ROOM_USES:
+        return []  # reported once by check_file
+    to = stem_of(inc)
+    uses = RUNTIME_HEADER_USES.get(rel, RUNTIME_ROOM_USES[room])
+    if to == room and rel not in RUNTIME_HEADER_USES:
+        return []
+    if to not in RUNTIME_ROOM_USES:
+        return [f"{where}: includes \"{inc}\", which is not in a room of src/runtime"]
+    if to in uses:
+        return []
+    return [f"{where}: {rel} includes \"{inc}\" of the {to} room "
+            f"(it may use: {', '.join(sorted(uses)) or 'no other room'})"]
+
+
 # The interface headers of components whose implementations others must not see.
 INTERFACES = {
     "store": {"src/store/store.h", "src/store/records.h", "src/store/replication.h"},
@@ -87,6 +137,7 @@ THIRD_PARTY = {
     "google/protobuf/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/store/rocksdb_store.cc",
                          "src/runtime/", "src/replication/"],
     "prometheus/": ["src/server/", "src/cmd/", "src/k8s/"],
+    "seccomp.h": ["src/runtime/seccomp_filter.cc"],
 }
 
 # clients/ (design.md): packages of their own ecosystems that speak the public API only.
@@ -150,6 +201,9 @@ def check_file(root, rel, component):
     if component == "k8s" and k8s_room(rel) is None:
         errors.append(f"{rel}: not in a room of src/k8s (add its stem to K8S_ROOMS in "
                       "scripts/check_layering.py and to a target of src/k8s/CMakeLists.txt)")
+    if component == "runtime" and stem_of(rel) not in RUNTIME_ROOM_USES:
+        errors.append(f"{rel}: not in a room of src/runtime (add its stem to RUNTIME_ROOM_USES "
+                      "in scripts/check_layering.py and to src/runtime/CMakeLists.txt)")
     with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
         for lineno, line in enumerate(f, 1):
             m = INCLUDE_RE.match(line)
@@ -164,6 +218,13 @@ def check_file(root, rel, component):
             target, kind = component_of_include(inc)
             if component == "k8s" and target is not None:
                 errors.extend(check_k8s_room(where, rel, inc, target))
+            if target == "runtime" and component == "runtime":
+                errors.extend(check_runtime_room(where, rel, inc))
+            elif target == "runtime" and inc not in RUNTIME_DOORS:
+                errors.append(f"{where}: includes \"{inc}\", a room of the local runtime; "
+                              f"outside src/runtime only {', '.join(sorted(RUNTIME_DOORS))} "
+                              "may be included")
+                continue
             if target is None or target == component or "*" in allowed:
                 continue
             if kind == "outside":

@@ -96,6 +96,39 @@ class LayeringTest(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("not in a room of src/k8s", out)
 
+    def test_runtime_rooms(self):
+        rc, out = run({
+            "src/runtime/bubblewrap_runtime.h": '#pragma once\n#include "src/runtime/runtime.h"\n',
+            "src/runtime/bubblewrap_runtime.cc": '#include "src/runtime/spawn.h"\n'
+                                                 '#include "src/runtime/adoption.h"\n',
+            "src/runtime/spawn.cc": '#include "src/runtime/reaper.h"\n'
+                                    '#include "src/runtime/bubblewrap_runtime.h"\n',
+            "src/runtime/seccomp_filter.cc": '#include <seccomp.h>\n',
+            "src/cmd/wiring.cc": '#include "src/runtime/bubblewrap_runtime.h"\n',
+        })
+        self.assertEqual(rc, 0, out)
+        # The bottom rooms know nothing above them: no cycle.
+        rc, out = run({"src/runtime/local_sandbox.h": '#include "src/runtime/spawn.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn('includes "src/runtime/spawn.h" of the spawn room (it may use: proc)', out)
+        rc, out = run({"src/runtime/reaper.cc": '#include "src/runtime/adoption.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("of the adoption room", out)
+        # The public header stays the door: it sees no room.
+        rc, out = run({"src/runtime/bubblewrap_runtime.h": '#include "src/runtime/proc.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("of the proc room (it may use: runtime)", out)
+        # Outside src/runtime, even src/cmd sees only the public headers.
+        rc, out = run({"src/cmd/wiring.cc": '#include "src/runtime/local_sandbox.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("a room of the local runtime", out)
+        rc, out = run({"src/runtime/reaper.cc": '#include <seccomp.h>\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("seccomp.h may be used only in src/runtime/seccomp_filter.cc", out)
+        rc, out = run({"src/runtime/new_room.cc": '#include "src/runtime/proc.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("not in a room of src/runtime", out)
+
     def test_server_may_not_use_store_or_runtime(self):
         rc, out = run({"src/server/a.cc": '#include "src/runtime/runtime.h"\n'})
         self.assertEqual(rc, 1, out)
