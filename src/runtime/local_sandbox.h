@@ -1,9 +1,9 @@
 #pragma once
 // The local runtime's record of one sandbox (Sandbox), what Make() found out about
 // isolation (Isolation), and the names every room agrees on: the files of a sandbox's
-// host folder and the descriptors its first process gets. Every other room of the local
-// runtime includes this header; it includes none of them (but proc.h, for Fd), so the
-// rooms have no cycle.
+// host folder and the descriptors its first process gets. The rooms that deal with
+// sandboxes include this header, and it includes no room but proc.h (for Fd), so the rooms
+// have no cycle.
 //
 // Thread-safety: a Sandbox's fields are fixed once it is in the runtime's table, except
 // those guarded by its op_mu or log_mu and its atomics (each says why). An Isolation is

@@ -1,7 +1,8 @@
 #pragma once
 // The local runtime's view of the kernel: a descriptor owner (Fd), pidfds, what /proc says
-// about a process (state, parent, start time, uid, working folder), process trees, and small
-// files read and written without exceptions or symbolic links.
+// about a process (state, parent, start time, uid, working folder), process trees, small
+// files read and written without exceptions, and files opened in a folder without following
+// symbolic links (OpenInDir).
 //
 // Thread-safety: every function may be called from any thread; none keeps state. An Fd is
 // one owner's, like a unique_ptr.
