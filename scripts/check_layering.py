@@ -18,6 +18,8 @@ ALLOWED = {
     "common": set(),
     "store": {"common"},
     "runtime": {"common"},
+    # The OCI image cache of the local runtime (skopeo and umoci as child processes).
+    "images": {"common", "store:interface"},
     "allocator": {"common", "store:interface", "runtime:interface"},
     # The warm-pool and claim controllers are front-ends of the allocator, like the server.
     "k8s": {"common", "runtime:interface", "store:interface", "allocator:interface"},
