@@ -82,7 +82,7 @@ THIRD_PARTY = {
     "cpprest/": ["src/k8s/http_cpprest.cc"],
     "pplx/": ["src/k8s/http_cpprest.cc"],
     "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc",
-                 "src/replication/service.cc"],
+                 "src/replication/service.cc", "src/images/digest.cc"],
     "boost/": ["src/k8s/conversion_webhook.cc"],
     "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],
     "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],

@@ -24,9 +24,9 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
-#include "openssl/evp.h"
 #include "spdlog/spdlog.h"
 #include "src/common/paths.h"
+#include "src/images/digest.h"
 #include "src/images/process.h"
 
 namespace sbx::images {
@@ -39,19 +39,6 @@ constexpr char kImagesDir[] = "images";
 constexpr char kTmpDir[] = "tmp";
 constexpr char kMetaName[] = "image.json";
 constexpr char kRootfsName[] = "rootfs";
-
-std::string Sha256Hex(const std::string& bytes) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out += hex[md[i] >> 4];
-    out += hex[md[i] & 15];
-  }
-  return out;
-}
 
 bool IsHex64(absl::string_view s) {
   return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
