@@ -18,6 +18,8 @@ ALLOWED = {
     "common": set(),
     "store": {"common"},
     "runtime": {"common"},
+    # The OCI image cache of the local runtime (skopeo and umoci as child processes).
+    "images": {"common", "store:interface"},
     "allocator": {"common", "store:interface", "runtime:interface"},
     # The warm-pool and claim controllers are front-ends of the allocator, like the server.
     "k8s": {"common", "runtime:interface", "store:interface", "allocator:interface"},
@@ -130,7 +132,7 @@ THIRD_PARTY = {
     "cpprest/": ["src/k8s/http_cpprest.cc"],
     "pplx/": ["src/k8s/http_cpprest.cc"],
     "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc",
-                 "src/replication/service.cc"],
+                 "src/replication/service.cc", "src/images/digest.cc"],
     "boost/": ["src/k8s/conversion_webhook.cc"],
     "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],
     "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],

@@ -1,0 +1,129 @@
+#pragma once
+// ImageCache: OCI images for local sandboxes, fetched and unpacked once per digest into a
+// content-addressed folder that every sandbox of the image shares read-only
+// (docs/architecture.md, "Images").
+//
+// A reference is what skopeo reads: `oci:DIR[:TAG]`, `oci-archive:FILE[:TAG]`,
+// `docker-archive:FILE[:NAME:TAG]` (a `docker save` tar) and, when allowed,
+// `docker://NAME[:TAG|@DIGEST]` from a registry. Local references must lie under one of
+// the configured import folders (the server would otherwise read any host file a caller
+// names). An image's key is the sha256 of its source manifest as skopeo reads it
+// (`skopeo inspect --raw`); a miss copies it with skopeo into a private OCI layout (which
+// checks every blob's digest), unpacks it with `umoci raw unpack --rootless`, makes the
+// tree harmless (no set-uid/set-gid bits, no device nodes, FIFOs or sockets; nothing
+// outside the image's folder) and publishes it with one rename. The cache keeps at most
+// `budget_bytes` on disk: images nobody holds are evicted least recently used first, an
+// image that cannot fit is refused (RESOURCE_EXHAUSTED) and an unpack that grows past
+// what is left is killed. The cache survives restarts: Open keeps every published image
+// and removes half-made ones.
+//
+// Layout under `dir` (0700): images/<hex>/{rootfs/,image.json}, tmp/<pull>/ while pulling.
+//
+// Thread-safety: every method may be called from any thread. Concurrent Acquires of one
+// image wait for a single pull.
+// Lifetime: the cache must outlive the holders of its images (Release after use).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace sbx::images {
+
+// The parts of an image's configuration a sandbox uses (OCI image config's "config").
+struct ImageConfig {
+  std::vector<std::string> env;
+  std::string working_dir;
+  std::string user;
+  std::vector<std::string> entrypoint;
+  std::vector<std::string> cmd;
+};
+
+struct Image {
+  std::string digest;  // "sha256:<hex>": the key (the source manifest's digest)
+  std::string rootfs;  // the unpacked root, absolute; never written once published
+  int64_t bytes = 0;   // on disk
+  ImageConfig config;
+  std::string ref;  // the reference it was first pulled by
+  absl::Time last_used;
+  int holders = 0;
+};
+
+struct ImageCacheOptions {
+  std::string dir;
+  int64_t budget_bytes = int64_t{10} << 30;
+  // Folders under which local references (oci:, oci-archive:, docker-archive:) may lie,
+  // links resolved. Empty: none is accepted.
+  std::vector<std::string> import_dirs;
+  // Whether docker:// references (a registry) are accepted.
+  bool allow_registry = true;
+  std::string skopeo = "skopeo";
+  std::string umoci = "umoci";
+  absl::Duration pull_timeout = absl::Minutes(10);
+
+  // INVALID_ARGUMENT naming the field.
+  absl::Status Validate() const;
+};
+
+struct ImageCacheStats {
+  int64_t bytes = 0;
+  int64_t images = 0;
+  uint64_t hits = 0;
+  uint64_t misses = 0;  // pulls made
+  uint64_t failures = 0;
+  uint64_t evictions = 0;
+  double unpack_seconds = 0;  // copy + unpack of every miss
+};
+
+class ImageCache {
+ public:
+  // Makes `dir` when missing (0700), loads the published images, removes leftovers of
+  // pulls cut short. Errors name the folder.
+  static absl::StatusOr<std::unique_ptr<ImageCache>> Open(ImageCacheOptions options);
+
+  // The image `ref` names, pulled and unpacked on first use, held until Release(digest).
+  // Errors name the reference: INVALID_ARGUMENT (not a reference this cache takes, or a
+  // local one outside the import folders), NOT_FOUND (the source has no such image),
+  // RESOURCE_EXHAUSTED (it does not fit the budget), DATA_LOSS (a blob's digest does not
+  // match its bytes), UNAVAILABLE (the tools failed otherwise).
+  absl::StatusOr<Image> Acquire(const std::string& ref) ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(const std::string& digest) ABSL_LOCKS_EXCLUDED(mu_);
+  // Acquire then Release: the image is in the cache afterwards (until evicted).
+  absl::StatusOr<Image> Pull(const std::string& ref) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<Image> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes an image nobody holds: NOT_FOUND, or FAILED_PRECONDITION while held.
+  absl::Status Remove(const std::string& digest) ABSL_LOCKS_EXCLUDED(mu_);
+  ImageCacheStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // OK when `ref` is a reference this cache would try (syntax, transport, import
+  // folders); INVALID_ARGUMENT naming it otherwise. No tool runs.
+  absl::Status CheckReference(const std::string& ref) const;
+
+ private:
+  explicit ImageCache(ImageCacheOptions options);
+  struct Pulling;  // one pull in flight, that others wait for
+
+  absl::StatusOr<Image> PullMiss(const std::string& ref, const std::string& digest)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Evicts unheld images, least recently used first, until `bytes` more fit; false when
+  // they cannot.
+  bool MakeRoomLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictLocked(const std::string& digest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ImageCacheOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Image> images_ ABSL_GUARDED_BY(mu_);  // by digest
+  std::map<std::string, std::shared_ptr<Pulling>> pulling_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  ImageCacheStats stats_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_pull_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace sbx::images
