@@ -2,6 +2,7 @@
 // suspension, purging after the idempotency window (allocator_impl.h).
 
 #include "src/allocator/allocator_impl.h"
+#include "src/common/dropped.h"
 
 namespace sbx::allocator::internal {
 
@@ -80,7 +81,8 @@ void AllocatorImpl::Fire(TimerTask t) {
   const EntryPtr& e = t.entry;
   switch (t.kind) {
     case TimerTask::Kind::kExpire:
-      return EndClaim(e, ClaimState::kExpired, [](absl::StatusOr<ClaimRecord>) {});
+      return EndClaim(e, ClaimState::kExpired,
+                      DropTo{"allocator.expire", absl::StatusCode::kFailedPrecondition});
     case TimerTask::Kind::kPurge:
       // After the idempotency window an ended claim leaves the table and the store.
       if (claims_.Erase(e)) Purge(e);
@@ -224,7 +226,9 @@ void AllocatorImpl::FinishSetSuspended(const EntryPtr& e, bool suspend, absl::St
                        e->key.substr(e->key.find('/') + 1), "\": ", runtime_status.message())));
     }
     // The sandbox died while the runtime was asked (SandboxGone skips updating claims).
-    if (gone) EndClaim(e, ClaimState::kLost, [](absl::StatusOr<ClaimRecord>) {});
+    if (gone)
+      EndClaim(e, ClaimState::kLost,
+               DropTo{"allocator.lost_after_suspend", absl::StatusCode::kFailedPrecondition});
     return;
   }
   const uint64_t revision = updated.revision;
@@ -266,7 +270,9 @@ void AllocatorImpl::CommitUpdate(const EntryPtr& e, store::WriteBatch batch, uin
                    s.ok() ? MakeEvent(ClaimEvent::Type::kModified, result->claim) : nullptr);
     std::move(done)(std::move(result));
     // The sandbox died while the claim was being updated (SandboxGone skips such claims).
-    if (gone) EndClaim(e, ClaimState::kLost, [](absl::StatusOr<ClaimRecord>) {});
+    if (gone)
+      EndClaim(e, ClaimState::kLost,
+               DropTo{"allocator.lost_after_update", absl::StatusCode::kFailedPrecondition});
   });
 }
 

@@ -2,6 +2,7 @@
 // docs/architecture.md, "The path of a claim").
 
 #include "src/allocator/allocator_impl.h"
+#include "src/common/dropped.h"
 
 namespace sbx::allocator::internal {
 
@@ -162,7 +163,7 @@ void AllocatorImpl::Deliver(const EntryPtr& e, SandboxPtr sb, LaunchType launch,
     if (new_sandbox) {
       store::WriteBatch batch;
       batch.Put(RecordOf(*sb));
-      store_->Commit(std::move(batch), [](absl::Status) {});
+      store_->Commit(std::move(batch), DropTo{"allocator.unassigned_sandbox_commit"});
     }
     e->pool->GiveBack(std::move(sb));
     return;
@@ -280,7 +281,9 @@ void AllocatorImpl::Activate(const EntryPtr& e) {
   // Published after the entry is active: whoever sees the revision sees the claim.
   hub_->Complete(record.revision, MakeEvent(ClaimEvent::Type::kAdded, record));
   for (auto& [cb, replayed] : callbacks) std::move(cb)(ClaimResult{record, replayed});
-  if (gone) EndClaim(e, ClaimState::kLost, [](absl::StatusOr<ClaimRecord>) {});
+  if (gone)
+    EndClaim(e, ClaimState::kLost,
+             DropTo{"allocator.lost_after_claim", absl::StatusCode::kFailedPrecondition});
 }
 
 }  // namespace sbx::allocator::internal

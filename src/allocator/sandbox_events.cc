@@ -2,6 +2,7 @@
 // (allocator_impl.h).
 
 #include "src/allocator/allocator_impl.h"
+#include "src/common/dropped.h"
 
 namespace sbx::allocator::internal {
 
@@ -47,7 +48,7 @@ absl::Status AllocatorImpl::SandboxGone(const std::string& id) {
     store::WriteBatch batch;
     batch.DeleteSandbox(id);
     batch.set_sync(false);  // a record left behind is dropped by the reconciliation
-    store_->Commit(std::move(batch), [](absl::Status) {});
+    store_->Commit(std::move(batch), DropTo{"allocator.warm_gone_commit"});
     reconciler_->PoolBelowTarget(sb->pool->name());
     return absl::OkStatus();
   }
@@ -64,7 +65,9 @@ absl::Status AllocatorImpl::SandboxGone(const std::string& id) {
       absl::MutexLock lock(&e->mu);
       active = e->phase == ClaimEntry::Phase::kActive;
     }
-    if (active) EndClaim(e, ClaimState::kLost, [](absl::StatusOr<ClaimRecord>) {});
+    if (active)
+      EndClaim(e, ClaimState::kLost,
+               DropTo{"allocator.sandbox_gone", absl::StatusCode::kFailedPrecondition});
   }
   return absl::OkStatus();
 }
@@ -80,7 +83,7 @@ absl::Status AllocatorImpl::RetireWarm(const std::string& id) {
   store::WriteBatch batch;
   batch.DeleteSandbox(id);
   batch.set_sync(false);  // a record left behind is dropped by the reconciliation
-  store_->Commit(std::move(batch), [](absl::Status) {});
+  store_->Commit(std::move(batch), DropTo{"allocator.retire_commit"});
   reconciler_->RetireSandbox(RecordOf(*sb));
   reconciler_->PoolBelowTarget(sb->pool->name());
   return absl::OkStatus();
@@ -103,7 +106,7 @@ absl::StatusOr<int> AllocatorImpl::TrimWarm(const std::string& pool_name, int n)
     ++trimmed;
   }
   if (trimmed == 0) return 0;
-  store_->Commit(std::move(batch), [](absl::Status) {});
+  store_->Commit(std::move(batch), DropTo{"allocator.trim_commit"});
   for (const SandboxPtr& sb : retired) reconciler_->RetireSandbox(RecordOf(*sb));
   return trimmed;
 }

@@ -274,7 +274,7 @@ constexpr absl::Duration kPlainInterval = absl::Seconds(1);
 
 void WriteStderr(const std::string& text) {
   // Best effort: a closed stderr must not stop the command.
-  WriteAll(STDERR_FILENO, text).IgnoreError();
+  WriteAll(STDERR_FILENO, text).IgnoreError();  // dropped: nowhere left to report it
 }
 }  // namespace
 

@@ -229,7 +229,8 @@ absl::StatusOr<int> RunExec(Context& ctx, const ExecArgs& a) {
     }
     if (local_error.ok()) {
       if (absl::Status s = out.Finish(); !s.ok()) local_error = s;
-      err.Finish().IgnoreError();
+      err.Finish()
+          .IgnoreError();  // dropped: stdout's error is the one reported; stderr is best effort
     }
     control.SetDone();
     writer.join();

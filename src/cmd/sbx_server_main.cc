@@ -36,6 +36,7 @@
 #include "src/cmd/wiring.h"
 #include "src/common/build_info.h"
 #include "src/common/clock.h"
+#include "src/common/dropped.h"
 #include "src/common/ids.h"
 #include "src/common/logging.h"
 #include "src/common/sandbox_secret.h"
@@ -451,7 +452,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<sbx::runtime::Runtime> runtime;
   if (runtime_name == "local") {
     local_options.on_gone = [&allocator_for_reports](const std::string& id) {
-      if (auto* a = allocator_for_reports.load()) a->SandboxGone(id).IgnoreError();
+      if (auto* a = allocator_for_reports.load())
+        sbx::DropTo{"server.sandbox_gone", absl::StatusCode::kNotFound}(a->SandboxGone(id));
     };
     auto made = sbx::runtime::BubblewrapRuntime::Make(local_options);
     if (!made.ok()) return Fail(made.status());
@@ -544,11 +546,12 @@ int main(int argc, char** argv) {
     };
   }
   if (kube != nullptr) {
-    absl::Status started = sbx::cmd::StartKube(*kube, kube_flags, runtime_name == "kubernetes",
-                                               [&allocator_for_reports](const std::string& id) {
-                                                 if (auto* a = allocator_for_reports.load())
-                                                   a->SandboxGone(id).IgnoreError();
-                                               });
+    absl::Status started = sbx::cmd::StartKube(
+        *kube, kube_flags, runtime_name == "kubernetes",
+        [&allocator_for_reports](const std::string& id) {
+          if (auto* a = allocator_for_reports.load())
+            sbx::DropTo{"server.sandbox_gone", absl::StatusCode::kNotFound}(a->SandboxGone(id));
+        });
     if (!started.ok()) return Fail(started);
     if (runtime_name == "kubernetes") active_runtime = kube->runtime();
   }

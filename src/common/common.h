@@ -4,6 +4,7 @@
 
 #include "src/common/build_info.h"
 #include "src/common/clock.h"
+#include "src/common/dropped.h"
 #include "src/common/ids.h"
 #include "src/common/logging.h"
 #include "src/common/signals.h"

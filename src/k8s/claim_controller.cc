@@ -1,4 +1,5 @@
 #include "src/k8s/claim_controller.h"
+#include "src/common/dropped.h"
 
 #include <optional>
 #include <utility>
@@ -266,7 +267,9 @@ void ClaimController::WatchClaims() {
     }
     // Ending an ended claim answers FAILED_PRECONDITION, which is fine: this is the
     // deletion of the claim object that the end of a gRPC claim asked for.
-    a->Release(owner, id, [](absl::StatusOr<store::ClaimRecord>) {});
+    a->Release(owner, id,
+               DropTo{"k8s.mirror_deleted_release", absl::StatusCode::kFailedPrecondition,
+                      absl::StatusCode::kNotFound});
   };
   claims_.AddHandler(std::move(claim_handler));
 }
@@ -396,7 +399,9 @@ absl::Status ClaimController::Start(allocator::Allocator* allocator) {
     if (!IsKubeClaimOwner(c.owner) || present.contains(c.id)) continue;
     const std::string ns = c.owner.substr(kKubeClaimOwnerPrefix.size());
     if (options_.namespaces.Serves(ns))
-      allocator->Release(c.owner, c.id, [](absl::StatusOr<store::ClaimRecord>) {});
+      allocator->Release(c.owner, c.id,
+                         DropTo{"k8s.claim_gone_release", absl::StatusCode::kFailedPrecondition,
+                                absl::StatusCode::kNotFound});
   }
   auto enqueue_kubectl_claims = [this] {
     for (const ObjectPtr& claim : claims_.List()) {
@@ -524,7 +529,8 @@ absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, Cl
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
   const std::string ns = Str(Field(claim, "metadata"), "namespace");
   allocator->Release(KubeClaimOwner(ns), Str(Field(claim, "metadata"), "uid"),
-                     [](absl::StatusOr<store::ClaimRecord>) {});
+                     DropTo{"k8s.retained_claim_release", absl::StatusCode::kFailedPrecondition,
+                            absl::StatusCode::kNotFound});
   if (const std::string sandbox = Str(Field(status, "sandbox"), "name"); !sandbox.empty()) {
     RETURN_IF_ERROR(writer_.DeleteSandbox(ns, sandbox));
   }

@@ -1,4 +1,5 @@
 #include "src/k8s/kube_runtime.h"
+#include "src/common/dropped.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -550,7 +551,7 @@ void KubeRuntime::CheckTimeouts() {
     }
     spdlog::warn("Sandbox \"{}\" not ready after {}: replacing it", Namespaces::Path(where),
                  absl::FormatDuration(options_.ready_timeout));
-    Delete(name, [](absl::Status) {});
+    Delete(name, DropTo{"k8s.unready_member_delete", absl::StatusCode::kNotFound});
     std::move(failed)(absl::DeadlineExceededError(absl::StrCat(
         "Sandbox \"", name, "\" not ready after ", absl::FormatDuration(options_.ready_timeout))));
   }

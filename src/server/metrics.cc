@@ -1,4 +1,5 @@
 #include "src/server/metrics.h"
+#include "src/common/dropped.h"
 
 #include <cmath>
 #include <exception>
@@ -114,6 +115,18 @@ class ServerCollector final : public prometheus::Collectable {
                       "bounded logs (2 x 1 MiB each) did not keep",
                       MetricType::Counter);
       AddValue(&f, {}, static_cast<double>(sources_.sandbox_output_dropped()));
+      out.push_back(std::move(f));
+    }
+    {
+      // Errors with no caller to return to (src/common/dropped.h), by the site that
+      // dropped them; present (empty) when there were none.
+      auto f = Family("sbx_dropped_errors_total",
+                      "Errors of work that no caller waits for (a claim expiring, a sandbox "
+                      "found gone, a clean-up), logged and counted by the site that met them",
+                      MetricType::Counter);
+      for (const auto& [site, n] : DroppedErrorCounts()) {
+        AddValue(&f, {{"site", site}}, static_cast<double>(n));
+      }
       out.push_back(std::move(f));
     }
     if (sources_.store) CollectStore(&out);

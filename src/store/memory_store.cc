@@ -1,4 +1,5 @@
 #include "src/store/memory_store.h"
+#include "src/common/dropped.h"
 
 #include <thread>
 #include <utility>
@@ -38,7 +39,7 @@ MemoryStore::MemoryStore(Contents initial, MemoryStoreOptions options) : options
   }
 }
 
-MemoryStore::~MemoryStore() { Close().IgnoreError(); }
+MemoryStore::~MemoryStore() { ReportDropped("store.close_at_destruction", Close()); }
 
 void MemoryStore::Commit(WriteBatch batch, CommitCallback done) {
   {

@@ -79,6 +79,7 @@
 // committer reopens the database for writing once the space is back.
 
 #include "src/store/rocksdb_store.h"
+#include "src/common/dropped.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -661,7 +662,7 @@ class RocksDbStore final : public Store, public Replicable {
     }
   }
 
-  ~RocksDbStore() override { Close().IgnoreError(); }
+  ~RocksDbStore() override { ReportDropped("store.close_at_destruction", Close()); }
 
   RocksDbStore(const RocksDbStore&) = delete;
   RocksDbStore& operator=(const RocksDbStore&) = delete;
