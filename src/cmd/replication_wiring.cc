@@ -92,6 +92,13 @@ std::shared_ptr<grpc::Service> Replication::NewService() {
                                                            [this] { return hub(); });
 }
 
+void Replication::RefuseOnce(const std::string& why, const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  if (why == last_refusal_) return;  // a refusing replica keeps refusing: said once
+  last_refusal_ = why;
+  spdlog::warn("{}", message);
+}
+
 bool Replication::MayLead(const k8s::LeaseTerm& lease) {
   if (!lease.promote.empty() && lease.promote == options_.identity) {
     // An operator's word (docs/operations.md): this replica leads with what its store has.
@@ -106,13 +113,10 @@ bool Replication::MayLead(const k8s::LeaseTerm& lease) {
     return true;
   }
   if (!lease.promote.empty()) {
-    absl::MutexLock lock(&mu_);
     const std::string why = absl::StrCat("the Lease's ", k8s::kPromoteAnnotation,
                                          " annotation names \"", lease.promote, "\"");
-    if (why != last_refusal_) {
-      last_refusal_ = why;
-      spdlog::warn("not taking the Lease: {}, not this replica (\"{}\")", why, options_.identity);
-    }
+    RefuseOnce(why, absl::StrCat("not taking the Lease: ", why, ", not this replica (\"",
+                                 options_.identity, "\")"));
     return false;
   }
   if (!lease.exists) {
@@ -136,15 +140,12 @@ bool Replication::MayLead(const k8s::LeaseTerm& lease) {
       approved_.reset();
       return true;  // a new cluster
     }
-    absl::MutexLock lock(&mu_);
-    if (why != last_refusal_) {
-      last_refusal_ = why;
-      spdlog::warn(
-          "the Lease is missing and this replica does not make it: {}. Name the replica to "
-          "lead by creating the Lease with the annotation {}=<identity> (docs/operations.md, "
-          "\"Losing the only complete copy\")",
-          why, k8s::kPromoteAnnotation);
-    }
+    RefuseOnce(why, absl::StrCat("the Lease is missing and this replica does not make it: ", why,
+                                 ". Name the replica to lead by creating the Lease with the "
+                                 "annotation ",
+                                 k8s::kPromoteAnnotation,
+                                 "=<identity> (docs/operations.md, \"Losing the only complete "
+                                 "copy\")"));
     return false;
   }
   if (!lease.replicated) {
@@ -174,15 +175,13 @@ bool Replication::MayLead(const k8s::LeaseTerm& lease) {
     last_refusal_.clear();
     return true;
   }
-  absl::MutexLock lock(&mu_);
-  if (why != last_refusal_) {
-    last_refusal_ = why;
-    spdlog::warn(
-        "not taking the Lease of leader \"{}\" (term {}): {}. Its acknowledged claims may be "
-        "only in its store and its in-sync standby's; this replica waits for one of them (to "
-        "lead anyway, accepting their loss, annotate the Lease {}={}: docs/operations.md)",
-        lease.leader, lease.term, why, k8s::kPromoteAnnotation, options_.identity);
-  }
+  RefuseOnce(
+      why, absl::StrCat("not taking the Lease of leader \"", lease.leader, "\" (term ", lease.term,
+                        "): ", why,
+                        ". Its acknowledged claims may be only in its store and its "
+                        "in-sync standby's; this replica waits for one of them (to lead "
+                        "anyway, accepting their loss, annotate the Lease ",
+                        k8s::kPromoteAnnotation, "=", options_.identity, ": docs/operations.md)"));
   return false;
 }
 

@@ -71,6 +71,8 @@ class Replication {
  private:
   Replication(store::Replicable* store, ReplicationOptions options);
   std::shared_ptr<replication::ReplicationHub> hub() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Logs `message` unless the last refusal had the same `why`.
+  void RefuseOnce(const std::string& why, const std::string& message) ABSL_LOCKS_EXCLUDED(mu_);
 
   store::Replicable* const store_;
   const ReplicationOptions options_;

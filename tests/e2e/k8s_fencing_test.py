@@ -96,6 +96,19 @@ class FencingTest(pools.PoolTest):
                 raise
         c.wait_for(serves, 40, "the new leader to serve on its port")
 
+    def assert_deposed_wrote_nothing(self, c, a, b, storm, kube, acquired, since):
+        """Ends the storm; replica-a (deposed) stepped down and no write of it was applied
+        after replica-b's acquireTime; replica-b serves every acknowledged claim."""
+        storm.stop()
+        kube.stop()
+        self.assertEqual(self.late_writes(c, "replica-a", acquired), [],
+                         "writes of the deposed leader applied after replica-b's acquireTime")
+        self.assertIn("stepping down", c.read_log(a))
+        self.assertEqual(storm.unexpected, [])
+        self.assertEqual(kube.failures, [])
+        self.wait_serving(c, b)
+        self.assert_claims_kept(c, b, storm, kube, since)
+
     def storm(self, c, servers):
         alice = [("authorization", "Bearer tok-a")]
         storm = pools.ClaimStorm([c.grpc_port(s) for s in servers], "py", alice)
@@ -132,15 +145,7 @@ class FencingTest(pools.PoolTest):
         c.wait_for(lambda: a["proc"].poll() is not None, 40,
                    "the deposed leader to exit after it resumed")
         c.wait_for(lambda: time.time() - resumed >= 3, 10, "3 s of storm after the resume")
-        storm.stop()
-        kube.stop()
-        self.assertEqual(self.late_writes(c, "replica-a", acquired), [],
-                         "writes of the deposed leader applied after replica-b's acquireTime")
-        self.assertIn("stepping down", c.read_log(a))
-        self.assertEqual(storm.unexpected, [])
-        self.assertEqual(kube.failures, [])
-        self.wait_serving(c, b)
-        self.assert_claims_kept(c, b, storm, kube, paused)
+        self.assert_deposed_wrote_nothing(c, a, b, storm, kube, acquired, paused)
 
     def test_02_a_leader_whose_requests_hang_steps_down_by_its_renew_deadline(self):
         """A one-sided partition: every API request of replica-a hangs (the emulator holds
@@ -165,14 +170,7 @@ class FencingTest(pools.PoolTest):
         c.faults({"hold_user_agents": []})
         healed = time.time()
         c.wait_for(lambda: time.time() - healed >= 2, 10, "2 s after the heal")
-        storm.stop()
-        kube.stop()
-        self.assertEqual(self.late_writes(c, "replica-a", acquired), [],
-                         "writes of the cut-off leader applied after replica-b's acquireTime")
-        self.assertIn("stepping down", c.read_log(a))
-        self.assertEqual(storm.unexpected, [])
-        self.wait_serving(c, b)
-        self.assert_claims_kept(c, b, storm, kube, cut)
+        self.assert_deposed_wrote_nothing(c, a, b, storm, kube, acquired, cut)
 
     def test_03_the_lease_deleted_with_an_empty_replica_and_a_complete_one(self):
         """The documented way out used to be "delete the Lease". The leader dies and the
