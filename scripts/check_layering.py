@@ -24,7 +24,7 @@ ALLOWED = {
     # The warm-pool and claim controllers are front-ends of the allocator, like the server.
     "k8s": {"common", "runtime:interface", "store:interface", "allocator:interface"},
     "sandboxd": {"common", "proto"},
-    "server": {"allocator", "common", "proto"},
+    "server": {"allocator", "common", "proto", "images:interface"},
     # Store replication between replicas: the store's replication interface and its own
     # generated service (proto/sbx/replication/v1).
     "replication": {"common", "store:interface", "proto"},
@@ -118,6 +118,7 @@ def check_runtime_room(where, rel, inc):
 
 # The interface headers of components whose implementations others must not see.
 INTERFACES = {
+    "images": {"src/images/images.h"},
     "store": {"src/store/store.h", "src/store/records.h", "src/store/replication.h"},
     "runtime": {"src/runtime/runtime.h"},
     "allocator": {"src/allocator/allocator.h", "src/allocator/reconciler.h",

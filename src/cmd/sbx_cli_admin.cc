@@ -1,4 +1,5 @@
-// `sbx pools [get|scale]`, `sbx templates [get]`: AdminService (admin token).
+// `sbx pools [get|scale]`, `sbx templates [get]`: AdminService; `sbx images [pull|rm]`:
+// ImageService (admin token).
 
 #include <cctype>
 #include <cstdio>
@@ -103,6 +104,21 @@ void PrintTemplateDetail(const v1::Template& t) {
   // into cells.
   if (t.has_local()) std::printf("local:\n%s\n", ToJson(t.local(), true).c_str());
   if (t.has_kubernetes()) std::printf("kubernetes:\n%s\n", ToJson(t.kubernetes(), true).c_str());
+}
+
+std::string Bytes(int64_t n) {
+  if (n >= int64_t{1} << 30) return absl::StrFormat("%.1f GiB", static_cast<double>(n) / (1 << 30));
+  if (n >= int64_t{1} << 20) return absl::StrFormat("%.1f MiB", static_cast<double>(n) / (1 << 20));
+  return absl::StrCat(n, " B");
+}
+
+void PrintImages(const std::vector<v1::Image>& images) {
+  Table table({"DIGEST", "REF", "SIZE", "HOLDERS", "LAST USED"});
+  for (const v1::Image& i : images) {
+    table.AddRow({i.digest().substr(0, 19), i.ref(), Bytes(i.bytes()), absl::StrCat(i.holders()),
+                  AbsoluteTime(i.has_last_used(), i.last_used())});
+  }
+  table.Print(stdout);
 }
 
 absl::StatusOr<std::vector<v1::Pool>> ListAllPools(Client& client, const std::string& tmpl) {
@@ -307,6 +323,82 @@ void AddAdminCommands(CLI::App& app, Context& ctx, Actions& actions) {
       } else {
         PrintTemplateDetail(resp.template_());
       }
+      return 0;
+    };
+  }
+  {
+    CLI::App* images = app.add_subcommand(
+        "images", "List the image cache (admin), or `images pull REF`, `images rm DIGEST`");
+    images->require_subcommand(0, 1);
+    actions[images] = [&ctx]() -> absl::StatusOr<int> {
+      auto connected = ctx.Connect();
+      if (!connected.ok()) return connected.status();
+      Client& client = **connected;
+      v1::ListImagesResponse resp;
+      if (absl::Status s = client.Call([&](grpc::ClientContext* c) {
+            return client.images().ListImages(c, v1::ListImagesRequest(), &resp);
+          });
+          !s.ok()) {
+        return s;
+      }
+      std::vector<v1::Image> all(resp.images().begin(), resp.images().end());
+      if (ctx.json()) {
+        PrintJsonArrayOf(all);
+      } else if (all.empty()) {
+        std::fprintf(stderr, "No images in the cache (%s of %s used).\n",
+                     Bytes(resp.bytes()).c_str(), Bytes(resp.budget_bytes()).c_str());
+      } else {
+        PrintImages(all);
+        std::fprintf(stderr, "%s of %s used.\n", Bytes(resp.bytes()).c_str(),
+                     Bytes(resp.budget_bytes()).c_str());
+      }
+      return 0;
+    };
+
+    auto ref = std::make_shared<std::string>();
+    CLI::App* pull = images->add_subcommand(
+        "pull",
+        "Fetch and unpack an image into the cache (oci:DIR[:TAG], oci-archive:FILE, "
+        "docker-archive:FILE, docker://NAME[:TAG])");
+    pull->add_option("ref", *ref, "Image reference")->required();
+    actions[pull] = [&ctx, ref]() -> absl::StatusOr<int> {
+      auto connected = ctx.Connect();
+      if (!connected.ok()) return connected.status();
+      Client& client = **connected;
+      v1::PullImageRequest req;
+      req.set_ref(*ref);
+      v1::PullImageResponse resp;
+      // A pull fetches and unpacks: it may take much longer than a claim.
+      if (absl::Status s = client.Call(
+              absl::Minutes(15),
+              [&](grpc::ClientContext* c) { return client.images().PullImage(c, req, &resp); });
+          !s.ok()) {
+        return s;
+      }
+      if (ctx.json()) {
+        PrintJson(resp.image());
+      } else {
+        PrintImages({resp.image()});
+      }
+      return 0;
+    };
+
+    auto digest = std::make_shared<std::string>();
+    CLI::App* rm = images->add_subcommand("rm", "Remove an image nobody uses from the cache");
+    rm->add_option("digest", *digest, "The image's digest (sha256:...)")->required();
+    actions[rm] = [&ctx, digest]() -> absl::StatusOr<int> {
+      auto connected = ctx.Connect();
+      if (!connected.ok()) return connected.status();
+      Client& client = **connected;
+      v1::RemoveImageRequest req;
+      req.set_digest(*digest);
+      v1::RemoveImageResponse resp;
+      if (absl::Status s = client.Call(
+              [&](grpc::ClientContext* c) { return client.images().RemoveImage(c, req, &resp); });
+          !s.ok()) {
+        return s;
+      }
+      if (!ctx.json()) std::fprintf(stderr, "Removed %s.\n", EscapeForTerminal(*digest).c_str());
       return 0;
     };
   }

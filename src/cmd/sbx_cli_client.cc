@@ -90,6 +90,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   client->channel_ = grpc::CreateCustomChannel(options.server, credentials, args);
   client->claims_ = v1::ClaimService::NewStub(client->channel_);
   client->admin_ = v1::AdminService::NewStub(client->channel_);
+  client->images_ = v1::ImageService::NewStub(client->channel_);
   client->sandboxes_ = v1::SandboxService::NewStub(client->channel_);
   return client;
 }

@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/admin.grpc.pb.h"
 #include "sbx/v1/claims.grpc.pb.h"
+#include "sbx/v1/images.grpc.pb.h"
 #include "sbx/v1/sandboxes.grpc.pb.h"
 
 namespace sbx::cli {
@@ -56,6 +57,7 @@ class Client {
 
   v1::ClaimService::Stub& claims() const { return *claims_; }
   v1::AdminService::Stub& admin() const { return *admin_; }
+  v1::ImageService::Stub& images() const { return *images_; }
   v1::SandboxService::Stub& sandboxes() const { return *sandboxes_; }
   absl::Duration timeout() const { return timeout_; }
 
@@ -79,6 +81,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::ClaimService::Stub> claims_;
   std::unique_ptr<v1::AdminService::Stub> admin_;
+  std::unique_ptr<v1::ImageService::Stub> images_;
   std::unique_ptr<v1::SandboxService::Stub> sandboxes_;
 };
 

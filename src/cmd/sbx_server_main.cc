@@ -42,6 +42,7 @@
 #include "src/common/sandbox_secret.h"
 #include "src/common/signals.h"
 #include "src/common/status_macros.h"
+#include "src/images/image_cache.h"
 #include "src/replication/service.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/runtime/instant_runtime.h"
@@ -297,6 +298,21 @@ int main(int argc, char** argv) {
                  "restart, which 2 turns into an outage. 2: the leader refuses every write "
                  "(UNAVAILABLE, nothing written) until a standby is in sync and named in the Lease")
       ->capture_default_str();
+  sbx::images::ImageCacheOptions image_options;
+  image_options.budget_bytes = 0;  // off unless asked for
+  app.add_option("--image_cache_bytes", image_options.budget_bytes,
+                 "bytes the OCI image cache may keep on disk (unpacked images, least recently "
+                 "used evicted first); 0: no image cache")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
+  app.add_option("--image_cache_dir", image_options.dir,
+                 "folder of the image cache (default: images in --data_dir)");
+  app.add_option("--image_import_dir", image_options.import_dirs,
+                 "a folder under which local image references (oci:, oci-archive:, "
+                 "docker-archive:) may lie; repeatable (none: only docker:// references)");
+  app.add_option("--image_registry", image_options.allow_registry,
+                 "accept docker:// image references (fetched from a registry)")
+      ->capture_default_str();
   app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
@@ -448,6 +464,15 @@ int main(int argc, char** argv) {
     }
   }
 
+  // The local runtime's image cache (docs/architecture.md, "Images").
+  std::unique_ptr<sbx::images::ImageCache> image_cache;
+  if (image_options.budget_bytes > 0) {
+    if (image_options.dir.empty()) image_options.dir = store_options.path + "/images";
+    image_options.dir = std::filesystem::absolute(image_options.dir).lexically_normal();
+    auto opened = sbx::images::ImageCache::Open(image_options);
+    if (!opened.ok()) return Fail(opened.status());
+    image_cache = *std::move(opened);
+  }
   std::unique_ptr<sbx::runtime::BubblewrapRuntime> local;
   std::unique_ptr<sbx::runtime::Runtime> runtime;
   if (runtime_name == "local") {
@@ -624,6 +649,7 @@ int main(int argc, char** argv) {
     };
     sources.requests = &request_counters;
     sources.tenants = &tenant_limiter;
+    sources.images = image_cache.get();
     if (local != nullptr) {
       sources.sandbox_output_dropped = [l = local.get()] { return l->output_dropped_bytes(); };
     }
@@ -635,6 +661,7 @@ int main(int argc, char** argv) {
 
   server_options.request_counters = &request_counters;
   server_options.tenant_limiter = &tenant_limiter;
+  server_options.images = image_cache.get();
   server_options.check_template = sbx::cmd::NewTemplateCheck(local.get(), kube != nullptr);
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
   // What a serving replica does (at once, or once it leads): reconcile with the runtime,

@@ -566,6 +566,7 @@ ImageCacheStats ImageCache::Stats() const {
   absl::MutexLock lock(&mu_);
   ImageCacheStats s = stats_;
   s.bytes = bytes_;
+  s.budget_bytes = options_.budget_bytes;
   return s;
 }
 

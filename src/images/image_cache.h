@@ -34,27 +34,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/images/images.h"
 
 namespace sbx::images {
-
-// The parts of an image's configuration a sandbox uses (OCI image config's "config").
-struct ImageConfig {
-  std::vector<std::string> env;
-  std::string working_dir;
-  std::string user;
-  std::vector<std::string> entrypoint;
-  std::vector<std::string> cmd;
-};
-
-struct Image {
-  std::string digest;  // "sha256:<hex>": the key (the source manifest's digest)
-  std::string rootfs;  // the unpacked root, absolute; never written once published
-  int64_t bytes = 0;   // on disk
-  ImageConfig config;
-  std::string ref;  // the reference it was first pulled by
-  absl::Time last_used;
-  int holders = 0;
-};
 
 struct ImageCacheOptions {
   std::string dir;
@@ -72,17 +54,7 @@ struct ImageCacheOptions {
   absl::Status Validate() const;
 };
 
-struct ImageCacheStats {
-  int64_t bytes = 0;
-  int64_t images = 0;
-  uint64_t hits = 0;
-  uint64_t misses = 0;  // pulls made
-  uint64_t failures = 0;
-  uint64_t evictions = 0;
-  double unpack_seconds = 0;  // copy + unpack of every miss
-};
-
-class ImageCache {
+class ImageCache final : public Images {
  public:
   // Makes `dir` when missing (0700), loads the published images, removes leftovers of
   // pulls cut short. Errors name the folder.
@@ -93,18 +65,18 @@ class ImageCache {
   // local one outside the import folders), NOT_FOUND (the source has no such image),
   // RESOURCE_EXHAUSTED (it does not fit the budget), DATA_LOSS (a blob's digest does not
   // match its bytes), UNAVAILABLE (the tools failed otherwise).
-  absl::StatusOr<Image> Acquire(const std::string& ref) ABSL_LOCKS_EXCLUDED(mu_);
-  void Release(const std::string& digest) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Image> Acquire(const std::string& ref) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(const std::string& digest) override ABSL_LOCKS_EXCLUDED(mu_);
   // Acquire then Release: the image is in the cache afterwards (until evicted).
-  absl::StatusOr<Image> Pull(const std::string& ref) ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<Image> List() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Image> Pull(const std::string& ref) override ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<Image> List() const override ABSL_LOCKS_EXCLUDED(mu_);
   // Removes an image nobody holds: NOT_FOUND, or FAILED_PRECONDITION while held.
-  absl::Status Remove(const std::string& digest) ABSL_LOCKS_EXCLUDED(mu_);
-  ImageCacheStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Remove(const std::string& digest) override ABSL_LOCKS_EXCLUDED(mu_);
+  ImageCacheStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK when `ref` is a reference this cache would try (syntax, transport, import
   // folders); INVALID_ARGUMENT naming it otherwise. No tool runs.
-  absl::Status CheckReference(const std::string& ref) const;
+  absl::Status CheckReference(const std::string& ref) const override;
 
  private:
   explicit ImageCache(ImageCacheOptions options);

@@ -129,6 +129,7 @@ class ServerCollector final : public prometheus::Collectable {
       }
       out.push_back(std::move(f));
     }
+    if (sources_.images != nullptr) CollectImages(&out);
     if (sources_.store) CollectStore(&out);
     if (sources_.requests != nullptr) CollectRequests(&out);
     if (sources_.tenants != nullptr || a != nullptr) CollectTenants(a, &out);
@@ -136,6 +137,32 @@ class ServerCollector final : public prometheus::Collectable {
   }
 
  private:
+  void CollectImages(std::vector<MetricFamily>* out) const {
+    const images::ImageCacheStats st = sources_.images->Stats();
+    auto one = [out](const char* name, const char* help, MetricType type, double value) {
+      auto f = Family(name, help, type);
+      AddValue(&f, {}, value);
+      out->push_back(std::move(f));
+    };
+    one("sbx_image_cache_bytes", "Bytes the image cache's unpacked images take on disk",
+        MetricType::Gauge, static_cast<double>(st.bytes));
+    one("sbx_image_cache_budget_bytes", "The image cache's budget (--image_cache_bytes)",
+        MetricType::Gauge, static_cast<double>(st.budget_bytes));
+    one("sbx_image_cache_images", "Images in the cache", MetricType::Gauge,
+        static_cast<double>(st.images));
+    one("sbx_image_cache_hits_total", "Image uses the cache answered without a pull",
+        MetricType::Counter, static_cast<double>(st.hits));
+    one("sbx_image_cache_misses_total", "Image pulls made (fetch and unpack)", MetricType::Counter,
+        static_cast<double>(st.misses));
+    one("sbx_image_cache_failures_total",
+        "Image uses that failed (bad source, digest mismatch, over budget, tool errors)",
+        MetricType::Counter, static_cast<double>(st.failures));
+    one("sbx_image_cache_evictions_total", "Images evicted to make room", MetricType::Counter,
+        static_cast<double>(st.evictions));
+    one("sbx_image_cache_unpack_seconds_total", "Time spent fetching and unpacking images",
+        MetricType::Counter, st.unpack_seconds);
+  }
+
   void CollectPools(const allocator::Allocator& a, std::vector<MetricFamily>* out) const {
     auto claims = Family("sbx_claims_total",
                          "Claims answered, by pool, result (ok, exhausted, timeout, or the error "

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "src/common/histogram.h"
+#include "src/images/images.h"
 #include "src/server/tenant_limits.h"
 
 namespace prometheus {
@@ -129,6 +130,8 @@ struct MetricsSources {
   // Bytes of local sandboxes' output their bounded logs did not keep
   // (sbx_sandbox_output_dropped_bytes_total); unset without the local runtime.
   std::function<uint64_t()> sandbox_output_dropped;
+  // The local runtime's image cache (sbx_image_cache_*); null: none.
+  const images::Images* images = nullptr;
   // Further families collected at scrape time (store replication's).
   std::vector<std::shared_ptr<prometheus::Collectable>> extra;
 };

@@ -23,6 +23,7 @@
 #include "src/server/claim_service.h"
 #include "src/server/diagnostics_service.h"
 #include "src/server/forward.h"
+#include "src/server/image_service.h"
 #include "src/server/pending_services.h"
 #include "src/server/unparsed_request.h"
 
@@ -217,6 +218,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.request_counters));
     services->services.push_back(std::make_unique<AdminService>(
         options.allocator, services->auth.get(), options.check_template));
+    services->services.push_back(
+        std::make_unique<ImageService>(options.images, services->auth.get()));
   } else if (options.forward.has_value()) {
     ForwardOptions forward = *options.forward;
     if (!options.tls_cert_file.empty() && forward.credentials == nullptr) {

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sbx/v1/admin.pb.h"
+#include "src/images/images.h"
 #include "src/server/auth.h"
 #include "src/server/forward.h"
 #include "src/server/metrics.h"
@@ -74,6 +75,9 @@ struct ServerOptions {
   // Checks a template's runtime-specific parts before PutTemplate stores it (the runtime
   // is available here; a local mount does not show the server's files; ...). Unset: none.
   std::function<absl::Status(const v1::Template&)> check_template;
+  // The local runtime's image cache, served by ImageService (admin). Null: ImageService
+  // answers FAILED_PRECONDITION. Must outlive the server.
+  images::Images* images = nullptr;
   // Further services served on the same port (the replicas' store replication). A
   // grpc::Service serves one server: give each server its own instances.
   std::vector<std::shared_ptr<grpc::Service>> extra_services;

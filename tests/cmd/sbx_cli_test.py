@@ -808,6 +808,87 @@ class WatchCliTest(CliTestCase):
         self.assertError(r, "NOT_FOUND", '"nope"')
 
 
+MAKE_OCI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "images", "make_oci.py")
+
+
+class ImageCliTest(CliTestCase):
+    """`sbx images [pull|rm]` against a server with an image cache (issue 34), on an image
+    the test writes offline (tests/images/make_oci.py), with the real skopeo and umoci."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server(extra=lambda d: ["--image_cache_bytes", str(64 << 20),
+                                          "--image_import_dir", os.path.join(d, "import")],
+                         runtime="instant")
+        cls.layout = os.path.join(cls.srv.dir, "import", "bb")
+        spec = {"config": {"Env": ["A=1"], "WorkingDir": "/work"},
+                "layers": [[{"name": "bin", "type": "dir"},
+                            {"name": "bin/busybox", "type": "file", "from": "/bin/busybox",
+                             "mode": 0o755}]]}
+        subprocess.run([sys.executable, MAKE_OCI, cls.layout, "v1", json.dumps(spec)],
+                       check=True, capture_output=True, timeout=60)
+        cls.ref = "oci:%s:v1" % cls.layout
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
+
+    def metric(self, name):
+        import re
+        import urllib.request
+        log = self.srv.logtext()
+        port = re.search(r"metrics: serving /metrics on port (\d+)", log).group(1)
+        with urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10) as r:
+            text = r.read().decode()
+        m = re.search(r"(?m)^%s(?:\{[^}]*\})? (\S+)$" % name, text)
+        return float(m.group(1)) if m else None
+
+    def test_pull_list_and_remove(self):
+        target = self.srv.target
+        r = sbx("images", server=target)
+        self.assertOk(r)
+        self.assertIn("No images in the cache", r.stderr)
+        r = sbx("images", "pull", self.ref, server=target)
+        self.assertOk(r)
+        self.assertIn(self.ref, r.stdout)
+        self.assertEqual(r.stdout.splitlines()[0].split()[:3], ["DIGEST", "REF", "SIZE"])
+        r = sbx("-o", "json", "images", "pull", self.ref, server=target)  # a hit now
+        self.assertOk(r)
+        pulled = json.loads(r.stdout)
+        self.assertTrue(pulled["digest"].startswith("sha256:"))
+        self.assertEqual(pulled["config"]["env"], ["A=1"])
+        self.assertEqual(pulled["config"]["workingDir"], "/work")
+        r = sbx("-o", "json", "images", server=target)
+        self.assertOk(r)
+        listed = json.loads(r.stdout)
+        self.assertEqual([i["digest"] for i in listed], [pulled["digest"]])
+        self.assertGreater(int(listed[0]["bytes"]), 1 << 20)
+        self.assertEqual(self.metric("sbx_image_cache_misses_total"), 1)
+        self.assertEqual(self.metric("sbx_image_cache_hits_total"), 1)
+        self.assertGreater(self.metric("sbx_image_cache_bytes"), 1 << 20)
+        r = sbx("images", "rm", pulled["digest"], server=target)
+        self.assertOk(r)
+        r = sbx("-o", "json", "images", server=target)
+        self.assertEqual(json.loads(r.stdout), [])
+        r = sbx("images", "rm", pulled["digest"], server=target)
+        self.assertError(r, "NOT_FOUND", pulled["digest"])
+
+    def test_refusals(self):
+        target = self.srv.target
+        r = sbx("images", "pull", self.ref, token=TENANT, server=target)
+        self.assertError(r, "PERMISSION_DENIED")
+        # The server reads no host file outside its import folders.
+        r = sbx("images", "pull", "oci:/etc:v1", server=target)
+        self.assertError(r, "INVALID_ARGUMENT", "outside the import folders")
+        r = sbx("images", "pull", "dir:/tmp", server=target)
+        self.assertError(r, "INVALID_ARGUMENT", "dir:/tmp")
+        r = sbx("images", "pull", "oci:%s:nosuchtag" % self.layout, server=target)
+        self.assertError(r, "NOT_FOUND", "nosuchtag")
+        # A server without an image cache says so.
+        r = sbx("images")
+        self.assertError(r, "FAILED_PRECONDITION", "--image_cache_bytes")
+
+
 def setUpModule():
     global SRV
     SRV = Server()
