@@ -19,7 +19,8 @@
 
 namespace sbx {
 
-// Logs `status` (a warning naming `site`) and counts it, unless it is OK. `site` must be a
+// Counts `status` and logs it (a warning naming `site`, at most one per site every 10 s),
+// unless it is OK. `site` must be a
 // string literal (its address is kept).
 void ReportDropped(const char* site, const absl::Status& status);
 template <typename T>

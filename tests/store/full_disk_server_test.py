@@ -87,11 +87,13 @@ class Server:
         self.claims = claims_pb2_grpc.ClaimServiceStub(self.channel)
         self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
 
-    def log_text(self):
+    def log_text(self, whole=False):
+        """The log's end (for failure messages), or all of it (to look for a line)."""
         if not self.log.closed:
             self.log.flush()
         with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")[-6000:]
+            text = f.read().decode("utf-8", "replace")
+        return text if whole else text[-6000:]
 
     def metric(self, name):
         import urllib.request
@@ -190,7 +192,7 @@ class FullDiskServerTest(unittest.TestCase):
         self.assertEqual(self.server.stop(), 0, self.server.log_text())
         fill(self.volume, self.filler, leave=0)
         self.start()
-        self.assertIn("opened READ-ONLY", self.server.log_text())
+        self.assertIn("opened READ-ONLY", self.server.log_text(whole=True))
         for claim_id in acked:
             self.assertEqual(self.get_claim(claim_id).claim_id, claim_id)
         self.assertEqual(self.server.metric("sbx_store_writable"), 0.0)
