@@ -18,10 +18,12 @@ from sbx.v1 import admin_pb2, claims_pb2, sandboxes_pb2, types_pb2
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 30.0  # seconds per call, like the CLI's --timeout
-# Added to a claim's wait (or an exec's timeout) for the call's gRPC deadline, so that
-# the server's own, more informative DEADLINE_EXCEEDED arrives first (docs/api.md).
-DEADLINE_MARGIN = 5.0
+# A claim without `wait` waits for the pool's default_wait; the client cannot know it, so
+# its deadline counts the server's default (30 s), as the CLI and the TypeScript SDK do.
+DEFAULT_WAIT = 30.0
 EXEC_DEFAULT_TIMEOUT = 600.0  # the server's default for ExecStart.timeout
+# The most a release after an interrupted claim (Ctrl-C, a cancelled task) may take.
+RELEASE_AFTER_INTERRUPT = 5.0
 CHUNK = 1024 * 1024  # WriteFile / ReadFile / stdin chunk limit
 _ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -402,8 +404,11 @@ def exec_start(claim_id: str, cmd, env: Optional[Mapping[str, str]], cwd: Option
     return sandboxes_pb2.ExecRequest(start=start)
 
 
-def exec_deadline(timeout: Optional[float]) -> float:
-    return (timeout if timeout else EXEC_DEFAULT_TIMEOUT) + DEADLINE_MARGIN + 25.0
+def exec_deadline(timeout: Optional[float], call_timeout: float) -> float:
+    """The gRPC deadline of an Exec: the command's timeout (the server's 10 min when not
+    given) plus the client's call timeout, so that the server's timed_out result, which
+    says more, arrives before the deadline."""
+    return (timeout if timeout else EXEC_DEFAULT_TIMEOUT) + call_timeout
 
 
 def stdin_bytes(stdin: Union[None, str, bytes]) -> Optional[bytes]:
@@ -451,12 +456,19 @@ def sandbox_config(env: Optional[Mapping[str, str]],
     return cfg
 
 
-def claim_deadline(wait: Optional[float], timeout: Optional[float]) -> float:
-    """The gRPC deadline of a Claim: the caller's timeout, else the wait (or the pools'
-    usual 30 s default) plus a margin."""
-    if timeout is not None:
-        return timeout
-    return (wait if wait else 30.0) + DEADLINE_MARGIN + DEFAULT_TIMEOUT
+def claim_deadline(wait: Optional[float], policy: Optional[str],
+                   call_timeout: float) -> float:
+    """The gRPC deadline of a Claim or ClaimBatch, retries included: the time the server
+    may make it wait (`wait`; none with policy "fail"; else the server's default 30 s)
+    plus the call timeout (the claim's `timeout=`, else the client's). The same rule as
+    the TypeScript SDK's."""
+    if wait is not None:
+        waiting = float(wait)
+    elif isinstance(policy, str) and policy.lower() == "fail":
+        waiting = 0.0
+    else:
+        waiting = DEFAULT_WAIT
+    return waiting + call_timeout
 
 
 def claim_filter(pool: Optional[str], selector: Optional[str],
