@@ -253,28 +253,92 @@ class ClaimEvent:
 
 
 @dataclasses.dataclass(frozen=True)
+class PoolStatus:
+    """What a pool has now (`PoolInfo.status`), the same fields as the TypeScript SDK's
+    `pool.status`: `warm` sandboxes ready to be claimed, `starting` ones being made,
+    `claimed` ones held by claims, `target` the number of warm ones the scheduler aims at,
+    `waiting_claims` claims waiting for a sandbox, `stale` warm ones of an older template
+    generation (replaced as they go), `last_error` the last failure to make one ("" when
+    none), `updated_at` when this was computed."""
+
+    warm: int = 0
+    starting: int = 0
+    claimed: int = 0
+    target: int = 0
+    waiting_claims: int = 0
+    stale: int = 0
+    last_error: str = ""
+    updated_at: Optional[datetime.datetime] = None
+
+
+def _seconds(d) -> float:
+    return d.ToNanoseconds() / 1e9
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolInfo:
-    """A pool's spec and status (AdminService.ListPools)."""
+    """A pool's spec and status (AdminService.ListPools); the same shape as the TypeScript
+    SDK's `Pool` (snake_case, durations in seconds where it has milliseconds):
+    `name`, `template`, `min_warm`, `max_warm`, `empty_pool_policy` ("WAIT", "COLD",
+    "FAIL" or "UNSPECIFIED"), `default_wait`, `default_ttl`, `max_ttl` (seconds; 0: the
+    server's default, no expiry, no bound), `selection_policy`, `max_sandboxes`,
+    `generation`, `created_at`, and `status` (a PoolStatus: `pool.status.warm`).
+    `pool.warm`, `starting`, `claimed`, `target`, `waiting_claims` and `last_error` are
+    kept as shorthands of the same fields of `status`."""
 
     name: str
     template: str
     min_warm: int
     max_warm: int
-    warm: int
-    starting: int
-    claimed: int
-    target: int
-    waiting_claims: int
-    last_error: str
+    empty_pool_policy: str
+    default_wait: float
+    default_ttl: float
+    max_ttl: float
+    selection_policy: str
+    max_sandboxes: int
     generation: int
+    created_at: Optional[datetime.datetime]
+    status: PoolStatus
+
+    @property
+    def warm(self) -> int:
+        return self.status.warm
+
+    @property
+    def starting(self) -> int:
+        return self.status.starting
+
+    @property
+    def claimed(self) -> int:
+        return self.status.claimed
+
+    @property
+    def target(self) -> int:
+        return self.status.target
+
+    @property
+    def waiting_claims(self) -> int:
+        return self.status.waiting_claims
+
+    @property
+    def last_error(self) -> str:
+        return self.status.last_error
 
     @staticmethod
     def from_proto(p: admin_pb2.Pool) -> "PoolInfo":
         s = p.status
-        return PoolInfo(name=p.name, template=p.template, min_warm=p.min_warm,
-                        max_warm=p.max_warm, warm=s.warm, starting=s.starting,
-                        claimed=s.claimed, target=s.target, waiting_claims=s.waiting_claims,
-                        last_error=s.last_error, generation=p.generation)
+        return PoolInfo(
+            name=p.name, template=p.template, min_warm=p.min_warm, max_warm=p.max_warm,
+            empty_pool_policy=_enum(types_pb2.EmptyPoolPolicy, p.empty_pool_policy,
+                                    "EMPTY_POOL_POLICY_"),
+            default_wait=_seconds(p.default_wait), default_ttl=_seconds(p.default_ttl),
+            max_ttl=_seconds(p.max_ttl), selection_policy=p.selection_policy,
+            max_sandboxes=p.max_sandboxes, generation=p.generation,
+            created_at=_ts(p.created_at),
+            status=PoolStatus(warm=s.warm, starting=s.starting, claimed=s.claimed,
+                              target=s.target, waiting_claims=s.waiting_claims,
+                              stale=s.stale, last_error=s.last_error,
+                              updated_at=_ts(s.updated_at)))
 
 
 @dataclasses.dataclass(frozen=True)
