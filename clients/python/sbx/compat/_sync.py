@@ -167,7 +167,10 @@ class SandboxClient:
     name; namespace is recorded as the claim label `k8s-agent-sandbox/namespace` (sbx
     separates tenants by token). Connection: `connection_config=
     SandboxDirectConnectionConfig(api_url="host:port")`, or the sbx.Client keywords
-    (server, token, tls, ca, cert, key, server_name), or $SBX_SERVER / $SBX_TOKEN."""
+    (server, token, tls, ca, cert, key, server_name, timeout), or $SBX_SERVER /
+    $SBX_TOKEN. Upstream's other connection configs (gateway, local tunnel, in-cluster,
+    sandboxd pod tunnel) are accepted and connect as without a config: sbx-server is
+    the one endpoint."""
 
     def __init__(self, connection_config=None, tracer_config=None, cleanup: bool = False,
                  **client_kwargs) -> None:
