@@ -4,11 +4,12 @@
 import * as grpc from '@grpc/grpc-js';
 import * as protoLoader from '@grpc/proto-loader';
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import path from 'node:path';
 import {after, before, it} from 'node:test';
 import {fileURLToPath} from 'node:url';
 
-import {Client, FailedPrecondition, type Sandbox} from '@sbx/client';
+import {Client, DeadlineExceeded, FailedPrecondition, type Sandbox, Unavailable} from '@sbx/client';
 
 const kProtoDir = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../dist/proto');
 const kTimeoutMs = 7000;  // the client's timeoutMs here: no default's value
@@ -119,4 +120,37 @@ it('watchClaims has no deadline: it lives until cancelled', async () => {
     for await (const _ of client.watchClaims()) { /* the fake sends no event */ }
   })(), FailedPrecondition);
   assert.deepEqual(seen, [['WatchClaims', null]]);
+});
+
+// A bound far above a 2 s timeout and far below a fixed 30 s wait: not a speed test, a
+// test of which deadline ended the call.
+const kBoundMs = 15000;
+
+it('with timeoutMs 2000, a claim with policy fail ends in about 2 s when nothing answers', async () => {
+  // A listener that accepts and never speaks HTTP/2, and a port where nothing listens.
+  const conns: net.Socket[] = [];
+  const silent = net.createServer((c) => conns.push(c));
+  await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+  const closed = net.createServer();
+  await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve));
+  const closedPort = (closed.address() as net.AddressInfo).port;
+  await new Promise<void>((resolve) => closed.close(() => resolve()));
+  try {
+    for (const target of [`127.0.0.1:${(silent.address() as net.AddressInfo).port}`, `127.0.0.1:${closedPort}`]) {
+      const c = new Client({server: target, timeoutMs: 2000});
+      try {
+        for (const call of [() => c.claim('p', {policy: 'fail'}), () => c.claimBatch('p', 2, {policy: 'fail'})]) {
+          const start = Date.now();
+          await assert.rejects(call(), (e: unknown) => e instanceof DeadlineExceeded || e instanceof Unavailable);
+          const took = Date.now() - start;
+          assert.ok(took < kBoundMs, `${target}: took ${took} ms`);
+        }
+      } finally {
+        c.close();
+      }
+    }
+  } finally {
+    for (const c of conns) c.destroy();
+    silent.close();
+  }
 });
