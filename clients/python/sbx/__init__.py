@@ -11,7 +11,7 @@ See docs/sdk-python.md.
 """
 
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
-                         PoolInfo, RetryPolicy, new_claim_id)
+                         PoolInfo, PoolStatus, RetryPolicy, new_claim_id)
 from sbx.aio import (AsyncClaimWatch, AsyncClient, AsyncExecStream, AsyncFiles, AsyncSandbox,
                      AsyncSandboxGroup)
 from sbx.client import ClaimWatch, Client, ExecStream, Files, Sandbox, SandboxGroup
@@ -26,7 +26,8 @@ __all__ = [
     "Client", "Sandbox", "SandboxGroup", "Files", "ExecStream", "ClaimWatch",
     "AsyncClient", "AsyncSandbox", "AsyncSandboxGroup", "AsyncFiles", "AsyncExecStream",
     "AsyncClaimWatch",
-    "ExecResult", "ExecChunk", "FileInfo", "ClaimInfo", "ClaimEvent", "PoolInfo", "PingResult",
+    "ExecResult", "ExecChunk", "FileInfo", "ClaimInfo", "ClaimEvent", "PoolInfo", "PoolStatus",
+    "PingResult",
     "RetryPolicy", "new_claim_id",
     "SbxError", "Aborted", "AlreadyExists", "Cancelled", "DeadlineExceeded",
     "FailedPrecondition", "Internal", "InvalidArgument", "NotFound", "OutOfRange",

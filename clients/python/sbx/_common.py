@@ -18,10 +18,12 @@ from sbx.v1 import admin_pb2, claims_pb2, sandboxes_pb2, types_pb2
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 30.0  # seconds per call, like the CLI's --timeout
-# Added to a claim's wait (or an exec's timeout) for the call's gRPC deadline, so that
-# the server's own, more informative DEADLINE_EXCEEDED arrives first (docs/api.md).
-DEADLINE_MARGIN = 5.0
+# A claim without `wait` waits for the pool's default_wait; the client cannot know it, so
+# its deadline counts the server's default (30 s), as the CLI and the TypeScript SDK do.
+DEFAULT_WAIT = 30.0
 EXEC_DEFAULT_TIMEOUT = 600.0  # the server's default for ExecStart.timeout
+# The most a release after an interrupted claim (Ctrl-C, a cancelled task) may take.
+RELEASE_AFTER_INTERRUPT = 5.0
 CHUNK = 1024 * 1024  # WriteFile / ReadFile / stdin chunk limit
 _ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -251,28 +253,92 @@ class ClaimEvent:
 
 
 @dataclasses.dataclass(frozen=True)
+class PoolStatus:
+    """What a pool has now (`PoolInfo.status`), the same fields as the TypeScript SDK's
+    `pool.status`: `warm` sandboxes ready to be claimed, `starting` ones being made,
+    `claimed` ones held by claims, `target` the number of warm ones the scheduler aims at,
+    `waiting_claims` claims waiting for a sandbox, `stale` warm ones of an older template
+    generation (replaced as they go), `last_error` the last failure to make one ("" when
+    none), `updated_at` when this was computed."""
+
+    warm: int = 0
+    starting: int = 0
+    claimed: int = 0
+    target: int = 0
+    waiting_claims: int = 0
+    stale: int = 0
+    last_error: str = ""
+    updated_at: Optional[datetime.datetime] = None
+
+
+def _seconds(d) -> float:
+    return d.ToNanoseconds() / 1e9
+
+
+@dataclasses.dataclass(frozen=True)
 class PoolInfo:
-    """A pool's spec and status (AdminService.ListPools)."""
+    """A pool's spec and status (AdminService.ListPools); the same shape as the TypeScript
+    SDK's `Pool` (snake_case, durations in seconds where it has milliseconds):
+    `name`, `template`, `min_warm`, `max_warm`, `empty_pool_policy` ("WAIT", "COLD",
+    "FAIL" or "UNSPECIFIED"), `default_wait`, `default_ttl`, `max_ttl` (seconds; 0: the
+    server's default, no expiry, no bound), `selection_policy`, `max_sandboxes`,
+    `generation`, `created_at`, and `status` (a PoolStatus: `pool.status.warm`).
+    `pool.warm`, `starting`, `claimed`, `target`, `waiting_claims` and `last_error` are
+    kept as shorthands of the same fields of `status`."""
 
     name: str
     template: str
     min_warm: int
     max_warm: int
-    warm: int
-    starting: int
-    claimed: int
-    target: int
-    waiting_claims: int
-    last_error: str
+    empty_pool_policy: str
+    default_wait: float
+    default_ttl: float
+    max_ttl: float
+    selection_policy: str
+    max_sandboxes: int
     generation: int
+    created_at: Optional[datetime.datetime]
+    status: PoolStatus
+
+    @property
+    def warm(self) -> int:
+        return self.status.warm
+
+    @property
+    def starting(self) -> int:
+        return self.status.starting
+
+    @property
+    def claimed(self) -> int:
+        return self.status.claimed
+
+    @property
+    def target(self) -> int:
+        return self.status.target
+
+    @property
+    def waiting_claims(self) -> int:
+        return self.status.waiting_claims
+
+    @property
+    def last_error(self) -> str:
+        return self.status.last_error
 
     @staticmethod
     def from_proto(p: admin_pb2.Pool) -> "PoolInfo":
         s = p.status
-        return PoolInfo(name=p.name, template=p.template, min_warm=p.min_warm,
-                        max_warm=p.max_warm, warm=s.warm, starting=s.starting,
-                        claimed=s.claimed, target=s.target, waiting_claims=s.waiting_claims,
-                        last_error=s.last_error, generation=p.generation)
+        return PoolInfo(
+            name=p.name, template=p.template, min_warm=p.min_warm, max_warm=p.max_warm,
+            empty_pool_policy=_enum(types_pb2.EmptyPoolPolicy, p.empty_pool_policy,
+                                    "EMPTY_POOL_POLICY_"),
+            default_wait=_seconds(p.default_wait), default_ttl=_seconds(p.default_ttl),
+            max_ttl=_seconds(p.max_ttl), selection_policy=p.selection_policy,
+            max_sandboxes=p.max_sandboxes, generation=p.generation,
+            created_at=_ts(p.created_at),
+            status=PoolStatus(warm=s.warm, starting=s.starting, claimed=s.claimed,
+                              target=s.target, waiting_claims=s.waiting_claims,
+                              stale=s.stale, last_error=s.last_error,
+                              updated_at=_ts(s.updated_at)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -402,8 +468,11 @@ def exec_start(claim_id: str, cmd, env: Optional[Mapping[str, str]], cwd: Option
     return sandboxes_pb2.ExecRequest(start=start)
 
 
-def exec_deadline(timeout: Optional[float]) -> float:
-    return (timeout if timeout else EXEC_DEFAULT_TIMEOUT) + DEADLINE_MARGIN + 25.0
+def exec_deadline(timeout: Optional[float], call_timeout: float) -> float:
+    """The gRPC deadline of an Exec: the command's timeout (the server's 10 min when not
+    given) plus the client's call timeout, so that the server's timed_out result, which
+    says more, arrives before the deadline."""
+    return (timeout if timeout else EXEC_DEFAULT_TIMEOUT) + call_timeout
 
 
 def stdin_bytes(stdin: Union[None, str, bytes]) -> Optional[bytes]:
@@ -451,12 +520,19 @@ def sandbox_config(env: Optional[Mapping[str, str]],
     return cfg
 
 
-def claim_deadline(wait: Optional[float], timeout: Optional[float]) -> float:
-    """The gRPC deadline of a Claim: the caller's timeout, else the wait (or the pools'
-    usual 30 s default) plus a margin."""
-    if timeout is not None:
-        return timeout
-    return (wait if wait else 30.0) + DEADLINE_MARGIN + DEFAULT_TIMEOUT
+def claim_deadline(wait: Optional[float], policy: Optional[str],
+                   call_timeout: float) -> float:
+    """The gRPC deadline of a Claim or ClaimBatch, retries included: the time the server
+    may make it wait (`wait`; none with policy "fail"; else the server's default 30 s)
+    plus the call timeout (the claim's `timeout=`, else the client's). The same rule as
+    the TypeScript SDK's."""
+    if wait is not None:
+        waiting = float(wait)
+    elif isinstance(policy, str) and policy.lower() == "fail":
+        waiting = 0.0
+    else:
+        waiting = DEFAULT_WAIT
+    return waiting + call_timeout
 
 
 def claim_filter(pool: Optional[str], selector: Optional[str],

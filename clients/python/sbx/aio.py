@@ -94,9 +94,17 @@ class AsyncClient:
                 log.debug("sbx: %s, retry %d in %.3f s", err, attempt, pause)
                 await asyncio.sleep(pause)
 
+    def _claim_deadline(self, wait: Optional[float], policy: Optional[str],
+                        timeout: Optional[float]) -> float:
+        """Claim and ClaimBatch: the wait they may get (`wait`; none with policy "fail";
+        else the server's default 30 s) plus the call timeout (`timeout`, else the
+        client's)."""
+        return c.claim_deadline(wait, policy, self.timeout if timeout is None else timeout)
+
     async def _release_quietly(self, claim_id: str) -> None:
         try:
-            await self._claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id), timeout=5,
+            await self._claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id),
+                                       timeout=min(c.RELEASE_AFTER_INTERRUPT, self.timeout),
                                        metadata=self._md)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:
@@ -126,7 +134,7 @@ class AsyncClient:
         async def run() -> AsyncSandbox:
             try:
                 resp = await self._call(self._claims.Claim, req, claim_id=claim_id,
-                                        timeout=c.claim_deadline(wait, timeout))
+                                        timeout=self._claim_deadline(wait, policy, timeout))
             except SbxError:
                 raise
             except BaseException:  # Cancelled (or Ctrl-C) while the claim was on its way.
@@ -151,7 +159,7 @@ class AsyncClient:
         async def run() -> AsyncSandboxGroup:
             try:
                 resp = await self._call(self._claims.ClaimBatch, req, claim_id=batch_id,
-                                        timeout=c.claim_deadline(wait, timeout))
+                                        timeout=self._claim_deadline(wait, policy, timeout))
             except SbxError:
                 raise
             except BaseException:
@@ -304,7 +312,7 @@ class AsyncSandbox(c.SandboxView):
         """As sbx.Sandbox.exec_stream: `async for chunk in stream`, await write(),
         send_signal(), wait()."""
         start = c.exec_start(self.claim_id, cmd, env, cwd, timeout, max_output_bytes, stdin)
-        s = AsyncExecStream(self._client, c.exec_deadline(timeout))
+        s = AsyncExecStream(self._client, c.exec_deadline(timeout, self._client.timeout))
         await s._start(start)
         return s
 

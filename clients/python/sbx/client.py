@@ -111,9 +111,17 @@ class Client:
                 log.debug("sbx: %s, retry %d in %.3f s", err, attempt, pause)
                 time.sleep(pause)
 
+    def _claim_deadline(self, wait: Optional[float], policy: Optional[str],
+                        timeout: Optional[float]) -> float:
+        """Claim and ClaimBatch: the wait they may get (`wait`; none with policy "fail";
+        else the server's default 30 s) plus the call timeout (`timeout`, else the
+        client's)."""
+        return c.claim_deadline(wait, policy, self.timeout if timeout is None else timeout)
+
     def _release_quietly(self, claim_id: str) -> None:
         try:
-            self._claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id), timeout=5,
+            self._claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id),
+                                 timeout=min(c.RELEASE_AFTER_INTERRUPT, self.timeout),
                                  metadata=self._md)
         except grpc.RpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:
@@ -152,7 +160,9 @@ class Client:
         is "spread" or "pack" honour it, and the local runtime reports no node labels.
         Same syntax and limits as labels, checked by the server (InvalidArgument naming
         the bad key or value). claim_id: the idempotency key (default: a fresh one
-        generated here, reused by every automatic retry).
+        generated here, reused by every automatic retry). timeout: the call timeout in
+        seconds (default: the client's); the call's deadline, retries included, is the
+        wait (`wait`; none with policy "fail"; else the server's default 30 s) plus it.
 
         Raises NotFound (no such pool), PoolExhausted (policy "fail"; see retry_after),
         DeadlineExceeded (no sandbox within `wait`), InvalidArgument, ... An error
@@ -164,7 +174,7 @@ class Client:
                               priority, node_preference)
         try:
             resp = self._call(self._claims.Claim, req, claim_id=claim_id,
-                              timeout=c.claim_deadline(wait, timeout))
+                              timeout=self._claim_deadline(wait, policy, timeout))
         except SbxError:
             raise
         except BaseException:
@@ -193,7 +203,7 @@ class Client:
                               policy, priority, node_preference)
         try:
             resp = self._call(self._claims.ClaimBatch, req, claim_id=batch_id,
-                              timeout=c.claim_deadline(wait, timeout))
+                              timeout=self._claim_deadline(wait, policy, timeout))
         except SbxError:
             raise
         except BaseException:
@@ -330,8 +340,9 @@ class Sandbox(c.SandboxView):
             reqs += [sandboxes_pb2.ExecRequest(stdin_chunk=data[i:i + c.CHUNK])
                      for i in range(0, len(data), c.CHUNK)]
             reqs.append(sandboxes_pb2.ExecRequest(close_stdin=sandboxes_pb2.ExecCloseStdin()))
-        call = self._client._sandboxes.Exec(iter(reqs), timeout=c.exec_deadline(timeout),
-                                            metadata=self._client._md)
+        call = self._client._sandboxes.Exec(
+            iter(reqs), timeout=c.exec_deadline(timeout, self._client.timeout),
+            metadata=self._client._md)
         out, err, pid, exit_msg = bytearray(), bytearray(), 0, None
         try:
             for r in call:
@@ -361,7 +372,7 @@ class Sandbox(c.SandboxView):
         come, write() to its stdin (with stdin=True), send_signal(), wait() for the
         result. Leaving its `with` block before the command ended cancels it (kills it)."""
         start = c.exec_start(self.claim_id, cmd, env, cwd, timeout, max_output_bytes, stdin)
-        return ExecStream(self._client, start, c.exec_deadline(timeout))
+        return ExecStream(self._client, start, c.exec_deadline(timeout, self._client.timeout))
 
 
 def _with_suspended(info: ClaimInfo, suspended: bool) -> ClaimInfo:

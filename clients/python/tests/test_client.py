@@ -54,6 +54,18 @@ class ClientTest(unittest.TestCase):
         pools = {p.name: p for p in self.client.pools()}
         self.assertEqual(set(pools), {"default", "empty"})
         self.assertEqual((pools["default"].min_warm, pools["default"].max_warm), (2, 8))
+        # The TypeScript SDK's Pool shape: spec fields, then status with the numbers.
+        d = pools["default"]
+        self.assertEqual((d.template, d.empty_pool_policy, d.default_wait, d.default_ttl,
+                          d.max_ttl), ("default", "WAIT", 30.0, 3600.0, 86400.0))
+        self.assertEqual(pools["empty"].empty_pool_policy, "FAIL")
+        self.assertIsInstance(d.status, sbx.PoolStatus)
+        self.assertGreaterEqual(d.status.warm + d.status.starting, 1)
+        self.assertEqual((d.warm, d.starting, d.claimed, d.waiting_claims),
+                         (d.status.warm, d.status.starting, d.status.claimed,
+                          d.status.waiting_claims))
+        self.assertEqual(d.status.last_error, "")
+        self.assertIsNotNone(d.status.updated_at)
         self.assertIn("127.0.0.1", repr(self.client))
 
     def test_claim_config_and_exec(self):

@@ -57,6 +57,7 @@ class SyncErrorsTest(unittest.TestCase):
         with sbx.Client(SRV.target) as c:  # no token at all
             with self.assertRaises(sbx.Unauthenticated):
                 c.list_claims()
+            self.assertTrue(c.ping().server_version)  # ping needs no token (documented)
 
     def test_permission_denied(self):
         with self.assertRaises(sbx.PermissionDenied):

@@ -97,6 +97,8 @@ export interface Pool {
   defaultTtlMs: number;
   /** Milliseconds; 0 means no bound. */
   maxTtlMs: number;
+  /** How a claim picks among warm sandboxes: 'fifo', 'spread' or 'pack' ('' : the server's default). */
+  selectionPolicy: string;
   maxSandboxes: number;
   generation: number;
   createdAt: Date | null;
@@ -215,6 +217,7 @@ export function toPool(p: Raw): Pool {
     defaultWaitMs: fromProtoDuration(p.default_wait),
     defaultTtlMs: fromProtoDuration(p.default_ttl),
     maxTtlMs: fromProtoDuration(p.max_ttl),
+    selectionPolicy: p.selection_policy ?? '',
     maxSandboxes: p.max_sandboxes,
     generation: Number(p.generation ?? 0),
     createdAt: fromTimestamp(p.created_at),

@@ -137,6 +137,12 @@ describe('against sbx-server', () => {
     });
   }
 
+  it('pools() reports each pool\'s selection policy (the Python SDK\'s pool shape too)', async () => {
+    const pools = Object.fromEntries((await client.pools()).map((p) => [p.name, p]));
+    assert.equal(pools.spread!.selectionPolicy, 'spread');
+    assert.equal(pools.pack!.selectionPolicy, 'pack');
+  });
+
   it('refuses a key or value that is not label syntax, naming it', async () => {
     const bad: {pref: Record<string, string>; says: string}[] = [
       {pref: {'-zone': 'a'}, says: 'node_preference: label key "-zone"'},

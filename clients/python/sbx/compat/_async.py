@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Dict, List, Optional, Tuple
 
 import sbx
@@ -19,6 +20,7 @@ class AsyncCommandExecutor:
         self._sandbox = sandbox
 
     async def run(self, command: str, timeout: int = 60) -> ExecutionResult:
+        s.METRICS.ran()
         try:
             r = await self._sandbox._sb.exec(["/bin/sh", "-c", command], timeout=timeout)
         except sbx.SbxError as e:
@@ -27,6 +29,8 @@ class AsyncCommandExecutor:
 
 
 class AsyncFilesystem:
+    """As sbx.compat.Filesystem (upstream's /home/user is the workspace), awaited."""
+
     def __init__(self, sandbox: "AsyncSandbox") -> None:
         self._files = sandbox._sb.files
 
@@ -37,20 +41,37 @@ class AsyncFilesystem:
             raise s.request_error(e) from e
 
     async def write(self, path: str, content, timeout: int = 60) -> None:
-        await self._do(self._files.write(path, content))
+        await self._do(self._files.write(s.workspace_path(path), content))
 
     async def read(self, path: str, timeout: int = 60) -> bytes:
-        return await self._do(self._files.read(path))
+        return await self._do(self._files.read(s.workspace_path(path)))
 
     async def list(self, path: str, timeout: int = 60) -> List[FileEntry]:
-        return s.file_entries(await self._do(
-            self._files.list("" if path in (".", "./") else path)))
+        return s.file_entries(await self._do(self._files.list(s.workspace_path(path))))
 
     async def exists(self, path: str, timeout: int = 60) -> bool:
-        return await self._do(self._files.exists(path))
+        return await self._do(self._files.exists(s.workspace_path(path)))
 
     async def delete(self, path: str, recursive: bool = False, timeout: int = 60) -> None:
-        await self._do(self._files.remove(path, recursive=recursive))
+        await self._do(self._files.remove(s.workspace_path(path), recursive=recursive))
+
+
+class AsyncK8sHelper:
+    """As sbx.compat.K8sHelper; get_sandbox is awaited."""
+
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._sandbox = sandbox
+
+    async def get_sandbox(self, name: str, namespace: str = "default") -> Optional[dict]:
+        if name != self._sandbox.sandbox_id:
+            return None
+        try:
+            info = await self._sandbox._sb.refresh()
+        except sbx.NotFound:
+            return None
+        except sbx.SbxError as e:
+            raise ex.SandboxError(str(e)) from e
+        return s.sandbox_object(info, namespace)
 
 
 class AsyncSandbox:
@@ -65,6 +86,19 @@ class AsyncSandbox:
         self.namespace = namespace
         self._commands: Optional[AsyncCommandExecutor] = AsyncCommandExecutor(self)
         self._files: Optional[AsyncFilesystem] = AsyncFilesystem(self)
+        self.k8s_helper = AsyncK8sHelper(self)
+
+    async def get_pod_name(self) -> str:
+        return self.sandbox_id
+
+    async def get_pod_ip(self) -> Optional[str]:
+        try:
+            return s.pod_ip(await self._sb.refresh())
+        except sbx.SbxError as e:
+            raise s.request_error(e) from e
+
+    async def get_sandbox_name_hash(self) -> Optional[str]:
+        return None
 
     def __repr__(self) -> str:
         return (f"<sbx.compat.AsyncSandbox claim_name={self.claim_name!r} "
@@ -131,24 +165,46 @@ class AsyncSandboxClient:
             self._active.clear()
         await self._client.close()
 
-    async def create_sandbox(self, warmpool: str, namespace: str = "default",
+    async def create_sandbox(self, warmpool: Optional[str] = None, namespace: str = "default",
                              sandbox_ready_timeout: int = 180,
                              labels: Optional[Dict[str, str]] = None, *,
+                             template: Optional[str] = None,
                              shutdown_after_seconds: Optional[int] = None,
                              volume_claim_templates=None, pod_labels=None,
                              pod_annotations=None) -> AsyncSandbox:
+        name, by_template = s.pool_name(warmpool, template)
         s.unsupported(volume_claim_templates, pod_labels, pod_annotations)
+        start = time.monotonic()
         try:
-            sb = await self._client.claim(warmpool, claim_id=s.new_claim_name(),
-                                          wait=s.wait_of(sandbox_ready_timeout),
-                                          ttl=s.ttl_of(shutdown_after_seconds),
-                                          labels=s.claim_labels(labels, namespace))
+            sb = await self._claim(name, namespace, sandbox_ready_timeout, labels,
+                                   shutdown_after_seconds)
         except sbx.SbxError as e:
-            raise s.create_error(e, warmpool) from e
+            s.METRICS.created("error", time.monotonic() - start)
+            raise s.create_error(e, name, by_template) from e
+        s.METRICS.created("ok", time.monotonic() - start)
         handle = AsyncSandbox(self, sb, namespace)
         async with self._lock:
             self._active[(namespace, sb.claim_id)] = handle
         return handle
+
+    async def _claim(self, name: str, namespace: str, ready_timeout: float,
+                     labels: Optional[Dict[str, str]], ttl: Optional[int]) -> sbx.AsyncSandbox:
+        async def claim(pool: str) -> sbx.AsyncSandbox:
+            return await self._client.claim(pool, claim_id=s.new_claim_name(),
+                                            wait=s.wait_of(ready_timeout), ttl=s.ttl_of(ttl),
+                                            labels=s.claim_labels(labels, namespace))
+        try:
+            return await claim(name)
+        except sbx.SbxError as e:
+            if not s.pool_not_found(e):
+                raise
+            try:
+                pools = s.pools_of_template(await self._client.pools(), name)
+            except sbx.SbxError:
+                raise e from None
+            if not pools:
+                raise
+        return await claim(pools[0])
 
     async def get_sandbox(self, claim_name: str, namespace: str = "default",
                           resolve_timeout: int = 30) -> AsyncSandbox:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from typing import Dict, List, Optional, Tuple
 
 import sbx
@@ -24,6 +25,7 @@ class CommandExecutor:
     def run(self, command: str, timeout: int = 60) -> ExecutionResult:
         """Runs `command` with /bin/sh -c and waits at most `timeout` seconds
         (SandboxRequestError when it had to be killed)."""
+        s.METRICS.ran()
         try:
             r = self._sandbox._sb.exec(["/bin/sh", "-c", command], timeout=timeout)
         except sbx.SbxError as e:
@@ -32,7 +34,11 @@ class CommandExecutor:
 
 
 class Filesystem:
-    """sandbox.files: the sandbox's workspace (paths are relative to it)."""
+    """sandbox.files: the sandbox's workspace. Paths are relative to it; upstream's
+    /home/user (and the workspace's own /run/sbx/workspace) is the workspace, so
+    "/home/user/a.txt" is "a.txt". Other absolute paths are refused by the server
+    (SandboxRequestError, INVALID_ARGUMENT). `timeout` is accepted and not used: the
+    client's timeout applies."""
 
     def __init__(self, sandbox: "Sandbox") -> None:
         self._files = sandbox._sb.files
@@ -45,21 +51,42 @@ class Filesystem:
 
     def write(self, path: str, content, timeout: int = 60) -> None:
         """Writes bytes or str (UTF-8) to a file, creating missing directories."""
-        self._do(self._files.write, path, content)
+        self._do(self._files.write, s.workspace_path(path), content)
 
     def read(self, path: str, timeout: int = 60) -> bytes:
-        return self._do(self._files.read, path)
+        return self._do(self._files.read, s.workspace_path(path))
 
     def list(self, path: str, timeout: int = 60) -> List[FileEntry]:
-        """Entries of a directory ("." or "" is the workspace)."""
-        return s.file_entries(self._do(self._files.list, "" if path in (".", "./") else path))
+        """Entries of a directory ("." , "" or "/home/user" is the workspace)."""
+        return s.file_entries(self._do(self._files.list, s.workspace_path(path)))
 
     def exists(self, path: str, timeout: int = 60) -> bool:
-        return self._do(self._files.exists, path)
+        return self._do(self._files.exists, s.workspace_path(path))
 
     def delete(self, path: str, recursive: bool = False, timeout: int = 60) -> None:
         """Removes a file or directory (sbx has no delete call: `rm` runs in the sandbox)."""
-        self._do(self._files.remove, path, recursive=recursive)
+        self._do(self._files.remove, s.workspace_path(path), recursive=recursive)
+
+
+class K8sHelper:
+    """sandbox.k8s_helper: what upstream's examples read from it. get_sandbox(name,
+    namespace) returns the Sandbox object as a dict made from the claim (name, the
+    pod-name annotation, status.podIPs when the sandbox has a pod IP), or None for a
+    name that is not this sandbox's."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sandbox = sandbox
+
+    def get_sandbox(self, name: str, namespace: str = "default") -> Optional[dict]:
+        if name != self._sandbox.sandbox_id:
+            return None
+        try:
+            info = self._sandbox._sb.refresh()
+        except sbx.NotFound:
+            return None
+        except sbx.SbxError as e:
+            raise ex.SandboxError(str(e)) from e
+        return s.sandbox_object(info, namespace)
 
 
 class Sandbox:
@@ -74,6 +101,23 @@ class Sandbox:
         self.namespace = namespace
         self._commands: Optional[CommandExecutor] = CommandExecutor(self)
         self._files: Optional[Filesystem] = Filesystem(self)
+        self.k8s_helper = K8sHelper(self)
+
+    def get_pod_name(self) -> str:
+        """The sandbox's name, which is its pod's (sbx's sandbox id)."""
+        return self.sandbox_id
+
+    def get_pod_ip(self) -> Optional[str]:
+        """The pod IP, read again from the server each time (Kubernetes runtime); None
+        for local sandboxes, which have none."""
+        try:
+            return s.pod_ip(self._sb.refresh())
+        except sbx.SbxError as e:
+            raise s.request_error(e) from e
+
+    def get_sandbox_name_hash(self) -> Optional[str]:
+        """None: sbx's sandboxes carry no name-hash selector label."""
+        return None
 
     def __repr__(self) -> str:
         return (f"<sbx.compat.Sandbox claim_name={self.claim_name!r} "
@@ -123,7 +167,10 @@ class SandboxClient:
     name; namespace is recorded as the claim label `k8s-agent-sandbox/namespace` (sbx
     separates tenants by token). Connection: `connection_config=
     SandboxDirectConnectionConfig(api_url="host:port")`, or the sbx.Client keywords
-    (server, token, tls, ca, cert, key, server_name), or $SBX_SERVER / $SBX_TOKEN."""
+    (server, token, tls, ca, cert, key, server_name, timeout), or $SBX_SERVER /
+    $SBX_TOKEN. Upstream's other connection configs (gateway, local tunnel, in-cluster,
+    sandboxd pod tunnel) are accepted and connect as without a config: sbx-server is
+    the one endpoint."""
 
     def __init__(self, connection_config=None, tracer_config=None, cleanup: bool = False,
                  **client_kwargs) -> None:
@@ -145,25 +192,49 @@ class SandboxClient:
         finally:
             self._client.close()
 
-    def create_sandbox(self, warmpool: str, namespace: str = "default",
+    def create_sandbox(self, warmpool: Optional[str] = None, namespace: str = "default",
                        sandbox_ready_timeout: int = 180, labels: Optional[Dict[str, str]] = None,
-                       *, shutdown_after_seconds: Optional[int] = None,
+                       *, template: Optional[str] = None,
+                       shutdown_after_seconds: Optional[int] = None,
                        volume_claim_templates=None, pod_labels=None,
                        pod_annotations=None) -> Sandbox:
-        """Claims a sandbox of pool `warmpool`, waiting up to sandbox_ready_timeout
-        seconds (at most 1 h); shutdown_after_seconds becomes the claim's TTL."""
+        """Claims a sandbox of pool `warmpool` (or `template`: a pool of that name, else
+        the pool made from the template of that name with the most warm sandboxes),
+        waiting up to sandbox_ready_timeout seconds (at most 1 h); shutdown_after_seconds
+        becomes the claim's TTL."""
+        name, by_template = s.pool_name(warmpool, template)
         s.unsupported(volume_claim_templates, pod_labels, pod_annotations)
+        start = time.monotonic()
         try:
-            sb = self._client.claim(warmpool, claim_id=s.new_claim_name(),
-                                    wait=s.wait_of(sandbox_ready_timeout),
-                                    ttl=s.ttl_of(shutdown_after_seconds),
-                                    labels=s.claim_labels(labels, namespace))
+            sb = self._claim(name, namespace, sandbox_ready_timeout, labels,
+                             shutdown_after_seconds)
         except sbx.SbxError as e:
-            raise s.create_error(e, warmpool) from e
+            s.METRICS.created("error", time.monotonic() - start)
+            raise s.create_error(e, name, by_template) from e
+        s.METRICS.created("ok", time.monotonic() - start)
         handle = Sandbox(self, sb, namespace)
         with self._lock:
             self._active[(namespace, sb.claim_id)] = handle
         return handle
+
+    def _claim(self, name: str, namespace: str, ready_timeout: float,
+               labels: Optional[Dict[str, str]], ttl: Optional[int]) -> sbx.Sandbox:
+        def claim(pool: str) -> sbx.Sandbox:
+            return self._client.claim(pool, claim_id=s.new_claim_name(),
+                                      wait=s.wait_of(ready_timeout), ttl=s.ttl_of(ttl),
+                                      labels=s.claim_labels(labels, namespace))
+        try:
+            return claim(name)
+        except sbx.SbxError as e:
+            if not s.pool_not_found(e):
+                raise
+            try:
+                pools = s.pools_of_template(self._client.pools(), name)
+            except sbx.SbxError:
+                raise e from None  # e.g. no admin token to list pools: the pool's error
+            if not pools:
+                raise
+        return claim(pools[0])
 
     def get_sandbox(self, claim_name: str, namespace: str = "default",
                     resolve_timeout: int = 30) -> Sandbox:

@@ -37,6 +37,23 @@ class SandboxMetadataError(SandboxError):
     """Kept for compatibility."""
 
 
+class SnapshotNotFoundError(SandboxError):
+    """Kept for compatibility: sbx has no pod snapshots, so nothing raises it."""
+
+
+class SandboxWarmPoolMismatchError(SandboxError):
+    """Kept for compatibility: sbx claims from the pool named, so nothing raises it."""
+
+
+class SandboxNoServiceError(SandboxError):
+    """Kept for compatibility: sbx reaches sandboxes through sbx-server, not a Service."""
+
+
+class SandboxServiceUnavailableError(SandboxError):
+    """Kept for compatibility: sbx-server being unreachable is an sbx.Unavailable, mapped
+    to SandboxNotReadyError (create_sandbox) or SandboxRequestError (other calls)."""
+
+
 class SandboxClaimFailedError(SandboxError):
     """The claim was refused for good (sbx: INVALID_ARGUMENT, ALREADY_EXISTS,
     FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED)."""
