@@ -59,7 +59,7 @@ export class World {
       '--listen=127.0.0.1:0', '--metrics_listen=off', `--port_file=${portFile}`, '--data_dir=data',
       '--log_level=warn', `--config=${requireEnv('SBX_TEST_CONFIG')}`,
       `--sandboxd=${requireEnv('SBX_TEST_SANDBOXD_BIN')}`, '--sandbox_root=sb', '--delete_sandboxes_on_exit',
-      '--insecure_no_auth']);
+      '--shutdown_grace_seconds=2', '--insecure_no_auth']);
     this.sbxTarget = `127.0.0.1:${await waitForFile(portFile, proc, () => this.logs.get(proc) ?? '')}`;
     return this;
   }
@@ -95,6 +95,16 @@ export class World {
   }
 
   async cleanUp(): Promise<void> {
+    // The server first, with SIGTERM: with --delete_sandboxes_on_exit it ends its sandboxes,
+    // whose processes name no path of the dir (SIGKILL after 15 s).
+    const server = this.procs[0];
+    if (server && server.exitCode === null && server.signalCode === null) {
+      const exited = new Promise<void>((resolve) => server.once('exit', () => resolve()));
+      try { process.kill(server.pid!, 'SIGTERM'); } catch { /* gone */ }
+      const timer = setTimeout(() => { try { process.kill(-server.pid!, 'SIGKILL'); } catch { /* gone */ } }, 15000);
+      await exited;
+      clearTimeout(timer);
+    }
     for (const p of this.procs) {
       try { process.kill(-p.pid!, 'SIGKILL'); } catch { /* gone */ }
     }
@@ -110,7 +120,12 @@ function killProcessesNaming(dir: string): void {
     for (const entry of fs.readdirSync('/proc')) {
       if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
       try {
-        if (fs.readFileSync(`/proc/${entry}/cmdline`).includes(want)) pids.push(Number(entry));
+        // By its command line, or by its working folder: a sandbox's processes run in their
+        // folder under the server's relative --sandbox_root and do not name the dir.
+        if (fs.readFileSync(`/proc/${entry}/cmdline`).includes(want) ||
+            `${fs.readlinkSync(`/proc/${entry}/cwd`)}/`.startsWith(`${dir}/`)) {
+          pids.push(Number(entry));
+        }
       } catch {
         // Gone, or not ours.
       }

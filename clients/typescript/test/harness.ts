@@ -55,7 +55,7 @@ export class TestServer {
     const portFile = path.join(this.dir, 'port');
     fs.rmSync(portFile, {force: true});
     const args = [`--listen=127.0.0.1:${this.opts.port ?? this.port ?? 0}`, '--metrics_listen=off',
-      `--port_file=${portFile}`, '--data_dir=data', '--log_level=warn'];
+      `--port_file=${portFile}`, '--data_dir=data', '--log_level=warn', '--shutdown_grace_seconds=2'];
     if (this.opts.runtime === 'local') {
       args.push(`--config=${requireEnv('SBX_TEST_CONFIG')}`, `--sandboxd=${requireEnv('SBX_TEST_SANDBOXD_BIN')}`,
                 '--sandbox_root=sb');
@@ -105,9 +105,13 @@ export class TestServer {
     clearTimeout(timer);
   }
 
-  /** Stops the server and everything that names its dir, and removes the dir. */
+  /**
+   * Stops the server (SIGTERM first: with --delete_sandboxes_on_exit it ends its sandboxes,
+   * whose processes name no path of the dir; SIGKILL after 15 s), then everything that
+   * names the dir or runs in it, and removes the dir.
+   */
   async cleanUp(): Promise<void> {
-    await this.stop('SIGKILL');
+    await this.stop('SIGTERM');
     killProcessesNaming(this.dir);
     fs.rmSync(this.dir, {recursive: true, force: true});
   }
@@ -120,13 +124,20 @@ function killProcessesNaming(dir: string): void {
     for (const entry of fs.readdirSync('/proc')) {
       if (!/^\d+$/.test(entry) || Number(entry) === process.pid) continue;
       try {
-        if (fs.readFileSync(`/proc/${entry}/cmdline`).includes(want)) pids.push(Number(entry));
+        // By its command line, or by its working folder: a sandbox's processes run in their
+        // folder under the server's relative --sandbox_root and do not name the dir.
+        if (fs.readFileSync(`/proc/${entry}/cmdline`).includes(want) ||
+            `${fs.readlinkSync(`/proc/${entry}/cwd`)}/`.startsWith(`${dir}/`)) {
+          pids.push(Number(entry));
+        }
       } catch {
         // Gone, or not ours.
       }
     }
     if (pids.length === 0) return;
-    for (const pid of pids) {
+    // With their descendants: a sandbox's pid 1 (bubblewrap's child) would outlive its
+    // parent's SIGKILL, reparented, in its own namespaces.
+    for (const pid of withDescendants(pids)) {
       try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
     }
     Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 50);
@@ -153,4 +164,28 @@ export function instantConfig(pools: {name: string; warm: number; policy?: strin
                (p.selection ? `, selection_policy: ${p.selection}` : '') + '}');
   }
   return lines.join('\n') + '\n';
+}
+
+/** `pids` and every process below them (by /proc/PID/stat's parent pid). */
+function withDescendants(pids: number[]): number[] {
+  const children = new Map<number, number[]>();
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${entry}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      children.set(ppid, [...(children.get(ppid) ?? []), Number(entry)]);
+    } catch {
+      // Gone.
+    }
+  }
+  const out = new Set<number>();
+  const stack = [...pids];
+  while (stack.length > 0) {
+    const pid = stack.pop()!;
+    if (out.has(pid)) continue;
+    out.add(pid);
+    stack.push(...(children.get(pid) ?? []));
+  }
+  return [...out];
 }
