@@ -4,24 +4,17 @@ silently and accepts the reported and the explained ones.
 Usage: python3 dropped_test.py PATH/check_dropped.py
 """
 import os
-import subprocess
 import sys
-import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planted_tree import run_on_tree  # noqa: E402
 
 SCRIPT = None
 
 
 def run(files):
-    with tempfile.TemporaryDirectory() as root:
-        for rel, text in files.items():
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-        p = subprocess.run([sys.executable, SCRIPT, "--root", root], capture_output=True,
-                           text=True)
-        return p.returncode, p.stdout
+    return run_on_tree(SCRIPT, files)
 
 
 class DroppedTest(unittest.TestCase):

@@ -2,25 +2,18 @@
 """Shows that scripts/check_layering.py catches forbidden includes and passes clean trees."""
 
 import os
-import subprocess
 import sys
-import tempfile
 import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planted_tree import run_on_tree  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
                       "check_layering.py")
 
 
 def run(files):
-    with tempfile.TemporaryDirectory() as root:
-        for rel, text in files.items():
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-        p = subprocess.run([sys.executable, SCRIPT, "--root", root], capture_output=True,
-                           text=True)
-        return p.returncode, p.stdout + p.stderr
+    return run_on_tree(SCRIPT, files)
 
 
 class LayeringTest(unittest.TestCase):
