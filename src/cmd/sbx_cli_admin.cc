@@ -385,7 +385,10 @@ void AddAdminCommands(CLI::App& app, Context& ctx, Actions& actions) {
 
     auto digest = std::make_shared<std::string>();
     CLI::App* rm = images->add_subcommand("rm", "Remove an image nobody uses from the cache");
-    rm->add_option("digest", *digest, "The image's digest (sha256:...)")->required();
+    rm->add_option(
+          "digest", *digest,
+          "The image's digest (sha256:..., or a unique prefix of 12+ hex digits as listed)")
+        ->required();
     actions[rm] = [&ctx, digest]() -> absl::StatusOr<int> {
       auto connected = ctx.Connect();
       if (!connected.ok()) return connected.status();

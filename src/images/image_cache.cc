@@ -307,7 +307,10 @@ absl::Status ImageCache::CheckReference(const std::string& ref) const {
 
 absl::StatusOr<Image> ImageCache::Pull(const std::string& ref) {
   absl::StatusOr<Image> image = Acquire(ref);
-  if (image.ok()) Release(image->digest);
+  if (image.ok()) {
+    Release(image->digest);
+    --image->holders;  // shown as it is after the release, not with the pull's own hold
+  }
   return image;
 }
 
@@ -551,6 +554,26 @@ absl::Status ImageCache::Remove(const std::string& digest) {
   absl::MutexLock lock(&mu_);
   auto it = images_.find(digest);
   if (it == images_.end()) {
+    // A unique prefix of at least 12 hex digits, with or without "sha256:", as `sbx images`
+    // shows them.
+    absl::string_view prefix = digest;
+    absl::ConsumePrefix(&prefix, "sha256:");
+    if (prefix.size() >= 12) {
+      int matches = 0;
+      for (auto i = images_.begin(); i != images_.end(); ++i) {
+        if (absl::StartsWith(absl::string_view(i->first).substr(7), prefix)) {
+          ++matches;
+          it = i;
+        }
+      }
+      if (matches > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("image digest prefix \"", digest, "\" names ", matches, " images"));
+      }
+      if (matches == 0) it = images_.end();
+    }
+  }
+  if (it == images_.end()) {
     return absl::NotFoundError(absl::StrCat("image ", digest, " is not in the cache"));
   }
   if (it->second.holders > 0) {
@@ -558,7 +581,7 @@ absl::Status ImageCache::Remove(const std::string& digest) {
                                                       "\") is in use by ", it->second.holders,
                                                       " holders"));
   }
-  EvictLocked(digest);
+  EvictLocked(it->first);
   return absl::OkStatus();
 }
 

@@ -58,7 +58,9 @@ class Images {
   // Acquire then Release: the image is in the cache afterwards (until evicted).
   virtual absl::StatusOr<Image> Pull(const std::string& ref) = 0;
   virtual std::vector<Image> List() const = 0;
-  // Removes an image nobody holds: NOT_FOUND, or FAILED_PRECONDITION while held.
+  // Removes an image nobody holds, named by its digest or a unique prefix of at least 12
+  // hex digits: NOT_FOUND, INVALID_ARGUMENT for an ambiguous prefix, or FAILED_PRECONDITION
+  // while held.
   virtual absl::Status Remove(const std::string& digest) = 0;
   virtual ImageCacheStats Stats() const = 0;
   // OK when `ref` is a reference this cache would try; INVALID_ARGUMENT naming it.

@@ -866,7 +866,8 @@ class ImageCliTest(CliTestCase):
         self.assertEqual(self.metric("sbx_image_cache_misses_total"), 1)
         self.assertEqual(self.metric("sbx_image_cache_hits_total"), 1)
         self.assertGreater(self.metric("sbx_image_cache_bytes"), 1 << 20)
-        r = sbx("images", "rm", pulled["digest"], server=target)
+        self.assertEqual(listed[0].get("holders", 0), 0)
+        r = sbx("images", "rm", pulled["digest"][:19], server=target)  # as the table shows it
         self.assertOk(r)
         r = sbx("-o", "json", "images", server=target)
         self.assertEqual(json.loads(r.stdout), [])
