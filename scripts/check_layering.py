@@ -17,7 +17,8 @@ import sys
 ALLOWED = {
     "common": set(),
     "store": {"common"},
-    "runtime": {"common"},
+    # The local runtime holds images of the cache through its interface (images.h).
+    "runtime": {"common", "images:interface"},
     # The OCI image cache of the local runtime (skopeo and umoci as child processes).
     "images": {"common", "store:interface"},
     "allocator": {"common", "store:interface", "runtime:interface"},
@@ -81,18 +82,24 @@ RUNTIME_ROOM_USES = {
     "seccomp_filter": {"proc"},
     "state_file": {"proc", "local_sandbox"},
     "cgroups": {"proc", "local_sandbox", "bubblewrap_runtime"},
-    "bwrap_args": {"proc", "local_sandbox", "bubblewrap_runtime"},
-    "reaper": {"proc", "local_sandbox", "cgroups"},
+    # Sandboxes of an image: image_root (the runtime's side) and image_root_helper (the body
+    # of sbx-rootfs, which includes nothing of sbx's).
+    "image_root_helper": set(),
+    "image_root": {"proc"},
+    "bwrap_args": {"proc", "local_sandbox", "bubblewrap_runtime", "image_root",
+                   "image_root_helper"},
+    "reaper": {"proc", "local_sandbox", "cgroups", "image_root"},
     "spawn": {"proc", "local_sandbox", "cgroups", "state_file", "reaper", "bubblewrap_runtime"},
     "adoption": {"proc", "local_sandbox", "cgroups", "state_file", "reaper"},
     "probe": {"proc", "local_sandbox", "seccomp_filter", "bwrap_args", "spawn",
               "bubblewrap_runtime"},
     "bubblewrap_runtime": {"runtime", "proc", "local_sandbox", "seccomp_filter", "state_file",
-                           "cgroups", "bwrap_args", "reaper", "spawn", "adoption", "probe"},
+                           "cgroups", "bwrap_args", "reaper", "spawn", "adoption", "probe",
+                           "image_root"},
 }
 RUNTIME_HEADER_USES = {"src/runtime/bubblewrap_runtime.h": {"runtime"}}
 RUNTIME_DOORS = {"src/runtime/runtime.h", "src/runtime/bubblewrap_runtime.h",
-                 "src/runtime/instant_runtime.h"}
+                 "src/runtime/instant_runtime.h", "src/runtime/image_root_helper.h"}
 
 
 def stem_of(path):

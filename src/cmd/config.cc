@@ -48,10 +48,11 @@ sbx::v1::Template ParseTemplate(const YAML::Node& n, const std::string& where) {
   if (const YAML::Node local = n["local"]) {
     const std::string lw = where + ".local";
     CheckKeys(local,
-              {"network", "env", "mounts", "memory_limit_bytes", "pids_limit",
+              {"image", "network", "env", "mounts", "memory_limit_bytes", "pids_limit",
                "workspace_size_bytes", "command"},
               lw);
     sbx::v1::LocalSpec* spec = t.mutable_local();
+    spec->set_image(local["image"].as<std::string>(""));
     spec->set_network(local["network"].as<bool>(false));
     if (const YAML::Node env = local["env"]) {
       for (const auto& kv : env) {

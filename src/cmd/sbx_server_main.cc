@@ -476,6 +476,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<sbx::runtime::BubblewrapRuntime> local;
   std::unique_ptr<sbx::runtime::Runtime> runtime;
   if (runtime_name == "local") {
+    local_options.images = image_cache.get();
     local_options.on_gone = [&allocator_for_reports](const std::string& id) {
       if (auto* a = allocator_for_reports.load())
         sbx::DropTo{"server.sandbox_gone", absl::StatusCode::kNotFound}(a->SandboxGone(id));

@@ -14,6 +14,7 @@ namespace {
 
 runtime::LocalSpec FromApi(const sbx::v1::LocalSpec& api) {
   runtime::LocalSpec spec;
+  spec.image = api.image();
   for (const auto& [k, v] : api.env()) spec.env[k] = v;
   for (const auto& m : api.mounts()) spec.mounts.push_back({m.source(), m.target(), m.read_only()});
   spec.network = api.network();

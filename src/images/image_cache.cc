@@ -40,6 +40,24 @@ constexpr char kTmpDir[] = "tmp";
 constexpr char kMetaName[] = "image.json";
 constexpr char kRootfsName[] = "rootfs";
 
+// The state of a local reference's source, to tell whether it changed since it was
+// resolved: the inode, size and times of the archive, or of an OCI layout's index.json.
+// Empty for a registry's reference or when the source cannot be read.
+std::string SourceFingerprint(const std::string& ref) {
+  absl::string_view rest = ref;
+  const bool layout = absl::ConsumePrefix(&rest, "oci:");
+  if (!layout && !absl::ConsumePrefix(&rest, "oci-archive:") &&
+      !absl::ConsumePrefix(&rest, "docker-archive:")) {
+    return "";
+  }
+  std::string path(rest.substr(0, rest.find(':')));
+  if (layout) path += "/index.json";
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return "";
+  return absl::StrCat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+                      st.st_mtim.tv_nsec, ":", st.st_ctim.tv_sec, ".", st.st_ctim.tv_nsec);
+}
+
 bool IsHex64(absl::string_view s) {
   return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
            return absl::ascii_isxdigit(c) && !absl::ascii_isupper(c);
@@ -314,11 +332,37 @@ absl::StatusOr<Image> ImageCache::Pull(const std::string& ref) {
   return image;
 }
 
+Image ImageCache::HitLocked(Image& image) {
+  ++image.holders;
+  image.last_used = absl::Now();
+  ++stats_.hits;
+  utimensat(AT_FDCWD, (fs::path(image.rootfs).parent_path() / kMetaName).c_str(), nullptr, 0);
+  return image;
+}
+
+bool ImageCache::Hold(const std::string& digest) {
+  absl::MutexLock lock(&mu_);
+  auto it = images_.find(digest);
+  if (it == images_.end()) return false;
+  ++it->second.holders;
+  return true;
+}
+
 absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
   if (absl::Status s = CheckReference(ref); !s.ok()) return s;
+  const std::string fingerprint = SourceFingerprint(ref);
   std::string scratch;
   {
     absl::MutexLock lock(&mu_);
+    if (auto r = resolved_.find(ref); r != resolved_.end()) {
+      const bool fresh = fingerprint.empty()
+                             ? absl::StartsWith(ref, "docker://") &&
+                                   absl::Now() - r->second.at < absl::Seconds(60)
+                             : r->second.fingerprint == fingerprint;
+      if (auto it = images_.find(r->second.digest); fresh && it != images_.end()) {
+        return HitLocked(it->second);
+      }
+    }
     scratch = absl::StrCat(options_.dir, "/", kTmpDir, "/inspect-", next_pull_++);
   }
   std::error_code ec;
@@ -336,18 +380,16 @@ absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
     return ToolError(ref, manifest.status());
   }
   const std::string digest = absl::StrCat("sha256:", Sha256Hex(*manifest));
+  {
+    absl::MutexLock lock(&mu_);
+    if (resolved_.size() >= 10000) resolved_.clear();
+    resolved_[ref] = Resolved{fingerprint, digest, absl::Now()};
+  }
   while (true) {
     std::shared_ptr<Pulling> wait;
     {
       absl::MutexLock lock(&mu_);
-      if (auto it = images_.find(digest); it != images_.end()) {
-        ++it->second.holders;
-        it->second.last_used = absl::Now();
-        ++stats_.hits;
-        utimensat(AT_FDCWD, (fs::path(it->second.rootfs).parent_path() / kMetaName).c_str(),
-                  nullptr, 0);
-        return it->second;
-      }
+      if (auto it = images_.find(digest); it != images_.end()) return HitLocked(it->second);
       auto p = pulling_.find(digest);
       if (p == pulling_.end()) {
         pulling_[digest] = std::make_shared<Pulling>();

@@ -55,6 +55,9 @@ class Images {
   // match its bytes), UNAVAILABLE (the tools failed otherwise).
   virtual absl::StatusOr<Image> Acquire(const std::string& ref) = 0;
   virtual void Release(const std::string& digest) = 0;
+  // Holds the cached image `digest` once more (a sandbox found running after a restart);
+  // false when it is not in the cache.
+  virtual bool Hold(const std::string& digest) = 0;
   // Acquire then Release: the image is in the cache afterwards (until evicted).
   virtual absl::StatusOr<Image> Pull(const std::string& ref) = 0;
   virtual std::vector<Image> List() const = 0;

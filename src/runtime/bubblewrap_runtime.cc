@@ -20,10 +20,12 @@
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
@@ -35,7 +37,9 @@
 #include "src/common/status_macros.h"
 #include "src/runtime/adoption.h"
 #include "src/runtime/bwrap_args.h"
+#include "src/images/images.h"
 #include "src/runtime/cgroups.h"
+#include "src/runtime/image_root.h"
 #include "src/runtime/local_sandbox.h"
 #include "src/runtime/probe.h"
 #include "src/runtime/proc.h"
@@ -71,6 +75,12 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       absl::MutexLock lock(&mu_);
       for (SandboxPtr& sb : adopted) {
         uids_.Hold(sb->host_uid);
+        if (!sb->image_digest.empty() &&
+            (options_.images == nullptr || !options_.images->Hold(sb->image_digest))) {
+          spdlog::warn("sandbox {}: its image {} is not in the image cache (it runs on; the "
+                       "cache may evict the image's files under it)",
+                       sb->id, sb->image_digest);
+        }
         running_.emplace(sb->id, std::move(sb));
       }
     }
@@ -109,17 +119,31 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       absl::MutexLock lock(&sb->op_mu);
       sb->ended = true;
       local::KillSandbox(*sb);
+      ReleaseImage(*sb);
     }
   }
 
   bool isolated() const override { return isolated_; }
+  // Set once by Make() before the runtime is shared.
+  void set_daemon_libs_status(absl::Status s) { daemon_libs_ = std::move(s); }
   size_t running() const override {
     absl::MutexLock lock(&mu_);
     return running_.size();
   }
   size_t adopted() const override { return adopted_; }
   absl::Status CheckSpec(const LocalSpec& spec) const override {
-    return local::CheckMounts(spec, iso_.hidden);
+    RETURN_IF_ERROR(local::CheckMounts(spec, iso_.hidden));
+    if (!spec.image.empty()) {
+      if (options_.images == nullptr) return NoImages(spec.image);
+      if (!isolated_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "image \"", spec.image,
+            "\": a sandbox of an image needs bubblewrap's isolation, and this server runs "
+            "plain processes"));
+      }
+      RETURN_IF_ERROR(options_.images->CheckReference(spec.image));
+    }
+    return absl::OkStatus();
   }
   uint64_t output_dropped_bytes() const override {
     return output_dropped_.load(std::memory_order_relaxed);
@@ -150,6 +174,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         local::KillSandbox(*sb);
       }
       uids_.GiveBack(sb->host_uid);
+      ReleaseImage(*sb);
       std::move(done)(absl::OkStatus());
     });
   }
@@ -186,6 +211,43 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
 
  private:
   using Task = absl::AnyInvocable<void(bool cancelled) &&>;
+
+  static absl::Status NoImages(const std::string& ref) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("image \"", ref,
+                     "\": this server has no image cache (start it with --image_cache_bytes)"));
+  }
+
+  void ReleaseImage(const Sandbox& sb) {
+    if (!sb.image_digest.empty() && options_.images != nullptr) {
+      options_.images->Release(sb.image_digest);
+    }
+  }
+
+  // The image's ImageRun, held in the cache for the sandbox (Release when it ends).
+  absl::StatusOr<local::ImageRun> AcquireImage(const std::string& ref) {
+    if (options_.images == nullptr) return NoImages(ref);
+    if (!daemon_libs_.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "image \"", ref, "\": the daemon cannot run in an image: ", daemon_libs_.message()));
+    }
+    ASSIGN_OR_RETURN(images::Image image, options_.images->Acquire(ref));
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = image_runs_.find(image.digest); it != image_runs_.end()) return it->second;
+    }
+    absl::StatusOr<local::ImageRun> run =
+        local::ResolveImageRun(image.digest, image.rootfs, image.config.env, image.config.user,
+                               image.config.working_dir);
+    if (!run.ok()) {
+      options_.images->Release(image.digest);
+      return absl::Status(run.status().code(),
+                          absl::StrCat("image \"", ref, "\": ", run.status().message()));
+    }
+    absl::MutexLock lock(&mu_);
+    image_runs_.emplace(image.digest, *run);
+    return run;
+  }
 
   static absl::Status NotHere(const std::string& id) {
     return absl::NotFoundError(absl::StrCat("sandbox \"", id, "\" is not running here"));
@@ -275,15 +337,27 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     sb->dir = absl::StrCat(root_, "/", sb->id);
     sb->child = true;
     const std::string& id = sb->id;
-    absl::StatusOr<std::vector<std::string>> argv =
-        local::SandboxArgv(id, sb->dir, spec, options_, iso_, system_args_);
-    if (!argv.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("template \"", request.template_name, "\": ", argv.status().message()));
+    std::optional<local::ImageRun> image;
+    if (!spec.image.empty()) {
+      absl::StatusOr<local::ImageRun> run = AcquireImage(spec.image);
+      if (!run.ok()) {
+        return absl::Status(run.status().code(), absl::StrCat("template \"", request.template_name,
+                                                              "\": ", run.status().message()));
+      }
+      image = std::move(*run);
+      sb->image_digest = image->digest;
     }
+    absl::Cleanup release = [&] { ReleaseImage(*sb); };
     sb->host_uid = geteuid();
     if (iso_.own_uids) {
       ASSIGN_OR_RETURN(sb->host_uid, uids_.Take());
+    }
+    absl::StatusOr<std::vector<std::string>> argv = local::SandboxArgv(
+        id, sb->dir, spec, options_, iso_, system_args_, image ? &*image : nullptr, sb->host_uid);
+    if (!argv.ok()) {
+      uids_.GiveBack(sb->host_uid);
+      return absl::Status(argv.status().code(), absl::StrCat("template \"", request.template_name,
+                                                              "\": ", argv.status().message()));
     }
     if (absl::Status s =
             local::SpawnSandbox(*sb, spec, *argv, options_, iso_, cgroups_, &output_dropped_);
@@ -291,6 +365,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       uids_.GiveBack(sb->host_uid);
       return s;
     }
+    std::move(release).Cancel();
     SandboxInfo out;
     out.id = id;
     out.pool = request.pool;
@@ -329,6 +404,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
                      status >= 0 ? local::DescribeExit(status) : std::string("not our child"));
         local::KillSandbox(*sb);
         uids_.GiveBack(sb->host_uid);
+        ReleaseImage(*sb);
         if (options_.on_gone) options_.on_gone(sb->id);
       }
     }
@@ -358,12 +434,17 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SandboxPtr> running_ ABSL_GUARDED_BY(mu_);
+  // What each image gives its sandboxes, by digest (an image's files never change).
+  absl::flat_hash_map<std::string, local::ImageRun> image_runs_ ABSL_GUARDED_BY(mu_);
+  // Whether the daemon's libraries were found (image sandboxes need them).
+  absl::Status daemon_libs_;
 };
 
 }  // namespace
 
 std::string EncodeLocalSpec(const LocalSpec& spec) {
   nlohmann::json j;
+  if (!spec.image.empty()) j["image"] = spec.image;
   j["env"] = spec.env;
   j["mounts"] = nlohmann::json::array();
   for (const auto& m : spec.mounts) {
@@ -382,6 +463,7 @@ absl::StatusOr<LocalSpec> ParseLocalSpec(const std::string& json) {
     const nlohmann::json j = nlohmann::json::parse(json);
     if (!j.is_object()) return absl::InvalidArgumentError("local spec is not a JSON object");
     LocalSpec s;
+    s.image = j.value("image", std::string());
     if (j.contains("env")) s.env = j.at("env").get<std::map<std::string, std::string>>();
     if (j.contains("mounts")) {
       for (const auto& m : j.at("mounts")) {
@@ -458,11 +540,33 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
   }
   std::string root = fs::absolute(options.root_dir).lexically_normal().string();
   while (root.size() > 1 && root.back() == '/') root.pop_back();
+  if (options.rootfs_helper_path.empty()) {
+    options.rootfs_helper_path =
+        (fs::path(options.sandboxd_path).parent_path() / "sbx-rootfs").string();
+  }
   ASSIGN_OR_RETURN(Isolation iso, local::FindIsolation(options, root));
-  // Only sbx may enter the root and the sandboxes' host folders.
+  absl::Status daemon_libs;
+  if (iso.isolated && options.images != nullptr) {
+    if (access(options.rootfs_helper_path.c_str(), X_OK) != 0) {
+      daemon_libs = absl::FailedPreconditionError(absl::StrCat(
+          "sbx-rootfs \"", options.rootfs_helper_path, "\" is not an executable file"));
+    } else if (auto libs = local::DaemonLibraries(options.sandboxd_path); libs.ok()) {
+      iso.daemon_libs = *std::move(libs);
+    } else {
+      daemon_libs = libs.status();
+    }
+    if (!daemon_libs.ok()) {
+      spdlog::warn("local runtime: sandboxes of images cannot start: {}",
+                   std::string(daemon_libs.message()));
+    }
+  }
+  // Only sbx may enter the root and the sandboxes' host folders; with images and host uids
+  // of their own, others may pass through the root (not list it) to the host folders of
+  // image sandboxes (0711 too, see SpawnSandbox), whose files are each sbx's alone.
   struct stat root_st;
   if (lstat(root.c_str(), &root_st) != 0 || !S_ISDIR(root_st.st_mode) ||
-      root_st.st_uid != geteuid() || chmod(root.c_str(), 0700) != 0) {
+      root_st.st_uid != geteuid() ||
+      chmod(root.c_str(), iso.own_uids && options.images != nullptr ? 0711 : 0700) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("runtime root \"", root,
                      "\" must be a folder (not a symbolic link) owned by uid ", geteuid()));
@@ -489,9 +593,11 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
                                        : "the freezer cgroup");
   std::vector<SandboxPtr> adopted = local::AdoptOrCleanUp(root, cgroups);
   local::PruneEmptyCgroups(cgroups);
-  return std::unique_ptr<BubblewrapRuntime>(
-      new BubblewrapRuntimeImpl(std::move(options), std::move(root), std::move(lock),
-                                std::move(iso), std::move(cgroups), std::move(adopted)));
+  auto runtime = std::make_unique<BubblewrapRuntimeImpl>(std::move(options), std::move(root),
+                                                         std::move(lock), std::move(iso),
+                                                         std::move(cgroups), std::move(adopted));
+  runtime->set_daemon_libs_status(std::move(daemon_libs));
+  return std::unique_ptr<BubblewrapRuntime>(std::move(runtime));
 }
 
 }  // namespace sbx::runtime

@@ -68,6 +68,10 @@
 #include "absl/time/time.h"
 #include "src/runtime/runtime.h"
 
+namespace sbx::images {
+class Images;
+}  // namespace sbx::images
+
 namespace sbx::runtime {
 
 // What a local template asks for; stored as the template's spec, as JSON (see
@@ -78,6 +82,9 @@ struct LocalSpec {
     std::string target;  // path in the sandbox
     bool read_only = true;
   };
+  // An OCI image reference (sbx::images): the sandbox's root is copy-on-write over it.
+  // Empty: the host's system folders, read-only.
+  std::string image;
   std::map<std::string, std::string> env;
   std::vector<Mount> mounts;
   bool network = false;
@@ -100,6 +107,12 @@ struct BubblewrapRuntimeOptions {
   std::string root_dir = ".sbx/sandboxes";
   // The daemon binary started in every sandbox.
   std::string sandboxd_path;
+  // sbx-rootfs, which gives a sandbox of an image its copy-on-write root
+  // (image_root_helper.h). Empty: beside sandboxd_path.
+  std::string rootfs_helper_path;
+  // The images that templates name (local.image); not owned, must outlive the runtime.
+  // Null: a template naming an image fails its creates with FAILED_PRECONDITION.
+  images::Images* images = nullptr;
   // bubblewrap. Missing, or unable to make a user namespace: Make() fails (see
   // allow_unisolated).
   std::string bwrap_path = "/usr/bin/bwrap";

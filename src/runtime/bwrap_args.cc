@@ -20,8 +20,6 @@ namespace fs = std::filesystem;
 constexpr int64_t kDefaultWorkspaceBytes = int64_t{256} << 20;
 constexpr char kWorkspaceInside[] = "/run/sbx/workspace";
 constexpr char kSandboxdInside[] = "/run/sbx/bin/sbx-sandboxd";
-// The uid and gid of the workload inside its user namespace.
-constexpr int kUidInside = 1000;
 // Files of /etc that hold secrets of the host, masked in every sandbox (besides being
 // unreadable to the sandbox's unprivileged uid).
 constexpr const char* kEtcSecrets[] = {
@@ -84,6 +82,53 @@ absl::StatusOr<std::vector<std::string>> MountArgs(const LocalSpec& spec,
   for (const auto& m : spec.mounts) {
     a.insert(a.end(), {m.read_only ? "--ro-bind" : "--bind", m.source, m.target});
   }
+  return a;
+}
+
+// SandboxArgv for a sandbox of an image.
+absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
+                                                          const std::string& dir,
+                                                          const LocalSpec& spec,
+                                                          const BubblewrapRuntimeOptions& options,
+                                                          const Isolation& iso,
+                                                          const ImageRun& image, uid_t host_uid) {
+  if (!iso.isolated) {
+    return absl::FailedPreconditionError(
+        "a sandbox of an image needs bubblewrap's isolation (this runtime runs plain processes)");
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> mounts, MountArgs(spec, iso.hidden));
+  std::vector<std::string> strict;
+  for (const auto& m : spec.mounts) strict.push_back(m.target);
+  if (!image.working_dir.empty()) strict.push_back(image.working_dir);
+  std::vector<std::string> a =
+      ImageRootPrefix(options.rootfs_helper_path, image, dir, iso.own_uids, host_uid, strict);
+  for (std::string& x : IsolationArgs(options.bwrap_path, image.uid, image.gid)) {
+    a.push_back(std::move(x));
+  }
+  a.insert(a.end(), {"--info-fd", std::to_string(kInfoFd), "--hostname", id});
+  if (!spec.network) a.push_back("--unshare-net");
+  // The image's root (sbx-rootfs's overlay), then what the runtime owns.
+  a.insert(a.end(), {"--bind", dir + "/root", "/", "--dev", "/dev", "--proc", "/proc",
+                     "--tmpfs", "/tmp", "--tmpfs", "/run"});
+  const int64_t ws =
+      spec.workspace_size_bytes > 0 ? spec.workspace_size_bytes : kDefaultWorkspaceBytes;
+  a.insert(a.end(), {"--size", std::to_string(ws), "--tmpfs", kWorkspaceInside});
+  a.insert(a.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside});
+  for (const auto& [host, name] : iso.daemon_libs) {
+    a.insert(a.end(), {"--ro-bind", host, absl::StrCat(kDaemonLibDir, "/", name)});
+  }
+  a.insert(a.end(), mounts.begin(), mounts.end());
+  for (const auto& [k, v] : image.env) a.insert(a.end(), {"--setenv", k, v});
+  for (const auto& [k, v] : spec.env) a.insert(a.end(), {"--setenv", k, v});
+  if (!image.working_dir.empty()) a.insert(a.end(), {"--dir", image.working_dir});
+  a.insert(a.end(), {"--chdir", image.working_dir.empty() ? kWorkspaceInside : image.working_dir});
+  if (!iso.daemon_libs.empty()) {
+    // The host's loader runs the daemon with the host's libraries only: not the image's
+    // (--inhibit-cache: its ld.so.cache is not read; --library-path: only /run/sbx/lib).
+    a.insert(a.end(), {kDaemonLoader, "--inhibit-cache", "--library-path", kDaemonLibDir});
+  }
+  a.emplace_back(kSandboxdInside);
+  for (std::string& x : DaemonArgs(id, kWorkspaceInside)) a.push_back(std::move(x));
   return a;
 }
 
@@ -196,13 +241,13 @@ absl::Status CheckMounts(const LocalSpec& spec, const std::vector<std::string>& 
   return absl::OkStatus();
 }
 
-std::vector<std::string> IsolationArgs(const std::string& bwrap) {
+std::vector<std::string> IsolationArgs(const std::string& bwrap, uid_t uid, gid_t gid) {
   return {bwrap,
           "--unshare-user",
           "--uid",
-          std::to_string(kUidInside),
+          std::to_string(uid),
           "--gid",
-          std::to_string(kUidInside),
+          std::to_string(gid),
           "--disable-userns",
           "--unshare-pid",
           "--unshare-ipc",
@@ -219,7 +264,9 @@ absl::StatusOr<std::vector<std::string>> SandboxArgv(const std::string& id, cons
                                                      const LocalSpec& spec,
                                                      const BubblewrapRuntimeOptions& options,
                                                      const Isolation& iso,
-                                                     const std::vector<std::string>& system_args) {
+                                                     const std::vector<std::string>& system_args,
+                                                     const ImageRun* image, uid_t host_uid) {
+  if (image != nullptr) return ImageSandboxArgv(id, dir, spec, options, iso, *image, host_uid);
   if (!iso.isolated) {
     std::vector<std::string> a = {options.sandboxd_path};
     for (std::string& x : DaemonArgs(id, dir + "/workspace")) a.push_back(std::move(x));

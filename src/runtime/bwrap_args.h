@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "src/runtime/bubblewrap_runtime.h"
+#include "src/runtime/image_root.h"
 #include "src/runtime/local_sandbox.h"
 
 namespace sbx::runtime::local {
@@ -41,20 +42,30 @@ std::vector<std::string> SystemArgs(const std::vector<std::string>& masks);
 // bubblewrap will.
 absl::Status CheckMounts(const LocalSpec& spec, const std::vector<std::string>& hidden);
 
-// The bubblewrap options of every sandbox: a user namespace in which the workload is uid
-// 1000 with no capability (and which cannot nest another), new pid/ipc/uts/cgroup
-// namespaces, its own session, and the seccomp filter (on kSeccompFd).
-std::vector<std::string> IsolationArgs(const std::string& bwrap);
+// The bubblewrap options of every sandbox: a user namespace in which the workload is
+// uid:gid (1000 on the host's root, the image's User in an image) with no capability (and
+// which cannot nest another), new pid/ipc/uts/cgroup namespaces, its own session, and the
+// seccomp filter (on kSeccompFd).
+// (The host-root workload's uid and gid are kUidInside.)
+inline constexpr uid_t kUidInside = 1000;
+std::vector<std::string> IsolationArgs(const std::string& bwrap, uid_t uid = kUidInside,
+                                       gid_t gid = kUidInside);
 
 // The command line of sandbox `id` with host folder `dir`: bwrap with the daemon inside
 // (iso.isolated; system_args is SystemArgs(iso.masks)), or the daemon alone (the plain
-// fallback, its workspace in `dir`). INVALID_ARGUMENT when a template mount would show
-// the server's files (CheckMounts).
+// fallback, its workspace in `dir`). With `image`: sbx-rootfs first (ImageRootPrefix), the
+// image's copy-on-write root instead of the host's system folders, fresh /dev, /proc, /tmp
+// and /run, the daemon run by the host's loader with its own libraries (/run/sbx/lib), the
+// image's user, environment and working folder (the template's env wins). host_uid is the
+// sandbox's host uid. INVALID_ARGUMENT when a template mount would show the server's files
+// (CheckMounts); FAILED_PRECONDITION for an image without isolation.
 absl::StatusOr<std::vector<std::string>> SandboxArgv(const std::string& id, const std::string& dir,
                                                      const LocalSpec& spec,
                                                      const BubblewrapRuntimeOptions& options,
                                                      const Isolation& iso,
-                                                     const std::vector<std::string>& system_args);
+                                                     const std::vector<std::string>& system_args,
+                                                     const ImageRun* image = nullptr,
+                                                     uid_t host_uid = 0);
 
 // The probe's command line: a sandbox made as the real ones are (network namespace, the
 // system folders with `masks`, the daemon by descriptor) running `sbx-sandboxd --version`.

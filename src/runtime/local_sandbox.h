@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -75,6 +76,9 @@ struct Sandbox {
   uint64_t init_start_time = 0;
   // The host uid its processes run as (sbx's own when sbx is not root).
   uid_t host_uid = 0;
+  // The digest of its image (held in the image cache while it lives); empty: the host's
+  // root.
+  std::string image_digest;
   // Every cgroup made for it (limits and freezer), and the freezer one (or empty).
   std::vector<std::string> cgroup_dirs;
   std::string freezer;
@@ -119,6 +123,9 @@ struct Isolation {
   std::vector<std::string> masks;
   // Whether each sandbox gets a host uid of its own (sbx is root).
   bool own_uids = false;
+  // The daemon's loader ("ld.so") and shared libraries as (host path, file name), bound
+  // into image sandboxes at /run/sbx/lib (DaemonLibraries); empty for a static daemon.
+  std::vector<std::pair<std::string, std::string>> daemon_libs;
 };
 
 }  // namespace sbx::runtime::local

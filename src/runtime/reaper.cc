@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 #include "src/runtime/cgroups.h"
+#include "src/runtime/image_root.h"
 #include "src/runtime/proc.h"
 
 namespace sbx::runtime::local {
@@ -241,8 +242,11 @@ void KillSandbox(Sandbox& sb) {
     sb.log_closed = true;
     sb.log.Reset();
   }
-  std::error_code ec;
-  if (!sb.dir.empty()) fs::remove_all(sb.dir, ec);
+  // An image sandbox's layer may hold folders it made unreadable (and overlayfs's work
+  // folder is mode 0): RemoveTree opens them up first.
+  if (!sb.dir.empty() && !RemoveTree(sb.dir)) {
+    spdlog::warn("sandbox {}: its host folder {} could not be removed entirely", sb.id, sb.dir);
+  }
 }
 
 }  // namespace sbx::runtime::local

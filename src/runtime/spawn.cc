@@ -198,6 +198,13 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
     KillSandbox(sb);
     return s;
   };
+  // An image sandbox's bubblewrap runs as the sandbox's host uid and resolves the path of
+  // its root (sbx-rootfs mounts it in this folder): the folder is searchable (not readable)
+  // by others then; its files are each the runtime's alone (the socket included).
+  if (iso.own_uids && !sb.image_digest.empty() && chmod(sb.dir.c_str(), 0711) != 0) {
+    return fail(absl::UnavailableError(
+        absl::StrCat("cannot chmod \"", sb.dir, "\": ", std::strerror(errno))));
+  }
   // The daemon's socket, bound and listening here, outside the sandbox: connections
   // queue from now on and are served once the daemon runs.
   Fd listener(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -206,7 +213,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
   if (!listener.valid() ||
       bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(listener.get(), 128) != 0) {
+      chmod(socket_path.c_str(), 0600) != 0 || listen(listener.get(), 128) != 0) {
     return fail(absl::UnavailableError(
         absl::StrCat("cannot listen on \"", socket_path, "\": ", std::strerror(errno))));
   }
@@ -271,7 +278,8 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
     plan.Give(kSeccompFd, seccomp->get());
     plan.Give(kSandboxdFd, iso.sandboxd.get());
   }
-  plan.switch_user = iso.own_uids;
+  // An image sandbox's sbx-rootfs mounts its root as root, then becomes the host uid.
+  plan.switch_user = iso.own_uids && sb.image_digest.empty();
   plan.uid = sb.host_uid;
   plan.gid = sb.host_uid;
   const pid_t pid = SpawnDetached(plan);

@@ -27,6 +27,7 @@ std::string EncodeState(const Sandbox& sb) {
   j["init_pid"] = sb.init_pid;
   j["init_start_time"] = sb.init_start_time;
   j["suspended"] = sb.suspended.load(std::memory_order_relaxed);
+  if (!sb.image_digest.empty()) j["image"] = sb.image_digest;
   return j.dump();
 }
 
@@ -41,6 +42,7 @@ bool DecodeState(const std::string& text, Sandbox* sb) {
     sb->init_pid = j.value("init_pid", -1);
     sb->init_start_time = j.value("init_start_time", uint64_t{0});
     sb->suspended.store(j.value("suspended", false), std::memory_order_relaxed);
+    sb->image_digest = j.value("image", std::string());
     return sb->pid > 0;
   } catch (const nlohmann::json::exception&) {
     return false;

@@ -1,0 +1,270 @@
+#include "src/runtime/image_root_helper.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+// Kept free of sbx's libraries: it runs once per sandbox start, on the cold path.
+
+namespace sbx::runtime {
+namespace {
+
+[[noreturn]] void Die(const std::string& what) {
+  const int err = errno;
+  std::fprintf(stderr, "sbx-rootfs: %s%s%s\n", what.c_str(), err != 0 ? ": " : "",
+               err != 0 ? std::strerror(err) : "");
+  _exit(125);
+}
+
+[[noreturn]] void Refuse(const std::string& what) {
+  errno = 0;
+  Die(what);
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) Die("open " + path);
+  if (write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    Die("write " + path);
+  }
+  close(fd);
+}
+
+void MakeDir(const char* name, mode_t mode) {
+  if (mkdir(name, mode) != 0 && errno != EEXIST) Die(std::string("mkdir ") + name);
+}
+
+bool ParseIds(const char* text, uid_t* uid, gid_t* gid) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long u = std::strtoul(text, &end, 10);
+  if (errno != 0 || end == text || *end != ':') return false;
+  const char* g_text = end + 1;
+  const unsigned long g = std::strtoul(g_text, &end, 10);
+  if (errno != 0 || end == g_text || *end != '\0' || u == 0 || g == 0 || u >= 0xffffffffUL ||
+      g >= 0xffffffffUL) {
+    return false;
+  }
+  *uid = static_cast<uid_t>(u);
+  *gid = static_cast<gid_t>(g);
+  return true;
+}
+
+// A user namespace whose uid and gid maps show host uid:gid as 0: the idmapping of the
+// image's mount (files owned by root in the cache belong to uid:gid through it). Made by a
+// child that unshares and waits while this root process writes its maps.
+int IdmapUserns(uid_t uid, gid_t gid) {
+  int go[2], ready[2];
+  if (pipe2(go, O_CLOEXEC) != 0 || pipe2(ready, O_CLOEXEC) != 0) Die("pipe");
+  const pid_t pid = fork();
+  if (pid < 0) Die("fork");
+  if (pid == 0) {
+    // Only the ends it uses: it waits for the end of `go`, which needs every writer gone.
+    close(go[1]);
+    close(ready[0]);
+    char c = 0;
+    if (unshare(CLONE_NEWUSER) != 0) _exit(1);
+    if (write(ready[1], &c, 1) != 1) _exit(1);
+    (void)!read(go[0], &c, 1);
+    _exit(0);
+  }
+  close(ready[1]);
+  close(go[0]);
+  char c;
+  if (read(ready[0], &c, 1) != 1) Refuse("the idmap child could not make a user namespace");
+  const std::string proc = "/proc/" + std::to_string(pid);
+  WriteFile(proc + "/uid_map", "0 " + std::to_string(uid) + " 1\n");
+  WriteFile(proc + "/gid_map", "0 " + std::to_string(gid) + " 1\n");
+  const int ns = open((proc + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC);
+  if (ns < 0) Die("open the idmap user namespace");
+  close(go[1]);
+  while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  close(ready[0]);
+  return ns;
+}
+
+// Mounts the image at `lower`, read-only, nosuid, nodev, idmapped with `userns` when it
+// is >= 0.
+void MountLower(const std::string& image, int userns) {
+  const int tree = open_tree(AT_FDCWD, image.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (tree < 0) Die("open_tree " + image);
+  struct mount_attr attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+  if (userns >= 0) {
+    attr.attr_set |= MOUNT_ATTR_IDMAP;
+    attr.userns_fd = static_cast<uint64_t>(userns);
+  }
+  if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
+    Die(userns >= 0 ? "idmap the image's mount (the image cache's file system must support "
+                      "idmapped mounts: ext4, xfs, btrfs, tmpfs)"
+                    : "make the image's mount read-only");
+  }
+  if (move_mount(tree, "", AT_FDCWD, "lower", MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+    Die("move_mount the image");
+  }
+  close(tree);
+}
+
+// The components of an absolute path.
+std::vector<std::string> Components(const std::string& path) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < path.size()) {
+    const size_t next = path.find('/', at);
+    const std::string c = path.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    if (!c.empty()) out.push_back(c);
+    if (next == std::string::npos) break;
+    at = next + 1;
+  }
+  return out;
+}
+
+// Walks `path` from the overlay's root. reset: a symbolic link or (before the last
+// component, or at it when the runtime mounts a folder there) a non-folder is removed
+// from the sandbox's layer, and the walk stops there (bubblewrap makes the rest).
+// Otherwise a symbolic link on the way refuses the start.
+void CheckTarget(int root, const std::string& path, bool reset) {
+  const std::vector<std::string> parts = Components(path);
+  if (parts.empty()) return;
+  int dir = dup(root);
+  if (dir < 0) Die("dup");
+  std::string seen;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::string& c = parts[i];
+    if (c == "." || c == "..") Refuse("target \"" + path + "\" is not a normal path");
+    seen += "/" + c;
+    struct stat st;
+    if (fstatat(dir, c.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) break;
+      Die("stat " + seen + " in the image");
+    }
+    const bool last = i + 1 == parts.size();
+    if (S_ISLNK(st.st_mode) || (!S_ISDIR(st.st_mode) && (!last || reset))) {
+      if (!reset) {
+        Refuse("the image has a " +
+               std::string(S_ISLNK(st.st_mode) ? "symbolic link" : "non-folder") + " at \"" +
+               seen + "\", on the way to \"" + path +
+               "\" (a mount target or the working folder): refused, a mount must not follow "
+               "the image's links");
+      }
+      if (unlinkat(dir, c.c_str(), 0) != 0) Die("remove " + seen + " from the sandbox's root");
+      break;
+    }
+    if (last) break;
+    const int next = openat(dir, c.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) Die("open " + seen + " in the image");
+    close(dir);
+    dir = next;
+  }
+  close(dir);
+}
+
+}  // namespace
+
+int ImageRootHelperMain(int argc, char** argv) {
+  std::string lower_image, dir;
+  std::vector<std::string> reset_targets, strict_targets;
+  bool idmap = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (i + 1 >= argc) Refuse("option " + a + " needs a value");
+    const char* v = argv[++i];
+    if (a == "--lower") {
+      lower_image = v;
+    } else if (a == "--dir") {
+      dir = v;
+    } else if (a == "--idmap") {
+      if (!ParseIds(v, &uid, &gid)) Refuse("--idmap takes UID:GID of a non-root user");
+      idmap = true;
+    } else if (a == "--reset_target") {
+      reset_targets.emplace_back(v);
+    } else if (a == "--strict_target") {
+      strict_targets.emplace_back(v);
+    } else {
+      Refuse("unknown option " + a);
+    }
+  }
+  if (lower_image.empty() || lower_image[0] != '/' || dir.empty() || dir[0] != '/' || i >= argc) {
+    Refuse(
+        "usage: sbx-rootfs --lower IMAGE_ROOTFS --dir HOST_FOLDER [--idmap UID:GID] "
+        "[--reset_target PATH]... [--strict_target PATH]... -- BWRAP ARGS...");
+  }
+  if (chdir(dir.c_str()) != 0) Die("chdir " + dir);
+  const uid_t self_uid = geteuid();
+  const gid_t self_gid = getegid();
+  if (idmap) {
+    if (self_uid != 0) Refuse("--idmap needs root");
+    const int userns = IdmapUserns(uid, gid);
+    if (unshare(CLONE_NEWNS) != 0) Die("unshare a mount namespace");
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Die("make / private");
+    MakeDir("lower", 0700);
+    MakeDir("upper", 0755);
+    MakeDir("work", 0700);
+    MakeDir("root", 0755);
+    MountLower(lower_image, userns);
+    close(userns);
+  } else {
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
+      Die("unshare a user and mount namespace");
+    }
+    WriteFile("/proc/self/setgroups", "deny\n");
+    WriteFile("/proc/self/uid_map", "0 " + std::to_string(self_uid) + " 1\n");
+    WriteFile("/proc/self/gid_map", "0 " + std::to_string(self_gid) + " 1\n");
+    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Die("make / private");
+    MakeDir("lower", 0700);
+    MakeDir("upper", 0755);
+    MakeDir("work", 0700);
+    MakeDir("root", 0755);
+    MountLower(lower_image, -1);
+  }
+  // The sandbox's root belongs to the sandbox's user. Run as root, the host folder is
+  // searchable by the sandbox's host uid (bubblewrap, run as it, resolves the root's path),
+  // so its layer is closed to everyone else (mode 0700); otherwise it takes the image
+  // root's mode.
+  struct stat lower_st;
+  if (stat("lower", &lower_st) != 0) Die("stat the image's root");
+  if (chmod("upper", idmap ? 0700 : lower_st.st_mode & 07777) != 0) Die("chmod upper");
+  if (idmap && chown("upper", uid, gid) != 0) Die("chown upper");
+  // volatile: the sandbox's layer dies with it, so the overlay need not sync it.
+  std::string options = "lowerdir=lower,upperdir=upper,workdir=work,volatile";
+  if (!idmap) options += ",userxattr";
+  if (mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
+    Die("mount the overlay (" + options + ")");
+  }
+  const int root = open("root", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (root < 0) Die("open the sandbox's root");
+  if (idmap) {
+    if (syscall(SYS_setgroups, 0, nullptr) != 0) Die("setgroups");
+    if (setresgid(gid, gid, gid) != 0) Die("setresgid");
+    if (setresuid(uid, uid, uid) != 0) Die("setresuid");
+  }
+  // As the sandbox's user: what it changes lands in its own layer.
+  for (const std::string& t : reset_targets) CheckTarget(root, t, /*reset=*/true);
+  for (const std::string& t : strict_targets) CheckTarget(root, t, /*reset=*/false);
+  close(root);
+  // The working folder stays the host folder: adoption knows a sandbox's top process by it.
+  execv(argv[i], argv + i);
+  Die(std::string("exec ") + argv[i]);
+}
+
+}  // namespace sbx::runtime
