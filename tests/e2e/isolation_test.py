@@ -27,6 +27,9 @@ import grpc
 
 import sbx_e2e
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "images"))
+import test_images  # noqa: E402
+
 SERVER = PROTO = CONFIG = CLI = None
 TENANT_A = (("authorization", "Bearer tok-a"),)
 TENANT_B = (("authorization", "Bearer tok-b"),)
@@ -107,10 +110,33 @@ def metric_sum(server, name, must=""):
     return total
 
 
+_IMAGE_BUILT = None
+
+
+def attack_image(dest):
+    """Copies the attack suite's image (busybox and python3, built once per run) to `dest`;
+    returns its reference there."""
+    global _IMAGE_BUILT
+    if _IMAGE_BUILT is None:
+        _IMAGE_BUILT = tempfile.mkdtemp(prefix="sbx-iso-image-", dir="/tmp")
+        test_images.python_image(os.path.join(_IMAGE_BUILT, "python"))
+    shutil.copytree(os.path.join(_IMAGE_BUILT, "python"), dest)
+    return f"oci:{dest}:python"
+
+
+def tearDownModule():
+    if _IMAGE_BUILT is not None:
+        shutil.rmtree(_IMAGE_BUILT, ignore_errors=True)
+
+
 class Attacks:
     """The attacks, run against a server that setUpClass starts (see the subclasses)."""
 
     run_as = None  # None: as this process's user (root in CI); else a user name
+    # True: the sandboxes are of an OCI image (busybox and python3) instead of the host's
+    # root; every attack must fail there too (issue 34).
+    image = False
+    config = None  # the server's config (None: CONFIG)
 
     @classmethod
     def setUpClass(cls):
@@ -124,6 +150,15 @@ class Attacks:
         cls.canary = os.path.join(cls.dir, "canary")
         with open(cls.canary, "w") as f:
             f.write("host data\n")
+        if cls.image:
+            ref = attack_image(os.path.join(cls.dir, "images", "python"))
+            with open(CONFIG) as f:
+                text = f.read()
+            marker = "    local:\n"
+            assert marker in text, "the e2e config's default template has no local spec"
+            cls.config = os.path.join(cls.dir, "config.yaml")
+            with open(cls.config, "w") as f:
+                f.write(text.replace(marker, f"{marker}      image: \"{ref}\"\n", 1))
         if cls.run_as is not None:
             pw = pwd.getpwnam(cls.run_as)
             for root, dirs, files in os.walk(cls.dir):
@@ -207,7 +242,9 @@ class Attacks:
             "touch /usr/sbx-pwned 2>&1 && echo WROTE_USR; "
             "unshare -U -r -m true 2>&1 && echo USERNS; "
             f"ls {host_dir} 2>&1 >/dev/null && echo SEES_BUILD; true")
-        for marker in ("MOUNTED", "REMOUNTED", "WROTE_USR", "USERNS", "SEES_BUILD"):
+        # In an image, /usr is the sandbox's own (its layer): writing there is no escape.
+        for marker in ("MOUNTED", "REMOUNTED", "USERNS", "SEES_BUILD") + (
+                () if self.image else ("WROTE_USR",)):
             self.assertNotIn(marker, out)
         self.assertFalse(os.path.exists("/usr/sbx-pwned"))
 
@@ -266,14 +303,22 @@ class Attacks:
     def test_workload_cannot_read_the_daemons_memory(self):
         code, out = self.sh(
             "for p in /proc/[0-9]*; do "
-            "  head -c 26 $p/cmdline 2>/dev/null | grep -q '^/run/sbx/bin/sbx-sandboxd' || continue; "
+            # The daemon (in an image: run by /run/sbx/lib/ld.so).
+            "  tr '\\0' ' ' < $p/cmdline 2>/dev/null | "
+            "    grep -qE '^(/run/sbx/lib/ld.so .*)?/run/sbx/bin/sbx-sandboxd ' || continue; "
             "  echo PID $p; tr '\\0' ' ' < $p/cmdline; echo; "
             "  cat $p/environ 2>/dev/null | tr '\\0' '\\n' | grep -i secret && echo ENV_SECRET; "
             "  ls $p/fd 2>/dev/null && echo FDS_OPEN; "
+            "  for f in $p/fd/*; do readlink $f >/dev/null 2>&1 && echo FD_LINK; "
+            "    ( : < $f ) 2>/dev/null && echo FD_OPENED; done; "
             "  head -c 1 $p/mem 2>/dev/null && echo MEM_OPEN; "
             "done; true")
         self.assertIn("PID", out)
-        for marker in ("ENV_SECRET", "FDS_OPEN", "MEM_OPEN", "--secret="):
+        # In an image whose User is 0, the workload is the user namespace's uid 0, which
+        # owns the /proc entries of the (non-dumpable) daemon: it may list the daemon's
+        # descriptor numbers, never read a link or open one (that takes CAP_SYS_PTRACE).
+        for marker in ("ENV_SECRET", "FD_LINK", "FD_OPENED", "MEM_OPEN", "--secret=") + (
+                () if self.image else ("FDS_OPEN",)):
             self.assertNotIn(marker, out)
 
     # 7. ptrace, keyrings, bpf, perf, userfaultfd, open_by_handle_at. Seen at 660dada: as
@@ -378,9 +423,12 @@ call('unshare_user', 272, 0x10000000)                   # CLONE_NEWUSER
             pw = pwd.getpwnam(cls.run_as)
             prefix = ("setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
                       "--clear-groups", "--inh-caps=-all", "--bounding-set=-all")
+        extra = [f"--metrics_port_file={cls.dir}/metrics-port"]
+        if cls.image:
+            extra += ["--image_cache_bytes=2000000000", f"--image_import_dir={cls.dir}/images"]
         cls.server = sbx_e2e.Server(
-            SERVER, cls.dir, CONFIG, auth_tokens=cls.tokens, prefix=prefix,
-            extra=[f"--metrics_port_file={cls.dir}/metrics-port"])
+            SERVER, cls.dir, cls.config or CONFIG, auth_tokens=cls.tokens, prefix=prefix,
+            extra=extra)
         cls.claims, cls.sandboxes = stubs(cls.server.channel)
         cls.admin = admin_stub(cls.server.channel)
 
@@ -570,6 +618,10 @@ class AsRoot(Attacks, unittest.TestCase):
     pass
 
 
+class AsRootInImage(Attacks, unittest.TestCase):
+    image = True
+
+
 def can_run_as_nobody():
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         return "needs root and setpriv to start the server as another user"
@@ -599,6 +651,10 @@ class AsNonRoot(Attacks, unittest.TestCase):
         if why is not None:
             raise unittest.SkipTest(why)
         super().setUpClass()
+
+
+class AsNonRootInImage(AsNonRoot):
+    image = True
 
 
 class ServerFiles:

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Writes an OCI image layout for tests, offline, from a JSON spec (no tool, no network).
 
-  make_oci.py OUT_DIR TAG SPEC_JSON
+  make_oci.py OUT_DIR TAG SPEC_JSON        (or @FILE holding the JSON)
 
 SPEC_JSON: {"config": {"Env": [...], "WorkingDir": "...", "User": "...", "Cmd": [...]},
             "layers": [[ENTRY, ...], ...],
             "corrupt_layer": false,          # change a layer's bytes after its digest
-            "zeros_file": {"name": "big", "bytes": N}}   # a gzip bomb entry in layer 0
+            "zeros_file": {"name": "big", "bytes": N},   # a gzip bomb entry in layer 0
+            "compresslevel": 9}                          # gzip level of the layers
 ENTRY: {"name": "bin/busybox", "type": "file"|"dir"|"symlink"|"hardlink"|"chardev"|"fifo",
         "data": "text", "from": "/bin/busybox", "mode": 493, "link": "target"}
+    or {"name": "usr/lib/python3.11", "type": "tree", "from": "/usr/lib/python3.11",
+        "exclude": ["test", "__pycache__"]}: a host folder's files, folders and links
+        (names in "exclude" skipped at any depth), owned by root.
 Names are written as given (a hostile layer may say "../x" or "/etc/x").
 """
 import gzip
@@ -43,10 +47,39 @@ class Zeros(io.RawIOBase):
         return n
 
 
-def layer_tar(entries, zeros=None):
+def expand_trees(entries):
+    """The entries with each "tree" replaced by the host folder's contents."""
+    out = []
+    for e in entries:
+        if e["type"] != "tree":
+            out.append(e)
+            continue
+        exclude = set(e.get("exclude", ()))
+        out.append({"name": e["name"], "type": "dir"})
+        for root, dirs, files in os.walk(e["from"]):
+            dirs[:] = sorted(d for d in dirs if d not in exclude)
+            rel = os.path.relpath(root, e["from"])
+            base = e["name"] if rel == "." else os.path.join(e["name"], rel)
+            for name in dirs + sorted(f for f in files if f not in exclude):
+                host = os.path.join(root, name)
+                st = os.lstat(host)
+                entry = {"name": os.path.join(base, name), "mode": st.st_mode & 0o7777}
+                if os.path.islink(host):
+                    entry.update(type="symlink", link=os.readlink(host))
+                elif os.path.isdir(host):
+                    entry.update(type="dir")
+                elif os.path.isfile(host):
+                    entry.update(type="file", **{"from": host})
+                else:
+                    continue
+                out.append(entry)
+    return out
+
+
+def layer_tar(entries, zeros=None, compresslevel=9):
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for e in entries:
+        for e in expand_trees(entries):
             info = tarfile.TarInfo(e["name"])
             info.mode = e.get("mode", 0o755 if e["type"] == "dir" else 0o644)
             info.uid = e.get("uid", 0)
@@ -80,17 +113,22 @@ def layer_tar(entries, zeros=None):
             info.mode = 0o644
             tar.addfile(info, io.BufferedReader(Zeros(zeros["bytes"]), 1 << 20))
     raw_bytes = raw.getvalue()
-    return raw_bytes, gzip.compress(raw_bytes, compresslevel=9, mtime=0)
+    return raw_bytes, gzip.compress(raw_bytes, compresslevel=compresslevel, mtime=0)
 
 
 def main():
-    out, tag, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    out, tag, spec = sys.argv[1], sys.argv[2], sys.argv[3]
+    if spec.startswith("@"):
+        with open(spec[1:]) as f:
+            spec = f.read()
+    spec = json.loads(spec)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "oci-layout"), "w") as f:
         json.dump({"imageLayoutVersion": "1.0.0"}, f)
     layers, diff_ids = [], []
     for i, entries in enumerate(spec.get("layers", [])):
-        raw, gz = layer_tar(entries, spec.get("zeros_file") if i == 0 else None)
+        raw, gz = layer_tar(entries, spec.get("zeros_file") if i == 0 else None,
+                            spec.get("compresslevel", 9))
         digest = blob(out, gz)
         diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
         layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
