@@ -183,4 +183,26 @@ absl::Status CheckPodTemplateShape(const std::string& field, const std::string& 
   }
 }
 
+std::vector<std::string> PodTemplateImages(const std::string& text) {
+  std::vector<std::string> images;
+  try {
+    const YAML::Node root = YAML::Load(text);
+    if (!root.IsMap()) return images;
+    const YAML::Node spec = root["spec"];
+    if (!spec || !spec.IsMap()) return images;
+    const YAML::Node containers = spec["containers"];
+    if (!containers || !containers.IsSequence()) return images;
+    for (const YAML::Node& c : containers) {
+      if (!c.IsMap()) continue;
+      const YAML::Node image = c["image"];
+      if (image && image.IsScalar() && !image.as<std::string>().empty()) {
+        images.push_back(image.as<std::string>());
+      }
+    }
+  } catch (const YAML::Exception&) {
+    images.clear();  // not a pod template: it runs no image we can tell
+  }
+  return images;
+}
+
 }  // namespace sbx::cmd

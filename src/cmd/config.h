@@ -47,4 +47,9 @@ absl::StatusOr<ServerConfig> LoadConfig(const std::string& path);
 // "image". Otherwise INVALID_ARGUMENT "<field>: <what is wrong>" naming the place.
 absl::Status CheckPodTemplateShape(const std::string& field, const std::string& text);
 
+// The `image` of every container (spec.containers, not init containers) of a pod template
+// given as JSON or YAML, in order; none when `text` does not parse or has no such list.
+// What a claim by image matches a kubernetes template's pod template against.
+std::vector<std::string> PodTemplateImages(const std::string& text);
+
 }  // namespace sbx::cmd

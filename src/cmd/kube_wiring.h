@@ -109,6 +109,8 @@ class KubeControllers {
   k8s::Client* client() { return client_.get(); }
   // The runtime of warm-pool members (nullptr unless pools are served).
   runtime::Runtime* runtime() { return runtime_.get(); }
+  // The same as the Kubernetes runtime (its SandboxTemplate lookups), or nullptr.
+  const k8s::KubeRuntime* kube_runtime() const { return runtime_.get(); }
   // The leader elector once StartKube has run with --kube_leader_election; else null.
   k8s::LeaderElector* elector() const {
     return sandboxes_ != nullptr ? sandboxes_->elector() : nullptr;

@@ -17,11 +17,15 @@ namespace {
 // A claim without --wait waits for the pool's default_wait (30 s unless the pool says
 // otherwise); the client's deadline adds this to --timeout.
 constexpr absl::Duration kDefaultPoolWait = absl::Seconds(30);
+// A claim by image may go to the image's on-demand pool, which waits 5 minutes by default
+// (its first sandbox pulls the image): the deadline allows for that.
+constexpr absl::Duration kDefaultImageWait = absl::Minutes(5);
 // Pages of ListClaims.
 constexpr int kPageSize = 500;
 
 struct ClaimArgs {
   std::string pool;
+  std::string image;
   std::string id;
   std::string ttl;
   std::string wait;
@@ -139,6 +143,12 @@ void Show(const Context& ctx, const std::vector<v1::Claim>& claims, bool quiet, 
 }
 
 absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
+  if (a.pool.empty() == a.image.empty()) {
+    return UsageError(a.pool.empty()
+                          ? "claim: give a pool (POOL) or an image (--image REF)"
+                          : absl::StrCat("claim: give a pool (\"", a.pool, "\") or an image (\"",
+                                         a.image, "\"), not both"));
+  }
   auto connected = ctx.Connect();
   if (!connected.ok()) return connected.status();
   Client& client = **connected;
@@ -161,13 +171,16 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
     auto [k, v] = SplitKeyValue(kv);
     prefer[k] = v;
   }
-  const absl::Duration wait = a.wait.empty() ? kDefaultPoolWait : ParseDurationFlag(a.wait);
+  const absl::Duration wait = !a.wait.empty()    ? ParseDurationFlag(a.wait)
+                              : !a.image.empty() ? kDefaultImageWait
+                                                 : kDefaultPoolWait;
   const absl::Duration deadline = a.policy == "fail" ? client.timeout() : wait + client.timeout();
 
   if (a.count <= 1 && !a.best_effort) {
     v1::ClaimRequest req;
     req.set_claim_id(a.id);
     req.set_pool(a.pool);
+    req.set_image(a.image);
     req.set_empty_pool_policy(PolicyFromFlag(a.policy));
     req.set_priority(PriorityFromFlag(a.priority));
     if (!a.wait.empty()) ToProto(ParseDurationFlag(a.wait), req.mutable_wait_timeout());
@@ -192,6 +205,7 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
   v1::ClaimBatchRequest req;
   req.set_batch_id(a.id);
   req.set_pool(a.pool);
+  req.set_image(a.image);
   req.set_count(a.count);
   req.set_mode(a.best_effort ? v1::BATCH_MODE_BEST_EFFORT : v1::BATCH_MODE_ALL_OR_NOTHING);
   req.set_empty_pool_policy(PolicyFromFlag(a.policy));
@@ -207,8 +221,9 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
   {
     // ClaimBatch is one call: the server does not report partial progress, so the display
     // is a spinner with the elapsed time.
-    Progress progress(ctx.stderr_tty,
-                      absl::StrCat("claiming ", a.count, " sandboxes from pool \"", a.pool, "\""));
+    const std::string from = a.image.empty() ? absl::StrCat("pool \"", a.pool, "\"")
+                                             : absl::StrCat("image \"", a.image, "\"");
+    Progress progress(ctx.stderr_tty, absl::StrCat("claiming ", a.count, " sandboxes from ", from));
     progress.Set(0, 0, a.best_effort ? "(best effort)" : "");
     status = client.Call(deadline, [&](grpc::ClientContext* c) {
       return client.claims().ClaimBatch(c, req, &resp);
@@ -216,7 +231,8 @@ absl::StatusOr<int> RunClaim(Context& ctx, const ClaimArgs& a) {
     progress.Finish(
         status.ok()
             ? absl::StrFormat("claimed %d of %d sandboxes from pool \"%s\" in %.1fs%s",
-                              resp.claims_size(), a.count, a.pool,
+                              resp.claims_size(), a.count,
+                              resp.claims().empty() ? a.pool : resp.claims(0).pool(),
                               absl::ToDoubleSeconds(absl::Now() - start),
                               resp.replayed() ? " (replayed: the batch already existed)" : "")
             : "");
@@ -324,9 +340,15 @@ void AddClaimCommands(CLI::App& app, Context& ctx, Actions& actions) {
     auto a = std::make_shared<ClaimArgs>();
     CLI::App* sub = app.add_subcommand(
         "claim",
-        "Claim a warm sandbox (or --count of them) from a pool and print the claim.\n"
+        "Claim a warm sandbox (or --count of them) from a pool, or one running an image "
+        "(--image), and print the claim.\n"
         "Scripts: `id=$(sbx claim POOL -q)` or `sbx claim POOL -o json | jq -r .claimId`.");
-    sub->add_option("pool", a->pool, "Pool to claim from")->required();
+    sub->add_option("pool", a->pool, "Pool to claim from (or --image)");
+    sub->add_option("--image", a->image,
+                    "Claim a sandbox running this image instead of naming a pool: from a pool "
+                    "whose template runs it, else (local runtime with an image cache) from the "
+                    "image's on-demand pool, made and pulled on first use (waits up to 5m by "
+                    "default). The POOL column says which pool served it");
     sub->add_option("--id", a->id,
                     "Claim id, the idempotency key: a retry with the same id returns the same "
                     "claim. With --count, the batch id (claims are ID#0..ID#N-1). Default: "
@@ -336,7 +358,8 @@ void AddClaimCommands(CLI::App& app, Context& ctx, Actions& actions) {
         ->check(DurationCheck());
     sub->add_option("--wait", a->wait,
                     "How long to wait for a sandbox when the pool is empty (policies wait and "
-                    "cold), e.g. 30s (default: the pool's default_wait)")
+                    "cold), e.g. 30s (default: the pool's default_wait; 5m for an image's "
+                    "on-demand pool)")
         ->check(DurationCheck());
     sub->add_option("--policy", a->policy,
                     "When the pool is empty: wait (queue), cold (start one now), fail (error "

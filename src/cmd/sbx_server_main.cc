@@ -313,6 +313,11 @@ int main(int argc, char** argv) {
   app.add_option("--image_registry", image_options.allow_registry,
                  "accept docker:// image references (fetched from a registry)")
       ->capture_default_str();
+  std::string image_claim_template;
+  app.add_option("--image_claim_template", image_claim_template,
+                 "a local template (in --config or the store) whose spec the on-demand pools of "
+                 "claims by image copy, with the claim's image set (default: no network, 512 MiB "
+                 "of memory, 512 processes); needs --runtime local and --image_cache_bytes");
   app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
@@ -390,6 +395,13 @@ int main(int argc, char** argv) {
   if (!(replication_ack_timeout_s > 0)) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--replication_ack_timeout_s must be positive (got ", replication_ack_timeout_s, ")")));
+  }
+  if (!image_claim_template.empty() &&
+      (runtime_name != "local" || image_options.budget_bytes == 0)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--image_claim_template \"", image_claim_template,
+        "\" is the base of on-demand pools of images, which only a server with --runtime local "
+        "and an image cache (--image_cache_bytes) makes")));
   }
   if (absl::Status s = refill_options.Validate(); !s.ok()) return Fail(s);
   if (absl::Status s = metrics_options.Validate(); !s.ok()) return Fail(s);
@@ -664,6 +676,11 @@ int main(int argc, char** argv) {
   server_options.tenant_limiter = &tenant_limiter;
   server_options.images = image_cache.get();
   server_options.check_template = sbx::cmd::NewTemplateCheck(local.get(), kube != nullptr);
+  // Claims by image: on-demand pools with the local runtime (image_pools.h); declared
+  // pools only elsewhere (on Kubernetes a pool's SandboxTemplate says what it runs).
+  server_options.image_claims.on_demand = runtime_name == "local";
+  server_options.image_claims.kubernetes_images =
+      sbx::cmd::NewKubernetesTemplateImages(kube != nullptr ? kube->kube_runtime() : nullptr);
   if (server_options.auth.tokens_file.empty()) server_options.auth.insecure_no_auth = true;
   // What a serving replica does (at once, or once it leads): reconcile with the runtime,
   // apply the config, refill, serve the pools and claims of the cluster, and the API.
@@ -675,6 +692,10 @@ int main(int argc, char** argv) {
           ReconcileWithRuntime(*allocator, *active_runtime, *registry, start_delete_limits));
     }
     RETURN_IF_ERROR(sbx::cmd::ApplyConfig(config, *allocator));
+    if (!image_claim_template.empty()) {
+      ASSIGN_OR_RETURN(server_options.image_claims.base_template,
+                       sbx::cmd::CheckImageClaimTemplate(*allocator, image_claim_template));
+    }
     if (active_runtime != nullptr) refill.Start(allocator.get());
     if (kube != nullptr) RETURN_IF_ERROR(kube->StartPools(allocator.get()));
     server_options.allocator = allocator.get();

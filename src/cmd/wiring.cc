@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "sbx/v1/admin.pb.h"
+#include "src/common/ids.h"
 #include "src/common/status_macros.h"
 #include "src/runtime/bubblewrap_runtime.h"
 #include "src/server/convert.h"
@@ -78,6 +79,37 @@ server::TemplateCheck NewTemplateCheck(const runtime::BubblewrapRuntime* local, 
     }
     return absl::OkStatus();
   };
+}
+
+server::TemplateImages NewKubernetesTemplateImages(const k8s::KubeRuntime* kube) {
+  return [kube](const store::TemplateRecord& t) -> std::vector<std::string> {
+    sbx::v1::KubernetesSpec spec;
+    if (spec.ParseFromString(t.spec) && !spec.pod_template().empty()) {
+      return PodTemplateImages(spec.pod_template());
+    }
+    // The warm-pool controller's template: its spec is the SandboxTemplate's name.
+    if (kube == nullptr) return {};
+    return kube->SandboxTemplateImages(t.name, t.spec);
+  };
+}
+
+absl::StatusOr<std::string> CheckImageClaimTemplate(const allocator::Allocator& allocator,
+                                                    const std::string& name) {
+  ASSIGN_OR_RETURN(std::string canonical, CanonicalQualifiedName("--image_claim_template", name,
+                                                                 allocator.default_namespace()));
+  absl::StatusOr<store::TemplateRecord> t = allocator.GetTemplate(canonical);
+  if (!t.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--image_claim_template \"", name,
+        "\": no such template (declare it in --config, or through AdminService.PutTemplate "
+        "before a start with the flag)"));
+  }
+  if (t->runtime != "local") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--image_claim_template \"", name, "\": its runtime is \"", t->runtime,
+                     "\"; the base of on-demand image pools is a local template"));
+  }
+  return canonical;
 }
 
 absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& allocator) {

@@ -150,6 +150,25 @@ std::string SandboxEndpoint(const Json& sandbox, const Json& sandbox_template,
   return ip;
 }
 
+std::vector<std::string> ContainerImages(const Json& pod_template) {
+  std::vector<std::string> images;
+  const Json& containers = Field(Field(pod_template, "spec"), "containers");
+  if (!containers.is_array()) return images;
+  for (const Json& c : containers) {
+    std::string image = Str(c, "image");
+    if (!image.empty()) images.push_back(std::move(image));
+  }
+  return images;
+}
+
+std::vector<std::string> KubeRuntime::SandboxTemplateImages(
+    const std::string& name, const std::string& sandbox_template) const {
+  const NamespacedName where = options_.namespaces.Split(name);
+  ObjectPtr t = templates_->Get(where.ns, sandbox_template);
+  if (t == nullptr) return {};
+  return ContainerImages(Field(Field(*t, "spec"), "podTemplate"));
+}
+
 KubeRuntime::KubeRuntime(Client* client, WriteScheduler* writes, const Informer* sandboxes,
                          const Informer* pools, const Informer* templates,
                          KubeRuntimeOptions options)

@@ -91,6 +91,10 @@ Json WarmMember(const Json& pool, const Json& sandbox_template);
 // The endpoint of a ready Sandbox ("" when it has no pod IP).
 std::string SandboxEndpoint(const Json& sandbox, const Json& sandbox_template,
                             const std::string& port_name);
+// The `image` of every container (spec.containers, not init containers) of a core/v1
+// PodTemplateSpec, in order, without empty ones; none when it has no such shape. What a
+// claim by image matches a pool's pod template against.
+std::vector<std::string> ContainerImages(const Json& pod_template);
 
 class KubeRuntime final : public runtime::Runtime {
  public:
@@ -144,6 +148,13 @@ class KubeRuntime final : public runtime::Runtime {
   // seen before this returned 0 whose id is not InPassage afterwards is nobody's: its
   // create failed (an answer lost to a fault) or was made by a process that is gone.
   int64_t CreatesInFlight(const std::string& pool) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The container images (ContainerImages) of the pod template of SandboxTemplate
+  // `sandbox_template` in the namespace of allocator name `name` (a pool's, or its
+  // template's), from the informer's cache; none when it is not there. For claims by
+  // image (src/server/image_pools.h).
+  std::vector<std::string> SandboxTemplateImages(const std::string& name,
+                                                 const std::string& sandbox_template) const;
 
  private:
   struct Pending {

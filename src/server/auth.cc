@@ -33,6 +33,11 @@ absl::Status AuthOptions::Validate() const {
   return absl::OkStatus();
 }
 
+bool MayClaimFrom(const Caller& caller, absl::string_view ns) {
+  const std::vector<std::string>& allowed = caller.limits.namespaces;
+  return caller.admin || allowed.empty() || std::binary_search(allowed.begin(), allowed.end(), ns);
+}
+
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const AuthOptions& options) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   std::unique_ptr<Authenticator> auth(new Authenticator(options));
@@ -73,7 +78,8 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
     if (fields.size() < 2) {
       return bad(
           absl::StrCat("want \"<token> <tenant> [admin] [claim_rate=R] [claim_burst=B] "
-                       "[max_claims=N] [weight=W] [namespaces=N1,N2]\", got ",
+                       "[max_claims=N] [weight=W] [namespaces=N1,N2] [image_claim_rate=R] "
+                       "[image_claim_burst=B] [image_cache_bytes=N]\", got ",
                        fields.size(), " field(s)"));
     }
     Caller caller;
@@ -87,6 +93,7 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
                               kKubeClaimOwnerPrefix, "<namespace>\"); choose another name"));
     }
     bool burst_set = false;
+    bool image_burst_set = false;
     for (size_t i = 2; i < fields.size(); ++i) {
       const absl::string_view field = fields[i];
       if (field == "admin" && i == 2) {
@@ -133,10 +140,34 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
         }
         std::sort(namespaces.begin(), namespaces.end());
         namespaces.erase(std::unique(namespaces.begin(), namespaces.end()), namespaces.end());
+      } else if (key == "image_claim_rate") {
+        double rate = 0;
+        if (!absl::SimpleAtod(value, &rate) || !(rate > 0) || rate > 1e9) {
+          return bad(absl::StrCat("image_claim_rate \"", value,
+                                  "\" is not a number of claims per second above 0"));
+        }
+        caller.limits.image_claim_rate = rate;
+      } else if (key == "image_claim_burst") {
+        int burst = 0;
+        if (!absl::SimpleAtoi(value, &burst) || burst < 1) {
+          return bad(
+              absl::StrCat("image_claim_burst \"", value, "\" is not a whole number above 0"));
+        }
+        caller.limits.image_claim_burst = burst;
+        image_burst_set = true;
+      } else if (key == "image_cache_bytes") {
+        int64_t bytes = 0;
+        if (!absl::SimpleAtoi(value, &bytes) || bytes < 1) {
+          return bad(absl::StrCat("image_cache_bytes \"", value,
+                                  "\" is not a whole number of bytes above 0"));
+        }
+        caller.limits.image_cache_bytes = bytes;
       } else {
-        return bad(absl::StrCat("field \"", field,
-                                "\" is none of admin (third field only), claim_rate=R, "
-                                "claim_burst=B, max_claims=N, weight=W, namespaces=N1,N2"));
+        return bad(
+            absl::StrCat("field \"", field,
+                         "\" is none of admin (third field only), claim_rate=R, claim_burst=B, "
+                         "max_claims=N, weight=W, namespaces=N1,N2, image_claim_rate=R, "
+                         "image_claim_burst=B, image_cache_bytes=N"));
       }
     }
     if (burst_set && caller.limits.claim_rate == 0) {
@@ -145,6 +176,13 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
     if (caller.limits.claim_rate > 0 && !burst_set) {
       caller.limits.claim_burst =
           std::max(1, static_cast<int>(std::ceil(caller.limits.claim_rate)));
+    }
+    if (image_burst_set && caller.limits.image_claim_rate == 0) {
+      return bad("image_claim_burst without image_claim_rate");
+    }
+    if (caller.limits.image_claim_rate > 0 && !image_burst_set) {
+      caller.limits.image_claim_burst =
+          std::max(1, static_cast<int>(std::ceil(caller.limits.image_claim_rate)));
     }
     // One tenant, one set of limits: the first line that names the tenant decides what
     // every other line of it must say (none, or the same).

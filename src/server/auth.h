@@ -6,7 +6,8 @@
 //
 //   # comment
 //   <token> <tenant> [admin] [claim_rate=R] [claim_burst=B] [max_claims=N] [weight=W]
-//           [namespaces=N1,N2,...]
+//           [namespaces=N1,N2,...] [image_claim_rate=R] [image_claim_burst=B]
+//           [image_cache_bytes=N]
 //
 // namespaces=... confines the tenant to the pools of those namespaces (src/common/ids.h:
 // "<ns>/<pool>", or a bare pool name in the server's default namespace): Claim and
@@ -28,6 +29,16 @@
 // (allocator::WaiterQueue), so a tenant of weight 2 gets twice the sandboxes of one of
 // weight 1 while both wait, and no backlog of one tenant holds back another's claim for
 // longer than one turn of each tenant waiting.
+//
+// image_claim_rate=R limits the tenant's claims by image (ClaimRequest.image) that no
+// declared pool serves (those of on-demand pools, image_pools.h) to R per second on
+// average, up to image_claim_burst=B at once (default: R rounded up, at least 1), a token
+// bucket as for claim_rate (a ClaimBatch of N counts N); beyond it RESOURCE_EXHAUSTED
+// naming the limit, with the time to wait. image_cache_bytes=N refuses (RESOURCE_EXHAUSTED
+// naming the limit) such claims of an image that is not in the image cache while the
+// images the tenant's claims pulled take N bytes or more of it (image_pools.h says how
+// bytes are attributed). Claims served by declared pools are not limited by either, and
+// an admin by neither.
 //
 // Limits belong to the tenant: every line (token) of one tenant must give the same ones.
 //
@@ -77,6 +88,13 @@ struct TenantLimits {
   std::vector<std::string> namespaces;
   int64_t max_claims = 0;  // claims held at once (waiting or active); 0: unlimited
   int weight = 1;          // share of an empty pool, 1..allocator::kMaxWeight
+  // Claims by image served by on-demand pools: per second on average (0: unlimited) and
+  // at once (set whenever image_claim_rate is).
+  double image_claim_rate = 0;
+  int image_claim_burst = 0;
+  // Bytes of the image cache the tenant's claims by image may have pulled before it may
+  // pull no more; 0: unlimited.
+  int64_t image_cache_bytes = 0;
   bool operator==(const TenantLimits&) const = default;
 };
 
@@ -86,6 +104,10 @@ struct Caller {
   bool admin = false;
   TenantLimits limits;
 };
+
+// Whether `caller` may claim from the pools of namespace `ns`: admins and tenants
+// without namespaces= everywhere, others in theirs.
+bool MayClaimFrom(const Caller& caller, absl::string_view ns);
 
 // The tenant every caller becomes with insecure_no_auth.
 inline constexpr absl::string_view kAnonymousTenant = "anonymous";

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -102,17 +103,33 @@ absl::StatusOr<std::string> ClaimablePool(const allocator::Allocator& a, const s
                                           const Caller& caller) {
   ASSIGN_OR_RETURN(std::string canonical,
                    CanonicalQualifiedName("pool", pool, a.default_namespace()));
-  const std::vector<std::string>& allowed = caller.limits.namespaces;
-  if (caller.admin || allowed.empty()) return canonical;
   const std::string ns = SplitQualifiedName(canonical, a.default_namespace()).ns;
-  if (!std::binary_search(allowed.begin(), allowed.end(), ns)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("tenant \"", caller.tenant, "\" may not claim from namespace \"", ns,
-                     "\" (pool \"", pool, "\"): its token allows ", absl::StrJoin(allowed, ", ")));
+  if (!MayClaimFrom(caller, ns)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "tenant \"", caller.tenant, "\" may not claim from namespace \"", ns, "\" (pool \"", pool,
+        "\"): its token allows ", absl::StrJoin(caller.limits.namespaces, ", ")));
   }
   return canonical;
 }
 
+// Exactly one of a claim's pool and image (claims.proto).
+absl::Status CheckPoolOrImage(const std::string& pool, const std::string& image) {
+  if (!pool.empty() && !image.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool \"", pool, "\" and image \"", absl::CEscape(image),
+                     "\" are both set; a claim names one of them (a pool to take from, or an "
+                     "image to run)"));
+  }
+  if (pool.empty() && image.empty()) {
+    return absl::InvalidArgumentError(
+        "pool and image are both empty; a claim names one of them (a pool to take from, or an "
+        "image to run)");
+  }
+  return absl::OkStatus();
+}
+
+// The request as the allocator takes it. A claim by image gets its pool (and the pool's
+// checks, CheckTtl) once the image is resolved.
 absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocator& a,
                                                        const v1::ClaimRequest& req,
                                                        const Caller& caller) {
@@ -120,13 +137,16 @@ absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocato
   r.owner = caller.tenant;
   if (!req.claim_id().empty()) RETURN_IF_ERROR(ValidateKey("claim_id", req.claim_id()));
   r.claim_id = req.claim_id();
-  ASSIGN_OR_RETURN(r.pool, ClaimablePool(a, req.pool(), caller));
+  RETURN_IF_ERROR(CheckPoolOrImage(req.pool(), req.image()));
+  if (req.image().empty()) {
+    ASSIGN_OR_RETURN(r.pool, ClaimablePool(a, req.pool(), caller));
+  }
   ASSIGN_OR_RETURN(r.policy, FromProto("empty_pool_policy", req.empty_pool_policy()));
   ASSIGN_OR_RETURN(r.wait, WaitTimeout(req.wait_timeout()));
   ASSIGN_OR_RETURN(r.ttl, TtlFromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   ASSIGN_OR_RETURN(r.node_preference, LabelsFromProto("node_preference", req.node_preference()));
-  RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
+  if (!r.pool.empty()) RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
   ASSIGN_OR_RETURN(r.priority, FromProto("priority", req.priority()));
   r.weight = caller.limits.weight;
@@ -148,7 +168,10 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
     }
   }
   r.batch_id = req.batch_id();
-  ASSIGN_OR_RETURN(r.pool, ClaimablePool(a, req.pool(), caller));
+  RETURN_IF_ERROR(CheckPoolOrImage(req.pool(), req.image()));
+  if (req.image().empty()) {
+    ASSIGN_OR_RETURN(r.pool, ClaimablePool(a, req.pool(), caller));
+  }
   // The allocator owns the limit (AllocatorOptions::max_batch).
   if (req.count() < 1 || req.count() > a.max_batch()) {
     return absl::InvalidArgumentError(
@@ -172,7 +195,7 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.ttl, TtlFromProto("ttl", req.ttl()));
   ASSIGN_OR_RETURN(r.labels, LabelsFromProto("labels", req.labels()));
   ASSIGN_OR_RETURN(r.node_preference, LabelsFromProto("node_preference", req.node_preference()));
-  RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
+  if (!r.pool.empty()) RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
   ASSIGN_OR_RETURN(r.priority, FromProto("priority", req.priority()));
   r.weight = caller.limits.weight;
@@ -187,8 +210,11 @@ grpc::ServerUnaryReactor* FinishCall(grpc::CallbackServerContext* ctx, const Cal
   return FinishNow(ctx, status);
 }
 
-std::string ClaimWhat(absl::string_view pool, absl::string_view id, absl::string_view id_kind) {
-  std::string what = absl::StrCat("pool \"", pool, "\"");
+std::string ClaimWhat(absl::string_view pool, absl::string_view image, absl::string_view id,
+                      absl::string_view id_kind) {
+  std::string what = image.empty() || !pool.empty()
+                         ? absl::StrCat("pool \"", pool, "\"")
+                         : absl::StrCat("image \"", absl::CEscape(image), "\"");
   if (!id.empty()) absl::StrAppend(&what, " ", id_kind, " \"", id, "\"");
   return what;
 }
@@ -205,11 +231,36 @@ absl::Status ClaimService::TakeFromRate(const Caller& caller, const std::string&
   return limiter_->TakeClaims(caller, claims);
 }
 
+void ClaimService::ResolveImage(const Caller& caller, const std::string& image,
+                                const std::string& existing_id, int claims,
+                                ImagePools::Callback done) {
+  // A retry of a claim (or batch) made before goes where it went, whichever pool is best
+  // now, and takes nothing of the image limits again (nor is counted again). Its route
+  // does not matter: the allocator answers it from the claim.
+  if (!existing_id.empty()) {
+    if (absl::StatusOr<store::ClaimRecord> c = allocator_->GetClaim(caller.tenant, existing_id);
+        c.ok()) {
+      return std::move(done)(ImagePool{c->pool, ImageRoute::kDeclaredPool});
+    }
+  }
+  image_pools_->Resolve(
+      caller, image, claims,
+      [counters = counters_, done = std::move(done)](absl::StatusOr<ImagePool> pool) mutable {
+        if (counters != nullptr) {
+          counters->CountImageClaim(!pool.ok() ? ImageClaimRoute::kRefused
+                                    : pool->route == ImageRoute::kOnDemandPool
+                                        ? ImageClaimRoute::kOnDemandPool
+                                        : ImageClaimRoute::kDeclaredPool);
+        }
+        std::move(done)(std::move(pool));
+      });
+}
+
 grpc::ServerUnaryReactor* ClaimService::Claim(grpc::CallbackServerContext* ctx,
                                               const v1::ClaimRequest* req,
                                               v1::ClaimResponse* resp) {
   CallRecord record{counters_, CountedMethod::kClaim, RequestId(ctx),
-                    ClaimWhat(req->pool(), req->claim_id(), "claim")};
+                    ClaimWhat(req->pool(), req->image(), req->claim_id(), "claim")};
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, false, "Claim");
   if (!caller.ok()) return FinishCall(ctx, record, caller.status());
   absl::StatusOr<allocator::ClaimRequest> request = ToClaimRequest(*allocator_, *req, *caller);
@@ -229,26 +280,45 @@ grpc::ServerUnaryReactor* ClaimService::Claim(grpc::CallbackServerContext* ctx,
       return absl::OkStatus();
     });
   };
-  if (!HasConfig(req->config())) {
-    allocator_->Claim(std::move(*request), [call, reply](absl::StatusOr<ClaimResult> result) {
+  auto claim = [call, reply, a = allocator_, daemons = daemons_,
+                config = HasConfig(req->config()) ? std::optional<v1::SandboxConfig>(req->config())
+                                                  : std::nullopt](allocator::ClaimRequest r) {
+    if (!config.has_value()) {
+      a->Claim(std::move(r), [call, reply](absl::StatusOr<ClaimResult> result) {
+        if (!result.ok()) return call->Fail(result.status());
+        reply(*result);
+      });
+      return;
+    }
+    // Late binding: the config goes to the sandbox before the claim returns (again on a
+    // retry: Configure is idempotent). If it cannot be applied the claim is released.
+    a->Claim(std::move(r), [call, reply, a, daemons,
+                            config = *config](absl::StatusOr<ClaimResult> result) {
       if (!result.ok()) return call->Fail(result.status());
-      reply(*result);
+      std::vector<store::ClaimRecord> claims = {result->claim};
+      ConfigureAll(
+          daemons, claims, config, [call, reply, a, claims, result = *result](absl::Status s) {
+            if (s.ok()) return reply(result);
+            ReleaseAfterConfigError(a, claims, s, [call](absl::Status e) { call->Fail(e); });
+          });
     });
+  };
+  if (req->image().empty()) {
+    claim(std::move(*request));
     return call->reactor();
   }
-  // Late binding: the config goes to the sandbox before the claim returns (again on a
-  // retry: Configure is idempotent). If it cannot be applied the claim is released.
-  allocator_->Claim(
-      std::move(*request), [call, reply, a = allocator_, daemons = daemons_,
-                            config = req->config()](absl::StatusOr<ClaimResult> result) {
-        if (!result.ok()) return call->Fail(result.status());
-        std::vector<store::ClaimRecord> claims = {result->claim};
-        ConfigureAll(
-            daemons, claims, config, [call, reply, a, claims, result = *result](absl::Status s) {
-              if (s.ok()) return reply(result);
-              ReleaseAfterConfigError(a, claims, s, [call](absl::Status e) { call->Fail(e); });
-            });
-      });
+  ResolveImage(*caller, req->image(), req->claim_id(), 1,
+               [call, claim, a = allocator_,
+                r = std::move(*request)](absl::StatusOr<ImagePool> pool) mutable {
+                 if (!pool.ok()) return call->Fail(pool.status());
+                 r.pool = pool->pool;
+                 // COLD unless the caller asked otherwise: the pool keeps none warm.
+                 if (pool->route == ImageRoute::kOnDemandPool && !r.policy.has_value()) {
+                   r.policy = store::EmptyPoolPolicy::kCold;
+                 }
+                 if (absl::Status s = CheckTtl(*a, r.pool, r.ttl); !s.ok()) return call->Fail(s);
+                 claim(std::move(r));
+               });
   return call->reactor();
 }
 
@@ -256,7 +326,7 @@ grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* 
                                                    const v1::ClaimBatchRequest* req,
                                                    v1::ClaimBatchResponse* resp) {
   CallRecord record{counters_, CountedMethod::kClaimBatch, RequestId(ctx),
-                    ClaimWhat(req->pool(), req->batch_id(), "batch")};
+                    ClaimWhat(req->pool(), req->image(), req->batch_id(), "batch")};
   absl::StrAppend(&record.what, " count ", req->count());
   absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, false, "ClaimBatch");
   if (!caller.ok()) return FinishCall(ctx, record, caller.status());
@@ -283,23 +353,38 @@ grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* 
       return absl::OkStatus();
     });
   };
-  allocator_->ClaimBatch(
-      std::move(*request),
-      [call, reply, a = allocator_, daemons = daemons_,
-       config = HasConfig(req->config())
-                    ? std::optional<v1::SandboxConfig>(req->config())
-                    : std::nullopt](absl::StatusOr<std::vector<ClaimResult>> results) {
-        if (!results.ok()) return call->Fail(results.status());
-        if (!config.has_value()) return reply(*results);
-        // Late binding for every member; if one fails, the whole batch is released.
-        std::vector<store::ClaimRecord> claims;
-        for (const ClaimResult& r : *results) claims.push_back(r.claim);
-        ConfigureAll(
-            daemons, claims, *config, [call, reply, a, claims, results = *results](absl::Status s) {
-              if (s.ok()) return reply(results);
-              ReleaseAfterConfigError(a, claims, s, [call](absl::Status e) { call->Fail(e); });
-            });
-      });
+  auto claim = [call, reply, a = allocator_, daemons = daemons_,
+                config = HasConfig(req->config()) ? std::optional<v1::SandboxConfig>(req->config())
+                                                  : std::nullopt](allocator::BatchRequest r) {
+    a->ClaimBatch(std::move(r), [call, reply, a, daemons,
+                                 config](absl::StatusOr<std::vector<ClaimResult>> results) {
+      if (!results.ok()) return call->Fail(results.status());
+      if (!config.has_value()) return reply(*results);
+      // Late binding for every member; if one fails, the whole batch is released.
+      std::vector<store::ClaimRecord> claims;
+      for (const ClaimResult& r : *results) claims.push_back(r.claim);
+      ConfigureAll(
+          daemons, claims, *config, [call, reply, a, claims, results = *results](absl::Status s) {
+            if (s.ok()) return reply(results);
+            ReleaseAfterConfigError(a, claims, s, [call](absl::Status e) { call->Fail(e); });
+          });
+    });
+  };
+  if (req->image().empty()) {
+    claim(std::move(*request));
+    return call->reactor();
+  }
+  ResolveImage(*caller, req->image(), first_of_batch, req->count(),
+               [call, claim, a = allocator_,
+                r = std::move(*request)](absl::StatusOr<ImagePool> pool) mutable {
+                 if (!pool.ok()) return call->Fail(pool.status());
+                 r.pool = pool->pool;
+                 if (pool->route == ImageRoute::kOnDemandPool && !r.policy.has_value()) {
+                   r.policy = store::EmptyPoolPolicy::kCold;
+                 }
+                 if (absl::Status s = CheckTtl(*a, r.pool, r.ttl); !s.ok()) return call->Fail(s);
+                 claim(std::move(r));
+               });
   return call->reactor();
 }
 

@@ -5,6 +5,10 @@
 // ListClaims. The owner of every claim is the authenticated tenant, never a request field.
 // Handlers never block: allocator calls complete through callbacks, which finish the call.
 //
+// Claims by image (ClaimRequest.image): the pool comes from ImagePools (image_pools.h),
+// which may first write an on-demand pool; the claim then goes on as one of that pool.
+// Counted by how they were served in RequestCounters (sbx_image_claims_total).
+//
 // Late binding: a claim's `config` (env, files) is applied to its sandbox through the
 // sandbox's daemon (sbx-sandboxd Configure) before the claim returns; if that fails the
 // claim is released and the call fails with the daemon's error.
@@ -14,12 +18,14 @@
 //
 // Thread-safety: handlers run concurrently on gRPC's threads.
 // Lifetime: the Allocator and Authenticator must outlive the service and every call in
-// flight (shut the gRPC server down before destroying them).
+// flight (shut the gRPC server down before destroying them); ImagePools is shared with
+// the calls in flight.
 
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/claims.grpc.pb.h"
 #include "src/allocator/allocator.h"
 #include "src/server/auth.h"
+#include "src/server/image_pools.h"
 #include "src/server/metrics.h"
 #include "src/server/sandboxd_client.h"
 #include "src/server/tenant_limits.h"
@@ -29,15 +35,20 @@ namespace sbx::server {
 class ClaimService final : public sbx::v1::ClaimService::CallbackService {
  public:
   // `counters` may be null (calls are then not counted); `limiter` null: the service
-  // keeps its own.
+  // keeps its own. `image_pools` serves claims by image; null: they are NOT_FOUND (no pool
+  // runs an image the server knows of).
   ClaimService(allocator::Allocator* allocator, const Authenticator* auth, SandboxdClients* daemons,
-               RequestCounters* counters = nullptr, TenantLimiter* limiter = nullptr)
+               RequestCounters* counters = nullptr, TenantLimiter* limiter = nullptr,
+               std::shared_ptr<ImagePools> image_pools = nullptr)
       : allocator_(allocator),
         auth_(auth),
         daemons_(daemons),
         counters_(counters),
         own_limiter_(limiter == nullptr ? std::make_unique<TenantLimiter>() : nullptr),
-        limiter_(limiter != nullptr ? limiter : own_limiter_.get()) {}
+        limiter_(limiter != nullptr ? limiter : own_limiter_.get()),
+        image_pools_(image_pools != nullptr
+                         ? std::move(image_pools)
+                         : ImagePools::Create(allocator, nullptr, limiter_, ImageClaimOptions{})) {}
 
   grpc::ServerUnaryReactor* Claim(grpc::CallbackServerContext* ctx, const v1::ClaimRequest* req,
                                   v1::ClaimResponse* resp) override;
@@ -61,6 +72,10 @@ class ClaimService final : public sbx::v1::ClaimService::CallbackService {
   // `claims` claims of `caller` from its claim rate (TenantLimiter), unless `existing_id`
   // names a claim of the caller that exists (a retry, answered from it).
   absl::Status TakeFromRate(const Caller& caller, const std::string& existing_id, int claims);
+  // The pool of `claims` claims of `image` (ImagePools::Resolve), counted by route; or,
+  // when `existing_id` names a claim of the caller (a retry), that claim's pool.
+  void ResolveImage(const Caller& caller, const std::string& image, const std::string& existing_id,
+                    int claims, ImagePools::Callback done);
 
   allocator::Allocator* const allocator_;
   const Authenticator* const auth_;
@@ -68,6 +83,7 @@ class ClaimService final : public sbx::v1::ClaimService::CallbackService {
   RequestCounters* const counters_;
   const std::unique_ptr<TenantLimiter> own_limiter_;
   TenantLimiter* const limiter_;
+  const std::shared_ptr<ImagePools> image_pools_;
 };
 
 }  // namespace sbx::server

@@ -370,6 +370,17 @@ class ServerCollector final : public prometheus::Collectable {
       }
     }
     out->push_back(std::move(calls));
+    auto image_claims =
+        Family("sbx_image_claims_total",
+               "Claim and ClaimBatch calls by image, by how they were served: from a declared "
+               "pool of the image, from its on-demand pool, or refused before reaching a pool",
+               MetricType::Counter);
+    for (int route = 0; route < kImageClaimRoutes; ++route) {
+      AddValue(&image_claims,
+               {{"served", ImageClaimRouteName(static_cast<ImageClaimRoute>(route))}},
+               static_cast<double>(r.image_claims(static_cast<ImageClaimRoute>(route))));
+    }
+    out->push_back(std::move(image_claims));
     auto execs =
         Family("sbx_execs_total", "Exec calls by final gRPC status code", MetricType::Counter);
     for (int code = 0; code < kCodes; ++code) {
@@ -393,11 +404,12 @@ class ServerCollector final : public prometheus::Collectable {
     auto limited = Family("sbx_tenant_limited_total",
                           "Claim and ClaimBatch calls refused because the tenant was above a "
                           "limit of its tokens-file line, by tenant and limit (claim_rate, "
-                          "max_claims)",
+                          "max_claims, image_claim_rate, image_cache_bytes)",
                           MetricType::Counter);
     if (sources_.tenants != nullptr) {
-      for (const auto& [tenant, n] : sources_.tenants->Refusals()) {
-        AddValue(&limited, {{"tenant", tenant}, {"limit", "claim_rate"}}, static_cast<double>(n));
+      for (const TenantRefusals& r : sources_.tenants->Refusals()) {
+        AddValue(&limited, {{"tenant", r.tenant}, {"limit", r.limit}},
+                 static_cast<double>(r.count));
       }
     }
     if (a != nullptr) {
@@ -434,6 +446,18 @@ absl::Status WritePortFile(const std::string& path, int port) {
     return absl::InternalError(absl::StrCat("cannot rename \"", tmp, "\" to \"", path, "\""));
   }
   return absl::OkStatus();
+}
+
+const char* ImageClaimRouteName(ImageClaimRoute r) {
+  switch (r) {
+    case ImageClaimRoute::kDeclaredPool:
+      return "declared_pool";
+    case ImageClaimRoute::kOnDemandPool:
+      return "on_demand_pool";
+    case ImageClaimRoute::kRefused:
+      return "refused";
+  }
+  return "unknown";
 }
 
 const char* MethodName(CountedMethod m) {

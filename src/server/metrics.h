@@ -62,6 +62,14 @@ enum class CountedMethod : uint8_t { kClaim = 0, kClaimBatch = 1, kRelease = 2 }
 // "Claim", "ClaimBatch", "Release".
 const char* MethodName(CountedMethod m);
 
+// How a claim by image (ClaimRequest.image, ClaimBatchRequest.image) was served: from a
+// declared pool of the image, from its on-demand pool, or refused before it reached a pool
+// (no pool, a bad reference, no image cache, a tenant's image limit).
+enum class ImageClaimRoute : uint8_t { kDeclaredPool = 0, kOnDemandPool = 1, kRefused = 2 };
+inline constexpr int kImageClaimRoutes = 3;
+// "declared_pool", "on_demand_pool", "refused" (the label sbx_image_claims_total{served}).
+const char* ImageClaimRouteName(ImageClaimRoute r);
+
 // Writes `port` and a newline to `path` through a temporary file renamed over it, so a
 // reader never sees half a number. INTERNAL naming the file when it cannot.
 absl::Status WritePortFile(const std::string& path, int port);
@@ -76,6 +84,11 @@ class RequestCounters {
   void CountCall(CountedMethod method, absl::StatusCode code) {
     calls_[static_cast<int>(method)][Index(code)].fetch_add(1, std::memory_order_relaxed);
   }
+  // One Claim or ClaimBatch call by image went `route` (a retry answered from its claim
+  // is not counted again).
+  void CountImageClaim(ImageClaimRoute route) {
+    image_claims_[static_cast<int>(route)].fetch_add(1, std::memory_order_relaxed);
+  }
   // One Exec call ended with `code` after `took` (from its first message to its status).
   void CountExec(absl::StatusCode code, absl::Duration took) {
     execs_[Index(code)].fetch_add(1, std::memory_order_relaxed);
@@ -86,6 +99,9 @@ class RequestCounters {
     return calls_[static_cast<int>(method)][code].load(std::memory_order_relaxed);
   }
   uint64_t execs(int code) const { return execs_[code].load(std::memory_order_relaxed); }
+  uint64_t image_claims(ImageClaimRoute route) const {
+    return image_claims_[static_cast<int>(route)].load(std::memory_order_relaxed);
+  }
   HistogramSnapshot exec_seconds() const { return exec_seconds_.Snapshot(); }
 
  private:
@@ -98,6 +114,7 @@ class RequestCounters {
   // Relaxed: counters order no other memory.
   std::array<std::array<std::atomic<uint64_t>, kCodes>, kCountedMethods> calls_{};
   std::array<std::atomic<uint64_t>, kCodes> execs_{};
+  std::array<std::atomic<uint64_t>, kImageClaimRoutes> image_claims_{};
   AtomicHistogram exec_seconds_;
 };
 

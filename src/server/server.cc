@@ -100,6 +100,7 @@ namespace {
 struct Services {
   std::unique_ptr<Authenticator> auth;       // null without an allocator
   std::unique_ptr<SandboxdClients> daemons;  // null without an allocator
+  std::unique_ptr<TenantLimiter> limiter;    // when ServerOptions::tenant_limiter is null
   std::vector<std::unique_ptr<grpc::Service>> services;
   std::vector<std::shared_ptr<grpc::Service>> extra;  // ServerOptions::extra_services
   std::unique_ptr<ForwardingService> forward;         // a standby's relay to the leader
@@ -180,6 +181,7 @@ absl::Status ServerOptions::Validate() const {
         "tls_client_ca_file (mTLS) needs tls_cert_file and tls_key_file");
   }
   if (absl::Status s = sandbox_limits.Validate(); !s.ok()) return s;
+  if (absl::Status s = image_claims.Validate(); !s.ok()) return s;
   if (forward.has_value()) {
     if (allocator != nullptr) {
       return absl::InvalidArgumentError("a server relays to the leader only without an allocator");
@@ -210,9 +212,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       spdlog::info("auth: {} tokens from \"{}\"", services->auth->size(), options.auth.tokens_file);
     }
     services->daemons = std::make_unique<SandboxdClients>(options.sandbox_secret);
+    TenantLimiter* limiter = options.tenant_limiter;
+    if (limiter == nullptr) {
+      services->limiter = std::make_unique<TenantLimiter>();
+      limiter = services->limiter.get();
+    }
     services->services.push_back(std::make_unique<ClaimService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.request_counters,
-        options.tenant_limiter));
+        limiter,
+        ImagePools::Create(options.allocator, options.images, limiter, options.image_claims)));
     services->services.push_back(std::make_unique<SandboxService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits,
         options.request_counters));

@@ -23,6 +23,7 @@
 #include "src/images/images.h"
 #include "src/server/auth.h"
 #include "src/server/forward.h"
+#include "src/server/image_pools.h"
 #include "src/server/metrics.h"
 #include "src/server/sandbox_service.h"
 #include "src/server/tenant_limits.h"
@@ -78,6 +79,10 @@ struct ServerOptions {
   // The local runtime's image cache, served by ImageService (admin). Null: ImageService
   // answers FAILED_PRECONDITION. Must outlive the server.
   images::Images* images = nullptr;
+  // How claims by image find their pool, and whether this server makes on-demand pools
+  // of images (image_pools.h). With on_demand and no `images`, claims of an image no
+  // declared pool runs are FAILED_PRECONDITION.
+  ImageClaimOptions image_claims;
   // Further services served on the same port (the replicas' store replication). A
   // grpc::Service serves one server: give each server its own instances.
   std::vector<std::shared_ptr<grpc::Service>> extra_services;

@@ -252,6 +252,8 @@ class UsageTest(CliTestCase):
             ([], "needs a subcommand"),
             (["watch"], "needs a subcommand: claims, pools"),
             (["claim"], "pool"),
+            (["claim", "--image", ""], "give a pool (POOL) or an image (--image REF)"),
+            (["claim", "default", "--image", "oci:/x:1"], "not both"),
             (["claim", "default", "--ttl", "10"], "not a duration"),
             (["claim", "default", "--policy", "sometimes"], "sometimes"),
             (["claim", "default", "--priority", "urgent"], "urgent"),
@@ -888,6 +890,19 @@ class ImageCliTest(CliTestCase):
         # A server without an image cache says so.
         r = sbx("images")
         self.assertError(r, "FAILED_PRECONDITION", "--image_cache_bytes")
+
+    def test_claim_by_image_without_a_pool_of_it(self):
+        # The instant runtime makes no pools of images (only the local runtime does):
+        # NOT_FOUND naming the image, and no pool was made.
+        target = self.srv.target
+        r = sbx("claim", "--image", self.ref, token=TENANT, server=target)
+        self.assertError(r, "NOT_FOUND", 'no pool runs image "%s"' % self.ref)
+        r = sbx("-o", "json", "pools", server=target)
+        self.assertOk(r)
+        self.assertNotIn("image-", r.stdout)
+        # A reference the cache does not take is the request's mistake.
+        r = sbx("claim", "--image", "dir:/tmp", token=TENANT, server=target)
+        self.assertError(r, "INVALID_ARGUMENT", "dir:/tmp")
 
 
 def setUpModule():

@@ -227,6 +227,32 @@ TEST_F(KubeRuntimeListTest, ServingEveryNamespaceIdsCarryTheirNamespace) {
                                             "team-b/py team-b/py-1"}));
 }
 
+// Issue 34, claims by image: a pool runs the images of its SandboxTemplate's pod template
+// (containers only, in order), looked up in the namespace of the allocator's name.
+TEST(ContainerImagesTest, AreTheImagesOfThePodTemplatesContainers) {
+  EXPECT_EQ(ContainerImages(Json::parse(R"({"spec": {
+      "initContainers": [{"name": "init", "image": "busybox:1"}],
+      "containers": [{"name": "main", "image": "python:3.12"},
+                     {"name": "side", "image": "envoy:1.30"}, {"name": "none"},
+                     "not a container"]}})")),
+            (std::vector<std::string>{"python:3.12", "envoy:1.30"}));
+  EXPECT_TRUE(ContainerImages(Json::parse(R"({"spec": {"containers": {}}})")).empty());
+  EXPECT_TRUE(ContainerImages(Json::parse(R"({"metadata": {}})")).empty());
+  EXPECT_TRUE(ContainerImages(Json::parse(R"([1, 2])")).empty());
+}
+
+TEST_F(KubeRuntimeListTest, SandboxTemplateImagesComeFromTheCacheOfTheNamesNamespace) {
+  ASSERT_NO_FATAL_FAILURE(MakeNamespace("team-a"));
+  ASSERT_NO_FATAL_FAILURE(CreatePythonPool(*client_, "team-a"));
+  informer_ns_ = "";
+  ASSERT_NO_FATAL_FAILURE(StartFedRuntime());
+  EXPECT_EQ(runtime_->SandboxTemplateImages("team-a/py", "python"),
+            (std::vector<std::string>{"python:3.12-slim"}));
+  EXPECT_TRUE(runtime_->SandboxTemplateImages("py", "python").empty())
+      << "the default namespace has no SandboxTemplate \"python\"";
+  EXPECT_TRUE(runtime_->SandboxTemplateImages("team-a/py", "ruby").empty());
+}
+
 // The attack: a tenant who may make Sandboxes in its own namespace makes one named like
 // a warm member that another namespace's pool is creating, with the pool's label, and
 // marks it Ready with an address of its choosing. Had the runtime known its members by

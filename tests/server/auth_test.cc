@@ -81,6 +81,13 @@ TEST_F(AuthTest, MalformedLinesNameFileAndLine) {
       {"t1 alice namespaces=a\nt2 alice namespaces=b\n", ":2: tenant \"alice\" has other limits"},
       {"# x\nt1 al/ice\n", ":2: tenant \"al/ice\""},
       {"t1 alice\nt1 bob\n", ":2: token appears twice"},
+      {"t1 alice image_claim_rate=0\n", ":1: image_claim_rate \"0\" is not a number"},
+      {"t1 alice image_claim_rate=5 image_claim_burst=0\n",
+       ":1: image_claim_burst \"0\" is not a whole number"},
+      {"t1 alice image_claim_burst=3\n", ":1: image_claim_burst without image_claim_rate"},
+      {"t1 alice image_cache_bytes=0\n", ":1: image_cache_bytes \"0\" is not a whole number"},
+      {"t1 alice image_cache_bytes=1G\n", ":1: image_cache_bytes \"1G\""},
+      {"t1 alice image_cache_bytes=5\nt2 alice\n", ":2: tenant \"alice\" has other limits"},
   };
   for (const auto& [text, want] : cases) {
     Write(text);
@@ -113,6 +120,33 @@ TEST_F(AuthTest, ClaimRateAndBurstBelongToTheTenant) {
   auto c = (*auth)->Authenticate("Bearer t4");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->limits, TenantLimits{});  // unlimited
+}
+
+// Issue 34: the limits of claims by image come with each of the tenant's tokens; the
+// image burst defaults to the image rate rounded up, and neither touches claim_rate.
+TEST_F(AuthTest, ImageClaimLimitsBelongToTheTenant) {
+  Write(
+      "t1 alice image_claim_rate=0.5 image_cache_bytes=1000000\n"
+      "t2 alice image_cache_bytes=1000000 image_claim_rate=0.5\n"
+      "t3 bob image_claim_rate=2 image_claim_burst=7 claim_rate=3\n");
+  auto auth = Make();
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  for (const char* token : {"Bearer t1", "Bearer t2"}) {
+    auto a = (*auth)->Authenticate(token);
+    ASSERT_TRUE(a.ok()) << a.status();
+    TenantLimits want;
+    want.image_claim_rate = 0.5;
+    want.image_claim_burst = 1;
+    want.image_cache_bytes = 1000000;
+    EXPECT_EQ(a->limits, want) << token;
+  }
+  auto b = (*auth)->Authenticate("Bearer t3");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->limits.claim_rate, 3);
+  EXPECT_EQ(b->limits.claim_burst, 3);
+  EXPECT_EQ(b->limits.image_claim_rate, 2);
+  EXPECT_EQ(b->limits.image_claim_burst, 7);
+  EXPECT_EQ(b->limits.image_cache_bytes, 0);
 }
 
 // Issue 22: max_claims and weight come with each of the tenant's tokens; by default no

@@ -247,6 +247,45 @@ TEST_F(MetricsTest, TenantRefusalsAreCountedByTenant) {
   EXPECT_EQ(m->counter.value, 2);
 }
 
+// Issue 34: claims by image by how they were served (every route present from the start),
+// and the image limits' refusals next to the others.
+TEST_F(MetricsTest, ImageClaimsAreCountedByRouteAndImageLimitsByTenant) {
+  RequestCounters counters;
+  TenantLimiter limiter;
+  MetricsSources sources;
+  sources.requests = &counters;
+  sources.tenants = &limiter;
+  std::vector<MetricFamily> f = NewServerCollector(sources)->Collect();
+  for (const char* route : {"declared_pool", "on_demand_pool", "refused"}) {
+    const ClientMetric* m = Find(f, "sbx_image_claims_total", {{"served", route}});
+    ASSERT_NE(m, nullptr) << route;
+    EXPECT_EQ(m->counter.value, 0) << route;
+  }
+  counters.CountImageClaim(ImageClaimRoute::kDeclaredPool);
+  counters.CountImageClaim(ImageClaimRoute::kOnDemandPool);
+  counters.CountImageClaim(ImageClaimRoute::kOnDemandPool);
+  counters.CountImageClaim(ImageClaimRoute::kRefused);
+  Caller alice;
+  alice.tenant = "alice";
+  alice.limits.image_claim_rate = 1;
+  alice.limits.image_claim_burst = 1;
+  ASSERT_TRUE(limiter.TakeImageClaims(alice, 1).ok());
+  ASSERT_FALSE(limiter.TakeImageClaims(alice, 1).ok());
+  limiter.CountRefusal("bob", "image_cache_bytes");
+  f = NewServerCollector(sources)->Collect();
+  EXPECT_EQ(Find(f, "sbx_image_claims_total", {{"served", "declared_pool"}})->counter.value, 1);
+  EXPECT_EQ(Find(f, "sbx_image_claims_total", {{"served", "on_demand_pool"}})->counter.value, 2);
+  EXPECT_EQ(Find(f, "sbx_image_claims_total", {{"served", "refused"}})->counter.value, 1);
+  const ClientMetric* rate =
+      Find(f, "sbx_tenant_limited_total", {{"tenant", "alice"}, {"limit", "image_claim_rate"}});
+  ASSERT_NE(rate, nullptr);
+  EXPECT_EQ(rate->counter.value, 1);
+  const ClientMetric* bytes =
+      Find(f, "sbx_tenant_limited_total", {{"tenant", "bob"}, {"limit", "image_cache_bytes"}});
+  ASSERT_NE(bytes, nullptr);
+  EXPECT_EQ(bytes->counter.value, 1);
+}
+
 // Issue 22: the max_claims refusals and the claims held come from the allocator, next to
 // the claim-rate refusals of the server's limiter, in one family.
 TEST_F(MetricsTest, MaxClaimsRefusalsAndClaimsHeldAreCountedByTenant) {

@@ -1,5 +1,6 @@
 // TenantLimiter (issue 22): each tenant's claim rate as a token bucket on an injected
 // clock; a tenant's refusals name it and say when to retry, and never touch another's.
+// Issue 34: the image claim rate is a bucket of its own, and refusals are by limit.
 
 #include "src/server/tenant_limits.h"
 
@@ -44,7 +45,7 @@ TEST(TenantLimiterTest, ABurstIsGrantedThenTheRateWithTheWaitNamed) {
   clock.Advance(absl::Hours(1));
   EXPECT_TRUE(limiter.TakeClaims(alice, 3).ok());
   EXPECT_FALSE(limiter.TakeClaims(alice, 1).ok());
-  EXPECT_EQ(limiter.Refusals(), (std::vector<std::pair<std::string, uint64_t>>{{"alice", 3}}));
+  EXPECT_EQ(limiter.Refusals(), (std::vector<TenantRefusals>{{"alice", "claim_rate", 3}}));
 }
 
 TEST(TenantLimiterTest, ABatchTakesAllItsClaimsOrNone) {
@@ -73,7 +74,7 @@ TEST(TenantLimiterTest, TenantsDoNotShareABucketAndUnlimitedOnesAreNeverRefused)
   EXPECT_FALSE(limiter.TakeClaims(alice, 1).ok());
   EXPECT_TRUE(limiter.TakeClaims(bob, 1).ok()) << "alice's refusals spent bob's claims";
   for (int i = 0; i < 1000; ++i) ASSERT_TRUE(limiter.TakeClaims(carol, 10).ok());
-  EXPECT_EQ(limiter.Refusals(), (std::vector<std::pair<std::string, uint64_t>>{{"alice", 1}}));
+  EXPECT_EQ(limiter.Refusals(), (std::vector<TenantRefusals>{{"alice", "claim_rate", 1}}));
 }
 
 TEST(TenantLimiterTest, NewLimitsAtAReloadStartAFullBucket) {
@@ -82,6 +83,36 @@ TEST(TenantLimiterTest, NewLimitsAtAReloadStartAFullBucket) {
   EXPECT_TRUE(limiter.TakeClaims(Tenant("alice", 1, 1), 1).ok());
   EXPECT_FALSE(limiter.TakeClaims(Tenant("alice", 1, 1), 1).ok());
   EXPECT_TRUE(limiter.TakeClaims(Tenant("alice", 5, 5), 5).ok());
+}
+
+// Claims by image of on-demand pools have their own bucket: spending one does not spend
+// the other; refusals name image_claim_rate and are counted apart, with image_cache_bytes
+// refusals counted for its owner.
+TEST(TenantLimiterTest, TheImageClaimRateIsABucketOfItsOwn) {
+  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
+  TenantLimiter limiter(&clock);
+  Caller alice = Tenant("alice", 1, 1);
+  alice.limits.image_claim_rate = 0.5;
+  alice.limits.image_claim_burst = 2;
+  EXPECT_TRUE(limiter.TakeImageClaims(alice, 2).ok());
+  absl::Status refused = limiter.TakeImageClaims(alice, 1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("tenant \"alice\" is above its image claim rate"));
+  EXPECT_THAT(refused.message(), HasSubstr("image_claim_rate 0.5/s, image_claim_burst 2"));
+  EXPECT_EQ(RetryAfterMs(refused), "2000");
+  EXPECT_TRUE(limiter.TakeClaims(alice, 1).ok()) << "the image bucket spent the claim bucket";
+  EXPECT_EQ(limiter.TakeImageClaims(alice, 3).code(), absl::StatusCode::kFailedPrecondition);
+  limiter.CountRefusal("alice", "image_cache_bytes");
+  limiter.CountRefusal("alice", "image_cache_bytes");
+  EXPECT_FALSE(limiter.TakeClaims(alice, 1).ok());
+  EXPECT_EQ(limiter.Refusals(), (std::vector<TenantRefusals>{{"alice", "claim_rate", 1},
+                                                             {"alice", "image_cache_bytes", 2},
+                                                             {"alice", "image_claim_rate", 1}}));
+  clock.Advance(absl::Seconds(2));
+  EXPECT_TRUE(limiter.TakeImageClaims(alice, 1).ok());
+  // Without an image_claim_rate, claims by image are not limited.
+  const Caller bob = Tenant("bob", 1, 1);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(limiter.TakeImageClaims(bob, 5).ok());
 }
 
 }  // namespace
