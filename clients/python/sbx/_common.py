@@ -21,6 +21,9 @@ DEFAULT_TIMEOUT = 30.0  # seconds per call, like the CLI's --timeout
 # A claim without `wait` waits for the pool's default_wait; the client cannot know it, so
 # its deadline counts the server's default (30 s), as the CLI and the TypeScript SDK do.
 DEFAULT_WAIT = 30.0
+# The wait of a claim by image that gives none, in the deadline: the image's on-demand pool
+# waits 5 minutes by default (its first sandbox pulls the image).
+IMAGE_DEFAULT_WAIT = 300.0
 EXEC_DEFAULT_TIMEOUT = 600.0  # the server's default for ExecStart.timeout
 # The most a release after an interrupted claim (Ctrl-C, a cancelled task) may take.
 RELEASE_AFTER_INTERRUPT = 5.0
@@ -481,9 +484,19 @@ def stdin_bytes(stdin: Union[None, str, bytes]) -> Optional[bytes]:
     return stdin.encode() if isinstance(stdin, str) else bytes(stdin)
 
 
-def claim_request(claim_id: str, pool: str, ttl, env, files, labels, wait, policy,
-                  priority=None, node_preference=None) -> claims_pb2.ClaimRequest:
-    req = claims_pb2.ClaimRequest(claim_id=claim_id, pool=pool,
+def pool_or_image(pool: Optional[str], image: Optional[str]) -> None:
+    """A claim names a pool or an image, never both (ValueError naming them, before any
+    call)."""
+    if pool and image:
+        raise ValueError(f"give a pool ({pool!r}) or an image ({image!r}), not both")
+    if not pool and not image:
+        raise ValueError("give a pool, or an image (image=...)")
+
+
+def claim_request(claim_id: str, pool: Optional[str], ttl, env, files, labels, wait, policy,
+                  priority=None, node_preference=None,
+                  image: Optional[str] = None) -> claims_pb2.ClaimRequest:
+    req = claims_pb2.ClaimRequest(claim_id=claim_id, pool=pool or "", image=image or "",
                                   empty_pool_policy=policy_value(policy),
                                   priority=priority_value(priority),
                                   labels=dict(labels or {}),
@@ -494,11 +507,11 @@ def claim_request(claim_id: str, pool: str, ttl, env, files, labels, wait, polic
     return req
 
 
-def batch_request(batch_id: str, pool: str, count: int, best_effort: bool, ttl, env, files,
-                  labels, wait, policy, priority=None, node_preference=None
-                  ) -> claims_pb2.ClaimBatchRequest:
+def batch_request(batch_id: str, pool: Optional[str], count: int, best_effort: bool, ttl, env,
+                  files, labels, wait, policy, priority=None, node_preference=None,
+                  image: Optional[str] = None) -> claims_pb2.ClaimBatchRequest:
     req = claims_pb2.ClaimBatchRequest(
-        batch_id=batch_id, pool=pool, count=count,
+        batch_id=batch_id, pool=pool or "", image=image or "", count=count,
         mode=claims_pb2.BATCH_MODE_BEST_EFFORT if best_effort
         else claims_pb2.BATCH_MODE_ALL_OR_NOTHING,
         empty_pool_policy=policy_value(policy), priority=priority_value(priority),
@@ -521,17 +534,18 @@ def sandbox_config(env: Optional[Mapping[str, str]],
 
 
 def claim_deadline(wait: Optional[float], policy: Optional[str],
-                   call_timeout: float) -> float:
+                   call_timeout: float, image: bool = False) -> float:
     """The gRPC deadline of a Claim or ClaimBatch, retries included: the time the server
-    may make it wait (`wait`; none with policy "fail"; else the server's default 30 s)
-    plus the call timeout (the claim's `timeout=`, else the client's). The same rule as
-    the TypeScript SDK's."""
+    may make it wait (`wait`; none with policy "fail"; else the server's default 30 s, or
+    5 minutes for a claim by image, whose on-demand pool may first pull it) plus the call
+    timeout (the claim's `timeout=`, else the client's). The same rule as the TypeScript
+    SDK's."""
     if wait is not None:
         waiting = float(wait)
     elif isinstance(policy, str) and policy.lower() == "fail":
         waiting = 0.0
     else:
-        waiting = DEFAULT_WAIT
+        waiting = IMAGE_DEFAULT_WAIT if image else DEFAULT_WAIT
     return waiting + call_timeout
 
 

@@ -95,11 +95,12 @@ class AsyncClient:
                 await asyncio.sleep(pause)
 
     def _claim_deadline(self, wait: Optional[float], policy: Optional[str],
-                        timeout: Optional[float]) -> float:
+                        timeout: Optional[float], image: Optional[str] = None) -> float:
         """Claim and ClaimBatch: the wait they may get (`wait`; none with policy "fail";
-        else the server's default 30 s) plus the call timeout (`timeout`, else the
-        client's)."""
-        return c.claim_deadline(wait, policy, self.timeout if timeout is None else timeout)
+        else the server's default 30 s, 5 minutes by image) plus the call timeout
+        (`timeout`, else the client's)."""
+        return c.claim_deadline(wait, policy, self.timeout if timeout is None else timeout,
+                                image=bool(image))
 
     async def _release_quietly(self, claim_id: str) -> None:
         try:
@@ -116,7 +117,8 @@ class AsyncClient:
         return PingResult(payload=r.payload, server_version=r.server_version,
                           server_commit=r.server_commit, server_time=c._ts(r.server_time))
 
-    def claim(self, pool: str, *, ttl: Optional[float] = None,
+    def claim(self, pool: Optional[str] = None, *, image: Optional[str] = None,
+              ttl: Optional[float] = None,
               env: Optional[Mapping[str, str]] = None,
               files: Optional[Mapping[str, Content]] = None,
               labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
@@ -124,17 +126,19 @@ class AsyncClient:
               node_preference: Optional[Mapping[str, str]] = None,
               claim_id: Optional[str] = None,
               timeout: Optional[float] = None) -> "_Pending[AsyncSandbox]":
-        """Claims a sandbox, as sbx.Client.claim. Use `async with client.claim(...) as sb:`
-        (released at the end, also on exceptions and cancellation) or
-        `sb = await client.claim(...)` then `await sb.release()`."""
+        """Claims a sandbox of `pool` or running `image`, as sbx.Client.claim. Use
+        `async with client.claim(...) as sb:` (released at the end, also on exceptions and
+        cancellation) or `sb = await client.claim(...)` then `await sb.release()`."""
+        c.pool_or_image(pool, image)
         claim_id = c.check_id(claim_id, "claim_id") if claim_id else c.new_claim_id()
         req = c.claim_request(claim_id, pool, ttl, env, files, labels, wait, policy,
-                              priority, node_preference)
+                              priority, node_preference, image)
 
         async def run() -> AsyncSandbox:
             try:
                 resp = await self._call(self._claims.Claim, req, claim_id=claim_id,
-                                        timeout=self._claim_deadline(wait, policy, timeout))
+                                        timeout=self._claim_deadline(wait, policy, timeout,
+                                                                     image))
             except SbxError:
                 raise
             except BaseException:  # Cancelled (or Ctrl-C) while the claim was on its way.
@@ -143,7 +147,8 @@ class AsyncClient:
             return AsyncSandbox(self, ClaimInfo.from_proto(resp.claim), replayed=resp.replayed)
         return _Pending(run)
 
-    def claim_batch(self, pool: str, n: int, *, best_effort: bool = False,
+    def claim_batch(self, pool: Optional[str] = None, n: Optional[int] = None, *,
+                    image: Optional[str] = None, best_effort: bool = False,
                     batch_id: Optional[str] = None, ttl: Optional[float] = None,
                     env: Optional[Mapping[str, str]] = None,
                     files: Optional[Mapping[str, Content]] = None,
@@ -151,15 +156,20 @@ class AsyncClient:
                     policy: Optional[str] = None, priority: Optional[str] = None,
                     node_preference: Optional[Mapping[str, str]] = None,
                     timeout: Optional[float] = None) -> "_Pending[AsyncSandboxGroup]":
-        """ClaimBatch, as sbx.Client.claim_batch; `async with` or await."""
+        """ClaimBatch, as sbx.Client.claim_batch (by pool or by image); `async with` or
+        await."""
+        c.pool_or_image(pool, image)
+        if n is None:
+            raise TypeError("claim_batch() needs n, the number of sandboxes")
         batch_id = c.check_id(batch_id, "batch_id") if batch_id else c.new_claim_id("pyb")
         req = c.batch_request(batch_id, pool, n, best_effort, ttl, env, files, labels, wait,
-                              policy, priority, node_preference)
+                              policy, priority, node_preference, image)
 
         async def run() -> AsyncSandboxGroup:
             try:
                 resp = await self._call(self._claims.ClaimBatch, req, claim_id=batch_id,
-                                        timeout=self._claim_deadline(wait, policy, timeout))
+                                        timeout=self._claim_deadline(wait, policy, timeout,
+                                                                     image))
             except SbxError:
                 raise
             except BaseException:

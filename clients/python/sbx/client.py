@@ -112,11 +112,12 @@ class Client:
                 time.sleep(pause)
 
     def _claim_deadline(self, wait: Optional[float], policy: Optional[str],
-                        timeout: Optional[float]) -> float:
+                        timeout: Optional[float], image: Optional[str] = None) -> float:
         """Claim and ClaimBatch: the wait they may get (`wait`; none with policy "fail";
-        else the server's default 30 s) plus the call timeout (`timeout`, else the
-        client's)."""
-        return c.claim_deadline(wait, policy, self.timeout if timeout is None else timeout)
+        else the server's default 30 s, 5 minutes by image) plus the call timeout
+        (`timeout`, else the client's)."""
+        return c.claim_deadline(wait, policy, self.timeout if timeout is None else timeout,
+                                image=bool(image))
 
     def _release_quietly(self, claim_id: str) -> None:
         try:
@@ -135,15 +136,28 @@ class Client:
         return PingResult(payload=r.payload, server_version=r.server_version,
                           server_commit=r.server_commit, server_time=c._ts(r.server_time))
 
-    def claim(self, pool: str, *, ttl: Optional[float] = None,
+    def claim(self, pool: Optional[str] = None, *, image: Optional[str] = None,
+              ttl: Optional[float] = None,
               env: Optional[Mapping[str, str]] = None,
               files: Optional[Mapping[str, Content]] = None,
               labels: Optional[Mapping[str, str]] = None, wait: Optional[float] = None,
               policy: Optional[str] = None, priority: Optional[str] = None,
               node_preference: Optional[Mapping[str, str]] = None,
               claim_id: Optional[str] = None, timeout: Optional[float] = None) -> "Sandbox":
-        """Claims a warm sandbox of `pool`; use the result in a `with` block to release it
-        at the end (also on exceptions and Ctrl-C), or call its release().
+        """Claims a warm sandbox of `pool`, or one running `image` (exactly one of them);
+        use the result in a `with` block to release it at the end (also on exceptions and
+        Ctrl-C), or call its release().
+
+        image: an image reference instead of a pool ("oci:DIR:TAG", "docker://NAME:TAG" on
+        a local server; "python:3.12" on Kubernetes): the server serves it from a pool
+        whose template runs it (the one with warm sandboxes first), else, on a local server
+        with an image cache, from the image's on-demand pool, made and pulled on first use
+        (policy "cold" unless given; waits up to 5 minutes by default, which the call's
+        deadline allows for). The Sandbox's `pool` says which pool served it. NotFound
+        when no pool runs it and the server makes none (Kubernetes), FailedPrecondition
+        on a local server without an image cache, InvalidArgument for a reference the
+        server does not take, PoolExhausted for the tenant's image limits
+        (image_claim_rate, image_cache_bytes).
 
         ttl: seconds the claim lives without renew() (None: the pool's default_ttl).
         env: variables for every command run in it. files: path -> content placed in
@@ -169,12 +183,13 @@ class Client:
         raised after the server may have granted the claim carries `claim_id`. A policy
         or priority not among the above is a ValueError naming it, before any call.
         """
+        c.pool_or_image(pool, image)
         claim_id = c.check_id(claim_id, "claim_id") if claim_id else c.new_claim_id()
         req = c.claim_request(claim_id, pool, ttl, env, files, labels, wait, policy,
-                              priority, node_preference)
+                              priority, node_preference, image)
         try:
             resp = self._call(self._claims.Claim, req, claim_id=claim_id,
-                              timeout=self._claim_deadline(wait, policy, timeout))
+                              timeout=self._claim_deadline(wait, policy, timeout, image))
         except SbxError:
             raise
         except BaseException:
@@ -184,7 +199,8 @@ class Client:
             raise
         return Sandbox(self, ClaimInfo.from_proto(resp.claim), replayed=resp.replayed)
 
-    def claim_batch(self, pool: str, n: int, *, best_effort: bool = False,
+    def claim_batch(self, pool: Optional[str] = None, n: Optional[int] = None, *,
+                    image: Optional[str] = None, best_effort: bool = False,
                     batch_id: Optional[str] = None, ttl: Optional[float] = None,
                     env: Optional[Mapping[str, str]] = None,
                     files: Optional[Mapping[str, Content]] = None,
@@ -196,14 +212,18 @@ class Client:
         best_effort between 1 and n. The claims are `<batch_id>#<i>`. Returns a
         SandboxGroup (a sequence of Sandbox) that releases them all at the end of a
         `with` block or on release(). The sandboxes the batch waits for all wait at its
-        `priority`; `node_preference` applies to each of its sandboxes. Other arguments as
+        `priority`; `node_preference` applies to each of its sandboxes. By image:
+        `claim_batch(n=8, image=REF)`, all from one pool of the image. Other arguments as
         for claim()."""
+        c.pool_or_image(pool, image)
+        if n is None:
+            raise TypeError("claim_batch() needs n, the number of sandboxes")
         batch_id = c.check_id(batch_id, "batch_id") if batch_id else c.new_claim_id("pyb")
         req = c.batch_request(batch_id, pool, n, best_effort, ttl, env, files, labels, wait,
-                              policy, priority, node_preference)
+                              policy, priority, node_preference, image)
         try:
             resp = self._call(self._claims.ClaimBatch, req, claim_id=batch_id,
-                              timeout=self._claim_deadline(wait, policy, timeout))
+                              timeout=self._claim_deadline(wait, policy, timeout, image))
         except SbxError:
             raise
         except BaseException:

@@ -168,6 +168,41 @@ class ValuesTest(unittest.TestCase):
         self.assertEqual(dict(wire.node_preference), zone)
 
 
+class ImageClaimTest(unittest.TestCase):
+    """Claims by image (issue 34): the requests, the deadline, and the one-of check."""
+
+    def test_the_requests_carry_the_image_and_no_pool(self):
+        req = c.claim_request("id-1", None, None, None, None, None, None, None,
+                              image="oci:/images/a:v1")
+        self.assertEqual((req.pool, req.image), ("", "oci:/images/a:v1"))
+        wire = type(req).FromString(req.SerializeToString())
+        self.assertEqual(wire.image, "oci:/images/a:v1")
+        breq = c.batch_request("b-1", None, 2, False, None, None, None, None, None, None,
+                               image="python:3.12")
+        self.assertEqual((breq.pool, breq.image, breq.count), ("", "python:3.12", 2))
+        self.assertEqual(c.claim_request("id-1", "py", None, None, None, None, None,
+                                         None).image, "")
+
+    def test_the_deadline_allows_for_a_first_pull(self):
+        self.assertEqual(c.claim_deadline(None, None, 10, image=True), 310)
+        self.assertEqual(c.claim_deadline(None, None, 10), 40)
+        self.assertEqual(c.claim_deadline(5, None, 10, image=True), 15)
+        self.assertEqual(c.claim_deadline(None, "fail", 10, image=True), 10)
+
+    def test_pool_or_image_before_any_call(self):
+        # Nothing listens on this port: each refusal comes before a call.
+        with sbx.Client("127.0.0.1:1") as client:
+            with self.assertRaisesRegex(ValueError, r"give a pool \('py'\) or an image "
+                                                    r"\('oci:/x:1'\), not both"):
+                client.claim("py", image="oci:/x:1")
+            with self.assertRaisesRegex(ValueError, "give a pool, or an image"):
+                client.claim()
+            with self.assertRaisesRegex(ValueError, "not both"):
+                client.claim_batch("py", 2, image="oci:/x:1")
+            with self.assertRaisesRegex(TypeError, "needs n"):
+                client.claim_batch(image="oci:/x:1")
+
+
 class TreeTest(unittest.TestCase):
     def test_no_generated_code_in_the_source_tree(self):
         pkg = os.path.join(harness.ROOT, "clients", "python", "sbx")

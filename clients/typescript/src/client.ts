@@ -18,6 +18,9 @@ import {
 export const DEFAULT_SERVER = '127.0.0.1:50051';
 // The CLI's default wait, added to a claim's deadline when no wait is given.
 const kDefaultPoolWaitMs = 30000;
+// The default wait of an image's on-demand pool (its first sandbox pulls the image), added
+// to the deadline of a claim by image that gives no wait.
+const kDefaultImageWaitMs = 300000;
 
 /** How to reach and authenticate to the server; every field is optional. */
 export interface ClientOptions {
@@ -51,6 +54,13 @@ export interface FileSpec {
   /** Permission bits, e.g. 0o755. Default 0o644. */
   mode?: number;
 }
+
+/**
+ * What a claim takes its sandbox from: a pool by name (`'py'` or `{pool: 'py'}`), or
+ * `{image: REF}`, a sandbox running that image (see {@link Client.claim}). Exactly one of
+ * `pool` and `image`.
+ */
+export type ClaimSource = string | {pool: string; image?: undefined} | {image: string; pool?: undefined};
 
 /** Options of {@link Client.claim}. */
 export interface ClaimOptions extends CallOptions {
@@ -177,9 +187,24 @@ function claimFields(opts: ClaimOptions | ClaimBatchOptions): Record<string, unk
   };
 }
 
+// The request's pool and image; InvalidArgument unless exactly one is given (checked here:
+// proto-loader would send a stray field silently).
+function sourceFields(from: ClaimSource): {pool: string; image: string} {
+  if (typeof from === 'string') return {pool: from, image: ''};
+  const pool = from?.pool ?? '';
+  const image = from?.image ?? '';
+  if (!pool === !image) {
+    throw new InvalidArgument(grpc.status.INVALID_ARGUMENT, pool ?
+      `give a pool (${JSON.stringify(pool)}) or an image (${JSON.stringify(image)}), not both` :
+      'give a pool, or an image ({image: REF})');
+  }
+  return {pool, image};
+}
+
 /** Time a claim may take: its wait (unless policy fail) plus the call timeout. */
-function claimDeadline(ctx: Context, opts: ClaimOptions | ClaimBatchOptions): number {
-  const wait = opts.policy === 'fail' ? 0 : opts.wait === undefined ? kDefaultPoolWaitMs : durationMs(opts.wait, 'wait');
+function claimDeadline(ctx: Context, opts: ClaimOptions | ClaimBatchOptions, byImage = false): number {
+  const wait = opts.policy === 'fail' ? 0 :
+    opts.wait !== undefined ? durationMs(opts.wait, 'wait') : byImage ? kDefaultImageWaitMs : kDefaultPoolWaitMs;
   return deadlineOf(ctx, opts, wait);
 }
 
@@ -224,34 +249,49 @@ export class Client implements Disposable {
   }
 
   /**
-   * Claims a sandbox from a pool. Retried with the same claim id after UNAVAILABLE or
-   * ABORTED until the deadline (wait + timeoutMs), so a retry never takes a second
-   * sandbox.
+   * Claims a sandbox from a pool (`claim('py')`), or one running an image
+   * (`claim({image: 'oci:/images/task-17:v1'})`). Retried with the same claim id after
+   * UNAVAILABLE or ABORTED until the deadline (wait + timeoutMs), so a retry never takes
+   * a second sandbox.
    *
-   * Rejects with PoolExhausted (policy fail, with `retryAfterMs`), DeadlineExceeded (no
-   * sandbox within `wait`), NotFound (no such pool), InvalidArgument, AlreadyExists (id
-   * used for another pool), FailedPrecondition (id of an ended claim), Cancelled.
+   * By image, the server takes a pool whose template runs the image (the one with warm
+   * sandboxes first), else, on a local server with an image cache, the image's on-demand
+   * pool, made and pulled on first use (policy cold unless given; it waits up to 5
+   * minutes by default, which the deadline allows for). `sandbox.claim.pool` says which
+   * pool served it.
+   *
+   * Rejects with PoolExhausted (policy fail, with `retryAfterMs`; or, by image, the
+   * tenant's image_claim_rate or image_cache_bytes), DeadlineExceeded (no sandbox within
+   * `wait`), NotFound (no such pool; by image: no pool runs it and the server makes none,
+   * as on Kubernetes), InvalidArgument (also both or neither of pool and image, before any
+   * call, and an image reference the server does not take), FailedPrecondition (id of an
+   * ended claim; by image: a local server without an image cache), AlreadyExists (id used
+   * for another pool), Cancelled.
    */
-  async claim(pool: string, options: ClaimOptions = {}): Promise<Sandbox> {
+  async claim(from: ClaimSource, options: ClaimOptions = {}): Promise<Sandbox> {
+    const source = sourceFields(from);
     const claimId = options.id ?? randomUUID();
     const res = await this.ctx.transport.unary({
-      stub: 'claims', method: 'Claim', deadline: claimDeadline(this.ctx, options), signal: options.signal,
-      idempotent: true, claimCall: true, request: {claim_id: claimId, pool, ...claimFields(options)},
+      stub: 'claims', method: 'Claim', deadline: claimDeadline(this.ctx, options, !!source.image),
+      signal: options.signal, idempotent: true, claimCall: true,
+      request: {claim_id: claimId, ...source, ...claimFields(options)},
     });
     return new Sandbox(this.ctx, res.claim.claim_id, toClaim(res.claim), !!res.replayed);
   }
 
   /**
    * Claims `count` sandboxes (1-1000) in one call: all or nothing, or with `bestEffort`
-   * between 1 and `count`. Retried like {@link claim} with the batch id.
+   * between 1 and `count`; from a pool or, with `{image}`, from one pool of the image (as
+   * {@link claim}). Retried like {@link claim} with the batch id.
    */
-  async claimBatch(pool: string, count: number, options: ClaimBatchOptions = {}): Promise<SandboxGroup> {
+  async claimBatch(from: ClaimSource, count: number, options: ClaimBatchOptions = {}): Promise<SandboxGroup> {
+    const source = sourceFields(from);
     const batchId = options.id ?? randomUUID();
     const res = await this.ctx.transport.unary({
-      stub: 'claims', method: 'ClaimBatch', deadline: claimDeadline(this.ctx, options), signal: options.signal,
-      idempotent: true, claimCall: true,
+      stub: 'claims', method: 'ClaimBatch', deadline: claimDeadline(this.ctx, options, !!source.image),
+      signal: options.signal, idempotent: true, claimCall: true,
       request: {
-        batch_id: batchId, pool, count,
+        batch_id: batchId, ...source, count,
         mode: options.bestEffort ? 'BATCH_MODE_BEST_EFFORT' : 'BATCH_MODE_ALL_OR_NOTHING',
         ...claimFields(options),
       },

@@ -5,7 +5,9 @@
 import './polyfill.js';
 
 export {Client, DEFAULT_SERVER} from './client.js';
-export type {ClaimBatchOptions, ClaimFilter, ClaimOptions, ClientOptions, FileSpec, WatchClaimsOptions} from './client.js';
+export type {
+  ClaimBatchOptions, ClaimFilter, ClaimOptions, ClaimSource, ClientOptions, FileSpec, WatchClaimsOptions,
+} from './client.js';
 export {Sandbox, SandboxFiles, SandboxGroup} from './sandbox.js';
 export type {ExecCollectOptions, ExecOptions, ExecStreamOptions, WriteFileOptions} from './sandbox.js';
 export {ExecProcess} from './exec.js';

@@ -78,6 +78,10 @@ const cases: [string, (c: Client, sb: Sandbox) => Promise<unknown>, number | nul
   ['claim timeoutMs 2000 policy fail', (c) => c.claim('p', {policy: 'fail', timeoutMs: 2000}), 2000],
   ['claim wait 4s timeoutMs 2000', (c) => c.claim('p', {wait: '4s', timeoutMs: 2000}), 6000],
   ['claimBatch', (c) => c.claimBatch('p', 2), 30000 + T],
+  // By image the default wait is the on-demand pool's 5 minutes (a first pull).
+  ['claim by image', (c) => c.claim({image: 'oci:/i:1'}), 300000 + T],
+  ['claim by image wait 3s', (c) => c.claim({image: 'oci:/i:1'}, {wait: '3s'}), 3000 + T],
+  ['claimBatch by image', (c) => c.claimBatch({image: 'oci:/i:1'}, 2), 300000 + T],
   ['claimBatch policy fail', (c) => c.claimBatch('p', 2, {policy: 'fail'}), T],
   ['getClaim', (c) => c.getClaim('c1'), T],
   ['release', (c) => c.release('c1'), T],
