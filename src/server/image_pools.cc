@@ -120,7 +120,8 @@ std::string ImagePools::FindDeclared(const Caller& caller, const std::string& re
 }
 
 void ImagePools::Resolve(const Caller& caller, const std::string& ref, int claims, Callback done) {
-  if (absl::Status s = images_ != nullptr ? images_->CheckReference(ref) : CheckPlainReference(ref);
+  if (absl::Status s = options_.on_demand && images_ != nullptr ? images_->CheckReference(ref)
+                                                                : CheckPlainReference(ref);
       !s.ok()) {
     return std::move(done)(s);
   }
@@ -233,11 +234,18 @@ void ImagePools::Make(const std::string& name, const std::string& ref) {
     }
   }
   spec.set_image(ref);
-  store::TemplateRecord t;
-  t.name = name;
-  t.runtime = "local";
-  t.spec = SerializeSpec(spec);
-  allocator_->PutTemplate(std::move(t), [self = shared_from_this(), name](absl::Status s) {
+  // Checked as PutTemplate checks a template (a base template may have changed since it was
+  // stored, or have been stored before a check existed).
+  v1::Template api;
+  api.set_name(name);
+  api.set_runtime("local");
+  *api.mutable_local() = std::move(spec);
+  absl::StatusOr<store::TemplateRecord> t = TemplateFromProto(api, allocator_->default_namespace());
+  if (t.ok() && options_.check_template) {
+    if (absl::Status s = options_.check_template(api); !s.ok()) t = s;
+  }
+  if (!t.ok()) return Finish(name, t.status());
+  allocator_->PutTemplate(*std::move(t), [self = shared_from_this(), name](absl::Status s) {
     if (!s.ok()) return self->Finish(name, s);
     self->MakePool(name);
   });

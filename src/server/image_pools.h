@@ -31,9 +31,12 @@
 // 3. Else NOT_FOUND naming the image (no on-demand pools: Kubernetes, where a pool's pod
 //    template decides, and the instant and none runtimes), or FAILED_PRECONDITION naming
 //    --image_cache_bytes (a local server without an image cache).
-// The reference is checked first: by the image cache when there is one (CheckReference:
-// INVALID_ARGUMENT, or NOT_FOUND for a local file that is not there), else only that it
-// is a non-empty string of at most 4096 bytes without blanks or control characters.
+// The reference is checked first: by the image cache on a server that makes on-demand
+// pools and has one (CheckReference: INVALID_ARGUMENT, or NOT_FOUND for a local file that
+// is not there), else only that it is a non-empty string of at most 4096 bytes without
+// blanks or control characters (Kubernetes images are no references of the cache). An
+// on-demand template is checked as PutTemplate checks one (TemplateFromProto, then
+// ImageClaimOptions::check_template) before it is written.
 //
 // Tenant limits (tokens file, auth.h) on claims served by on-demand pools, for tenants
 // that are not admins, checked in this order, before anything is written:
@@ -103,6 +106,10 @@ struct ImageClaimOptions {
   // Images of kubernetes templates (the pod template's or the SandboxTemplate's
   // containers). Unset: kubernetes templates match no image.
   TemplateImages kubernetes_images;
+  // What the runtimes say of a template before it is stored (ServerOptions::
+  // check_template, as PutTemplate asks it), asked of each on-demand template before it
+  // is written; its error fails the claims. Unset: none.
+  std::function<absl::Status(const v1::Template&)> check_template;
 
   // INVALID_ARGUMENT naming the field and value.
   absl::Status Validate() const;

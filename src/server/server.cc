@@ -217,10 +217,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       services->limiter = std::make_unique<TenantLimiter>();
       limiter = services->limiter.get();
     }
+    ImageClaimOptions image_claims = options.image_claims;
+    if (!image_claims.check_template) image_claims.check_template = options.check_template;
     services->services.push_back(std::make_unique<ClaimService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.request_counters,
-        limiter,
-        ImagePools::Create(options.allocator, options.images, limiter, options.image_claims)));
+        limiter, ImagePools::Create(options.allocator, options.images, limiter, image_claims)));
     services->services.push_back(std::make_unique<SandboxService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits,
         options.request_counters));

@@ -371,6 +371,46 @@ TEST_F(ImageClaimsTest, RacingFirstClaimsOfAnImageMakeOnePool) {
   EXPECT_EQ(runtime_.specs(name).size(), static_cast<size_t>(kClaims));
 }
 
+// The race itself, made deterministic by holding the store's commits: the first claim's
+// template write is in flight while the others arrive; they write nothing and wait for it,
+// and every one is answered with the pool once it is written.
+TEST_F(ImageClaimsTest, ClaimsRacingTheWritesOfAnOnDemandPoolWaitForThemAndShareThem) {
+  ASSERT_NO_FATAL_FAILURE(StartLocal());
+  ImageClaimOptions o;
+  o.on_demand = true;
+  std::shared_ptr<ImagePools> pools = ImagePools::Create(allocator_.get(), &images_, &limiter_, o);
+  Caller alice, bob;
+  alice.tenant = "alice";
+  bob.tenant = "bob";
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<ImagePool>> answers;
+  store_.Pause();
+  for (int i = 0; i < 6; ++i) {
+    pools->Resolve(i % 2 == 0 ? alice : bob, kImageC, 1, [&](absl::StatusOr<ImagePool> p) {
+      absl::MutexLock lock(&mu);
+      answers.push_back(std::move(p));
+    });
+  }
+  EXPECT_EQ(store_.PendingCommits(), 1u) << "a claim racing the first wrote the template again";
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(answers.empty()) << "answered before the pool was written";
+  }
+  store_.Resume();
+  {
+    absl::MutexLock lock(&mu);
+    auto all = [&] { return answers.size() == 6; };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(10)));
+    for (const absl::StatusOr<ImagePool>& a : answers) {
+      ASSERT_TRUE(a.ok()) << a.status();
+      EXPECT_EQ(a->pool, ImagePools::OnDemandName(kImageC));
+      EXPECT_EQ(a->route, ImageRoute::kOnDemandPool);
+    }
+  }
+  EXPECT_EQ(allocator_->GetTemplate(ImagePools::OnDemandName(kImageC))->generation, 1u);
+  EXPECT_EQ(allocator_->GetPool(ImagePools::OnDemandName(kImageC))->generation, 1u);
+}
+
 // The request's mistakes, and a server that cannot make pools of images.
 TEST_F(ImageClaimsTest, PoolAndImageTogetherOrNeitherOrABadReferenceAreInvalid) {
   ASSERT_NO_FATAL_FAILURE(StartLocal());
@@ -414,7 +454,9 @@ TEST_F(ImageClaimsTest, ALocalServerWithoutAnImageCacheIsAFailedPrecondition) {
 }
 
 // Kubernetes: a pool runs the images of its pod template (here told by the function the
-// server is given); an image no pool runs is NOT_FOUND naming it, and nothing is made.
+// server is given); an image no pool runs is NOT_FOUND naming it, and nothing is made. An
+// image cache on such a server (it takes oci: references only) does not judge Kubernetes
+// references.
 TEST_F(ImageClaimsTest, WithoutOnDemandPoolsAPoolWhosePodRunsTheImageServesIt) {
   ImageClaimOptions o;
   o.on_demand = false;
@@ -422,7 +464,7 @@ TEST_F(ImageClaimsTest, WithoutOnDemandPoolsAPoolWhosePodRunsTheImageServesIt) {
     if (t.spec == "python") return {"sidecar:1", "python:3.12"};
     return {"ruby:3"};
   };
-  ASSERT_NO_FATAL_FAILURE(Start(o, /*with_images=*/false));
+  ASSERT_NO_FATAL_FAILURE(Start(o, /*with_images=*/true));
   ASSERT_NO_FATAL_FAILURE(Declare("py", "python", 1, "kubernetes"));
   v1::ClaimResponse resp;
   grpc::Status s = Claim(kAlice, ByImage("python:3.12"), &resp);
@@ -548,6 +590,28 @@ TEST_F(ImageClaimsTest, OnDemandTemplatesCopyTheBaseTemplate) {
   s = Claim(kAlice, ByImage(kImageB), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << Describe(s);
   EXPECT_THAT(s.error_message(), HasSubstr("runs another image"));
+}
+
+// An on-demand template is checked as PutTemplate checks one (the runtime's check): its
+// refusal fails the claim, and nothing is written.
+TEST_F(ImageClaimsTest, TheRuntimesCheckOfTheOnDemandTemplateCanRefuseIt) {
+  ImageClaimOptions o;
+  o.on_demand = true;
+  o.check_template = [](const v1::Template& t) -> absl::Status {
+    if (t.local().image() == kImageB) {
+      return absl::InvalidArgumentError(absl::StrCat("template \"", t.name(), "\": not here"));
+    }
+    return absl::OkStatus();
+  };
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  v1::ClaimResponse resp;
+  grpc::Status s = Claim(kAlice, ByImage(kImageB), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+  EXPECT_THAT(s.error_message(), HasSubstr("not here"));
+  EXPECT_THAT(s.error_message(), HasSubstr(ImagePools::OnDemandName(kImageB)));
+  EXPECT_TRUE(PoolNames().empty());
+  EXPECT_FALSE(allocator_->GetTemplate(ImagePools::OnDemandName(kImageB)).ok());
+  ASSERT_TRUE(Claim(kAlice, ByImage(kImageA), &resp).ok());
 }
 
 }  // namespace
