@@ -131,9 +131,9 @@ void ImagePools::Resolve(const Caller& caller, const std::string& ref, int claim
   if (!options_.on_demand) {
     return std::move(done)(absl::NotFoundError(absl::StrCat(
         "no pool runs image ", Quoted(ref), " (among the pools tenant \"", caller.tenant,
-        "\" may claim from; a pool runs an image when its template's pod template has a "
-        "container of exactly that image), and this server makes no pools of images: "
-        "declare one")));
+        "\" may claim from; a pool runs an image when its template's local.image, or a "
+        "container of its pod template, is exactly that reference), and this server makes "
+        "no pools of images (only the local runtime does): declare one")));
   }
   if (images_ == nullptr) {
     return std::move(done)(absl::FailedPreconditionError(absl::StrCat(
