@@ -129,6 +129,8 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
   }
   a.emplace_back(kSandboxdInside);
   for (std::string& x : DaemonArgs(id, kWorkspaceInside)) a.push_back(std::move(x));
+  // Commands that name no cwd start in the image's WorkingDir.
+  if (!image.working_dir.empty()) a.insert(a.end(), {"--default_cwd", image.working_dir});
   return a;
 }
 

@@ -194,13 +194,13 @@ class ImageSandboxes:
         c = self.claim("img")
         try:
             code, out = self.sh(c, "cat /etc/os-release; id -u; echo g=$GREETING t=$FROM_TEMPLATE "
-                                   "h=$HOME; cd /app && echo IN_APP; test -e /usr/bin/python3 "
+                                   "h=$HOME; echo cwd=$(pwd); test -e /usr/bin/python3 "
                                    "|| echo NO_HOST_USR")
             self.assertEqual(code, 0, out)
             self.assertIn("ID=sbx-test", out)
             self.assertIn("\n0\n", out)  # the image names no User: uid 0 in the sandbox
             self.assertIn("g=from-image t=yes h=/root", out)
-            self.assertIn("IN_APP", out)  # its WorkingDir exists
+            self.assertIn("cwd=/app", out)  # commands start in its WorkingDir (made)
             self.assertIn("NO_HOST_USR", out)  # the host's /usr is not there
         finally:
             self.release(c)
@@ -235,11 +235,12 @@ class ImageSandboxes:
     def test_the_images_user_by_name(self):
         c = self.claim("named")
         try:
-            code, out = self.sh(c, "id -u; id -g; echo h=$HOME; pwd; touch /etc/by-user && "
-                                   "echo WROTE")
+            code, out = self.sh(c, "id -u; id -g; echo h=$HOME; echo cwd=$(pwd); "
+                                   "touch /etc/by-user && echo WROTE")
             self.assertEqual(code, 0, out)
             self.assertEqual(out.split()[:2], ["1000", "1000"], out)
             self.assertIn("h=/home/user", out)
+            self.assertIn("cwd=/home/user", out)
             # Every file of the image belongs to its User: it may change its own root.
             self.assertIn("WROTE", out)
         finally:
