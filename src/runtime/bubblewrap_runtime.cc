@@ -552,12 +552,9 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
           "sbx-rootfs \"", options.rootfs_helper_path, "\" is not an executable file"));
     } else if (auto libs = local::DaemonLibraries(options.sandboxd_path); libs.ok()) {
       iso.daemon_libs = *std::move(libs);
+      iso.daemon_lib_dir = absl::StrCat(root, "/", local::kDaemonLibFolder);
     } else {
       daemon_libs = libs.status();
-    }
-    if (!daemon_libs.ok()) {
-      spdlog::warn("local runtime: sandboxes of images cannot start: {}",
-                   std::string(daemon_libs.message()));
     }
   }
   // Only sbx may enter the root and the sandboxes' host folders; with images and host uids
@@ -577,6 +574,15 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
   if (!lock.valid() || flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "runtime root \"", root, "\" is in use by another runtime (", root, "/.lock is locked)"));
+  }
+  // The daemon's libraries for image sandboxes, copied under the lock (a second runtime
+  // on this root would otherwise replace them while this one's sandboxes start).
+  if (daemon_libs.ok() && !iso.daemon_lib_dir.empty()) {
+    daemon_libs = local::MakeDaemonLibDir(iso.daemon_lib_dir, iso.daemon_libs);
+  }
+  if (!daemon_libs.ok()) {
+    spdlog::warn("local runtime: sandboxes of images cannot start: {}",
+                 std::string(daemon_libs.message()));
   }
   Cgroups cgroups = Cgroups::Detect(options.use_freezer);
   spdlog::info("local runtime: root \"{}\", {}, memory limits {}, pids limits {}, suspend with {}",

@@ -114,9 +114,7 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
       spec.workspace_size_bytes > 0 ? spec.workspace_size_bytes : kDefaultWorkspaceBytes;
   a.insert(a.end(), {"--size", std::to_string(ws), "--tmpfs", kWorkspaceInside});
   a.insert(a.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside});
-  for (const auto& [host, name] : iso.daemon_libs) {
-    a.insert(a.end(), {"--ro-bind", host, absl::StrCat(kDaemonLibDir, "/", name)});
-  }
+  if (!iso.daemon_libs.empty()) a.insert(a.end(), {"--ro-bind", iso.daemon_lib_dir, kDaemonLibDir});
   a.insert(a.end(), mounts.begin(), mounts.end());
   for (const auto& [k, v] : image.env) a.insert(a.end(), {"--setenv", k, v});
   for (const auto& [k, v] : spec.env) a.insert(a.end(), {"--setenv", k, v});

@@ -233,6 +233,25 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries
   return libs;
 }
 
+absl::Status MakeDaemonLibDir(const std::string& dir,
+                              const std::vector<std::pair<std::string, std::string>>& libs) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!std::filesystem::create_directory(dir, ec) || chmod(dir.c_str(), 0755) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot make \"", dir, "\": ", ec ? ec.message() : std::string(std::strerror(errno))));
+  }
+  for (const auto& [host, name] : libs) {
+    const std::string to = absl::StrCat(dir, "/", name);
+    if (!std::filesystem::copy_file(host, to, ec) || chmod(to.c_str(), 0755) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot copy the daemon's library \"", host, "\" to \"", to, "\": ",
+          ec ? ec.message() : std::string(std::strerror(errno))));
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::vector<std::string> ImageRootPrefix(const std::string& helper, const ImageRun& image,
                                          const std::string& dir, bool own_uids, uid_t host_uid,
                                          const std::vector<std::string>& strict_targets) {
