@@ -401,7 +401,7 @@ absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
     wait->mu.Await(absl::Condition(&wait->done));
     if (!wait->status.ok()) return wait->status;  // the same error for every waiter
   }
-  absl::StatusOr<Image> pulled = PullMiss(ref, digest);
+  absl::StatusOr<Image> pulled = PullMiss(ref, digest, *manifest);
   std::shared_ptr<Pulling> done;
   {
     absl::MutexLock lock(&mu_);
@@ -417,7 +417,8 @@ absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
   return pulled;
 }
 
-absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::string& digest) {
+absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::string& digest,
+                                           const std::string& manifest) {
   const absl::Time start = absl::Now();
   std::string work;
   {
@@ -449,6 +450,32 @@ absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::st
       if (image.holders > 0) held += image.bytes;
     }
     room = options_.budget_bytes - held;
+  }
+  // What the manifest declares (an index of manifests declares no layers): an image whose
+  // layers alone exceed what is left is refused before a byte is copied. A manifest that
+  // lies low is caught by skopeo (sizes are checked) or by the watchdog below.
+  {
+    const Json m = Json::parse(manifest, nullptr, false);
+    int64_t declared = 0;
+    if (m.is_object() && m.contains("layers") && m["layers"].is_array()) {
+      for (const Json& layer : m["layers"]) {
+        if (!layer.is_object() || !layer.contains("size")) continue;
+        const Json& size = layer["size"];
+        // Saturating: a hostile manifest may declare sizes that overflow a sum.
+        const int64_t bytes = size.is_number_unsigned() && size.get<uint64_t>() > INT64_MAX
+                                  ? INT64_MAX
+                              : size.is_number_integer() ? std::max<int64_t>(0, size.get<int64_t>())
+                                                         : 0;
+        declared = bytes > INT64_MAX - declared ? INT64_MAX : declared + bytes;
+      }
+    }
+    if (declared > room) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "image \"", ref, "\" declares layers of ", declared,
+          " bytes compressed, more than the ", std::max<int64_t>(room, 0),
+          " bytes left of the image cache's budget of ", options_.budget_bytes,
+          " bytes (images in use hold the rest); nothing was fetched"));
+    }
   }
   const int64_t free_at_start = FreeBytes(options_.dir);
   // The file system's free space is the cheap look; only when it says "too much" (other

@@ -94,8 +94,10 @@ class ImageCache final : public Images {
   };
   // The hit of a cached image: held once more, used now.
   Image HitLocked(Image& image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Image> PullMiss(const std::string& ref, const std::string& digest)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `manifest`: the source's manifest as skopeo read it (its declared layer sizes are
+  // checked against the budget before anything is copied).
+  absl::StatusOr<Image> PullMiss(const std::string& ref, const std::string& digest,
+                                 const std::string& manifest) ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts unheld images, least recently used first, until `bytes` more fit; false when
   // they cannot.
   bool MakeRoomLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

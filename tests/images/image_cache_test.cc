@@ -273,6 +273,27 @@ TEST_F(ImageCacheTest, AGzipBombIsStoppedAtTheBudget) {
   EXPECT_LE((*cache)->Stats().bytes, 16 << 20);
 }
 
+// The "10 GiB layer against a 1 GiB budget": the manifest's declared sizes are
+// checked before anything is fetched, and the cache keeps serving.
+TEST_F(ImageCacheTest, ALayerDeclaredLargerThanTheBudgetIsRefusedBeforeItIsFetched) {
+  Json spec = Busybox();
+  spec["declare_layer_size"] = int64_t{10} << 30;
+  const std::string huge = Make("huge", "v1", spec);
+  const std::string small = Make("small", "v1", Busybox());
+  auto cache = ImageCache::Open(Options(int64_t{1} << 30));
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  absl::StatusOr<Image> image = (*cache)->Pull(huge);
+  EXPECT_EQ(image.status().code(), absl::StatusCode::kResourceExhausted) << image.status();
+  EXPECT_NE(image.status().message().find(huge), std::string::npos) << image.status();
+  EXPECT_NE(image.status().message().find("10737418240"), std::string::npos) << image.status();
+  EXPECT_NE(image.status().message().find("nothing was fetched"), std::string::npos)
+      << image.status();
+  EXPECT_TRUE((*cache)->List().empty());
+  EXPECT_EQ((*cache)->Stats().misses, 1u);
+  // The cache still serves.
+  EXPECT_TRUE((*cache)->Pull(small).ok());
+}
+
 TEST_F(ImageCacheTest, ReferencesOutsideTheImportFoldersAreRefused) {
   const std::string ref = Make("bb", "v1", Busybox());
   auto cache = ImageCache::Open(Options());

@@ -7,7 +7,8 @@ SPEC_JSON: {"config": {"Env": [...], "WorkingDir": "...", "User": "...", "Cmd": 
             "layers": [[ENTRY, ...], ...],
             "corrupt_layer": false,          # change a layer's bytes after its digest
             "zeros_file": {"name": "big", "bytes": N},   # a gzip bomb entry in layer 0
-            "compresslevel": 9}                          # gzip level of the layers
+            "compresslevel": 9,                          # gzip level of the layers
+            "declare_layer_size": N}                     # the manifest lies about layer 0's size
 ENTRY: {"name": "bin/busybox", "type": "file"|"dir"|"symlink"|"hardlink"|"chardev"|"fifo",
         "data": "text", "from": "/bin/busybox", "mode": 493, "link": "target"}
     or {"name": "usr/lib/python3.11", "type": "tree", "from": "/usr/lib/python3.11",
@@ -131,8 +132,11 @@ def main():
                             spec.get("compresslevel", 9))
         digest = blob(out, gz)
         diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
+        size = len(gz)
+        if i == 0 and "declare_layer_size" in spec:
+            size = spec["declare_layer_size"]
         layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                       "digest": digest, "size": len(gz)})
+                       "digest": digest, "size": size})
         if spec.get("corrupt_layer"):
             path = os.path.join(out, "blobs", "sha256", digest.split(":")[1])
             with open(path, "r+b") as f:
