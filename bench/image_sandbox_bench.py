@@ -128,9 +128,11 @@ def main():
         def pool(name):
             return admin.GetPool(admin_pb2.GetPoolRequest(name=name), timeout=10).pool
 
-        def set_warm(name, n, deadline_s=600):
+        def set_warm(name, n, deadline_s=600, max_warm=None):
             p = pool(name)
             p.min_warm = n
+            if max_warm is not None:
+                p.max_warm = max_warm
             p.ClearField("status")
             start = time.time()
             admin.PutPool(admin_pb2.PutPoolRequest(pool=p), timeout=30)
@@ -184,13 +186,14 @@ def main():
         print("|---|---|---|---|---|---|---|")
         for name, label in (("img", "image"), ("host", "host root")):
             other = "host" if name == "img" else "img"
-            set_warm(other, 0)
+            # A static pool keeps warm members above min_warm up to max_warm: max 0 drains it.
+            set_warm(other, 0, max_warm=0)
             p = pool(other)
             deadline = time.time() + 120
             while p.status.warm > 0 and time.time() < deadline:
                 time.sleep(0.2)
                 p = pool(other)
-            fill = set_warm(name, args.members)
+            fill = set_warm(name, args.members, max_warm=args.members + 8)
             time.sleep(2)  # the last members' daemons settle
             folders = [os.path.join(root, d) for d in os.listdir(root) if d.startswith("lb-")]
             disk = du_bytes(folders)
