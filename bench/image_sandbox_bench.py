@@ -70,18 +70,23 @@ def du_bytes(paths):
 
 
 def sandbox_pss(sandbox_root):
-    """Pss in bytes of the processes of the sandboxes under `sandbox_root`: those in a
-    sandbox's freezer cgroup, and bubblewrap's parent (working in the sandbox's folder)."""
+    """Pss in bytes of the processes of the sandboxes under `sandbox_root`: those in the
+    freezer cgroup of one of its sandboxes, and bubblewrap's parent (working in a sandbox's
+    folder). Sandboxes of other servers on the machine do not count."""
+    ids = {d for d in os.listdir(sandbox_root) if d.startswith("lb-")}
     total = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/cgroup") as f:
-                in_sandbox = "/sbx/lb-" in f.read()
-            if not in_sandbox:
-                in_sandbox = os.readlink(f"/proc/{pid}/cwd").startswith(sandbox_root + "/lb-")
-            if not in_sandbox:
+                groups = {line.rstrip("\n").rsplit("/", 1)[-1] for line in f}
+            mine = bool(groups & ids)
+            if not mine:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+                mine = cwd.startswith(sandbox_root + "/") and \
+                    cwd[len(sandbox_root) + 1:].split("/")[0] in ids
+            if not mine:
                 continue
             with open(f"/proc/{pid}/smaps_rollup") as f:
                 for line in f:
@@ -128,11 +133,9 @@ def main():
         def pool(name):
             return admin.GetPool(admin_pb2.GetPoolRequest(name=name), timeout=10).pool
 
-        def set_warm(name, n, deadline_s=600, max_warm=None):
+        def set_warm(name, n, deadline_s=600):
             p = pool(name)
             p.min_warm = n
-            if max_warm is not None:
-                p.max_warm = max_warm
             p.ClearField("status")
             start = time.time()
             admin.PutPool(admin_pb2.PutPoolRequest(pool=p), timeout=30)
@@ -180,29 +183,43 @@ def main():
 
         root = os.path.join(work, "sb")
         cache = os.path.join(work, "data", "images")
-        print(f"\n{args.members} warm members of one pool (the other at 0)")
+
+        def live_sandboxes():
+            return [os.path.join(root, d) for d in os.listdir(root) if d.startswith("lb-")]
+
+        # The claim pools end first (their warm members are deleted with them), so that
+        # only the members measured run.
+        for name in ("host", "img"):
+            admin.DeletePool(admin_pb2.DeletePoolRequest(name=name), timeout=30)
+        deadline = time.time() + 120
+        while live_sandboxes() and time.time() < deadline:
+            time.sleep(0.2)
+        print(f"\n{args.members} warm members of one pool, one pool at a time")
         print("| pool | fill time (s) | sandboxes' folders (du) | per member | image cache (du) "
               "| memory (Pss) | per member |")
         print("|---|---|---|---|---|---|---|")
-        for name, label in (("img", "image"), ("host", "host root")):
-            other = "host" if name == "img" else "img"
-            # A static pool keeps warm members above min_warm up to max_warm: max 0 drains it.
-            set_warm(other, 0, max_warm=0)
-            p = pool(other)
-            deadline = time.time() + 120
-            while p.status.warm > 0 and time.time() < deadline:
+        for template, label in (("img", "image"), ("host", "host root")):
+            name = f"many-{template}"
+            p = admin_pb2.Pool(name=name, template=template, min_warm=args.members,
+                               max_warm=args.members)
+            start = time.time()
+            admin.PutPool(admin_pb2.PutPoolRequest(pool=p), timeout=30)
+            while pool(name).status.warm < args.members:
+                if time.time() - start > 900:
+                    raise SystemExit(f"pool {name}: {pool(name).status} after 900 s")
                 time.sleep(0.2)
-                p = pool(other)
-            fill = set_warm(name, args.members, max_warm=args.members + 8)
+            fill = time.time() - start
             time.sleep(2)  # the last members' daemons settle
-            folders = [os.path.join(root, d) for d in os.listdir(root) if d.startswith("lb-")]
-            disk = du_bytes(folders)
+            disk = du_bytes(live_sandboxes())
             cache_bytes = du_bytes([cache])
             pss = sandbox_pss(root)
             n = max(1, pool(name).status.warm)
             print(f"| {label} | {fill:.1f} | {disk / 1e6:.1f} MB | {disk / n / 1e3:.1f} kB | "
                   f"{cache_bytes / 1e6:.1f} MB | {pss / 1e6:.0f} MB | {pss / n / 1e6:.2f} MB |")
-            set_warm(name, 0)
+            admin.DeletePool(admin_pb2.DeletePoolRequest(name=name), timeout=60)
+            deadline = time.time() + 300
+            while live_sandboxes() and time.time() < deadline:
+                time.sleep(0.5)
         listed = images.ListImages(images_pb2.ListImagesRequest(), timeout=10)
         print(f"\nimage cache: {len(listed.images)} image(s), {listed.bytes / 1e6:.1f} MB "
               "(the image unpacked once, shared by every member)")
