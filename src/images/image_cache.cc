@@ -16,6 +16,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -364,7 +365,12 @@ absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
       }
     }
     scratch = absl::StrCat(options_.dir, "/", kTmpDir, "/inspect-", next_pull_++);
+    ++inspecting_[ref];
   }
+  absl::Cleanup inspected = [this, &ref] {
+    absl::MutexLock lock(&mu_);
+    if (--inspecting_[ref] == 0) inspecting_.erase(ref);
+  };
   std::error_code ec;
   fs::create_directories(scratch, ec);
   ToolRun inspect;
@@ -610,6 +616,15 @@ void ImageCache::Release(const std::string& digest) {
   absl::MutexLock lock(&mu_);
   auto it = images_.find(digest);
   if (it != images_.end() && it->second.holders > 0) --it->second.holders;
+}
+
+std::string ImageCache::State(const std::string& ref) const {
+  absl::MutexLock lock(&mu_);
+  if (inspecting_.contains(ref)) return "pulling";
+  auto r = resolved_.find(ref);
+  if (r == resolved_.end()) return "";
+  if (pulling_.contains(r->second.digest)) return "pulling";
+  return images_.contains(r->second.digest) ? "cached" : "";
 }
 
 std::vector<Image> ImageCache::List() const {
