@@ -4,6 +4,7 @@
 #include <ftw.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,11 +96,32 @@ int64_t DiskBytes(const std::string& path) {
 // Makes an unpacked tree harmless on the host: no set-uid/set-gid bits, no device nodes,
 // FIFOs or sockets (umoci's rootless unpack already skips devices; the rest is ours).
 thread_local int g_sanitize_errors = 0;
+// Removes the extended attributes of `path` that mean something to the kernel or to
+// overlayfs: security.* (file capabilities, LSM labels), trusted.* and user.overlay.*
+// (overlayfs's own marks: opaque folders, redirects, whiteouts, metacopy, which a sandbox's
+// overlay over this image would obey). Other user.* attributes are the image's content.
+void DropKernelAttributes(const char* path) {
+  char names[65536];
+  const ssize_t n = llistxattr(path, names, sizeof(names));
+  if (n < 0) {
+    if (errno != ENOTSUP && errno != ENODATA) ++g_sanitize_errors;
+    return;
+  }
+  for (ssize_t at = 0; at < n; at += static_cast<ssize_t>(std::strlen(names + at)) + 1) {
+    const absl::string_view name(names + at);
+    if (absl::StartsWith(name, "security.") || absl::StartsWith(name, "trusted.") ||
+        absl::StartsWith(name, "user.overlay.")) {
+      if (lremovexattr(path, names + at) != 0) ++g_sanitize_errors;
+    }
+  }
+}
+
 int SanitizeTree(const std::string& root) {
   g_sanitize_errors = 0;
   nftw(
       root.c_str(),
       [](const char* path, const struct stat* st, int type, FTW*) {
+        DropKernelAttributes(path);
         if (type == FTW_SL || type == FTW_SLN) return 0;
         if (S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode) || S_ISFIFO(st->st_mode) ||
             S_ISSOCK(st->st_mode)) {

@@ -5,6 +5,7 @@
 #include "src/images/image_cache.h"
 
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -271,6 +272,48 @@ TEST_F(ImageCacheTest, AGzipBombIsStoppedAtTheBudget) {
   EXPECT_NE(image.status().message().find("grew past"), std::string::npos) << image.status();
   EXPECT_TRUE((*cache)->List().empty());
   EXPECT_LE((*cache)->Stats().bytes, 16 << 20);
+}
+
+// Extended attributes of a layer that mean something to the kernel or to overlayfs
+// (file capabilities, overlayfs's own trusted.overlay.* and user.overlay.* marks: opaque
+// folders, redirects, whiteouts, metacopy) are dropped when the image is unpacked; other
+// user.* attributes are the image's content and stay.
+TEST_F(ImageCacheTest, ALayersKernelAndOverlayAttributesAreDropped) {
+  Json spec = Busybox();
+  spec["layers"][0].push_back({{"name", "etc"}, {"type", "dir"},
+                               {"xattrs", {{"trusted.overlay.opaque", "y"},
+                                           {"user.overlay.opaque", "y"}}}});
+  spec["layers"][0].push_back({{"name", "etc/redirected"}, {"type", "dir"},
+                               {"xattrs", {{"trusted.overlay.redirect", "/outside"},
+                                           {"user.overlay.redirect", "/outside"}}}});
+  spec["layers"][0].push_back({{"name", "capped"}, {"type", "file"}, {"data", "x"},
+                               {"mode", 0755},
+                               {"xattrs", {// CAP_NET_BIND_SERVICE, effective (vfs_cap_data v2)
+                                           {"security.capability",
+                                            "hex:0100000200040000000000000000000000000000"},
+                                           {"user.kept", "mine"}}}});
+  const std::string ref = Make("xattrs", "v1", spec);
+  auto cache = ImageCache::Open(Options());
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  absl::StatusOr<Image> image = (*cache)->Pull(ref);
+  ASSERT_TRUE(image.ok()) << image.status();
+  for (const char* rel : {"/etc", "/etc/redirected", "/capped"}) {
+    const std::string path = image->rootfs + rel;
+    ASSERT_TRUE(fs::exists(path)) << path;
+    char names[4096];
+    const ssize_t n = llistxattr(path.c_str(), names, sizeof(names));
+    ASSERT_GE(n, 0) << path << ": " << std::strerror(errno);
+    for (ssize_t at = 0; at < n; at += static_cast<ssize_t>(std::strlen(names + at)) + 1) {
+      const std::string name = names + at;
+      EXPECT_NE(name.rfind("trusted.", 0), 0u) << path << " keeps " << name;
+      EXPECT_NE(name.rfind("security.", 0), 0u) << path << " keeps " << name;
+      EXPECT_NE(name.rfind("user.overlay.", 0), 0u) << path << " keeps " << name;
+    }
+  }
+  char value[64];
+  const ssize_t kept = lgetxattr((image->rootfs + "/capped").c_str(), "user.kept", value,
+                                 sizeof(value));
+  EXPECT_EQ(std::string(value, kept > 0 ? static_cast<size_t>(kept) : 0), "mine");
 }
 
 // The "10 GiB layer against a 1 GiB budget": the manifest's declared sizes are
