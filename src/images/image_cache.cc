@@ -40,6 +40,9 @@ namespace {
 constexpr char kImagesDir[] = "images";
 constexpr char kTmpDir[] = "tmp";
 constexpr char kMetaName[] = "image.json";
+// What SanitizeTree does, by version: an image published by an older one is sanitized
+// again when the cache opens (2: kernel and overlayfs extended attributes dropped).
+constexpr int kSanitizeVersion = 2;
 constexpr char kRootfsName[] = "rootfs";
 
 // The state of a local reference's source, to tell whether it changed since it was
@@ -283,6 +286,24 @@ absl::StatusOr<std::unique_ptr<ImageCache>> ImageCache::Open(ImageCacheOptions o
       spdlog::warn("image cache: removing \"{}\" (not a complete image)", path);
       fs::remove_all(path, ec);
       continue;
+    }
+    if (meta.value("sanitized", 1) < kSanitizeVersion) {
+      // Made by an older version: what it let through goes now, before any sandbox uses it.
+      struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_OMIT}};
+      struct stat before;
+      const bool timed = stat((path + "/" + kMetaName).c_str(), &before) == 0;
+      if (timed) times[1] = before.st_mtim;  // keep its place in the LRU order
+      if (SanitizeTree(path + "/" + kRootfsName) != 0) {
+        spdlog::warn("image cache: removing \"{}\" (it cannot be made harmless)", path);
+        fs::remove_all(path, ec);
+        continue;
+      }
+      meta["sanitized"] = kSanitizeVersion;
+      std::ofstream out(path + "/" + kMetaName, std::ios::trunc);
+      out << meta.dump();
+      out.close();
+      if (timed) utimensat(AT_FDCWD, (path + "/" + kMetaName).c_str(), times, 0);
+      spdlog::info("image cache: \"{}\" sanitized again (made by an older version)", path);
     }
     Image image;
     image.digest = absl::StrCat("sha256:", name);
@@ -568,7 +589,8 @@ absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::st
     meta << Json{{"digest", digest},
                  {"ref", ref},
                  {"bytes", image.bytes},
-                 {"config", ConfigJson(image.config)}}
+                 {"config", ConfigJson(image.config)},
+                 {"sanitized", kSanitizeVersion}}
                 .dump();
     if (!meta)
       return absl::UnavailableError(absl::StrCat("image \"", ref, "\": writing its record"));

@@ -314,6 +314,19 @@ TEST_F(ImageCacheTest, ALayersKernelAndOverlayAttributesAreDropped) {
   const ssize_t kept = lgetxattr((image->rootfs + "/capped").c_str(), "user.kept", value,
                                  sizeof(value));
   EXPECT_EQ(std::string(value, kept > 0 ? static_cast<size_t>(kept) : 0), "mine");
+
+  // An image unpacked by a version that let them through is cleaned when the cache opens.
+  const std::string etc = image->rootfs + "/etc";
+  ASSERT_EQ(lsetxattr(etc.c_str(), "user.overlay.opaque", "y", 1, 0), 0) << std::strerror(errno);
+  const std::string meta_path = fs::path(image->rootfs).parent_path() / "image.json";
+  Json meta = Json::parse(std::ifstream(meta_path));
+  meta.erase("sanitized");
+  std::ofstream(meta_path, std::ios::trunc) << meta.dump();
+  cache->reset();
+  auto reopened = ImageCache::Open(Options());
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ((*reopened)->List().size(), 1u);
+  EXPECT_LT(lgetxattr(etc.c_str(), "user.overlay.opaque", value, sizeof(value)), 0);
 }
 
 // The "10 GiB layer against a 1 GiB budget": the manifest's declared sizes are
