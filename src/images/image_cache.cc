@@ -399,10 +399,9 @@ absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
   {
     absl::MutexLock lock(&mu_);
     if (auto r = resolved_.find(ref); r != resolved_.end()) {
-      const bool fresh = fingerprint.empty()
-                             ? absl::StartsWith(ref, "docker://") &&
-                                   absl::Now() - r->second.at < absl::Seconds(60)
-                             : r->second.fingerprint == fingerprint;
+      const bool fresh = fingerprint.empty() ? absl::StartsWith(ref, "docker://") &&
+                                                   absl::Now() - r->second.at < absl::Seconds(60)
+                                             : r->second.fingerprint == fingerprint;
       if (auto it = images_.find(r->second.digest); fresh && it != images_.end()) {
         return HitLocked(it->second);
       }
@@ -520,10 +519,9 @@ absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::st
     }
     if (declared > room) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "image \"", ref, "\" declares layers of ", declared,
-          " bytes compressed, more than the ", std::max<int64_t>(room, 0),
-          " bytes left of the image cache's budget of ", options_.budget_bytes,
-          " bytes (images in use hold the rest); nothing was fetched"));
+          "image \"", ref, "\" declares layers of ", declared, " bytes compressed, more than the ",
+          std::max<int64_t>(room, 0), " bytes left of the image cache's budget of ",
+          options_.budget_bytes, " bytes (images in use hold the rest); nothing was fetched"));
     }
   }
   const int64_t free_at_start = FreeBytes(options_.dir);

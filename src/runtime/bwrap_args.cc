@@ -108,8 +108,8 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
   a.insert(a.end(), {"--info-fd", std::to_string(kInfoFd), "--hostname", id});
   if (!spec.network) a.push_back("--unshare-net");
   // The image's root (sbx-rootfs's overlay), then what the runtime owns.
-  a.insert(a.end(), {"--bind", dir + "/root", "/", "--dev", "/dev", "--proc", "/proc",
-                     "--tmpfs", "/tmp", "--tmpfs", "/run"});
+  a.insert(a.end(), {"--bind", dir + "/root", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs",
+                     "/tmp", "--tmpfs", "/run"});
   const int64_t ws =
       spec.workspace_size_bytes > 0 ? spec.workspace_size_bytes : kDefaultWorkspaceBytes;
   a.insert(a.end(), {"--size", std::to_string(ws), "--tmpfs", kWorkspaceInside});

@@ -76,8 +76,7 @@ int Idle(void*) {
 // open.
 int IdmapUserns(uid_t uid, gid_t gid) {
   static char stack[16384] __attribute__((aligned(16)));
-  const pid_t pid = clone(Idle, stack + sizeof(stack), CLONE_NEWUSER | CLONE_VM | SIGCHLD,
-                          nullptr);
+  const pid_t pid = clone(Idle, stack + sizeof(stack), CLONE_NEWUSER | CLONE_VM | SIGCHLD, nullptr);
   if (pid < 0) Die("clone a user namespace");
   const std::string proc = "/proc/" + std::to_string(pid);
   WriteFile(proc + "/uid_map", "0 " + std::to_string(uid) + " 1\n");
@@ -119,7 +118,8 @@ std::vector<std::string> Components(const std::string& path) {
   size_t at = 0;
   while (at < path.size()) {
     const size_t next = path.find('/', at);
-    const std::string c = path.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    const std::string c =
+        path.substr(at, next == std::string::npos ? std::string::npos : next - at);
     if (!c.empty()) out.push_back(c);
     if (next == std::string::npos) break;
     at = next + 1;
@@ -150,8 +150,8 @@ void CheckTarget(int root, const std::string& path, bool reset) {
     if (S_ISLNK(st.st_mode) || (!S_ISDIR(st.st_mode) && (!last || reset))) {
       if (!reset) {
         Refuse("the image has a " +
-               std::string(S_ISLNK(st.st_mode) ? "symbolic link" : "non-folder") + " at \"" +
-               seen + "\", on the way to \"" + path +
+               std::string(S_ISLNK(st.st_mode) ? "symbolic link" : "non-folder") + " at \"" + seen +
+               "\", on the way to \"" + path +
                "\" (a mount target or the working folder): refused, a mount must not follow "
                "the image's links");
       }

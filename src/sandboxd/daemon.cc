@@ -230,9 +230,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     ::fcntl(options.listen_fd, F_SETFD, FD_CLOEXEC);
   }
-  auto service =
-      std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env, options.secret,
-                                        options.default_cwd);
+  auto service = std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env,
+                                                   options.secret, options.default_cwd);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

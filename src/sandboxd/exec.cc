@@ -215,9 +215,8 @@ absl::Status ExecRunner::Spawn() {
     // The daemon runs in the sandbox: its root is the sandbox's, nothing beyond it.
     UniqueFd fd(::open(spec_.default_cwd.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!fd.valid()) {
-      return absl::FailedPreconditionError(absl::StrCat("the sandbox's working folder \"",
-                                                        spec_.default_cwd,
-                                                        "\": ", std::strerror(errno)));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the sandbox's working folder \"", spec_.default_cwd, "\": ", std::strerror(errno)));
     }
     cwd = std::move(fd);
   } else {

@@ -373,13 +373,13 @@ grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* c
     return FinishNow(ctx, check);
   }
   auto call = AsyncUnary<v1::ScalePoolResponse>::Create(ctx, resp);
-  allocator_->PutPool(*pool, [a = allocator_, writes = writes_, call, key, name,
-                              images = images_](absl::Status s) {
-    writes->End(key);
-    call->Complete(s, [&](v1::ScalePoolResponse* out) {
-      return FillPool(*a, name, out->mutable_pool(), images);
-    });
-  });
+  allocator_->PutPool(
+      *pool, [a = allocator_, writes = writes_, call, key, name, images = images_](absl::Status s) {
+        writes->End(key);
+        call->Complete(s, [&](v1::ScalePoolResponse* out) {
+          return FillPool(*a, name, out->mutable_pool(), images);
+        });
+      });
   return call->reactor();
 }
 

@@ -26,8 +26,8 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/admin.grpc.pb.h"
-#include "src/images/images.h"
 #include "src/allocator/allocator.h"
+#include "src/images/images.h"
 #include "src/server/auth.h"
 
 namespace sbx::server {

@@ -235,7 +235,8 @@ class PoolsReactor final : public WatchWriter<v1::PoolEvent> {
       for (const store::PoolRecord& p : allocator_->ListPools()) {
         if (!names_.empty() && !names_.contains(p.name)) continue;
         v1::Pool pool;
-        if (FillPool(*allocator_, p.name, &pool, images_).ok()) now.emplace(p.name, std::move(pool));
+        if (FillPool(*allocator_, p.name, &pool, images_).ok())
+          now.emplace(p.name, std::move(pool));
       }
       absl::MutexLock lock(&mu_);
       Diff(now);

@@ -280,18 +280,24 @@ TEST_F(ImageCacheTest, AGzipBombIsStoppedAtTheBudget) {
 // user.* attributes are the image's content and stay.
 TEST_F(ImageCacheTest, ALayersKernelAndOverlayAttributesAreDropped) {
   Json spec = Busybox();
-  spec["layers"][0].push_back({{"name", "etc"}, {"type", "dir"},
-                               {"xattrs", {{"trusted.overlay.opaque", "y"},
-                                           {"user.overlay.opaque", "y"}}}});
-  spec["layers"][0].push_back({{"name", "etc/redirected"}, {"type", "dir"},
-                               {"xattrs", {{"trusted.overlay.redirect", "/outside"},
-                                           {"user.overlay.redirect", "/outside"}}}});
-  spec["layers"][0].push_back({{"name", "capped"}, {"type", "file"}, {"data", "x"},
-                               {"mode", 0755},
-                               {"xattrs", {// CAP_NET_BIND_SERVICE, effective (vfs_cap_data v2)
-                                           {"security.capability",
-                                            "hex:0100000200040000000000000000000000000000"},
-                                           {"user.kept", "mine"}}}});
+  spec["layers"][0].push_back(
+      {{"name", "etc"},
+       {"type", "dir"},
+       {"xattrs", {{"trusted.overlay.opaque", "y"}, {"user.overlay.opaque", "y"}}}});
+  spec["layers"][0].push_back(
+      {{"name", "etc/redirected"},
+       {"type", "dir"},
+       {"xattrs",
+        {{"trusted.overlay.redirect", "/outside"}, {"user.overlay.redirect", "/outside"}}}});
+  spec["layers"][0].push_back(
+      {{"name", "capped"},
+       {"type", "file"},
+       {"data", "x"},
+       {"mode", 0755},
+       {"xattrs",
+        {// CAP_NET_BIND_SERVICE, effective (vfs_cap_data v2)
+         {"security.capability", "hex:0100000200040000000000000000000000000000"},
+         {"user.kept", "mine"}}}});
   const std::string ref = Make("xattrs", "v1", spec);
   auto cache = ImageCache::Open(Options());
   ASSERT_TRUE(cache.ok()) << cache.status();
@@ -311,8 +317,8 @@ TEST_F(ImageCacheTest, ALayersKernelAndOverlayAttributesAreDropped) {
     }
   }
   char value[64];
-  const ssize_t kept = lgetxattr((image->rootfs + "/capped").c_str(), "user.kept", value,
-                                 sizeof(value));
+  const ssize_t kept =
+      lgetxattr((image->rootfs + "/capped").c_str(), "user.kept", value, sizeof(value));
   EXPECT_EQ(std::string(value, kept > 0 ? static_cast<size_t>(kept) : 0), "mine");
 
   // An image unpacked by a version that let them through is cleaned when the cache opens.
