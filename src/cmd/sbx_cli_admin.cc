@@ -34,6 +34,14 @@ const char* SizingName(v1::PoolSizing s) {
   return s == v1::POOL_SIZING_DEMAND ? "demand" : "static";
 }
 
+// What the ERROR column says: the last create's error, else that the pool's image is
+// being pulled (its first sandboxes wait for it), else "-".
+std::string PoolProblem(const v1::PoolStatus& s) {
+  if (!s.last_error().empty()) return s.last_error();
+  if (s.image_state() == "pulling") return absl::StrCat("pulling image ", s.image());
+  return "-";
+}
+
 void PrintPools(const std::vector<v1::Pool>& pools) {
   Table table({"NAME", "TEMPLATE", "WARM", "STARTING", "CLAIMED", "WAITING", "TARGET", "WHY", "MIN",
                "MAX", "SIZING", "RATE/S", "ERROR"});
@@ -43,8 +51,7 @@ void PrintPools(const std::vector<v1::Pool>& pools) {
                   absl::StrCat(s.claimed()), absl::StrCat(s.waiting_claims()),
                   absl::StrCat(s.target()), s.target_reason().empty() ? "-" : s.target_reason(),
                   absl::StrCat(p.min_warm()), absl::StrCat(p.max_warm()), SizingName(p.sizing()),
-                  absl::StrFormat("%.1f", s.arrival_rate()),
-                  s.last_error().empty() ? "-" : s.last_error()});
+                  absl::StrFormat("%.1f", s.arrival_rate()), PoolProblem(s)});
   }
   table.Print(stdout);
 }
@@ -80,6 +87,10 @@ void PrintPoolDetail(const v1::Pool& p) {
   table.AddRow({"observed_generation", absl::StrCat(s.observed_generation())});
   table.AddRow({"template_generation", absl::StrCat(s.template_generation())});
   table.AddRow({"last_error", s.last_error().empty() ? "-" : s.last_error()});
+  if (!s.image().empty()) {
+    table.AddRow({"image", s.image()});
+    table.AddRow({"image_state", s.image_state().empty() ? "not pulled" : s.image_state()});
+  }
   table.Print(stdout);
 }
 

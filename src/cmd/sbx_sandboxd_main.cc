@@ -119,6 +119,9 @@ int main(int argc, char** argv) {
                "DEVELOPMENT ONLY: serve without a secret (anyone who reaches the socket can run "
                "commands)");
   app.add_option("--port_file", port_file, "with --listen: write the bound port to this file");
+  app.add_option("--default_cwd", options.default_cwd,
+                 "absolute folder where commands naming no cwd start (a sandbox image's "
+                 "WorkingDir); default: the workspace");
   app.add_option("--workspace", options.workspace,
                  "workspace directory (must exist); commands and file paths are relative to it")
       ->required()

@@ -4,6 +4,7 @@
 #include <ftw.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -38,6 +40,9 @@ namespace {
 constexpr char kImagesDir[] = "images";
 constexpr char kTmpDir[] = "tmp";
 constexpr char kMetaName[] = "image.json";
+// What SanitizeTree does, by version: an image published by an older one is sanitized
+// again when the cache opens (2: kernel and overlayfs extended attributes dropped).
+constexpr int kSanitizeVersion = 2;
 constexpr char kRootfsName[] = "rootfs";
 
 // The state of a local reference's source, to tell whether it changed since it was
@@ -94,11 +99,32 @@ int64_t DiskBytes(const std::string& path) {
 // Makes an unpacked tree harmless on the host: no set-uid/set-gid bits, no device nodes,
 // FIFOs or sockets (umoci's rootless unpack already skips devices; the rest is ours).
 thread_local int g_sanitize_errors = 0;
+// Removes the extended attributes of `path` that mean something to the kernel or to
+// overlayfs: security.* (file capabilities, LSM labels), trusted.* and user.overlay.*
+// (overlayfs's own marks: opaque folders, redirects, whiteouts, metacopy, which a sandbox's
+// overlay over this image would obey). Other user.* attributes are the image's content.
+void DropKernelAttributes(const char* path) {
+  char names[65536];
+  const ssize_t n = llistxattr(path, names, sizeof(names));
+  if (n < 0) {
+    if (errno != ENOTSUP && errno != ENODATA) ++g_sanitize_errors;
+    return;
+  }
+  for (ssize_t at = 0; at < n; at += static_cast<ssize_t>(std::strlen(names + at)) + 1) {
+    const absl::string_view name(names + at);
+    if (absl::StartsWith(name, "security.") || absl::StartsWith(name, "trusted.") ||
+        absl::StartsWith(name, "user.overlay.")) {
+      if (lremovexattr(path, names + at) != 0) ++g_sanitize_errors;
+    }
+  }
+}
+
 int SanitizeTree(const std::string& root) {
   g_sanitize_errors = 0;
   nftw(
       root.c_str(),
       [](const char* path, const struct stat* st, int type, FTW*) {
+        DropKernelAttributes(path);
         if (type == FTW_SL || type == FTW_SLN) return 0;
         if (S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode) || S_ISFIFO(st->st_mode) ||
             S_ISSOCK(st->st_mode)) {
@@ -261,6 +287,24 @@ absl::StatusOr<std::unique_ptr<ImageCache>> ImageCache::Open(ImageCacheOptions o
       fs::remove_all(path, ec);
       continue;
     }
+    if (meta.value("sanitized", 1) < kSanitizeVersion) {
+      // Made by an older version: what it let through goes now, before any sandbox uses it.
+      struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_OMIT}};
+      struct stat before;
+      const bool timed = stat((path + "/" + kMetaName).c_str(), &before) == 0;
+      if (timed) times[1] = before.st_mtim;  // keep its place in the LRU order
+      if (SanitizeTree(path + "/" + kRootfsName) != 0) {
+        spdlog::warn("image cache: removing \"{}\" (it cannot be made harmless)", path);
+        fs::remove_all(path, ec);
+        continue;
+      }
+      meta["sanitized"] = kSanitizeVersion;
+      std::ofstream out(path + "/" + kMetaName, std::ios::trunc);
+      out << meta.dump();
+      out.close();
+      if (timed) utimensat(AT_FDCWD, (path + "/" + kMetaName).c_str(), times, 0);
+      spdlog::info("image cache: \"{}\" sanitized again (made by an older version)", path);
+    }
     Image image;
     image.digest = absl::StrCat("sha256:", name);
     image.rootfs = path + "/" + kRootfsName;
@@ -355,16 +399,20 @@ absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
   {
     absl::MutexLock lock(&mu_);
     if (auto r = resolved_.find(ref); r != resolved_.end()) {
-      const bool fresh = fingerprint.empty()
-                             ? absl::StartsWith(ref, "docker://") &&
-                                   absl::Now() - r->second.at < absl::Seconds(60)
-                             : r->second.fingerprint == fingerprint;
+      const bool fresh = fingerprint.empty() ? absl::StartsWith(ref, "docker://") &&
+                                                   absl::Now() - r->second.at < absl::Seconds(60)
+                                             : r->second.fingerprint == fingerprint;
       if (auto it = images_.find(r->second.digest); fresh && it != images_.end()) {
         return HitLocked(it->second);
       }
     }
     scratch = absl::StrCat(options_.dir, "/", kTmpDir, "/inspect-", next_pull_++);
+    ++inspecting_[ref];
   }
+  absl::Cleanup inspected = [this, &ref] {
+    absl::MutexLock lock(&mu_);
+    if (--inspecting_[ref] == 0) inspecting_.erase(ref);
+  };
   std::error_code ec;
   fs::create_directories(scratch, ec);
   ToolRun inspect;
@@ -401,7 +449,7 @@ absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
     wait->mu.Await(absl::Condition(&wait->done));
     if (!wait->status.ok()) return wait->status;  // the same error for every waiter
   }
-  absl::StatusOr<Image> pulled = PullMiss(ref, digest);
+  absl::StatusOr<Image> pulled = PullMiss(ref, digest, *manifest);
   std::shared_ptr<Pulling> done;
   {
     absl::MutexLock lock(&mu_);
@@ -417,7 +465,8 @@ absl::StatusOr<Image> ImageCache::Acquire(const std::string& ref) {
   return pulled;
 }
 
-absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::string& digest) {
+absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::string& digest,
+                                           const std::string& manifest) {
   const absl::Time start = absl::Now();
   std::string work;
   {
@@ -449,6 +498,31 @@ absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::st
       if (image.holders > 0) held += image.bytes;
     }
     room = options_.budget_bytes - held;
+  }
+  // What the manifest declares (an index of manifests declares no layers): an image whose
+  // layers alone exceed what is left is refused before a byte is copied. A manifest that
+  // lies low is caught by skopeo (sizes are checked) or by the watchdog below.
+  {
+    const Json m = Json::parse(manifest, nullptr, false);
+    int64_t declared = 0;
+    if (m.is_object() && m.contains("layers") && m["layers"].is_array()) {
+      for (const Json& layer : m["layers"]) {
+        if (!layer.is_object() || !layer.contains("size")) continue;
+        const Json& size = layer["size"];
+        // Saturating: a hostile manifest may declare sizes that overflow a sum.
+        const int64_t bytes = size.is_number_unsigned() && size.get<uint64_t>() > INT64_MAX
+                                  ? INT64_MAX
+                              : size.is_number_integer() ? std::max<int64_t>(0, size.get<int64_t>())
+                                                         : 0;
+        declared = bytes > INT64_MAX - declared ? INT64_MAX : declared + bytes;
+      }
+    }
+    if (declared > room) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "image \"", ref, "\" declares layers of ", declared, " bytes compressed, more than the ",
+          std::max<int64_t>(room, 0), " bytes left of the image cache's budget of ",
+          options_.budget_bytes, " bytes (images in use hold the rest); nothing was fetched"));
+    }
   }
   const int64_t free_at_start = FreeBytes(options_.dir);
   // The file system's free space is the cheap look; only when it says "too much" (other
@@ -513,7 +587,8 @@ absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::st
     meta << Json{{"digest", digest},
                  {"ref", ref},
                  {"bytes", image.bytes},
-                 {"config", ConfigJson(image.config)}}
+                 {"config", ConfigJson(image.config)},
+                 {"sanitized", kSanitizeVersion}}
                 .dump();
     if (!meta)
       return absl::UnavailableError(absl::StrCat("image \"", ref, "\": writing its record"));
@@ -583,6 +658,15 @@ void ImageCache::Release(const std::string& digest) {
   absl::MutexLock lock(&mu_);
   auto it = images_.find(digest);
   if (it != images_.end() && it->second.holders > 0) --it->second.holders;
+}
+
+std::string ImageCache::State(const std::string& ref) const {
+  absl::MutexLock lock(&mu_);
+  if (inspecting_.contains(ref)) return "pulling";
+  auto r = resolved_.find(ref);
+  if (r == resolved_.end()) return "";
+  if (pulling_.contains(r->second.digest)) return "pulling";
+  return images_.contains(r->second.digest) ? "cached" : "";
 }
 
 std::vector<Image> ImageCache::List() const {

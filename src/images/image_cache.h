@@ -71,6 +71,7 @@ class ImageCache final : public Images {
   // Acquire then Release: the image is in the cache afterwards (until evicted).
   absl::StatusOr<Image> Pull(const std::string& ref) override ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<Image> List() const override ABSL_LOCKS_EXCLUDED(mu_);
+  std::string State(const std::string& ref) const override ABSL_LOCKS_EXCLUDED(mu_);
   // Removes an image nobody holds: NOT_FOUND, or FAILED_PRECONDITION while held.
   absl::Status Remove(const std::string& digest) override ABSL_LOCKS_EXCLUDED(mu_);
   ImageCacheStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_);
@@ -94,8 +95,10 @@ class ImageCache final : public Images {
   };
   // The hit of a cached image: held once more, used now.
   Image HitLocked(Image& image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Image> PullMiss(const std::string& ref, const std::string& digest)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // `manifest`: the source's manifest as skopeo read it (its declared layer sizes are
+  // checked against the budget before anything is copied).
+  absl::StatusOr<Image> PullMiss(const std::string& ref, const std::string& digest,
+                                 const std::string& manifest) ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts unheld images, least recently used first, until `bytes` more fit; false when
   // they cannot.
   bool MakeRoomLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -106,6 +109,8 @@ class ImageCache final : public Images {
   std::map<std::string, Image> images_ ABSL_GUARDED_BY(mu_);  // by digest
   std::map<std::string, std::shared_ptr<Pulling>> pulling_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Resolved> resolved_ ABSL_GUARDED_BY(mu_);  // by reference
+  // References being resolved (skopeo inspect) now, with how many calls resolve each.
+  std::map<std::string, int> inspecting_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   ImageCacheStats stats_ ABSL_GUARDED_BY(mu_);
   uint64_t next_pull_ ABSL_GUARDED_BY(mu_) = 0;

@@ -61,6 +61,9 @@ class Images {
   // Acquire then Release: the image is in the cache afterwards (until evicted).
   virtual absl::StatusOr<Image> Pull(const std::string& ref) = 0;
   virtual std::vector<Image> List() const = 0;
+  // Where the image `ref` stands: "pulling" (being resolved, fetched or unpacked now),
+  // "cached" (what it last resolved to is in the cache), or "" (neither). Asks no tool.
+  virtual std::string State(const std::string& ref) const = 0;
   // Removes an image nobody holds, named by its digest or a unique prefix of at least 12
   // hex digits: NOT_FOUND, INVALID_ARGUMENT for an ambiguous prefix, or FAILED_PRECONDITION
   // while held.

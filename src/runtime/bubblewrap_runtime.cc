@@ -35,9 +35,9 @@
 #include "src/common/ids.h"
 #include "src/common/paths.h"
 #include "src/common/status_macros.h"
+#include "src/images/images.h"
 #include "src/runtime/adoption.h"
 #include "src/runtime/bwrap_args.h"
-#include "src/images/images.h"
 #include "src/runtime/cgroups.h"
 #include "src/runtime/image_root.h"
 #include "src/runtime/local_sandbox.h"
@@ -77,9 +77,10 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         uids_.Hold(sb->host_uid);
         if (!sb->image_digest.empty() &&
             (options_.images == nullptr || !options_.images->Hold(sb->image_digest))) {
-          spdlog::warn("sandbox {}: its image {} is not in the image cache (it runs on; the "
-                       "cache may evict the image's files under it)",
-                       sb->id, sb->image_digest);
+          spdlog::warn(
+              "sandbox {}: its image {} is not in the image cache (it runs on; the "
+              "cache may evict the image's files under it)",
+              sb->id, sb->image_digest);
         }
         running_.emplace(sb->id, std::move(sb));
       }
@@ -213,9 +214,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   using Task = absl::AnyInvocable<void(bool cancelled) &&>;
 
   static absl::Status NoImages(const std::string& ref) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("image \"", ref,
-                     "\": this server has no image cache (start it with --image_cache_bytes)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "image \"", ref, "\": this server has no image cache (start it with --image_cache_bytes)"));
   }
 
   void ReleaseImage(const Sandbox& sb) {
@@ -236,9 +236,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       absl::MutexLock lock(&mu_);
       if (auto it = image_runs_.find(image.digest); it != image_runs_.end()) return it->second;
     }
-    absl::StatusOr<local::ImageRun> run =
-        local::ResolveImageRun(image.digest, image.rootfs, image.config.env, image.config.user,
-                               image.config.working_dir);
+    absl::StatusOr<local::ImageRun> run = local::ResolveImageRun(
+        image.digest, image.rootfs, image.config.env, image.config.user, image.config.working_dir);
     if (!run.ok()) {
       options_.images->Release(image.digest);
       return absl::Status(run.status().code(),
@@ -357,7 +356,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     if (!argv.ok()) {
       uids_.GiveBack(sb->host_uid);
       return absl::Status(argv.status().code(), absl::StrCat("template \"", request.template_name,
-                                                              "\": ", argv.status().message()));
+                                                             "\": ", argv.status().message()));
     }
     if (absl::Status s =
             local::SpawnSandbox(*sb, spec, *argv, options_, iso_, cgroups_, &output_dropped_);
@@ -552,12 +551,9 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
           "sbx-rootfs \"", options.rootfs_helper_path, "\" is not an executable file"));
     } else if (auto libs = local::DaemonLibraries(options.sandboxd_path); libs.ok()) {
       iso.daemon_libs = *std::move(libs);
+      iso.daemon_lib_dir = absl::StrCat(root, "/", local::kDaemonLibFolder);
     } else {
       daemon_libs = libs.status();
-    }
-    if (!daemon_libs.ok()) {
-      spdlog::warn("local runtime: sandboxes of images cannot start: {}",
-                   std::string(daemon_libs.message()));
     }
   }
   // Only sbx may enter the root and the sandboxes' host folders; with images and host uids
@@ -577,6 +573,15 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
   if (!lock.valid() || flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "runtime root \"", root, "\" is in use by another runtime (", root, "/.lock is locked)"));
+  }
+  // The daemon's libraries for image sandboxes, copied under the lock (a second runtime
+  // on this root would otherwise replace them while this one's sandboxes start).
+  if (daemon_libs.ok() && !iso.daemon_lib_dir.empty()) {
+    daemon_libs = local::MakeDaemonLibDir(iso.daemon_lib_dir, iso.daemon_libs);
+  }
+  if (!daemon_libs.ok()) {
+    spdlog::warn("local runtime: sandboxes of images cannot start: {}",
+                 std::string(daemon_libs.message()));
   }
   Cgroups cgroups = Cgroups::Detect(options.use_freezer);
   spdlog::info("local runtime: root \"{}\", {}, memory limits {}, pids limits {}, suspend with {}",

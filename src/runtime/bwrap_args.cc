@@ -108,15 +108,13 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
   a.insert(a.end(), {"--info-fd", std::to_string(kInfoFd), "--hostname", id});
   if (!spec.network) a.push_back("--unshare-net");
   // The image's root (sbx-rootfs's overlay), then what the runtime owns.
-  a.insert(a.end(), {"--bind", dir + "/root", "/", "--dev", "/dev", "--proc", "/proc",
-                     "--tmpfs", "/tmp", "--tmpfs", "/run"});
+  a.insert(a.end(), {"--bind", dir + "/root", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs",
+                     "/tmp", "--tmpfs", "/run"});
   const int64_t ws =
       spec.workspace_size_bytes > 0 ? spec.workspace_size_bytes : kDefaultWorkspaceBytes;
   a.insert(a.end(), {"--size", std::to_string(ws), "--tmpfs", kWorkspaceInside});
   a.insert(a.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside});
-  for (const auto& [host, name] : iso.daemon_libs) {
-    a.insert(a.end(), {"--ro-bind", host, absl::StrCat(kDaemonLibDir, "/", name)});
-  }
+  if (!iso.daemon_libs.empty()) a.insert(a.end(), {"--ro-bind", iso.daemon_lib_dir, kDaemonLibDir});
   a.insert(a.end(), mounts.begin(), mounts.end());
   for (const auto& [k, v] : image.env) a.insert(a.end(), {"--setenv", k, v});
   for (const auto& [k, v] : spec.env) a.insert(a.end(), {"--setenv", k, v});
@@ -129,6 +127,8 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
   }
   a.emplace_back(kSandboxdInside);
   for (std::string& x : DaemonArgs(id, kWorkspaceInside)) a.push_back(std::move(x));
+  // Commands that name no cwd start in the image's WorkingDir.
+  if (!image.working_dir.empty()) a.insert(a.end(), {"--default_cwd", image.working_dir});
   return a;
 }
 

@@ -9,8 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -150,10 +150,10 @@ absl::StatusOr<ImageRun> ResolveImageRun(const std::string& digest, const std::s
     if (run.env.back().first == "HOME") has_home = true;
   }
   if (!has_home) {
-    run.env.emplace_back("HOME", account != nullptr && !account->home.empty() &&
-                                         account->home[0] == '/'
-                                     ? account->home
-                                     : "/");
+    run.env.emplace_back("HOME",
+                         account != nullptr && !account->home.empty() && account->home[0] == '/'
+                             ? account->home
+                             : "/");
   }
   if (!working_dir.empty()) {
     if (working_dir[0] != '/') {
@@ -182,9 +182,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries
   posix_spawn_file_actions_destroy(&actions);
   w.Reset();
   if (err != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot run ldd (package libc-bin) for the daemon's libraries: ",
-                     std::strerror(err)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot run ldd (package libc-bin) for the daemon's libraries: ", std::strerror(err)));
   }
   std::string text;
   char buf[4096];
@@ -218,8 +217,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries
     }
   }
   if (loader.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ldd named no loader for the daemon \"", sandboxd_path, "\": ", text.substr(0, 400)));
+    return absl::FailedPreconditionError(absl::StrCat("ldd named no loader for the daemon \"",
+                                                      sandboxd_path, "\": ", text.substr(0, 400)));
   }
   libs.insert(libs.begin(), {loader, "ld.so"});
   for (auto& [path, name] : libs) {
@@ -231,6 +230,25 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries
     path = real;
   }
   return libs;
+}
+
+absl::Status MakeDaemonLibDir(const std::string& dir,
+                              const std::vector<std::pair<std::string, std::string>>& libs) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (!std::filesystem::create_directory(dir, ec) || chmod(dir.c_str(), 0755) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot make \"", dir, "\": ", ec ? ec.message() : std::string(std::strerror(errno))));
+  }
+  for (const auto& [host, name] : libs) {
+    const std::string to = absl::StrCat(dir, "/", name);
+    if (!std::filesystem::copy_file(host, to, ec) || chmod(to.c_str(), 0755) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot copy the daemon's library \"", host, "\" to \"", to,
+                       "\": ", ec ? ec.message() : std::string(std::strerror(errno))));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<std::string> ImageRootPrefix(const std::string& helper, const ImageRun& image,

@@ -23,7 +23,9 @@
 
 namespace sbx::runtime::local {
 
-// Where the daemon's libraries and the host's loader are seen in an image sandbox.
+// Where the daemon's libraries and the host's loader are seen in an image sandbox, and
+// the folder of the runtime's root that holds their copies.
+inline constexpr char kDaemonLibFolder[] = ".daemon-lib";
 inline constexpr char kDaemonLibDir[] = "/run/sbx/lib";
 inline constexpr char kDaemonLoader[] = "/run/sbx/lib/ld.so";
 
@@ -53,6 +55,14 @@ absl::StatusOr<ImageRun> ResolveImageRun(const std::string& digest, const std::s
 // FAILED_PRECONDITION naming the library when one is not found.
 absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries(
     const std::string& sandboxd_path);
+
+// Copies `libs` (DaemonLibraries) into the folder `dir` (made anew, mode 0755, files
+// 0755), which image sandboxes see read-only at /run/sbx/lib: one bind mount instead of
+// one per library (each costs bubblewrap two mount calls), and the daemon keeps the
+// libraries it was started with when the host's are upgraded. FAILED_PRECONDITION naming
+// the file that could not be copied.
+absl::Status MakeDaemonLibDir(const std::string& dir,
+                              const std::vector<std::pair<std::string, std::string>>& libs);
 
 // The sbx-rootfs command line that comes before bubblewrap's for a sandbox of `image` with
 // host folder `dir`: idmapped to host_uid when sbx is root (own_uids), the runtime's own

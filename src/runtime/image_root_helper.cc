@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -61,37 +62,30 @@ bool ParseIds(const char* text, uid_t* uid, gid_t* gid) {
   return true;
 }
 
+// The body of IdmapUserns's child: it only waits to be killed (its user namespace is
+// what is wanted). Raw system calls: it shares the parent's memory.
+int Idle(void*) {
+  for (;;) syscall(SYS_pause);
+  return 0;
+}
+
 // A user namespace whose uid and gid maps show host uid:gid as 0: the idmapping of the
 // image's mount (files owned by root in the cache belong to uid:gid through it). Made by a
-// child that unshares and waits while this root process writes its maps.
+// child cloned into a new user namespace (sharing this process's memory: no copy of its
+// pages), whose maps this root process writes; the child is killed once the namespace is
+// open.
 int IdmapUserns(uid_t uid, gid_t gid) {
-  int go[2], ready[2];
-  if (pipe2(go, O_CLOEXEC) != 0 || pipe2(ready, O_CLOEXEC) != 0) Die("pipe");
-  const pid_t pid = fork();
-  if (pid < 0) Die("fork");
-  if (pid == 0) {
-    // Only the ends it uses: it waits for the end of `go`, which needs every writer gone.
-    close(go[1]);
-    close(ready[0]);
-    char c = 0;
-    if (unshare(CLONE_NEWUSER) != 0) _exit(1);
-    if (write(ready[1], &c, 1) != 1) _exit(1);
-    (void)!read(go[0], &c, 1);
-    _exit(0);
-  }
-  close(ready[1]);
-  close(go[0]);
-  char c;
-  if (read(ready[0], &c, 1) != 1) Refuse("the idmap child could not make a user namespace");
+  static char stack[16384] __attribute__((aligned(16)));
+  const pid_t pid = clone(Idle, stack + sizeof(stack), CLONE_NEWUSER | CLONE_VM | SIGCHLD, nullptr);
+  if (pid < 0) Die("clone a user namespace");
   const std::string proc = "/proc/" + std::to_string(pid);
   WriteFile(proc + "/uid_map", "0 " + std::to_string(uid) + " 1\n");
   WriteFile(proc + "/gid_map", "0 " + std::to_string(gid) + " 1\n");
   const int ns = open((proc + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC);
   if (ns < 0) Die("open the idmap user namespace");
-  close(go[1]);
+  kill(pid, SIGKILL);
   while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
   }
-  close(ready[0]);
   return ns;
 }
 
@@ -124,7 +118,8 @@ std::vector<std::string> Components(const std::string& path) {
   size_t at = 0;
   while (at < path.size()) {
     const size_t next = path.find('/', at);
-    const std::string c = path.substr(at, next == std::string::npos ? std::string::npos : next - at);
+    const std::string c =
+        path.substr(at, next == std::string::npos ? std::string::npos : next - at);
     if (!c.empty()) out.push_back(c);
     if (next == std::string::npos) break;
     at = next + 1;
@@ -155,8 +150,8 @@ void CheckTarget(int root, const std::string& path, bool reset) {
     if (S_ISLNK(st.st_mode) || (!S_ISDIR(st.st_mode) && (!last || reset))) {
       if (!reset) {
         Refuse("the image has a " +
-               std::string(S_ISLNK(st.st_mode) ? "symbolic link" : "non-folder") + " at \"" +
-               seen + "\", on the way to \"" + path +
+               std::string(S_ISLNK(st.st_mode) ? "symbolic link" : "non-folder") + " at \"" + seen +
+               "\", on the way to \"" + path +
                "\" (a mount target or the working folder): refused, a mount must not follow "
                "the image's links");
       }
@@ -245,6 +240,16 @@ int ImageRootHelperMain(int argc, char** argv) {
   if (stat("lower", &lower_st) != 0) Die("stat the image's root");
   if (chmod("upper", idmap ? 0700 : lower_st.st_mode & 07777) != 0) Die("chmod upper");
   if (idmap && chown("upper", uid, gid) != 0) Die("chown upper");
+  // The folders bubblewrap mounts on, made in the sandbox's layer before the overlay
+  // exists: a plain mkdir here costs less than one through the overlay, and a folder of
+  // the upper layer hides whatever the image has at that path (a link, a file).
+  for (const std::string& t : reset_targets) {
+    const std::vector<std::string> parts = Components(t);
+    if (parts.size() != 1) continue;
+    const std::string at = "upper/" + parts[0];
+    if (mkdir(at.c_str(), 0755) != 0 && errno != EEXIST) Die("mkdir " + at);
+    if (idmap && chown(at.c_str(), uid, gid) != 0) Die("chown " + at);
+  }
   // volatile: the sandbox's layer dies with it, so the overlay need not sync it.
   std::string options = "lowerdir=lower,upperdir=upper,workdir=work,volatile";
   if (!idmap) options += ",userxattr";

@@ -123,9 +123,11 @@ struct Isolation {
   std::vector<std::string> masks;
   // Whether each sandbox gets a host uid of its own (sbx is root).
   bool own_uids = false;
-  // The daemon's loader ("ld.so") and shared libraries as (host path, file name), bound
-  // into image sandboxes at /run/sbx/lib (DaemonLibraries); empty for a static daemon.
+  // The daemon's loader ("ld.so") and shared libraries as (host path, file name)
+  // (DaemonLibraries); empty for a static daemon. Copied into daemon_lib_dir, which image
+  // sandboxes see at /run/sbx/lib.
   std::vector<std::pair<std::string, std::string>> daemon_libs;
+  std::string daemon_lib_dir;
 };
 
 }  // namespace sbx::runtime::local

@@ -155,6 +155,10 @@ absl::Status DaemonOptions::Validate() const {
         "no secret: the daemon serves only callers that present the sandbox's secret (give "
         "one, or allow_unauthenticated for development)");
   }
+  if (!default_cwd.empty() && default_cwd[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default_cwd \"", default_cwd, "\" is not an absolute path"));
+  }
   if (!secret.empty() && secret.size() < 16) {
     return absl::InvalidArgumentError(
         absl::StrCat("the secret is ", secret.size(), " bytes long; at least 16 are required"));
@@ -226,8 +230,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     ::fcntl(options.listen_fd, F_SETFD, FD_CLOEXEC);
   }
-  auto service =
-      std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env, options.secret);
+  auto service = std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env,
+                                                   options.secret, options.default_cwd);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

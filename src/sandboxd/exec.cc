@@ -210,7 +210,18 @@ absl::Status ExecRunner::Spawn() {
     if (kill_requested_) return absl::CancelledError("the command was cancelled before it started");
   }
   if (!wake_fd_.valid()) return OsError("eventfd", errno);
-  auto cwd = workspace_->OpenDirectory("cwd", spec_.cwd);
+  absl::StatusOr<UniqueFd> cwd;
+  if (spec_.cwd.empty() && !spec_.default_cwd.empty()) {
+    // The daemon runs in the sandbox: its root is the sandbox's, nothing beyond it.
+    UniqueFd fd(::open(spec_.default_cwd.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd.valid()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the sandbox's working folder \"", spec_.default_cwd, "\": ", std::strerror(errno)));
+    }
+    cwd = std::move(fd);
+  } else {
+    cwd = workspace_->OpenDirectory("cwd", spec_.cwd);
+  }
   if (!cwd.ok()) return cwd.status();
 
   // Resolve argv[0] here, not in the child: the child may only make async-signal-safe calls.

@@ -70,8 +70,11 @@ struct ExecSpec {
   std::vector<std::string> argv;
   // The complete environment of the command.
   std::map<std::string, std::string> env;
-  // Relative to the workspace; empty: the workspace.
+  // Relative to the workspace; empty: default_cwd, else the workspace.
   std::string cwd;
+  // Absolute, as this daemon sees it (a sandbox image's WorkingDir); used when cwd is
+  // empty. Empty: the workspace.
+  std::string default_cwd;
   // Zero: no limit.
   absl::Duration timeout = absl::ZeroDuration();
   // Per stream.

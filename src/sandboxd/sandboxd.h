@@ -56,6 +56,9 @@ struct DaemonOptions {
   // The workspace directory: commands start there and every file path is relative to
   // it. Required; must exist.
   std::string workspace;
+  // Where commands that name no cwd start instead of the workspace: an absolute folder
+  // (a sandbox image's WorkingDir). Empty: the workspace.
+  std::string default_cwd;
   // Commands running at once; one more Exec gets RESOURCE_EXHAUSTED. 1 to 1024.
   int max_concurrent_execs = 16;
   // Largest file WriteFile writes and largest range ReadFile reads, in bytes. 1 to 1 GiB.

@@ -427,11 +427,13 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 SandboxdService::SandboxdService(const Workspace* workspace, ExecManager* execs,
-                                 std::map<std::string, std::string> base_env, std::string secret)
+                                 std::map<std::string, std::string> base_env, std::string secret,
+                                 std::string default_cwd)
     : workspace_(workspace),
       execs_(execs),
       base_env_(std::move(base_env)),
-      secret_(std::move(secret)) {}
+      secret_(std::move(secret)),
+      default_cwd_(std::move(default_cwd)) {}
 
 absl::Status SandboxdService::CheckCaller(const grpc::CallbackServerContext& context) const {
   if (secret_.empty()) return absl::OkStatus();
@@ -468,6 +470,7 @@ absl::StatusOr<ExecSpec> SandboxdService::MakeSpec(const v1::ExecStart& start) c
     return parts.status();
   }
   spec.cwd = start.cwd();
+  if (spec.cwd.empty()) spec.default_cwd = default_cwd_;
   if (start.timeout().seconds() < 0 || start.timeout().nanos() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("timeout ", start.timeout().seconds(), "s ",
                                                    start.timeout().nanos(), "ns is negative"));

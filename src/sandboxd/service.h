@@ -32,8 +32,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackService {
  public:
   // `secret`: what every call must carry (kSecretMetadata); empty: no check.
+  // `default_cwd`: where commands naming no cwd start (absolute; empty: the workspace).
   SandboxdService(const Workspace* workspace, ExecManager* execs,
-                  std::map<std::string, std::string> base_env, std::string secret);
+                  std::map<std::string, std::string> base_env, std::string secret,
+                  std::string default_cwd = "");
 
   grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* Exec(
       grpc::CallbackServerContext* context) override;
@@ -63,6 +65,7 @@ class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackServic
   ExecManager* const execs_;
   const std::map<std::string, std::string> base_env_;
   const std::string secret_;
+  const std::string default_cwd_;
   mutable absl::Mutex mu_;
   // The env of the last Configure.
   std::map<std::string, std::string> configured_env_ ABSL_GUARDED_BY(mu_);

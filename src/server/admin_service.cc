@@ -246,18 +246,18 @@ grpc::ServerUnaryReactor* AdminService::PutPool(grpc::CallbackServerContext* ctx
   }
   if (existing.ok() && SamePool(*existing, *record)) {
     writes_->End(key);  // identical: nothing changes, not even the generation
-    absl::Status s = FillPool(*allocator_, record->name, resp->mutable_pool());
+    absl::Status s = FillPool(*allocator_, record->name, resp->mutable_pool(), images_);
     resp->set_created(false);
     return FinishNow(ctx, s);
   }
   auto call = AsyncUnary<v1::PutPoolResponse>::Create(ctx, resp);
   const bool created = !existing.ok();
   allocator_->PutPool(*record, [a = allocator_, writes = writes_, call, key, name = record->name,
-                                created](absl::Status s) {
+                                created, images = images_](absl::Status s) {
     writes->End(key);
     call->Complete(s, [&](v1::PutPoolResponse* out) {
       out->set_created(created);
-      return FillPool(*a, name, out->mutable_pool());
+      return FillPool(*a, name, out->mutable_pool(), images);
     });
   });
   return call->reactor();
@@ -270,7 +270,7 @@ grpc::ServerUnaryReactor* AdminService::GetPool(grpc::CallbackServerContext* ctx
   if (!caller.ok()) return FinishNow(ctx, caller.status());
   absl::StatusOr<std::string> name = Canonical("name", req->name());
   if (!name.ok()) return FinishNow(ctx, name.status());
-  absl::Status s = FillPool(*allocator_, *name, resp->mutable_pool());
+  absl::Status s = FillPool(*allocator_, *name, resp->mutable_pool(), images_);
   if (!s.ok()) resp->Clear();
   return FinishNow(ctx, s);
 }
@@ -299,7 +299,7 @@ grpc::ServerUnaryReactor* AdminService::ListPools(grpc::CallbackServerContext* c
       [&](const store::PoolRecord& p) {
         v1::Pool* out = resp->add_pools();
         // A pool deleted since the listing is still shown, without status.
-        if (!FillPool(*allocator_, p.name, out).ok()) ToProto(p, out);
+        if (!FillPool(*allocator_, p.name, out, images_).ok()) ToProto(p, out);
         return absl::OkStatus();
       },
       &next);
@@ -373,17 +373,19 @@ grpc::ServerUnaryReactor* AdminService::ScalePool(grpc::CallbackServerContext* c
     return FinishNow(ctx, check);
   }
   auto call = AsyncUnary<v1::ScalePoolResponse>::Create(ctx, resp);
-  allocator_->PutPool(*pool, [a = allocator_, writes = writes_, call, key, name](absl::Status s) {
-    writes->End(key);
-    call->Complete(
-        s, [&](v1::ScalePoolResponse* out) { return FillPool(*a, name, out->mutable_pool()); });
-  });
+  allocator_->PutPool(
+      *pool, [a = allocator_, writes = writes_, call, key, name, images = images_](absl::Status s) {
+        writes->End(key);
+        call->Complete(s, [&](v1::ScalePoolResponse* out) {
+          return FillPool(*a, name, out->mutable_pool(), images);
+        });
+      });
   return call->reactor();
 }
 
 grpc::ServerWriteReactor<v1::PoolEvent>* AdminService::WatchPools(
     grpc::CallbackServerContext* ctx, const v1::WatchPoolsRequest* req) {
-  return server::WatchPools(ctx, req, allocator_, auth_);
+  return server::WatchPools(ctx, req, allocator_, auth_, images_);
 }
 
 }  // namespace sbx::server

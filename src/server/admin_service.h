@@ -27,6 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/admin.grpc.pb.h"
 #include "src/allocator/allocator.h"
+#include "src/images/images.h"
 #include "src/server/auth.h"
 
 namespace sbx::server {
@@ -37,9 +38,13 @@ using TemplateCheck = std::function<absl::Status(const v1::Template&)>;
 
 class AdminService final : public sbx::v1::AdminService::CallbackService {
  public:
+  // `images` (may be null): where pools' images stand in the cache (PoolStatus).
   AdminService(allocator::Allocator* allocator, const Authenticator* auth,
-               TemplateCheck check_template = nullptr)
-      : allocator_(allocator), auth_(auth), check_template_(std::move(check_template)) {}
+               TemplateCheck check_template = nullptr, const images::Images* images = nullptr)
+      : allocator_(allocator),
+        auth_(auth),
+        check_template_(std::move(check_template)),
+        images_(images) {}
 
   grpc::ServerUnaryReactor* PutTemplate(grpc::CallbackServerContext* ctx,
                                         const v1::PutTemplateRequest* req,
@@ -100,6 +105,7 @@ class AdminService final : public sbx::v1::AdminService::CallbackService {
   allocator::Allocator* const allocator_;
   const Authenticator* const auth_;
   const TemplateCheck check_template_;
+  const images::Images* const images_;
   const std::shared_ptr<WriteLocks> writes_ = std::make_shared<WriteLocks>();
 };
 

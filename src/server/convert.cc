@@ -550,13 +550,21 @@ void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl:
   ToProto(now, out->mutable_updated_at());
 }
 
-absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1::Pool* out) {
+absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1::Pool* out,
+                      const images::Images* images) {
   ASSIGN_OR_RETURN(store::PoolRecord pool, a.GetPool(name));
   ToProto(pool, out);
   absl::StatusOr<allocator::PoolStatus> status = a.GetPoolStatus(name);
   if (status.ok()) {
     absl::StatusOr<store::TemplateRecord> t = a.GetTemplate(pool.template_name);
     ToProto(*status, t.ok() ? t->generation : 0, absl::Now(), out->mutable_status());
+    // A local template's spec is its sbx.v1.LocalSpec, serialized.
+    v1::LocalSpec local;
+    if (t.ok() && t->runtime == "local" && local.ParseFromString(t->spec) &&
+        !local.image().empty()) {
+      out->mutable_status()->set_image(local.image());
+      if (images != nullptr) out->mutable_status()->set_image_state(images->State(local.image()));
+    }
   }
   return absl::OkStatus();
 }

@@ -26,6 +26,7 @@
 #include "sbx/v1/admin.pb.h"
 #include "sbx/v1/claims.pb.h"
 #include "src/allocator/allocator.h"
+#include "src/images/images.h"
 #include "src/server/auth.h"
 
 namespace sbx::server {
@@ -121,9 +122,11 @@ absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p, absl::string_
 void ToProto(const store::PoolRecord& r, v1::Pool* out);
 void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl::Time now,
              v1::PoolStatus* out);
-// Fills `out` with pool `name` and its status now (GetPool, ListPools, WatchPools).
+// Fills `out` with pool `name` and its status now (GetPool, ListPools, WatchPools), with
+// where its template's image stands in `images` (status.image_state) when given.
 // NOT_FOUND when the pool does not exist.
-absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1::Pool* out);
+absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1::Pool* out,
+                      const images::Images* images = nullptr);
 
 // --- Pagination ---
 

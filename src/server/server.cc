@@ -226,7 +226,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits,
         options.request_counters));
     services->services.push_back(std::make_unique<AdminService>(
-        options.allocator, services->auth.get(), options.check_template));
+        options.allocator, services->auth.get(), options.check_template, options.images));
     services->services.push_back(
         std::make_unique<ImageService>(options.images, services->auth.get()));
   } else if (options.forward.has_value()) {

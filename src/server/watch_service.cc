@@ -194,8 +194,9 @@ class ClaimsReactor final : public WatchWriter<v1::ClaimEvent> {
 // cannot run inside Set) and cancelled outside it.
 class PoolsReactor final : public WatchWriter<v1::PoolEvent> {
  public:
-  PoolsReactor(allocator::Allocator* a, std::set<std::string> names, absl::Duration interval)
-      : allocator_(a), names_(std::move(names)), interval_(interval) {}
+  PoolsReactor(allocator::Allocator* a, std::set<std::string> names, absl::Duration interval,
+               const images::Images* images)
+      : allocator_(a), names_(std::move(names)), interval_(interval), images_(images) {}
 
   // The first poll (the initial state), run by the handler.
   void Start() { OnTick(true); }
@@ -234,7 +235,8 @@ class PoolsReactor final : public WatchWriter<v1::PoolEvent> {
       for (const store::PoolRecord& p : allocator_->ListPools()) {
         if (!names_.empty() && !names_.contains(p.name)) continue;
         v1::Pool pool;
-        if (FillPool(*allocator_, p.name, &pool).ok()) now.emplace(p.name, std::move(pool));
+        if (FillPool(*allocator_, p.name, &pool, images_).ok())
+          now.emplace(p.name, std::move(pool));
       }
       absl::MutexLock lock(&mu_);
       Diff(now);
@@ -300,6 +302,7 @@ class PoolsReactor final : public WatchWriter<v1::PoolEvent> {
   allocator::Allocator* const allocator_;
   const std::set<std::string> names_;
   const absl::Duration interval_;
+  const images::Images* const images_;  // may be null
 
   // gRPC's hold (until OnDone) and the first tick's.
   int holders_ ABSL_GUARDED_BY(mu_) = 2;
@@ -333,7 +336,8 @@ grpc::ServerWriteReactor<v1::ClaimEvent>* WatchClaims(grpc::CallbackServerContex
 grpc::ServerWriteReactor<v1::PoolEvent>* WatchPools(grpc::CallbackServerContext* ctx,
                                                     const v1::WatchPoolsRequest* req,
                                                     allocator::Allocator* allocator,
-                                                    const Authenticator* auth) {
+                                                    const Authenticator* auth,
+                                                    const images::Images* images) {
   absl::StatusOr<Caller> caller = Authorize(*auth, ctx, true, "WatchPools");
   if (!caller.ok()) return new FailedStream<v1::PoolEvent>(caller.status());
   std::set<std::string> names;
@@ -354,7 +358,7 @@ grpc::ServerWriteReactor<v1::PoolEvent>* WatchPools(grpc::CallbackServerContext*
         "min_interval ", absl::FormatDuration(*interval), " is outside ",
         absl::FormatDuration(kMinPoolInterval), "..", absl::FormatDuration(kMaxPoolInterval))));
   }
-  auto* reactor = new PoolsReactor(allocator, std::move(names), *interval);
+  auto* reactor = new PoolsReactor(allocator, std::move(names), *interval, images);
   reactor->Start();
   return reactor;
 }

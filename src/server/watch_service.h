@@ -27,6 +27,7 @@
 #include "sbx/v1/admin.pb.h"
 #include "sbx/v1/claims.pb.h"
 #include "src/allocator/allocator.h"
+#include "src/images/images.h"
 #include "src/server/auth.h"
 
 namespace sbx::server {
@@ -42,9 +43,11 @@ grpc::ServerWriteReactor<v1::ClaimEvent>* WatchClaims(grpc::CallbackServerContex
 
 // The body of AdminService::WatchPools. Errors: UNAUTHENTICATED, PERMISSION_DENIED (not
 // an admin), INVALID_ARGUMENT (a bad pool name; min_interval below 100 ms or above 1 min).
+// `images` (may be null): where the pools' images stand (PoolStatus.image_state).
 grpc::ServerWriteReactor<v1::PoolEvent>* WatchPools(grpc::CallbackServerContext* ctx,
                                                     const v1::WatchPoolsRequest* req,
                                                     allocator::Allocator* allocator,
-                                                    const Authenticator* auth);
+                                                    const Authenticator* auth,
+                                                    const images::Images* images = nullptr);
 
 }  // namespace sbx::server

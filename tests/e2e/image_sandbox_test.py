@@ -194,13 +194,13 @@ class ImageSandboxes:
         c = self.claim("img")
         try:
             code, out = self.sh(c, "cat /etc/os-release; id -u; echo g=$GREETING t=$FROM_TEMPLATE "
-                                   "h=$HOME; cd /app && echo IN_APP; test -e /usr/bin/python3 "
+                                   "h=$HOME; echo cwd=$(pwd); test -e /usr/bin/python3 "
                                    "|| echo NO_HOST_USR")
             self.assertEqual(code, 0, out)
             self.assertIn("ID=sbx-test", out)
             self.assertIn("\n0\n", out)  # the image names no User: uid 0 in the sandbox
             self.assertIn("g=from-image t=yes h=/root", out)
-            self.assertIn("IN_APP", out)  # its WorkingDir exists
+            self.assertIn("cwd=/app", out)  # commands start in its WorkingDir (made)
             self.assertIn("NO_HOST_USR", out)  # the host's /usr is not there
         finally:
             self.release(c)
@@ -235,11 +235,12 @@ class ImageSandboxes:
     def test_the_images_user_by_name(self):
         c = self.claim("named")
         try:
-            code, out = self.sh(c, "id -u; id -g; echo h=$HOME; pwd; touch /etc/by-user && "
-                                   "echo WROTE")
+            code, out = self.sh(c, "id -u; id -g; echo h=$HOME; echo cwd=$(pwd); "
+                                   "touch /etc/by-user && echo WROTE")
             self.assertEqual(code, 0, out)
             self.assertEqual(out.split()[:2], ["1000", "1000"], out)
             self.assertIn("h=/home/user", out)
+            self.assertIn("cwd=/home/user", out)
             # Every file of the image belongs to its User: it may change its own root.
             self.assertIn("WROTE", out)
         finally:
@@ -314,6 +315,45 @@ class ImageSandboxes:
             time.sleep(0.1)
         self.assertFalse(os.path.exists(folder), "the sandbox's host folder stayed")
 
+
+    def test_a_pool_shows_its_image_being_pulled_then_cached(self):
+        from sbx.v1 import admin_pb2
+        # A large image (64 MiB that do not compress), so that its pull lasts long enough to
+        # be seen; observed, not timed.
+        blob = os.path.join(self.dir, "blob")
+        with open(blob, "wb") as f:
+            f.write(os.urandom(64 << 20))
+        ref = test_images.busybox_image(
+            os.path.join(self.dir, "images", "large"),
+            extra=[{"name": "data", "type": "dir"},
+                   {"name": "data/blob", "type": "file", "from": blob}])
+        os.remove(blob)
+        if self.run_as is not None:
+            pw = pwd.getpwnam(self.run_as)
+            for root, dirs, files in os.walk(os.path.join(self.dir, "images", "large")):
+                for name in dirs + files:
+                    os.chown(os.path.join(root, name), pw.pw_uid, pw.pw_gid)
+        self.admin.PutTemplate(admin_pb2.PutTemplateRequest(template=admin_pb2.Template(
+            name="large", runtime="local", local=admin_pb2.LocalSpec(image=ref))), timeout=30)
+        self.admin.PutPool(admin_pb2.PutPoolRequest(pool=admin_pb2.Pool(
+            name="large", template="large", min_warm=1, max_warm=1)), timeout=30)
+        seen = []
+        deadline = time.time() + 120
+        status = self.pool_status("large")
+        while (status.warm < 1 or status.image_state != "cached") and time.time() < deadline:
+            if not seen or seen[-1] != status.image_state:
+                seen.append(status.image_state)
+            time.sleep(0.02)
+            status = self.pool_status("large")
+        seen.append(status.image_state)
+        self.assertEqual(status.image, ref)
+        self.assertIn("pulling", seen)
+        self.assertEqual(seen[-1], "cached", seen)
+        self.assertEqual(status.warm, 1)
+        out = subprocess.run([CLI, "--server", self.server.target, "pools", "get", "large"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertIn("image_state", out.stdout, out.stderr)
+        self.assertIn("cached", out.stdout)
 
 class AsRoot(ImageSandboxes, unittest.TestCase):
     pass

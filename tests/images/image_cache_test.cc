@@ -5,6 +5,7 @@
 #include "src/images/image_cache.h"
 
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -271,6 +272,88 @@ TEST_F(ImageCacheTest, AGzipBombIsStoppedAtTheBudget) {
   EXPECT_NE(image.status().message().find("grew past"), std::string::npos) << image.status();
   EXPECT_TRUE((*cache)->List().empty());
   EXPECT_LE((*cache)->Stats().bytes, 16 << 20);
+}
+
+// Extended attributes of a layer that mean something to the kernel or to overlayfs
+// (file capabilities, overlayfs's own trusted.overlay.* and user.overlay.* marks: opaque
+// folders, redirects, whiteouts, metacopy) are dropped when the image is unpacked; other
+// user.* attributes are the image's content and stay.
+TEST_F(ImageCacheTest, ALayersKernelAndOverlayAttributesAreDropped) {
+  Json spec = Busybox();
+  spec["layers"][0].push_back(
+      {{"name", "etc"},
+       {"type", "dir"},
+       {"xattrs", {{"trusted.overlay.opaque", "y"}, {"user.overlay.opaque", "y"}}}});
+  spec["layers"][0].push_back(
+      {{"name", "etc/redirected"},
+       {"type", "dir"},
+       {"xattrs",
+        {{"trusted.overlay.redirect", "/outside"}, {"user.overlay.redirect", "/outside"}}}});
+  spec["layers"][0].push_back(
+      {{"name", "capped"},
+       {"type", "file"},
+       {"data", "x"},
+       {"mode", 0755},
+       {"xattrs",
+        {// CAP_NET_BIND_SERVICE, effective (vfs_cap_data v2)
+         {"security.capability", "hex:0100000200040000000000000000000000000000"},
+         {"user.kept", "mine"}}}});
+  const std::string ref = Make("xattrs", "v1", spec);
+  auto cache = ImageCache::Open(Options());
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  absl::StatusOr<Image> image = (*cache)->Pull(ref);
+  ASSERT_TRUE(image.ok()) << image.status();
+  for (const char* rel : {"/etc", "/etc/redirected", "/capped"}) {
+    const std::string path = image->rootfs + rel;
+    ASSERT_TRUE(fs::exists(path)) << path;
+    char names[4096];
+    const ssize_t n = llistxattr(path.c_str(), names, sizeof(names));
+    ASSERT_GE(n, 0) << path << ": " << std::strerror(errno);
+    for (ssize_t at = 0; at < n; at += static_cast<ssize_t>(std::strlen(names + at)) + 1) {
+      const std::string name = names + at;
+      EXPECT_NE(name.rfind("trusted.", 0), 0u) << path << " keeps " << name;
+      EXPECT_NE(name.rfind("security.", 0), 0u) << path << " keeps " << name;
+      EXPECT_NE(name.rfind("user.overlay.", 0), 0u) << path << " keeps " << name;
+    }
+  }
+  char value[64];
+  const ssize_t kept =
+      lgetxattr((image->rootfs + "/capped").c_str(), "user.kept", value, sizeof(value));
+  EXPECT_EQ(std::string(value, kept > 0 ? static_cast<size_t>(kept) : 0), "mine");
+
+  // An image unpacked by a version that let them through is cleaned when the cache opens.
+  const std::string etc = image->rootfs + "/etc";
+  ASSERT_EQ(lsetxattr(etc.c_str(), "user.overlay.opaque", "y", 1, 0), 0) << std::strerror(errno);
+  const std::string meta_path = fs::path(image->rootfs).parent_path() / "image.json";
+  Json meta = Json::parse(std::ifstream(meta_path));
+  meta.erase("sanitized");
+  std::ofstream(meta_path, std::ios::trunc) << meta.dump();
+  cache->reset();
+  auto reopened = ImageCache::Open(Options());
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ((*reopened)->List().size(), 1u);
+  EXPECT_LT(lgetxattr(etc.c_str(), "user.overlay.opaque", value, sizeof(value)), 0);
+}
+
+// The "10 GiB layer against a 1 GiB budget": the manifest's declared sizes are
+// checked before anything is fetched, and the cache keeps serving.
+TEST_F(ImageCacheTest, ALayerDeclaredLargerThanTheBudgetIsRefusedBeforeItIsFetched) {
+  Json spec = Busybox();
+  spec["declare_layer_size"] = int64_t{10} << 30;
+  const std::string huge = Make("huge", "v1", spec);
+  const std::string small = Make("small", "v1", Busybox());
+  auto cache = ImageCache::Open(Options(int64_t{1} << 30));
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  absl::StatusOr<Image> image = (*cache)->Pull(huge);
+  EXPECT_EQ(image.status().code(), absl::StatusCode::kResourceExhausted) << image.status();
+  EXPECT_NE(image.status().message().find(huge), std::string::npos) << image.status();
+  EXPECT_NE(image.status().message().find("10737418240"), std::string::npos) << image.status();
+  EXPECT_NE(image.status().message().find("nothing was fetched"), std::string::npos)
+      << image.status();
+  EXPECT_TRUE((*cache)->List().empty());
+  EXPECT_EQ((*cache)->Stats().misses, 1u);
+  // The cache still serves.
+  EXPECT_TRUE((*cache)->Pull(small).ok());
 }
 
 TEST_F(ImageCacheTest, ReferencesOutsideTheImportFoldersAreRefused) {

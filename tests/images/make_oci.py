@@ -7,9 +7,11 @@ SPEC_JSON: {"config": {"Env": [...], "WorkingDir": "...", "User": "...", "Cmd": 
             "layers": [[ENTRY, ...], ...],
             "corrupt_layer": false,          # change a layer's bytes after its digest
             "zeros_file": {"name": "big", "bytes": N},   # a gzip bomb entry in layer 0
-            "compresslevel": 9}                          # gzip level of the layers
+            "compresslevel": 9,                          # gzip level of the layers
+            "declare_layer_size": N}                     # the manifest lies about layer 0's size
 ENTRY: {"name": "bin/busybox", "type": "file"|"dir"|"symlink"|"hardlink"|"chardev"|"fifo",
-        "data": "text", "from": "/bin/busybox", "mode": 493, "link": "target"}
+        "data": "text", "from": "/bin/busybox", "mode": 493, "link": "target",
+        "xattrs": {"user.x": "value", "security.capability": "hex:0100..."}}
     or {"name": "usr/lib/python3.11", "type": "tree", "from": "/usr/lib/python3.11",
         "exclude": ["test", "__pycache__"]}: a host folder's files, folders and links
         (names in "exclude" skipped at any depth), owned by root.
@@ -83,6 +85,12 @@ def layer_tar(entries, zeros=None, compresslevel=9):
             info = tarfile.TarInfo(e["name"])
             info.mode = e.get("mode", 0o755 if e["type"] == "dir" else 0o644)
             info.uid = e.get("uid", 0)
+            if "xattrs" in e:  # PAX records, as GNU tar and Docker write them
+                # "hex:..." values are bytes (a file capability, say).
+                info.pax_headers = {
+                    f"SCHILY.xattr.{k}": (bytes.fromhex(v[4:]).decode("utf-8", "surrogateescape")
+                                          if v.startswith("hex:") else v)
+                    for k, v in e["xattrs"].items()}
             info.gid = e.get("gid", 0)
             t = e["type"]
             data = None
@@ -131,8 +139,11 @@ def main():
                             spec.get("compresslevel", 9))
         digest = blob(out, gz)
         diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
+        size = len(gz)
+        if i == 0 and "declare_layer_size" in spec:
+            size = spec["declare_layer_size"]
         layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                       "digest": digest, "size": len(gz)})
+                       "digest": digest, "size": size})
         if spec.get("corrupt_layer"):
             path = os.path.join(out, "blobs", "sha256", digest.split(":")[1])
             with open(path, "r+b") as f:

@@ -972,5 +972,28 @@ TEST(DaemonStartTest, MissingWorkspaceIsNotFound) {
   EXPECT_THAT(std::string(daemon.status().message()), HasSubstr("/nonexistent/sbx-workspace"));
 }
 
+// A sandbox of an image starts commands in the image's WorkingDir (default_cwd) when they
+// name no cwd; a cwd given is still relative to the workspace.
+TEST_F(SandboxdTest, CommandsNamingNoCwdStartInTheDefaultCwd) {
+  const std::string app = dir_ + "/app";
+  ASSERT_EQ(mkdir(app.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir((workspace_ + "/sub").c_str(), 0755), 0);
+  options_.default_cwd = app;
+  Start();
+  ExecOutcome r = Exec(Sh("pwd"));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.out, app + "\n");
+  pb::ExecStart start = Sh("pwd");
+  start.set_cwd("sub");
+  r = Exec(start);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.out, workspace_ + "/sub\n");
+  // A default_cwd that is gone fails the command with the folder named.
+  ASSERT_EQ(rmdir(app.c_str()), 0);
+  r = Exec(Sh("pwd"));
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_NE(r.status.error_message().find(app), std::string::npos) << r.status.error_message();
+}
+
 }  // namespace
 }  // namespace sbx::sandboxd
