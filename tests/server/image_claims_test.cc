@@ -69,6 +69,7 @@ class FakeImages final : public images::Images {
     return cached_;
   }
   absl::Status Remove(const std::string&) override { return absl::OkStatus(); }
+  std::string State(const std::string&) const override { return ""; }
   images::ImageCacheStats Stats() const override { return {}; }
   absl::Status CheckReference(const std::string& ref) const override {
     if (absl::StartsWith(ref, "oci:/")) return absl::OkStatus();
