@@ -7,8 +7,9 @@ p99, and split by hit and miss). Prints a table; asserts nothing.
                              [--claims 3000] [--zipf 1.1] [--cache_mib 2048] [--seed 1]
 
 The images are written offline into one import folder: each is busybox (one layer, the
-same blob in every image, hard-linked) plus a layer of its own (a marker file), so every
-image has its own manifest digest and unpacks to about 2 MB. Each claim names an image
+same blob in every image, hard-linked) plus a layer of its own (a marker file and, with
+--extra_mib, that many MiB of zeros), so every image has its own manifest digest and
+unpacks to about 2 MB plus the extra. Each claim names an image
 drawn from a Zipf law (rank r with weight 1/r^s), claims it (policy COLD: on first use the
 image's on-demand pool is made and its image pulled), and releases it; one claim at a
 time, so the latency is the claim's own. Loopback only; bounded by the claim count.
@@ -43,8 +44,10 @@ def write_blob(layout, data):
     return "sha256:" + digest
 
 
-def make_images(folder, count):
-    """`count` OCI layouts under `folder` sharing the busybox layer; their references."""
+def make_images(folder, count, extra_mib=0):
+    """`count` OCI layouts under `folder` sharing the busybox layer, each with a layer of
+    its own (a marker, and `extra_mib` MiB of zeros: small on disk, that much unpacked);
+    their references."""
     base_raw, base_gz = make_oci.layer_tar(test_images.busybox_entries() +
                                            test_images.base_entries(), None, 1)
     base_digest = "sha256:" + hashlib.sha256(base_gz).hexdigest()
@@ -58,8 +61,9 @@ def make_images(folder, count):
         blobs = os.path.join(layout, "blobs", "sha256")
         os.makedirs(blobs, exist_ok=True)
         os.link(base_path, os.path.join(blobs, base_digest.split(":")[1]))
-        raw, gz = make_oci.layer_tar([{"name": "marker", "type": "file", "data": f"image {i}\n"}],
-                                     None, 1)
+        raw, gz = make_oci.layer_tar(
+            [{"name": "marker", "type": "file", "data": f"image {i}\n"}],
+            {"name": "payload", "bytes": extra_mib << 20} if extra_mib else None, 1)
         layer_digest = write_blob(layout, gz)
         config = json.dumps({
             "architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]},
@@ -112,6 +116,8 @@ def main():
     ap.add_argument("--zipf", type=float, default=1.1)
     ap.add_argument("--cache_mib", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--extra_mib", type=int, default=0,
+                    help="MiB of zeros in each image's own layer (its unpacked size grows by it)")
     args = ap.parse_args()
     args.server = os.path.abspath(args.server)
     sbx_e2e.generate_stubs(os.path.join(SOURCE, "proto"))
@@ -122,7 +128,7 @@ def main():
     server = None
     try:
         t0 = time.time()
-        refs = make_images(os.path.join(work, "images"), args.images)
+        refs = make_images(os.path.join(work, "images"), args.images, args.extra_mib)
         print(f"{args.images} images written in {time.time() - t0:.1f} s", flush=True)
         config = os.path.join(work, "config.yaml")
         with open(config, "w") as f:
