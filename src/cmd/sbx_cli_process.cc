@@ -167,6 +167,8 @@ struct SessionEnd {
   int signal = 0;
   absl::Status status;
   int64_t dropped = 0;
+  // sbx's stdout or stderr went away (a closed pipe): the session was left.
+  bool output_failed = false;
 };
 
 // One process session: `stream` is a started StartProcess or ConnectProcess call whose
@@ -197,30 +199,31 @@ SessionEnd RunSession(Context& ctx, Client& client, const std::string& claim_id,
     *req.mutable_process() = self;
     *req.mutable_size() = *size;
     v1::ResizeProcessResponse resp;
-    // Best effort: the process may just have ended.
-    client
-        .Call(
-            [&](grpc::ClientContext* c) { return client.sandboxes().ResizeProcess(c, req, &resp); })
-        .IgnoreError();
+    absl::Status resized = client.Call(
+        [&](grpc::ClientContext* c) { return client.sandboxes().ResizeProcess(c, req, &resp); });
+    resized.IgnoreError();  // dropped: best effort; the process may just have ended
   };
 
   std::optional<v1::ProcessExit> exit;
   int64_t dropped = 0;
   grpc::Status stream_status;
+  // Set by the output thread (read after the join): stdout or stderr went away.
+  bool output_failed = false;
   std::thread output([&] {
     OutputSink out(STDOUT_FILENO, !pty && ctx.stdout_tty);
     OutputSink err(STDERR_FILENO, !pty && ctx.stderr_tty);
     v1::ProcessEvent event;
-    while (stream->Read(&event)) {
+    while (!output_failed && stream->Read(&event)) {
+      absl::Status written;
       switch (event.kind_case()) {
         case v1::ProcessEvent::kPty:
-          WriteAll(STDOUT_FILENO, event.pty()).IgnoreError();  // a closed stdout: nothing to do
+          written = WriteAll(STDOUT_FILENO, event.pty());
           break;
         case v1::ProcessEvent::kStdout:
-          out.Write(event.stdout()).IgnoreError();
+          written = out.Write(event.stdout());
           break;
         case v1::ProcessEvent::kStderr:
-          err.Write(event.stderr()).IgnoreError();
+          written = err.Write(event.stderr());
           break;
         case v1::ProcessEvent::kDropped:
           dropped += event.dropped().bytes();
@@ -231,9 +234,18 @@ SessionEnd RunSession(Context& ctx, Client& client, const std::string& claim_id,
         default:
           break;
       }
+      if (!written.ok()) {
+        // Nobody reads sbx's output any more (`sbx attach ... | head`): leave the process
+        // running and end the session.
+        output_failed = true;
+        call->TryCancel();
+      }
     }
-    out.Finish().IgnoreError();
-    err.Finish().IgnoreError();
+    if (!output_failed) {
+      absl::Status finished = out.Finish();
+      finished.Update(err.Finish());
+      finished.IgnoreError();  // dropped: the tail of an escape sequence; the stream is over
+    }
     stream_status = stream->Finish();
     signals.Post(kStreamEnded);
   });
@@ -317,17 +329,17 @@ SessionEnd RunSession(Context& ctx, Client& client, const std::string& claim_id,
     *req.mutable_process() = self;
     req.set_signal(v1::SIGNAL_HUP);
     v1::SignalProcessResponse resp;
-    client
-        .Call(
-            [&](grpc::ClientContext* c) { return client.sandboxes().SignalProcess(c, req, &resp); })
-        .IgnoreError();  // best effort: it may have ended
+    absl::Status hung_up = client.Call(
+        [&](grpc::ClientContext* c) { return client.sandboxes().SignalProcess(c, req, &resp); });
+    hung_up.IgnoreError();  // dropped: best effort; the process may have ended
   }
   if (!stream_over) call->TryCancel();
   output.join();
   ctx.signals->ClearHandler();
   end.exit = exit;
   end.dropped = dropped;
-  if (end.status.ok() && !exit.has_value() && !end.detached && end.signal == 0) {
+  end.output_failed = output_failed;
+  if (end.status.ok() && !exit.has_value() && !end.detached && end.signal == 0 && !output_failed) {
     end.status = stream_status.ok()
                      ? absl::InternalError("the process stream ended without an exit")
                      : FromGrpc(stream_status, *call);
@@ -355,6 +367,7 @@ absl::StatusOr<int> Conclude(const SessionEnd& end, const std::string& claim_id,
   const bool ended_by_process = end.exit.has_value() && end.signal == 0;
   if (terminal && !ended_by_process) std::fputs("\r\n", stderr);
   if (!end.status.ok()) return end.status;
+  if (end.output_failed) return 128 + SIGPIPE;  // as exec: nobody reads; the process runs on
   if (end.dropped > 0) {
     std::fprintf(stderr,
                  "sbx: %lld bytes of the process's output were dropped (it wrote more "
@@ -391,8 +404,11 @@ absl::StatusOr<int> RunShell(Context& ctx, const ShellArgs& a) {
   v1::StartProcessRequest req;
   req.set_claim_id(a.id);
   if (a.argv.empty()) {
-    // The sandbox's login shell: its $SHELL if it names one, else /bin/sh.
-    for (const char* arg : {"/bin/sh", "-c", "exec \"${SHELL:-/bin/sh}\" -l"}) req.add_argv(arg);
+    // The sandbox's login shell: its $SHELL if that is a program there, else /bin/sh.
+    for (const char* arg :
+         {"/bin/sh", "-c", "s=\"${SHELL:-/bin/sh}\"; [ -x \"$s\" ] || s=/bin/sh; exec \"$s\" -l"}) {
+      req.add_argv(arg);
+    }
   } else {
     for (const std::string& arg : a.argv) req.add_argv(arg);
   }

@@ -221,7 +221,7 @@ class Shell(unittest.TestCase):
                                   timeout=60, stdin=subprocess.DEVNULL, **kw)
 
         r = sbx("exec", "-d", "--tag", "srv", self.claim_id, "--", "/bin/sh", "-c",
-                "echo serving; exec sleep 1000")
+                "echo serving; while :; do sleep 0.1; echo tick; done")
         self.assertEqual(r.returncode, 0, r.stderr)
         pid = int(r.stdout.strip())
         r = sbx("-o", "json", "ps", self.claim_id)
@@ -236,6 +236,15 @@ class Shell(unittest.TestCase):
                                   stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                                   env=env)
         self.assertEqual(attach.stdout.readline(), "serving\n")
+        # Nobody reads any more (as `sbx attach ... | head -1`): sbx leaves, 128+SIGPIPE, and
+        # the process runs on.
+        early = subprocess.Popen([CLI, "attach", self.claim_id, "srv"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
+        early.stdout.readline()
+        early.stdout.close()
+        self.assertEqual(early.wait(timeout=30), 128 + signal.SIGPIPE)
+        [p] = json.loads(sbx("-o", "json", "ps", self.claim_id).stdout)
+        self.assertNotIn("exit", p)
         r = sbx("kill", "-s", "KILL", self.claim_id, "srv")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(attach.wait(timeout=30), 128 + signal.SIGKILL, attach.stderr.read())

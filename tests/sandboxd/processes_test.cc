@@ -28,6 +28,23 @@
 #include "sbx/sandboxd/v1/sandboxd.grpc.pb.h"
 #include "src/sandboxd/sandboxd.h"
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SBX_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define SBX_TEST_ASAN 1
+#endif
+#ifdef SBX_TEST_ASAN
+// AddressSanitizer keeps freed memory in a quarantine (256 MiB by default), which the
+// flood test's bound on resident memory would count as the daemon's; without it, what is
+// measured is what the daemon holds.
+extern "C" const char* __asan_default_options() {
+  return "quarantine_size_mb=0:thread_local_quarantine_size_kb=0";
+}
+#endif
+
 namespace sbx::sandboxd {
 namespace {
 
