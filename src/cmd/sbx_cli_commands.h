@@ -62,10 +62,24 @@ void AddClaimCommands(CLI::App& app, Context& ctx, Actions& actions);
 void AddAdminCommands(CLI::App& app, Context& ctx, Actions& actions);
 // exec, cp, ls, suspend, resume.
 void AddSandboxCommands(CLI::App& app, Context& ctx, Actions& actions);
+// shell, attach, ps, kill (the processes of a sandbox).
+void AddProcessCommands(CLI::App& app, Context& ctx, Actions& actions);
 // watch claims, watch pools.
 void AddWatchCommands(CLI::App& app, Context& ctx, Actions& actions);
 
 // ---- Helpers shared by the command files ------------------------------------------------
+
+// `sbx exec -d`: a process started in the background (StartProcess, detached); prints its
+// process id. Errors: the call's.
+struct DetachedStart {
+  std::string id;
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // K=V
+  std::string cwd;
+  std::string tag;
+  bool stdin = false;
+};
+absl::StatusOr<int> RunDetachedProcess(Context& ctx, const DetachedStart& start);
 
 // An error in how sbx was called, detected after parsing (e.g. `cp` between two local
 // paths): printed like CLI11's own errors, exit code 2.

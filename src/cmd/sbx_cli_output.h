@@ -153,4 +153,21 @@ absl::Status WriteAll(int fd, absl::string_view data);
 // Status for the current errno: `what` followed by strerror.
 absl::Status ErrnoStatus(int error, const std::string& what);
 
+// Where output from a sandbox goes (exec, attach, cp to "-"): `fd` as is, or escaped
+// (TerminalEscaper) when `fd` is a terminal.
+class OutputSink {
+ public:
+  OutputSink(int fd, bool terminal) : fd_(fd), terminal_(terminal) {}
+  absl::Status Write(absl::string_view data) {
+    if (!terminal_) return WriteAll(fd_, data);
+    return WriteAll(fd_, escaper_.Feed(data));
+  }
+  absl::Status Finish() { return terminal_ ? WriteAll(fd_, escaper_.Finish()) : absl::OkStatus(); }
+
+ private:
+  const int fd_;
+  const bool terminal_;
+  TerminalEscaper escaper_;
+};
+
 }  // namespace sbx::cli

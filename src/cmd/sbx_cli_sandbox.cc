@@ -1,4 +1,5 @@
-// `sbx exec`, `sbx cp`, `sbx ls`, `sbx suspend`, `sbx resume`: SandboxService.
+// `sbx exec`, `sbx cp`, `sbx ls`, `sbx suspend`, `sbx resume`: SandboxService (exec -d starts a
+// background process: sbx_cli_process.cc).
 
 #include <fcntl.h>
 #include <poll.h>
@@ -34,23 +35,6 @@ constexpr int kPageSize = 500;
 // remote command).
 constexpr int kSignalsBeforeCancel = 3;
 
-// Where output from a sandbox goes: `fd` as is, or escaped (EscapeForTerminal) when `fd`
-// is a terminal.
-class OutputSink {
- public:
-  OutputSink(int fd, bool terminal) : fd_(fd), terminal_(terminal) {}
-  absl::Status Write(absl::string_view data) {
-    if (!terminal_) return WriteAll(fd_, data);
-    return WriteAll(fd_, escaper_.Feed(data));
-  }
-  absl::Status Finish() { return terminal_ ? WriteAll(fd_, escaper_.Finish()) : absl::OkStatus(); }
-
- private:
-  const int fd_;
-  const bool terminal_;
-  TerminalEscaper escaper_;
-};
-
 // ---- exec -------------------------------------------------------------------------------
 
 struct ExecArgs {
@@ -61,6 +45,9 @@ struct ExecArgs {
   std::string cwd;
   std::string timeout_exec;
   int64_t max_output = 0;
+  // -d: a background process (StartProcess) instead of an Exec.
+  bool detach = false;
+  std::string tag;
 };
 
 using ExecStream = grpc::ClientReaderWriter<v1::ExecRequest, v1::ExecResponse>;
@@ -172,6 +159,22 @@ void WriteLoop(ExecStream* stream, ExecControl* control, bool attach_stdin) {
 
 absl::StatusOr<int> RunExec(Context& ctx, const ExecArgs& a) {
   if (a.argv.empty()) return UsageError("exec: give the command after --, e.g. -- ls -l");
+  if (!a.tag.empty() && !a.detach) return UsageError("exec: --tag needs -d (--detach)");
+  if (a.detach) {
+    if (!a.timeout_exec.empty() || a.max_output != 0) {
+      return UsageError(
+          "exec -d: --timeout-exec and --max-output are for Exec; a background process runs "
+          "until it exits or is killed (sbx kill)");
+    }
+    DetachedStart start;
+    start.id = a.id;
+    start.argv = a.argv;
+    start.env = a.env;
+    start.cwd = a.cwd;
+    start.tag = a.tag;
+    start.stdin = a.interactive;
+    return RunDetachedProcess(ctx, start);
+  }
   auto connected = ctx.Connect();
   if (!connected.ok()) return connected.status();
   Client& client = **connected;
@@ -555,7 +558,8 @@ void AddSandboxCommands(CLI::App& app, Context& ctx, Actions& actions) {
         "exec",
         "Run a command in a claimed sandbox: sbx exec ID [flags] -- ARGV...\n"
         "Streams its stdout/stderr, forwards SIGINT/SIGTERM (the third cancels the call and "
-        "kills it) and exits with its exit code (128+N if killed by signal N, 124 on timeout).");
+        "kills it) and exits with its exit code (128+N if killed by signal N, 124 on timeout).\n"
+        "With -d it starts in the background instead and sbx prints its process id.");
     sub->add_option("id", a->id, "Claim id")->required();
     sub->add_option("argv", a->argv, "Command and arguments (after --; no shell: use sh -c)");
     sub->add_flag("-i,--stdin", a->interactive,
@@ -572,6 +576,10 @@ void AddSandboxCommands(CLI::App& app, Context& ctx, Actions& actions) {
                     "Cap on stdout+stderr bytes sent back; the rest is discarded (default 16 "
                     "MiB)")
         ->check(CLI::NonNegativeNumber);
+    sub->add_flag("-d,--detach", a->detach,
+                  "Start it in the background and print its process id (sbx ps, attach, kill; "
+                  "with -i its stdin is a pipe for attach -i)");
+    sub->add_option("--tag", a->tag, "With -d: a name to find the process by (attach, kill)");
     actions[sub] = [&ctx, a] { return RunExec(ctx, *a); };
   }
   {

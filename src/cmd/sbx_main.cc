@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   sbx::cli::Actions actions;
   sbx::cli::AddClaimCommands(app, ctx, actions);
   sbx::cli::AddSandboxCommands(app, ctx, actions);
+  sbx::cli::AddProcessCommands(app, ctx, actions);
   sbx::cli::AddAdminCommands(app, ctx, actions);
   sbx::cli::AddWatchCommands(app, ctx, actions);
 

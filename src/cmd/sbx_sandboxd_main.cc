@@ -130,6 +130,18 @@ int main(int argc, char** argv) {
                  "commands running at once; more get RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
+  app.add_option("--max_processes", options.max_processes,
+                 "processes (StartProcess) running at once; more get RESOURCE_EXHAUSTED (the "
+                 "server may set a lower limit per call)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--max_ptys", options.max_ptys, "PTY processes running at once")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--max_replay_bytes", options.max_replay_bytes,
+                 "bytes the replay rings of all processes may hold together")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{64} << 10, int64_t{4} << 30));
   app.add_option("--max_file_bytes", options.max_file_bytes,
                  "largest file written or range read, in bytes")
       ->capture_default_str()

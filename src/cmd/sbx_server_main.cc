@@ -338,6 +338,18 @@ int main(int argc, char** argv) {
                  "cap on one Exec's stdout+stderr sent to the client (the rest is counted and "
                  "dropped; exit.truncated says so); at most 64 MiB")
       ->capture_default_str();
+  app.add_option("--max_processes", server_options.sandbox_limits.max_processes,
+                 "processes (StartProcess) running at once per sandbox; more get "
+                 "RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--max_ptys", server_options.sandbox_limits.max_ptys,
+                 "PTY processes (StartProcess with a pty, sbx shell) running at once per sandbox")
+      ->capture_default_str();
+  app.add_option("--max_replay_bytes", server_options.sandbox_limits.max_replay_bytes,
+                 "bytes the replay buffers of all processes of a sandbox may hold together (a "
+                 "process's buffer is 1 MiB unless it asks otherwise; beyond it the oldest output "
+                 "is dropped and counted)")
+      ->capture_default_str();
   app.add_option("--tls_cert_file", server_options.tls_cert_file,
                  "serve TLS with this PEM certificate (chain); needs --tls_key_file");
   app.add_option("--tls_key_file", server_options.tls_key_file, "PEM private key for TLS");

@@ -20,6 +20,7 @@
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
 #include "src/sandboxd/exec.h"
+#include "src/sandboxd/process_table.h"
 #include "src/sandboxd/sandboxd.h"
 #include "src/sandboxd/service.h"
 #include "src/sandboxd/workspace.h"
@@ -81,12 +82,14 @@ class Acceptor {
 class DaemonImpl final : public Daemon {
  public:
   DaemonImpl(std::string socket_path, int port, std::unique_ptr<Workspace> workspace,
-             std::unique_ptr<ExecManager> execs, std::unique_ptr<SandboxdService> service,
-             std::unique_ptr<grpc::Server> server, int listen_fd)
+             std::unique_ptr<ExecManager> execs, std::unique_ptr<ProcessTable> processes,
+             std::unique_ptr<SandboxdService> service, std::unique_ptr<grpc::Server> server,
+             int listen_fd)
       : socket_path_(std::move(socket_path)),
         port_(port),
         workspace_(std::move(workspace)),
         execs_(std::move(execs)),
+        processes_(std::move(processes)),
         service_(std::move(service)),
         server_(std::move(server)) {
     if (listen_fd >= 0) acceptor_ = std::make_unique<Acceptor>(listen_fd, server_.get());
@@ -98,13 +101,17 @@ class DaemonImpl final : public Daemon {
     // Atomic so that concurrent Shutdown calls (signal thread, destructor) run it once;
     // acq_rel orders the shutdown after whatever the winning caller did before.
     if (shut_down_.exchange(true, std::memory_order_acq_rel)) return;
-    spdlog::info("sandboxd shutting down: killing {} running command(s)", execs_->running());
+    spdlog::info("sandboxd shutting down: killing {} running command(s) and {} process(es)",
+                 execs_->running(), processes_->running());
     if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
     if (acceptor_ != nullptr) acceptor_->Stop();
     execs_->KillAll();
+    // Killed processes end their streams and waits with their exit.
+    processes_->KillAll();
     server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(grace));
     server_->Wait();
     execs_->JoinAll();
+    processes_->JoinAll();
     struct stat st;
     if (!socket_path_.empty() && ::lstat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
       ::unlink(socket_path_.c_str());
@@ -112,6 +119,7 @@ class DaemonImpl final : public Daemon {
   }
 
   int running_execs() const override { return execs_->running(); }
+  int running_processes() const override { return processes_->running(); }
   bool uses_openat2() const override { return workspace_->uses_openat2(); }
   int port() const override { return port_; }
 
@@ -119,9 +127,10 @@ class DaemonImpl final : public Daemon {
   const std::string socket_path_;
   const int port_;
   // Destroyed in reverse order: the server first (no more calls), then the service, then
-  // the exec manager (joins runner threads), then the workspace.
+  // the process table and the exec manager (they join their threads), then the workspace.
   std::unique_ptr<Workspace> workspace_;
   std::unique_ptr<ExecManager> execs_;
+  std::unique_ptr<ProcessTable> processes_;
   std::unique_ptr<SandboxdService> service_;
   std::unique_ptr<grpc::Server> server_;
   // With listen_fd: accepts connections for server_ (stopped before it shuts down).
@@ -175,6 +184,17 @@ absl::Status DaemonOptions::Validate() const {
   if (max_concurrent_execs < 1 || max_concurrent_execs > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_concurrent_execs ", max_concurrent_execs, " is outside 1..1024"));
+  }
+  if (max_processes < 1 || max_processes > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_processes ", max_processes, " is outside 1..4096"));
+  }
+  if (max_ptys < 0 || max_ptys > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("max_ptys ", max_ptys, " is outside 0..1024"));
+  }
+  if (max_replay_bytes < (64 << 10) || max_replay_bytes > (int64_t{4} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_replay_bytes ", max_replay_bytes, " is outside 65536..4294967296"));
   }
   if (max_file_bytes < 1 || max_file_bytes > kMaxMaxFileBytes) {
     return absl::InvalidArgumentError(
@@ -230,8 +250,15 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     ::fcntl(options.listen_fd, F_SETFD, FD_CLOEXEC);
   }
-  auto service = std::make_unique<SandboxdService>(workspace->get(), execs.get(), options.env,
-                                                   options.secret, options.default_cwd);
+  ProcessLimits process_limits;
+  process_limits.max_processes = options.max_processes;
+  process_limits.max_ptys = options.max_ptys;
+  process_limits.max_replay_bytes = options.max_replay_bytes;
+  auto processes =
+      std::make_unique<ProcessTable>(workspace->get(), process_limits, options.output_drain_grace);
+  auto service =
+      std::make_unique<SandboxdService>(workspace->get(), execs.get(), processes.get(), options.env,
+                                        options.secret, options.default_cwd);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -257,9 +284,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                port != 0 ? absl::StrCat(" (port ", port, ")") : std::string(), options.workspace,
                (*workspace)->uses_openat2() ? "openat2(RESOLVE_BENEATH)" : "an O_NOFOLLOW walk",
                options.secret.empty() ? "NO AUTHENTICATION" : "calls need the sandbox's secret");
-  return std::unique_ptr<Daemon>(new DaemonImpl(options.socket_path, port, std::move(*workspace),
-                                                std::move(execs), std::move(service),
-                                                std::move(server), options.listen_fd));
+  return std::unique_ptr<Daemon>(new DaemonImpl(
+      options.socket_path, port, std::move(*workspace), std::move(execs), std::move(processes),
+      std::move(service), std::move(server), options.listen_fd));
 }
 
 }  // namespace sbx::sandboxd

@@ -3,9 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/eventfd.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,41 +13,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
+#include "src/sandboxd/spawn.h"
 
 namespace sbx::sandboxd {
 namespace {
 
 constexpr size_t kChunkBytes = 64 << 10;
-constexpr char kDefaultPath[] = "/usr/local/bin:/usr/bin:/bin";
 
 void SetNonBlocking(int fd) {
   int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-}
-
-// posix_spawn's file actions and attributes, destroyed with the object.
-struct SpawnActions {
-  SpawnActions() {
-    posix_spawn_file_actions_init(&files);
-    posix_spawnattr_init(&attr);
-  }
-  ~SpawnActions() {
-    posix_spawn_file_actions_destroy(&files);
-    posix_spawnattr_destroy(&attr);
-  }
-  SpawnActions(const SpawnActions&) = delete;
-  SpawnActions& operator=(const SpawnActions&) = delete;
-  posix_spawn_file_actions_t files;
-  posix_spawnattr_t attr;
-};
-
-absl::Status OsError(absl::string_view what, int err) {
-  if (err == EAGAIN || err == ENOMEM || err == EMFILE || err == ENFILE) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", std::strerror(err)));
-  }
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
 }
 
 }  // namespace
@@ -210,41 +184,10 @@ absl::Status ExecRunner::Spawn() {
     if (kill_requested_) return absl::CancelledError("the command was cancelled before it started");
   }
   if (!wake_fd_.valid()) return OsError("eventfd", errno);
-  absl::StatusOr<UniqueFd> cwd;
-  if (spec_.cwd.empty() && !spec_.default_cwd.empty()) {
-    // The daemon runs in the sandbox: its root is the sandbox's, nothing beyond it.
-    UniqueFd fd(::open(spec_.default_cwd.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (!fd.valid()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the sandbox's working folder \"", spec_.default_cwd, "\": ", std::strerror(errno)));
-    }
-    cwd = std::move(fd);
-  } else {
-    cwd = workspace_->OpenDirectory("cwd", spec_.cwd);
-  }
+  absl::StatusOr<UniqueFd> cwd = OpenWorkingDirectory(*workspace_, spec_.cwd, spec_.default_cwd);
   if (!cwd.ok()) return cwd.status();
-
-  // Resolve argv[0] here, not in the child: the child may only make async-signal-safe calls.
-  std::string program = spec_.argv[0];
-  if (program.find('/') == std::string::npos) {
-    auto it = spec_.env.find("PATH");
-    const std::string search = it != spec_.env.end() ? it->second : std::string(kDefaultPath);
-    bool found = false;
-    for (absl::string_view dir : absl::StrSplit(search, ':')) {
-      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", program);
-      struct stat st;
-      if (::fstatat(cwd->get(), candidate.c_str(), &st, 0) == 0 && S_ISREG(st.st_mode) &&
-          ::faccessat(cwd->get(), candidate.c_str(), X_OK, 0) == 0) {
-        program = std::move(candidate);
-        found = true;
-        break;
-      }
-    }
-    if (!found) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("argv[0] \"", spec_.argv[0], "\" not found in PATH \"", search, "\""));
-    }
-  }
+  absl::StatusOr<std::string> program = ResolveProgram(cwd->get(), spec_.argv[0], spec_.env);
+  if (!program.ok()) return program.status();
 
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) return OsError("pipe", errno);
@@ -262,51 +205,15 @@ absl::Status ExecRunner::Spawn() {
     if (!in_r.valid()) return OsError("open /dev/null", errno);
   }
 
-  std::vector<std::string> env_strings;
-  env_strings.reserve(spec_.env.size());
-  for (const auto& [name, value] : spec_.env) env_strings.push_back(absl::StrCat(name, "=", value));
-  std::vector<char*> argv_c, envp_c;
-  for (const std::string& a : spec_.argv) argv_c.push_back(const_cast<char*>(a.c_str()));
-  argv_c.push_back(nullptr);
-  for (std::string& e : env_strings) envp_c.push_back(e.data());
-  envp_c.push_back(nullptr);
-
-  // posix_spawn, not fork: glibc starts the child with clone(CLONE_VM | CLONE_VFORK), so
-  // this multi-threaded daemon's page tables are not copied and no thread of it takes
-  // copy-on-write faults until the child has exec'd (fork was most of an Exec's cost).
-  // The child: a new session and process group (setsid), every signal at its default
-  // and none blocked, cwd and stdio set, every other descriptor (gRPC's sockets, other
-  // commands' pipes) closed. A failure in the child (fchdir, exec) comes back as the
-  // return value.
-  SpawnActions actions;
-  posix_spawn_file_actions_addfchdir_np(&actions.files, cwd->get());
-  posix_spawn_file_actions_adddup2(&actions.files, in_r.get(), STDIN_FILENO);
-  posix_spawn_file_actions_adddup2(&actions.files, out_w.get(), STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions.files, err_w.get(), STDERR_FILENO);
-  posix_spawn_file_actions_addclosefrom_np(&actions.files, 3);
-  sigset_t all, none;
-  sigfillset(&all);
-  sigemptyset(&none);
-  posix_spawnattr_setsigdefault(&actions.attr, &all);
-  posix_spawnattr_setsigmask(&actions.attr, &none);
-  posix_spawnattr_setflags(&actions.attr,
-                           POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  int spawn_error = 0;
-  auto spawn_fn = [&]() -> pid_t {
-    pid_t pid = -1;
-    spawn_error = ::posix_spawn(&pid, program.c_str(), &actions.files, &actions.attr, argv_c.data(),
-                                envp_c.data());
-    return spawn_error == 0 ? pid : -1;
-  };
+  ChildStdio stdio;
+  stdio.in = in_r.get();
+  stdio.out = out_w.get();
+  stdio.err = err_w.get();
   std::shared_ptr<ExecRunner> self = shared_from_this();
-  const pid_t pid =
-      ChildReaper::Get().Spawn(spawn_fn, [self](int wait_status) { self->OnReaped(wait_status); });
-  if (pid < 0) {
-    if (spawn_error == EAGAIN || spawn_error == ENOMEM) return OsError("spawn", spawn_error);
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot execute \"", program, "\": ", std::strerror(spawn_error)));
-  }
-  pid_ = pid;
+  absl::StatusOr<pid_t> pid = SpawnChild(*program, spec_.argv, spec_.env, cwd->get(), stdio,
+                                         [self](int wait_status) { self->OnReaped(wait_status); });
+  if (!pid.ok()) return pid.status();
+  pid_ = *pid;
   started_at_ = absl::Now();
   in_r.Reset();
   out_w.Reset();
@@ -314,7 +221,7 @@ absl::Status ExecRunner::Spawn() {
   stdin_fd_ = std::move(in_w);
   stdout_fd_ = std::move(out_r);
   stderr_fd_ = std::move(err_r);
-  spdlog::debug("exec pid {}: {}", pid, program);
+  spdlog::debug("exec pid {}: {}", pid_, *program);
   return absl::OkStatus();
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 // sbx::sandboxd: the daemon that runs inside every sandbox (a bubblewrap jail locally, a
 // pod on Kubernetes). It serves sbx.sandboxd.v1.Sandboxd (proto/sbx/sandboxd/v1/
-// sandboxd.proto) and grpc.health.v1.Health: it runs commands (Exec), takes late-bound
-// configuration from a claim (Configure) and moves files confined to its workspace
-// (WriteFile, ReadFile, ListFiles).
+// sandboxd.proto) and grpc.health.v1.Health: it runs commands (Exec) and processes that
+// outlive their call (StartProcess and the other process RPCs: a table of processes with
+// tags, bounded replay of their output, PTYs), takes late-bound configuration from a claim
+// (Configure) and moves files confined to its workspace (WriteFile, ReadFile, ListFiles).
 //
 // Only sbx-server may drive it: every Sandboxd call must carry the sandbox's secret in
 // the metadata entry `sbx-sandbox-secret` (kSecretMetadata), compared in constant time;
@@ -61,6 +62,12 @@ struct DaemonOptions {
   std::string default_cwd;
   // Commands running at once; one more Exec gets RESOURCE_EXHAUSTED. 1 to 1024.
   int max_concurrent_execs = 16;
+  // Ceilings of the process table (StartProcessRequest.limits may only lower them): processes
+  // running at once (1 to 4096; also how many ended ones are kept), PTYs open at once
+  // (0 to 1024) and bytes all replay rings hold together (64 KiB to 4 GiB).
+  int max_processes = 64;
+  int max_ptys = 16;
+  int64_t max_replay_bytes = int64_t{64} << 20;
   // Largest file WriteFile writes and largest range ReadFile reads, in bytes. 1 to 1 GiB.
   // gRPC messages may be this plus 1 MiB.
   int64_t max_file_bytes = 64 << 20;
@@ -90,13 +97,17 @@ class Daemon {
 
   virtual ~Daemon() = default;
 
-  // Health NOT_SERVING, new commands refused, running commands' process groups killed;
+  // Health NOT_SERVING, new commands and processes refused, running commands' and
+  // processes' process groups killed;
   // calls in flight may finish until `grace` has passed, then are cancelled. Removes the
   // socket file. Idempotent.
   virtual void Shutdown(absl::Duration grace) = 0;
 
   // Number of commands running now.
   virtual int running_execs() const = 0;
+
+  // Number of processes (StartProcess) running or starting now.
+  virtual int running_processes() const = 0;
 
   // True when paths are confined with openat2 (false: the component walk).
   virtual bool uses_openat2() const = 0;

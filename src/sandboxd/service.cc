@@ -30,18 +30,6 @@ absl::Status ValidateEnv(absl::string_view what,
   return absl::OkStatus();
 }
 
-void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
-  const int64_t nanos = absl::ToUnixNanos(t);
-  out->set_seconds(nanos / 1'000'000'000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
-}
-
-void SetDuration(absl::Duration d, google::protobuf::Duration* out) {
-  const int64_t nanos = absl::ToInt64Nanoseconds(d);
-  out->set_seconds(nanos / 1'000'000'000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
-}
-
 const char* KindName(v1::ExecRequest::KindCase kind) {
   switch (kind) {
     case v1::ExecRequest::kStart:
@@ -420,6 +408,18 @@ class ExecReactor final : public grpc::ServerBidiReactor<v1::ExecRequest, v1::Ex
 
 }  // namespace
 
+void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
+  const int64_t nanos = absl::ToUnixNanos(t);
+  out->set_seconds(nanos / 1'000'000'000);
+  out->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
+}
+
+void SetDuration(absl::Duration d, google::protobuf::Duration* out) {
+  const int64_t nanos = absl::ToInt64Nanoseconds(d);
+  out->set_seconds(nanos / 1'000'000'000);
+  out->set_nanos(static_cast<int32_t>(nanos % 1'000'000'000));
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl::StatusCode and grpc::StatusCode both follow google.rpc.Code, value for value.
@@ -427,10 +427,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 SandboxdService::SandboxdService(const Workspace* workspace, ExecManager* execs,
+                                 ProcessTable* processes,
                                  std::map<std::string, std::string> base_env, std::string secret,
                                  std::string default_cwd)
     : workspace_(workspace),
       execs_(execs),
+      processes_(processes),
       base_env_(std::move(base_env)),
       secret_(std::move(secret)),
       default_cwd_(std::move(default_cwd)) {}
@@ -484,13 +486,93 @@ absl::StatusOr<ExecSpec> SandboxdService::MakeSpec(const v1::ExecStart& start) c
   spec.max_output_bytes =
       start.max_output_bytes() == 0 ? kDefaultMaxOutputBytes : start.max_output_bytes();
   spec.attach_stdin = start.attach_stdin();
-  spec.env = base_env_;
+  spec.env = MergedEnv(start.env());
+  return spec;
+}
+
+absl::StatusOr<ProcessSpec> SandboxdService::MakeProcessSpec(
+    const v1::StartProcessRequest& request) const {
+  ProcessSpec spec;
+  if (request.argv().empty()) return absl::InvalidArgumentError("argv is empty");
+  if (request.argv(0).empty()) return absl::InvalidArgumentError("argv[0] is empty");
+  for (int i = 0; i < request.argv_size(); ++i) {
+    if (request.argv(i).find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("argv[", i, "] contains a NUL byte"));
+    }
+    spec.argv.push_back(request.argv(i));
+  }
+  if (absl::Status s = ValidateEnv("env", request.env()); !s.ok()) return s;
+  if (auto parts = Workspace::SplitPath("cwd", request.cwd(), true); !parts.ok()) {
+    return parts.status();
+  }
+  spec.cwd = request.cwd();
+  if (spec.cwd.empty()) spec.default_cwd = default_cwd_;
+  if (absl::Status s = ValidateTag("tag", request.tag(), true); !s.ok()) return s;
+  spec.tag = request.tag();
+  if (request.replay_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay_bytes ", request.replay_bytes(), " is negative"));
+  }
+  spec.replay_bytes = request.replay_bytes() == 0 ? kDefaultReplayBytes : request.replay_bytes();
+  spec.stdin = request.stdin();
+  spec.env = MergedEnv(request.env());
+  if (request.has_pty()) {
+    if (absl::Status s = ValidatePtySize("pty.size", request.pty().size()); !s.ok()) return s;
+    const std::string& term = request.pty().term();
+    if (term.size() > 64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pty.term is ", term.size(), " bytes long; at most 64"));
+    }
+    for (char c : term) {
+      if (c <= ' ' || c > '~') {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pty.term \"", term, "\" has a byte that is not printable ASCII (or a space)"));
+      }
+    }
+    spec.pty = true;
+    spec.cols = static_cast<uint16_t>(request.pty().size().cols());
+    spec.rows = static_cast<uint16_t>(request.pty().size().rows());
+    spec.env["TERM"] = term.empty() ? "xterm" : term;
+  }
+  return spec;
+}
+
+absl::Status ValidateTag(absl::string_view field, const std::string& tag, bool may_be_empty) {
+  if (tag.empty()) {
+    if (may_be_empty) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  }
+  bool ok = tag.size() <= 64;
+  for (char c : tag) {
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '.' || c == '_' || c == '-');
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " \"", tag.substr(0, 80), "\" is not 1 to 64 bytes of [A-Za-z0-9._-]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePtySize(absl::string_view field, const v1::PtySize& size) {
+  if (size.cols() < 1 || size.cols() > kMaxPtySide || size.rows() < 1 ||
+      size.rows() > kMaxPtySide) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " ", size.cols(), "x", size.rows(),
+                                                   " is not 1 to ", kMaxPtySide,
+                                                   " columns by 1 to ", kMaxPtySide, " rows"));
+  }
+  return absl::OkStatus();
+}
+
+std::map<std::string, std::string> SandboxdService::MergedEnv(
+    const google::protobuf::Map<std::string, std::string>& env) const {
+  std::map<std::string, std::string> merged = base_env_;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [name, value] : configured_env_) spec.env[name] = value;
+    for (const auto& [name, value] : configured_env_) merged[name] = value;
   }
-  for (const auto& [name, value] : start.env()) spec.env[name] = value;
-  return spec;
+  for (const auto& [name, value] : env) merged[name] = value;
+  return merged;
 }
 
 grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* SandboxdService::Exec(

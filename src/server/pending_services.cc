@@ -49,6 +49,12 @@ SBX_PENDING_UNARY(SandboxService, ReadFile)
 SBX_PENDING_UNARY(SandboxService, ListFiles)
 SBX_PENDING_UNARY(SandboxService, Suspend)
 SBX_PENDING_UNARY(SandboxService, Resume)
+SBX_PENDING_UNARY(SandboxService, ListProcesses)
+SBX_PENDING_UNARY(SandboxService, SendProcessInput)
+SBX_PENDING_UNARY(SandboxService, CloseProcessInput)
+SBX_PENDING_UNARY(SandboxService, SignalProcess)
+SBX_PENDING_UNARY(SandboxService, ResizeProcess)
+SBX_PENDING_UNARY(SandboxService, WaitProcess)
 SBX_PENDING_UNARY(AdminService, PutTemplate)
 SBX_PENDING_UNARY(AdminService, GetTemplate)
 SBX_PENDING_UNARY(AdminService, ListTemplates)
@@ -83,6 +89,16 @@ grpc::ServerWriteReactor<v1::PoolEvent>* PendingAdminService::WatchPools(
 grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* PendingSandboxService::Exec(
     grpc::CallbackServerContext*) {
   return new FinishedExec();
+}
+
+grpc::ServerWriteReactor<v1::ProcessEvent>* PendingSandboxService::StartProcess(
+    grpc::CallbackServerContext*, const v1::StartProcessRequest*) {
+  return new FinishedWriter<v1::ProcessEvent>("sbx.v1.SandboxService/StartProcess");
+}
+
+grpc::ServerWriteReactor<v1::ProcessEvent>* PendingSandboxService::ConnectProcess(
+    grpc::CallbackServerContext*, const v1::ConnectProcessRequest*) {
+  return new FinishedWriter<v1::ProcessEvent>("sbx.v1.SandboxService/ConnectProcess");
 }
 
 }  // namespace sbx::server

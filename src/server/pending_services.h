@@ -44,6 +44,28 @@ class PendingSandboxService final : public sbx::v1::SandboxService::CallbackServ
                                     v1::SuspendResponse*) override;
   grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest*,
                                    v1::ResumeResponse*) override;
+  grpc::ServerWriteReactor<v1::ProcessEvent>* StartProcess(grpc::CallbackServerContext* ctx,
+                                                           const v1::StartProcessRequest*) override;
+  grpc::ServerWriteReactor<v1::ProcessEvent>* ConnectProcess(
+      grpc::CallbackServerContext* ctx, const v1::ConnectProcessRequest*) override;
+  grpc::ServerUnaryReactor* ListProcesses(grpc::CallbackServerContext* ctx,
+                                          const v1::ListProcessesRequest*,
+                                          v1::ListProcessesResponse*) override;
+  grpc::ServerUnaryReactor* SendProcessInput(grpc::CallbackServerContext* ctx,
+                                             const v1::SendProcessInputRequest*,
+                                             v1::SendProcessInputResponse*) override;
+  grpc::ServerUnaryReactor* CloseProcessInput(grpc::CallbackServerContext* ctx,
+                                              const v1::CloseProcessInputRequest*,
+                                              v1::CloseProcessInputResponse*) override;
+  grpc::ServerUnaryReactor* SignalProcess(grpc::CallbackServerContext* ctx,
+                                          const v1::SignalProcessRequest*,
+                                          v1::SignalProcessResponse*) override;
+  grpc::ServerUnaryReactor* ResizeProcess(grpc::CallbackServerContext* ctx,
+                                          const v1::ResizeProcessRequest*,
+                                          v1::ResizeProcessResponse*) override;
+  grpc::ServerUnaryReactor* WaitProcess(grpc::CallbackServerContext* ctx,
+                                        const v1::WaitProcessRequest*,
+                                        v1::WaitProcessResponse*) override;
 };
 
 class PendingAdminService final : public sbx::v1::AdminService::CallbackService {

@@ -148,6 +148,17 @@ absl::Status SandboxLimits::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("max_exec_output_bytes ", max_exec_output_bytes,
                                                    " is outside 1..", kDaemonMaxOutputBytes));
   }
+  if (max_processes < 1 || max_processes > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_processes ", max_processes, " is outside 1..4096"));
+  }
+  if (max_ptys < 0 || max_ptys > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("max_ptys ", max_ptys, " is outside 0..1024"));
+  }
+  if (max_replay_bytes < (64 << 10) || max_replay_bytes > (int64_t{4} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_replay_bytes ", max_replay_bytes, " is outside 65536..4294967296"));
+  }
   return absl::OkStatus();
 }
 
@@ -500,14 +511,16 @@ struct FileCall {
 
 // Starts `invoke(stub, ctx, request, response, callback)` and finishes the client's call
 // with fill(daemon response, client response) or the daemon's error.
+// The daemon call ends after `cap` at the latest (nullopt: the client's deadline only).
 template <typename Response, typename DaemonRequest, typename DaemonResponse, typename Invoke,
           typename Fill>
 grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* ctx, Response* resp,
                                   std::shared_ptr<Stub> stub, store::ClaimRecord claim,
-                                  DaemonRequest request, Invoke invoke, Fill fill) {
+                                  DaemonRequest request, Invoke invoke, Fill fill,
+                                  std::optional<absl::Duration> cap = kFileCallTimeout) {
   auto* fc = new FileCall<Response, DaemonRequest, DaemonResponse>;
   fc->stub = std::move(stub);
-  fc->ctx = DaemonContext(ctx, kFileCallTimeout);
+  fc->ctx = DaemonContext(ctx, cap);
   fc->request = std::move(request);
   fc->claim = std::move(claim);
   fc->call = AsyncUnary<Response>::Create(ctx, resp);
@@ -682,6 +695,411 @@ grpc::ServerUnaryReactor* SandboxService::Resume(grpc::CallbackServerContext* ct
                        });
                      });
   return call->reactor();
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes.
+
+absl::StatusOr<std::pair<store::ClaimRecord, std::shared_ptr<Stub>>> SandboxService::OpenSandbox(
+    grpc::CallbackServerContext* ctx, const std::string& claim_id, absl::string_view method) const {
+  ASSIGN_OR_RETURN(Caller caller, Authorize(*auth_, ctx, false, method));
+  ASSIGN_OR_RETURN(store::ClaimRecord claim, ActiveClaim(caller, claim_id));
+  ASSIGN_OR_RETURN(std::shared_ptr<Stub> stub, daemons_->Stub(claim));
+  return std::make_pair(std::move(claim), std::move(stub));
+}
+
+namespace {
+
+absl::Status ToDaemon(const v1::ProcessSelector& in, sd::ProcessSelector* out) {
+  switch (in.selector_case()) {
+    case v1::ProcessSelector::kPid:
+      out->set_pid(in.pid());
+      return absl::OkStatus();
+    case v1::ProcessSelector::kTag:
+      out->set_tag(in.tag());
+      return absl::OkStatus();
+    case v1::ProcessSelector::SELECTOR_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("process: give a pid or a tag");
+}
+
+void ToClient(const sd::ProcessStarted& in, v1::ProcessStarted* out) {
+  out->set_pid(in.pid());
+  out->set_tag(in.tag());
+  *out->mutable_started_at() = in.started_at();
+}
+
+void ToClient(const sd::ProcessExit& in, v1::ProcessExit* out) {
+  if (in.status_case() == sd::ProcessExit::kSignal) {
+    out->set_signal(in.signal());
+  } else {
+    out->set_exit_code(in.exit_code());
+  }
+  *out->mutable_ended_at() = in.ended_at();
+  *out->mutable_duration() = in.duration();
+  out->set_output_bytes(in.output_bytes());
+  out->set_dropped_bytes(in.dropped_bytes());
+}
+
+void ToClient(const sd::ProcessEvent& in, v1::ProcessEvent* out) {
+  out->Clear();
+  switch (in.kind_case()) {
+    case sd::ProcessEvent::kStarted:
+      ToClient(in.started(), out->mutable_started());
+      break;
+    case sd::ProcessEvent::kStdout:
+      out->set_stdout(in.stdout());
+      break;
+    case sd::ProcessEvent::kStderr:
+      out->set_stderr(in.stderr());
+      break;
+    case sd::ProcessEvent::kPty:
+      out->set_pty(in.pty());
+      break;
+    case sd::ProcessEvent::kDropped:
+      out->mutable_dropped()->set_bytes(in.dropped().bytes());
+      break;
+    case sd::ProcessEvent::kExit:
+      ToClient(in.exit(), out->mutable_exit());
+      break;
+    case sd::ProcessEvent::KIND_NOT_SET:
+      break;
+  }
+}
+
+// Checks StartProcessRequest and builds the daemon's (without the claim, with the limits).
+absl::Status ToDaemonStart(const v1::StartProcessRequest& in, const SandboxLimits& limits,
+                           sd::StartProcessRequest* out) {
+  if (in.argv_size() == 0) {
+    return absl::InvalidArgumentError("argv is empty; give the program and its arguments");
+  }
+  if (in.argv_size() > kMaxArgv) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("argv has ", in.argv_size(), " entries; at most ", kMaxArgv));
+  }
+  if (in.argv(0).empty()) return absl::InvalidArgumentError("argv[0] is empty");
+  size_t bytes = 0;
+  for (const std::string& a : in.argv()) bytes += a.size();
+  if (bytes > kMaxArgvBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("argv holds ", bytes, " bytes; at most ", kMaxArgvBytes));
+  }
+  RETURN_IF_ERROR(ValidateEnv("env", in.env()));
+  if (in.replay_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay_bytes ", in.replay_bytes(), " is negative"));
+  }
+  *out->mutable_argv() = in.argv();
+  *out->mutable_env() = in.env();
+  out->set_cwd(in.cwd());
+  out->set_tag(in.tag());
+  if (in.has_pty()) {
+    out->mutable_pty()->mutable_size()->set_cols(in.pty().size().cols());
+    out->mutable_pty()->mutable_size()->set_rows(in.pty().size().rows());
+    out->mutable_pty()->set_term(in.pty().term());
+  }
+  out->set_stdin(in.stdin());
+  out->set_detach(in.detach());
+  out->set_replay_bytes(in.replay_bytes());
+  if (in.has_pty() && limits.max_ptys == 0) {
+    // The daemon reads 0 as "its own limit": refused here instead.
+    return absl::ResourceExhaustedError(
+        "this server runs no PTY processes: its limit (max_ptys) is 0");
+  }
+  out->mutable_limits()->set_max_processes(limits.max_processes);
+  out->mutable_limits()->set_max_ptys(limits.max_ptys);
+  out->mutable_limits()->set_max_replay_bytes(limits.max_replay_bytes);
+  return absl::OkStatus();
+}
+
+// A process stream (StartProcess, ConnectProcess): a server write reactor towards the
+// client joined to a client read reactor towards the daemon, one message in flight:
+//   daemon --read--> [translate] --write--> client   (the next read after the write)
+// so a process's flood reaches the server one message at a time. The call finishes with
+// the daemon's status once its stream is over. The daemon reactor is held (AddHold) while
+// a read or write may still be started; the hold goes when the daemon's stream ended
+// (a failed read) or the client is gone (a failed write; the daemon call is cancelled).
+// Cancelling or leaving the call cancels the daemon call, which detaches from the process
+// without stopping it.
+class ProcessRelay final : public grpc::ServerWriteReactor<v1::ProcessEvent> {
+ public:
+  ProcessRelay(grpc::CallbackServerContext* ctx, std::shared_ptr<Stub> stub,
+               store::ClaimRecord claim)
+      : ctx_(ctx),
+        stub_(std::move(stub)),
+        claim_(std::move(claim)),
+        daemon_ctx_(DaemonContext(ctx, std::nullopt)),
+        daemon_(this) {}
+
+  void Start(sd::StartProcessRequest request) {
+    start_ = std::move(request);
+    stub_->async()->StartProcess(daemon_ctx_.get(), &start_, &daemon_);
+    daemon_.AddHold();  // after the call is bound to the reactor
+    daemon_.StartRead(&in_);
+    daemon_.StartCall();
+  }
+
+  void Connect(sd::ConnectProcessRequest request) {
+    connect_ = std::move(request);
+    stub_->async()->ConnectProcess(daemon_ctx_.get(), &connect_, &daemon_);
+    daemon_.AddHold();  // after the call is bound to the reactor
+    daemon_.StartRead(&in_);
+    daemon_.StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      // The client is gone: so is the reader in the sandbox.
+      daemon_ctx_->TryCancel();
+      daemon_.RemoveHold();
+      return;
+    }
+    daemon_.StartRead(&in_);
+  }
+
+  void OnCancel() override { daemon_ctx_->TryCancel(); }
+  void OnDone() override { Unref(); }
+
+ private:
+  class Daemon final : public grpc::ClientReadReactor<sd::ProcessEvent> {
+   public:
+    explicit Daemon(ProcessRelay* relay) : relay_(relay) {}
+    void OnReadDone(bool ok) override { relay_->DaemonRead(ok); }
+    void OnDone(const grpc::Status& s) override { relay_->DaemonDone(s); }
+
+   private:
+    ProcessRelay* const relay_;
+  };
+
+  void DaemonRead(bool ok) {
+    if (!ok) {
+      daemon_.RemoveHold();  // the stream is over; DaemonDone says how
+      return;
+    }
+    ToClient(in_, &out_);
+    StartWrite(&out_);
+  }
+
+  void DaemonDone(const grpc::Status& s) {
+    // No client write is in flight: the hold went after the last one completed.
+    absl::Status status = FromDaemon(s, claim_);
+    AddErrorMetadata(ctx_, status);
+    Finish(ToGrpcStatus(status));
+    Unref();
+  }
+
+  void Unref() {
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      last = --refs_ == 0;
+    }
+    if (last) delete this;
+  }
+
+  grpc::CallbackServerContext* const ctx_;
+  const std::shared_ptr<Stub> stub_;
+  const store::ClaimRecord claim_;
+  const std::unique_ptr<grpc::ClientContext> daemon_ctx_;
+  Daemon daemon_;
+  sd::StartProcessRequest start_;
+  sd::ConnectProcessRequest connect_;
+  // The message read from the daemon, then the one written to the client; one each at a
+  // time.
+  sd::ProcessEvent in_;
+  v1::ProcessEvent out_;
+  absl::Mutex mu_;
+  // The server side's OnDone and the daemon side's OnDone.
+  int refs_ ABSL_GUARDED_BY(mu_) = 2;
+};
+
+// A stream refused before it reached the daemon.
+class RefusedProcessStream final : public grpc::ServerWriteReactor<v1::ProcessEvent> {
+ public:
+  RefusedProcessStream(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+    AddErrorMetadata(ctx, status);
+    Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::ProcessEvent>* SandboxService::StartProcess(
+    grpc::CallbackServerContext* ctx, const v1::StartProcessRequest* req) {
+  auto sandbox = OpenSandbox(ctx, req->claim_id(), "StartProcess");
+  if (!sandbox.ok()) return new RefusedProcessStream(ctx, sandbox.status());
+  sd::StartProcessRequest r;
+  if (absl::Status s = ToDaemonStart(*req, limits_, &r); !s.ok()) {
+    return new RefusedProcessStream(ctx, s);
+  }
+  auto* relay = new ProcessRelay(ctx, std::move(sandbox->second), std::move(sandbox->first));
+  relay->Start(std::move(r));
+  return relay;
+}
+
+grpc::ServerWriteReactor<v1::ProcessEvent>* SandboxService::ConnectProcess(
+    grpc::CallbackServerContext* ctx, const v1::ConnectProcessRequest* req) {
+  auto sandbox = OpenSandbox(ctx, req->claim_id(), "ConnectProcess");
+  if (!sandbox.ok()) return new RefusedProcessStream(ctx, sandbox.status());
+  sd::ConnectProcessRequest r;
+  if (absl::Status s = ToDaemon(req->process(), r.mutable_process()); !s.ok()) {
+    return new RefusedProcessStream(ctx, s);
+  }
+  auto* relay = new ProcessRelay(ctx, std::move(sandbox->second), std::move(sandbox->first));
+  relay->Connect(std::move(r));
+  return relay;
+}
+
+grpc::ServerUnaryReactor* SandboxService::ListProcesses(grpc::CallbackServerContext* ctx,
+                                                        const v1::ListProcessesRequest* req,
+                                                        v1::ListProcessesResponse* resp) {
+  auto sandbox = OpenSandbox(ctx, req->claim_id(), "ListProcesses");
+  if (!sandbox.ok()) return FinishNow(ctx, sandbox.status());
+  return Forward<v1::ListProcessesResponse, sd::ListProcessesRequest, sd::ListProcessesResponse>(
+      ctx, resp, std::move(sandbox->second), std::move(sandbox->first), sd::ListProcessesRequest(),
+      [](Stub* s, grpc::ClientContext* c, const sd::ListProcessesRequest* q,
+         sd::ListProcessesResponse* p,
+         std::function<void(grpc::Status)> f) { s->async()->ListProcesses(c, q, p, std::move(f)); },
+      [](const sd::ListProcessesResponse& in, v1::ListProcessesResponse* out) {
+        for (const sd::ProcessInfo& p : in.processes()) {
+          v1::ProcessInfo* info = out->add_processes();
+          info->set_pid(p.pid());
+          info->set_tag(p.tag());
+          *info->mutable_argv() = p.argv();
+          info->set_cwd(p.cwd());
+          if (p.has_pty()) {
+            info->mutable_pty()->set_cols(p.pty().cols());
+            info->mutable_pty()->set_rows(p.pty().rows());
+          }
+          info->set_stdin_open(p.stdin_open());
+          *info->mutable_started_at() = p.started_at();
+          if (p.has_exit()) ToClient(p.exit(), info->mutable_exit());
+          info->set_readers(p.readers());
+          info->set_output_bytes(p.output_bytes());
+          info->set_dropped_bytes(p.dropped_bytes());
+          info->set_buffered_bytes(p.buffered_bytes());
+          info->set_replay_bytes(p.replay_bytes());
+        }
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* SandboxService::SendProcessInput(grpc::CallbackServerContext* ctx,
+                                                           const v1::SendProcessInputRequest* req,
+                                                           v1::SendProcessInputResponse* resp) {
+  auto sandbox = OpenSandbox(ctx, req->claim_id(), "SendProcessInput");
+  if (!sandbox.ok()) return FinishNow(ctx, sandbox.status());
+  if (req->data().size() > kMaxStdinChunk) {
+    return FinishNow(ctx, absl::InvalidArgumentError(absl::StrCat("data of ", req->data().size(),
+                                                                  " bytes is above 1 MiB")));
+  }
+  sd::SendProcessInputRequest r;
+  if (absl::Status s = ToDaemon(req->process(), r.mutable_process()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
+  r.set_data(req->data());
+  return Forward<v1::SendProcessInputResponse, sd::SendProcessInputRequest,
+                 sd::SendProcessInputResponse>(
+      ctx, resp, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
+      [](Stub* s, grpc::ClientContext* c, const sd::SendProcessInputRequest* q,
+         sd::SendProcessInputResponse* p, std::function<void(grpc::Status)> f) {
+        s->async()->SendProcessInput(c, q, p, std::move(f));
+      },
+      [](const sd::SendProcessInputResponse&, v1::SendProcessInputResponse*) {
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* SandboxService::CloseProcessInput(grpc::CallbackServerContext* ctx,
+                                                            const v1::CloseProcessInputRequest* req,
+                                                            v1::CloseProcessInputResponse* resp) {
+  auto sandbox = OpenSandbox(ctx, req->claim_id(), "CloseProcessInput");
+  if (!sandbox.ok()) return FinishNow(ctx, sandbox.status());
+  sd::CloseProcessInputRequest r;
+  if (absl::Status s = ToDaemon(req->process(), r.mutable_process()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
+  return Forward<v1::CloseProcessInputResponse, sd::CloseProcessInputRequest,
+                 sd::CloseProcessInputResponse>(
+      ctx, resp, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
+      [](Stub* s, grpc::ClientContext* c, const sd::CloseProcessInputRequest* q,
+         sd::CloseProcessInputResponse* p, std::function<void(grpc::Status)> f) {
+        s->async()->CloseProcessInput(c, q, p, std::move(f));
+      },
+      [](const sd::CloseProcessInputResponse&, v1::CloseProcessInputResponse*) {
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* SandboxService::SignalProcess(grpc::CallbackServerContext* ctx,
+                                                        const v1::SignalProcessRequest* req,
+                                                        v1::SignalProcessResponse* resp) {
+  auto sandbox = OpenSandbox(ctx, req->claim_id(), "SignalProcess");
+  if (!sandbox.ok()) return FinishNow(ctx, sandbox.status());
+  sd::SignalProcessRequest r;
+  if (absl::Status s = ToDaemon(req->process(), r.mutable_process()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
+  if (absl::Status s = CheckSignal(req->signal()); !s.ok()) {
+    return FinishNow(ctx, absl::InvalidArgumentError(absl::StrCat("signal ", req->signal(),
+                                                                  " is not a Signal sbx "
+                                                                  "forwards")));
+  }
+  r.set_signal(req->signal());
+  return Forward<v1::SignalProcessResponse, sd::SignalProcessRequest, sd::SignalProcessResponse>(
+      ctx, resp, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
+      [](Stub* s, grpc::ClientContext* c, const sd::SignalProcessRequest* q,
+         sd::SignalProcessResponse* p,
+         std::function<void(grpc::Status)> f) { s->async()->SignalProcess(c, q, p, std::move(f)); },
+      [](const sd::SignalProcessResponse&, v1::SignalProcessResponse*) {
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* SandboxService::ResizeProcess(grpc::CallbackServerContext* ctx,
+                                                        const v1::ResizeProcessRequest* req,
+                                                        v1::ResizeProcessResponse* resp) {
+  auto sandbox = OpenSandbox(ctx, req->claim_id(), "ResizeProcess");
+  if (!sandbox.ok()) return FinishNow(ctx, sandbox.status());
+  sd::ResizeProcessRequest r;
+  if (absl::Status s = ToDaemon(req->process(), r.mutable_process()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
+  r.mutable_size()->set_cols(req->size().cols());
+  r.mutable_size()->set_rows(req->size().rows());
+  return Forward<v1::ResizeProcessResponse, sd::ResizeProcessRequest, sd::ResizeProcessResponse>(
+      ctx, resp, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
+      [](Stub* s, grpc::ClientContext* c, const sd::ResizeProcessRequest* q,
+         sd::ResizeProcessResponse* p,
+         std::function<void(grpc::Status)> f) { s->async()->ResizeProcess(c, q, p, std::move(f)); },
+      [](const sd::ResizeProcessResponse&, v1::ResizeProcessResponse*) {
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* SandboxService::WaitProcess(grpc::CallbackServerContext* ctx,
+                                                      const v1::WaitProcessRequest* req,
+                                                      v1::WaitProcessResponse* resp) {
+  auto sandbox = OpenSandbox(ctx, req->claim_id(), "WaitProcess");
+  if (!sandbox.ok()) return FinishNow(ctx, sandbox.status());
+  sd::WaitProcessRequest r;
+  if (absl::Status s = ToDaemon(req->process(), r.mutable_process()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
+  // No cap of its own: the wait lasts as long as the client's deadline allows.
+  return Forward<v1::WaitProcessResponse, sd::WaitProcessRequest, sd::WaitProcessResponse>(
+      ctx, resp, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
+      [](Stub* s, grpc::ClientContext* c, const sd::WaitProcessRequest* q,
+         sd::WaitProcessResponse* p,
+         std::function<void(grpc::Status)> f) { s->async()->WaitProcess(c, q, p, std::move(f)); },
+      [](const sd::WaitProcessResponse& in, v1::WaitProcessResponse* out) {
+        ToClient(in.process(), out->mutable_process());
+        ToClient(in.exit(), out->mutable_exit());
+        return absl::OkStatus();
+      },
+      std::nullopt);
 }
 
 }  // namespace sbx::server

@@ -3,8 +3,11 @@
 // (sbx-sandboxd, sbx.sandboxd.v1) over gRPC. Exec is a bidirectional proxy: a server
 // reactor towards the client and a client reactor towards the daemon, one message in
 // flight each way, so a fast producer is slowed to the client's pace instead of being
-// buffered. Suspend and Resume go through the allocator (which asks the runtime and
-// records the state durably).
+// buffered. The process calls (StartProcess, ConnectProcess, ListProcesses, ...) are
+// relayed the same way: their streams move one message at a time from the daemon to the
+// client, so a process flooding its output costs the server one message per call (the
+// daemon's replay ring drops what nobody takes). Suspend and Resume go through the
+// allocator (which asks the runtime and records the state durably).
 //
 // Every call is authenticated; the claim must belong to the caller (another tenant's
 // claim is NOT_FOUND), be ACTIVE and not suspended (except for Suspend/Resume).
@@ -14,7 +17,9 @@
 // every call in flight (shut the gRPC server down before destroying them).
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -35,6 +40,13 @@ struct SandboxLimits {
   // Cap on one Exec's combined stdout+stderr sent to the client: a larger (or unset)
   // ExecStart.max_output_bytes is lowered to it. At most 64 MiB (the daemon's own cap).
   int64_t max_exec_output_bytes = 16 * 1024 * 1024;
+  // Processes (StartProcess) running at once in one sandbox (1 to 4096), PTY processes
+  // among them (0 to 1024), and the bytes all of a sandbox's replay buffers may hold
+  // (64 KiB to 4 GiB). The daemon enforces them (it knows what runs); a start beyond one
+  // is RESOURCE_EXHAUSTED naming it.
+  int max_processes = 32;
+  int max_ptys = 8;
+  int64_t max_replay_bytes = 32 * 1024 * 1024;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;
@@ -83,6 +95,29 @@ class SandboxService final : public sbx::v1::SandboxService::CallbackService {
   grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest* req,
                                    v1::ResumeResponse* resp) override;
 
+  grpc::ServerWriteReactor<v1::ProcessEvent>* StartProcess(
+      grpc::CallbackServerContext* ctx, const v1::StartProcessRequest* req) override;
+  grpc::ServerWriteReactor<v1::ProcessEvent>* ConnectProcess(
+      grpc::CallbackServerContext* ctx, const v1::ConnectProcessRequest* req) override;
+  grpc::ServerUnaryReactor* ListProcesses(grpc::CallbackServerContext* ctx,
+                                          const v1::ListProcessesRequest* req,
+                                          v1::ListProcessesResponse* resp) override;
+  grpc::ServerUnaryReactor* SendProcessInput(grpc::CallbackServerContext* ctx,
+                                             const v1::SendProcessInputRequest* req,
+                                             v1::SendProcessInputResponse* resp) override;
+  grpc::ServerUnaryReactor* CloseProcessInput(grpc::CallbackServerContext* ctx,
+                                              const v1::CloseProcessInputRequest* req,
+                                              v1::CloseProcessInputResponse* resp) override;
+  grpc::ServerUnaryReactor* SignalProcess(grpc::CallbackServerContext* ctx,
+                                          const v1::SignalProcessRequest* req,
+                                          v1::SignalProcessResponse* resp) override;
+  grpc::ServerUnaryReactor* ResizeProcess(grpc::CallbackServerContext* ctx,
+                                          const v1::ResizeProcessRequest* req,
+                                          v1::ResizeProcessResponse* resp) override;
+  grpc::ServerUnaryReactor* WaitProcess(grpc::CallbackServerContext* ctx,
+                                        const v1::WaitProcessRequest* req,
+                                        v1::WaitProcessResponse* resp) override;
+
  private:
   friend class ExecCall;
 
@@ -90,6 +125,10 @@ class SandboxService final : public sbx::v1::SandboxService::CallbackService {
   // or suspended), INVALID_ARGUMENT (malformed id).
   absl::StatusOr<store::ClaimRecord> ActiveClaim(const Caller& caller,
                                                  const std::string& claim_id) const;
+  // Authorize + ActiveClaim + the daemon's stub: what every call into a sandbox needs.
+  absl::StatusOr<std::pair<store::ClaimRecord, std::shared_ptr<sandboxd::v1::Sandboxd::Stub>>>
+  OpenSandbox(grpc::CallbackServerContext* ctx, const std::string& claim_id,
+              absl::string_view method) const;
 
   allocator::Allocator* const allocator_;
   const Authenticator* const auth_;

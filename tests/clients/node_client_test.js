@@ -350,7 +350,9 @@ function assert(cond, message) {
 const kExpectedMethods = {
   ClaimService: ['Claim', 'ClaimBatch', 'Release', 'Renew', 'GetClaim', 'ListClaims',
                  'WatchClaims'],
-  SandboxService: ['Exec', 'WriteFile', 'ReadFile', 'ListFiles', 'Suspend', 'Resume'],
+  SandboxService: ['Exec', 'WriteFile', 'ReadFile', 'ListFiles', 'Suspend', 'Resume',
+                   'StartProcess', 'ConnectProcess', 'ListProcesses', 'SendProcessInput',
+                   'CloseProcessInput', 'SignalProcess', 'ResizeProcess', 'WaitProcess'],
   AdminService: ['PutTemplate', 'GetTemplate', 'ListTemplates', 'DeleteTemplate', 'PutPool',
                  'GetPool', 'ListPools', 'DeletePool', 'ScalePool', 'WatchPools'],
   DiagnosticsService: ['Ping'],

@@ -61,7 +61,9 @@ EXPECTED_METHODS = {
     "claims": {"ClaimService": ["Claim", "ClaimBatch", "Release", "Renew", "GetClaim",
                                 "ListClaims", "WatchClaims"]},
     "sandboxes": {"SandboxService": ["Exec", "WriteFile", "ReadFile", "ListFiles",
-                                     "Suspend", "Resume"]},
+                                     "Suspend", "Resume", "StartProcess", "ConnectProcess",
+                                     "ListProcesses", "SendProcessInput", "CloseProcessInput",
+                                     "SignalProcess", "ResizeProcess", "WaitProcess"]},
     "admin": {"AdminService": ["PutTemplate", "GetTemplate", "ListTemplates",
                                "DeleteTemplate", "PutPool", "GetPool", "ListPools",
                                "DeletePool", "ScalePool", "WatchPools"]},
@@ -71,6 +73,9 @@ EXPECTED_METHODS = {
 # (service, method) -> the multi-callable type a stub must expose for it.
 STREAMING_SHAPES = {
     ("SandboxService", "Exec"): grpc.StreamStreamMultiCallable,
+    ("SandboxService", "StartProcess"): grpc.UnaryStreamMultiCallable,
+    ("SandboxService", "ConnectProcess"): grpc.UnaryStreamMultiCallable,
+    ("SandboxService", "WaitProcess"): grpc.UnaryUnaryMultiCallable,
     ("ClaimService", "WatchClaims"): grpc.UnaryStreamMultiCallable,
     ("AdminService", "WatchPools"): grpc.UnaryStreamMultiCallable,
     ("ClaimService", "Claim"): grpc.UnaryUnaryMultiCallable,
