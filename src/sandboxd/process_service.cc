@@ -106,11 +106,17 @@ class ProcessStream final : public grpc::ServerWriteReactor<v1::ProcessEvent>,
       return;
     }
     bool end = false;
+    std::shared_ptr<Process> process;
+    int64_t delivered = 0;
     {
       absl::MutexLock lock(&mu_);
       end = exit_written_ || !follow_;
       if (end) writing_ = false;
+      process = process_;
+      delivered = std::exchange(writing_end_, 0);
     }
+    // The output in that message has reached the client: the ring may let it go.
+    if (delivered > 0) process->Delivered(this, delivered);
     if (end) {
       End(grpc::Status::OK);
       return;
@@ -139,6 +145,7 @@ class ProcessStream final : public grpc::ServerWriteReactor<v1::ProcessEvent>,
   // up when there is none (a later OnProcessUpdate takes it again).
   void Pump() {
     std::shared_ptr<Process> process;
+    int64_t end = 0;
     for (;;) {
       {
         absl::MutexLock lock(&mu_);
@@ -175,6 +182,7 @@ class ProcessStream final : public grpc::ServerWriteReactor<v1::ProcessEvent>,
               event.set_pty(std::move(next.data));
               break;
           }
+          end = next.end;
           break;
         case ProcessOutput::Kind::kDropped:
           event.mutable_dropped()->set_bytes(next.dropped);
@@ -187,6 +195,10 @@ class ProcessStream final : public grpc::ServerWriteReactor<v1::ProcessEvent>,
         }
         case ProcessOutput::Kind::kNone:
           break;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        writing_end_ = end;
       }
       out_ = std::move(event);
       StartWrite(&out_);
@@ -221,6 +233,8 @@ class ProcessStream final : public grpc::ServerWriteReactor<v1::ProcessEvent>,
   // Set by OnProcessUpdate; Pump looks again before giving the slot up.
   bool dirty_ ABSL_GUARDED_BY(mu_) = false;
   bool exit_written_ ABSL_GUARDED_BY(mu_) = false;
+  // Set while a message of output is in flight: the offset it ends at (0: none).
+  int64_t writing_end_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   // The message in flight; owned by the write slot.

@@ -99,9 +99,9 @@ void Process::AttachQuietly(std::shared_ptr<ProcessReader> reader) {
   int64_t cursor = replay_from_;
   if (!readers_.empty()) {
     cursor = ring_.end();
-    for (const ReaderState& r : readers_) cursor = std::min(cursor, r.cursor);
+    for (const ReaderState& r : readers_) cursor = std::min(cursor, r.delivered);
   }
-  readers_.push_back({std::move(reader), cursor, false});
+  readers_.push_back({std::move(reader), cursor, cursor, false});
 }
 
 void Process::Detach(const ProcessReader* reader) {
@@ -110,7 +110,7 @@ void Process::Detach(const ProcessReader* reader) {
   for (auto it = readers_.begin(); it != readers_.end(); ++it) {
     if (it->reader.get() == reader) {
       gone = std::move(it->reader);
-      if (readers_.size() == 1) replay_from_ = it->cursor;
+      if (readers_.size() == 1) replay_from_ = it->delivered;
       readers_.erase(it);
       break;
     }
@@ -120,9 +120,9 @@ void Process::Detach(const ProcessReader* reader) {
 
 void Process::TrimLocked() {
   if (readers_.empty()) return;  // the ring keeps what the last reader was not sent
-  int64_t min_cursor = ring_.end();
-  for (const ReaderState& r : readers_) min_cursor = std::min(min_cursor, r.cursor);
-  ring_.DiscardBefore(min_cursor);
+  int64_t min_delivered = ring_.end();
+  for (const ReaderState& r : readers_) min_delivered = std::min(min_delivered, r.delivered);
+  ring_.DiscardBefore(min_delivered);
 }
 
 ProcessOutput Process::Next(const ProcessReader* reader, size_t max_bytes) {
@@ -135,6 +135,8 @@ ProcessOutput Process::Next(const ProcessReader* reader, size_t max_bytes) {
   if (state == nullptr) return out;
   OutputRing::Read read = ring_.ReadAt(&state->cursor, max_bytes);
   if (read.gap > 0) {
+    // Gone for good: nobody is owed those bytes any more.
+    state->delivered = std::max(state->delivered, state->cursor);
     out.kind = ProcessOutput::Kind::kDropped;
     out.dropped = read.gap;
     return out;
@@ -143,7 +145,7 @@ ProcessOutput Process::Next(const ProcessReader* reader, size_t max_bytes) {
     out.kind = ProcessOutput::Kind::kData;
     out.stream = read.stream;
     out.data = std::move(read.data);
-    TrimLocked();
+    out.end = state->cursor;
     return out;
   }
   if (ended_ && !state->exit_sent) {
@@ -152,6 +154,14 @@ ProcessOutput Process::Next(const ProcessReader* reader, size_t max_bytes) {
     out.exit = exit_;
   }
   return out;
+}
+
+void Process::Delivered(const ProcessReader* reader, int64_t offset) {
+  absl::MutexLock lock(&mu_);
+  for (ReaderState& r : readers_) {
+    if (r.reader.get() == reader) r.delivered = std::max(r.delivered, offset);
+  }
+  TrimLocked();
 }
 
 absl::Status Process::WriteInput(std::string data, absl::AnyInvocable<void(absl::Status) &&> done) {

@@ -122,9 +122,10 @@ class ProcessReader {
 struct ProcessOutput {
   enum class Kind { kNone, kData, kDropped, kExit };
   Kind kind = Kind::kNone;
-  // kData: 1 byte to max_bytes of one stream.
+  // kData: 1 byte to max_bytes of one stream, ending at offset `end` of the output.
   OutputStream stream = OutputStream::kStdout;
   std::string data;
+  int64_t end = 0;
   // kDropped: bytes the reader missed.
   int64_t dropped = 0;
   // kExit.
@@ -162,6 +163,10 @@ class Process : public std::enable_shared_from_this<Process> {
   // the end (kExit, once, after all output) or nothing now (kNone; OnProcessUpdate
   // follows when there is).
   ProcessOutput Next(const ProcessReader* reader, size_t max_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // The output Next gave `reader` up to `offset` (ProcessOutput::end) has reached it (its
+  // write completed). Only delivered output leaves the ring; what a reader was given but
+  // did not get (it left meanwhile) is replayed to the next one.
+  void Delivered(const ProcessReader* reader, int64_t offset) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Queues `data` for the process's stdin (its pipe, or the terminal); `done(OK)` runs
   // once all of it was written, `done(FAILED_PRECONDITION)` if the process closes its
@@ -200,7 +205,9 @@ class Process : public std::enable_shared_from_this<Process> {
 
   struct ReaderState {
     std::shared_ptr<ProcessReader> reader;
+    // Output up to `cursor` was given to the reader, up to `delivered` reached it.
     int64_t cursor = 0;
+    int64_t delivered = 0;
     bool exit_sent = false;
   };
   struct InputWrite {
@@ -218,7 +225,7 @@ class Process : public std::enable_shared_from_this<Process> {
   void OnReaped(int wait_status) ABSL_LOCKS_EXCLUDED(mu_);
   // Appends output and tells the readers.
   void Output(OutputStream stream, std::string data) ABSL_LOCKS_EXCLUDED(mu_);
-  // Drops from the ring what every attached reader has been sent.
+  // Drops from the ring what every attached reader has got.
   void TrimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the input: fails every queued write with `why` (called outside the lock by the
   // caller: the callbacks are returned).
