@@ -77,6 +77,7 @@ class AsyncClient:
         total = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + total
         attempt = 0
+        retried_for = None  # the error that made the last retry
         while True:
             attempt += 1
             remaining = max(deadline - time.monotonic(), 0.001)
@@ -85,12 +86,19 @@ class AsyncClient:
             except grpc.RpcError as e:
                 err = from_rpc_error(e)
                 err.claim_id = claim_id
+                if (retried_for is not None and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                        and time.monotonic() >= deadline):
+                    # The call's own deadline cut a retry short: what the caller needs to
+                    # know is why it was retrying (the server unreachable, say), not that
+                    # the last attempt ran out of time (which one does depended on timing).
+                    raise retried_for from None
                 if (not retry or e.code() not in c.RETRYABLE_CODES
                         or attempt >= self.retry.max_attempts):
                     raise err from None
                 pause = self.retry.backoff(attempt)
                 if time.monotonic() + pause >= deadline:
                     raise err from None
+                retried_for = err
                 log.debug("sbx: %s, retry %d in %.3f s", err, attempt, pause)
                 await asyncio.sleep(pause)
 
