@@ -744,6 +744,9 @@ int main(int argc, char** argv) {
         return;
       }
       standby->Shutdown(absl::Seconds(shutdown_grace_s));
+      // Calls that reach the relay while it stops may end CANCELLED (gRPC's server answers
+      // so for calls it can no longer start); from here on only this replica's API serves.
+      spdlog::info("the standby relay has stopped: the API is served by this replica alone");
     });
   }
 
