@@ -100,8 +100,13 @@ class UploadStream final : public grpc::ServerReadReactor<v1::UploadRequest> {
       absl::MutexLock lock(&mu_);
       if (!ok) {
         eof_ = true;
+      } else if (finished_) {
+        failed_ = absl::InvalidArgumentError("a message after `finish`");
       } else if (request_.has_start()) {
         failed_ = absl::InvalidArgumentError("a second `start` message");
+      } else if (request_.kind_case() == v1::UploadRequest::kFinish) {
+        finished_ = true;
+        read_more = true;
       } else if (request_.chunk().size() > kMaxUploadChunk) {
         failed_ = absl::InvalidArgumentError(absl::StrCat("a chunk of ", request_.chunk().size(),
                                                           " bytes is above ", kMaxUploadChunk));
@@ -150,7 +155,7 @@ class UploadStream final : public grpc::ServerReadReactor<v1::UploadRequest> {
     ReadChunkFn read = [this](std::string& chunk) { return Read(chunk); };
     std::function<bool()> ended_well = [this] {
       absl::MutexLock lock(&mu_);
-      return eof_ && queue_.empty() && !cancelled_ && failed_.ok();
+      return eof_ && finished_ && queue_.empty() && !cancelled_ && failed_.ok();
     };
     absl::StatusOr<v1::UploadResponse> result = body_(*service_, start_, read, ended_well);
     if (result.ok()) {
@@ -195,6 +200,8 @@ class UploadStream final : public grpc::ServerReadReactor<v1::UploadRequest> {
   absl::Mutex mu_;
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
   bool eof_ ABSL_GUARDED_BY(mu_) = false;
+  // `finish` arrived.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
@@ -369,8 +376,12 @@ absl::StatusOr<v1::UploadResponse> UploadFileBody(SandboxdService& service,
                    service.workspace().CreatePending(start.path(), options, start.max_bytes()));
   std::string chunk;
   while (read(chunk)) RETURN_IF_ERROR(file->Write(chunk));
-  // Only a stream that ended well is committed; otherwise `file` removes its temporary.
-  if (!ended_well()) return absl::CancelledError("the upload did not end well");
+  // Only a stream that ended well (with `finish`) is committed; otherwise `file` removes
+  // its temporary.
+  if (!ended_well()) {
+    return absl::InvalidArgumentError(
+        "the upload ended without `finish`; nothing was written (send `finish` last)");
+  }
   v1::UploadResponse response;
   ASSIGN_OR_RETURN(int64_t size, file->Commit());
   response.set_bytes(size);

@@ -90,6 +90,13 @@ class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackServic
                                    const v1::RemoveRequest* request,
                                    v1::RemoveResponse* response) override;
 
+  grpc::ServerWriteReactor<v1::WatchDirEvent>* WatchDir(
+      grpc::CallbackServerContext* context, const v1::WatchDirRequest* request) override;
+  // inotify watches all WatchDir streams hold together (watch_service.cc).
+  static constexpr int kMaxWatches = 4096;
+  bool AcquireWatch();
+  void ReleaseWatches(int n);
+
   // Streams (uploads, downloads) running at once; more are RESOURCE_EXHAUSTED. Each holds
   // a thread and at most two chunks.
   static constexpr int kMaxTransfers = 16;
@@ -149,6 +156,7 @@ class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackServic
   const std::string default_cwd_;
   mutable absl::Mutex mu_;
   int transfers_ ABSL_GUARDED_BY(mu_) = 0;
+  int watches_ ABSL_GUARDED_BY(mu_) = 0;
   // The env of the last Configure.
   std::map<std::string, std::string> configured_env_ ABSL_GUARDED_BY(mu_);
 };

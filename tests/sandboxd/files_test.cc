@@ -131,7 +131,7 @@ class FilesTest : public ::testing::Test {
   }
 
   UploadResult Upload(bool tar, const pb::UploadStart& start, const std::string& data,
-                      size_t chunk = 1 << 20) {
+                      size_t chunk = 1 << 20, bool finish = true) {
     grpc::ClientContext ctx;
     SetDeadline(ctx);
     UploadResult r;
@@ -143,6 +143,11 @@ class FilesTest : public ::testing::Test {
       pb::UploadRequest c;
       c.set_chunk(data.substr(off, chunk));
       ok = writer->Write(c);
+    }
+    if (ok && finish) {
+      pb::UploadRequest f;
+      f.set_finish(true);
+      writer->Write(f);
     }
     writer->WritesDone();
     r.status = writer->Finish();
@@ -247,6 +252,18 @@ TEST_F(FilesTest, CancelledUploadLeavesNothingAndKeepsTheOldFile) {
   for (int i = 0; i < 200 && Names(workspace_).size() != 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  EXPECT_EQ(Names(workspace_), std::vector<std::string>{"f"});
+  EXPECT_EQ(Slurp(workspace_ + "/f"), "old");
+}
+
+TEST_F(FilesTest, UploadWithoutFinishLeavesNothing) {
+  Start();
+  Spit(workspace_ + "/f", "old");
+  pb::UploadStart start;
+  start.set_path("f");
+  UploadResult up = Upload(false, start, std::string(3 << 20, 'x'), 1 << 20, /*finish=*/false);
+  EXPECT_EQ(up.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(up.status.error_message(), HasSubstr("finish"));
   EXPECT_EQ(Names(workspace_), std::vector<std::string>{"f"});
   EXPECT_EQ(Slurp(workspace_ + "/f"), "old");
 }
@@ -513,6 +530,99 @@ TEST_F(FilesTest, StatMakeDirMoveRemove) {
   rm.set_path("");
   EXPECT_EQ(call(&pb::Sandboxd::Stub::Remove, rm, &rmr).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// ---- WatchDir
+
+class Watch {
+ public:
+  Watch(pb::Sandboxd::Stub* stub, const std::string& path, bool recursive) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    pb::WatchDirRequest req;
+    req.set_path(path);
+    req.set_recursive(recursive);
+    reader_ = stub->WatchDir(&ctx_, req);
+  }
+  // Reads until an event of `type` on `path`; false when the stream ended first.
+  bool Until(pb::FileEventType type, const std::string& path) {
+    pb::WatchDirEvent e;
+    while (reader_->Read(&e)) {
+      events.push_back(e);
+      if (e.type() == type && e.path() == path) return true;
+    }
+    return false;
+  }
+  int Count(pb::FileEventType type, const std::string& path) const {
+    int n = 0;
+    for (const auto& e : events) n += e.type() == type && e.path() == path;
+    return n;
+  }
+  grpc::Status Finish() {
+    ctx_.TryCancel();
+    pb::WatchDirEvent e;
+    while (reader_->Read(&e)) events.push_back(e);
+    return reader_->Finish();
+  }
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<pb::WatchDirEvent>> reader_;
+  std::vector<pb::WatchDirEvent> events;
+};
+
+TEST_F(FilesTest, WatchDirReportsDebouncedChangesRecursively) {
+  Start();
+  fs::create_directories(workspace_ + "/w/sub");
+  Watch watch(stub_.get(), "w", /*recursive=*/true);
+  pb::WatchDirEvent first;
+  ASSERT_TRUE(watch.reader_->Read(&first)) << watch.reader_->Finish().error_message();
+  EXPECT_TRUE(first.ready()) << "the first event says the watch is set up";
+  Spit(workspace_ + "/w/a.txt", "0");
+  for (int i = 0; i < 20; ++i) {
+    std::ofstream out(workspace_ + "/w/a.txt", std::ios::app);
+    out << i;
+  }
+  fs::rename(workspace_ + "/w/a.txt", workspace_ + "/w/b.txt");
+  fs::remove(workspace_ + "/w/b.txt");
+  ASSERT_TRUE(watch.Until(pb::FILE_EVENT_REMOVE, "w/b.txt"));
+  EXPECT_EQ(watch.Count(pb::FILE_EVENT_CREATE, "w/a.txt"), 1);
+  EXPECT_GE(watch.Count(pb::FILE_EVENT_WRITE, "w/a.txt"), 1);
+  EXPECT_LE(watch.Count(pb::FILE_EVENT_WRITE, "w/a.txt"), 5) << "21 writes are debounced";
+  EXPECT_EQ(watch.Count(pb::FILE_EVENT_RENAME, "w/a.txt"), 1);
+  EXPECT_EQ(watch.Count(pb::FILE_EVENT_CREATE, "w/b.txt"), 1);
+  // A subdirectory that existed, and one made now, are watched too.
+  Spit(workspace_ + "/w/sub/s.txt", "s");
+  ASSERT_TRUE(watch.Until(pb::FILE_EVENT_CREATE, "w/sub/s.txt"));
+  fs::create_directories(workspace_ + "/w/sub/new");
+  ASSERT_TRUE(watch.Until(pb::FILE_EVENT_CREATE, "w/sub/new"));
+  EXPECT_TRUE(watch.events.back().is_dir());
+  Spit(workspace_ + "/w/sub/new/deep.txt", "d");
+  ASSERT_TRUE(watch.Until(pb::FILE_EVENT_CREATE, "w/sub/new/deep.txt"));
+  EXPECT_EQ(watch.Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(FilesTest, WatchDirEndsWhenTheDirectoryGoesAndHasALimit) {
+  Start();
+  fs::create_directories(workspace_ + "/gone");
+  {
+    Watch watch(stub_.get(), "gone", false);
+    pb::WatchDirEvent first;
+    ASSERT_TRUE(watch.reader_->Read(&first));
+    fs::remove(workspace_ + "/gone");
+    pb::WatchDirEvent e;
+    while (watch.reader_->Read(&e)) {
+    }
+    EXPECT_TRUE(watch.reader_->Finish().ok());
+  }
+  // More directories than the daemon's inotify watch limit.
+  for (int i = 0; i < 4100; ++i) fs::create_directories(workspace_ + "/many/d" + std::to_string(i));
+  Watch watch(stub_.get(), "many", true);
+  pb::WatchDirEvent e;
+  EXPECT_FALSE(watch.reader_->Read(&e));
+  grpc::Status s = watch.reader_->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("4096"));
+  Watch missing(stub_.get(), "nope", false);
+  EXPECT_FALSE(missing.reader_->Read(&e));
+  EXPECT_EQ(missing.reader_->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 }  // namespace
