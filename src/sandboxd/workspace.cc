@@ -123,7 +123,10 @@ absl::Status PathError(int err, absl::string_view path) {
       return absl::FailedPreconditionError(absl::StrCat("path ", Quote(path), " is a directory"));
     case EXDEV:
       return absl::InvalidArgumentError(
-          absl::StrCat("path ", Quote(path), " resolves outside the workspace"));
+          absl::StrCat("path ", Quote(path),
+                       path.empty() || path.front() != '/'
+                           ? " resolves outside the workspace"
+                           : " resolves outside the sandbox's root, or into /proc or /sys"));
     case ELOOP:
       return absl::InvalidArgumentError(
           absl::StrCat("path ", Quote(path),
