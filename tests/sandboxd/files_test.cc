@@ -9,12 +9,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -354,6 +356,39 @@ TEST_F(FilesTest, TarAttackFileThroughPlantedRelativeSymlinkIsRefused) {
   up = UploadTar("t", MakeTar({{.name = "pre/evil", .content = "x"}}));
   EXPECT_EQ(up.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_FALSE(fs::exists(outside_ + "/evil"));
+}
+
+// A process of the sandbox swaps a directory of the target for a link to the outside, over
+// and over, while an archive with many files in that directory is extracted: whatever
+// the timing, nothing lands outside (entries either go into the real directory or are
+// refused as going through a link).
+TEST_F(FilesTest, TarAttackConcurrentSymlinkSwapNeverEscapes) {
+  Start();
+  const std::string target = workspace_ + "/t";
+  fs::create_directories(target + "/d");
+  std::vector<TarEntry> entries;
+  for (int i = 0; i < 400; ++i) {
+    entries.push_back({.name = "d/f" + std::to_string(i), .content = "x"});
+  }
+  const std::string tar = MakeTar(entries);
+  std::atomic<bool> stop{false};
+  std::thread swapper([&] {
+    const std::string dir = target + "/d", aside = target + "/d-aside", link = target + "/d-link";
+    ::symlink(outside_.c_str(), link.c_str());
+    while (!stop.load()) {
+      // d -> aside, link -> d (now d is a link to the outside), and back.
+      ::rename(dir.c_str(), aside.c_str());
+      ::rename(link.c_str(), dir.c_str());
+      std::this_thread::yield();
+      ::rename(dir.c_str(), link.c_str());
+      ::rename(aside.c_str(), dir.c_str());
+    }
+  });
+  for (int round = 0; round < 20; ++round) UploadTar("t", tar);
+  stop = true;
+  swapper.join();
+  EXPECT_EQ(Names(outside_), std::vector<std::string>{"secret"})
+      << "an entry was written through the swapped-in link";
 }
 
 TEST_F(FilesTest, TarAttackHardlinkOutIsRefused) {
