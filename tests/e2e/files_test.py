@@ -191,7 +191,25 @@ class Files(unittest.TestCase):
             finally:
                 peaks.append(sampler.stop())
         after = resident_bytes(pid)
-        print(f"\nfiles: {BIG >> 20} MiB through sbx-server, 3 rounds: upload "
+        # Baseline in the same run: 1 MiB unary calls (WriteFile with append, ReadFile
+        # ranges), what `sbx cp` did before the streams; they stop at the daemon's
+        # max_file_bytes (64 MiB), so 64 MiB of the same bytes. Printed only.
+        unary = 64 << 20
+        t0 = time.monotonic()
+        for off in range(0, unary, CHUNK):
+            self.sandboxes.WriteFile(sandboxes_pb2.WriteFileRequest(
+                claim_id=c.claim_id, path="unary.bin", content=data[off:off + CHUNK],
+                append=off > 0), metadata=TENANT_A, timeout=30)
+        unary_up = unary / (time.monotonic() - t0) / 2**20
+        t0 = time.monotonic()
+        for off in range(0, unary, CHUNK):
+            self.sandboxes.ReadFile(sandboxes_pb2.ReadFileRequest(
+                claim_id=c.claim_id, path="unary.bin", offset=off, limit=CHUNK),
+                metadata=TENANT_A, timeout=30)
+        unary_down = unary / (time.monotonic() - t0) / 2**20
+        print(f"\nfiles: 1 MiB unary calls, same run: write {unary_up:.0f} MiB/s, read "
+              f"{unary_down:.0f} MiB/s", file=sys.stderr)
+        print(f"files: {BIG >> 20} MiB through sbx-server, 3 rounds: upload "
               + " / ".join(f"{u:.0f}" for u, _ in rates) + " MiB/s, download "
               + " / ".join(f"{d:.0f}" for _, d in rates) + f" MiB/s; sbx-server RSS before "
               f"{before >> 20} MiB, peak per round "
