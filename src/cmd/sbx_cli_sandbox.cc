@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "src/cmd/sbx_cli_commands.h"
+#include "src/sandboxd/tar.h"
+#include "src/sandboxd/unique_fd.h"
 
 namespace sbx::cli {
 namespace {
@@ -471,7 +473,87 @@ absl::StatusOr<int> Download(Context& ctx, Client& client, const RemotePath& rem
   return 0;
 }
 
-absl::StatusOr<int> RunCp(Context& ctx, const std::string& from, const std::string& to) {
+// cp -r: a directory as a tar stream, with the daemon's own tar code (src/sandboxd/tar.h):
+// up, WriteTar of the local directory into UploadTar; down, DownloadTar into the same
+// confined ExtractTar the daemon uses, since the archive comes from a sandbox (no entry
+// outside LOCAL, no link followed, no device, no setuid bit).
+absl::StatusOr<int> UploadDir(Client& client, const std::string& local, const RemotePath& remote) {
+  sandboxd::UniqueFd dir(::open(local.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return ErrnoStatus(errno, absl::StrCat("\"", local, "\""));
+  std::unique_ptr<grpc::ClientContext> call = client.NewContext(kTransferDeadline);
+  v1::UploadResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
+      client.sandboxes().UploadTar(call.get(), &resp);
+  v1::UploadRequest first;
+  first.mutable_start()->set_claim_id(remote.claim_id);
+  first.mutable_start()->set_path(remote.path);
+  bool ok = writer->Write(first);
+  std::string pending;
+  auto flush = [&](size_t keep_below) {
+    while (ok && pending.size() >= std::max<size_t>(keep_below, 1)) {
+      const size_t n = std::min(pending.size(), kFileChunk);
+      v1::UploadRequest msg;
+      msg.set_chunk(pending.substr(0, n));
+      pending.erase(0, n);
+      ok = writer->Write(msg);
+    }
+    return ok;
+  };
+  absl::Status local_error = sandboxd::WriteTar(dir.get(), [&](absl::string_view data) {
+    pending.append(data.data(), data.size());
+    return flush(kFileChunk);
+  });
+  if (local_error.ok() && flush(0)) {
+    v1::UploadRequest finish;
+    finish.set_finish(true);
+    writer->Write(finish);
+    writer->WritesDone();
+  } else if (!local_error.ok() && !absl::IsCancelled(local_error)) {
+    call->TryCancel();
+  }
+  const grpc::Status finished = writer->Finish();
+  if (!local_error.ok() && !absl::IsCancelled(local_error)) return local_error;
+  if (absl::Status status = FromGrpc(finished, *call); !status.ok()) return status;
+  return 0;
+}
+
+absl::StatusOr<int> DownloadDir(Client& client, const RemotePath& remote,
+                                const std::string& local) {
+  if (::mkdir(local.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("creating \"", local, "\""));
+  }
+  sandboxd::UniqueFd dir(::open(local.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return ErrnoStatus(errno, absl::StrCat("\"", local, "\""));
+  std::unique_ptr<grpc::ClientContext> call = client.NewContext(kTransferDeadline);
+  v1::DownloadRequest req;
+  req.set_claim_id(remote.claim_id);
+  req.set_path(remote.path);
+  std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> reader =
+      client.sandboxes().DownloadTar(call.get(), req);
+  absl::StatusOr<sandboxd::TarResult> result = sandboxd::ExtractTar(
+      dir.get(),
+      [&](std::string& chunk) {
+        v1::DownloadChunk c;
+        if (!reader->Read(&c)) return false;
+        chunk = std::move(*c.mutable_data());
+        return true;
+      },
+      sandboxd::TarLimits{}, /*use_openat2=*/true);
+  if (!result.ok()) call->TryCancel();
+  v1::DownloadChunk rest;
+  while (reader->Read(&rest)) {
+  }
+  const grpc::Status finished = reader->Finish();
+  if (absl::Status status = FromGrpc(finished, *call); !status.ok() && result.ok()) return status;
+  if (!result.ok()) {
+    return absl::Status(result.status().code(), absl::StrCat("extracting into \"", local,
+                                                             "\": ", result.status().message()));
+  }
+  return 0;
+}
+
+absl::StatusOr<int> RunCp(Context& ctx, const std::string& from, const std::string& to,
+                          bool recursive) {
   const std::optional<RemotePath> src = ParseRemote(from);
   const std::optional<RemotePath> dst = ParseRemote(to);
   if (src.has_value() == dst.has_value()) {
@@ -479,8 +561,15 @@ absl::StatusOr<int> RunCp(Context& ctx, const std::string& from, const std::stri
         absl::StrCat("cp copies between this machine and a sandbox: exactly one of \"", from,
                      "\" and \"", to, "\" must be ID:PATH"));
   }
+  if (recursive && (from == "-" || to == "-")) {
+    return UsageError("cp -r copies directories; '-' (stdin, stdout) is for one file");
+  }
   auto connected = ctx.Connect();
   if (!connected.ok()) return connected.status();
+  if (recursive) {
+    if (dst.has_value()) return UploadDir(**connected, from, *dst);
+    return DownloadDir(**connected, *src, to);
+  }
   if (dst.has_value()) return Upload(ctx, **connected, from, *dst);
   return Download(ctx, **connected, *src, to);
 }
@@ -602,15 +691,20 @@ void AddSandboxCommands(CLI::App& app, Context& ctx, Actions& actions) {
   {
     auto from = std::make_shared<std::string>();
     auto to = std::make_shared<std::string>();
+    auto recursive = std::make_shared<bool>(false);
     CLI::App* sub = app.add_subcommand(
         "cp",
-        "Copy one file between this machine and a sandbox:\n"
+        "Copy a file (or with -r a directory) between this machine and a sandbox:\n"
         "  sbx cp LOCAL ID:PATH   (ID:DIR/ or ID: keeps the local name; keeps the file mode)\n"
         "  sbx cp ID:PATH LOCAL   (LOCAL may be a directory)\n"
+        "  sbx cp -r DIR ID:DIR   (a tar stream; ID:/abs/path names the sandbox's root)\n"
         "'-' is stdin or stdout. A local path with ':' is written ./a:b.");
     sub->add_option("source", *from, "LOCAL, ID:PATH or -")->required();
     sub->add_option("destination", *to, "ID:PATH, LOCAL or -")->required();
-    actions[sub] = [&ctx, from, to] { return RunCp(ctx, *from, *to); };
+    sub->add_flag("-r,--recursive", *recursive,
+                  "Copy a directory (as a tar stream; extracted beneath the destination, links "
+                  "never followed, devices skipped, setuid bits cleared)");
+    actions[sub] = [&ctx, from, to, recursive] { return RunCp(ctx, *from, *to, *recursive); };
   }
   {
     auto id = std::make_shared<std::string>();

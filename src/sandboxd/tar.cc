@@ -69,9 +69,10 @@ int OpenChildDir(int dir, const std::string& name, bool use_openat2) {
     for (int attempt = 0; attempt < 16; ++attempt) {
       long fd = ::syscall(SYS_openat2, dir, name.c_str(), &how, sizeof(how));
       if (fd >= 0) return static_cast<int>(fd);
+      if (errno == ENOSYS || errno == EPERM) break;  // no openat2 here: the walk below
       if (errno != EAGAIN && errno != EINTR) return -errno;
     }
-    return -EAGAIN;
+    if (errno != ENOSYS && errno != EPERM) return -EAGAIN;
   }
   int fd = ::openat(dir, name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd >= 0) return fd;
