@@ -606,10 +606,18 @@ class Watch {
 TEST_F(FilesTest, WatchDirReportsDebouncedChangesRecursively) {
   Start();
   fs::create_directories(workspace_ + "/w/sub");
+  // A link to the outside is not descended into: nothing from there is reported.
+  fs::create_directory_symlink(outside_, workspace_ + "/w/out");
   Watch watch(stub_.get(), "w", /*recursive=*/true);
   pb::WatchDirEvent first;
   ASSERT_TRUE(watch.reader_->Read(&first)) << watch.reader_->Finish().error_message();
   EXPECT_TRUE(first.ready()) << "the first event says the watch is set up";
+  Spit(outside_ + "/leak.txt", "outside");
+  Spit(workspace_ + "/w/marker", "m");
+  ASSERT_TRUE(watch.Until(pb::FILE_EVENT_CREATE, "w/marker"));
+  for (const auto& e : watch.events) {
+    EXPECT_EQ(e.path().find("leak"), std::string::npos) << "reported through a link: " << e.path();
+  }
   Spit(workspace_ + "/w/a.txt", "0");
   for (int i = 0; i < 20; ++i) {
     std::ofstream out(workspace_ + "/w/a.txt", std::ios::app);
