@@ -244,6 +244,27 @@ class Files(unittest.TestCase):
         self.assertEqual(out.split(), [b"keep.txt"], "no temporary file is left")
         self.assertEqual(b"".join(x.data for x in self.download(c.claim_id, "keep.txt")), b"old")
 
+    def test_upload_protocol_errors_write_nothing(self):
+        from sbx.v1 import sandboxes_pb2
+        c = self.claim()
+        start = sandboxes_pb2.UploadRequest(start=sandboxes_pb2.UploadStart(
+            claim_id=c.claim_id, path="p.txt"))
+        chunk = sandboxes_pb2.UploadRequest(chunk=b"data")
+        finish = sandboxes_pb2.UploadRequest(finish=True)
+        for name, messages, text in (
+                ("no finish", [start, chunk], "finish"),
+                ("second start", [start, chunk, start, finish], "second"),
+                ("after finish", [start, finish, chunk], "after `finish`"),
+                ("no start", [chunk, finish], "start")):
+            with self.subTest(name):
+                with self.assertRaises(grpc.RpcError) as e:
+                    self.sandboxes.UploadFile(iter(messages), metadata=TENANT_A, timeout=30)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT,
+                                 e.exception.details())
+                self.assertIn(text, e.exception.details())
+        code, out = self.exec(c.claim_id, "ls", "-A")
+        self.assertEqual(out, b"", "nothing was written, not even a temporary file")
+
     def test_directories_move_as_tar_streams(self):
         c = self.claim()
         self.exec(c.claim_id, "sh", "-c",
