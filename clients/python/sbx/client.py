@@ -777,6 +777,25 @@ class Files:
         cl._call(cl._sandboxes.MakeDir, sandboxes_pb2.MakeDirRequest(
             claim_id=self._sb.claim_id, path=path, parents=parents, mode=mode or 0))
 
+    def watch(self, path: str = "", *, recursive: bool = False,
+              timeout: Optional[float] = None) -> "FileWatch":
+        """Streams changes below the directory `path` (WatchDir): iterate the returned
+        FileWatch for FileEvent(type, path, is_dir), type one of "create", "write",
+        "remove", "rename" (the old name) and "chmod" ("overflow" when events were lost).
+        The watch is set up when this returns. Cancel it (or leave its `with` block) to
+        stop; it ends by itself when the directory is removed."""
+        cl = self._sb._client
+        call = cl._sandboxes.WatchDir(sandboxes_pb2.WatchDirRequest(
+            claim_id=self._sb.claim_id, path=path, recursive=recursive),
+            timeout=timeout, metadata=cl._md)
+        try:
+            first = next(call)  # `ready`
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        except StopIteration:
+            pass
+        return FileWatch(call)
+
     def move(self, src: str, dst: str, *, overwrite: bool = False,
              make_parents: bool = False) -> None:
         """Renames `src` to `dst` inside the sandbox (AlreadyExists unless overwrite)."""
@@ -864,3 +883,40 @@ def _extract_plain(f, local_dir: str) -> int:
                 continue
             written += 1
     return written
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEvent:
+    """One change WatchDir reported."""
+    type: str  # "create", "write", "remove", "rename", "chmod" or "overflow"
+    path: str
+    is_dir: bool = False
+
+
+class FileWatch:
+    """The stream of sbx.Files.watch; iterate it for FileEvents."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[FileEvent]:
+        try:
+            for e in self._call:
+                if e.overflow:
+                    yield FileEvent("overflow", "")
+                elif not e.ready:
+                    kind = sandboxes_pb2.FileEventType.Name(e.type)
+                    yield FileEvent(kind.replace("FILE_EVENT_", "").lower(), e.path, e.is_dir)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise from_rpc_error(e) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    def __enter__(self) -> "FileWatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()

@@ -154,6 +154,15 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(f.read(), "x")
             with self.assertRaises(sbx.NotFound):
                 sb.files.download("nope")
+            with sb.files.watch("proj", recursive=True) as w:
+                sb.files.upload("proj/new.txt", b"n")
+                sb.files.remove("proj/new.txt")
+                seen = []
+                for e in w:
+                    seen.append((e.type, e.path))
+                    if (e.type, e.path) == ("remove", "proj/new.txt"):
+                        break
+            self.assertIn(("create", "proj/new.txt"), seen)
 
     def test_files(self):
         with self.client.claim("default") as sb:
