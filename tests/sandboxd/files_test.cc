@@ -49,10 +49,11 @@ la_ssize_t AppendCallback(struct archive*, void* data, const void* buffer, size_
   return static_cast<la_ssize_t>(length);
 }
 
-std::string MakeTar(const std::vector<TarEntry>& entries) {
+std::string MakeTar(const std::vector<TarEntry>& entries, bool gzip = false) {
   std::string out;
   struct archive* a = archive_write_new();
   archive_write_set_format_pax_restricted(a);
+  if (gzip) archive_write_add_filter_gzip(a);
   archive_write_open(a, &out, nullptr, AppendCallback, nullptr);
   for (const TarEntry& t : entries) {
     struct archive_entry* e = archive_entry_new();
@@ -312,6 +313,18 @@ TEST_F(FilesTest, TarRoundTrip) {
   struct stat st;
   ASSERT_EQ(stat((workspace_ + "/dst/copy/a.txt").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0750u);
+}
+
+TEST_F(FilesTest, GzipTarIntoAnAbsoluteDirectory) {
+  Start();
+  fs::create_directories(root_ + "/home/user");
+  UploadResult up = UploadTar("/home/user/proj",
+                              MakeTar({{.name = "./a/b.txt", .content = "gz"}}, /*gzip=*/true));
+  ASSERT_TRUE(up.status.ok()) << up.status.error_message();
+  EXPECT_EQ(Slurp(root_ + "/home/user/proj/a/b.txt"), "gz");
+  std::string tar;
+  ASSERT_TRUE(Download(true, "/home/user/proj", &tar).ok());
+  EXPECT_NE(tar.find("a/b.txt"), std::string::npos);
 }
 
 // ---- Tar attacks: each was run against the extraction without its defence and failed.
