@@ -41,6 +41,11 @@ templates:
     runtime: local
     local:
       image: "{named}"
+  - name: small
+    runtime: local
+    local:
+      image: "{plain}"
+      layer_size_bytes: 4194304
   - name: hostile
     runtime: local
     local:
@@ -130,7 +135,7 @@ class ImageSandboxes:
             os.path.join(images, "badmount"),
             extra=[{"name": "data", "type": "symlink", "link": "../" * 8 + "etc"}])
         pools = "".join(POOL.format(name=n, warm=w) for n, w in
-                        (("img", 2), ("named", 1), ("hostile", 1), ("badmount", 1),
+                        (("img", 2), ("named", 1), ("small", 1), ("hostile", 1), ("badmount", 1),
                          ("hostmounts", 1)))
         cls.config = os.path.join(cls.dir, "config.yaml")
         with open(cls.config, "w") as f:
@@ -231,6 +236,23 @@ class ImageSandboxes:
         finally:
             self.release(a)
             self.release(b)
+
+    def test_the_layer_is_bounded_and_not_on_the_data_disk(self):
+        c = self.claim("small")
+        try:
+            # 1 MiB fits the template's 4 MiB layer; 8 MiB more does not (ENOSPC, in the
+            # sandbox only); what was written is in memory, nowhere under the data dir.
+            code, out = self.sh(c, "dd if=/dev/zero of=/etc/sbx-layer-marker bs=1024 count=1024 "
+                                   "2>&1 && echo FIT; dd if=/dev/zero of=/etc/sbx-big bs=1024 "
+                                   "count=8192 2>&1; echo rc=$?")
+            self.assertIn("FIT", out)
+            self.assertIn("No space left on device", out)
+            self.assertNotIn("rc=0", out)
+            found = [os.path.join(d, f) for d, _, files in os.walk(self.dir)
+                     for f in files if f in ("sbx-layer-marker", "sbx-big")]
+            self.assertEqual(found, [])
+        finally:
+            self.release(c)
 
     def test_the_images_user_by_name(self):
         c = self.claim("named")
