@@ -143,24 +143,13 @@ class ImageSandboxes:
                                   hostile=cls.hostile_ref, badmount=cls.badmount_ref,
                                   shared_ro=cls.shared_ro, shared_rw=cls.shared_rw, pools=pools))
         if cls.run_as is not None:
-            pw = pwd.getpwnam(cls.run_as)
-            for root, dirs, files in os.walk(cls.dir):
-                for name in dirs + files:
-                    if os.path.join(root, name) != cls.shared_rw:
-                        os.chown(os.path.join(root, name), pw.pw_uid, pw.pw_gid,
-                                 follow_symlinks=False)
-            os.chown(cls.dir, pw.pw_uid, pw.pw_gid)
+            sbx_e2e.chown_tree(cls.dir, cls.run_as, skip=(cls.shared_rw,))
         cls.start()
 
     @classmethod
     def start(cls):
-        prefix = ()
-        if cls.run_as is not None:
-            pw = pwd.getpwnam(cls.run_as)
-            prefix = ("setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
-                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all")
         cls.server = sbx_e2e.Server(
-            SERVER, cls.dir, cls.config, prefix=prefix,
+            SERVER, cls.dir, cls.config, prefix=sbx_e2e.setpriv_prefix(cls.run_as),
             extra=["--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
         cls.claims, cls.sandboxes, cls.admin, cls.images = stubs(cls.server.channel)
 
@@ -179,17 +168,7 @@ class ImageSandboxes:
         self.claims.Release(claims_pb2.ReleaseRequest(claim_id=claim.claim_id), timeout=30)
 
     def sh(self, claim, script, timeout=60):
-        from sbx.v1 import sandboxes_pb2
-        start = sandboxes_pb2.ExecStart(claim_id=claim.claim_id, argv=["/bin/sh", "-c", script])
-        out, code = b"", None
-        for r in self.sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]),
-                                     timeout=timeout):
-            kind = r.WhichOneof("kind")
-            if kind in ("stdout_chunk", "stderr_chunk"):
-                out += getattr(r, kind)
-            elif kind == "exit":
-                code = r.exit.exit_code
-        return code, out.decode(errors="replace")
+        return sbx_e2e.sh(self.sandboxes, claim.claim_id, script, timeout=timeout)
 
     def pool_status(self, name):
         from sbx.v1 import admin_pb2
