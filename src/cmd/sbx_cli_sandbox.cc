@@ -18,12 +18,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "src/cmd/sbx_cli_commands.h"
+#include "src/sandboxd/tar.h"
+#include "src/sandboxd/unique_fd.h"
 
 namespace sbx::cli {
 namespace {
 
-// WriteFile and ReadFile move at most 1 MiB per call (sandboxes.proto).
+// WriteFile and ReadFile move at most 1 MiB per call (sandboxes.proto); `cp` streams
+// (UploadFile, DownloadFile) in 1 MiB chunks instead.
 constexpr size_t kFileChunk = 1 << 20;
+// A streamed copy ends after this at the latest (a copy of any size may take long).
+constexpr absl::Duration kTransferDeadline = absl::Hours(6);
 // Stdin is forwarded in chunks of at most this size (the API allows 1 MiB).
 constexpr size_t kStdinChunk = 64 << 10;
 // Exec's timeout when --timeout-exec is not given (the server's default).
@@ -336,34 +341,47 @@ absl::StatusOr<int> Upload(Context& ctx, Client& client, const std::string& loca
   if (ctx.stderr_tty && total >= kProgressBytes) {
     progress.emplace(true, absl::StrCat("uploading ", path));
   }
-  absl::Status status;
+  // One UploadFile stream: `start`, chunks, `finish`; the sandbox renames the file into
+  // place only after `finish` (an interrupted copy leaves nothing).
+  std::unique_ptr<grpc::ClientContext> call = client.NewContext(kTransferDeadline);
+  v1::UploadResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
+      client.sandboxes().UploadFile(call.get(), &resp);
+  v1::UploadRequest first;
+  v1::UploadStart* start = first.mutable_start();
+  start->set_claim_id(remote.claim_id);
+  start->set_path(path);
+  start->set_mode(regular ? (st.st_mode & 07777) : 0);
+  start->set_create_parents(true);
+  absl::Status local_error;
   int64_t sent = 0;
-  for (bool first = true;; first = false) {
+  for (bool ok = writer->Write(first); ok;) {
     absl::StatusOr<std::string> chunk = ReadChunk(fd, kFileChunk, local);
     if (!chunk.ok()) {
-      status = chunk.status();
+      local_error = chunk.status();
+      call->TryCancel();  // nothing half-written is kept
       break;
     }
-    if (chunk->empty() && !first) break;
-    v1::WriteFileRequest req;
-    req.set_claim_id(remote.claim_id);
-    req.set_path(path);
-    req.set_mode(regular ? (st.st_mode & 07777) : 0);
-    req.set_append(!first);
-    req.set_create_parents(true);
+    if (chunk->empty()) break;
     const size_t n = chunk->size();
-    req.set_content(std::move(*chunk));
-    v1::WriteFileResponse resp;
-    status = client.Call(
-        [&](grpc::ClientContext* c) { return client.sandboxes().WriteFile(c, req, &resp); });
-    if (!status.ok()) break;
+    v1::UploadRequest msg;
+    msg.set_chunk(std::move(*chunk));
+    ok = writer->Write(msg);
     sent += static_cast<int64_t>(n);
     if (progress) progress->Set(sent >> 20, total >> 20, "MiB");
-    if (n < kFileChunk) break;
   }
+  if (local_error.ok()) {
+    // The explicit end: the sandbox commits the file only after it.
+    v1::UploadRequest finish;
+    finish.set_finish(true);
+    writer->Write(finish);
+    writer->WritesDone();
+  }
+  const grpc::Status finished = writer->Finish();
   if (fd != STDIN_FILENO) ::close(fd);
   if (progress) progress->Finish("");
-  if (!status.ok()) return status;
+  if (!local_error.ok()) return local_error;
+  if (absl::Status status = FromGrpc(finished, *call); !status.ok()) return status;
   return 0;
 }
 
@@ -395,36 +413,37 @@ absl::StatusOr<int> Download(Context& ctx, Client& client, const RemotePath& rem
   absl::Status status;
   uint32_t mode = 0;
   int64_t offset = 0;
-  while (true) {
-    v1::ReadFileRequest req;
+  int64_t size = 0;
+  {
+    // One DownloadFile stream: the first chunk carries the size and mode.
+    std::unique_ptr<grpc::ClientContext> call = client.NewContext(kTransferDeadline);
+    v1::DownloadRequest req;
     req.set_claim_id(remote.claim_id);
     req.set_path(remote.path);
-    req.set_offset(offset);
-    req.set_limit(kFileChunk);
-    v1::ReadFileResponse resp;
-    status = client.Call(
-        [&](grpc::ClientContext* c) { return client.sandboxes().ReadFile(c, req, &resp); });
-    if (!status.ok()) break;
-    mode = resp.mode();
-    if (!progress && ctx.stderr_tty && resp.size() >= kProgressBytes) {
-      progress.emplace(true, absl::StrCat("downloading ", remote.path));
+    std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> reader =
+        client.sandboxes().DownloadFile(call.get(), req);
+    v1::DownloadChunk chunk;
+    for (bool first = true; reader->Read(&chunk); first = false) {
+      if (first) {
+        mode = chunk.mode();
+        size = chunk.size();
+        if (ctx.stderr_tty && size >= kProgressBytes) {
+          progress.emplace(true, absl::StrCat("downloading ", remote.path));
+        }
+      }
+      status = fd == STDOUT_FILENO ? to_stdout.Write(chunk.data()) : WriteAll(fd, chunk.data());
+      if (!status.ok()) {
+        status = absl::Status(
+            status.code(),
+            absl::StrCat("writing \"", local == "-" ? "stdout" : target, "\": ", status.message()));
+        call->TryCancel();
+        break;
+      }
+      offset += static_cast<int64_t>(chunk.data().size());
+      if (progress) progress->Set(offset >> 20, size >> 20, "MiB");
     }
-    status = fd == STDOUT_FILENO ? to_stdout.Write(resp.content()) : WriteAll(fd, resp.content());
-    if (!status.ok()) {
-      status = absl::Status(
-          status.code(),
-          absl::StrCat("writing \"", local == "-" ? "stdout" : target, "\": ", status.message()));
-      break;
-    }
-    offset += static_cast<int64_t>(resp.content().size());
-    if (progress) progress->Set(offset >> 20, resp.size() >> 20, "MiB");
-    if (resp.eof()) break;
-    if (resp.content().empty()) {
-      status = absl::InternalError(absl::StrCat("ReadFile of \"", remote.path,
-                                                "\" returned no data at offset ", offset,
-                                                " before the end"));
-      break;
-    }
+    const grpc::Status finished = reader->Finish();
+    if (status.ok()) status = FromGrpc(finished, *call);
   }
   if (progress) progress->Finish("");
   if (local == "-") {
@@ -454,7 +473,87 @@ absl::StatusOr<int> Download(Context& ctx, Client& client, const RemotePath& rem
   return 0;
 }
 
-absl::StatusOr<int> RunCp(Context& ctx, const std::string& from, const std::string& to) {
+// cp -r: a directory as a tar stream, with the daemon's own tar code (src/sandboxd/tar.h):
+// up, WriteTar of the local directory into UploadTar; down, DownloadTar into the same
+// confined ExtractTar the daemon uses, since the archive comes from a sandbox (no entry
+// outside LOCAL, no link followed, no device, no setuid bit).
+absl::StatusOr<int> UploadDir(Client& client, const std::string& local, const RemotePath& remote) {
+  sandboxd::UniqueFd dir(::open(local.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return ErrnoStatus(errno, absl::StrCat("\"", local, "\""));
+  std::unique_ptr<grpc::ClientContext> call = client.NewContext(kTransferDeadline);
+  v1::UploadResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadRequest>> writer =
+      client.sandboxes().UploadTar(call.get(), &resp);
+  v1::UploadRequest first;
+  first.mutable_start()->set_claim_id(remote.claim_id);
+  first.mutable_start()->set_path(remote.path);
+  bool ok = writer->Write(first);
+  std::string pending;
+  auto flush = [&](size_t keep_below) {
+    while (ok && pending.size() >= std::max<size_t>(keep_below, 1)) {
+      const size_t n = std::min(pending.size(), kFileChunk);
+      v1::UploadRequest msg;
+      msg.set_chunk(pending.substr(0, n));
+      pending.erase(0, n);
+      ok = writer->Write(msg);
+    }
+    return ok;
+  };
+  absl::Status local_error = sandboxd::WriteTar(dir.get(), [&](absl::string_view data) {
+    pending.append(data.data(), data.size());
+    return flush(kFileChunk);
+  });
+  if (local_error.ok() && flush(0)) {
+    v1::UploadRequest finish;
+    finish.set_finish(true);
+    writer->Write(finish);
+    writer->WritesDone();
+  } else if (!local_error.ok() && !absl::IsCancelled(local_error)) {
+    call->TryCancel();
+  }
+  const grpc::Status finished = writer->Finish();
+  if (!local_error.ok() && !absl::IsCancelled(local_error)) return local_error;
+  if (absl::Status status = FromGrpc(finished, *call); !status.ok()) return status;
+  return 0;
+}
+
+absl::StatusOr<int> DownloadDir(Client& client, const RemotePath& remote,
+                                const std::string& local) {
+  if (::mkdir(local.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, absl::StrCat("creating \"", local, "\""));
+  }
+  sandboxd::UniqueFd dir(::open(local.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) return ErrnoStatus(errno, absl::StrCat("\"", local, "\""));
+  std::unique_ptr<grpc::ClientContext> call = client.NewContext(kTransferDeadline);
+  v1::DownloadRequest req;
+  req.set_claim_id(remote.claim_id);
+  req.set_path(remote.path);
+  std::unique_ptr<grpc::ClientReader<v1::DownloadChunk>> reader =
+      client.sandboxes().DownloadTar(call.get(), req);
+  absl::StatusOr<sandboxd::TarResult> result = sandboxd::ExtractTar(
+      dir.get(),
+      [&](std::string& chunk) {
+        v1::DownloadChunk c;
+        if (!reader->Read(&c)) return false;
+        chunk = std::move(*c.mutable_data());
+        return true;
+      },
+      sandboxd::TarLimits{}, /*use_openat2=*/true);
+  if (!result.ok()) call->TryCancel();
+  v1::DownloadChunk rest;
+  while (reader->Read(&rest)) {
+  }
+  const grpc::Status finished = reader->Finish();
+  if (absl::Status status = FromGrpc(finished, *call); !status.ok() && result.ok()) return status;
+  if (!result.ok()) {
+    return absl::Status(result.status().code(), absl::StrCat("extracting into \"", local,
+                                                             "\": ", result.status().message()));
+  }
+  return 0;
+}
+
+absl::StatusOr<int> RunCp(Context& ctx, const std::string& from, const std::string& to,
+                          bool recursive) {
   const std::optional<RemotePath> src = ParseRemote(from);
   const std::optional<RemotePath> dst = ParseRemote(to);
   if (src.has_value() == dst.has_value()) {
@@ -462,8 +561,15 @@ absl::StatusOr<int> RunCp(Context& ctx, const std::string& from, const std::stri
         absl::StrCat("cp copies between this machine and a sandbox: exactly one of \"", from,
                      "\" and \"", to, "\" must be ID:PATH"));
   }
+  if (recursive && (from == "-" || to == "-")) {
+    return UsageError("cp -r copies directories; '-' (stdin, stdout) is for one file");
+  }
   auto connected = ctx.Connect();
   if (!connected.ok()) return connected.status();
+  if (recursive) {
+    if (dst.has_value()) return UploadDir(**connected, from, *dst);
+    return DownloadDir(**connected, *src, to);
+  }
   if (dst.has_value()) return Upload(ctx, **connected, from, *dst);
   return Download(ctx, **connected, *src, to);
 }
@@ -585,15 +691,20 @@ void AddSandboxCommands(CLI::App& app, Context& ctx, Actions& actions) {
   {
     auto from = std::make_shared<std::string>();
     auto to = std::make_shared<std::string>();
+    auto recursive = std::make_shared<bool>(false);
     CLI::App* sub = app.add_subcommand(
         "cp",
-        "Copy one file between this machine and a sandbox:\n"
+        "Copy a file (or with -r a directory) between this machine and a sandbox:\n"
         "  sbx cp LOCAL ID:PATH   (ID:DIR/ or ID: keeps the local name; keeps the file mode)\n"
         "  sbx cp ID:PATH LOCAL   (LOCAL may be a directory)\n"
+        "  sbx cp -r DIR ID:DIR   (a tar stream; ID:/abs/path names the sandbox's root)\n"
         "'-' is stdin or stdout. A local path with ':' is written ./a:b.");
     sub->add_option("source", *from, "LOCAL, ID:PATH or -")->required();
     sub->add_option("destination", *to, "ID:PATH, LOCAL or -")->required();
-    actions[sub] = [&ctx, from, to] { return RunCp(ctx, *from, *to); };
+    sub->add_flag("-r,--recursive", *recursive,
+                  "Copy a directory (as a tar stream; extracted beneath the destination, links "
+                  "never followed, devices skipped, setuid bits cleared)");
+    actions[sub] = [&ctx, from, to, recursive] { return RunCp(ctx, *from, *to, *recursive); };
   }
   {
     auto id = std::make_shared<std::string>();

@@ -122,6 +122,9 @@ int main(int argc, char** argv) {
   app.add_option("--default_cwd", options.default_cwd,
                  "absolute folder where commands naming no cwd start (a sandbox image's "
                  "WorkingDir); default: the workspace");
+  app.add_option("--sandbox_root", options.sandbox_root,
+                 "the sandbox's root as its processes see it (\"/\" inside bubblewrap): absolute "
+                 "file paths resolve beneath it; default: absolute file paths are refused");
   app.add_option("--workspace", options.workspace,
                  "workspace directory (must exist); commands and file paths are relative to it")
       ->required()

@@ -129,6 +129,8 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
   }
   a.emplace_back(kSandboxdInside);
   for (std::string& x : DaemonArgs(id, kWorkspaceInside)) a.push_back(std::move(x));
+  // The daemon shares the sandbox's mount namespace: its "/" is the sandbox's root.
+  a.insert(a.end(), {"--sandbox_root", "/"});
   // Commands that name no cwd start in the image's WorkingDir.
   if (!image.working_dir.empty()) a.insert(a.end(), {"--default_cwd", image.working_dir});
   return a;
@@ -292,6 +294,8 @@ absl::StatusOr<std::vector<std::string>> SandboxArgv(const std::string& id, cons
   for (const auto& [k, v] : spec.env) a.insert(a.end(), {"--setenv", k, v});
   a.insert(a.end(), {"--chdir", kWorkspaceInside, kSandboxdInside});
   for (std::string& x : DaemonArgs(id, kWorkspaceInside)) a.push_back(std::move(x));
+  // The daemon shares the sandbox's mount namespace: its "/" is the sandbox's root.
+  a.insert(a.end(), {"--sandbox_root", "/"});
   return a;
 }
 

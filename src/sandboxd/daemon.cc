@@ -218,7 +218,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // Writing to a pipe whose reader (a command) has gone must give EPIPE, not kill us.
   ::signal(SIGPIPE, SIG_IGN);
 
-  auto workspace = Workspace::Open(options.workspace, options.max_file_bytes, options.use_openat2);
+  auto workspace = Workspace::Open(options.workspace, options.max_file_bytes, options.use_openat2,
+                                   options.sandbox_root);
   if (!workspace.ok()) return workspace.status();
 
   struct stat st;

@@ -57,6 +57,11 @@ struct DaemonOptions {
   // The workspace directory: commands start there and every file path is relative to
   // it. Required; must exist.
   std::string workspace;
+  // The sandbox's root as its processes see it, where absolute file paths resolve
+  // (RESOLVE_IN_ROOT). Inside bubblewrap the daemon shares the sandbox's mount namespace,
+  // so the runtime passes "/". Empty: absolute file paths are refused (a daemon running
+  // without isolation must not reach the host's files).
+  std::string sandbox_root;
   // Where commands that name no cwd start instead of the workspace: an absolute folder
   // (a sandbox image's WorkingDir). Empty: the workspace.
   std::string default_cwd;

@@ -68,6 +68,43 @@ class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackServic
                                       const v1::ListFilesRequest* request,
                                       v1::ListFilesResponse* response) override;
 
+  // Streamed files (file_service.cc).
+  grpc::ServerReadReactor<v1::UploadRequest>* UploadFile(grpc::CallbackServerContext* context,
+                                                         v1::UploadResponse* response) override;
+  grpc::ServerReadReactor<v1::UploadRequest>* UploadTar(grpc::CallbackServerContext* context,
+                                                        v1::UploadResponse* response) override;
+  grpc::ServerWriteReactor<v1::DownloadChunk>* DownloadFile(
+      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
+  grpc::ServerWriteReactor<v1::DownloadChunk>* DownloadTar(
+      grpc::CallbackServerContext* context, const v1::DownloadRequest* request) override;
+  grpc::ServerUnaryReactor* Stat(grpc::CallbackServerContext* context,
+                                 const v1::StatRequest* request,
+                                 v1::StatResponse* response) override;
+  grpc::ServerUnaryReactor* MakeDir(grpc::CallbackServerContext* context,
+                                    const v1::MakeDirRequest* request,
+                                    v1::MakeDirResponse* response) override;
+  grpc::ServerUnaryReactor* Move(grpc::CallbackServerContext* context,
+                                 const v1::MoveRequest* request,
+                                 v1::MoveResponse* response) override;
+  grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* context,
+                                   const v1::RemoveRequest* request,
+                                   v1::RemoveResponse* response) override;
+
+  grpc::ServerWriteReactor<v1::WatchDirEvent>* WatchDir(
+      grpc::CallbackServerContext* context, const v1::WatchDirRequest* request) override;
+  // inotify watches all WatchDir streams hold together (watch_service.cc).
+  static constexpr int kMaxWatches = 4096;
+  bool AcquireWatch();
+  void ReleaseWatches(int n);
+
+  // Streams (uploads, downloads) running at once; more are RESOURCE_EXHAUSTED. Each holds
+  // a thread and at most two chunks.
+  static constexpr int kMaxTransfers = 16;
+  const Workspace& workspace() const { return *workspace_; }
+  // Takes a transfer slot: false when kMaxTransfers run already.
+  bool AcquireTransfer();
+  void ReleaseTransfer();
+
   grpc::ServerWriteReactor<v1::ProcessEvent>* StartProcess(
       grpc::CallbackServerContext* context, const v1::StartProcessRequest* request) override;
   grpc::ServerWriteReactor<v1::ProcessEvent>* ConnectProcess(
@@ -118,6 +155,8 @@ class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackServic
   const std::string secret_;
   const std::string default_cwd_;
   mutable absl::Mutex mu_;
+  int transfers_ ABSL_GUARDED_BY(mu_) = 0;
+  int watches_ ABSL_GUARDED_BY(mu_) = 0;
   // The env of the last Configure.
   std::map<std::string, std::string> configured_env_ ABSL_GUARDED_BY(mu_);
 };

@@ -10,6 +10,14 @@
 //   walk component by component with O_NOFOLLOW; every symbolic link in a path is refused
 //   (stricter, never looser).
 //
+// Absolute paths: when the workspace is opened with a sandbox root (the sandbox's "/" as
+// its processes see it; the daemon runs inside the sandbox's mount namespace, so that is
+// the daemon's own "/"), a path beginning with "/" is resolved beneath that root with
+// openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS): an absolute symbolic link is read as
+// inside the root and ".." cannot climb above it. Without openat2 the walk is used from
+// the root (no links at all). Whatever resolves into a proc or sysfs filesystem is
+// refused (INVALID_ARGUMENT). Without a sandbox root, absolute paths are INVALID_ARGUMENT.
+//
 // Errors of every method: INVALID_ARGUMENT for a bad path (the message names it),
 // NOT_FOUND for a missing file or directory, FAILED_PRECONDITION for the wrong kind of
 // file ("is a directory", "is not a directory"), PERMISSION_DENIED for EACCES/EPERM,
@@ -18,6 +26,7 @@
 // Thread-safety: all methods may be called concurrently from any thread.
 // Lifetime: holds a descriptor of the workspace directory until destroyed.
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -79,8 +88,10 @@ class Workspace {
   // WriteFile and ReadFile. With `use_openat2` the kernel is probed once; when openat2 is
   // unavailable the component walk is used. NOT_FOUND / FAILED_PRECONDITION naming `root`
   // when it is missing or not a directory.
+  // `sandbox_root`: where absolute paths resolve (see above); empty: they are refused.
   static absl::StatusOr<std::unique_ptr<Workspace>> Open(const std::string& root,
-                                                         int64_t max_file_bytes, bool use_openat2);
+                                                         int64_t max_file_bytes, bool use_openat2,
+                                                         const std::string& sandbox_root = "");
 
   // Checks `path` (see the header comment) and returns its components. The empty path
   // (the workspace itself) is accepted only with `allow_root`. INVALID_ARGUMENT naming
@@ -108,28 +119,102 @@ class Workspace {
   // subdirectories (never through symbolic links).
   absl::StatusOr<ListResult> List(absl::string_view path, bool recursive) const;
 
+  // A file being written: a temporary file beside the target, renamed over it by Commit.
+  // Destroying it uncommitted removes the temporary file (a failed or cancelled upload
+  // leaves nothing). Not thread-safe; one writer.
+  class PendingFile {
+   public:
+    ~PendingFile();
+    PendingFile(const PendingFile&) = delete;
+    PendingFile& operator=(const PendingFile&) = delete;
+    // Appends `data`. RESOURCE_EXHAUSTED when the disk is full or more than the
+    // `max_bytes` given at creation would be written.
+    absl::Status Write(absl::string_view data);
+    // Sets the mode and renames the file into place; returns its size.
+    absl::StatusOr<int64_t> Commit();
+    int64_t written() const { return written_; }
+
+   private:
+    friend class Workspace;
+    PendingFile() = default;
+    UniqueFd parent_;
+    UniqueFd fd_;
+    std::string tmp_;
+    std::string leaf_;
+    std::string path_;
+    mode_t mode_ = 0644;
+    int64_t written_ = 0;
+    int64_t max_bytes_ = 0;
+    bool committed_ = false;
+  };
+
+  // Starts writing `path` (replacing it on Commit). `max_bytes` 0: no limit but the disk.
+  // Errors as WriteFile (append is not supported: INVALID_ARGUMENT).
+  absl::StatusOr<std::unique_ptr<PendingFile>> CreatePending(absl::string_view path,
+                                                             const WriteOptions& options,
+                                                             int64_t max_bytes) const;
+
+  // Opens the regular file `path` for reading; fills `st`. FAILED_PRECONDITION for a
+  // directory or another kind of file.
+  absl::StatusOr<UniqueFd> OpenRegular(absl::string_view path, struct stat* st) const;
+
+  // Describes `path` (the last component is not followed). The workspace itself ("") is
+  // allowed. Entry.path is the normalised path.
+  absl::StatusOr<Entry> Stat(absl::string_view path) const;
+
+  // Creates the directory `path` (mode 0: 0755). With `parents`, missing parents are
+  // created and an existing directory is fine. ALREADY_EXISTS, NOT_FOUND (parent).
+  absl::Status MakeDir(absl::string_view path, uint32_t mode, bool parents) const;
+
+  // Renames `from` to `to`. ALREADY_EXISTS when `to` exists and !overwrite.
+  absl::Status Move(absl::string_view from, absl::string_view to, bool overwrite,
+                    bool create_parents) const;
+
+  // Removes `path`; `recursive` removes a directory's contents first (links are removed,
+  // never followed). The workspace and the sandbox root themselves are INVALID_ARGUMENT.
+  absl::Status Remove(absl::string_view path, bool recursive) const;
+
+  // Opens the directory `path` for extraction (O_RDONLY), creating it and its parents
+  // when missing.
+  absl::StatusOr<UniqueFd> OpenOrCreateDirectory(absl::string_view path) const;
+
   const std::string& root() const { return root_; }
   int64_t max_file_bytes() const { return max_file_bytes_; }
   // True when paths are resolved with openat2(RESOLVE_BENEATH).
   bool uses_openat2() const { return use_openat2_; }
+  // True when absolute paths are accepted (a sandbox root was given).
+  bool has_sandbox_root() const { return sandbox_root_fd_.valid(); }
+
+  // A checked path: components, and whether they start at the sandbox root instead of
+  // the workspace.
+  struct Parsed {
+    bool absolute = false;
+    std::vector<std::string> parts;
+  };
+  // SplitPath, accepting absolute paths when there is a sandbox root.
+  absl::StatusOr<Parsed> ParsePath(absl::string_view what, absl::string_view path,
+                                   bool allow_root) const;
 
  private:
-  Workspace(std::string root, UniqueFd root_fd, int64_t max_file_bytes, bool use_openat2)
+  Workspace(std::string root, UniqueFd root_fd, UniqueFd sandbox_root_fd, int64_t max_file_bytes,
+            bool use_openat2)
       : root_(std::move(root)),
         root_fd_(std::move(root_fd)),
+        sandbox_root_fd_(std::move(sandbox_root_fd)),
         max_file_bytes_(max_file_bytes),
         use_openat2_(use_openat2) {}
 
-  // Opens the first `n` components of `parts` (n == 0: the workspace) with `flags`,
-  // confined to the workspace. Returns the descriptor, or -errno (-EXDEV: the path leads
-  // outside; -ELOOP: a symbolic link that is not allowed).
-  int OpenBeneath(const std::vector<std::string>& parts, size_t n, int flags, mode_t mode) const;
-  // The parent directory of `parts` as an O_PATH descriptor, creating it when asked.
-  absl::StatusOr<UniqueFd> OpenParent(absl::string_view path, const std::vector<std::string>& parts,
-                                      bool create) const;
+  // Opens the first `n` components of `p` (n == 0: the workspace or the sandbox root) with
+  // `flags`, confined to the workspace (or the sandbox root). Returns the descriptor, or
+  // -errno (-EXDEV: the path leads outside; -ELOOP: a symbolic link that is not allowed).
+  int OpenBeneath(const Parsed& p, size_t n, int flags, mode_t mode) const;
+  // The parent directory of `p` as an O_PATH descriptor, creating it when asked.
+  absl::StatusOr<UniqueFd> OpenParent(absl::string_view path, const Parsed& p, bool create) const;
 
   const std::string root_;
   const UniqueFd root_fd_;
+  // Invalid: no absolute paths.
+  const UniqueFd sandbox_root_fd_;
   const int64_t max_file_bytes_;
   const bool use_openat2_;
 };

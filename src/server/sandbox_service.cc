@@ -12,6 +12,7 @@
 #include "src/common/status_macros.h"
 #include "src/server/call.h"
 #include "src/server/convert.h"
+#include "src/server/daemon_call.h"
 
 namespace sbx::server {
 namespace {
@@ -30,20 +31,6 @@ constexpr absl::Duration kMaxExecTimeout = absl::Hours(24);
 constexpr size_t kMaxFileChunk = 1024 * 1024;
 constexpr int kDefaultListPage = 100;
 constexpr int kMaxListPage = 1000;
-// File calls to a daemon that hangs end after this, whatever the client's deadline.
-constexpr absl::Duration kFileCallTimeout = absl::Seconds(60);
-
-// A client context for a call to the daemon on behalf of `ctx`: the client's cancellation
-// and deadline carry over, and the call ends after `cap` at the latest.
-std::unique_ptr<grpc::ClientContext> DaemonContext(grpc::CallbackServerContext* ctx,
-                                                   std::optional<absl::Duration> cap) {
-  std::unique_ptr<grpc::ClientContext> c = grpc::ClientContext::FromCallbackServerContext(*ctx);
-  if (cap.has_value()) {
-    const auto limit = std::chrono::system_clock::now() + absl::ToChronoNanoseconds(*cap);
-    if (ctx->deadline() > limit) c->set_deadline(limit);
-  }
-  return c;
-}
 
 absl::Status CheckSignal(int signal) {
   switch (signal) {
@@ -497,44 +484,7 @@ grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* SandboxService::Exec
 
 // ---------------------------------------------------------------------------------------
 // Unary file calls: checked here, forwarded to the daemon, answered from its callback.
-namespace {
-
-template <typename Response, typename DaemonRequest, typename DaemonResponse>
-struct FileCall {
-  std::shared_ptr<Stub> stub;
-  std::unique_ptr<grpc::ClientContext> ctx;
-  DaemonRequest request;
-  DaemonResponse response;
-  store::ClaimRecord claim;
-  std::shared_ptr<AsyncUnary<Response>> call;
-};
-
-// Starts `invoke(stub, ctx, request, response, callback)` and finishes the client's call
-// with fill(daemon response, client response) or the daemon's error.
-// The daemon call ends after `cap` at the latest (nullopt: the client's deadline only).
-template <typename Response, typename DaemonRequest, typename DaemonResponse, typename Invoke,
-          typename Fill>
-grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* ctx, Response* resp,
-                                  std::shared_ptr<Stub> stub, store::ClaimRecord claim,
-                                  DaemonRequest request, Invoke invoke, Fill fill,
-                                  std::optional<absl::Duration> cap = kFileCallTimeout) {
-  auto* fc = new FileCall<Response, DaemonRequest, DaemonResponse>;
-  fc->stub = std::move(stub);
-  fc->ctx = DaemonContext(ctx, cap);
-  fc->request = std::move(request);
-  fc->claim = std::move(claim);
-  fc->call = AsyncUnary<Response>::Create(ctx, resp);
-  grpc::ServerUnaryReactor* reactor = fc->call->reactor();
-  invoke(fc->stub.get(), fc->ctx.get(), &fc->request, &fc->response,
-         [fc, fill = std::move(fill)](grpc::Status s) {
-           std::unique_ptr<FileCall<Response, DaemonRequest, DaemonResponse>> owned(fc);
-           owned->call->Complete(FromDaemon(s, owned->claim),
-                                 [&](Response* out) { return fill(owned->response, out); });
-         });
-  return reactor;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 grpc::ServerUnaryReactor* SandboxService::WriteFile(grpc::CallbackServerContext* ctx,
                                                     const v1::WriteFileRequest* req,

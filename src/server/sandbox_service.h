@@ -95,6 +95,26 @@ class SandboxService final : public sbx::v1::SandboxService::CallbackService {
   grpc::ServerUnaryReactor* Resume(grpc::CallbackServerContext* ctx, const v1::ResumeRequest* req,
                                    v1::ResumeResponse* resp) override;
 
+  // Streamed files (file_service.cc).
+  grpc::ServerReadReactor<v1::UploadRequest>* UploadFile(grpc::CallbackServerContext* ctx,
+                                                         v1::UploadResponse* resp) override;
+  grpc::ServerReadReactor<v1::UploadRequest>* UploadTar(grpc::CallbackServerContext* ctx,
+                                                        v1::UploadResponse* resp) override;
+  grpc::ServerWriteReactor<v1::DownloadChunk>* DownloadFile(
+      grpc::CallbackServerContext* ctx, const v1::DownloadRequest* req) override;
+  grpc::ServerWriteReactor<v1::DownloadChunk>* DownloadTar(grpc::CallbackServerContext* ctx,
+                                                           const v1::DownloadRequest* req) override;
+  grpc::ServerUnaryReactor* Stat(grpc::CallbackServerContext* ctx, const v1::StatRequest* req,
+                                 v1::StatResponse* resp) override;
+  grpc::ServerUnaryReactor* MakeDir(grpc::CallbackServerContext* ctx, const v1::MakeDirRequest* req,
+                                    v1::MakeDirResponse* resp) override;
+  grpc::ServerUnaryReactor* Move(grpc::CallbackServerContext* ctx, const v1::MoveRequest* req,
+                                 v1::MoveResponse* resp) override;
+  grpc::ServerUnaryReactor* Remove(grpc::CallbackServerContext* ctx, const v1::RemoveRequest* req,
+                                   v1::RemoveResponse* resp) override;
+  grpc::ServerWriteReactor<v1::WatchDirEvent>* WatchDir(grpc::CallbackServerContext* ctx,
+                                                        const v1::WatchDirRequest* req) override;
+
   grpc::ServerWriteReactor<v1::ProcessEvent>* StartProcess(
       grpc::CallbackServerContext* ctx, const v1::StartProcessRequest* req) override;
   grpc::ServerWriteReactor<v1::ProcessEvent>* ConnectProcess(

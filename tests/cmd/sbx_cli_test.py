@@ -692,6 +692,47 @@ class SandboxCliTest(CliTestCase):
         finally:
             p.kill()
 
+    def test_cp_large_file_directories_and_absolute_paths(self):
+        local = tempfile.mkdtemp(prefix="sbxcli-cpr-", dir="/tmp")
+        try:
+            # Above the unary calls' 64 MiB limit: only the streamed copy can move it.
+            big = os.path.join(local, "big.bin")
+            with open(big, "wb") as f:
+                for i in range(70):
+                    f.write(bytes([i]) * (1 << 20))
+            self.assertOk(sbx("cp", big, f"{self.claim}:/tmp/big.bin"))
+            back = os.path.join(local, "big.back")
+            self.assertOk(sbx("cp", f"{self.claim}:/tmp/big.bin", back))
+            with open(big, "rb") as a, open(back, "rb") as b:
+                self.assertTrue(a.read() == b.read(), "the 70 MiB file came back changed")
+            self.assertOk(sbx("exec", self.claim, "--", "rm", "/tmp/big.bin"))
+            # A directory both ways.
+            tree = os.path.join(local, "tree")
+            os.makedirs(os.path.join(tree, "sub"))
+            with open(os.path.join(tree, "sub", "a.txt"), "w") as f:
+                f.write("a")
+            os.symlink("sub/a.txt", os.path.join(tree, "link"))
+            self.assertOk(sbx("cp", "-r", tree, f"{self.claim}:proj"))
+            r = sbx("exec", self.claim, "--", "cat", "proj/link")
+            self.assertOk(r)
+            self.assertEqual(r.stdout, "a")
+            # Made in the sandbox: a link out, a FIFO, a setuid file; none arrive as such.
+            self.assertOk(sbx("exec", self.claim, "--", "sh", "-c",
+                              "ln -s /etc proj/etc; mkfifo proj/fifo; echo x > proj/suid; "
+                              "chmod 4755 proj/suid"))
+            out = os.path.join(local, "out")
+            self.assertOk(sbx("cp", "-r", f"{self.claim}:proj", out))
+            with open(os.path.join(out, "sub", "a.txt")) as f:
+                self.assertEqual(f.read(), "a")
+            self.assertEqual(os.readlink(os.path.join(out, "etc")), "/etc")  # a link, kept
+            self.assertFalse(os.path.exists(os.path.join(out, "fifo")))
+            self.assertEqual(stat.S_IMODE(os.stat(os.path.join(out, "suid")).st_mode), 0o755)
+            r = sbx("cp", "-r", "-", f"{self.claim}:x")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("'-'", r.stderr)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+
     def test_cp_round_trip_and_ls(self):
         local = tempfile.mkdtemp(prefix="sbxcli-cp-", dir="/tmp")
         try:

@@ -216,6 +216,39 @@ class ImageSandboxes:
             self.release(a)
             self.release(b)
 
+    # Absolute paths of the file API name files in the sandbox's copy-on-write root as its
+    # processes see it (issue 35): a write lands in its own layer, an absolute link is read
+    # inside the sandbox, and another sandbox of the image sees nothing.
+    def test_absolute_file_paths_resolve_in_the_sandboxs_root(self):
+        from sbx.v1 import sandboxes_pb2
+        a, b = self.claim("img"), self.claim("img")
+        try:
+            def upload(claim, path, data):
+                return self.sandboxes.UploadFile(iter([
+                    sandboxes_pb2.UploadRequest(start=sandboxes_pb2.UploadStart(
+                        claim_id=claim.claim_id, path=path, create_parents=True)),
+                    sandboxes_pb2.UploadRequest(chunk=data),
+                    sandboxes_pb2.UploadRequest(finish=True)]), timeout=30)
+
+            def download(claim, path):
+                return b"".join(c.data for c in self.sandboxes.DownloadFile(
+                    sandboxes_pb2.DownloadRequest(claim_id=claim.claim_id, path=path),
+                    timeout=30))
+
+            upload(a, "/home/user/hello.txt", b"hello")
+            code, out = self.sh(a, "cat /home/user/hello.txt")
+            self.assertEqual((code, out), (0, "hello"))
+            code, out = self.sh(b, "test -e /home/user/hello.txt || echo ABSENT")
+            self.assertIn("ABSENT", out)
+            self.assertIn(b"ID=sbx-test", download(a, "/etc/os-release"))
+            self.sh(a, "ln -s /etc /tmp/etc-link")
+            self.assertIn(b"ID=sbx-test", download(a, "/tmp/etc-link/os-release"))
+            with open("/etc/os-release", "rb") as f:
+                self.assertNotEqual(download(a, "/tmp/etc-link/os-release"), f.read())
+        finally:
+            self.release(a)
+            self.release(b)
+
     def test_the_layer_is_bounded_and_not_on_the_data_disk(self):
         c = self.claim("small")
         try:

@@ -414,13 +414,37 @@ call('unshare_user', 272, 0x10000000)                   # CLONE_NEWUSER
     def test_file_rpcs_stay_in_the_workspace(self):
         from sbx.v1 import sandboxes_pb2
         self.sh(f"ln -sf {self.canary} out; ln -sfn / root; ln -sfn /etc etc; true")
+        # Absolute paths (issue 35) name the sandbox's own files, as `cat` inside sees them:
+        # the host's canary is not there, and the links resolve inside the sandbox's root.
+        for path in (self.canary, "/run/sbx/workspace/out"):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.sandboxes.ReadFile(sandboxes_pb2.ReadFileRequest(claim_id=self.b_id, path=path),
+                                        metadata=TENANT_B, timeout=10)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, path)
+        code, inside = self.sh("cat /etc/passwd")
+        read_inside = lambda: self.sandboxes.ReadFile(sandboxes_pb2.ReadFileRequest(
+            claim_id=self.b_id, path="/run/sbx/workspace/etc/passwd"), metadata=TENANT_B,
+            timeout=10).content
+        if code == 0:
+            self.assertEqual(read_inside().decode(errors="replace"), inside)
+        else:  # an image without /etc/passwd
+            with self.assertRaises(grpc.RpcError) as e:
+                read_inside()
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
         for path in ("out", "root/etc/passwd", "etc/passwd", "../../etc/passwd",
-                     "/etc/passwd"):
+                     "/../etc/passwd"):
             with self.assertRaises(grpc.RpcError) as e:
                 self.sandboxes.ReadFile(sandboxes_pb2.ReadFileRequest(claim_id=self.b_id, path=path),
                                         metadata=TENANT_B, timeout=10)
             self.assertIn(e.exception.code(), (grpc.StatusCode.INVALID_ARGUMENT,
                                                grpc.StatusCode.NOT_FOUND), path)
+            try:
+                self.sandboxes.WriteFile(sandboxes_pb2.WriteFileRequest(
+                    claim_id=self.b_id, path=path, content=b"pwned"), metadata=TENANT_B,
+                    timeout=10)
+            except grpc.RpcError:
+                pass
+        for path in ("/etc/passwd", self.canary, "/run/sbx/workspace/out"):
             try:
                 self.sandboxes.WriteFile(sandboxes_pb2.WriteFileRequest(
                     claim_id=self.b_id, path=path, content=b"pwned"), metadata=TENANT_B,

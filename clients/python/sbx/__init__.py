@@ -14,7 +14,8 @@ from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo,
                          PoolInfo, PoolStatus, RetryPolicy, new_claim_id)
 from sbx.aio import (AsyncClaimWatch, AsyncClient, AsyncExecStream, AsyncFiles, AsyncSandbox,
                      AsyncSandboxGroup)
-from sbx.client import ClaimWatch, Client, ExecStream, Files, Sandbox, SandboxGroup
+from sbx.client import (ClaimWatch, Client, ExecStream, FileEvent, Files, FileWatch, Sandbox,
+                        SandboxGroup)
 from sbx.errors import (Aborted, AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition,
                         Internal, InvalidArgument, NotFound, OutOfRange, PermissionDenied,
                         PoolExhausted, ResourceExhausted, SbxError, Unauthenticated,
@@ -23,7 +24,8 @@ from sbx.errors import (Aborted, AlreadyExists, Cancelled, DeadlineExceeded, Fai
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Sandbox", "SandboxGroup", "Files", "ExecStream", "ClaimWatch",
+    "Client", "Sandbox", "SandboxGroup", "Files", "FileWatch", "FileEvent", "ExecStream",
+    "ClaimWatch",
     "AsyncClient", "AsyncSandbox", "AsyncSandboxGroup", "AsyncFiles", "AsyncExecStream",
     "AsyncClaimWatch",
     "ExecResult", "ExecChunk", "FileInfo", "ClaimInfo", "ClaimEvent", "PoolInfo", "PoolStatus",

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import logging
+import os
+import tarfile
+import tempfile
 import time
 from typing import (Any, AsyncIterator, Awaitable, Callable, Generator, Generic, List,
                     Mapping, Optional, Sequence, TypeVar, Union, overload)
@@ -20,7 +24,8 @@ import grpc.aio
 from sbx import _common as c
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
                          PoolInfo, RetryPolicy)
-from sbx.client import _check_rm, _exists_from_error, _rm_argv
+from sbx.client import (_check_rm, _exists_from_error, _extract_plain, _rm_argv,
+                        _upload_messages)
 from sbx.errors import FailedPrecondition, NotFound, SbxError, from_rpc_error
 from sbx.v1 import (admin_pb2, admin_pb2_grpc, claims_pb2, claims_pb2_grpc, diagnostics_pb2,
                     diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc)
@@ -573,3 +578,108 @@ class AsyncFiles:
     async def remove(self, path: str, *, recursive: bool = False) -> None:
         """As sbx.Files.remove (runs `rm` through exec: sbx has no delete call)."""
         _check_rm(path, await self._sb.exec(_rm_argv(path, recursive), timeout=60))
+
+    # ---- streamed files: as sbx.Files (any size, constant memory; absolute paths name
+    # the sandbox's own root). Local file reads and writes are small blocking calls.
+
+    async def _upload(self, method: Callable, start, f, timeout: Optional[float]):
+        cl = self._sb._client
+        try:
+            return await method(_upload_messages(start, f),
+                                timeout=3600.0 if timeout is None else timeout,
+                                metadata=cl._md)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def _download(self, method: Callable, req, out, timeout: Optional[float]) -> int:
+        cl = self._sb._client
+        n = 0
+        try:
+            async for chunk in method(req, timeout=3600.0 if timeout is None else timeout,
+                                      metadata=cl._md):
+                out.write(chunk.data)
+                n += len(chunk.data)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return n
+
+    async def upload(self, path: str, source, *, mode: Optional[int] = None,
+                     make_parents: bool = True, timeout: Optional[float] = None) -> int:
+        """As sbx.Files.upload."""
+        if isinstance(source, str):
+            with open(source, "rb") as f:
+                if mode is None:
+                    mode = os.fstat(f.fileno()).st_mode & 0o7777
+                return await self.upload(path, f, mode=mode, make_parents=make_parents,
+                                         timeout=timeout)
+        f = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) \
+            else source
+        start = sandboxes_pb2.UploadStart(claim_id=self._sb.claim_id, path=path,
+                                          mode=mode or 0, create_parents=make_parents)
+        cl = self._sb._client
+        return (await self._upload(cl._sandboxes.UploadFile, start, f, timeout)).bytes
+
+    async def download(self, path: str, dest=None, *, timeout: Optional[float] = None):
+        """As sbx.Files.download: the content, or the bytes written into `dest`."""
+        cl = self._sb._client
+        req = sandboxes_pb2.DownloadRequest(claim_id=self._sb.claim_id, path=path)
+        if dest is None:
+            buf = io.BytesIO()
+            await self._download(cl._sandboxes.DownloadFile, req, buf, timeout)
+            return buf.getvalue()
+        if isinstance(dest, str):
+            folder = os.path.dirname(os.path.abspath(dest))
+            fd, temp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(dest) + ".sbx-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    n = await self._download(cl._sandboxes.DownloadFile, req, f, timeout)
+                os.replace(temp, dest)
+                return n
+            except BaseException:
+                os.unlink(temp)
+                raise
+        return await self._download(cl._sandboxes.DownloadFile, req, dest, timeout)
+
+    async def upload_dir(self, local_dir: str, path: str = "", *,
+                         timeout: Optional[float] = None) -> int:
+        """As sbx.Files.upload_dir; returns the number of entries."""
+        cl = self._sb._client
+        with tempfile.TemporaryFile() as spool:
+            with tarfile.open(fileobj=spool, mode="w") as t:
+                for name in sorted(os.listdir(local_dir)):
+                    t.add(os.path.join(local_dir, name), arcname=name)
+            spool.seek(0)
+            start = sandboxes_pb2.UploadStart(claim_id=self._sb.claim_id, path=path)
+            return (await self._upload(cl._sandboxes.UploadTar, start, spool, timeout)).entries
+
+    async def download_tar(self, path: str, dest, *, timeout: Optional[float] = None) -> int:
+        """As sbx.Files.download_tar (`dest` a binary file object)."""
+        cl = self._sb._client
+        req = sandboxes_pb2.DownloadRequest(claim_id=self._sb.claim_id, path=path)
+        return await self._download(cl._sandboxes.DownloadTar, req, dest, timeout)
+
+    async def download_dir(self, path: str, local_dir: str, *,
+                           timeout: Optional[float] = None) -> int:
+        """As sbx.Files.download_dir (directories and regular files only, never a link)."""
+        with tempfile.TemporaryFile() as spool:
+            await self.download_tar(path, spool, timeout=timeout)
+            spool.seek(0)
+            return _extract_plain(spool, local_dir)
+
+    async def stat(self, path: str) -> FileInfo:
+        cl = self._sb._client
+        return FileInfo.from_proto((await cl._call(cl._sandboxes.Stat, sandboxes_pb2.StatRequest(
+            claim_id=self._sb.claim_id, path=path))).file)
+
+    async def make_dir(self, path: str, *, parents: bool = True,
+                       mode: Optional[int] = None) -> None:
+        cl = self._sb._client
+        await cl._call(cl._sandboxes.MakeDir, sandboxes_pb2.MakeDirRequest(
+            claim_id=self._sb.claim_id, path=path, parents=parents, mode=mode or 0))
+
+    async def move(self, src: str, dst: str, *, overwrite: bool = False,
+                   make_parents: bool = False) -> None:
+        cl = self._sb._client
+        await cl._call(cl._sandboxes.Move, sandboxes_pb2.MoveRequest(
+            claim_id=self._sb.claim_id, to=dst, overwrite=overwrite,
+            create_parents=make_parents, **{"from": src}), retry=False)

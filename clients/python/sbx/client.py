@@ -8,11 +8,17 @@ Sandbox handle too, except that one ExecStream belongs to one thread at a time.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
+import os
 import queue
+import shutil
+import tarfile
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Union, overload
+from typing import (BinaryIO, Callable, Iterator, List, Mapping, Optional, Sequence, Union,
+                    overload)
 
 import grpc
 
@@ -118,6 +124,27 @@ class Client:
                 retried_for = err
                 log.debug("sbx: %s, retry %d in %.3f s", err, attempt, pause)
                 time.sleep(pause)
+
+    def _call_stream(self, method: Callable, messages, timeout: Optional[float]):
+        """A client-streamed call (uploads), without retries: its messages are consumed
+        once. `timeout` None: an hour (a transfer of any size may take long)."""
+        try:
+            return method(messages, timeout=3600.0 if timeout is None else timeout,
+                          metadata=self._md)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def _read_stream(self, method: Callable, request, out, timeout: Optional[float]) -> int:
+        """A server-streamed download into the binary file `out`; returns the bytes."""
+        n = 0
+        try:
+            for chunk in method(request, timeout=3600.0 if timeout is None else timeout,
+                                metadata=self._md):
+                out.write(chunk.data)
+                n += len(chunk.data)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return n
 
     def _claim_deadline(self, wait: Optional[float], policy: Optional[str],
                         timeout: Optional[float], image: Optional[str] = None) -> float:
@@ -661,6 +688,122 @@ class Files:
         argv = _rm_argv(path, recursive)
         _check_rm(path, self._sb.exec(argv, timeout=60))
 
+    # ---- streamed files (UploadFile, DownloadFile, UploadTar, DownloadTar): any size,
+    # constant memory. Paths may be absolute ("/home/user/x": the sandbox's own root).
+
+    def upload(self, path: str, source: Union[str, bytes, BinaryIO], *,
+               mode: Optional[int] = None, make_parents: bool = True,
+               timeout: Optional[float] = None) -> int:
+        """Streams `source` (a local file name, bytes, or a binary file object) to `path`
+        in 1 MiB chunks; the sandbox renames it into place only when the whole stream
+        arrived (a failed upload leaves nothing). Returns the bytes written."""
+        cl = self._sb._client
+        if isinstance(source, str):
+            with open(source, "rb") as f:
+                if mode is None:
+                    mode = os.fstat(f.fileno()).st_mode & 0o7777
+                return self.upload(path, f, mode=mode, make_parents=make_parents,
+                                   timeout=timeout)
+        f = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) \
+            else source
+        start = sandboxes_pb2.UploadStart(claim_id=self._sb.claim_id, path=path,
+                                          mode=mode or 0, create_parents=make_parents)
+        return cl._call_stream(cl._sandboxes.UploadFile, _upload_messages(start, f),
+                               timeout).bytes
+
+    def download(self, path: str, dest: Union[str, BinaryIO, None] = None, *,
+                 timeout: Optional[float] = None) -> Union[bytes, int]:
+        """Streams a file out of the sandbox: into `dest` (a local file name, written
+        beside and renamed at the end, or a binary file object), returning the bytes
+        written; without `dest`, returns the content."""
+        cl = self._sb._client
+        req = sandboxes_pb2.DownloadRequest(claim_id=self._sb.claim_id, path=path)
+        if dest is None:
+            buf = io.BytesIO()
+            cl._read_stream(cl._sandboxes.DownloadFile, req, buf, timeout)
+            return buf.getvalue()
+        if isinstance(dest, str):
+            return _download_to_name(lambda f: cl._read_stream(
+                cl._sandboxes.DownloadFile, req, f, timeout), dest)
+        return cl._read_stream(cl._sandboxes.DownloadFile, req, dest, timeout)
+
+    def upload_dir(self, local_dir: str, path: str = "", *,
+                   timeout: Optional[float] = None) -> int:
+        """Sends the local directory `local_dir` as a tar stream and extracts it into
+        `path` (created when missing; "" the workspace). The tar is spooled to a
+        temporary file first (constant memory). Returns the number of entries."""
+        cl = self._sb._client
+        with tempfile.TemporaryFile() as spool:
+            with tarfile.open(fileobj=spool, mode="w") as t:
+                for name in sorted(os.listdir(local_dir)):
+                    t.add(os.path.join(local_dir, name), arcname=name)
+            spool.seek(0)
+            start = sandboxes_pb2.UploadStart(claim_id=self._sb.claim_id, path=path)
+            return cl._call_stream(cl._sandboxes.UploadTar, _upload_messages(start, spool),
+                                   timeout).entries
+
+    def download_tar(self, path: str, dest: Union[str, BinaryIO], *,
+                     timeout: Optional[float] = None) -> int:
+        """Streams the sandbox's directory `path` as a tar archive into `dest` (a file
+        name or a binary file object); returns its size."""
+        cl = self._sb._client
+        req = sandboxes_pb2.DownloadRequest(claim_id=self._sb.claim_id, path=path)
+        if isinstance(dest, str):
+            return _download_to_name(lambda f: cl._read_stream(
+                cl._sandboxes.DownloadTar, req, f, timeout), dest)
+        return cl._read_stream(cl._sandboxes.DownloadTar, req, dest, timeout)
+
+    def download_dir(self, path: str, local_dir: str, *,
+                     timeout: Optional[float] = None) -> int:
+        """Downloads the sandbox's directory `path` into `local_dir` (created). The archive
+        comes from the sandbox and is treated as hostile: only directories and regular
+        files are extracted (links, devices and FIFOs are skipped), names that are
+        absolute or contain ".." are refused (InvalidArgument), and modes keep only their
+        permission bits. Returns the number of files and directories written."""
+        with tempfile.TemporaryFile() as spool:
+            self.download_tar(path, spool, timeout=timeout)
+            spool.seek(0)
+            return _extract_plain(spool, local_dir)
+
+    def stat(self, path: str) -> FileInfo:
+        """Describes `path` (a symbolic link is described, not followed). NotFound."""
+        cl = self._sb._client
+        return FileInfo.from_proto(cl._call(cl._sandboxes.Stat, sandboxes_pb2.StatRequest(
+            claim_id=self._sb.claim_id, path=path)).file)
+
+    def make_dir(self, path: str, *, parents: bool = True, mode: Optional[int] = None) -> None:
+        """Creates a directory (parents=True: mkdir -p)."""
+        cl = self._sb._client
+        cl._call(cl._sandboxes.MakeDir, sandboxes_pb2.MakeDirRequest(
+            claim_id=self._sb.claim_id, path=path, parents=parents, mode=mode or 0))
+
+    def watch(self, path: str = "", *, recursive: bool = False,
+              timeout: Optional[float] = None) -> "FileWatch":
+        """Streams changes below the directory `path` (WatchDir): iterate the returned
+        FileWatch for FileEvent(type, path, is_dir), type one of "create", "write",
+        "remove", "rename" (the old name) and "chmod" ("overflow" when events were lost).
+        The watch is set up when this returns. Cancel it (or leave its `with` block) to
+        stop; it ends by itself when the directory is removed."""
+        cl = self._sb._client
+        call = cl._sandboxes.WatchDir(sandboxes_pb2.WatchDirRequest(
+            claim_id=self._sb.claim_id, path=path, recursive=recursive),
+            timeout=timeout, metadata=cl._md)
+        try:
+            first = next(call)  # `ready`
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        except StopIteration:
+            pass
+        return FileWatch(call)
+
+    def move(self, src: str, dst: str, *, overwrite: bool = False,
+             make_parents: bool = False) -> None:
+        """Renames `src` to `dst` inside the sandbox (AlreadyExists unless overwrite)."""
+        cl = self._sb._client
+        cl._call(cl._sandboxes.Move, sandboxes_pb2.MoveRequest(
+            claim_id=self._sb.claim_id, to=dst, overwrite=overwrite,
+            create_parents=make_parents, **{"from": src}), retry=False)
+
 
 def _exists_from_error(e: SbxError) -> bool:
     if not c.is_file_level_error(e.message):
@@ -685,3 +828,95 @@ def _check_rm(path: str, r: ExecResult) -> None:
     if "No such file" in r.stderr:
         raise NotFound(msg)
     raise FailedPrecondition(msg)
+
+
+def _upload_messages(start, f) -> Iterator[sandboxes_pb2.UploadRequest]:
+    yield sandboxes_pb2.UploadRequest(start=start)
+    while True:
+        data = f.read(c.CHUNK)
+        if not data:
+            break
+        yield sandboxes_pb2.UploadRequest(chunk=data)
+    # The explicit end: without it the sandbox keeps nothing (a cut stream never commits).
+    yield sandboxes_pb2.UploadRequest(finish=True)
+
+
+def _download_to_name(fill: Callable, dest: str) -> int:
+    """Writes through `fill(file)` into a temporary file beside `dest`, renamed at the end."""
+    folder = os.path.dirname(os.path.abspath(dest))
+    fd, temp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(dest) + ".sbx-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            n = fill(f)
+        os.replace(temp, dest)
+        return n
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+def _extract_plain(f, local_dir: str) -> int:
+    """Extracts directories and regular files of the tar `f` under `local_dir`; never
+    creates a link, so nothing the archive holds can redirect a later entry."""
+    os.makedirs(local_dir, exist_ok=True)
+    written = 0
+    with tarfile.open(fileobj=f, mode="r|") as t:
+        for m in t:
+            parts = m.name.split("/")
+            if m.name.startswith("/") or ".." in parts:
+                raise InvalidArgument(f"tar entry {m.name!r} leaves the directory")
+            parts = [p for p in parts if p not in ("", ".")]
+            if not parts:
+                continue
+            target = os.path.join(local_dir, *parts)
+            if m.isdir():
+                os.makedirs(target, exist_ok=True)
+            elif m.isreg():
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                src = t.extractfile(m)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                             0o600)
+                with os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(src, out, c.CHUNK)
+                os.chmod(target, m.mode & 0o777)
+            else:
+                continue
+            written += 1
+    return written
+
+
+@dataclasses.dataclass(frozen=True)
+class FileEvent:
+    """One change WatchDir reported."""
+    type: str  # "create", "write", "remove", "rename", "chmod" or "overflow"
+    path: str
+    is_dir: bool = False
+
+
+class FileWatch:
+    """The stream of sbx.Files.watch; iterate it for FileEvents."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[FileEvent]:
+        try:
+            for e in self._call:
+                if e.overflow:
+                    yield FileEvent("overflow", "")
+                elif not e.ready:
+                    kind = sandboxes_pb2.FileEventType.Name(e.type)
+                    yield FileEvent(kind.replace("FILE_EVENT_", "").lower(), e.path, e.is_dir)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise from_rpc_error(e) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    def __enter__(self) -> "FileWatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()

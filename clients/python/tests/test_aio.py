@@ -89,6 +89,20 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
                 return (await sb.exec(f"kill -0 {pid}")).exit_code != 0
             self.assertTrue(await eventually(gone), f"pid {pid} survived the cancel")
 
+    async def test_streamed_files(self):
+        async with self.client.claim("default") as sb:
+            big = os.urandom(3 * 1024 * 1024 + 5)
+            self.assertEqual(await sb.files.upload("/tmp/big.bin", big), len(big))
+            self.assertEqual(await sb.files.download("/tmp/big.bin"), big)
+            self.assertEqual((await sb.files.stat("/tmp/big.bin")).size, len(big))
+            await sb.files.make_dir("/tmp/d/e")
+            await sb.files.move("/tmp/big.bin", "/tmp/d/e/big.bin")  # same filesystem
+            self.assertEqual((await sb.files.stat("/tmp/d/e/big.bin")).size, len(big))
+            with self.assertRaises(sbx.FailedPrecondition):  # /tmp and the workspace differ
+                await sb.files.move("/tmp/d/e/big.bin", "big.bin")
+            with self.assertRaises(sbx.NotFound):
+                await sb.files.download("/tmp/big.bin")
+
     async def test_files(self):
         async with self.client.claim("default") as sb:
             self.assertEqual(await sb.files.write("a/b.txt", "hello"), 5)

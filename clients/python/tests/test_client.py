@@ -5,6 +5,7 @@ sandbox calls."""
 
 import os
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -128,6 +129,40 @@ class ClientTest(unittest.TestCase):
                 pid = p.pid
             gone = eventually(lambda: sb.exec(f"kill -0 {pid}").exit_code != 0)
             self.assertTrue(gone, f"pid {pid} still runs after the stream was cancelled")
+
+    def test_streamed_files(self):
+        with self.client.claim("default") as sb, tempfile.TemporaryDirectory() as tmp:
+            big = os.urandom(5 * 1024 * 1024 + 7)  # more than one message may carry
+            self.assertEqual(sb.files.upload("/tmp/big.bin", big, mode=0o640), len(big))
+            self.assertEqual(sb.files.download("/tmp/big.bin"), big)
+            self.assertEqual(sb.files.stat("/tmp/big.bin").mode & 0o777, 0o640)
+            local = os.path.join(tmp, "back.bin")
+            self.assertEqual(sb.files.download("/tmp/big.bin", local), len(big))
+            with open(local, "rb") as f:
+                self.assertEqual(f.read(), big)
+            src = os.path.join(tmp, "src")
+            os.makedirs(os.path.join(src, "sub"))
+            with open(os.path.join(src, "sub", "x.txt"), "w") as f:
+                f.write("x")
+            self.assertEqual(sb.files.upload_dir(src, "proj"), 2)
+            self.assertEqual(sb.files.read("proj/sub/x.txt"), b"x")
+            sb.files.make_dir("proj/empty")
+            sb.files.move("proj/sub/x.txt", "proj/y.txt")
+            out = os.path.join(tmp, "out")
+            self.assertEqual(sb.files.download_dir("proj", out), 3)  # empty/, sub/, y.txt
+            with open(os.path.join(out, "y.txt")) as f:
+                self.assertEqual(f.read(), "x")
+            with self.assertRaises(sbx.NotFound):
+                sb.files.download("nope")
+            with sb.files.watch("proj", recursive=True) as w:
+                sb.files.upload("proj/new.txt", b"n")
+                sb.files.remove("proj/new.txt")
+                seen = []
+                for e in w:
+                    seen.append((e.type, e.path))
+                    if (e.type, e.path) == ("remove", "proj/new.txt"):
+                        break
+            self.assertIn(("create", "proj/new.txt"), seen)
 
     def test_files(self):
         with self.client.claim("default") as sb:
