@@ -74,7 +74,9 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
       ->capture_default_str();
   app.add_flag("--kube_claim_annotations", flags->claim_annotations,
                "write upstream's SandboxClaim annotations agents.x-k8s.io/sandbox-name and "
-               "controller-first-observed-at (one or two more writes per claim)");
+               "controller-first-observed-at, as upstream does by default (one or two more "
+               "writes per claim; =false: none)")
+      ->capture_default_str();
   app.add_option("--kube_node_labels", flags->node_labels,
                  "watch Nodes (cluster-wide list and watch) so that sandboxes carry their "
                  "node's labels, which a claim's node_preference matches (false: none)")
