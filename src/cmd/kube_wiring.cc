@@ -293,6 +293,7 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     k8s::WarmPoolControllerOptions pool_options;
     pool_options.namespaces = namespaces;
     pool_options.is_leader = is_leader;
+    pool_options.registry = flags.registry;
     kube.pools_ = std::make_unique<k8s::WarmPoolController>(
         client, kube.writes_.get(), &sandboxes->sandbox_informer(), pool_options);
     k8s::ClaimControllerOptions claim_options;
@@ -332,6 +333,7 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
   k8s::TemplateControllerOptions template_options;
   template_options.ns = flags.ns;
   template_options.is_leader = [sandboxes] { return sandboxes->IsLeader(); };
+  template_options.registry = flags.registry;
   template_options.network_policy.server_pod_labels = std::move(server_pod_labels);
   template_options.network_policy.server_namespace = ServerNamespace(flags, cluster);
   kube.templates_ = std::make_unique<k8s::TemplateController>(client, template_options);

@@ -11,6 +11,7 @@
 #include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
+#include "src/k8s/controller_metrics.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/thread_priority.h"
@@ -46,7 +47,11 @@ class SandboxControllerMetrics {
         sandboxes_(prometheus::BuildGauge()
                        .Name("agent_sandboxes")
                        .Help("Sandbox objects by Ready condition, launch type and template")
-                       .Register(*registry_)) {}
+                       .Register(*registry_)),
+        reconciles_(*registry_, kSandboxControllerName) {}
+
+  // controller-runtime's names for the same (upstream's dashboards read them).
+  ReconcileMetrics& reconciles() { return reconciles_; }
 
   prometheus::Histogram& duration() { return duration_; }
   // Counts `sandbox` in (+1) or out (-1) of agent_sandboxes, with upstream's labels.
@@ -99,6 +104,7 @@ class SandboxControllerMetrics {
   prometheus::Gauge& depth_;
   prometheus::Family<prometheus::Histogram>& creation_;
   prometheus::Family<prometheus::Gauge>& sandboxes_;
+  ReconcileMetrics reconciles_;
 };
 
 namespace {
@@ -298,6 +304,7 @@ void SandboxController::Worker() {
   std::string key;
   while (queue_.Get(&key)) {
     metrics_->depth().Set(static_cast<double>(queue_.Depth()));
+    metrics_->reconciles().SetDepth(queue_.Depth());
     if (!IsLeader()) {
       // The leader reconciles; a new leader requeues every Sandbox when it starts.
       queue_.Forget(key);
@@ -308,6 +315,8 @@ void SandboxController::Worker() {
     const absl::Time start = absl::Now();
     absl::Status status = Reconcile(key);
     metrics_->duration().Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->reconciles().Reconciled(status.ok() ? ReconcileMetrics::Result::kSuccess
+                                                  : ReconcileMetrics::Result::kError);
     if (status.ok()) {
       queue_.Forget(key);
     } else {
