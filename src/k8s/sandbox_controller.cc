@@ -446,6 +446,16 @@ absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json&
   const bool ours = existing != nullptr && ControllerUid(*existing) == uid;
   if (wanted) {
     if (ours) return std::optional<Json>(*existing);
+    if (existing != nullptr && MayAdopt(sandbox, *existing, Adoptee::kService)) {
+      // As upstream: one left by `kubectl delete --cascade=orphan` of an earlier Sandbox
+      // of this name (it carries the tracking label) is taken over, not refused.
+      absl::StatusOr<Json> adopted =
+          client_->Patch(kServices, ns, name, PatchType::kMerge,
+                         AdoptionPatch(sandbox, *existing, Adoptee::kService));
+      if (!adopted.ok()) return adopted.status();
+      spdlog::info("Sandbox {}/{}: adopted its Service", ns, name);
+      return std::optional<Json>(*std::move(adopted));
+    }
     if (existing != nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("service \"", name, "\" exists and is not controlled by this Sandbox"));
@@ -524,6 +534,19 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
     if (ControllerUid(*pod) == uid) observed.pods.push_back(pod);
   }
   ObjectPtr named = pods_.Get(ns, name);
+  if (named != nullptr && MayAdopt(sandbox, *named, Adoptee::kPod)) {
+    // As upstream: a pod left by `kubectl delete --cascade=orphan` of an earlier Sandbox
+    // of this name (it carries the tracking label) runs on under this one.
+    absl::StatusOr<Json> adopted = client_->Patch(kPods, ns, name, PatchType::kMerge,
+                                                  AdoptionPatch(sandbox, *named, Adoptee::kPod));
+    if (adopted.ok()) {
+      spdlog::info("Sandbox {}/{}: adopted its pod", ns, name);
+      named = std::make_shared<const Json>(*std::move(adopted));
+      observed.pods.push_back(named);
+    } else if (problem.ok()) {
+      problem = adopted.status();
+    }
+  }
   if (named != nullptr && ControllerUid(*named) != uid) {
     observed.error =
         absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");

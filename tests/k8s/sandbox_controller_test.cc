@@ -275,6 +275,47 @@ TEST_F(SandboxControllerTest, ReconcilesAreCountedUnderControllerRuntimesNames) 
   EXPECT_GE(depth, 0) << "workqueue_depth{name=\"sandbox\"}";
 }
 
+// Issue 40: after `kubectl delete --cascade=orphan` of a Sandbox and a re-apply, its pod
+// and Service (both carry the tracking label) are adopted as upstream adopts them: the
+// same pod runs on (not made again), the Sandbox controls both and is Ready. Before, the
+// Sandbox stayed Ready False ReconcilerError ("not controlled by this Sandbox").
+TEST_F(SandboxControllerTest, AnOrphanedPodAndServiceAreAdoptedByTheSandboxAppliedAgain) {
+  Json sandbox = SandboxObject("orphan");
+  sandbox["spec"]["service"] = true;
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", sandbox).ok());
+  ASSERT_TRUE(WaitForReason(*client_, "orphan", "DependenciesReady"));
+  absl::StatusOr<Json> pod = client_->Get(kPods, "default", "orphan");
+  absl::StatusOr<Json> service = client_->Get(kServices, "default", "orphan");
+  ASSERT_TRUE(pod.ok() && service.ok());
+  const std::string pod_uid = Str((*pod)["metadata"], "uid");
+  const std::string service_uid = Str((*service)["metadata"], "uid");
+
+  DeleteOptions orphan;
+  orphan.propagation_policy = "Orphan";
+  ASSERT_TRUE(client_->Delete(kSandboxes, "default", "orphan", orphan).ok());
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        absl::StatusOr<Json> p = client_->Get(kPods, "default", "orphan");
+        return !client_->Get(kSandboxes, "default", "orphan").ok() && p.ok() &&
+               ControllerUid(*p).empty();
+      },
+      absl::Seconds(20)))
+      << "the Sandbox gone, its pod left without an owner";
+
+  absl::StatusOr<Json> again = client_->Create(kSandboxes, "default", sandbox);
+  ASSERT_TRUE(again.ok()) << again.status();
+  const std::string uid = Str((*again)["metadata"], "uid");
+  ASSERT_TRUE(WaitForReason(*client_, "orphan", "DependenciesReady"))
+      << "Ready reason: " << ReadyReason(*client_, "orphan");
+  pod = client_->Get(kPods, "default", "orphan");
+  service = client_->Get(kServices, "default", "orphan");
+  ASSERT_TRUE(pod.ok() && service.ok());
+  EXPECT_EQ(Str((*pod)["metadata"], "uid"), pod_uid) << "the same pod, adopted";
+  EXPECT_EQ(ControllerUid(*pod), uid);
+  EXPECT_EQ(Str((*service)["metadata"], "uid"), service_uid);
+  EXPECT_EQ(ControllerUid(*service), uid);
+}
+
 TEST_F(SandboxControllerTest, APodOfTheSameNameOwnedBySomeoneElseIsNeverTouched) {
   Json foreign = {{"metadata", {{"name", "taken"}, {"labels", {{"owner", "someone"}}}}},
                   {"spec", {{"containers", {{{"name", "c"}, {"image", "busybox"}}}}}}};
