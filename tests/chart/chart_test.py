@@ -415,6 +415,12 @@ class RenderTest(unittest.TestCase):
         self.assertEqual(flags(objs)["--kube_claim_annotations"], "true")
         _, off = rendered("--set", "kube.claimAnnotations=false")
         self.assertEqual(flags(off)["--kube_claim_annotations"], "false")
+        # They are written with a merge patch of the claim: granted only while written.
+        def claim_verbs(objs):
+            role = one(objs, "ClusterRole", "sbx-system-sbx")
+            return [r["verbs"] for r in role["rules"] if r["resources"] == ["sandboxclaims"]][0]
+        self.assertIn("patch", claim_verbs(objs))
+        self.assertNotIn("patch", claim_verbs(off))
 
     def test_ha_values(self):
         _, objs = rendered("-f", values_file("values-ha.yaml"))
