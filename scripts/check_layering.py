@@ -37,7 +37,7 @@ ALLOWED = {
 # only room that may include other components' interfaces beyond common.
 K8S_ROOMS = {
     "transports": {"http", "http_lines", "http_socket", "http_cpprest"},
-    "client": {"client", "config", "informer", "work_queue", "leader_election", "write_scheduler",
+    "client": {"client", "config", "informer", "work_queue", "controller_metrics", "leader_election", "write_scheduler",
                "sandbox_key", "rate_limiter", "resources", "json_fields", "thread_priority",
                "namespaces"},
     "sandbox_controller": {"sandbox_objects", "sandbox_controller", "template_objects",

@@ -86,6 +86,7 @@ def alpha_sandbox(version, spec, status):
     status["properties"]["replicas"] = dict(INT32, description="1 while running, else 0.")
     version["subresources"] = {"status": {}, "scale": dict(SCALE)}
     version.pop("additionalPrinterColumns", None)
+    spec.pop("x-kubernetes-validations", None)  # upstream's v1alpha1 has no CEL rule
 
 
 def alpha_claim(version, spec, status):

@@ -74,7 +74,9 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
       ->capture_default_str();
   app.add_flag("--kube_claim_annotations", flags->claim_annotations,
                "write upstream's SandboxClaim annotations agents.x-k8s.io/sandbox-name and "
-               "controller-first-observed-at (one or two more writes per claim)");
+               "controller-first-observed-at, as upstream does by default (one or two more "
+               "writes per claim; =false: none)")
+      ->capture_default_str();
   app.add_option("--kube_node_labels", flags->node_labels,
                  "watch Nodes (cluster-wide list and watch) so that sandboxes carry their "
                  "node's labels, which a claim's node_preference matches (false: none)")
@@ -291,6 +293,7 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     k8s::WarmPoolControllerOptions pool_options;
     pool_options.namespaces = namespaces;
     pool_options.is_leader = is_leader;
+    pool_options.registry = flags.registry;
     kube.pools_ = std::make_unique<k8s::WarmPoolController>(
         client, kube.writes_.get(), &sandboxes->sandbox_informer(), pool_options);
     k8s::ClaimControllerOptions claim_options;
@@ -330,6 +333,7 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
   k8s::TemplateControllerOptions template_options;
   template_options.ns = flags.ns;
   template_options.is_leader = [sandboxes] { return sandboxes->IsLeader(); };
+  template_options.registry = flags.registry;
   template_options.network_policy.server_pod_labels = std::move(server_pod_labels);
   template_options.network_policy.server_namespace = ServerNamespace(flags, cluster);
   kube.templates_ = std::make_unique<k8s::TemplateController>(client, template_options);

@@ -62,7 +62,7 @@ struct KubeFlags {
   double write_qps = 2000;
   int write_burst = 200;
   int claim_workers = 8;
-  bool claim_annotations = false;
+  bool claim_annotations = true;
   // Watch the cluster's Nodes (list and watch, cluster-wide) so that warm-pool members
   // carry their node's labels, which claims' node_preference matches.
   bool node_labels = true;

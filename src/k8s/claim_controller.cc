@@ -18,6 +18,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/ids.h"
 #include "src/common/status_macros.h"
+#include "src/k8s/controller_metrics.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/sandbox_objects.h"
@@ -58,7 +59,11 @@ class ClaimControllerMetrics {
                               "shown as SandboxClaims)")
                         .Register(*registry_)),
         kubectl_reconciles_(&reconciles_.Add({{"kind", "kubectl"}})),
-        grpc_reconciles_(&reconciles_.Add({{"kind", "grpc"}})) {}
+        grpc_reconciles_(&reconciles_.Add({{"kind", "grpc"}})),
+        runtime_(*registry_, kClaimControllerName) {}
+
+  // controller-runtime's names (upstream's dashboards read them).
+  ReconcileMetrics& runtime() { return runtime_; }
 
   void KubectlReconciled() { kubectl_reconciles_->Increment(); }
   void GrpcReconciled() { grpc_reconciles_->Increment(); }
@@ -131,6 +136,7 @@ class ClaimControllerMetrics {
   // Resolved once: every reconcile counts, and Family::Add locks the family.
   prometheus::Counter* const kubectl_reconciles_;
   prometheus::Counter* const grpc_reconciles_;
+  ReconcileMetrics runtime_;
   absl::Mutex mu_;
   // Node map: a series stays where it is while others are added.
   absl::node_hash_map<std::string, Latencies> latencies_ ABSL_GUARDED_BY(mu_);
@@ -430,7 +436,10 @@ void ClaimController::Stop() {
 void ClaimController::Worker() {
   std::string key;
   while (queue_.Get(&key)) {
+    metrics_->runtime().SetDepth(queue_.Depth());
     absl::Status s = Reconcile(key);
+    metrics_->runtime().Reconciled(s.ok() ? ReconcileMetrics::Result::kSuccess
+                                          : ReconcileMetrics::Result::kError);
     if (s.ok()) {
       queue_.Forget(key);
     } else {

@@ -79,9 +79,10 @@ struct ClaimControllerOptions {
   // Upstream's claim annotations: agents.x-k8s.io/controller-first-observed-at (when this
   // controller first saw the claim, RFC 3339 with nanoseconds) and
   // agents.x-k8s.io/sandbox-name (its Sandbox once bound). Each claim then gets one or two
-  // metadata patches more (a status write cannot carry metadata); off by default to keep
-  // three writes per claim (docs/kubernetes.md).
-  bool claim_annotations = false;
+  // metadata patches more (a status write cannot carry metadata). On by default, as
+  // upstream has them; false saves those writes (upstream's
+  // --disable-claim-observability-annotations; docs/kubernetes.md).
+  bool claim_annotations = true;
 
   absl::Status Validate() const;
 };

@@ -15,6 +15,12 @@ using json_fields::Str;
 
 namespace {
 
+// The claim's agents.x-k8s.io/created-by label as written ("" without one): upstream
+// copies it onto the claim's Sandbox.
+std::string ClaimCreatedBy(const Json& claim) {
+  return Str(Field(Field(claim, "metadata"), "labels"), kCreatedByLabel);
+}
+
 absl::Time ParseRfc3339(const std::string& s, absl::Time fallback) {
   absl::Time t;
   std::string err;
@@ -139,16 +145,18 @@ Json ColdSandbox(const Json& claim, const Json& sandbox_template, const std::str
     if (!into.is_object()) into = Json::object();
     into.update(extra[part]);
   }
+  Json labels = {{kClaimUidLabel, Str(meta, "uid")},
+                 {kLaunchTypeLabel, "cold"},
+                 {kTemplateRefHashLabel, NameHash(template_name)},
+                 {"sbx.dev/template", template_name}};
+  // As upstream: the claim's created-by (a client library's), when it has one.
+  if (const std::string by = ClaimCreatedBy(claim); !by.empty()) labels[kCreatedByLabel] = by;
   return {{"apiVersion", "agents.x-k8s.io/v1beta1"},
           {"kind", "Sandbox"},
           {"metadata",
            {{"name", Str(meta, "name")},
             {"namespace", ns},
-            {"labels",
-             {{kClaimUidLabel, Str(meta, "uid")},
-              {kLaunchTypeLabel, "cold"},
-              {kTemplateRefHashLabel, NameHash(template_name)},
-              {"sbx.dev/template", template_name}}},
+            {"labels", std::move(labels)},
             {"annotations", {{kTemplateRefAnnotation, template_name}}},
             {"ownerReferences", Json::array({ClaimRef(claim)})}}},
           {"spec", std::move(sb_spec)}};
@@ -160,6 +168,7 @@ bool BoundTo(const Json& sandbox, const std::string& claim_uid) {
 }
 
 Json BindingPatch(const Json& claim, const std::string& sandbox, const std::string& launch_type) {
+  const std::string created_by = ClaimCreatedBy(claim);
   return {{"metadata",
            {{"ownerReferences", Json::array({ClaimRef(claim)})},
             // The pod keeps its name (the member's): upstream records it on adoption.
@@ -167,7 +176,9 @@ Json BindingPatch(const Json& claim, const std::string& sandbox, const std::stri
             {"labels",
              {{kWarmPoolLabel, nullptr},
               {kClaimUidLabel, Str(Field(claim, "metadata"), "uid")},
-              {kLaunchTypeLabel, launch_type}}}}}};
+              {kLaunchTypeLabel, launch_type},
+              // As upstream: the claim's, or none (not the member's "controller").
+              {kCreatedByLabel, created_by.empty() ? Json(nullptr) : Json(created_by)}}}}}};
 }
 
 Json PodMetadataPatch(const Json& additional_pod_metadata) {

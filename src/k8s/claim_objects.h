@@ -51,7 +51,8 @@ std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const Json& claim,
                                                       const Json& sandbox_template);
 
 // The cold Sandbox of `claim` in namespace `ns`: named like the claim, controlled by it,
-// labelled launch-type cold with the claim's uid and the template's name and name hash;
+// labelled launch-type cold with the claim's uid, the template's name and name hash and
+// the claim's created-by label when it has one;
 // the template's podTemplate (with upstream's secure defaults) and service, the claim's
 // volumeClaimTemplates (else the template's), the claim's env appended to each container
 // it targets (replacing a template variable of the same name) and its
@@ -65,7 +66,8 @@ bool BoundTo(const Json& sandbox, const std::string& claim_uid);
 // The merge patch that binds a warm Sandbox to `claim`: the claim becomes its controller
 // owner, the warm-pool label goes, claim-uid and launch-type (`launch_type`) are set. The
 // sandbox-template-ref-hash label stays (the template's NetworkPolicy selects by it); the
-// pod-name annotation records the pod the claim gets (named like Sandbox `sandbox`).
+// pod-name annotation records the pod the claim gets (named like Sandbox `sandbox`). The
+// created-by label becomes the claim's, or is removed when the claim has none (upstream).
 Json BindingPatch(const Json& claim, const std::string& sandbox, const std::string& launch_type);
 
 // The merge patch of a Sandbox's pod for a claim's spec.additionalPodMetadata (its labels

@@ -92,6 +92,20 @@ std::string TemplateSpecHash(const Json& sandbox_template) {
   return NameHash(Field(sandbox_template, "spec").dump());
 }
 
+std::string PodTemplateHash(const Json& sandbox_template) {
+  return NameHash(Field(Field(sandbox_template, "spec"), "podTemplate").dump());
+}
+
+std::string BlueprintHash(const Json& sandbox_template) {
+  const Json& tspec = Field(sandbox_template, "spec");
+  Json blueprint = Json::object();
+  // The fields of upstream's SandboxBlueprint, as the template has them.
+  for (const char* field : {"podTemplate", "volumeClaimTemplates", "service"}) {
+    if (tspec.is_object() && tspec.contains(field)) blueprint[field] = tspec[field];
+  }
+  return NameHash(blueprint.dump());
+}
+
 Json WarmMember(const Json& pool, const Json& sandbox_template) {
   const Json& pool_meta = Field(pool, "metadata");
   const std::string pool_name = Str(pool_meta, "name");
@@ -122,6 +136,8 @@ Json WarmMember(const Json& pool, const Json& sandbox_template) {
               {kTemplateRefHashLabel, NameHash(template_name)},
               {kLaunchTypeLabel, "warm"},
               {kCreatedByLabel, "controller"},
+              {kPodTemplateHashLabel, PodTemplateHash(sandbox_template)},
+              {kBlueprintHashLabel, BlueprintHash(sandbox_template)},
               {kSbxPoolLabel, pool_name},
               {kSbxTemplateHashLabel, TemplateSpecHash(sandbox_template)},
               {"sbx.dev/template", template_name}}},

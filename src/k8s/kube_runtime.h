@@ -51,6 +51,10 @@ inline constexpr char kWarmPoolLabel[] = "agents.x-k8s.io/warm-pool-sandbox";
 inline constexpr char kClaimUidLabel[] = "agents.x-k8s.io/claim-uid";
 inline constexpr char kSbxPoolLabel[] = "sbx.dev/pool";
 inline constexpr char kSbxTemplateHashLabel[] = "sbx.dev/template-hash";
+// Upstream's template-hash labels of warm members (the first deprecated upstream, both
+// still written by it): see PodTemplateHash and BlueprintHash.
+inline constexpr char kPodTemplateHashLabel[] = "agents.x-k8s.io/sandbox-pod-template-hash";
+inline constexpr char kBlueprintHashLabel[] = "agents.x-k8s.io/sandbox-template-hash";
 
 struct KubeRuntimeOptions {
   // The namespaces of the warm pools, their templates and members, and their names in
@@ -86,6 +90,14 @@ struct KubeRuntimeOptions {
 
 // A member's identity as a hash of its template's spec (stale when it differs).
 std::string TemplateSpecHash(const Json& sandbox_template);
+// Upstream's two template-hash labels of a warm member: FNV-1a 32-bit (NameHash) of the
+// template's podTemplate, and of its blueprint (podTemplate, volumeClaimTemplates,
+// service), each as JSON. Upstream hashes Go's encoding of its typed structs (fields in
+// declaration order, Go's defaults and Quantity forms), which a JSON object cannot
+// reproduce: the values differ from upstream's for the same template, but change exactly
+// when the part they hash changes, which is what a selector or a staleness check needs.
+std::string PodTemplateHash(const Json& sandbox_template);
+std::string BlueprintHash(const Json& sandbox_template);
 // The Sandbox of a new warm member of `pool` made from `sandbox_template`.
 Json WarmMember(const Json& pool, const Json& sandbox_template);
 // The endpoint of a ready Sandbox ("" when it has no pod IP).

@@ -11,6 +11,7 @@
 #include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
+#include "src/k8s/controller_metrics.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/thread_priority.h"
@@ -46,7 +47,11 @@ class SandboxControllerMetrics {
         sandboxes_(prometheus::BuildGauge()
                        .Name("agent_sandboxes")
                        .Help("Sandbox objects by Ready condition, launch type and template")
-                       .Register(*registry_)) {}
+                       .Register(*registry_)),
+        reconciles_(*registry_, kSandboxControllerName) {}
+
+  // controller-runtime's names for the same (upstream's dashboards read them).
+  ReconcileMetrics& reconciles() { return reconciles_; }
 
   prometheus::Histogram& duration() { return duration_; }
   // Counts `sandbox` in (+1) or out (-1) of agent_sandboxes, with upstream's labels.
@@ -99,6 +104,7 @@ class SandboxControllerMetrics {
   prometheus::Gauge& depth_;
   prometheus::Family<prometheus::Histogram>& creation_;
   prometheus::Family<prometheus::Gauge>& sandboxes_;
+  ReconcileMetrics reconciles_;
 };
 
 namespace {
@@ -298,6 +304,7 @@ void SandboxController::Worker() {
   std::string key;
   while (queue_.Get(&key)) {
     metrics_->depth().Set(static_cast<double>(queue_.Depth()));
+    metrics_->reconciles().SetDepth(queue_.Depth());
     if (!IsLeader()) {
       // The leader reconciles; a new leader requeues every Sandbox when it starts.
       queue_.Forget(key);
@@ -308,6 +315,8 @@ void SandboxController::Worker() {
     const absl::Time start = absl::Now();
     absl::Status status = Reconcile(key);
     metrics_->duration().Observe(absl::ToDoubleSeconds(absl::Now() - start));
+    metrics_->reconciles().Reconciled(status.ok() ? ReconcileMetrics::Result::kSuccess
+                                                  : ReconcileMetrics::Result::kError);
     if (status.ok()) {
       queue_.Forget(key);
     } else {
@@ -437,6 +446,16 @@ absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json&
   const bool ours = existing != nullptr && ControllerUid(*existing) == uid;
   if (wanted) {
     if (ours) return std::optional<Json>(*existing);
+    if (existing != nullptr && MayAdopt(sandbox, *existing, Adoptee::kService)) {
+      // As upstream: one left by `kubectl delete --cascade=orphan` of an earlier Sandbox
+      // of this name (it carries the tracking label) is taken over, not refused.
+      absl::StatusOr<Json> adopted =
+          client_->Patch(kServices, ns, name, PatchType::kMerge,
+                         AdoptionPatch(sandbox, *existing, Adoptee::kService));
+      if (!adopted.ok()) return adopted.status();
+      spdlog::info("Sandbox {}/{}: adopted its Service", ns, name);
+      return std::optional<Json>(*std::move(adopted));
+    }
     if (existing != nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("service \"", name, "\" exists and is not controlled by this Sandbox"));
@@ -515,6 +534,19 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
     if (ControllerUid(*pod) == uid) observed.pods.push_back(pod);
   }
   ObjectPtr named = pods_.Get(ns, name);
+  if (named != nullptr && MayAdopt(sandbox, *named, Adoptee::kPod)) {
+    // As upstream: a pod left by `kubectl delete --cascade=orphan` of an earlier Sandbox
+    // of this name (it carries the tracking label) runs on under this one.
+    absl::StatusOr<Json> adopted = client_->Patch(kPods, ns, name, PatchType::kMerge,
+                                                  AdoptionPatch(sandbox, *named, Adoptee::kPod));
+    if (adopted.ok()) {
+      spdlog::info("Sandbox {}/{}: adopted its pod", ns, name);
+      named = std::make_shared<const Json>(*std::move(adopted));
+      observed.pods.push_back(named);
+    } else if (problem.ok()) {
+      problem = adopted.status();
+    }
+  }
   if (named != nullptr && ControllerUid(*named) != uid) {
     observed.error =
         absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");

@@ -273,6 +273,45 @@ Json DesiredService(const Json& sandbox) {
             {"ports", ports}}}};
 }
 
+bool MayAdopt(const Json& sandbox, const Json& object, Adoptee what) {
+  const Json& meta = Field(object, "metadata");
+  if (!ControllerUid(object).empty() || json_fields::BeingDeleted(object)) return false;
+  const Json& labels = Field(meta, "labels");
+  const std::string name = Str(Field(sandbox, "metadata"), "name");
+  if (Str(labels, kNameHashLabel) != NameHash(name) && Str(labels, kAdoptableLabel) != "true") {
+    return false;
+  }
+  if (what == Adoptee::kService) {
+    const std::string cluster_ip = Str(Field(object, "spec"), "clusterIP");
+    if (!cluster_ip.empty() && cluster_ip != "None") return false;
+  }
+  return true;
+}
+
+Json AdoptionPatch(const Json& sandbox, const Json& object, Adoptee what) {
+  const Json& meta = Field(object, "metadata");
+  Json owners = Json::array();
+  if (const Json& refs = Field(meta, "ownerReferences"); refs.is_array()) owners = refs;
+  owners.push_back(ControllerRef(sandbox));
+  const std::string name = Str(Field(sandbox, "metadata"), "name");
+  Json patch = {{"metadata",
+                 {{"resourceVersion", Str(meta, "resourceVersion")},
+                  {"ownerReferences", std::move(owners)},
+                  {"labels", {{kNameHashLabel, NameHash(name)}}}}}};
+  if (what == Adoptee::kService) {
+    const Json desired = DesiredService(sandbox);
+    // A merge patch merges maps: keys of the old selector that the Sandbox's lacks go.
+    Json selector = desired["spec"]["selector"];
+    if (const Json& old = Field(Field(object, "spec"), "selector"); old.is_object()) {
+      for (const auto& [key, value] : old.items()) {
+        if (!selector.contains(key)) selector[key] = nullptr;
+      }
+    }
+    patch["spec"] = {{"selector", std::move(selector)}, {"ports", desired["spec"]["ports"]}};
+  }
+  return patch;
+}
+
 Json ComputeStatus(const Json& sandbox, const Observed& observed, const Json& old_status,
                    absl::Time now) {
   const Json& meta = Field(sandbox, "metadata");

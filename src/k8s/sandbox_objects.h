@@ -80,6 +80,20 @@ PvcFit FitOfPvc(const Json& pvc, const Json& sandbox, std::string* why);
 // The headless Service of `sandbox` (selector: its name hash; ports from its containers).
 Json DesiredService(const Json& sandbox);
 
+// The label with which an unowned object authorizes any Sandbox of its name to adopt it.
+inline constexpr char kAdoptableLabel[] = "agents.x-k8s.io/adoptable";
+// Whether `sandbox` may adopt `object` (its pod or Service, named like it), as upstream's
+// controller does after `kubectl delete --cascade=orphan` of a Sandbox and a re-apply:
+// `object` has no controller, is not being deleted, and carries the tracking label
+// (sandbox-name-hash of the Sandbox's name) or `agents.x-k8s.io/adoptable: "true"`; a
+// Service must also be headless (clusterIP None or unset, which cannot change).
+enum class Adoptee { kPod, kService };
+bool MayAdopt(const Json& sandbox, const Json& object, Adoptee what);
+// The merge patch by which `sandbox` adopts `object` (MayAdopt): its owner references
+// with the Sandbox's controller reference added, its tracking label, and for a Service
+// the selector and ports DesiredService has; guarded by the object's resourceVersion.
+Json AdoptionPatch(const Json& sandbox, const Json& object, Adoptee what);
+
 // What the controller saw while reconciling a Sandbox.
 struct Observed {
   // Pods controlled by the Sandbox (normally zero or one), shared with the informer's cache

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/json_fields.h"
@@ -46,6 +47,8 @@ TemplateController::TemplateController(Client* client, TemplateControllerOptions
     : client_(client),
       options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
+      registry_(options_.registry ? options_.registry : std::make_shared<prometheus::Registry>()),
+      reconciles_(*registry_, kTemplateControllerName),
       queue_([this] {
         WorkQueueOptions queue = options_.queue;
         if (queue.clock == nullptr) queue.clock = clock_;
@@ -137,6 +140,7 @@ void TemplateController::Stop() {
 void TemplateController::Worker() {
   std::string key;
   while (queue_.Get(&key)) {
+    reconciles_.SetDepth(queue_.Depth());
     if (options_.is_leader && !options_.is_leader()) {
       // The leader writes; the resync hands every template to a new leader.
       queue_.Forget(key);
@@ -144,6 +148,8 @@ void TemplateController::Worker() {
       continue;
     }
     absl::Status s = Reconcile(key);
+    reconciles_.Reconciled(s.ok() ? ReconcileMetrics::Result::kSuccess
+                                  : ReconcileMetrics::Result::kError);
     if (s.ok()) {
       queue_.Forget(key);
       absl::MutexLock lock(&warned_mu_);

@@ -29,6 +29,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "src/k8s/client.h"
+#include "src/k8s/controller_metrics.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/template_objects.h"
 #include "src/k8s/thread_priority.h"
@@ -51,6 +52,11 @@ struct TemplateControllerOptions {
   // clock of the work queue (unless `queue.clock` names another) and the informers. Must
   // outlive the controller.
   const Clock* clock = nullptr;
+
+  // Where controller_runtime_reconcile_total{controller="sandboxtemplate"} and
+  // workqueue_depth{name="sandboxtemplate"} go (controller_metrics.h); a private registry
+  // when null.
+  std::shared_ptr<prometheus::Registry> registry;
 
   absl::Status Validate() const;
 };
@@ -107,6 +113,8 @@ class TemplateController {
   Client* const client_;
   const TemplateControllerOptions options_;
   const Clock* const clock_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  ReconcileMetrics reconciles_;
   WorkQueue queue_;
   Informer templates_;
   Informer policies_;

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
 #include "src/common/ids.h"
 #include "src/common/status_macros.h"
@@ -105,6 +106,8 @@ WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes, I
       sandboxes_(sandboxes),
       options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
+      registry_(options_.registry ? options_.registry : std::make_shared<prometheus::Registry>()),
+      reconciles_(*registry_, kWarmPoolControllerName),
       queue_(WorkQueueOptions{.clock = clock_}),
       pools_(client, InformerOn(kSandboxWarmPools)),
       templates_(client, InformerOn(kSandboxTemplates)) {
@@ -236,7 +239,10 @@ void WarmPoolController::Stop() {
 void WarmPoolController::Worker() {
   std::string name;
   while (queue_.Get(&name)) {
+    reconciles_.SetDepth(queue_.Depth());
     absl::Status s = Reconcile(name);
+    reconciles_.Reconciled(s.ok() ? ReconcileMetrics::Result::kSuccess
+                                  : ReconcileMetrics::Result::kError);
     if (s.ok()) {
       queue_.Forget(name);
     } else {

@@ -40,6 +40,7 @@
 
 #include "src/allocator/allocator.h"
 #include "src/k8s/client.h"
+#include "src/k8s/controller_metrics.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/namespaces.h"
@@ -75,6 +76,10 @@ struct WarmPoolControllerOptions {
   // Test hook (a sync point), nullptr in production: runs in a full pass after it has
   // read which sandboxes the allocator tracks and before it looks at the members.
   std::function<void()> after_tracked_snapshot;
+  // Where controller_runtime_reconcile_total{controller="sandboxwarmpool"} and
+  // workqueue_depth{name="sandboxwarmpool"} go (controller_metrics.h); a private registry
+  // when null.
+  std::shared_ptr<prometheus::Registry> registry;
 
   absl::Status Validate() const;
 };
@@ -125,6 +130,8 @@ class WarmPoolController {
   Informer* const sandboxes_;
   const WarmPoolControllerOptions options_;
   const Clock* const clock_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  ReconcileMetrics reconciles_;
   WorkQueue queue_;
   Informer pools_;
   Informer templates_;

@@ -408,6 +408,20 @@ class RenderTest(unittest.TestCase):
                           if o["metadata"]["name"].endswith("-nodes")], [])
         self.assertEqual(flags(off)["--kube_node_labels"], "false")
 
+    def test_claim_annotations_are_on_by_default_and_can_be_turned_off(self):
+        # Upstream writes sandbox-name and controller-first-observed-at on every claim
+        # unless told not to; so does the chart's sbx-server.
+        _, objs = rendered()
+        self.assertEqual(flags(objs)["--kube_claim_annotations"], "true")
+        _, off = rendered("--set", "kube.claimAnnotations=false")
+        self.assertEqual(flags(off)["--kube_claim_annotations"], "false")
+        # They are written with a merge patch of the claim: granted only while written.
+        def claim_verbs(objs):
+            role = one(objs, "ClusterRole", "sbx-system-sbx")
+            return [r["verbs"] for r in role["rules"] if r["resources"] == ["sandboxclaims"]][0]
+        self.assertIn("patch", claim_verbs(objs))
+        self.assertNotIn("patch", claim_verbs(off))
+
     def test_ha_values(self):
         _, objs = rendered("-f", values_file("values-ha.yaml"))
         kinds = sorted(o["kind"] for o in objs)

@@ -213,7 +213,8 @@ class PoolTest(unittest.TestCase):
         self.assertEqual(sb["metadata"]["annotations"]["agents.x-k8s.io/pod-name"], name)
         self.assertEqual(sb["metadata"]["annotations"]["agents.x-k8s.io/sandbox-template-ref"],
                          "python")
-        self.assertEqual(labels["agents.x-k8s.io/created-by"], "controller")
+        # As upstream: the claim's created-by replaces the member's "controller".
+        self.assertEqual(labels["agents.x-k8s.io/created-by"], "python-client")
         self.assertEqual(c.pod(name)["metadata"]["labels"].get("team"), "rl")
         c.wait_pool("py", 3)  # refilled
         stats = c.stats()["requests"]
@@ -236,7 +237,7 @@ class PoolTest(unittest.TestCase):
         for latency in ("claim_startup", "claim_controller_startup", "client_claim_startup"):
             self.assertIn('agent_sandbox_%s_latency_ms_count{launch_type="warm",'
                           'sandbox_template="python"} 1' % latency, text)
-        self.assertRegex(text, r'agent_sandboxes\{created_by="controller",expired="false",'
+        self.assertRegex(text, r'agent_sandboxes\{created_by="python-client",expired="false",'
                                r'launch_type="warm",namespace="default",owned_by="SandboxClaim",'
                                r'ready_condition="true",sandbox_template="python"\} 1')
         self.assertRegex(text, r'agent_sandboxes\{created_by="controller",expired="false",'

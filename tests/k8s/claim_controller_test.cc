@@ -64,7 +64,8 @@ class ClaimControllerTest : public ::testing::Test {
  protected:
   // The controller's clock (null: the real one).
   virtual const Clock* ControllerClock() { return nullptr; }
-  // Whether the controller writes upstream's claim annotations.
+  // Whether the controller writes upstream's claim annotations (on by default; off here
+  // so that the tests count the claim path's own writes).
   virtual bool ClaimAnnotations() { return false; }
   // The namespace the controller and the informers serve ("": every one).
   virtual std::string Watch() { return "default"; }
@@ -492,7 +493,14 @@ TEST_F(ClaimControllerEveryNamespaceTest, AClaimIsServedOnlyFromItsOwnNamespaces
   EXPECT_FALSE(client_->Get(kSandboxes, "team-b", "job").ok()) << "a cold Sandbox was made";
 }
 
-// With --kube_claim_annotations, as upstream's controller.
+// Upstream writes its claim annotations unless told not to
+// (--disable-claim-observability-annotations); so does sbx (--kube_claim_annotations=false).
+TEST(ClaimControllerOptionsTest, UpstreamsClaimAnnotationsAreOnByDefault) {
+  EXPECT_TRUE(ClaimControllerOptions{}.claim_annotations);
+}
+
+// With the claim annotations (the default), as upstream's controller. The other tests
+// turn them off to count the writes of the claim path alone.
 class ClaimControllerTestWithAnnotations : public ClaimControllerTest {
  protected:
   bool ClaimAnnotations() override { return true; }

@@ -208,6 +208,32 @@ TEST(ClaimObjectsTest, TheBindingPatchMakesTheClaimTheSandboxsControllerAndDrops
   EXPECT_EQ(sandbox["metadata"]["annotations"][kPodNameAnnotation], "sb-1");
 }
 
+// As upstream at adoption: the Sandbox's created-by becomes the claim's (a client
+// library's), or goes when the claim has none (the member's "controller" is not kept).
+TEST(ClaimObjectsTest, TheBindingPatchCopiesTheClaimsCreatedByOrRemovesIt) {
+  const Json member = {
+      {"metadata",
+       {{"name", "sb-1"}, {"labels", {{kWarmPoolLabel, "py"}, {kCreatedByLabel, "controller"}}}}}};
+  Json claim = Claim();
+  claim["metadata"]["labels"] = {{kCreatedByLabel, "python-sdk"}};
+  Json bound = member;
+  bound.merge_patch(BindingPatch(claim, "sb-1", "warm"));
+  EXPECT_EQ(bound["metadata"]["labels"][kCreatedByLabel], "python-sdk");
+
+  Json unlabelled = member;
+  unlabelled.merge_patch(BindingPatch(Claim(), "sb-1", "warm"));
+  EXPECT_FALSE(unlabelled["metadata"]["labels"].contains(kCreatedByLabel)) << unlabelled.dump();
+}
+
+TEST(ClaimObjectsTest, AColdSandboxCarriesTheClaimsCreatedByOnlyWhenTheClaimHasIt) {
+  Json claim = Claim();
+  claim["metadata"]["labels"] = {{kCreatedByLabel, "python-sdk"}};
+  EXPECT_EQ(ColdSandbox(claim, Template(), "team")["metadata"]["labels"][kCreatedByLabel],
+            "python-sdk");
+  EXPECT_FALSE(
+      ColdSandbox(Claim(), Template(), "team")["metadata"]["labels"].contains(kCreatedByLabel));
+}
+
 TEST(ClaimObjectsTest, ASandboxLabelledForTheClaimButControlledByAnotherIsNotBound) {
   Json sandbox = {{"metadata", {{"labels", {{kClaimUidLabel, "claim-uid-1"}}}}}};
   EXPECT_FALSE(BoundTo(sandbox, "claim-uid-1"));

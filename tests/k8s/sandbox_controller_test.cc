@@ -13,10 +13,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "prometheus/registry.h"
 #include "src/common/clock.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/json_fields.h"
@@ -237,6 +240,80 @@ TEST_F(SandboxControllerTest, ReadyThenNoFurtherWrites) {
   ASSERT_TRUE(Settled(controller_->sandbox_informer(), touched));
   EXPECT_EQ(emulator_->Requests("patch sandboxes/status"), status_writes);
   EXPECT_EQ(emulator_->Requests("create pods"), pod_creates);
+}
+
+// Upstream's dashboards and load-test recipes read controller-runtime's metrics:
+// controller_runtime_reconcile_total{controller="sandbox",result} and
+// workqueue_depth{name="sandbox"}.
+TEST_F(SandboxControllerTest, ReconcilesAreCountedUnderControllerRuntimesNames) {
+  controller_.reset();
+  auto registry = std::make_shared<prometheus::Registry>();
+  SandboxControllerOptions options;
+  options.workers = 2;
+  options.registry = registry;
+  controller_ = std::make_unique<SandboxController>(client_.get(), options);
+  ASSERT_TRUE(controller_->Start().ok());
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("counted")).ok());
+  ASSERT_TRUE(WaitForReason(*client_, "counted", "DependenciesReady"));
+  ASSERT_TRUE(testing::Eventually([&] { return controller_->Idle(); }, absl::Seconds(20)));
+  double success = -1, error = -1, depth = -1;
+  for (const prometheus::MetricFamily& family : registry->Collect()) {
+    for (const prometheus::ClientMetric& m : family.metric) {
+      std::map<std::string, std::string> labels;
+      for (const auto& l : m.label) labels[l.name] = l.value;
+      if (family.name == "controller_runtime_reconcile_total" &&
+          labels["controller"] == "sandbox") {
+        if (labels["result"] == "success") success = m.counter.value;
+        if (labels["result"] == "error") error = m.counter.value;
+      }
+      if (family.name == "workqueue_depth" && labels["name"] == "sandbox") depth = m.gauge.value;
+    }
+  }
+  EXPECT_GE(success, 1)
+      << "controller_runtime_reconcile_total{controller=\"sandbox\",result=\"success\"}";
+  EXPECT_GE(error, 0) << "result=\"error\" is exported from the start";
+  EXPECT_GE(depth, 0) << "workqueue_depth{name=\"sandbox\"}";
+}
+
+// Issue 40: after `kubectl delete --cascade=orphan` of a Sandbox and a re-apply, its pod
+// and Service (both carry the tracking label) are adopted as upstream adopts them: the
+// same pod runs on (not made again), the Sandbox controls both and is Ready. Before, the
+// Sandbox stayed Ready False ReconcilerError ("not controlled by this Sandbox").
+TEST_F(SandboxControllerTest, AnOrphanedPodAndServiceAreAdoptedByTheSandboxAppliedAgain) {
+  Json sandbox = SandboxObject("orphan");
+  sandbox["spec"]["service"] = true;
+  ASSERT_TRUE(client_->Create(kSandboxes, "default", sandbox).ok());
+  ASSERT_TRUE(WaitForReason(*client_, "orphan", "DependenciesReady"));
+  absl::StatusOr<Json> pod = client_->Get(kPods, "default", "orphan");
+  absl::StatusOr<Json> service = client_->Get(kServices, "default", "orphan");
+  ASSERT_TRUE(pod.ok() && service.ok());
+  const std::string pod_uid = Str((*pod)["metadata"], "uid");
+  const std::string service_uid = Str((*service)["metadata"], "uid");
+
+  DeleteOptions orphan;
+  orphan.propagation_policy = "Orphan";
+  ASSERT_TRUE(client_->Delete(kSandboxes, "default", "orphan", orphan).ok());
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        absl::StatusOr<Json> p = client_->Get(kPods, "default", "orphan");
+        return !client_->Get(kSandboxes, "default", "orphan").ok() && p.ok() &&
+               ControllerUid(*p).empty();
+      },
+      absl::Seconds(20)))
+      << "the Sandbox gone, its pod left without an owner";
+
+  absl::StatusOr<Json> again = client_->Create(kSandboxes, "default", sandbox);
+  ASSERT_TRUE(again.ok()) << again.status();
+  const std::string uid = Str((*again)["metadata"], "uid");
+  ASSERT_TRUE(WaitForReason(*client_, "orphan", "DependenciesReady"))
+      << "Ready reason: " << ReadyReason(*client_, "orphan");
+  pod = client_->Get(kPods, "default", "orphan");
+  service = client_->Get(kServices, "default", "orphan");
+  ASSERT_TRUE(pod.ok() && service.ok());
+  EXPECT_EQ(Str((*pod)["metadata"], "uid"), pod_uid) << "the same pod, adopted";
+  EXPECT_EQ(ControllerUid(*pod), uid);
+  EXPECT_EQ(Str((*service)["metadata"], "uid"), service_uid);
+  EXPECT_EQ(ControllerUid(*service), uid);
 }
 
 TEST_F(SandboxControllerTest, APodOfTheSameNameOwnedBySomeoneElseIsNeverTouched) {

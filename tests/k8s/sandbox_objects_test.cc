@@ -118,6 +118,53 @@ TEST(SandboxObjectsTest, PodCarriesTheTemplateRefHashOnlyFromPoolsAndClaims) {
   EXPECT_FALSE(DesiredPod(sneaky)["metadata"]["labels"].contains(kTemplateRefHashLabel));
 }
 
+// After `kubectl delete --cascade=orphan` of a Sandbox and a re-apply, its pod and Service
+// are adopted as upstream adopts them: unowned, with the tracking label (or the adoptable
+// one); a Service only when headless.
+TEST(SandboxObjectsTest, AnOrphanedPodOrServiceWithTheTrackingLabelMayBeAdopted) {
+  const Json sandbox = Sandbox();
+  Json orphan = {{"metadata",
+                  {{"name", "my-sandbox"},
+                   {"resourceVersion", "41"},
+                   {"labels", {{kNameHashLabel, NameHash("my-sandbox")}}}}}};
+  EXPECT_TRUE(MayAdopt(sandbox, orphan, Adoptee::kPod));
+  Json owned = orphan;
+  owned["metadata"]["ownerReferences"] = {{{"uid", "other"}, {"controller", true}}};
+  EXPECT_FALSE(MayAdopt(sandbox, owned, Adoptee::kPod));
+  Json unlabelled = orphan;
+  unlabelled["metadata"]["labels"] = {{"app", "x"}};
+  EXPECT_FALSE(MayAdopt(sandbox, unlabelled, Adoptee::kPod));
+  Json other_hash = orphan;
+  other_hash["metadata"]["labels"][kNameHashLabel] = NameHash("another");
+  EXPECT_FALSE(MayAdopt(sandbox, other_hash, Adoptee::kPod));
+  Json adoptable = unlabelled;
+  adoptable["metadata"]["labels"][kAdoptableLabel] = "true";
+  EXPECT_TRUE(MayAdopt(sandbox, adoptable, Adoptee::kPod));
+  Json deleting = orphan;
+  deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z";
+  EXPECT_FALSE(MayAdopt(sandbox, deleting, Adoptee::kPod));
+  Json service = orphan;
+  service["spec"] = {{"clusterIP", "None"}};
+  EXPECT_TRUE(MayAdopt(sandbox, service, Adoptee::kService));
+  service["spec"]["clusterIP"] = "10.96.0.7";
+  EXPECT_FALSE(MayAdopt(sandbox, service, Adoptee::kService)) << "clusterIP cannot change";
+
+  // The patch: the Sandbox becomes the controller (other owners kept), guarded by the
+  // version it was judged on.
+  Json with_owner = orphan;
+  with_owner["metadata"]["ownerReferences"] = {{{"uid", "gc-only"}, {"kind", "Thing"}}};
+  Json adopted = with_owner;
+  adopted.merge_patch(AdoptionPatch(sandbox, with_owner, Adoptee::kPod));
+  EXPECT_EQ(ControllerUid(adopted), "u-1");
+  EXPECT_EQ(adopted["metadata"]["ownerReferences"].size(), 2u);
+  EXPECT_EQ(AdoptionPatch(sandbox, orphan, Adoptee::kPod)["metadata"]["resourceVersion"], "41");
+  Json svc = orphan;
+  svc["spec"] = {{"clusterIP", "None"}, {"selector", {{"app", "old"}}}};
+  svc.merge_patch(AdoptionPatch(sandbox, svc, Adoptee::kService));
+  EXPECT_EQ(svc["spec"]["selector"], DesiredService(sandbox)["spec"]["selector"]);
+  EXPECT_EQ(svc["spec"]["ports"], DesiredService(sandbox)["spec"]["ports"]);
+}
+
 TEST(SandboxObjectsTest, PvcsAndService) {
   std::vector<Json> pvcs = DesiredPvcs(Sandbox());
   ASSERT_EQ(pvcs.size(), 2u);

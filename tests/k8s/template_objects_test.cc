@@ -175,5 +175,39 @@ TEST(TemplateObjectsTest, WarmMembersAreMadeWithTheDefaultsAndTheTemplateHash) {
   EXPECT_EQ(DesiredPod(member)["metadata"]["labels"][kTemplateRefHashLabel], NameHash("python"));
 }
 
+// Upstream's two template-hash labels on warm members: one of the template's podTemplate
+// (deprecated upstream, still written), one of its blueprint (podTemplate,
+// volumeClaimTemplates, service).
+TEST(TemplateObjectsTest, WarmMembersCarryUpstreamsTwoTemplateHashLabels) {
+  Json pool = Json::parse(R"({"metadata": {"name": "py", "namespace": "team", "uid": "p-1"},
+                              "spec": {"sandboxTemplateRef": {"name": "python"}}})");
+  const Json tmpl = Template();
+  const Json labels = WarmMember(pool, tmpl)["metadata"]["labels"];
+  EXPECT_EQ(labels.value("agents.x-k8s.io/sandbox-pod-template-hash", ""),
+            NameHash(tmpl["spec"]["podTemplate"].dump()));
+  Json blueprint = {{"podTemplate", tmpl["spec"]["podTemplate"]}};
+  EXPECT_EQ(labels.value("agents.x-k8s.io/sandbox-template-hash", ""), NameHash(blueprint.dump()));
+  // A Service asked for changes the blueprint's hash, not the pod template's; a change of
+  // the pod template changes both; a NetworkPolicy (not in the blueprint) neither.
+  Json with_service = tmpl;
+  with_service["spec"]["service"] = true;
+  const Json s = WarmMember(pool, with_service)["metadata"]["labels"];
+  EXPECT_EQ(s["agents.x-k8s.io/sandbox-pod-template-hash"],
+            labels["agents.x-k8s.io/sandbox-pod-template-hash"]);
+  EXPECT_NE(s["agents.x-k8s.io/sandbox-template-hash"],
+            labels["agents.x-k8s.io/sandbox-template-hash"]);
+  Json other_image = tmpl;
+  other_image["spec"]["podTemplate"]["spec"]["containers"][0]["image"] = "python:3.13";
+  const Json o = WarmMember(pool, other_image)["metadata"]["labels"];
+  EXPECT_NE(o["agents.x-k8s.io/sandbox-pod-template-hash"],
+            labels["agents.x-k8s.io/sandbox-pod-template-hash"]);
+  EXPECT_NE(o["agents.x-k8s.io/sandbox-template-hash"],
+            labels["agents.x-k8s.io/sandbox-template-hash"]);
+  Json policy = tmpl;
+  policy["spec"]["networkPolicyManagement"] = "Unmanaged";
+  EXPECT_EQ(WarmMember(pool, policy)["metadata"]["labels"]["agents.x-k8s.io/sandbox-template-hash"],
+            labels["agents.x-k8s.io/sandbox-template-hash"]);
+}
+
 }  // namespace
 }  // namespace sbx::k8s

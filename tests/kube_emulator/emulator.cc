@@ -1,6 +1,7 @@
 #include "tests/kube_emulator/emulator.h"
 
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -76,6 +77,17 @@ absl::Status EmulatorOptions::Validate() const {
 }
 
 namespace {
+
+// The kubernetes.io/arch label every kubelet sets: Go's GOARCH name of this machine.
+std::string NodeArch() {
+  struct utsname u;
+  if (uname(&u) != 0) return "amd64";
+  const std::string machine = u.machine;
+  if (machine == "aarch64" || machine == "arm64") return "arm64";
+  if (machine == "x86_64") return "amd64";
+  if (machine == "ppc64le" || machine == "s390x" || machine == "riscv64") return machine;
+  return "amd64";
+}
 
 using ObjPtr = std::shared_ptr<const json>;
 constexpr char kJson[] = "application/json";
@@ -1386,7 +1398,10 @@ EmulatorImpl::EmulatorImpl(const EmulatorOptions& o)
               {"kind", "Node"},
               {"metadata",
                {{"name", name},
-                {"labels", {{"kubernetes.io/hostname", name}, {"kubernetes.io/os", "linux"}}}}},
+                {"labels",
+                 {{"kubernetes.io/hostname", name},
+                  {"kubernetes.io/os", "linux"},
+                  {"kubernetes.io/arch", NodeArch()}}}}},
               {"spec", json::object()}};
     ApiError err;
     auto created = CreateLocked(*node_type, "", o, &err);

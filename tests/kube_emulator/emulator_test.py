@@ -165,7 +165,13 @@ class ApiTest(unittest.TestCase):
                 (NS + "/events", {"metadata": {"name": "ev1"}, "reason": "Test"})]:
             r = c.post(path, body)
             self.assertEqual(r.status, 201, (path, r))
-        self.assertEqual(len(c.get("/api/v1/nodes").json["items"]), 3)
+        nodes = c.get("/api/v1/nodes").json["items"]
+        self.assertEqual(len(nodes), 3)
+        # Every kubelet sets the well-known os and arch labels (Go's GOARCH names).
+        arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, "amd64")
+        for n in nodes:
+            self.assertEqual(n["metadata"]["labels"].get("kubernetes.io/os"), "linux", n)
+            self.assertEqual(n["metadata"]["labels"].get("kubernetes.io/arch"), arch, n)
 
     def test_workload_rbac_and_pdb_kinds(self):
         c = self.c

@@ -3,7 +3,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <map>
+#include <optional>
 #include <regex>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -573,14 +575,163 @@ void PruneToSchema(json& object, const json& schema) {
 
 namespace {
 
+// A CEL value of the subset below: a boolean or a JSON value; nullopt for an error (a
+// field that is not there), which fails the rule as the API server fails it.
+using CelValue = std::optional<json>;
+
+// The subset of CEL that transition rules of CRDs use for immutability: `self` and
+// `oldSelf` with field selections (`self.a.b`), `has(self.a.b)`, `==`, `!=`, `!`, `&&`,
+// `||` (both commutative over errors, as CEL's), parentheses, `true` and `false`.
+class CelSubset {
+ public:
+  CelSubset(std::string_view text, const json& self, const json& old_self)
+      : text_(text), self_(self), old_self_(old_self) {}
+
+  // The rule's verdict; nullopt when the text is outside the subset (not evaluated).
+  std::optional<bool> Evaluate() {
+    std::optional<CelValue> v = Or();
+    Space();
+    if (!v || pos_ != text_.size()) return std::nullopt;
+    return v->has_value() && (*v)->is_boolean() && (*v)->get<bool>();
+  }
+
+ private:
+  void Space() {
+    while (pos_ < text_.size() && absl::ascii_isspace(text_[pos_])) ++pos_;
+  }
+  bool Eat(std::string_view token) {
+    Space();
+    if (text_.substr(pos_, token.size()) != token) return false;
+    pos_ += token.size();
+    return true;
+  }
+  std::string Ident() {
+    Space();
+    size_t start = pos_;
+    while (pos_ < text_.size() && (absl::ascii_isalnum(text_[pos_]) || text_[pos_] == '_')) {
+      ++pos_;
+    }
+    return std::string(text_.substr(start, pos_ - start));
+  }
+  static CelValue Bool(const CelValue& v) {
+    if (v && v->is_boolean()) return v;
+    return std::nullopt;
+  }
+  std::optional<CelValue> Or() {
+    std::optional<CelValue> left = And();
+    while (left && Eat("||")) {
+      std::optional<CelValue> right = And();
+      if (!right) return std::nullopt;
+      CelValue a = Bool(*left), b = Bool(*right);
+      if ((a && a->get<bool>()) || (b && b->get<bool>())) {
+        left = CelValue(true);
+      } else if (a && b) {
+        left = CelValue(false);
+      } else {
+        left = CelValue();
+      }
+    }
+    return left;
+  }
+  std::optional<CelValue> And() {
+    std::optional<CelValue> left = Unary();
+    while (left && Eat("&&")) {
+      std::optional<CelValue> right = Unary();
+      if (!right) return std::nullopt;
+      CelValue a = Bool(*left), b = Bool(*right);
+      if ((a && !a->get<bool>()) || (b && !b->get<bool>())) {
+        left = CelValue(false);
+      } else if (a && b) {
+        left = CelValue(true);
+      } else {
+        left = CelValue();
+      }
+    }
+    return left;
+  }
+  std::optional<CelValue> Unary() {
+    if (Eat("!")) {
+      std::optional<CelValue> v = Unary();
+      if (!v) return std::nullopt;
+      CelValue b = Bool(*v);
+      return b ? CelValue(!b->get<bool>()) : CelValue();
+    }
+    std::optional<CelValue> left = Primary();
+    if (!left) return std::nullopt;
+    Space();
+    const bool eq = text_.substr(pos_, 2) == "==";
+    const bool ne = text_.substr(pos_, 2) == "!=";
+    if (!eq && !ne) return left;
+    pos_ += 2;
+    std::optional<CelValue> right = Primary();
+    if (!right) return std::nullopt;
+    if (!left->has_value() || !right->has_value()) return CelValue();
+    return CelValue((**left == **right) == eq);
+  }
+  // `self` or `oldSelf` followed by field selections: the value, or an error when a field
+  // is not there; with `exists`, whether the last field is there (has()).
+  std::optional<CelValue> Path(bool exists) {
+    const std::string root = Ident();
+    const json* at = root == "self" ? &self_ : root == "oldSelf" ? &old_self_ : nullptr;
+    if (at == nullptr) return std::nullopt;
+    bool missing = false;
+    int selections = 0;
+    while (Eat(".")) {
+      const std::string field = Ident();
+      if (field.empty()) return std::nullopt;
+      ++selections;
+      if (missing) continue;
+      auto it = at->is_object() ? at->find(field) : at->end();
+      if (!at->is_object() || it == at->end()) {
+        missing = true;
+      } else {
+        at = &*it;
+      }
+    }
+    if (exists) {
+      if (selections == 0) return std::nullopt;  // has() takes a field selection
+      return CelValue(!missing);
+    }
+    if (missing) return CelValue();
+    return CelValue(*at);
+  }
+  std::optional<CelValue> Primary() {
+    if (Eat("(")) {
+      std::optional<CelValue> v = Or();
+      if (!v || !Eat(")")) return std::nullopt;
+      return v;
+    }
+    Space();
+    const size_t start = pos_;
+    const std::string word = Ident();
+    if (word == "true" || word == "false") return CelValue(word == "true");
+    if (word == "has") {
+      if (!Eat("(")) return std::nullopt;
+      std::optional<CelValue> v = Path(/*exists=*/true);
+      if (!v || !Eat(")")) return std::nullopt;
+      return v;
+    }
+    pos_ = start;
+    return Path(/*exists=*/false);
+  }
+
+  std::string_view text_;
+  size_t pos_ = 0;
+  const json& self_;
+  const json& old_self_;
+};
+
 void TransitionRules(const json& object, const json& old, const json& schema,
                      const std::string& path, std::vector<SchemaError>& errors) {
   if (!schema.is_object()) return;
   if (auto rules = schema.find("x-kubernetes-validations");
       rules != schema.end() && rules->is_array()) {
     for (const json& rule : *rules) {
-      if (!rule.is_object() || rule.value("rule", "") != "self == oldSelf") continue;
-      if (object != old) {
+      if (!rule.is_object() || !rule.contains("rule") || !rule["rule"].is_string()) continue;
+      const std::string text = rule["rule"].get<std::string>();
+      // Only transition rules (those that read oldSelf) are evaluated here.
+      if (text.find("oldSelf") == std::string::npos) continue;
+      if (CelSubset(text, object, old).Evaluate() == std::optional<bool>(false)) {
         errors.push_back({path, "FieldValueInvalid",
                           absl::StrCat("Invalid value: \"object\": ",
                                        rule.value("message", "Value is immutable"))});

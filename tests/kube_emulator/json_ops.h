@@ -74,10 +74,13 @@ std::vector<SchemaError> ApplySchema(json& object, const json& schema,
 // server does to a custom resource converted to another version).
 void PruneToSchema(json& object, const json& schema);
 
-// Transition rules (x-kubernetes-validations) between the stored `old` object and its
-// update `object`. Only the rule "self == oldSelf" (immutability) is evaluated, on object
-// properties (not inside arrays); other CEL rules are not emulated. A rule applies only
-// when both versions have the field, as Kubernetes evaluates transition rules.
+// Transition rules (x-kubernetes-validations that read oldSelf) between the stored `old`
+// object and its update `object`, on object properties (not inside arrays). The CEL they
+// are written in is evaluated for the subset immutability rules use: `self`, `oldSelf`,
+// field selections, `has()`, `==`, `!=`, `!`, `&&`, `||`, parentheses (so upstream's
+// `has(self.x) == has(oldSelf.x) && (!has(self.x) || self.x == oldSelf.x)`); a rule
+// outside it is not emulated, nor are rules without oldSelf. A rule applies only when both
+// versions have the field, as Kubernetes evaluates transition rules.
 std::vector<SchemaError> CheckTransitionRules(const json& object, const json& old,
                                               const json& schema);
 

@@ -134,6 +134,42 @@ TEST(SchemaTest, ImmutabilityTransitionRule) {
   EXPECT_TRUE(CheckTransitionRules(changed, unset, schema).empty());
 }
 
+// Upstream's Sandbox CRD says volumeClaimTemplates is immutable with a rule on spec that
+// uses has(): neither added, removed nor changed once the Sandbox exists.
+TEST(SchemaTest, TransitionRuleWithHasOnTheParent) {
+  json schema = json::parse(R"js({"type":"object","properties":{"spec":{"type":"object",
+      "x-kubernetes-validations":[{"message":"volumeClaimTemplates is immutable",
+        "rule":"has(self.volumeClaimTemplates) == has(oldSelf.volumeClaimTemplates) &&\n (!has(self.volumeClaimTemplates) || self.volumeClaimTemplates ==\n oldSelf.volumeClaimTemplates)"}],
+      "properties":{"volumeClaimTemplates":{"type":"array","items":{"type":"string"}},
+        "free":{"type":"string"}}}}})js");
+  json none = json::parse(R"({"spec":{"free":"x"}})");
+  json one = json::parse(R"({"spec":{"volumeClaimTemplates":["a"],"free":"x"}})");
+  json two = json::parse(R"({"spec":{"volumeClaimTemplates":["a","b"],"free":"x"}})");
+  json other = json::parse(R"({"spec":{"volumeClaimTemplates":["a"],"free":"y"}})");
+  EXPECT_TRUE(CheckTransitionRules(none, none, schema).empty());
+  EXPECT_TRUE(CheckTransitionRules(other, one, schema).empty());
+  for (const auto& [now, before] :
+       {std::pair{one, none}, std::pair{none, one}, std::pair{two, one}}) {
+    auto errors = CheckTransitionRules(now, before, schema);
+    ASSERT_EQ(errors.size(), 1u) << now.dump() << " from " << before.dump();
+    EXPECT_EQ(errors[0].field, "spec");
+    EXPECT_NE(errors[0].message.find("volumeClaimTemplates is immutable"), std::string::npos);
+  }
+  // Outside the subset: not evaluated (no error), as before.
+  json unknown = json::parse(R"js({"type":"object","properties":{"spec":{"type":"object",
+      "x-kubernetes-validations":[{"rule":"self.size() == oldSelf.size()"}]}}})js");
+  EXPECT_TRUE(CheckTransitionRules(two, one, unknown).empty());
+  // != and a missing field compared (an error: the rule fails).
+  json ne = json::parse(R"js({"type":"object","properties":{"spec":{"type":"object",
+      "x-kubernetes-validations":[{"rule":"self.free != oldSelf.free"}]}}})js");
+  EXPECT_TRUE(CheckTransitionRules(other, one, ne).empty());
+  EXPECT_EQ(CheckTransitionRules(one, one, ne).size(), 1u);
+  json missing = json::parse(R"js({"type":"object","properties":{"spec":{"type":"object",
+      "x-kubernetes-validations":[{"rule":
+        "self.volumeClaimTemplates == oldSelf.volumeClaimTemplates"}]}}})js");
+  EXPECT_EQ(CheckTransitionRules(one, none, missing).size(), 1u);
+}
+
 TEST(YamlTest, ScalarsFollowTheCoreSchema) {
   auto j = YamlToJson("a: 1\nb: \"1\"\nc: true\nd: null\ne: [x, 2.5]\nf: {g: h}\n");
   ASSERT_TRUE(j.ok()) << j.status();

@@ -270,6 +270,37 @@ spec:
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("application/strategic-merge-patch+json is not supported", p.stderr)
         self.assertIn("job-42", k.run("get", "sandboxclaims").stdout)
+        # volumeClaimTemplates is immutable, by upstream's CEL rule on spec (has()): a
+        # Sandbox made without any cannot get one later (before: the PVC was made, never
+        # mounted, and the Sandbox stayed Ready), nor lose or change those it has.
+        vct = [{"metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "1Gi"}}}}]
+        plain = {"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+                 "metadata": {"name": "plain", "namespace": "default"},
+                 "spec": {"podTemplate": {"spec": {"containers": [
+                     {"name": "main", "image": "busybox"}]}}}}
+        k.run("create", "-f", "-", input=json.dumps(plain))
+        p = k.run("patch", "sandbox", "plain", "--type=merge", "-p",
+                  json.dumps({"spec": {"volumeClaimTemplates": vct}}), check=False)
+        self.assertNotEqual(p.returncode, 0, p.stdout)
+        self.assertIn('The Sandbox "plain" is invalid: spec: Invalid value: "object": '
+                      'volumeClaimTemplates is immutable', p.stderr)
+        self.assertNotIn("volumeClaimTemplates", k.json("get", "sandbox", "plain")["spec"])
+        disk = dict(plain, metadata={"name": "disk", "namespace": "default"})
+        disk["spec"] = dict(plain["spec"], volumeClaimTemplates=vct)
+        k.run("create", "-f", "-", input=json.dumps(disk))
+        for patch in ([{"op": "remove", "path": "/spec/volumeClaimTemplates"}],
+                      [{"op": "replace", "path": "/spec/volumeClaimTemplates/0/metadata/name",
+                        "value": "other"}]):
+            p = k.run("patch", "sandbox", "disk", "--type=json", "-p", json.dumps(patch),
+                      check=False)
+            self.assertNotEqual(p.returncode, 0, (patch, p.stdout))
+            self.assertIn("volumeClaimTemplates is immutable", p.stderr)
+        # The rest of the spec may change.
+        k.run("patch", "sandbox", "disk", "--type=merge", "-p",
+              '{"spec":{"operatingMode":"Suspended"}}')
+        k.run("delete", "sandbox", "plain", "disk")
         # Foreground cascade: a Sandbox owned by the claim goes first, then the claim.
         claim_uid = k.json("get", "sandboxclaim", "job-42")["metadata"]["uid"]
         sandbox = {"apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",

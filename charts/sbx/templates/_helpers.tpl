@@ -116,10 +116,12 @@ used (or listed there with the reason it is kept).
   resources: ["sandboxwarmpools/status"]
   verbs: ["patch"]
 # Claims: watched; claims made over gRPC are created as SandboxClaims (read back when the
-# create finds one already there) and deleted on release; status written.
+# create finds one already there) and deleted on release; status written; with
+# kube.claimAnnotations (the default), annotated with upstream's sandbox-name and
+# controller-first-observed-at (merge patch).
 - apiGroups: ["extensions.agents.x-k8s.io"]
   resources: ["sandboxclaims"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"{{ if .Values.kube.claimAnnotations }}, "patch"{{ end }}]
 - apiGroups: ["extensions.agents.x-k8s.io"]
   resources: ["sandboxclaims/status"]
   verbs: ["patch"]
