@@ -7,11 +7,13 @@
 // then forwards requests with Beast's serializer (bodies in 16 KiB pieces, chunked bodies
 // re-chunked) and moves response bytes back unparsed. An Upgrade or CONNECT turns the
 // connection into a tunnel: the parser and buffers are freed and both directions become
-// pumps that wait for readability without a buffer (the thread's scratch buffer serves
+// pumps that wait for readability without a buffer (the proxy's one scratch buffer serves
 // whichever socket is ready), so an idle tunnel costs two sockets, a timer and the
 // session object, not buffers. Bytes a destination cannot take at once are kept in a
 // buffer of that session until written (then freed), which also slows the source.
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -87,10 +89,10 @@ using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using boost::system::error_code;
 
-constexpr size_t kPumpBytes = 64 * 1024;
+constexpr size_t kPumpBytes = 256 * 1024;
+constexpr int kMovesPerWake = 16;
+constexpr size_t kSpliceBytes = 1 << 20;
 constexpr size_t kBodyPieceBytes = 16 * 1024;
-// The proxy thread's scratch buffer for the pumps (one thread: one buffer).
-thread_local char g_pump[kPumpBytes];
 
 struct Target {
   std::string claim_id;
@@ -252,6 +254,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // Moves bytes from `from` to `to` as they come (see the file comment). `down`: from the
   // sandbox to the client.
   void Pump(bool down);
+  // Pump's work once `from` is readable.
+  void Move(bool down);
+  // Move for a bulk transfer: splice(2) through a pipe of the session (made by OpenPipe,
+  // false when none can be made).
+  void Splice(bool down);
+  bool OpenPipe(bool down);
+  // The source of one direction read EOF.
+  void SourceEnded(bool down);
   void Reply(int code, const std::string& message);
   void Fail(const absl::Status& s) {
     Reply(HttpCode(s), s.message().empty() ? "" : std::string(s.message()));
@@ -280,6 +290,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<char[]> body_piece_;
   std::string out_;               // a reply, a dial request, CONNECT's 200
   std::vector<char> pending_[2];  // [down]: bytes the destination has not taken yet
+  struct Pipe {
+    int r = -1, w = -1;
+    size_t held = 0;  // bytes in it
+  };
+  Pipe pipes_[2];  // [down]: only for bulk transfers
 };
 
 class ProxyImpl final : public PortProxy {
@@ -368,6 +383,10 @@ class ProxyImpl final : public PortProxy {
   }
 
   const ProxyOptions& options() const { return options_; }
+  // The pumps' scratch buffer: one, since one thread runs every session (not a
+  // thread_local: that would put it in every thread's static TLS, gRPC's and civetweb's
+  // small-stack threads included).
+  char* scratch() { return scratch_.get(); }
   const ProxyDeps& deps() const { return deps_; }
   asio::io_context& io() { return io_; }
   // Relaxed: a gauge, read by connections() and the accept limit on the proxy thread.
@@ -395,6 +414,7 @@ class ProxyImpl final : public PortProxy {
   absl::flat_hash_map<std::string, int> per_sandbox_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> per_tenant_ ABSL_GUARDED_BY(mu_);
   int port_ = 0;
+  const std::unique_ptr<char[]> scratch_ = std::make_unique<char[]>(kPumpBytes);
   // Declared after what sessions use: destroyed first, with the sessions its handlers hold.
   asio::io_context io_{1};
   tcp::acceptor acceptor_;
@@ -407,6 +427,10 @@ Session::Session(ProxyImpl* proxy, tcp::socket client)
 }
 
 Session::~Session() {
+  for (Pipe& p : pipes_) {
+    if (p.r >= 0) ::close(p.r);
+    if (p.w >= 0) ::close(p.w);
+  }
   if (counted_) proxy_->Release(sandbox_id_, tenant_);
   proxy_->open_.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -786,37 +810,101 @@ void Session::Pump(bool down) {
   from.async_wait(tcp::socket::wait_read, [self = shared_from_this(), down](error_code ec) {
     if (self->closed_) return;
     if (ec) return self->Close();
-    tcp::socket& from = down ? self->upstream_ : self->client_;
-    tcp::socket& to = down ? self->client_ : self->upstream_;
-    const size_t n = from.read_some(asio::buffer(g_pump, kPumpBytes), ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) return self->Pump(down);
-    if (ec == asio::error::eof) {
-      if (!self->tunnel_) return self->Close();  // the response ended the connection
-      error_code ignored;
-      to.shutdown(tcp::socket::shutdown_send, ignored);
-      (down ? self->down_done_ : self->up_done_) = true;
-      if (self->down_done_ && self->up_done_) self->Close();
-      return;
-    }
-    if (ec) return self->Close();
-    self->Touch();
-    size_t written = to.write_some(asio::buffer(g_pump, n), ec);
+    self->Move(down);
+  });
+}
+
+void Session::Move(bool down) {
+  if (pipes_[down ? 1 : 0].r >= 0) return Splice(down);
+  char* const scratch = proxy_->scratch();
+  tcp::socket& from = down ? upstream_ : client_;
+  tcp::socket& to = down ? client_ : upstream_;
+  // Several reads per wake-up while the source has more (a download), so that a busy
+  // stream does not pay a poll per piece; bounded so that one stream cannot hold the thread.
+  for (int round = 0; round < kMovesPerWake; ++round) {
+    error_code ec;
+    const size_t n = from.read_some(asio::buffer(scratch, kPumpBytes), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) break;
+    if (ec == asio::error::eof) return SourceEnded(down);
+    if (ec) return Close();
+    Touch();
+    size_t written = to.write_some(asio::buffer(scratch, n), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) {
       written = 0;
     } else if (ec) {
-      return self->Close();
+      return Close();
     }
-    if (written == n) return self->Pump(down);
-    std::vector<char>& rest = self->pending_[down ? 1 : 0];
-    rest.assign(g_pump + written, g_pump + n);
-    asio::async_write(to, asio::buffer(rest), [self, down](error_code ec, size_t) {
-      if (self->closed_) return;
-      if (ec) return self->Close();
-      self->Touch();
-      self->pending_[down ? 1 : 0] = {};
-      self->Pump(down);
-    });
-  });
+    if (written < n) {
+      std::vector<char>& rest = pending_[down ? 1 : 0];
+      rest.assign(scratch + written, scratch + n);
+      asio::async_write(to, asio::buffer(rest),
+                        [self = shared_from_this(), down](error_code ec, size_t) {
+                          if (self->closed_) return;
+                          if (ec) return self->Close();
+                          self->Touch();
+                          self->pending_[down ? 1 : 0] = {};
+                          self->Pump(down);
+                        });
+      return;
+    }
+    if (n < kPumpBytes) break;  // the source is most likely empty now
+    // A bulk transfer: from here on the kernel moves its pages (splice), without copies.
+    if (OpenPipe(down)) return Splice(down);
+  }
+  Pump(down);
+}
+
+void Session::SourceEnded(bool down) {
+  if (!tunnel_) return Close();  // the response ended the connection
+  error_code ignored;
+  (down ? client_ : upstream_).shutdown(tcp::socket::shutdown_send, ignored);
+  (down ? down_done_ : up_done_) = true;
+  if (down_done_ && up_done_) Close();
+}
+
+bool Session::OpenPipe(bool down) {
+  Pipe& p = pipes_[down ? 1 : 0];
+  if (p.r >= 0) return true;
+  int fds[2];
+  if (::pipe2(fds, O_NONBLOCK | O_CLOEXEC) != 0) return false;  // copying still works
+  ::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(kSpliceBytes));
+  p.r = fds[0];
+  p.w = fds[1];
+  return true;
+}
+
+void Session::Splice(bool down) {
+  Pipe& p = pipes_[down ? 1 : 0];
+  const int in = (down ? upstream_ : client_).native_handle();
+  tcp::socket& to = down ? client_ : upstream_;
+  for (int round = 0; round < kMovesPerWake; ++round) {
+    if (p.held == 0) {
+      const ssize_t n =
+          ::splice(in, nullptr, p.w, nullptr, kSpliceBytes, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (n == 0) return SourceEnded(down);
+      if (n < 0) return Close();
+      p.held = static_cast<size_t>(n);
+      Touch();
+    }
+    while (p.held > 0) {
+      const ssize_t m = ::splice(p.r, nullptr, to.native_handle(), nullptr, p.held,
+                                 SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+      if (m < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        // The destination is full: the bytes wait in the pipe (bounded by its size), and
+        // the source is not read until they are gone.
+        to.async_wait(tcp::socket::wait_write, [self = shared_from_this(), down](error_code ec) {
+          if (self->closed_) return;
+          if (ec) return self->Close();
+          self->Splice(down);
+        });
+        return;
+      }
+      if (m <= 0) return Close();
+      p.held -= static_cast<size_t>(m);
+    }
+  }
+  Pump(down);
 }
 
 void Session::Reply(int code, const std::string& message) {

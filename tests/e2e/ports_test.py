@@ -9,7 +9,7 @@ reused for another port or claim; forged and expired tokens; request smuggling
 process reaching the proxy (no network: not at all; with network: only with credentials);
 2,000 idle WebSockets at bounded server memory.
 
-Usage: ports_test.py PATH_TO_SBX_SERVER PROTO_DIR CONFIG_YAML
+Usage: ports_test.py PATH_TO_SBX_SERVER PROTO_DIR CONFIG_YAML PATH_TO_SBX_CLI
 """
 
 import base64
@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +28,7 @@ import grpc
 
 import sbx_e2e
 
-SERVER = PROTO = CONFIG = None
+SERVER = PROTO = CONFIG = CLI = None
 TENANT_A = (("authorization", "Bearer tok-a"),)
 TENANT_B = (("authorization", "Bearer tok-b"),)
 DOMAIN = "sbx.test"
@@ -205,6 +206,26 @@ class Ports(unittest.TestCase):
                             headers={"X-Sbx-Token": u.token})
         self.assertEqual((st, body), (200, b"hello from web-a\n"))
 
+    def test_cli_url_is_a_working_signed_url(self):
+        env = {**os.environ, "SBX_SERVER": self.server.target, "SBX_TOKEN": "tok-a"}
+        out = subprocess.run([CLI, "url", "--ttl", "5m", self.a, str(HTTP_PORT)], env=env,
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        url = out.stdout.strip()
+        prefix = f"http://127.0.0.1:{self.proxy_port}"
+        self.assertTrue(url.startswith(prefix + f"/_sbx/{self.a}/{HTTP_PORT}/?sbx_token="), url)
+        path, _, query = url[len(prefix):].partition("?")
+        st, body = self.get(path + "hello.txt?" + query)  # a browser's fetch, no token header
+        self.assertEqual((st, body), (200, b"hello from web-a\n"))
+        out = subprocess.run([CLI, "url", "--host", self.a, str(HTTP_PORT)], env=env,
+                             capture_output=True, text=True, timeout=30)
+        self.assertTrue(out.stdout.startswith(f"http://{HTTP_PORT}-{self.a}.{DOMAIN}:"), out)
+        env["SBX_TOKEN"] = "tok-b"
+        out = subprocess.run([CLI, "url", self.a, str(HTTP_PORT)], env=env,
+                             capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("NOT_FOUND", out.stderr)
+
     # --- attacks ---------------------------------------------------------------------------
 
     def test_no_credential_or_unknown_claim_is_refused(self):
@@ -371,6 +392,38 @@ class Ports(unittest.TestCase):
         self.assertTrue(recv_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 404"))
         s.close()
 
+    def test_large_download_and_tunnel_are_byte_exact(self):
+        # Bulk transfers go through splice(2) after the first full read: both paths checked.
+        code, out = self.exec(self.a, ["python3", "-c",
+                                       "open('big.bin','wb').write(bytes(range(256))*32768)"],
+                              TENANT_A)
+        self.assertEqual(code, 0, out)
+        st, body = self.get(f"/_sbx/{self.a}/{HTTP_PORT}/big.bin",
+                            headers={"Authorization": "Bearer tok-a"})
+        self.assertEqual(st, 200)
+        self.assertEqual(body, bytes(range(256)) * 32768)
+        s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=30)
+        s.sendall((f"CONNECT {self.a}:{ECHO_PORT} HTTP/1.1\r\nHost: x\r\n"
+                   "Proxy-Authorization: Bearer tok-a\r\n\r\n").encode())
+        self.assertTrue(recv_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 200"))
+        data = os.urandom(6 << 20)
+        got = bytearray()
+
+        def reader():
+            while len(got) < len(data):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    break
+                got.extend(chunk)
+        import threading
+        t = threading.Thread(target=reader)
+        t.start()
+        s.sendall(data)
+        t.join(30)
+        s.close()
+        self.assertEqual(len(got), len(data))
+        self.assertTrue(bytes(got) == data, "the tunnel changed bytes")
+
     def test_zz_two_thousand_idle_websockets_cost_bounded_memory(self):
         n = 2000
         before = resident_bytes(self.server.proc.pid)
@@ -401,6 +454,6 @@ class Ports(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    SERVER, PROTO, CONFIG = sys.argv[1:4]
+    SERVER, PROTO, CONFIG, CLI = sys.argv[1:5]
     sbx_e2e.generate_stubs(PROTO)
     unittest.main(argv=[sys.argv[0]], verbosity=2)
