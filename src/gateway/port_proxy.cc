@@ -356,20 +356,22 @@ class ProxyImpl final : public PortProxy {
   absl::Status Acquire(const std::string& sandbox, const std::string& tenant)
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    int& s = per_sandbox_[sandbox];
-    int& t = per_tenant_[tenant];
-    if (s >= options_.max_connections_per_sandbox) {
+    const auto s = per_sandbox_.find(sandbox);
+    const auto t = per_tenant_.find(tenant);
+    const int in_sandbox = s == per_sandbox_.end() ? 0 : s->second;
+    const int of_tenant = t == per_tenant_.end() ? 0 : t->second;
+    if (in_sandbox >= options_.max_connections_per_sandbox) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "sandbox \"", sandbox, "\" has ", s, " proxied connections open; at most ",
+          "sandbox \"", sandbox, "\" has ", in_sandbox, " proxied connections open; at most ",
           options_.max_connections_per_sandbox, " (--proxy_max_connections_per_sandbox)"));
     }
-    if (t >= options_.max_connections_per_tenant) {
+    if (of_tenant >= options_.max_connections_per_tenant) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "tenant \"", tenant, "\" has ", t, " proxied connections open; at most ",
+          "tenant \"", tenant, "\" has ", of_tenant, " proxied connections open; at most ",
           options_.max_connections_per_tenant, " (--proxy_max_connections_per_tenant)"));
     }
-    ++s;
-    ++t;
+    ++per_sandbox_[sandbox];
+    ++per_tenant_[tenant];
     return absl::OkStatus();
   }
   void Release(const std::string& sandbox, const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_) {

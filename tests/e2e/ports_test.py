@@ -453,6 +453,73 @@ class Ports(unittest.TestCase):
                 s.close()
 
 
+class PortLimits(unittest.TestCase):
+    """A server of its own with small limits: 2 connections per sandbox, 3 per tenant, idle
+    connections closed after 1 s."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="sbx-portlimits-", dir="/tmp")
+        tokens = os.path.join(cls.dir, "tokens")
+        with open(tokens, "w") as f:
+            f.write("tok-a tenant-a\n")
+        port_file = os.path.join(cls.dir, "proxy_port")
+        cls.server = sbx_e2e.Server(SERVER, cls.dir, CONFIG, (
+            "--proxy_listen=127.0.0.1:0", f"--proxy_port_file={port_file}",
+            "--proxy_max_connections_per_sandbox=2", "--proxy_max_connections_per_tenant=3",
+            "--proxy_idle_timeout_s=1"), auth_tokens=tokens)
+        with open(port_file) as f:
+            cls.proxy_port = int(f.read())
+        from sbx.v1 import claims_pb2_grpc, sandboxes_pb2_grpc
+        Ports.claims = claims_pb2_grpc.ClaimServiceStub(cls.server.channel)
+        Ports.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(cls.server.channel)
+        cls.c1 = Ports.claim("lim-1", TENANT_A)
+        cls.c2 = Ports.claim("lim-2", TENANT_A)
+        for c in (cls.c1, cls.c2):
+            Ports.serve(c, TENANT_A)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop(signal.SIGTERM)
+        sbx_e2e.kill_all_with(cls.dir)
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def ws(self, claim_id):
+        s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=10)
+        head = ws_handshake(s, "x", path=f"/_sbx/{claim_id}/{ECHO_PORT}/",
+                            headers="Authorization: Bearer tok-a\r\n")
+        return s, head
+
+    def test_connections_per_sandbox_and_per_tenant_and_idle_timeout(self):
+        held = []
+        try:
+            for _ in range(2):
+                s, head = self.ws(self.c1)
+                self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+                held.append(s)
+            s, head = self.ws(self.c1)
+            s.close()
+            self.assertTrue(head.startswith(b"HTTP/1.1 429"), head)
+            s, head = self.ws(self.c2)  # another sandbox: the tenant's third
+            self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+            held.append(s)
+            s, head = self.ws(self.c2)  # the tenant's fourth
+            s.close()
+            self.assertTrue(head.startswith(b"HTTP/1.1 429"), head)
+            # Idle for more than --proxy_idle_timeout_s=1: closed by the proxy, and the
+            # slots are free again.
+            start = time.time()
+            self.assertEqual(held[0].recv(10), b"")
+            self.assertLess(time.time() - start, 5)
+        finally:
+            for s in held:
+                s.close()
+        time.sleep(0.2)
+        s, head = self.ws(self.c1)
+        s.close()
+        self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+
+
 if __name__ == "__main__":
     SERVER, PROTO, CONFIG, CLI = sys.argv[1:5]
     sbx_e2e.generate_stubs(PROTO)
