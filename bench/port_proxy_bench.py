@@ -303,7 +303,7 @@ def main():
             for _ in range(args.websockets):
                 try:
                     socks.append(ws_open(proxy, pw, ""))
-                except OSError as e:
+                except (OSError, RuntimeError) as e:
                     print(f"WebSocket {len(socks) + 1} failed: {e}; the server's log ends:\n"
                           f"{server.logtext()[-1500:]}")
                     break

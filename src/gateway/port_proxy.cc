@@ -776,7 +776,14 @@ void Session::RequestDone() {
   const bool keep_alive = parser_->get().keep_alive();
   serializer_.reset();
   parser_.reset();
-  if (!keep_alive) return;  // the response pump ends the connection
+  if (!keep_alive) {
+    // No more requests: the response ends the connection, or the client leaving does (an
+    // upstream that ignores "Connection: close" must not hold the session until it is
+    // idle). Bytes after such a request end it too.
+    client_.async_wait(tcp::socket::wait_read,
+                       [self = shared_from_this()](error_code) { self->Close(); });
+    return;
+  }
   // The next request on this connection: as long as the connection may stay idle.
   in_header_ = true;
   header_deadline_ = Clock::now() + absl::ToChronoNanoseconds(proxy_->options().idle_timeout);

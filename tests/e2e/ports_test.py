@@ -392,6 +392,20 @@ class Ports(unittest.TestCase):
         self.assertTrue(recv_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 404"))
         s.close()
 
+    def test_client_leaving_ends_a_connection_close_request_whose_upstream_stays(self):
+        # The echo server answers a GET with 101 and never closes: the proxy must still let
+        # the session go when the client does, not hold it until the idle timeout.
+        fds = lambda: len(os.listdir(f"/proc/{self.server.proc.pid}/fd"))
+        before = fds()
+        for _ in range(50):
+            s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=10)
+            s.sendall((f"GET /_sbx/{self.a}/{ECHO_PORT}/ HTTP/1.1\r\nHost: x\r\n"
+                       "Connection: close\r\nAuthorization: Bearer tok-a\r\n\r\n").encode())
+            self.assertTrue(recv_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 101"))
+            s.close()
+        sbx_e2e.wait_for(lambda: fds() <= before + 5, 10,
+                         f"the server's descriptors back near {before} (now {fds()})")
+
     def test_large_download_and_tunnel_are_byte_exact(self):
         # Bulk transfers go through splice(2) after the first full read: both paths checked.
         code, out = self.exec(self.a, ["python3", "-c",
