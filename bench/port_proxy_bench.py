@@ -196,6 +196,12 @@ def rss(pid):
     return 0
 
 
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def fds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -287,12 +293,18 @@ def main():
 
         nbytes = args.download_mib << 20
         print(f"\n# download of {args.download_mib} MiB, MiB/s ({args.rounds} rounds, alternating)")
-        d, p = [], []
+        d, p, cpu = [], [], 0.0
         for _ in range(args.rounds):
             d.append(download(direct_h, "/big", "", nbytes))
+            c0 = cpu_seconds(server.proc.pid)
             p.append(download(proxy, ph + "big", "", nbytes))
+            cpu += cpu_seconds(server.proc.pid) - c0
         print(f"direct {statistics.median(d):8.0f}   proxy {statistics.median(p):8.0f}   "
-              f"ratio {statistics.median(p) / statistics.median(d):.2f}")
+              f"ratio {statistics.median(p) / statistics.median(d):.2f}   (per round: "
+              f"{' '.join(f'{x:.0f}/{y:.0f}' for x, y in zip(d, p))})")
+        print(f"sbx-server CPU while proxying: {cpu / (args.rounds * args.download_mib / 1024):.2f} "
+              f"s per GiB (user+system, its own process; the kernel's loopback work for "
+              f"the second hop falls partly on the sender and receiver)")
 
         print(f"\n# {args.websockets} idle WebSockets through the proxy")
         before = rss(server.proc.pid)
