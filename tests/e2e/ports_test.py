@@ -226,6 +226,31 @@ class Ports(unittest.TestCase):
         self.assertNotEqual(out.returncode, 0)
         self.assertIn("NOT_FOUND", out.stderr)
 
+    def test_cli_port_forward(self):
+        env = {**os.environ, "SBX_SERVER": self.server.target, "SBX_TOKEN": "tok-a"}
+        proc = subprocess.Popen([CLI, "port-forward", self.a, f"0:{HTTP_PORT}"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()
+            self.assertTrue(line.startswith("Forwarding from 127.0.0.1:"), line)
+            local = int(line.split()[2].rsplit(":", 1)[1])
+            for _ in range(3):  # three connections, each its own tunnel
+                conn = http.client.HTTPConnection("127.0.0.1", local, timeout=10)
+                conn.request("GET", "/hello.txt")
+                r = conn.getresponse()
+                self.assertEqual((r.status, r.read()), (200, b"hello from web-a\n"))
+                conn.close()
+        finally:
+            proc.kill()
+            proc.wait(10)
+            proc.stdout.close()
+            proc.stderr.close()
+        env["SBX_TOKEN"] = "tok-b"
+        out = subprocess.run([CLI, "port-forward", self.a, f"0:{HTTP_PORT}"], env=env,
+                             capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(out.returncode, 0)
+        self.assertIn("NOT_FOUND", out.stderr)
+
     # --- attacks ---------------------------------------------------------------------------
 
     def test_no_credential_or_unknown_claim_is_refused(self):
