@@ -321,6 +321,13 @@ class Ports(unittest.TestCase):
                              f"Content-Length: {b}\r\n\r\nabcd").encode())
             self.assertTrue(data.startswith(b"HTTP/1.1 400"), data)
 
+    def test_smuggling_other_transfer_encodings_are_refused(self):
+        for te in ("xchunked", "chunked\r\nTransfer-Encoding: chunked", "identity"):
+            data = self.raw((f"POST /_sbx/{self.a}/{HTTP_PORT}/ HTTP/1.1\r\nHost: x\r\n"
+                             f"Authorization: Bearer tok-a\r\nTransfer-Encoding: {te}\r\n"
+                             "\r\n0\r\n\r\n").encode())
+            self.assertTrue(data.startswith(b"HTTP/1.1 400"), (te, data))
+
     def test_smuggling_on_a_kept_alive_connection_closes_it(self):
         s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=5)
         s.sendall((f"GET /_sbx/{self.a}/{HTTP_PORT}/hello.txt HTTP/1.1\r\nHost: x\r\n"
