@@ -1,8 +1,11 @@
 #include "src/cmd/proxy_wiring.h"
 
 #include <fstream>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "prometheus/metric_family.h"
 #include "src/common/status_macros.h"
 #include "src/server/port_token.h"
 
@@ -45,7 +48,8 @@ void AddProxyFlags(CLI::App& app, ProxyFlags* flags) {
 absl::StatusOr<RunningProxy> StartProxy(const ProxyFlags& flags, const server::AuthOptions& auth,
                                         const SandboxSecrets& secrets,
                                         allocator::Allocator* allocator,
-                                        server::PortUrlOptions* urls) {
+                                        server::PortUrlOptions* urls,
+                                        gateway::ProxyCounters* counters) {
   RunningProxy out;
   if (flags.proxy.listen.empty()) return out;
   gateway::ProxyOptions options = flags.proxy;
@@ -58,6 +62,7 @@ absl::StatusOr<RunningProxy> StartProxy(const ProxyFlags& flags, const server::A
   deps.auth = out.auth.get();
   deps.tokens = out.tokens.get();
   deps.sandbox_secret = [secrets](absl::string_view id) { return secrets.For(id); };
+  deps.counters = counters;
   ASSIGN_OR_RETURN(out.proxy, gateway::PortProxy::Start(options, std::move(deps)));
   const std::string port = std::to_string(out.proxy->port());
   urls->tokens = out.tokens;
@@ -82,6 +87,60 @@ absl::StatusOr<RunningProxy> StartProxy(const ProxyFlags& flags, const server::A
     }
   }
   return out;
+}
+
+namespace {
+
+class ProxyCollectorImpl final : public prometheus::Collectable {
+ public:
+  explicit ProxyCollectorImpl(const gateway::ProxyCounters* c) : c_(c) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    auto one = [&](const char* name, const char* help, prometheus::MetricType type, double value) {
+      prometheus::MetricFamily f;
+      f.name = name;
+      f.help = help;
+      f.type = type;
+      prometheus::ClientMetric m;
+      if (type == prometheus::MetricType::Counter) {
+        m.counter.value = value;
+      } else {
+        m.gauge.value = value;
+      }
+      f.metric.push_back(m);
+      out.push_back(std::move(f));
+    };
+    one("sbx_proxy_connections", "Client connections the port proxy holds open now",
+        prometheus::MetricType::Gauge, static_cast<double>(c_->open.load()));
+    one("sbx_proxy_accepted_total", "Client connections the port proxy accepted",
+        prometheus::MetricType::Counter, static_cast<double>(c_->accepted.load()));
+    one("sbx_proxy_forwarded_total",
+        "Client connections the port proxy joined to a port inside a sandbox",
+        prometheus::MetricType::Counter, static_cast<double>(c_->forwarded.load()));
+    prometheus::MetricFamily refused;
+    refused.name = "sbx_proxy_refused_total";
+    refused.help = "Requests the port proxy answered itself, never reaching a sandbox, by reason";
+    refused.type = prometheus::MetricType::Counter;
+    for (int i = 0; i < gateway::kProxyRefusals; ++i) {
+      prometheus::ClientMetric m;
+      m.label.push_back(
+          {"reason", gateway::ProxyRefusalName(static_cast<gateway::ProxyRefusal>(i))});
+      m.counter.value = static_cast<double>(c_->refused[i].load());
+      refused.metric.push_back(std::move(m));
+    }
+    out.push_back(std::move(refused));
+    return out;
+  }
+
+ private:
+  const gateway::ProxyCounters* const c_;
+};
+
+}  // namespace
+
+std::shared_ptr<prometheus::Collectable> ProxyCollector(const gateway::ProxyCounters* counters) {
+  return std::make_shared<ProxyCollectorImpl>(counters);
 }
 
 }  // namespace sbx::cmd

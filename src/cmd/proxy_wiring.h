@@ -7,6 +7,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
 #include "src/common/sandbox_secret.h"
 #include "src/gateway/gateway.h"
 #include "src/server/auth.h"
@@ -36,9 +37,15 @@ struct RunningProxy {
 
 // The proxy, or an empty RunningProxy without --proxy_listen; fills `urls` for
 // GetPortUrl. Errors name the flag at fault; the server should stop on them.
+// `counters` (may be null) must outlive the proxy.
 absl::StatusOr<RunningProxy> StartProxy(const ProxyFlags& flags, const server::AuthOptions& auth,
                                         const SandboxSecrets& secrets,
                                         allocator::Allocator* allocator,
-                                        server::PortUrlOptions* urls);
+                                        server::PortUrlOptions* urls,
+                                        gateway::ProxyCounters* counters);
+
+// The proxy's metric families (docs/metrics.md, "The port proxy"), read from `counters`
+// at scrape time; `counters` must outlive the registry's use of it.
+std::shared_ptr<prometheus::Collectable> ProxyCollector(const gateway::ProxyCounters* counters);
 
 }  // namespace sbx::cmd

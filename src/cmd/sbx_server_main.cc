@@ -210,6 +210,8 @@ int main(int argc, char** argv) {
   sbx::cmd::KubeFlags kube_flags;
   sbx::cmd::ConversionFlags conversion_flags;
   sbx::cmd::ProxyFlags proxy_flags;
+  // Outlives the proxy and the metrics endpoint that reads it.
+  sbx::gateway::ProxyCounters proxy_counters;
 
   CLI::App app{"sbx-server: warm-pool sandbox allocator for AI agents (gRPC)"};
   // A flag given twice takes its last value, so wrappers (scripts/run) can set defaults
@@ -682,6 +684,9 @@ int main(int argc, char** argv) {
       sources.sandbox_output_dropped = [l = local.get()] { return l->output_dropped_bytes(); };
     }
     if (replication != nullptr) sources.extra.push_back(replication->Collector());
+    if (!proxy_flags.proxy.listen.empty()) {
+      sources.extra.push_back(sbx::cmd::ProxyCollector(&proxy_counters));
+    }
     auto started = sbx::server::MetricsEndpoint::Start(metrics_options, registry, sources);
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
@@ -715,9 +720,9 @@ int main(int argc, char** argv) {
     if (active_runtime != nullptr) refill.Start(allocator.get());
     if (kube != nullptr) RETURN_IF_ERROR(kube->StartPools(allocator.get()));
     server_options.allocator = allocator.get();
-    ASSIGN_OR_RETURN(port_proxy,
-                     sbx::cmd::StartProxy(proxy_flags, server_options.auth, *sandbox_secrets,
-                                          allocator.get(), &server_options.port_urls));
+    ASSIGN_OR_RETURN(port_proxy, sbx::cmd::StartProxy(proxy_flags, server_options.auth,
+                                                      *sandbox_secrets, allocator.get(),
+                                                      &server_options.port_urls, &proxy_counters));
     ASSIGN_OR_RETURN(auto started, sbx::server::Server::Start(server_options));
     absl::MutexLock lock(&server_mu);
     server = std::move(started);

@@ -34,6 +34,7 @@
 // Lifetime: the allocator, authenticator and tokens must outlive the proxy; Shutdown (or
 // the destructor) closes every connection and joins the proxy's thread.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -75,12 +76,41 @@ struct ProxyOptions {
   absl::Status Validate() const;
 };
 
+// Why the proxy answered a request itself (never reaching the sandbox), for
+// sbx_proxy_refused_total{reason}.
+enum class ProxyRefusal : uint8_t {
+  kBadRequest = 0,   // 400: malformed, smuggling framings, no port in the path
+  kUnauthenticated,  // 401
+  kForbidden,        // 403: a URL token of another claim or port
+  kNotFound,         // 404: not the caller's claim, or none; no sandbox port named
+  kHeaderTimeout,    // 408
+  kNotActive,        // 409
+  kLimit,            // 429, and connections over --proxy_max_connections at accept
+  kHeaderTooLarge,   // 431
+  kUnreachable,      // 502: nothing listens, the daemon cannot be reached
+  kOther,            // 500
+};
+inline constexpr int kProxyRefusals = 10;
+// "bad_request", "unauthenticated", ... (the label value).
+const char* ProxyRefusalName(ProxyRefusal r);
+
+// Plain counters the proxy keeps and the metrics collector reads at scrape time
+// (relaxed atomics: each is a gauge or a counter read on its own).
+struct ProxyCounters {
+  std::atomic<int64_t> open{0};       // client connections open now
+  std::atomic<int64_t> accepted{0};   // client connections accepted
+  std::atomic<int64_t> forwarded{0};  // connections that reached a sandbox's port
+  std::atomic<int64_t> refused[kProxyRefusals] = {};
+};
+
 struct ProxyDeps {
   allocator::Allocator* allocator = nullptr;
   const server::Authenticator* auth = nullptr;
   const server::PortTokens* tokens = nullptr;
   // The secret of a sandbox's daemon (src/common/sandbox_secret.h); unset: none.
   std::function<std::string(absl::string_view sandbox_id)> sandbox_secret;
+  // Where the proxy counts (must outlive it); null: the proxy keeps its own.
+  ProxyCounters* counters = nullptr;
 };
 
 class PortProxy {

@@ -80,7 +80,58 @@ absl::Status ProxyOptions::Validate() const {
   return absl::OkStatus();
 }
 
+const char* ProxyRefusalName(ProxyRefusal r) {
+  switch (r) {
+    case ProxyRefusal::kBadRequest:
+      return "bad_request";
+    case ProxyRefusal::kUnauthenticated:
+      return "unauthenticated";
+    case ProxyRefusal::kForbidden:
+      return "forbidden";
+    case ProxyRefusal::kNotFound:
+      return "not_found";
+    case ProxyRefusal::kHeaderTimeout:
+      return "header_timeout";
+    case ProxyRefusal::kNotActive:
+      return "not_active";
+    case ProxyRefusal::kLimit:
+      return "limit";
+    case ProxyRefusal::kHeaderTooLarge:
+      return "header_too_large";
+    case ProxyRefusal::kUnreachable:
+      return "unreachable";
+    case ProxyRefusal::kOther:
+      return "other";
+  }
+  return "other";
+}
+
 namespace {
+
+ProxyRefusal RefusalOf(int code) {
+  switch (code) {
+    case 400:
+      return ProxyRefusal::kBadRequest;
+    case 401:
+      return ProxyRefusal::kUnauthenticated;
+    case 403:
+      return ProxyRefusal::kForbidden;
+    case 404:
+      return ProxyRefusal::kNotFound;
+    case 408:
+      return ProxyRefusal::kHeaderTimeout;
+    case 409:
+      return ProxyRefusal::kNotActive;
+    case 429:
+      return ProxyRefusal::kLimit;
+    case 431:
+      return ProxyRefusal::kHeaderTooLarge;
+    case 502:
+      return ProxyRefusal::kUnreachable;
+    default:
+      return ProxyRefusal::kOther;
+  }
+}
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -300,7 +351,9 @@ class Session : public std::enable_shared_from_this<Session> {
 class ProxyImpl final : public PortProxy {
  public:
   ProxyImpl(ProxyOptions options, ProxyDeps deps)
-      : options_(std::move(options)), deps_(std::move(deps)), acceptor_(io_) {}
+      : options_(std::move(options)), deps_(std::move(deps)), acceptor_(io_) {
+    counters_ = deps_.counters != nullptr ? deps_.counters : &own_counters_;
+  }
   ~ProxyImpl() override { Shutdown(); }
 
   absl::Status Bind() {
@@ -339,7 +392,10 @@ class ProxyImpl final : public PortProxy {
   }
 
   int port() const override { return port_; }
-  int connections() const override { return open_.load(std::memory_order_relaxed); }
+  int connections() const override {
+    return static_cast<int>(counters_->open.load(std::memory_order_relaxed));
+  }
+  ProxyCounters& counters() { return *counters_; }
 
   void Shutdown() override {
     if (!thread_.joinable()) return;
@@ -391,15 +447,16 @@ class ProxyImpl final : public PortProxy {
   char* scratch() { return scratch_.get(); }
   const ProxyDeps& deps() const { return deps_; }
   asio::io_context& io() { return io_; }
-  // Relaxed: a gauge, read by connections() and the accept limit on the proxy thread.
-  std::atomic<int> open_{0};
 
  private:
   void Accept() {
     acceptor_.async_accept([this](error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted) return;
       if (!ec) {
-        if (open_.load(std::memory_order_relaxed) >= options_.max_connections) {
+        counters_->accepted.fetch_add(1, std::memory_order_relaxed);
+        if (counters_->open.load(std::memory_order_relaxed) >= options_.max_connections) {
+          counters_->refused[static_cast<int>(ProxyRefusal::kLimit)].fetch_add(
+              1, std::memory_order_relaxed);
           error_code ignored;
           socket.close(ignored);  // over the total: refused before reading anything
         } else {
@@ -412,6 +469,8 @@ class ProxyImpl final : public PortProxy {
 
   const ProxyOptions options_;
   const ProxyDeps deps_;
+  ProxyCounters own_counters_;
+  ProxyCounters* counters_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, int> per_sandbox_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> per_tenant_ ABSL_GUARDED_BY(mu_);
@@ -425,7 +484,7 @@ class ProxyImpl final : public PortProxy {
 
 Session::Session(ProxyImpl* proxy, tcp::socket client)
     : proxy_(proxy), client_(std::move(client)), upstream_(proxy->io()), timer_(proxy->io()) {
-  proxy_->open_.fetch_add(1, std::memory_order_relaxed);
+  proxy_->counters().open.fetch_add(1, std::memory_order_relaxed);
 }
 
 Session::~Session() {
@@ -434,7 +493,7 @@ Session::~Session() {
     if (p.w >= 0) ::close(p.w);
   }
   if (counted_) proxy_->Release(sandbox_id_, tenant_);
-  proxy_->open_.fetch_sub(1, std::memory_order_relaxed);
+  proxy_->counters().open.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void Session::Start() {
@@ -691,6 +750,7 @@ void Session::OnDaemonAnswer() {
 
 void Session::OnUpstream() {
   pinned_ = true;
+  proxy_->counters().forwarded.fetch_add(1, std::memory_order_relaxed);
   in_header_ = false;
   error_code ec;
   upstream_.set_option(tcp::no_delay(true), ec);
@@ -919,6 +979,8 @@ void Session::Splice(bool down) {
 void Session::Reply(int code, const std::string& message) {
   if (closed_) return;
   if (pinned_) return Close();  // bytes of the sandbox may already be on their way
+  proxy_->counters().refused[static_cast<int>(RefusalOf(code))].fetch_add(
+      1, std::memory_order_relaxed);
   http::response<http::string_body> res{static_cast<http::status>(code), 11};
   res.set(http::field::server, "sbx");
   res.set(http::field::content_type, "text/plain; charset=utf-8");

@@ -510,8 +510,10 @@ class PortLimits(unittest.TestCase):
         with open(tokens, "w") as f:
             f.write("tok-a tenant-a\n")
         port_file = os.path.join(cls.dir, "proxy_port")
+        cls.metrics_file = os.path.join(cls.dir, "metrics_port")
         cls.server = sbx_e2e.Server(SERVER, cls.dir, CONFIG, (
             "--proxy_listen=127.0.0.1:0", f"--proxy_port_file={port_file}",
+            f"--metrics_port_file={cls.metrics_file}",
             "--proxy_max_connections_per_sandbox=2", "--proxy_max_connections_per_tenant=3",
             "--proxy_idle_timeout_s=1"), auth_tokens=tokens)
         with open(port_file) as f:
@@ -564,6 +566,19 @@ class PortLimits(unittest.TestCase):
         s, head = self.ws(self.c1)
         s.close()
         self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+        # The refusals are counted by reason on /metrics.
+        import urllib.request
+        with open(self.metrics_file) as f:
+            port = int(f.read())
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        metrics = {}
+        for line in text.decode().splitlines():
+            if line.startswith("sbx_proxy_"):
+                name, value = line.rsplit(" ", 1)
+                metrics[name] = float(value)
+        self.assertEqual(metrics.get('sbx_proxy_refused_total{reason="limit"}'), 2, metrics)
+        self.assertGreaterEqual(metrics.get("sbx_proxy_forwarded_total", 0), 4, metrics)
+        self.assertGreaterEqual(metrics.get("sbx_proxy_accepted_total", 0), 6, metrics)
 
 
 if __name__ == "__main__":
