@@ -408,6 +408,19 @@ class Ports(unittest.TestCase):
             s.sendall(ws_frame(msg))
             self.assertEqual(ws_read(s, len(msg)), msg)
         s.close()
+        # As a browser opens it: the signed URL's token in the query, no header.
+        token = self.url_token(self.a, ECHO_PORT).token
+        s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=10)
+        head = ws_handshake(s, "x", path=f"/_sbx/{self.a}/{ECHO_PORT}/ws?sbx_token={token}")
+        self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
+        s.sendall(ws_frame(b"by url"))
+        self.assertEqual(ws_read(s, 6), b"by url")
+        s.close()
+        # ... and that token does not open the HTTP port.
+        s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=10)
+        head = ws_handshake(s, "x", path=f"/_sbx/{self.a}/{HTTP_PORT}/ws?sbx_token={token}")
+        s.close()
+        self.assertTrue(head.startswith(b"HTTP/1.1 403"), head)
 
     def test_connect_tunnel(self):
         s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=10)
@@ -417,6 +430,14 @@ class Ports(unittest.TestCase):
         self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
         s.sendall(b"raw bytes\n")
         self.assertEqual(recv_until(s, b"\n"), b"raw bytes\n")
+        s.close()
+        # The host form, as an HTTPS client through a proxy would send it.
+        s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=10)
+        s.sendall((f"CONNECT {ECHO_PORT}-{self.a}.{DOMAIN}:443 HTTP/1.1\r\nHost: x\r\n"
+                   "Proxy-Authorization: Bearer tok-a\r\n\r\n").encode())
+        self.assertTrue(recv_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 200"))
+        s.sendall(b"host form\n")
+        self.assertEqual(recv_until(s, b"\n"), b"host form\n")
         s.close()
         s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=10)
         s.sendall((f"CONNECT {self.a}:{ECHO_PORT} HTTP/1.1\r\nHost: x\r\n"
@@ -437,6 +458,51 @@ class Ports(unittest.TestCase):
             s.close()
         sbx_e2e.wait_for(lambda: fds() <= before + 5, 10,
                          f"the server's descriptors back near {before} (now {fds()})")
+
+    def forwarded_request(self, request, done):
+        """Sends `request` to the raw echo server through the proxy; returns what it got
+        (what the sandbox received) once done(got) is true or the stream ends."""
+        s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=20)
+        s.sendall(request)
+        got = b""
+        while not done(got):
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+        s.close()
+        return got
+
+    def test_request_bodies_reach_the_sandbox_intact_without_the_tenant_token(self):
+        body = os.urandom(100_000)  # several of the proxy's 16 KiB pieces
+        head = (f"POST /_sbx/{self.a}/{ECHO_PORT}/upload?x=1&sbx_token=abc HTTP/1.1\r\n"
+                f"Host: x\r\nAuthorization: Bearer tok-a\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        got = self.forwarded_request(
+            head + body, lambda g: b"\r\n\r\n" in g and
+            len(g.partition(b"\r\n\r\n")[2]) >= len(body))
+        seen_head, _, seen_body = got.partition(b"\r\n\r\n")
+        self.assertTrue(seen_head.startswith(b"POST /upload?x=1 HTTP/1.1\r\n"), seen_head)
+        self.assertNotIn(b"tok-a", seen_head)
+        self.assertNotIn(b"sbx_token", seen_head)
+        self.assertEqual(seen_body, body)
+        # Chunked: decoded by Beast's parser and chunked again by its serializer.
+        parts = [os.urandom(n) for n in (10, 40_000, 1)]
+        chunked = b"".join(b"%x\r\n" % len(p) + p + b"\r\n" for p in parts) + b"0\r\n\r\n"
+        head = (f"POST /_sbx/{self.a}/{ECHO_PORT}/c HTTP/1.1\r\nHost: x\r\n"
+                "Authorization: Bearer tok-a\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+        got = self.forwarded_request(head + chunked, lambda g: g.endswith(b"\r\n0\r\n\r\n"))
+        seen_head, _, rest = got.partition(b"\r\n\r\n")
+        self.assertIn(b"transfer-encoding: chunked", seen_head.lower())
+        decoded = b""
+        while rest:
+            size_line, _, rest = rest.partition(b"\r\n")
+            n = int(size_line.split(b";")[0], 16)
+            if n == 0:
+                break
+            decoded += rest[:n]
+            rest = rest[n + 2:]
+        self.assertEqual(decoded, b"".join(parts))
 
     def test_large_download_and_tunnel_are_byte_exact(self):
         # Bulk transfers go through splice(2) after the first full read: both paths checked.
