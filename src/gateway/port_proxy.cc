@@ -143,6 +143,7 @@ using boost::system::error_code;
 constexpr size_t kPumpBytes = 256 * 1024;
 constexpr int kMovesPerWake = 16;
 constexpr size_t kSpliceBytes = 1 << 20;
+constexpr std::chrono::seconds kLinger{1};
 constexpr size_t kBodyPieceBytes = 16 * 1024;
 
 struct Target {
@@ -313,7 +314,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool OpenPipe(bool down);
   // The source of one direction read EOF.
   void SourceEnded(bool down);
-  void Reply(int code, const std::string& message);
+  void Reply(int code, const std::string& message, bool linger = true);
+  void Linger();
+  void DrainClient();
   void Fail(const absl::Status& s) {
     Reply(HttpCode(s), s.message().empty() ? "" : std::string(s.message()));
   }
@@ -328,7 +331,8 @@ class Session : public std::enable_shared_from_this<Session> {
   Clock::time_point header_deadline_;
   bool in_header_ = true;  // waiting for a request header (or the dial): header deadline
   bool closed_ = false;
-  bool pinned_ = false;  // upstream open for target_
+  bool lingering_ = false;  // answered; draining the client until it closes (kLinger)
+  bool pinned_ = false;     // upstream open for target_
   bool tunnel_ = false;
   bool up_done_ = false, down_done_ = false;  // half-closes in a tunnel
   Target target_;
@@ -517,13 +521,16 @@ void Session::ArmTimer() {
 
 void Session::OnTimer() {
   if (closed_) return;
+  if (lingering_) return Close();
   const Clock::time_point deadline =
       in_header_ ? header_deadline_
                  : last_active_ + absl::ToChronoNanoseconds(proxy_->options().idle_timeout);
   if (Clock::now() < deadline) return ArmTimer();
   if (in_header_ && !pinned_) {
     // Slowloris, or a dial that did not finish: nothing reached the sandbox.
-    return Reply(408, "the request header did not arrive within the header timeout");
+    // The header read is still pending: no lingering (a slow client may see a reset).
+    return Reply(408, "the request header did not arrive within the header timeout",
+                 /*linger=*/false);
   }
   Close();
 }
@@ -976,7 +983,7 @@ void Session::Splice(bool down) {
   Pump(down);
 }
 
-void Session::Reply(int code, const std::string& message) {
+void Session::Reply(int code, const std::string& message, bool linger) {
   if (closed_) return;
   if (pinned_) return Close();  // bytes of the sandbox may already be on their way
   proxy_->counters().refused[static_cast<int>(RefusalOf(code))].fetch_add(
@@ -992,10 +999,41 @@ void Session::Reply(int code, const std::string& message) {
   os << res;
   out_ = os.str();
   parser_.reset();
-  asio::async_write(client_, asio::buffer(out_), [self = shared_from_this()](error_code, size_t) {
-    error_code ignored;
-    self->client_.shutdown(tcp::socket::shutdown_send, ignored);
-    self->Close();
+  asio::async_write(client_, asio::buffer(out_),
+                    [self = shared_from_this(), linger](error_code ec, size_t) {
+                      error_code ignored;
+                      self->client_.shutdown(tcp::socket::shutdown_send, ignored);
+                      if (ec || !linger) return self->Close();
+                      self->Linger();
+                    });
+}
+
+// After an answer of our own the client may still be sending (a body we refused): closing
+// now would reset the connection and could destroy the answer before the client read it.
+// So read and discard until the client closes, for at most kLinger.
+void Session::Linger() {
+  lingering_ = true;
+  in_header_ = true;
+  header_deadline_ = Clock::now() + kLinger;
+  ArmTimer();
+  error_code ignored;
+  client_.non_blocking(true, ignored);
+  DrainClient();
+}
+
+void Session::DrainClient() {
+  client_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](error_code ec) {
+    if (self->closed_) return;
+    if (ec) return self->Close();
+    while (true) {
+      error_code e;
+      const size_t n =
+          self->client_.read_some(asio::buffer(self->proxy_->scratch(), kPumpBytes), e);
+      if (e == asio::error::would_block || e == asio::error::try_again) {
+        return self->DrainClient();
+      }
+      if (e || n == 0) return self->Close();
+    }
   });
 }
 

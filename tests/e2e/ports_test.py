@@ -336,7 +336,10 @@ class Ports(unittest.TestCase):
         self.assertIn(b"200", first.split(b"\r\n")[0])
         s.sendall((f"POST /_sbx/{self.a}/{HTTP_PORT}/ HTTP/1.1\r\nHost: x\r\n"
                    "Content-Length: 4\r\nContent-Length: 9\r\n\r\nabcd").encode())
-        rest = recv_until(s, b"\r\n\r\n")
+        try:
+            rest = recv_until(s, b"\r\n\r\n")
+        except ConnectionResetError:
+            rest = b""  # closed with the refused request unread: a reset
         self.assertNotIn(b"HTTP/1.0 501", rest)  # http.server never saw the POST
         self.assertNotIn(b"HTTP/1.0 200", rest)
         s.close()
