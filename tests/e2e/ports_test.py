@@ -54,6 +54,20 @@ def recv_until(s, marker, limit=1 << 20):
     return data
 
 
+def proxy_metrics(metrics_file):
+    """The sbx_proxy_* series of the server's /metrics, by series name."""
+    import urllib.request
+    with open(metrics_file) as f:
+        port = int(f.read())
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    out = {}
+    for line in text.decode().splitlines():
+        if line.startswith("sbx_proxy_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
 def ws_handshake(s, host, path="/", headers=""):
     key = base64.b64encode(os.urandom(16)).decode()
     s.sendall((f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
@@ -88,9 +102,10 @@ class Ports(unittest.TestCase):
         with open(cls.tokens, "w") as f:
             f.write("tok-a tenant-a\ntok-b tenant-b\n")
         port_file = os.path.join(cls.dir, "proxy_port")
+        cls.metrics_file = os.path.join(cls.dir, "metrics_port")
         cls.server = sbx_e2e.Server(SERVER, cls.dir, CONFIG, (
             "--proxy_listen=127.0.0.1:0", f"--proxy_port_file={port_file}",
-            f"--proxy_domain={DOMAIN}", "--proxy_header_timeout_s=1",
+            f"--metrics_port_file={cls.metrics_file}", f"--proxy_domain={DOMAIN}", "--proxy_header_timeout_s=1",
             "--proxy_max_connections_per_sandbox=2100",
             "--proxy_max_connections_per_tenant=2200"), auth_tokens=cls.tokens)
         with open(port_file) as f:
@@ -263,7 +278,11 @@ class Ports(unittest.TestCase):
                             headers={"Authorization": "Bearer tok-a"})
         self.assertEqual(st, 404, body)
 
+    def forwarded(self):
+        return proxy_metrics(self.metrics_file).get("sbx_proxy_forwarded_total", 0)
+
     def test_tenant_b_cannot_read_a_port(self):
+        before = self.forwarded()
         for path, host in ((f"/_sbx/{self.a}/{HTTP_PORT}/hello.txt", None),
                            ("/hello.txt", f"{HTTP_PORT}-{self.a}.{DOMAIN}")):
             st, body = self.get(path, host=host, headers={"Authorization": "Bearer tok-b"})
@@ -272,6 +291,7 @@ class Ports(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as e:
             self.url_token(self.a, HTTP_PORT, md=TENANT_B)
         self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(self.forwarded(), before, "a refused request reached a sandbox")
         # B's own claim still works for B.
         st, body = self.get(f"/_sbx/{self.b}/{HTTP_PORT}/hello.txt",
                             headers={"Authorization": "Bearer tok-b"})
@@ -279,10 +299,12 @@ class Ports(unittest.TestCase):
 
     def test_signed_url_is_only_for_its_claim_and_port(self):
         token = self.url_token(self.a, HTTP_PORT).token
+        before = self.forwarded()
         for claim_id, port in ((self.a, ECHO_PORT), (self.a2, HTTP_PORT), (self.b, HTTP_PORT)):
             st, body = self.get(f"/_sbx/{claim_id}/{port}/hello.txt?sbx_token={token}")
             self.assertEqual(st, 403, (claim_id, port, body))
             self.assertNotIn(b"hello from", body)
+        self.assertEqual(self.forwarded(), before, "a refused request reached a sandbox")
 
     def test_forged_and_expired_tokens_are_refused(self):
         token = self.url_token(self.a, HTTP_PORT).token
@@ -636,15 +658,7 @@ class PortLimits(unittest.TestCase):
         s.close()
         self.assertTrue(head.startswith(b"HTTP/1.1 101"), head)
         # The refusals are counted by reason on /metrics.
-        import urllib.request
-        with open(self.metrics_file) as f:
-            port = int(f.read())
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-        metrics = {}
-        for line in text.decode().splitlines():
-            if line.startswith("sbx_proxy_"):
-                name, value = line.rsplit(" ", 1)
-                metrics[name] = float(value)
+        metrics = proxy_metrics(self.metrics_file)
         self.assertEqual(metrics.get('sbx_proxy_refused_total{reason="limit"}'), 2, metrics)
         self.assertGreaterEqual(metrics.get("sbx_proxy_forwarded_total", 0), 4, metrics)
         self.assertGreaterEqual(metrics.get("sbx_proxy_accepted_total", 0), 6, metrics)
