@@ -321,6 +321,8 @@ class Session : public std::enable_shared_from_this<Session> {
     Reply(HttpCode(s), s.message().empty() ? "" : std::string(s.message()));
   }
   void Close();
+  // Closed, or answering by itself (a dial or header read that completes now is dropped).
+  bool Gone() const { return closed_ || replying_; }
 
   ProxyImpl* const proxy_;
   tcp::socket client_;
@@ -331,8 +333,10 @@ class Session : public std::enable_shared_from_this<Session> {
   Clock::time_point header_deadline_;
   bool in_header_ = true;  // waiting for a request header (or the dial): header deadline
   bool closed_ = false;
-  bool lingering_ = false;  // answered; draining the client until it closes (kLinger)
-  bool pinned_ = false;     // upstream open for target_
+  bool lingering_ = false;
+  bool replying_ = false;  // an answer of our own is on its way: nothing else may start  //
+                           // answered; draining the client until it closes (kLinger)
+  bool pinned_ = false;    // upstream open for target_
   bool tunnel_ = false;
   bool up_done_ = false, down_done_ = false;  // half-closes in a tunnel
   Target target_;
@@ -545,7 +549,7 @@ void Session::ReadHeader() {
 }
 
 void Session::OnHeader(error_code ec) {
-  if (closed_) return;
+  if (Gone()) return;
   if (ec) {
     if (ec == http::error::header_limit) {
       return Reply(431, absl::StrCat("the request header is larger than ",
@@ -669,7 +673,7 @@ void Session::Dial(const store::ClaimRecord& claim) {
   upstream_.async_connect(
       tcp::endpoint(addr, static_cast<uint16_t>(target_.port)),
       [self = shared_from_this()](error_code ec) {
-        if (self->closed_) return;
+        if (self->Gone()) return;
         if (ec) {
           return self->Fail(absl::UnavailableError(absl::StrCat(
               "cannot connect to port ", self->target_.port, " of the sandbox: ", ec.message())));
@@ -685,19 +689,19 @@ void Session::DialDaemon(const std::string& path, const std::string& sandbox_id)
   dial_.emplace(proxy_->io());
   dial_->async_connect(
       asio::local::stream_protocol::endpoint(path), [self = shared_from_this()](error_code ec) {
-        if (self->closed_) return;
+        if (self->Gone()) return;
         if (ec) {
           return self->Fail(absl::UnavailableError(
               absl::StrCat("the sandbox's daemon cannot be reached: ", ec.message())));
         }
         asio::async_write(*self->dial_, asio::buffer(self->out_), [self](error_code ec, size_t) {
-          if (self->closed_) return;
+          if (self->Gone()) return;
           if (ec) {
             return self->Fail(absl::UnavailableError(
                 absl::StrCat("the sandbox's daemon cannot be reached: ", ec.message())));
           }
           self->dial_->async_wait(asio::socket_base::wait_read, [self](error_code ec) {
-            if (self->closed_) return;
+            if (self->Gone()) return;
             if (ec) return self->Close();
             self->OnDaemonAnswer();
           });
@@ -984,8 +988,13 @@ void Session::Splice(bool down) {
 }
 
 void Session::Reply(int code, const std::string& message, bool linger) {
-  if (closed_) return;
+  if (Gone()) return;
   if (pinned_) return Close();  // bytes of the sandbox may already be on their way
+  replying_ = true;
+  if (dial_) {
+    error_code ignored;
+    dial_->close(ignored);
+  }
   proxy_->counters().refused[static_cast<int>(RefusalOf(code))].fetch_add(
       1, std::memory_order_relaxed);
   http::response<http::string_body> res{static_cast<http::status>(code), 11};
