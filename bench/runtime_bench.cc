@@ -9,13 +9,17 @@
 // path that both roots have, e.g. /usr/bin/true with an image holding the host's).
 // Each prints the median and 90th percentile of its iterations as counters p50_ms, p90_ms
 // (the targets are medians; Google Benchmark's own time column is the mean).
+// --gap_ms=N leaves the machine idle N ms after each delete of ColdCreate (outside the
+// timing): back-to-back creates share kernel work that a create on a quiet server (one
+// refill at a time) pays alone.
 // Usage: runtime_bench --sandboxd=/path/to/sbx-sandboxd [--image=REF] [--exec=PATH]
-//        [benchmark flags]
+//        [--gap_ms=N] [benchmark flags]
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -36,6 +40,7 @@ using sbx::runtime::BubblewrapRuntime;
 std::string g_sandboxd;
 std::string g_image;  // --image: a reference; empty: no image variants
 std::string g_exec = "/bin/true";
+int g_gap_ms = 0;  // --gap_ms: idle time after each delete, outside the timing
 std::unique_ptr<sbx::images::ImageCache> g_cache;
 
 // Per-iteration wall times, reported as percentile counters.
@@ -125,6 +130,7 @@ void BM_Local_ColdCreate(benchmark::State& state, bool image) {
     if (!info.ok()) return state.SkipWithError(std::string(info.status().message()).c_str());
     state.PauseTiming();
     DeleteSync(*rt, info->id);
+    if (g_gap_ms > 0) usleep(static_cast<useconds_t>(g_gap_ms) * 1000);
     state.ResumeTiming();
   }
   state.counters["isolated"] = rt->isolated() ? 1 : 0;
@@ -191,6 +197,7 @@ int main(int argc, char** argv) {
     if (arg.rfind("--sandboxd=", 0) == 0) g_sandboxd = arg.substr(11);
     if (arg.rfind("--image=", 0) == 0) g_image = arg.substr(8);
     if (arg.rfind("--exec=", 0) == 0) g_exec = arg.substr(7);
+    if (arg.rfind("--gap_ms=", 0) == 0) g_gap_ms = std::atoi(arg.c_str() + 9);
   }
   const std::string cache_dir = "/tmp/sbx-bench-images-" + std::to_string(getpid());
   if (!g_image.empty()) {

@@ -99,6 +99,13 @@ RUNTIME_ROOM_USES = {
                            "cgroups", "bwrap_args", "reaper", "spawn", "adoption", "probe",
                            "image_root"},
 }
+# src/allocator: the allocator (allocator.h, its implementation allocator_impl.h and the
+# rooms that define AllocatorImpl's methods) sits on top of its parts, and the refill drives
+# it; the parts below (ready sets, watch hub, pools, queues, tables) never include it back.
+ALLOCATOR_TOP = {"allocator", "allocator_impl", "admin", "claim_path", "claim_batch",
+                 "claim_changes", "sandbox_events", "recovery", "refill"}
+ALLOCATOR_TOP_HEADERS = {"src/allocator/allocator.h", "src/allocator/allocator_impl.h"}
+
 RUNTIME_HEADER_USES = {"src/runtime/bubblewrap_runtime.h": {"runtime"}}
 RUNTIME_DOORS = {"src/runtime/runtime.h", "src/runtime/bubblewrap_runtime.h",
                  "src/runtime/instant_runtime.h", "src/runtime/image_root_helper.h"}
@@ -143,10 +150,10 @@ THIRD_PARTY = {
     "pplx/": ["src/k8s/http_cpprest.cc"],
     "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc",
                  "src/replication/service.cc", "src/images/digest.cc",
-                "src/server/port_token.cc"],
+                 "src/server/port_token.cc"],
     "boost/": ["src/k8s/conversion_webhook.cc", "src/gateway/port_proxy.cc"],
-    "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],
-    "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/runtime/", "src/replication/"],
+    "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/replication/"],
+    "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/replication/"],
     "google/protobuf/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/store/rocksdb_store.cc",
                          "src/runtime/", "src/replication/"],
     "prometheus/": ["src/server/", "src/cmd/", "src/k8s/"],
@@ -231,6 +238,11 @@ def check_file(root, rel, component):
             target, kind = component_of_include(inc)
             if component == "k8s" and target is not None:
                 errors.extend(check_k8s_room(where, rel, inc, target))
+            if (component == "allocator" and inc in ALLOCATOR_TOP_HEADERS
+                    and stem_of(rel) not in ALLOCATOR_TOP):
+                errors.append(f"{where}: includes \"{inc}\", the allocator that sits on top of "
+                              f"this part of src/allocator (a back-arrow; only "
+                              f"{', '.join(sorted(ALLOCATOR_TOP))} may)")
             if target == "runtime" and component == "runtime":
                 errors.extend(check_runtime_room(where, rel, inc))
             elif target == "runtime" and inc not in RUNTIME_DOORS:

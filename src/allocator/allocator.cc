@@ -61,6 +61,10 @@ absl::Status CheckWait(absl::string_view field, absl::Duration wait) {
   return absl::OkStatus();
 }
 
+absl::string_view KnownSelectionPolicies() { return kKnownSelectionPolicies; }
+
+bool IsSelectionPolicy(absl::string_view name) { return NewSelectionPolicy(name).ok(); }
+
 absl::StatusOr<std::unique_ptr<Allocator>> Allocator::Create(AllocatorOptions options,
                                                              store::Store* store,
                                                              runtime::Runtime* runtime,

@@ -1,7 +1,10 @@
 #pragma once
 // The allocator's implementation class, shared by its rooms (the way RocksDB splits
-// DBImpl): allocator.cc (creation, options, renewals), claim_batch.cc (ClaimBatch and
-// waiting batches), recovery.cc (Recover); the claim table is claim_table.h. Internal to
+// DBImpl): allocator.cc (creation, options, renewals), claim_path.cc (a claim from its
+// request until it is active), claim_batch.cc (ClaimBatch and waiting batches),
+// claim_changes.cc (release, expiry, loss, suspension, purging), sandbox_events.cc (what
+// the runtime reports), admin.cc (templates and pools), recovery.cc (Recover); the claim
+// table is claim_table.h, waiting claims waiter_queue.h, watches watch_hub.h. Internal to
 // sbx::allocator: nothing outside src/allocator/ includes it (allocator.h is the
 // interface).
 

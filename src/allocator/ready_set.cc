@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "concurrentqueue/concurrentqueue.h"
-#include "src/allocator/allocator.h"
 
 namespace sbx::allocator {
 namespace {
@@ -252,17 +251,11 @@ std::unique_ptr<SelectionPolicy> NewNodeReadySet(absl::string_view name) {
                                                        : NodeReadySet::Order::kSpread);
 }
 
-absl::string_view KnownSelectionPolicies() { return "fifo, spread, pack"; }
-
-bool IsSelectionPolicy(absl::string_view name) {
-  return name.empty() || name == "fifo" || name == "spread" || name == "pack";
-}
-
 absl::StatusOr<std::unique_ptr<SelectionPolicy>> NewSelectionPolicy(absl::string_view name) {
   if (name == "fifo" || name.empty()) return NewFifoReadySet();
   if (name == "spread" || name == "pack") return NewNodeReadySet(name);
   return absl::InvalidArgumentError(absl::StrCat(
-      "selection policy \"", name, "\" is not known (known: ", KnownSelectionPolicies(), ")"));
+      "selection policy \"", name, "\" is not known (known: ", kKnownSelectionPolicies, ")"));
 }
 
 }  // namespace sbx::allocator

@@ -74,7 +74,9 @@ std::unique_ptr<SelectionPolicy> NewFifoReadySet();
 // A node-aware set ("spread" or "pack"; CHECKs that `name` is one of them).
 std::unique_ptr<SelectionPolicy> NewNodeReadySet(absl::string_view name);
 
-// KnownSelectionPolicies and IsSelectionPolicy: allocator.h.
+// The names NewSelectionPolicy knows, for messages (allocator.h's KnownSelectionPolicies;
+// IsSelectionPolicy is NewSelectionPolicy's verdict).
+inline constexpr absl::string_view kKnownSelectionPolicies = "fifo, spread, pack";
 
 // The policy named `name` ("fifo", "" for fifo, "spread", "pack"). INVALID_ARGUMENT,
 // naming the value and the known ones, for an unknown name.

@@ -35,7 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "src/allocator/allocator.h"
+#include "src/allocator/watch.h"
 #include "src/store/records.h"
 
 namespace sbx::allocator {

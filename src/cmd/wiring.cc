@@ -22,6 +22,7 @@ runtime::LocalSpec FromApi(const sbx::v1::LocalSpec& api) {
   spec.memory_limit_bytes = api.memory_limit_bytes();
   spec.pids_limit = api.pids_limit();
   spec.workspace_size_bytes = api.workspace_size_bytes();
+  spec.layer_size_bytes = api.layer_size_bytes();
   return spec;
 }
 

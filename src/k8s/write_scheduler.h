@@ -1,8 +1,9 @@
 #pragma once
 // WriteScheduler: the one door through which the allocator's side of sbx on Kubernetes
 // (the sbx::k8s_pools room) writes to the API server: the KubeRuntime (member creates at
-// refill priority, deletes at clean-up), the ClaimController (bindings, claim status and
-// pod patches at claim priority, its deletes at clean-up) and the WarmPoolController (its
+// refill priority, deletes at clean-up), the ClaimWriter for the ClaimController and its
+// GrpcClaimMirror (bindings, claim status and pod patches at claim priority, their deletes
+// at clean-up) and the WarmPoolController (its
 // deletes of surplus, stale and untracked members, at clean-up). Writes wait in three FIFO
 // queues by priority — claim-path writes before refills (new warm members) before clean-up
 // (deletes) — and leave them under one token bucket per cluster, run by a fixed set of

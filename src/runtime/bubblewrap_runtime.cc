@@ -453,6 +453,7 @@ std::string EncodeLocalSpec(const LocalSpec& spec) {
   j["memory_limit_bytes"] = spec.memory_limit_bytes;
   j["pids_limit"] = spec.pids_limit;
   j["workspace_size_bytes"] = spec.workspace_size_bytes;
+  j["layer_size_bytes"] = spec.layer_size_bytes;
   return j.dump();
 }
 
@@ -479,7 +480,9 @@ absl::StatusOr<LocalSpec> ParseLocalSpec(const std::string& json) {
     s.memory_limit_bytes = j.value("memory_limit_bytes", int64_t{0});
     s.pids_limit = j.value("pids_limit", int64_t{0});
     s.workspace_size_bytes = j.value("workspace_size_bytes", int64_t{0});
-    if (s.memory_limit_bytes < 0 || s.pids_limit < 0 || s.workspace_size_bytes < 0) {
+    s.layer_size_bytes = j.value("layer_size_bytes", int64_t{0});
+    if (s.memory_limit_bytes < 0 || s.pids_limit < 0 || s.workspace_size_bytes < 0 ||
+        s.layer_size_bytes < 0) {
       return absl::InvalidArgumentError("local spec limits must not be negative");
     }
     return s;

@@ -18,6 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr int64_t kDefaultWorkspaceBytes = int64_t{256} << 20;
+constexpr int64_t kDefaultLayerBytes = int64_t{1} << 30;
 constexpr char kWorkspaceInside[] = "/run/sbx/workspace";
 constexpr char kSandboxdInside[] = "/run/sbx/bin/sbx-sandboxd";
 // Files of /etc that hold secrets of the host, masked in every sandbox (besides being
@@ -100,8 +101,9 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
   std::vector<std::string> strict;
   for (const auto& m : spec.mounts) strict.push_back(m.target);
   if (!image.working_dir.empty()) strict.push_back(image.working_dir);
-  std::vector<std::string> a =
-      ImageRootPrefix(options.rootfs_helper_path, image, dir, iso.own_uids, host_uid, strict);
+  std::vector<std::string> a = ImageRootPrefix(
+      options.rootfs_helper_path, image, dir, iso.own_uids, host_uid,
+      spec.layer_size_bytes > 0 ? spec.layer_size_bytes : kDefaultLayerBytes, strict);
   for (std::string& x : IsolationArgs(options.bwrap_path, image.uid, image.gid)) {
     a.push_back(std::move(x));
   }

@@ -253,8 +253,10 @@ absl::Status MakeDaemonLibDir(const std::string& dir,
 
 std::vector<std::string> ImageRootPrefix(const std::string& helper, const ImageRun& image,
                                          const std::string& dir, bool own_uids, uid_t host_uid,
+                                         int64_t layer_bytes,
                                          const std::vector<std::string>& strict_targets) {
-  std::vector<std::string> a = {helper, "--lower", image.rootfs, "--dir", dir};
+  std::vector<std::string> a = {
+      helper, "--lower", image.rootfs, "--dir", dir, "--layer_bytes", absl::StrCat(layer_bytes)};
   if (own_uids) a.insert(a.end(), {"--idmap", absl::StrCat(host_uid, ":", host_uid)});
   for (const char* t : {"/dev", "/proc", "/tmp", "/run"}) a.insert(a.end(), {"--reset_target", t});
   for (const std::string& t : strict_targets) a.insert(a.end(), {"--strict_target", t});

@@ -66,10 +66,11 @@ absl::Status MakeDaemonLibDir(const std::string& dir,
 
 // The sbx-rootfs command line that comes before bubblewrap's for a sandbox of `image` with
 // host folder `dir`: idmapped to host_uid when sbx is root (own_uids), the runtime's own
-// mount points reset, `strict_targets` (the template's mount targets, the working folder)
-// checked for links.
+// mount points reset, its own layer a tmpfs of `layer_bytes`, `strict_targets` (the
+// template's mount targets, the working folder) checked for links.
 std::vector<std::string> ImageRootPrefix(const std::string& helper, const ImageRun& image,
                                          const std::string& dir, bool own_uids, uid_t host_uid,
+                                         int64_t layer_bytes,
                                          const std::vector<std::string>& strict_targets);
 
 // Removes `path` and everything in it, making folders of its owner searchable and writable

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -167,10 +168,44 @@ void CheckTarget(int root, const std::string& path, bool reset) {
   close(dir);
 }
 
+// Where the sandbox's own layer (overlayfs's upper and work folders) lives.
+struct Layer {
+  std::string prefix;  // "layer/" (the tmpfs) or "" (the host folder, on disk)
+  bool tmpfs = false;
+};
+
+// The sandbox's own layer: a tmpfs of `bytes` at "layer", in this private mount namespace
+// (it ends with the sandbox's processes: nothing to remove at delete). Overlayfs checks
+// its work folder at every mount (a whiteout, a rename, xattrs), which on the data disk's
+// ext4 cost more than the rest of the start, and its deletes are a tree to remove;
+// on a tmpfs both are memory operations, charged to the sandbox's memory cgroup as it
+// writes (this helper already runs in it). user_xattrs: the overlay will use user.overlay.*
+// xattrs (a user namespace's mount), which tmpfs has only since Linux 6.6: without them
+// the layer stays in the host folder, as before.
+Layer MountLayer(long long bytes, bool user_xattrs) {
+  MakeDir("layer", 0700);
+  const std::string options = "mode=0700,size=" + std::to_string(bytes);
+  if (mount("tmpfs", "layer", "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
+    Die("mount the sandbox's layer (tmpfs " + options + ")");
+  }
+  if (user_xattrs && setxattr("layer", "user.sbx", "1", 1, 0) != 0) {
+    if (errno != EOPNOTSUPP) Die("set a user xattr on the sandbox's layer");
+    if (umount2("layer", MNT_DETACH) != 0) Die("unmount the sandbox's layer");
+    std::fprintf(stderr,
+                 "sbx-rootfs: this kernel's tmpfs has no user xattrs (Linux < 6.6): the "
+                 "sandbox's layer is on disk in its host folder\n");
+    return Layer{"", false};
+  }
+  if (user_xattrs) removexattr("layer", "user.sbx");
+  return Layer{"layer/", true};
+}
+
 }  // namespace
 
 int ImageRootHelperMain(int argc, char** argv) {
   std::string lower_image, dir;
+  long long layer_bytes = 1LL << 30;
+  Layer layer;
   std::vector<std::string> reset_targets, strict_targets;
   bool idmap = false;
   uid_t uid = 0;
@@ -191,6 +226,13 @@ int ImageRootHelperMain(int argc, char** argv) {
     } else if (a == "--idmap") {
       if (!ParseIds(v, &uid, &gid)) Refuse("--idmap takes UID:GID of a non-root user");
       idmap = true;
+    } else if (a == "--layer_bytes") {
+      char* end = nullptr;
+      errno = 0;
+      layer_bytes = std::strtoll(v, &end, 10);
+      if (errno != 0 || end == v || *end != '\0' || layer_bytes <= 0) {
+        Refuse("--layer_bytes takes a positive number of bytes");
+      }
     } else if (a == "--reset_target") {
       reset_targets.emplace_back(v);
     } else if (a == "--strict_target") {
@@ -202,6 +244,7 @@ int ImageRootHelperMain(int argc, char** argv) {
   if (lower_image.empty() || lower_image[0] != '/' || dir.empty() || dir[0] != '/' || i >= argc) {
     Refuse(
         "usage: sbx-rootfs --lower IMAGE_ROOTFS --dir HOST_FOLDER [--idmap UID:GID] "
+        "[--layer_bytes N] "
         "[--reset_target PATH]... [--strict_target PATH]... -- BWRAP ARGS...");
   }
   if (chdir(dir.c_str()) != 0) Die("chdir " + dir);
@@ -213,9 +256,8 @@ int ImageRootHelperMain(int argc, char** argv) {
     if (unshare(CLONE_NEWNS) != 0) Die("unshare a mount namespace");
     if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Die("make / private");
     MakeDir("lower", 0700);
-    MakeDir("upper", 0755);
-    MakeDir("work", 0700);
     MakeDir("root", 0755);
+    layer = MountLayer(layer_bytes, /*user_xattrs=*/false);
     MountLower(lower_image, userns);
     close(userns);
   } else {
@@ -227,31 +269,35 @@ int ImageRootHelperMain(int argc, char** argv) {
     WriteFile("/proc/self/gid_map", "0 " + std::to_string(self_gid) + " 1\n");
     if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Die("make / private");
     MakeDir("lower", 0700);
-    MakeDir("upper", 0755);
-    MakeDir("work", 0700);
     MakeDir("root", 0755);
+    layer = MountLayer(layer_bytes, /*user_xattrs=*/true);
     MountLower(lower_image, -1);
   }
+  const std::string upper = layer.prefix + "upper";
+  if (mkdir(upper.c_str(), 0755) != 0 && errno != EEXIST) Die("mkdir " + upper);
+  const std::string work = layer.prefix + "work";
+  if (mkdir(work.c_str(), 0700) != 0 && errno != EEXIST) Die("mkdir " + work);
   // The sandbox's root belongs to the sandbox's user. Run as root, the host folder is
   // searchable by the sandbox's host uid (bubblewrap, run as it, resolves the root's path),
   // so its layer is closed to everyone else (mode 0700); otherwise it takes the image
   // root's mode.
   struct stat lower_st;
   if (stat("lower", &lower_st) != 0) Die("stat the image's root");
-  if (chmod("upper", idmap ? 0700 : lower_st.st_mode & 07777) != 0) Die("chmod upper");
-  if (idmap && chown("upper", uid, gid) != 0) Die("chown upper");
+  if (chmod(upper.c_str(), idmap ? 0700 : lower_st.st_mode & 07777) != 0) Die("chmod " + upper);
+  if (idmap && chown(upper.c_str(), uid, gid) != 0) Die("chown " + upper);
   // The folders bubblewrap mounts on, made in the sandbox's layer before the overlay
   // exists: a plain mkdir here costs less than one through the overlay, and a folder of
   // the upper layer hides whatever the image has at that path (a link, a file).
   for (const std::string& t : reset_targets) {
     const std::vector<std::string> parts = Components(t);
     if (parts.size() != 1) continue;
-    const std::string at = "upper/" + parts[0];
+    const std::string at = upper + "/" + parts[0];
     if (mkdir(at.c_str(), 0755) != 0 && errno != EEXIST) Die("mkdir " + at);
     if (idmap && chown(at.c_str(), uid, gid) != 0) Die("chown " + at);
   }
-  // volatile: the sandbox's layer dies with it, so the overlay need not sync it.
-  std::string options = "lowerdir=lower,upperdir=upper,workdir=work,volatile";
+  std::string options = "lowerdir=lower,upperdir=" + upper + ",workdir=" + work;
+  // On disk, volatile: the sandbox's layer dies with it, so the overlay need not sync it.
+  if (!layer.tmpfs) options += ",volatile";
   if (!idmap) options += ",userxattr";
   if (mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
     Die("mount the overlay (" + options + ")");

@@ -43,7 +43,7 @@ absl::Status Probe(const std::vector<std::string>& argv, const Isolation& iso, u
   SpawnPlan plan;
   plan.argv = cargv.data();
   plan.envp = envp;
-  plan.cgroup_procs = &no_cgroups;
+  plan.cgroup_tasks = &no_cgroups;
   plan.Give(STDIN_FILENO, null.get());
   plan.Give(STDOUT_FILENO, out_w.get());
   plan.Give(STDERR_FILENO, out_w.get());

@@ -45,7 +45,12 @@ int SpawnChild(void* arg) {
   // Its own session: a signal to sbx's terminal or process group does not reach the
   // sandbox; nor does sbx's death.
   setsid();
-  for (const std::string& p : *plan.cgroup_procs) {
+  // Into the sandbox's cgroups through `tasks`, not `cgroup.procs`: moving the calling
+  // thread alone (the whole of this process, which has no other) spares the global
+  // threadgroup lock whose write side waits for an RCU grace period, 6-15 ms per create
+  // on a machine that has not moved a process for a while (0.1-0.7 ms this way; measured
+  // on Linux 6.18, cgroup v1; older kernels take that lock either way).
+  for (const std::string& p : *plan.cgroup_tasks) {
     const int fd = open(p.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd >= 0) {
       (void)!write(fd, "0", 1);
@@ -223,8 +228,8 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   char* envp[] = {const_cast<char*>(kPathEnv), nullptr};
-  std::vector<std::string> procs;
-  for (const std::string& cg : sb.cgroup_dirs) procs.push_back(cg + "/cgroup.procs");
+  std::vector<std::string> tasks;
+  for (const std::string& cg : sb.cgroup_dirs) tasks.push_back(cg + "/tasks");
   const std::string log_path = sb.dir + "/" + kLogName;
   // The sandbox's stdout and stderr: a FIFO in its host folder, held open for reading
   // and writing by the sandbox's first process (so a write never fails for want of a
@@ -265,7 +270,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
   SpawnPlan plan;
   plan.argv = cargv.data();
   plan.envp = envp;
-  plan.cgroup_procs = &procs;
+  plan.cgroup_tasks = &tasks;
   plan.cwd = sb.dir.c_str();
   plan.Give(STDIN_FILENO, null.get());
   plan.Give(STDOUT_FILENO, output_w.get());

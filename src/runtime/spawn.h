@@ -60,8 +60,10 @@ class UidPool {
 struct SpawnPlan {
   char* const* argv = nullptr;
   char* const* envp = nullptr;
-  const std::vector<std::string>* cgroup_procs = nullptr;  // cgroup.procs files to join
-  const char* cwd = "/";                                   // the sandbox's host folder
+  // The cgroups to join: each one's `tasks` file (cgroup v1), written with "0" by the
+  // child, a single thread then (see SpawnChild).
+  const std::vector<std::string>* cgroup_tasks = nullptr;
+  const char* cwd = "/";  // the sandbox's host folder
   // Descriptors the new process gets: fds[i].second becomes descriptor fds[i].first
   // (stdout and stderr included); every other descriptor is closed at exec.
   std::pair<int, int> fds[10];

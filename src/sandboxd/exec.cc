@@ -390,77 +390,39 @@ ExecManager::~ExecManager() {
 }
 
 absl::StatusOr<std::shared_ptr<ExecRunner>> ExecManager::Start(ExecSpec spec, ExecSink* sink) {
-  std::vector<std::thread> finished;
   std::shared_ptr<ExecRunner> runner;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("sandboxd is shutting down");
+    if (threads_.stopping()) return absl::UnavailableError("sandboxd is shutting down");
     if (running_ >= max_concurrent_) {
       return absl::ResourceExhaustedError(absl::StrCat(running_,
                                                        " commands are running, the limit "
                                                        "(max_concurrent_execs) is ",
                                                        max_concurrent_));
     }
-    for (auto it = slots_.begin(); it != slots_.end();) {
-      if (it->second.finished) {
-        finished.push_back(std::move(it->second.thread));
-        it = slots_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    ++running_;
     const uint64_t id = next_id_++;
     runner = std::make_shared<ExecRunner>(std::move(spec), workspace_, sink, drain_grace_);
-    Slot& slot = slots_[id];
-    slot.runner = runner;
-    slot.thread = std::thread([this, runner, id] { runner->Run([this, id] { Finished(id); }); });
+    // Finished (the thread's last call) takes mu_: it cannot run before this returns.
+    absl::Status started = threads_.Start(
+        id, runner, [this, runner, id] { runner->Run([this, id] { Finished(id); }); });
+    if (!started.ok()) return started;
+    ++running_;
   }
-  // These threads have done their last sink call or are about to: joining is quick.
-  for (std::thread& t : finished) {
-    if (t.joinable()) t.join();
-  }
+  threads_.ReapFinished();
   return runner;
 }
 
 void ExecManager::Finished(uint64_t id) {
-  absl::MutexLock lock(&mu_);
-  --running_;
-  auto it = slots_.find(id);
-  if (it != slots_.end()) it->second.finished = true;  // else JoinAll has taken it
-}
-
-void ExecManager::KillAll() {
-  std::vector<std::shared_ptr<ExecRunner>> runners;
   {
     absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    for (auto& [id, slot] : slots_) {
-      if (!slot.finished) runners.push_back(slot.runner);
-    }
+    --running_;
   }
-  for (auto& runner : runners) runner->Kill();
+  threads_.Finished(id);
 }
 
-void ExecManager::JoinAll() {
-  for (;;) {
-    std::vector<std::thread> threads;
-    {
-      absl::MutexLock lock(&mu_);
-      if (slots_.empty()) return;
-      for (auto& [id, slot] : slots_) threads.push_back(std::move(slot.thread));
-      slots_.clear();
-    }
-    for (std::thread& t : threads) {
-      if (!t.joinable()) continue;
-      if (t.get_id() == std::this_thread::get_id()) {
-        t.detach();
-      } else {
-        t.join();
-      }
-    }
-  }
-}
+void ExecManager::KillAll() { threads_.KillAll(); }
+
+void ExecManager::JoinAll() { threads_.JoinAll(); }
 
 int ExecManager::running() const {
   absl::MutexLock lock(&mu_);

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "src/sandboxd/runner_threads.h"
 #include "src/sandboxd/unique_fd.h"
 #include "src/sandboxd/workspace.h"
 
@@ -193,21 +194,16 @@ class ExecManager {
   int running() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Slot {
-    std::shared_ptr<ExecRunner> runner;
-    std::thread thread;
-    bool finished = false;
-  };
   void Finished(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Workspace* const workspace_;
   const int max_concurrent_;
   const absl::Duration drain_grace_;
   mutable absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  // Declared last: destroyed first, after ~ExecManager has joined every thread.
+  RunnerThreads<ExecRunner> threads_;
 };
 
 }  // namespace sbx::sandboxd

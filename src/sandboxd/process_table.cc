@@ -657,11 +657,10 @@ absl::Status ProcessTable::Start(
   const int max_ptys = lower(ceilings_.max_ptys, requested.max_ptys);
   const int64_t max_replay = lower(ceilings_.max_replay_bytes, requested.max_replay_bytes);
 
-  std::vector<std::thread> finished;
   std::shared_ptr<Process> process;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("sandboxd is shutting down");
+    if (threads_.stopping()) return absl::UnavailableError("sandboxd is shutting down");
     if (!spec.tag.empty()) {
       auto it = by_tag_.find(spec.tag);
       if (it != by_tag_.end()) {
@@ -711,31 +710,20 @@ absl::Status ProcessTable::Start(
     }
     while (ended >= max_processes && EvictOldestEndedLocked()) --ended;
 
-    for (auto it = runners_.begin(); it != runners_.end();) {
-      if (it->second.finished) {
-        finished.push_back(std::move(it->second.thread));
-        it = runners_.erase(it);
-      } else {
-        ++it;
-      }
-    }
     const uint64_t serial = next_serial_++;
     const std::string tag = spec.tag;
     process = std::make_shared<Process>(this, serial, std::move(spec), workspace_, drain_grace_);
-    entries_.emplace(serial, process);
-    if (!tag.empty()) by_tag_[tag] = serial;
     // Quietly: no reader callback under the table's lock (nothing to read yet anyway).
     if (reader != nullptr) process->AttachQuietly(std::move(reader));
-    Runner& runner = runners_[serial];
-    runner.process = process;
-    runner.thread = std::thread([process, on_started = std::move(on_started)]() mutable {
-      process->Run(std::move(on_started));
-    });
+    absl::Status started =
+        threads_.Start(serial, process, [process, on_started = std::move(on_started)]() mutable {
+          process->Run(std::move(on_started));
+        });
+    if (!started.ok()) return started;
+    entries_.emplace(serial, process);
+    if (!tag.empty()) by_tag_[tag] = serial;
   }
-  // These threads have made their last call: joining is quick.
-  for (std::thread& t : finished) {
-    if (t.joinable()) t.join();
-  }
+  threads_.ReapFinished();
   return absl::OkStatus();
 }
 
@@ -754,11 +742,7 @@ void ProcessTable::StartFailed(uint64_t serial) {
   EraseLocked(serial);
 }
 
-void ProcessTable::Finished(uint64_t serial) {
-  absl::MutexLock lock(&mu_);
-  auto it = runners_.find(serial);
-  if (it != runners_.end()) it->second.finished = true;  // else JoinAll has taken it
-}
+void ProcessTable::Finished(uint64_t serial) { threads_.Finished(serial); }
 
 void ProcessTable::EraseLocked(uint64_t serial) {
   auto it = entries_.find(serial);
@@ -810,37 +794,9 @@ std::vector<std::shared_ptr<Process>> ProcessTable::List() const {
   return out;
 }
 
-void ProcessTable::KillAll() {
-  std::vector<std::shared_ptr<Process>> processes;
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    for (auto& [serial, runner] : runners_) {
-      if (!runner.finished) processes.push_back(runner.process);
-    }
-  }
-  for (auto& p : processes) p->Kill();
-}
+void ProcessTable::KillAll() { threads_.KillAll(); }
 
-void ProcessTable::JoinAll() {
-  for (;;) {
-    std::vector<std::thread> threads;
-    {
-      absl::MutexLock lock(&mu_);
-      if (runners_.empty()) return;
-      for (auto& [serial, runner] : runners_) threads.push_back(std::move(runner.thread));
-      runners_.clear();
-    }
-    for (std::thread& t : threads) {
-      if (!t.joinable()) continue;
-      if (t.get_id() == std::this_thread::get_id()) {
-        t.detach();
-      } else {
-        t.join();
-      }
-    }
-  }
-}
+void ProcessTable::JoinAll() { threads_.JoinAll(); }
 
 int ProcessTable::running() const {
   absl::MutexLock lock(&mu_);

@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "src/sandboxd/output_ring.h"
+#include "src/sandboxd/runner_threads.h"
 #include "src/sandboxd/unique_fd.h"
 #include "src/sandboxd/workspace.h"
 
@@ -325,19 +326,14 @@ class ProcessTable {
   const absl::Duration drain_grace_;
 
   mutable absl::Mutex mu_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   // The table, by serial (= age): starting, running and kept ended processes.
   std::map<uint64_t, std::shared_ptr<Process>> entries_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<pid_t, uint64_t> by_pid_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_tag_ ABSL_GUARDED_BY(mu_);
   // Every process whose thread is not joined yet, by serial (evicted entries too).
-  struct Runner {
-    std::shared_ptr<Process> process;
-    std::thread thread;
-    bool finished = false;
-  };
-  std::map<uint64_t, Runner> runners_ ABSL_GUARDED_BY(mu_);
+  // Declared last: destroyed first, after the owner has joined every thread.
+  RunnerThreads<Process> threads_;
 };
 
 }  // namespace sbx::sandboxd

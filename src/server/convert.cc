@@ -103,6 +103,14 @@ absl::Status ValidateLocalSpec(absl::string_view name, const v1::LocalSpec& s) {
   if (s.workspace_size_bytes() < 0) {
     return bad("workspace_size_bytes ", s.workspace_size_bytes(), " is negative");
   }
+  if (s.layer_size_bytes() < 0) {
+    return bad("layer_size_bytes ", s.layer_size_bytes(), " is negative");
+  }
+  if (s.layer_size_bytes() > 0 && s.image().empty()) {
+    return bad(
+        "layer_size_bytes is set without an image (the host's root has no layer of "
+        "the sandbox's own)");
+  }
   return absl::OkStatus();
 }
 

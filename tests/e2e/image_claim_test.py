@@ -143,17 +143,7 @@ class ImageClaims(unittest.TestCase):
                             metadata=md(token))
 
     def sh(self, claim, script, token=ALICE):
-        from sbx.v1 import sandboxes_pb2
-        start = sandboxes_pb2.ExecStart(claim_id=claim.claim_id, argv=["/bin/sh", "-c", script])
-        out, code = b"", None
-        for r in self.sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]),
-                                     timeout=60, metadata=md(token)):
-            kind = r.WhichOneof("kind")
-            if kind in ("stdout_chunk", "stderr_chunk"):
-                out += getattr(r, kind)
-            elif kind == "exit":
-                code = r.exit.exit_code
-        return code, out.decode(errors="replace")
+        return sbx_e2e.sh(self.sandboxes, claim.claim_id, script, md(token))
 
     def metrics(self):
         self.server.log.flush()

@@ -41,6 +41,11 @@ templates:
     runtime: local
     local:
       image: "{named}"
+  - name: small
+    runtime: local
+    local:
+      image: "{plain}"
+      layer_size_bytes: 4194304
   - name: hostile
     runtime: local
     local:
@@ -130,7 +135,7 @@ class ImageSandboxes:
             os.path.join(images, "badmount"),
             extra=[{"name": "data", "type": "symlink", "link": "../" * 8 + "etc"}])
         pools = "".join(POOL.format(name=n, warm=w) for n, w in
-                        (("img", 2), ("named", 1), ("hostile", 1), ("badmount", 1),
+                        (("img", 2), ("named", 1), ("small", 1), ("hostile", 1), ("badmount", 1),
                          ("hostmounts", 1)))
         cls.config = os.path.join(cls.dir, "config.yaml")
         with open(cls.config, "w") as f:
@@ -138,24 +143,13 @@ class ImageSandboxes:
                                   hostile=cls.hostile_ref, badmount=cls.badmount_ref,
                                   shared_ro=cls.shared_ro, shared_rw=cls.shared_rw, pools=pools))
         if cls.run_as is not None:
-            pw = pwd.getpwnam(cls.run_as)
-            for root, dirs, files in os.walk(cls.dir):
-                for name in dirs + files:
-                    if os.path.join(root, name) != cls.shared_rw:
-                        os.chown(os.path.join(root, name), pw.pw_uid, pw.pw_gid,
-                                 follow_symlinks=False)
-            os.chown(cls.dir, pw.pw_uid, pw.pw_gid)
+            sbx_e2e.chown_tree(cls.dir, cls.run_as, skip=(cls.shared_rw,))
         cls.start()
 
     @classmethod
     def start(cls):
-        prefix = ()
-        if cls.run_as is not None:
-            pw = pwd.getpwnam(cls.run_as)
-            prefix = ("setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}",
-                      "--clear-groups", "--inh-caps=-all", "--bounding-set=-all")
         cls.server = sbx_e2e.Server(
-            SERVER, cls.dir, cls.config, prefix=prefix,
+            SERVER, cls.dir, cls.config, prefix=sbx_e2e.setpriv_prefix(cls.run_as),
             extra=["--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
         cls.claims, cls.sandboxes, cls.admin, cls.images = stubs(cls.server.channel)
 
@@ -174,17 +168,7 @@ class ImageSandboxes:
         self.claims.Release(claims_pb2.ReleaseRequest(claim_id=claim.claim_id), timeout=30)
 
     def sh(self, claim, script, timeout=60):
-        from sbx.v1 import sandboxes_pb2
-        start = sandboxes_pb2.ExecStart(claim_id=claim.claim_id, argv=["/bin/sh", "-c", script])
-        out, code = b"", None
-        for r in self.sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]),
-                                     timeout=timeout):
-            kind = r.WhichOneof("kind")
-            if kind in ("stdout_chunk", "stderr_chunk"):
-                out += getattr(r, kind)
-            elif kind == "exit":
-                code = r.exit.exit_code
-        return code, out.decode(errors="replace")
+        return sbx_e2e.sh(self.sandboxes, claim.claim_id, script, timeout=timeout)
 
     def pool_status(self, name):
         from sbx.v1 import admin_pb2
@@ -231,6 +215,23 @@ class ImageSandboxes:
         finally:
             self.release(a)
             self.release(b)
+
+    def test_the_layer_is_bounded_and_not_on_the_data_disk(self):
+        c = self.claim("small")
+        try:
+            # 1 MiB fits the template's 4 MiB layer; 8 MiB more does not (ENOSPC, in the
+            # sandbox only); what was written is in memory, nowhere under the data dir.
+            code, out = self.sh(c, "dd if=/dev/zero of=/etc/sbx-layer-marker bs=1024 count=1024 "
+                                   "2>&1 && echo FIT; dd if=/dev/zero of=/etc/sbx-big bs=1024 "
+                                   "count=8192 2>&1; echo rc=$?")
+            self.assertIn("FIT", out)
+            self.assertIn("No space left on device", out)
+            self.assertNotIn("rc=0", out)
+            found = [os.path.join(d, f) for d, _, files in os.walk(self.dir)
+                     for f in files if f in ("sbx-layer-marker", "sbx-big")]
+            self.assertEqual(found, [])
+        finally:
+            self.release(c)
 
     def test_the_images_user_by_name(self):
         c = self.claim("named")

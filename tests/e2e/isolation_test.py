@@ -51,21 +51,8 @@ def admin_stub(channel):
     return admin_pb2_grpc.AdminServiceStub(channel)
 
 
-def setpriv_prefix(user):
-    """The command prefix that runs a program as `user` (None: as this process)."""
-    if user is None:
-        return ()
-    pw = pwd.getpwnam(user)
-    return ("setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all")
-
-
-def chown_tree(path, user):
-    pw = pwd.getpwnam(user)
-    os.chown(path, pw.pw_uid, pw.pw_gid)
-    for root, dirs, files in os.walk(path):
-        for name in dirs + files:
-            os.chown(os.path.join(root, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+setpriv_prefix = sbx_e2e.setpriv_prefix
+chown_tree = sbx_e2e.chown_tree
 
 
 def run_on_tty(argv, umask=None):
@@ -189,18 +176,7 @@ class Attacks:
     def sh(self, script, claim_id=None, md=TENANT_B, timeout=60):
         """Runs `script` with /bin/sh in a sandbox (tenant B's by default); returns (exit
         code, stdout+stderr)."""
-        from sbx.v1 import sandboxes_pb2
-        claim_id = claim_id or self.b_id
-        start = sandboxes_pb2.ExecStart(claim_id=claim_id, argv=["/bin/sh", "-c", script])
-        out, code = b"", None
-        for r in self.sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]), metadata=md,
-                                     timeout=timeout):
-            kind = r.WhichOneof("kind")
-            if kind in ("stdout_chunk", "stderr_chunk"):
-                out += getattr(r, kind)
-            elif kind == "exit":
-                code = r.exit.exit_code
-        return code, out.decode(errors="replace")
+        return sbx_e2e.sh(self.sandboxes, claim_id or self.b_id, script, md, timeout)
 
     def sandbox_dir(self, claim):
         return os.path.join(self.dir, "sb", claim.sandbox.id)
@@ -723,18 +699,8 @@ class ServerFiles:
                             metadata=md, timeout=60).claim
 
     def sh(self, server, claim_id, script, md=ADMIN):
-        from sbx.v1 import sandboxes_pb2
         _, sandboxes = stubs(server.channel)
-        start = sandboxes_pb2.ExecStart(claim_id=claim_id, argv=["/bin/sh", "-c", script])
-        out, code = b"", None
-        for r in sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]), metadata=md,
-                                timeout=60):
-            kind = r.WhichOneof("kind")
-            if kind in ("stdout_chunk", "stderr_chunk"):
-                out += getattr(r, kind)
-            elif kind == "exit":
-                code = r.exit.exit_code
-        return code, out.decode(errors="replace")
+        return sbx_e2e.sh(sandboxes, claim_id, script, md)
 
     def assert_hidden(self, server, claim_id, paths, secret):
         """None of `paths` can be read or listed in the sandbox (a masked folder lists

@@ -8,6 +8,7 @@ test starts are killed by it.
 import atexit
 import glob
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -93,3 +94,40 @@ def wait_for(predicate, timeout, what, interval=0.05):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
+
+
+def sh(sandboxes, claim_id, script, metadata=None, timeout=60):
+    """Runs `script` with /bin/sh in the claim's sandbox through SandboxService.Exec;
+    returns (exit code or None, stdout and stderr as one text)."""
+    from sbx.v1 import sandboxes_pb2
+    start = sandboxes_pb2.ExecStart(claim_id=claim_id, argv=["/bin/sh", "-c", script])
+    out, code = b"", None
+    for r in sandboxes.Exec(iter([sandboxes_pb2.ExecRequest(start=start)]), metadata=metadata,
+                            timeout=timeout):
+        kind = r.WhichOneof("kind")
+        if kind in ("stdout_chunk", "stderr_chunk"):
+            out += getattr(r, kind)
+        elif kind == "exit":
+            code = r.exit.exit_code
+    return code, out.decode(errors="replace")
+
+
+def setpriv_prefix(user):
+    """The command prefix that runs a program as `user`, without groups or capabilities
+    (None: as this process)."""
+    if user is None:
+        return ()
+    pw = pwd.getpwnam(user)
+    return ("setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all")
+
+
+def chown_tree(path, user, skip=()):
+    """Gives `path` and everything below it (links themselves, not followed) to `user`,
+    except the paths in `skip`."""
+    pw = pwd.getpwnam(user)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            if os.path.join(root, name) not in skip:
+                os.chown(os.path.join(root, name), pw.pw_uid, pw.pw_gid, follow_symlinks=False)

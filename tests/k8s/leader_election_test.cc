@@ -112,6 +112,23 @@ void Lead(LeaderElector& e) {
   ASSERT_TRUE(WaitFor([&] { return e.IsLeader(); }));
 }
 
+// Waits (bounded) until the Lease's renewTime has taken `n` new values: the positive marker
+// of a test that shows something stays as it is across renewals.
+bool WaitForRenewals(Client& client, int n) {
+  std::string last;
+  int seen = -1;  // the first value read is not new
+  return WaitFor([&] {
+    absl::StatusOr<Json> lease = client.Get(kLeases, "default", "test-lease");
+    if (!lease.ok()) return false;
+    const std::string renew = lease->at("spec").value("renewTime", std::string());
+    if (renew != last) {
+      last = renew;
+      ++seen;
+    }
+    return seen >= n;
+  });
+}
+
 Json Annotations(Client& client) {
   absl::StatusOr<Json> lease = client.Get(kLeases, "default", "test-lease");
   EXPECT_TRUE(lease.ok()) << lease.status();
@@ -139,7 +156,7 @@ TEST(LeaderElectionTest, TheLeaseNamesTheTermsLeaderAndItsInSyncStandby) {
   EXPECT_EQ(term.sync_replica, "b");
   EXPECT_EQ(term.term, 0);
   // Renewals keep what was published.
-  absl::SleepFor(absl::Milliseconds(400));
+  ASSERT_TRUE(WaitForRenewals(*client, 3));
   EXPECT_EQ(Annotations(*client).value(kSyncReplicaAnnotation, "?"), "b");
 
   // Another replica took the Lease (a has not noticed yet): a may not name anyone.
@@ -195,7 +212,7 @@ TEST(LeaderElectionTest, AReplicaThatMayNotLeadLeavesTheLeaseAlone) {
   EXPECT_EQ(Annotations(*client).value(kSyncReplicaAnnotation, "?"), "");
   EXPECT_EQ(b.Term(), 1);
   const int asked_when_leading = asked.load();
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(WaitForRenewals(*client, 3));
   EXPECT_EQ(asked.load(), asked_when_leading) << "asked again while leading";
   b.Stop();
 }
@@ -309,8 +326,9 @@ TEST(LeaderElectionTest, AStandbyThatLostTheLeaderTakesOverAfterTheRenewDeadline
   LeaderElector b(
       b_client.get(), b_options, [&] { a_leads_when_b_started = a.IsLeader(); }, nullptr);
   b.Start();
-  // Reachable: b never takes a live leader's Lease.
-  absl::SleepFor(absl::Seconds(2));
+  // Reachable: b never takes a live leader's Lease, though it looks at it for longer than
+  // its takeover wait (renew deadline + margin, 1.3 s): 20 renewals of a, 100 ms apart.
+  ASSERT_TRUE(WaitForRenewals(*b_client, 20));
   EXPECT_FALSE(b.IsLeader());
   // a is cut off (its renewals stop) and b's stream from it broke.
   cut->Cut(true);

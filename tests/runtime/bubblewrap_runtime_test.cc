@@ -264,6 +264,8 @@ class BubblewrapRuntimeTest : public ::testing::Test {
     EXPECT_TRUE(listed->suspended);
     // The writer may be frozen between truncating and writing: compare the bytes.
     const std::string frozen = ReadFile(counter);
+    // That a frozen process does nothing can only be shown by waiting: 300 ms is many
+    // times the counter's period, and a fault shows as a change, never as a false pass.
     absl::SleepFor(absl::Milliseconds(300));
     EXPECT_EQ(ReadFile(counter), frozen) << "the counter ran while suspended";
     EXPECT_TRUE(SuspendNow(info.id).ok());  // idempotent

@@ -48,6 +48,18 @@ class LayeringTest(unittest.TestCase):
         self.assertIn("src/allocator/pool.cc:1", out)
         self.assertIn("implementation header of store", out)
 
+    def test_allocator_parts_do_not_include_the_allocator(self):
+        rc, out = run({"src/allocator/ready_set.cc": '#include "src/allocator/allocator.h"\n',
+                       "src/allocator/watch_hub.h":
+                           '#pragma once\n#include "src/allocator/allocator_impl.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn('src/allocator/ready_set.cc:1: includes "src/allocator/allocator.h"', out)
+        self.assertIn("src/allocator/watch_hub.h:2", out)
+        self.assertIn("back-arrow", out)
+        rc, out = run({"src/allocator/claim_path.cc": '#include "src/allocator/allocator_impl.h"\n',
+                       "src/allocator/refill.h": '#pragma once\n#include "src/allocator/allocator.h"\n'})
+        self.assertEqual(rc, 0, out)
+
     def test_store_may_not_include_allocator(self):
         rc, out = run({"src/store/x.h": '#pragma once\n#include "src/allocator/allocator.h"\n'})
         self.assertEqual(rc, 1, out)

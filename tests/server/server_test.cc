@@ -1149,6 +1149,19 @@ TEST_F(ServerTest, AdminTemplatesAndPools) {
   ASSERT_TRUE(s.ok()) << Describe(s);
   EXPECT_EQ(tresp.template_().generation(), 2);
 
+  // A layer size belongs to an image's sandboxes: the host's root has no layer to size.
+  {
+    v1::PutTemplateRequest bad = put;
+    bad.mutable_template_()->mutable_local()->set_layer_size_bytes(64 << 20);
+    s = admin_->PutTemplate(admin().get(), bad, &tresp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr("layer_size_bytes is set without an image"));
+    bad.mutable_template_()->mutable_local()->set_layer_size_bytes(-1);
+    s = admin_->PutTemplate(admin().get(), bad, &tresp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << Describe(s);
+    EXPECT_THAT(s.error_message(), HasSubstr("layer_size_bytes -1 is negative"));
+  }
+
   // Optimistic concurrency.
   put.set_expected_generation(1);
   t->mutable_local()->set_pids_limit(65);
