@@ -26,6 +26,8 @@ ALLOWED = {
     "k8s": {"common", "runtime:interface", "store:interface", "allocator:interface"},
     "sandboxd": {"common", "proto"},
     "server": {"allocator", "common", "proto", "images:interface"},
+    # The HTTP front (the port proxy): a front-end like the gRPC services, beside them.
+    "gateway": {"server", "allocator", "common", "proto"},
     # Store replication between replicas: the store's replication interface and its own
     # generated service (proto/sbx/replication/v1).
     "replication": {"common", "store:interface", "proto"},
@@ -147,8 +149,9 @@ THIRD_PARTY = {
     "cpprest/": ["src/k8s/http_cpprest.cc"],
     "pplx/": ["src/k8s/http_cpprest.cc"],
     "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc",
-                 "src/replication/service.cc", "src/images/digest.cc"],
-    "boost/": ["src/k8s/conversion_webhook.cc"],
+                 "src/replication/service.cc", "src/images/digest.cc",
+                 "src/server/port_token.cc"],
+    "boost/": ["src/k8s/conversion_webhook.cc", "src/gateway/port_proxy.cc"],
     "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/replication/"],
     "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/replication/"],
     "google/protobuf/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/store/rocksdb_store.cc",

@@ -66,6 +66,8 @@ void AddSandboxCommands(CLI::App& app, Context& ctx, Actions& actions);
 void AddProcessCommands(CLI::App& app, Context& ctx, Actions& actions);
 // watch claims, watch pools.
 void AddWatchCommands(CLI::App& app, Context& ctx, Actions& actions);
+// url (a signed URL of a port, through the port proxy).
+void AddPortCommands(CLI::App& app, Context& ctx, Actions& actions);
 
 // ---- Helpers shared by the command files ------------------------------------------------
 

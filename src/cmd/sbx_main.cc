@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   sbx::cli::AddProcessCommands(app, ctx, actions);
   sbx::cli::AddAdminCommands(app, ctx, actions);
   sbx::cli::AddWatchCommands(app, ctx, actions);
+  sbx::cli::AddPortCommands(app, ctx, actions);
 
   try {
     app.parse(argc, argv);

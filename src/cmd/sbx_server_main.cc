@@ -32,6 +32,7 @@
 #include "src/cmd/config.h"
 #include "src/cmd/conversion_wiring.h"
 #include "src/cmd/kube_wiring.h"
+#include "src/cmd/proxy_wiring.h"
 #include "src/cmd/replication_wiring.h"
 #include "src/cmd/wiring.h"
 #include "src/common/build_info.h"
@@ -208,6 +209,9 @@ int main(int argc, char** argv) {
   std::string config_path;
   sbx::cmd::KubeFlags kube_flags;
   sbx::cmd::ConversionFlags conversion_flags;
+  sbx::cmd::ProxyFlags proxy_flags;
+  // Outlives the proxy and the metrics endpoint that reads it.
+  sbx::gateway::ProxyCounters proxy_counters;
 
   CLI::App app{"sbx-server: warm-pool sandbox allocator for AI agents (gRPC)"};
   // A flag given twice takes its last value, so wrappers (scripts/run) can set defaults
@@ -366,6 +370,7 @@ int main(int argc, char** argv) {
   app.add_option("--log_format", log_options.format, "text|json")->capture_default_str();
   sbx::cmd::AddKubeFlags(app, &kube_flags);
   sbx::cmd::AddConversionFlags(app, &conversion_flags);
+  sbx::cmd::AddProxyFlags(app, &proxy_flags);
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
@@ -679,6 +684,9 @@ int main(int argc, char** argv) {
       sources.sandbox_output_dropped = [l = local.get()] { return l->output_dropped_bytes(); };
     }
     if (replication != nullptr) sources.extra.push_back(replication->Collector());
+    if (!proxy_flags.proxy.listen.empty()) {
+      sources.extra.push_back(sbx::cmd::ProxyCollector(&proxy_counters));
+    }
     auto started = sbx::server::MetricsEndpoint::Start(metrics_options, registry, sources);
     if (!started.ok()) return Fail(started.status());
     metrics = *std::move(started);
@@ -698,6 +706,7 @@ int main(int argc, char** argv) {
   // apply the config, refill, serve the pools and claims of the cluster, and the API.
   absl::Mutex server_mu;
   std::unique_ptr<sbx::server::Server> server;
+  sbx::cmd::RunningProxy port_proxy;
   auto activate = [&]() -> absl::Status {
     if (active_runtime != nullptr) {
       RETURN_IF_ERROR(
@@ -711,6 +720,9 @@ int main(int argc, char** argv) {
     if (active_runtime != nullptr) refill.Start(allocator.get());
     if (kube != nullptr) RETURN_IF_ERROR(kube->StartPools(allocator.get()));
     server_options.allocator = allocator.get();
+    ASSIGN_OR_RETURN(port_proxy, sbx::cmd::StartProxy(proxy_flags, server_options.auth,
+                                                      *sandbox_secrets, allocator.get(),
+                                                      &server_options.port_urls, &proxy_counters));
     ASSIGN_OR_RETURN(auto started, sbx::server::Server::Start(server_options));
     absl::MutexLock lock(&server_mu);
     server = std::move(started);
@@ -760,6 +772,7 @@ int main(int argc, char** argv) {
       continue;
     }
     absl::Status s = server->ReloadAuth();
+    if (s.ok() && port_proxy.auth != nullptr) s = port_proxy.auth->Reload();
     if (s.ok()) {
       spdlog::info("SIGHUP: tokens reloaded");
     } else {
@@ -780,6 +793,7 @@ int main(int argc, char** argv) {
     absl::MutexLock lock(&server_mu);
     if (server != nullptr) server->Shutdown(absl::Seconds(shutdown_grace_s));
   }
+  if (port_proxy.proxy != nullptr) port_proxy.proxy->Shutdown();
   {
     std::function<void()> first;
     {

@@ -54,8 +54,9 @@ Json DefaultIngress(const Json& sandbox_template, const NetworkPolicyOptions& op
       server["namespaceSelector"] = NamespaceNamed(options.server_namespace);
     }
     server["podSelector"] = MatchLabels(std::move(labels));
-    Json port = {{"port", options.sandboxd_port_name}, {"protocol", "TCP"}};
-    ingress.push_back({{"from", Json::array({server})}, {"ports", Json::array({port})}});
+    // Every port: sbx-sandboxd's, and those the port proxy reaches for the claim's tenant
+    // (src/gateway/gateway.h). Nothing new beyond sbx-server is admitted.
+    ingress.push_back({{"from", Json::array({server})}});
   }
   return ingress;
 }

@@ -17,8 +17,9 @@ using Json = nlohmann::json;
 // Appended to a template's name: the name of its NetworkPolicy.
 inline constexpr char kNetworkPolicySuffix[] = "-network-policy";
 
-// What the Managed default admits besides upstream's router: sbx-server's own pods, to the
-// port where sbx-sandboxd listens in a sandbox (only for templates that declare it).
+// What the Managed default admits besides upstream's router: sbx-server's own pods, to
+// every port of a sandbox (sbx-sandboxd's, and the ports its port proxy reaches), only for
+// templates that declare sbx-sandboxd's port.
 struct NetworkPolicyOptions {
   // Labels of sbx-server's pods. Empty: no rule for sbx-server.
   std::map<std::string, std::string> server_pod_labels;

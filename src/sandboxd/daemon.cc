@@ -7,19 +7,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
+#include "src/common/port_dial.h"
 #include "src/sandboxd/exec.h"
+#include "src/sandboxd/port_dial.h"
 #include "src/sandboxd/process_table.h"
 #include "src/sandboxd/sandboxd.h"
 #include "src/sandboxd/service.h"
@@ -34,11 +39,17 @@ constexpr int64_t kMaxMaxFileBytes = int64_t{1} << 30;
 constexpr int kMessageSlackBytes = 1 << 20;
 
 // Serves an inherited listening socket: gRPC 1.51 cannot listen on a descriptor, so this
-// thread accepts and hands each connection to the server (AddInsecureChannelFromFd).
+// thread accepts and hands each connection to the server (AddInsecureChannelFromFd). A
+// connection's first byte tells gRPC (its preface, 'P') from a port dial ('S',
+// src/common/port_dial.h), which this thread serves itself (bounded in time; only
+// sbx-server can reach the socket).
 class Acceptor {
  public:
-  Acceptor(int listen_fd, grpc::Server* server)
-      : listen_fd_(listen_fd), stop_fd_(::eventfd(0, EFD_CLOEXEC)), server_(server) {
+  Acceptor(int listen_fd, grpc::Server* server, std::string secret)
+      : listen_fd_(listen_fd),
+        stop_fd_(::eventfd(0, EFD_CLOEXEC)),
+        server_(server),
+        secret_(std::move(secret)) {
     thread_ = std::thread([this] { Run(); });
   }
   ~Acceptor() { Stop(); }
@@ -49,18 +60,69 @@ class Acceptor {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof(one));
     thread_.join();
+    for (const Pending& p : pending_) ::close(p.fd);
+    pending_.clear();
   }
 
  private:
+  // An accepted connection whose first byte has not come yet.
+  struct Pending {
+    int fd;
+    absl::Time deadline;
+  };
+  static constexpr size_t kMaxPending = 256;
+  static constexpr absl::Duration kSniffTimeout = absl::Seconds(5);
+  static constexpr absl::Duration kDialTimeout = absl::Seconds(2);
+
+  // Hands `fd` to gRPC or serves it as a port dial, by its first byte; false while it has
+  // none yet.
+  bool Dispatch(int fd) {
+    char first = 0;
+    const ssize_t n = ::recv(fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    if (n == 1 && first == kPortDialMagic[0]) {
+      ServePortDial(fd, secret_, kDialTimeout);
+    } else if (n <= 0) {
+      ::close(fd);  // gone before saying anything
+    } else {
+      grpc::AddInsecureChannelFromFd(server_, fd);
+    }
+    return true;
+  }
+
   void Run() {
+    std::vector<pollfd> fds;
     while (true) {
-      pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}};
-      if (::poll(fds, 2, -1) < 0) {
+      fds.assign({{listen_fd_.get(), POLLIN, 0}, {stop_fd_.get(), POLLIN, 0}});
+      absl::Time next = absl::InfiniteFuture();
+      for (const Pending& p : pending_) {
+        fds.push_back({p.fd, POLLIN, 0});
+        next = std::min(next, p.deadline);
+      }
+      const int ms = next == absl::InfiniteFuture()
+                         ? -1
+                         : static_cast<int>(std::max<int64_t>(
+                               0, absl::ToInt64Milliseconds(next - absl::Now()) + 1));
+      if (::poll(fds.data(), fds.size(), ms) < 0) {
         if (errno == EINTR) continue;
         spdlog::error("accept loop: poll: {}", std::strerror(errno));
         return;
       }
       if (fds[1].revents != 0) return;
+      // Pending connections first (their slots in fds match pending_ as it was).
+      const absl::Time now = absl::Now();
+      std::vector<Pending> still;
+      for (size_t i = 0; i < pending_.size(); ++i) {
+        const Pending& p = pending_[i];
+        if (fds[i + 2].revents != 0 && Dispatch(p.fd)) continue;
+        if (now >= p.deadline) {
+          grpc::AddInsecureChannelFromFd(server_, p.fd);  // as before sniffing existed
+          continue;
+        }
+        still.push_back(p);
+      }
+      pending_ = std::move(still);
+      if (fds[0].revents == 0) continue;
       const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
@@ -69,13 +131,20 @@ class Acceptor {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
       }
-      grpc::AddInsecureChannelFromFd(server_, fd);
+      if (Dispatch(fd)) continue;
+      if (pending_.size() >= kMaxPending) {
+        grpc::AddInsecureChannelFromFd(server_, fd);
+        continue;
+      }
+      pending_.push_back({fd, absl::Now() + kSniffTimeout});
     }
   }
 
   const UniqueFd listen_fd_;
   const UniqueFd stop_fd_;
   grpc::Server* const server_;
+  const std::string secret_;
+  std::vector<Pending> pending_;  // only the accept thread touches it (and Stop after join)
   std::thread thread_;
 };
 
@@ -84,7 +153,7 @@ class DaemonImpl final : public Daemon {
   DaemonImpl(std::string socket_path, int port, std::unique_ptr<Workspace> workspace,
              std::unique_ptr<ExecManager> execs, std::unique_ptr<ProcessTable> processes,
              std::unique_ptr<SandboxdService> service, std::unique_ptr<grpc::Server> server,
-             int listen_fd)
+             int listen_fd, std::string secret)
       : socket_path_(std::move(socket_path)),
         port_(port),
         workspace_(std::move(workspace)),
@@ -92,7 +161,8 @@ class DaemonImpl final : public Daemon {
         processes_(std::move(processes)),
         service_(std::move(service)),
         server_(std::move(server)) {
-    if (listen_fd >= 0) acceptor_ = std::make_unique<Acceptor>(listen_fd, server_.get());
+    if (listen_fd >= 0)
+      acceptor_ = std::make_unique<Acceptor>(listen_fd, server_.get(), std::move(secret));
   }
 
   ~DaemonImpl() override { Shutdown(absl::ZeroDuration()); }
@@ -287,7 +357,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                options.secret.empty() ? "NO AUTHENTICATION" : "calls need the sandbox's secret");
   return std::unique_ptr<Daemon>(new DaemonImpl(
       options.socket_path, port, std::move(*workspace), std::move(execs), std::move(processes),
-      std::move(service), std::move(server), options.listen_fd));
+      std::move(service), std::move(server), options.listen_fd, options.secret));
 }
 
 }  // namespace sbx::sandboxd

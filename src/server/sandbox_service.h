@@ -30,6 +30,7 @@
 #include "src/allocator/allocator.h"
 #include "src/server/auth.h"
 #include "src/server/metrics.h"
+#include "src/server/port_token.h"
 #include "src/server/sandboxd_client.h"
 
 namespace sbx::server {
@@ -52,6 +53,19 @@ struct SandboxLimits {
   absl::Status Validate() const;
 };
 
+// What GetPortUrl needs to hand out URLs of the port proxy (src/gateway/gateway.h).
+struct PortUrlOptions {
+  // Signs the URL tokens. Null: the server runs no port proxy (GetPortUrl is
+  // FAILED_PRECONDITION).
+  std::shared_ptr<const PortTokens> tokens;
+  // How clients reach the proxy, e.g. "http://127.0.0.1:8090" (no trailing slash).
+  std::string base_url;
+  // The host form's domain (--proxy_domain; empty: no host form), and what follows it in
+  // a URL (":8090", or "" behind a proxy on the scheme's port).
+  std::string domain;
+  std::string host_port_suffix;
+};
+
 // Counts Exec calls per sandbox against SandboxLimits::max_concurrent_execs.
 class ExecSlots {
  public:
@@ -71,12 +85,13 @@ class SandboxService final : public sbx::v1::SandboxService::CallbackService {
   // `counters` may be null (Exec calls are then not counted).
   SandboxService(allocator::Allocator* allocator, const Authenticator* auth,
                  SandboxdClients* daemons, SandboxLimits limits,
-                 RequestCounters* counters = nullptr)
+                 RequestCounters* counters = nullptr, PortUrlOptions port_urls = {})
       : allocator_(allocator),
         auth_(auth),
         daemons_(daemons),
         limits_(limits),
         counters_(counters),
+        port_urls_(std::move(port_urls)),
         slots_(limits.max_concurrent_execs) {}
 
   grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecResponse>* Exec(
@@ -137,6 +152,10 @@ class SandboxService final : public sbx::v1::SandboxService::CallbackService {
   grpc::ServerUnaryReactor* WaitProcess(grpc::CallbackServerContext* ctx,
                                         const v1::WaitProcessRequest* req,
                                         v1::WaitProcessResponse* resp) override;
+  // In port_urls.cc.
+  grpc::ServerUnaryReactor* GetPortUrl(grpc::CallbackServerContext* ctx,
+                                       const v1::GetPortUrlRequest* req,
+                                       v1::GetPortUrlResponse* resp) override;
 
  private:
   friend class ExecCall;
@@ -155,6 +174,7 @@ class SandboxService final : public sbx::v1::SandboxService::CallbackService {
   SandboxdClients* const daemons_;
   const SandboxLimits limits_;
   RequestCounters* const counters_;
+  const PortUrlOptions port_urls_;
   ExecSlots slots_;
 };
 

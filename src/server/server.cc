@@ -224,7 +224,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         limiter, ImagePools::Create(options.allocator, options.images, limiter, image_claims)));
     services->services.push_back(std::make_unique<SandboxService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits,
-        options.request_counters));
+        options.request_counters, options.port_urls));
     services->services.push_back(std::make_unique<AdminService>(
         options.allocator, services->auth.get(), options.check_template, options.images));
     services->services.push_back(

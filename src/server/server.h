@@ -83,6 +83,8 @@ struct ServerOptions {
   // of images (image_pools.h). With on_demand and no `images`, claims of an image no
   // declared pool runs are FAILED_PRECONDITION.
   ImageClaimOptions image_claims;
+  // The port proxy's URLs for SandboxService.GetPortUrl (unset tokens: no proxy).
+  PortUrlOptions port_urls;
   // Further services served on the same port (the replicas' store replication). A
   // grpc::Service serves one server: give each server its own instances.
   std::vector<std::shared_ptr<grpc::Service>> extra_services;

@@ -106,13 +106,13 @@ class TemplateNetworkPolicyTest(unittest.TestCase):
                           for r in owner],
                          [("SandboxTemplate", "python",
                            c.template_obj("python")["metadata"]["uid"], True)])
-        # A pod running sbx-sandboxd on its named port: sbx-server's pods may reach that port.
+        # A pod running sbx-sandboxd on its named port: sbx-server's pods may reach it, on
+        # every port (the daemon's and those of its port proxy).
         with_server = upstream_default("agent")
         with_server["ingress"].append({
             "from": [{"namespaceSelector": {"matchLabels": {
                           "kubernetes.io/metadata.name": "sbx-system"}},
-                      "podSelector": {"matchLabels": SERVER_LABELS}}],
-            "ports": [{"port": "sbx-sandboxd", "protocol": "TCP"}]})
+                      "podSelector": {"matchLabels": SERVER_LABELS}}]})
         c.wait_netpol("agent", with_server)
         # Custom rules: exactly those.
         c.wait_netpol("custom", dict(custom_rules, podSelector=selector("custom"),

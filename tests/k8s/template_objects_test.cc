@@ -74,14 +74,13 @@ TEST(TemplateObjectsTest, DefaultPolicyIsUpstreamsSecureDefault) {
             UpstreamDefaultSpec());
 }
 
-TEST(TemplateObjectsTest, DefaultPolicyAdmitsSbxServerToTheSandboxdPort) {
+TEST(TemplateObjectsTest, DefaultPolicyAdmitsSbxServerToEveryPort) {
   Json spec = DesiredNetworkPolicy(SandboxdTemplate(), ServerOptions())["spec"];
   Json expected = UpstreamDefaultSpec();
   expected["ingress"].push_back(Json::parse(R"({
     "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sbx-system"}},
               "podSelector": {"matchLabels": {"app.kubernetes.io/instance": "r",
-                                              "app.kubernetes.io/name": "sbx"}}}],
-    "ports": [{"port": "sbx-sandboxd", "protocol": "TCP"}]})"));
+                                              "app.kubernetes.io/name": "sbx"}}}]})"));
   EXPECT_EQ(spec, expected) << spec.dump(2);
   // No server namespace: the peer is in the template's namespace (no namespaceSelector).
   NetworkPolicyOptions same_ns = ServerOptions();

@@ -3,6 +3,8 @@
 
 #include "src/sandboxd/sandboxd.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -29,6 +31,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "sbx/sandboxd/v1/sandboxd.grpc.pb.h"
+#include "src/common/port_dial.h"
 
 namespace sbx::sandboxd {
 namespace {
@@ -960,6 +963,103 @@ TEST_F(SecretTest, ServesAnInheritedListeningSocket) {
     ASSERT_TRUE(stub->WriteFile(&ctx, req, &resp).ok());
   }
   EXPECT_TRUE(std::filesystem::exists(workspace_ + "/via-fd-2"));
+}
+
+// The port dial (src/common/port_dial.h) on the same inherited socket as gRPC: with the
+// secret, the daemon connects to 127.0.0.1:PORT and passes the socket back; without it, or
+// to a closed port, it answers an error and passes nothing. gRPC keeps working beside it.
+struct DialAnswer {
+  uint8_t code = 255;
+  int fd = -1;
+  std::string message;
+};
+
+DialAnswer Dial(const std::string& path, const std::string& secret, uint16_t port) {
+  DialAnswer out;
+  const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  if (connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return out;
+  const std::string req = EncodePortDial(secret, port);
+  if (write(s, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return out;
+  char buf[600];
+  iovec iov{buf, sizeof(buf)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  close(s);
+  if (n <= 0) return out;
+  out.code = static_cast<uint8_t>(buf[0]);
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_type == SCM_RIGHTS) std::memcpy(&out.fd, CMSG_DATA(cm), sizeof(int));
+  }
+  if (n > 3) out.message.assign(buf + 3, static_cast<size_t>(n) - 3);
+  return out;
+}
+
+TEST_F(SecretTest, DialsAPortAndPassesTheSocket) {
+  const std::string path = dir_ + "/dial.sock";
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  options_.socket_path.clear();
+  options_.listen_fd = fd;
+  auto daemon = Daemon::Start(options_);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  daemon_ = std::move(*daemon);
+  // A server on the loopback of this (the daemon's) network namespace.
+  const int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(ls, reinterpret_cast<sockaddr*>(&in), sizeof(in)), 0);
+  ASSERT_EQ(listen(ls, 4), 0);
+  socklen_t len = sizeof(in);
+  ASSERT_EQ(getsockname(ls, reinterpret_cast<sockaddr*>(&in), &len), 0);
+  const uint16_t port = ntohs(in.sin_port);
+
+  DialAnswer ok = Dial(path, options_.secret, port);
+  ASSERT_EQ(ok.code, kPortDialOk) << ok.message;
+  ASSERT_GE(ok.fd, 0);
+  const int peer = accept(ls, nullptr, nullptr);
+  ASSERT_GE(peer, 0);
+  ASSERT_EQ(write(ok.fd, "hi", 2), 2);
+  char got[2];
+  ASSERT_EQ(read(peer, got, 2), 2);
+  EXPECT_EQ(std::string(got, 2), "hi");
+  close(ok.fd);
+  close(peer);
+
+  DialAnswer wrong = Dial(path, std::string(options_.secret.size(), 'x'), port);
+  EXPECT_EQ(wrong.code, kPortDialError);
+  EXPECT_EQ(wrong.fd, -1);
+  EXPECT_THAT(wrong.message, HasSubstr("wrong sandbox secret"));
+  close(ls);  // nothing listens on the port now
+  DialAnswer closed = Dial(path, options_.secret, port);
+  EXPECT_EQ(closed.code, kPortDialError);
+  EXPECT_EQ(closed.fd, -1);
+  EXPECT_THAT(closed.message, HasSubstr("refused"));
+
+  // gRPC on the same socket still works.
+  auto stub = pb::Sandboxd::NewStub(
+      grpc::CreateChannel("unix:" + path, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  SetDeadline(ctx);
+  ctx.AddMetadata(kSecretMetadata, options_.secret);
+  pb::WriteFileRequest req;
+  req.set_path("after-dial");
+  req.set_content("x");
+  pb::WriteFileResponse resp;
+  EXPECT_TRUE(stub->WriteFile(&ctx, req, &resp).ok());
 }
 
 TEST(DaemonStartTest, MissingWorkspaceIsNotFound) {
