@@ -22,6 +22,7 @@ RUN apt-get update \
       librocksdb-dev libcpprest-dev libssl-dev prometheus-cpp-dev libgtest-dev libgmock-dev \
       libbenchmark-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libyaml-cpp-dev \
       libconcurrentqueue-dev libjemalloc-dev libseccomp-dev zlib1g-dev libc-ares-dev libre2-dev \
+      libarchive-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -32,11 +33,14 @@ RUN scripts/build release sbx-server sbx-sandboxd \
 
 # ---------------------------------------------------------------------------- sandboxd
 # sbx-sandboxd links gRPC, protobuf and abseil statically (it starts once per sandbox);
-# spdlog and fmt stay shared (Debian ships no static spdlog).
+# spdlog and fmt stay shared (Debian ships no static spdlog), and libarchive with its
+# libraries (the tar streams of file transfers).
 FROM debian:12-slim AS sandboxd
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libstdc++6 libatomic1 libspdlog1.10 libfmt9 \
+      libarchive13 libacl1 libicu72 liblzma5 libnettle8 libxml2 libzstd1 liblz4-1 libbz2-1.0 \
+      zlib1g \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/sbx-sandboxd /usr/local/bin/sbx-sandboxd
 USER 65532:65532
@@ -54,7 +58,7 @@ RUN apt-get update \
       libgflags2.2 libabsl20220623 libprotobuf32 libgrpc29 libgrpc++1.51 libc-ares2 \
       libre2-9 libssl3 libcpprest2.10 libbrotli1 libspdlog1.10 libfmt9 libyaml-cpp0.7 \
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 libatomic1 libjemalloc2 \
-      libseccomp2 \
+      libseccomp2 libarchive13 libacl1 libicu72 liblzma5 libnettle8 libxml2 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --gid 65532 sbx \
  && useradd --uid 65532 --gid 65532 --home-dir /var/lib/sbx --no-create-home \

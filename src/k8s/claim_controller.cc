@@ -479,19 +479,24 @@ absl::Status ClaimController::ReconcileKube(const std::string& ns, const std::st
   if (found == nullptr || json_fields::BeingDeleted(*found)) {
     return absl::OkStatus();  // on_delete releases
   }
-  const Json& claim = *found;
-  const Json status = writer_.LastStatus(claim);
+  const Json& seen = *found;
+  const Json status = writer_.LastStatus(seen);
   const absl::Time now = clock_->Now();
   // Lifecycle first: an expired claim is not (re)bound.
-  const LifecycleVerdict shutdown = ShutdownVerdict(claim, now);
-  if (shutdown.end != ClaimEnd::kNone) return EndClaim(claim, status, shutdown.end);
-  LookAgainAt(claim, shutdown.look_again, now);
+  const LifecycleVerdict shutdown = ShutdownVerdict(seen, now);
+  if (shutdown.end != ClaimEnd::kNone) return EndClaim(seen, status, shutdown.end);
+  LookAgainAt(seen, shutdown.look_again, now);
 
-  Placement placement = PlacedBefore(claim, status);
+  Placement placement = PlacedBefore(seen, status);
   if (placement.sandbox.empty() && !placement.refusal) {
-    ASSIGN_OR_RETURN(placement, PlaceNew(claim));
+    ASSIGN_OR_RETURN(placement, PlaceNew(seen));
   }
-  if (options_.claim_annotations) RETURN_IF_ERROR(Annotate(claim, placement));
+  // The annotations' write gives the claim a new version: the rest goes on with the
+  // claim as that write answered, so that the status written below is remembered against
+  // it and its echo is not taken for a change (which wrote the status a second time).
+  Json annotated;
+  if (options_.claim_annotations) RETURN_IF_ERROR(Annotate(seen, placement, &annotated));
+  const Json& claim = annotated.is_null() ? seen : annotated;
   if (placement.refusal) return Refuse(claim, status, *placement.refusal);
   if (!placement.cold) {
     RETURN_IF_ERROR(writer_.Bind(claim, placement.sandbox, "warm"));
@@ -501,7 +506,8 @@ absl::Status ClaimController::ReconcileKube(const std::string& ns, const std::st
   return FollowSandbox(claim, status, placement, now);
 }
 
-absl::Status ClaimController::Annotate(const Json& claim, const Placement& placement) {
+absl::Status ClaimController::Annotate(const Json& claim, const Placement& placement,
+                                       Json* patched) {
   const Json& meta = Field(claim, "metadata");
   Json annotations = Json::object();
   // When this controller first saw the claim; one written before (by an earlier run or
@@ -518,7 +524,7 @@ absl::Status ClaimController::Annotate(const Json& claim, const Placement& place
         absl::FormatTime("%Y-%m-%dT%H:%M:%E*SZ", seen, absl::UTCTimeZone());
   }
   if (!placement.sandbox.empty()) annotations[kSandboxNameAnnotation] = placement.sandbox;
-  return writer_.Annotate(claim, annotations);
+  return writer_.Annotate(claim, annotations, patched);
 }
 
 absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, ClaimEnd end) {

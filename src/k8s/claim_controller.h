@@ -138,7 +138,8 @@ class ClaimController {
   // policies allow the claim and none of its own is needed, else a new cold Sandbox.
   absl::StatusOr<Placement> PlaceNew(const Json& claim);
   // Writes upstream's claim annotations (options.claim_annotations) for `placement`.
-  absl::Status Annotate(const Json& claim, const Placement& placement) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Annotate(const Json& claim, const Placement& placement, Json* patched)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Claims a warm member of `pool` for `claim`; "" when the pool has none warm.
   absl::StatusOr<std::string> ClaimWarm(const Json& claim, const std::string& pool);
   // The claim's status for its placed sandbox, the ttlSecondsAfterFinished deletion, and

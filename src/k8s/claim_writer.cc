@@ -123,7 +123,7 @@ absl::Status ClaimWriter::WriteStatus(const Json& claim, Json status, bool guard
   return OkIfNotFound(s);
 }
 
-absl::Status ClaimWriter::Annotate(const Json& claim, const Json& annotations) {
+absl::Status ClaimWriter::Annotate(const Json& claim, const Json& annotations, Json* patched) {
   const Json& meta = Field(claim, "metadata");
   const Json& have = Field(meta, "annotations");
   Json missing = Json::object();
@@ -138,10 +138,13 @@ absl::Status ClaimWriter::Annotate(const Json& claim, const Json& annotations) {
     auto it = annotated_.find(uid);
     if (it != annotated_.end() && it->second == memo) return absl::OkStatus();
   }
-  absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
-    return client_->PatchNoResult(kSandboxClaims, Str(meta, "namespace"), Str(meta, "name"),
-                                  PatchType::kMerge,
-                                  Json{{"metadata", {{"annotations", missing}}}});
+  absl::Status s = writes_->Run(WritePriority::kClaim, [&]() -> absl::Status {
+    absl::StatusOr<Json> out =
+        client_->Patch(kSandboxClaims, Str(meta, "namespace"), Str(meta, "name"), PatchType::kMerge,
+                       Json{{"metadata", {{"annotations", missing}}}});
+    if (!out.ok()) return out.status();
+    *patched = *std::move(out);
+    return absl::OkStatus();
   });
   if (s.ok()) {
     absl::MutexLock lock(&mu_);

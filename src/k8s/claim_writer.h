@@ -60,8 +60,11 @@ class ClaimWriter {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Adds `annotations` to `claim`'s metadata (a merge patch) unless its copy has them all
   // already or the same patch went out against the copy's version. OK when the claim is
-  // gone. Errors: the API's.
-  absl::Status Annotate(const Json& claim, const Json& annotations) ABSL_LOCKS_EXCLUDED(mu_);
+  // gone. Errors: the API's. When it wrote, `*patched` is the claim as the API answered (its
+  // new resourceVersion: the reconcile goes on with it, so that the status it writes next
+  // is remembered against the version the annotations made); else it is left null.
+  absl::Status Annotate(const Json& claim, const Json& annotations, Json* patched)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The claim with uid `claim_uid` is gone.
   void ForgetClaim(const std::string& claim_uid) ABSL_LOCKS_EXCLUDED(mu_);
 

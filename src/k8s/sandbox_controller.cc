@@ -245,6 +245,13 @@ SandboxController::~SandboxController() {
 
 void SandboxController::EnqueueOwner(const ObjectPtr& object) {
   const Json& meta = Field(*object, "metadata");
+  // One without a controller (left by `kubectl delete --cascade=orphan`) goes to the Sandbox
+  // of its name, which may adopt it: that Sandbox may have looked while this informer still
+  // showed the old controller, and nothing else would bring it back.
+  if (ControllerUid(*object).empty()) {
+    queue_.Add(absl::StrCat(Str(meta, "namespace"), "/", Str(meta, "name")));
+    return;
+  }
   const Json& refs = Field(meta, "ownerReferences");
   if (!refs.is_array()) return;
   for (const Json& ref : refs) {

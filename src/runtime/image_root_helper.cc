@@ -74,7 +74,9 @@ int Idle(void*) {
 // image's mount (files owned by root in the cache belong to uid:gid through it). Made by a
 // child cloned into a new user namespace (sharing this process's memory: no copy of its
 // pages), whose maps this root process writes; the child is killed once the namespace is
-// open.
+// open, and reaped by ReapIdmapChild before the exec (its exit overlaps the mounts).
+pid_t g_idmap_child = -1;
+
 int IdmapUserns(uid_t uid, gid_t gid) {
   static char stack[16384] __attribute__((aligned(16)));
   const pid_t pid = clone(Idle, stack + sizeof(stack), CLONE_NEWUSER | CLONE_VM | SIGCHLD, nullptr);
@@ -85,9 +87,15 @@ int IdmapUserns(uid_t uid, gid_t gid) {
   const int ns = open((proc + "/ns/user").c_str(), O_RDONLY | O_CLOEXEC);
   if (ns < 0) Die("open the idmap user namespace");
   kill(pid, SIGKILL);
-  while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-  }
+  g_idmap_child = pid;
   return ns;
+}
+
+void ReapIdmapChild() {
+  if (g_idmap_child < 0) return;
+  while (waitpid(g_idmap_child, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  g_idmap_child = -1;
 }
 
 // Mounts the image at `lower`, read-only, nosuid, nodev, idmapped with `userns` when it
@@ -313,6 +321,8 @@ int ImageRootHelperMain(int argc, char** argv) {
   for (const std::string& t : reset_targets) CheckTarget(root, t, /*reset=*/true);
   for (const std::string& t : strict_targets) CheckTarget(root, t, /*reset=*/false);
   close(root);
+  // No zombie goes on to bubblewrap.
+  ReapIdmapChild();
   // The working folder stays the host folder: adoption knows a sandbox's top process by it.
   execv(argv[i], argv + i);
   Die(std::string("exec ") + argv[i]);

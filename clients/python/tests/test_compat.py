@@ -561,8 +561,12 @@ class SurfaceTest(unittest.TestCase):
             self.assertEqual([e.name for e in sb.files.list("/home/user/d")], ["x.txt"])
             sb.files.delete("/home/user/d", recursive=True)
             self.assertFalse(sb.files.exists("/home/user/d"))
-            with self.assertRaises(SandboxRequestError) as ctx:  # outside the workspace
-                sb.files.write("/tmp/hello.txt", "x")
+            # Other absolute paths are the sandbox's own, as upstream's clients expect;
+            # /proc and /sys stay refused.
+            sb.files.write("/tmp/hello.txt", "x")
+            self.assertEqual(sb.commands.run("cat /tmp/hello.txt").stdout, "x")
+            with self.assertRaises(SandboxRequestError) as ctx:
+                sb.files.write("/proc/self/comm", "x")
             self.assertEqual(ctx.exception.status_code, "INVALID_ARGUMENT")
 
 
