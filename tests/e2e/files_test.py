@@ -29,7 +29,7 @@ SERVER = PROTO = CONFIG = None
 TENANT_A = (("authorization", "Bearer tok-a"),)
 TENANT_B = (("authorization", "Bearer tok-b"),)
 CHUNK = 1 << 20
-BIG = 160 << 20  # more than the unary calls allow, and 3x the RSS bound below
+BIG = 160 << 20  # more than the unary calls allow; also the RSS bound below
 
 
 def resident_bytes(pid):
