@@ -685,6 +685,15 @@ class SandboxControllerTest(unittest.TestCase):
         c.start_server(*flags, "--kube_identity", "replica-b")
         c.apply(sandbox_manifest("dead-1"))
         c.wait_ready("dead-1")
+        # A standby takes over only once the Lease names it in sync (it holds everything the
+        # leader acknowledged; docs/architecture.md, "Replicas"): killed before that, the
+        # leader leaves nobody who may lead, by design.
+        def in_sync():
+            lease = c.get(lease_path) or {}
+            annotations = (lease.get("metadata") or {}).get("annotations") or {}
+            return annotations.get("sbx.dev/sync-replica") == "replica-b"
+        c.wait_for(in_sync, 20, "the Lease to name replica-b the in-sync standby",
+                   state=lambda: c.get(lease_path))
         proc_stop(c.servers[0]["proc"], sig=signal.SIGKILL)
         killed = time.time()
         c.apply(sandbox_manifest("dead-2"))
