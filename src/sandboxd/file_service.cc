@@ -35,28 +35,6 @@ constexpr size_t kDownloadChunk = 256 * 1024;
 // Chunks waiting in either direction.
 constexpr size_t kMaxQueuedChunks = 2;
 
-void FillEntry(const Workspace::Entry& e, v1::FileEntry* out) {
-  out->set_path(e.path);
-  out->set_size(e.size);
-  out->set_mode(e.mode);
-  out->set_is_dir(e.kind == Workspace::Kind::kDirectory);
-  SetTimestamp(e.mtime, out->mutable_mtime());
-  switch (e.kind) {
-    case Workspace::Kind::kRegular:
-      out->set_type(v1::FILE_TYPE_REGULAR);
-      break;
-    case Workspace::Kind::kDirectory:
-      out->set_type(v1::FILE_TYPE_DIRECTORY);
-      break;
-    case Workspace::Kind::kSymlink:
-      out->set_type(v1::FILE_TYPE_SYMLINK);
-      break;
-    case Workspace::Kind::kOther:
-      out->set_type(v1::FILE_TYPE_UNSPECIFIED);
-      break;
-  }
-}
-
 // What an upload does with its bytes, on the worker thread.
 // `read` returns false at the end of the stream, and also when it failed or was
 // cancelled: `ended_well` tells which.

@@ -408,6 +408,28 @@ class ExecReactor final : public grpc::ServerBidiReactor<v1::ExecRequest, v1::Ex
 
 }  // namespace
 
+void FillEntry(const Workspace::Entry& e, v1::FileEntry* out) {
+  out->set_path(e.path);
+  out->set_size(e.size);
+  out->set_mode(e.mode);
+  out->set_is_dir(e.kind == Workspace::Kind::kDirectory);
+  SetTimestamp(e.mtime, out->mutable_mtime());
+  switch (e.kind) {
+    case Workspace::Kind::kRegular:
+      out->set_type(v1::FILE_TYPE_REGULAR);
+      break;
+    case Workspace::Kind::kDirectory:
+      out->set_type(v1::FILE_TYPE_DIRECTORY);
+      break;
+    case Workspace::Kind::kSymlink:
+      out->set_type(v1::FILE_TYPE_SYMLINK);
+      break;
+    case Workspace::Kind::kOther:
+      out->set_type(v1::FILE_TYPE_UNSPECIFIED);
+      break;
+  }
+}
+
 void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
   const int64_t nanos = absl::ToUnixNanos(t);
   out->set_seconds(nanos / 1'000'000'000);
@@ -659,26 +681,7 @@ grpc::ServerUnaryReactor* SandboxdService::ListFiles(grpc::CallbackServerContext
   auto result = workspace_->List(request->path(), request->recursive());
   if (result.ok()) {
     for (const Workspace::Entry& e : result->entries) {
-      v1::FileEntry* out = response->add_entries();
-      out->set_path(e.path);
-      out->set_size(e.size);
-      out->set_mode(e.mode);
-      out->set_is_dir(e.kind == Workspace::Kind::kDirectory);
-      SetTimestamp(e.mtime, out->mutable_mtime());
-      switch (e.kind) {
-        case Workspace::Kind::kRegular:
-          out->set_type(v1::FILE_TYPE_REGULAR);
-          break;
-        case Workspace::Kind::kDirectory:
-          out->set_type(v1::FILE_TYPE_DIRECTORY);
-          break;
-        case Workspace::Kind::kSymlink:
-          out->set_type(v1::FILE_TYPE_SYMLINK);
-          break;
-        case Workspace::Kind::kOther:
-          out->set_type(v1::FILE_TYPE_UNSPECIFIED);
-          break;
-      }
+      FillEntry(e, response->add_entries());
     }
     response->set_truncated(result->truncated);
   }

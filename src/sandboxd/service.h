@@ -38,6 +38,8 @@ inline constexpr uint32_t kMaxPtySide = 1000;
 // The one mapping from absl::Status to grpc::Status in sandboxd (same canonical codes).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out);
+// A listed or stat'ed workspace entry as the API shows it (ListFiles, Stat).
+void FillEntry(const Workspace::Entry& e, v1::FileEntry* out);
 void SetDuration(absl::Duration d, google::protobuf::Duration* out);
 // INVALID_ARGUMENT naming `field` unless `tag` is 1 to 64 bytes of [A-Za-z0-9._-] (or
 // empty and `may_be_empty`).
