@@ -443,6 +443,30 @@ absl::Status SandboxController::EnsurePvcs(const Json& sandbox, Observed* observ
   return problem;
 }
 
+absl::Status SandboxController::StillAdopts(const Json& sandbox) {
+  // The object was orphaned by the deletion of a Sandbox of this name, and the informers
+  // are separate watches: the pod's "owner removed" event can arrive while the Sandbox
+  // cache still holds the deleted Sandbox, which would then adopt the pod for a uid that
+  // no longer exists (and its successor finds it "not controlled by this Sandbox" until
+  // garbage collection). So, as Kubernetes' ControllerRefManager rechecks the owner with
+  // an uncached read before it adopts, adoption asks the API server itself.
+  const Json& meta = sandbox["metadata"];
+  const std::string ns = Str(meta, "namespace");
+  const std::string name = Str(meta, "name");
+  absl::StatusOr<Json> live = client_->Get(kSandboxes, ns, name);
+  if (absl::IsNotFound(live.status())) {
+    return absl::AbortedError(
+        absl::StrCat("Sandbox ", ns, "/", name, " is gone: its orphaned objects are not adopted"));
+  }
+  if (!live.ok()) return live.status();
+  if (Str(Field(*live, "metadata"), "uid") != Str(meta, "uid") ||
+      json_fields::BeingDeleted(*live)) {
+    return absl::AbortedError(absl::StrCat("Sandbox ", ns, "/", name, " uid ", Str(meta, "uid"),
+                                           " was replaced or is being deleted: not adopting"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json& sandbox,
                                                                      bool wanted) {
   const Json& meta = sandbox["metadata"];
@@ -456,6 +480,7 @@ absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json&
     if (existing != nullptr && MayAdopt(sandbox, *existing, Adoptee::kService)) {
       // As upstream: one left by `kubectl delete --cascade=orphan` of an earlier Sandbox
       // of this name (it carries the tracking label) is taken over, not refused.
+      RETURN_IF_ERROR(StillAdopts(sandbox));
       absl::StatusOr<Json> adopted =
           client_->Patch(kServices, ns, name, PatchType::kMerge,
                          AdoptionPatch(sandbox, *existing, Adoptee::kService));
@@ -544,8 +569,11 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
   if (named != nullptr && MayAdopt(sandbox, *named, Adoptee::kPod)) {
     // As upstream: a pod left by `kubectl delete --cascade=orphan` of an earlier Sandbox
     // of this name (it carries the tracking label) runs on under this one.
-    absl::StatusOr<Json> adopted = client_->Patch(kPods, ns, name, PatchType::kMerge,
-                                                  AdoptionPatch(sandbox, *named, Adoptee::kPod));
+    absl::Status still = StillAdopts(sandbox);
+    absl::StatusOr<Json> adopted =
+        still.ok() ? client_->Patch(kPods, ns, name, PatchType::kMerge,
+                                    AdoptionPatch(sandbox, *named, Adoptee::kPod))
+                   : absl::StatusOr<Json>(still);
     if (adopted.ok()) {
       spdlog::info("Sandbox {}/{}: adopted its pod", ns, name);
       named = std::make_shared<const Json>(*std::move(adopted));

@@ -110,6 +110,9 @@ class SandboxController {
   absl::Status EnsurePvcs(const Json& sandbox, Observed* observed);
   // Creates the Service (wanted) or deletes ours (not wanted); what exists afterwards.
   absl::StatusOr<std::optional<Json>> EnsureService(const Json& sandbox, bool wanted);
+  // OK when `sandbox` (as cached) still exists on the API server with its uid and is not
+  // being deleted, read past the cache; ABORTED otherwise (the cache lags: no adoption).
+  absl::Status StillAdopts(const Json& sandbox);
   absl::Status WriteStatus(const Json& sandbox, const Json& status);
 
   Client* const client_;

@@ -284,7 +284,7 @@ TEST_F(SandboxControllerTest, ReconcilesAreCountedUnderControllerRuntimesNames) 
 // applied again stays Ready False ReconcilerError "pod "orphan" exists and is not
 // controlled by this Sandbox" for 20 s, though "adopted its pod" was logged; alone it
 // passes every time. Run it with --gtest_also_run_disabled_tests while fixing.
-TEST_F(SandboxControllerTest, DISABLED_AnOrphanedPodAndServiceAreAdoptedByTheSandboxAppliedAgain) {
+TEST_F(SandboxControllerTest, AnOrphanedPodAndServiceAreAdoptedByTheSandboxAppliedAgain) {
   Json sandbox = SandboxObject("orphan");
   sandbox["spec"]["service"] = true;
   ASSERT_TRUE(client_->Create(kSandboxes, "default", sandbox).ok());
