@@ -395,6 +395,59 @@ class RenderTest(unittest.TestCase):
                     continue
                 self.assertIn(flag, known, "values %s" % values)
 
+    def test_the_port_proxy(self):
+        # Off by default: no port, no Service, no flag, and sbx-server reaches only the
+        # daemons' port of the sandboxes' pods.
+        _, objs = rendered()
+        self.assertNotIn("--proxy_listen", flags(objs))
+        self.assertEqual([s["metadata"]["name"] for s in by_kind(objs, "Service")
+                          if s["metadata"]["name"].endswith("-proxy")], [])
+        def sandbox_egress(objs):
+            policy = one(objs, "NetworkPolicy")
+            return [r for r in policy["spec"]["egress"] if any(
+                "sandbox-name-hash" in str(t.get("podSelector")) for t in r.get("to", []))]
+        [rule] = sandbox_egress(objs)
+        self.assertEqual(rule["ports"], [{"port": "sbx-sandboxd", "protocol": "TCP"}])
+        # On: every flag is sbx-server's, the container port, a Service to it, ingress to
+        # it from the peers given, and egress to every port of the sandboxes' pods (the
+        # proxy connects to whatever port a tenant or a signed URL names).
+        peers = [{"namespaceSelector": {"matchLabels": {"team": "web"}}}]
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
+            yaml.safe_dump({"proxy": {"enabled": True, "domain": "sbx.example.com",
+                                      "from": peers}}, values)
+            values.flush()
+            _, objs = rendered("-f", values.name)
+        f = flags(objs)
+        self.assertEqual(f["--proxy_listen"], "0.0.0.0:8080")
+        self.assertEqual(f["--proxy_domain"], "sbx.example.com")
+        known = server_flags()
+        for flag in f:
+            self.assertIn(flag, known)
+        self.assertIn({"name": "proxy", "containerPort": 8080, "protocol": "TCP"},
+                      container(objs)["ports"])
+        [svc] = [s for s in by_kind(objs, "Service") if s["metadata"]["name"].endswith("-proxy")]
+        self.assertEqual(svc["spec"]["ports"], [{"name": "proxy", "port": 8080,
+                                                 "targetPort": "proxy", "protocol": "TCP"}])
+        self.assertEqual(f["--proxy_public_url"],
+                         "http://%s.%s.svc:8080" % (svc["metadata"]["name"], RELEASE_NS))
+        policy = one(objs, "NetworkPolicy")
+        [ingress] = [r for r in policy["spec"]["ingress"]
+                     if r["ports"] == [{"port": "proxy", "protocol": "TCP"}]]
+        self.assertEqual(ingress["from"], peers)
+        [rule] = sandbox_egress(objs)
+        self.assertNotIn("ports", rule)
+        _, objs = rendered("--set", "proxy.enabled=true,proxy.publicUrl=https://p.example.com")
+        self.assertEqual(flags(objs)["--proxy_public_url"], "https://p.example.com")
+        self.assertNotIn("--proxy_domain", flags(objs))
+        # With a standby the Service would send connections to a replica whose proxy is
+        # not running: refused until standbys relay them.
+        r = render("--set", "proxy.enabled=true,replicas=2", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("proxy.enabled needs replicas: 1", r.stderr)
+        r = render("--set", "proxy.enabled=true,proxy.domain=Bad_Domain", check=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("proxy.domain", r.stderr)
+
     def test_node_labels_take_a_cluster_role_and_can_be_turned_off(self):
         _, objs = rendered()
         role = one(objs, "ClusterRole", "sbx-system-sbx-nodes")

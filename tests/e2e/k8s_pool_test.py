@@ -463,6 +463,127 @@ class PoolTest(unittest.TestCase):
         with open(os.path.join(work, "f.txt")) as f:
             self.assertEqual(f.read(), "hello\n")
 
+    def test_07b_processes_files_and_ports_of_a_pod(self):
+        """Issue 35 on the Kubernetes runtime: a background process, streamed files at an
+        absolute path, and a port reached through sbx-server's port proxy at the pod's IP.
+        As in test_07 every pod's IP is 127.0.0.1 and one real sbx-sandboxd listens there
+        (with --sandbox_root standing for the container's root); the "pod's" web server is
+        a real HTTP server on another loopback port, which the proxy must reach by the
+        claim's pod IP, not through the daemon (the daemon's port relay is the local
+        runtime's)."""
+        import hashlib
+        import http.server
+        import threading
+        from sbx.v1 import sandboxes_pb2 as sp, sandboxes_pb2_grpc
+        sandboxd = os.path.join(os.path.dirname(base.SBX_SERVER), "sbx-sandboxd")
+        c = self.cluster("--pod_ip", "127.0.0.1")
+        work = os.path.join(c.dir, "workspace")
+        root = os.path.join(c.dir, "container-root")
+        os.makedirs(work)
+        os.makedirs(os.path.join(root, "home", "user"))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+
+        class Page(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = ("pod page at %s" % self.path).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+        threading.Thread(target=web.serve_forever, daemon=True).start()
+        self.addCleanup(web.server_close)
+        self.addCleanup(web.shutdown)
+        proxy_port_file = os.path.join(c.dir, "proxy-port")
+        server = c.start_pools("--proxy_listen=127.0.0.1:0",
+                               "--proxy_port_file=" + proxy_port_file)
+        t = template()
+        t["spec"]["podTemplate"]["spec"]["containers"][0]["ports"] = [
+            {"name": "sbx-sandboxd", "containerPort": port}]
+        c.apply(t, pool("py", 1))
+        c.wait_pool("py", 1)
+        pb, stub = self.grpc_stubs(c, server)
+        resp = stub.Claim(pb.ClaimRequest(pool="py", claim_id="inside-1"), timeout=10)
+        pod = c.get("/api/v1/namespaces/%s/pods/%s" % (NS, resp.claim.sandbox.id))
+        env = {e["name"]: e.get("value") for e in
+               pod["spec"]["containers"][0].get("env", [])}
+        log = open(os.path.join(c.dir, "sandboxd.log"), "w")
+        self.addCleanup(log.close)
+        daemon = subprocess.Popen([sandboxd, "--listen", "127.0.0.1:%d" % port,
+                                   "--workspace", work, "--sandbox_root", root],
+                                  stdout=log, stderr=subprocess.STDOUT,
+                                  env={"PATH": os.environ["PATH"],
+                                       "SBX_SANDBOXD_SECRET": env["SBX_SANDBOXD_SECRET"]})
+        self.addCleanup(base.proc_stop, daemon)
+        channel = grpc.insecure_channel("127.0.0.1:%d" % c.grpc_port(server))
+        self.addCleanup(channel.close)
+        grpc.channel_ready_future(channel).result(timeout=20)
+        sb = sandboxes_pb2_grpc.SandboxServiceStub(channel)
+        claim = "inside-1"
+
+        def daemon_up():
+            try:
+                sb.ListProcesses(sp.ListProcessesRequest(claim_id=claim), timeout=5)
+                return True
+            except grpc.RpcError:
+                return False
+        c.wait_for(daemon_up, 20, "the pod's daemon to answer through sbx-server")
+
+        # A process that outlives its call, found again by its tag, fed and waited for.
+        started = list(sb.StartProcess(sp.StartProcessRequest(
+            claim_id=claim, argv=["/bin/sh", "-c", "echo up; read line; echo got $line"],
+            tag="reader", stdin=True, detach=True), timeout=20))
+        self.assertTrue(started and started[0].HasField("started"), started)
+        listed = sb.ListProcesses(sp.ListProcessesRequest(claim_id=claim), timeout=10)
+        self.assertEqual([p.tag for p in listed.processes], ["reader"])
+        by_tag = sp.ProcessSelector(tag="reader")
+        sb.SendProcessInput(sp.SendProcessInputRequest(claim_id=claim, process=by_tag,
+                                                       data=b"pod\n"), timeout=10)
+        done = sb.WaitProcess(sp.WaitProcessRequest(claim_id=claim, process=by_tag), timeout=20)
+        self.assertEqual(done.exit.exit_code, 0)
+        out = b"".join(e.stdout for e in sb.ConnectProcess(
+            sp.ConnectProcessRequest(claim_id=claim, process=by_tag), timeout=20)
+            if e.HasField("stdout"))
+        self.assertEqual(out, b"up\ngot pod\n")
+
+        # 3 MiB streamed to an absolute path, in the container's root, and back.
+        blob = os.urandom(3 << 20)
+
+        def upload():
+            yield sp.UploadRequest(start=sp.UploadStart(claim_id=claim,
+                                                        path="/home/user/data.bin"))
+            for i in range(0, len(blob), 1 << 20):
+                yield sp.UploadRequest(chunk=blob[i:i + (1 << 20)])
+            yield sp.UploadRequest(finish=True)
+        self.assertEqual(sb.UploadFile(upload(), timeout=30).bytes, len(blob))
+        with open(os.path.join(root, "home", "user", "data.bin"), "rb") as f:
+            self.assertEqual(hashlib.sha256(f.read()).digest(), hashlib.sha256(blob).digest())
+        got = b"".join(ch.data for ch in sb.DownloadFile(
+            sp.DownloadRequest(claim_id=claim, path="/home/user/data.bin"), timeout=30))
+        self.assertEqual(got, blob)
+        # Absolute paths mean the container's root, never the host's: /etc/hostname is not
+        # in it, and ".." is refused outright.
+        for path, code in (("/etc/hostname", grpc.StatusCode.NOT_FOUND),
+                           ("/../../../etc/hostname", grpc.StatusCode.INVALID_ARGUMENT)):
+            with self.assertRaises(grpc.RpcError) as e:
+                list(sb.DownloadFile(sp.DownloadRequest(claim_id=claim, path=path), timeout=10))
+            self.assertEqual(e.exception.code(), code, path)
+
+        # A port of the pod through the proxy, by a signed URL: the proxy dials the pod's
+        # IP (here 127.0.0.1) and the port asked for.
+        url = sb.GetPortUrl(sp.GetPortUrlRequest(claim_id=claim, port=web.server_address[1]),
+                            timeout=10).url
+        with open(proxy_port_file) as f:
+            self.assertIn(":%s/" % f.read().strip(), url)
+        with urllib.request.urlopen(url.replace("/?", "/hello?"), timeout=10) as r:
+            self.assertEqual(r.status, 200)
+            self.assertEqual(r.read(), b"pod page at /hello")
+
     def test_08_members_that_never_become_ready_are_replaced(self):
         c = self.cluster()
         c.start_pools("--kube_ready_timeout_seconds", "1")
