@@ -11,11 +11,13 @@
 #include <optional>
 #include <utility>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "sbx/sandboxd/v1/sandboxd.grpc.pb.h"
 #include "src/server/call.h"
 #include "src/server/sandboxd_client.h"
+#include "src/server/status.h"
 
 namespace sbx::server {
 
@@ -71,8 +73,113 @@ inline grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* ctx, Respo
   return reactor;
 }
 
+// A server-streamed call relayed from the daemon (DownloadFile, DownloadTar, WatchDir,
+// StartProcess, ConnectProcess): a
+// server write reactor towards the client joined to a client read reactor towards the
+// daemon, one message in flight (StartProcess and ConnectProcess too): the daemon's next
+// message is read only once the previous one reached the client. `start(stub, ctx,
+// request, reactor)` starts the daemon call; `translate(in, out)` fills the client's
+// message (it may take from `in`).
+template <typename DaemonRequest, typename DaemonMsg, typename ClientMsg>
+class ReadRelay final : public grpc::ServerWriteReactor<ClientMsg> {
+ public:
+  using StartFn = std::function<void(Stub*, grpc::ClientContext*, const DaemonRequest*,
+                                     grpc::ClientReadReactor<DaemonMsg>*)>;
+  using TranslateFn = std::function<void(DaemonMsg&, ClientMsg*)>;
+
+  ReadRelay(grpc::CallbackServerContext* ctx, std::shared_ptr<Stub> stub, store::ClaimRecord claim,
+            DaemonRequest request, const StartFn& start, TranslateFn translate)
+      : ctx_(ctx),
+        stub_(std::move(stub)),
+        claim_(std::move(claim)),
+        request_(std::move(request)),
+        translate_(std::move(translate)),
+        daemon_ctx_(DaemonContext(ctx, std::nullopt)),
+        daemon_(this) {
+    start(stub_.get(), daemon_ctx_.get(), &request_, &daemon_);
+    daemon_.AddHold();  // after the call is bound to the reactor
+    daemon_.StartRead(&in_);
+    daemon_.StartCall();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      daemon_ctx_->TryCancel();
+      daemon_.RemoveHold();
+      return;
+    }
+    daemon_.StartRead(&in_);
+  }
+
+  void OnCancel() override { daemon_ctx_->TryCancel(); }
+  void OnDone() override { Unref(); }
+
+ private:
+  class Daemon final : public grpc::ClientReadReactor<DaemonMsg> {
+   public:
+    explicit Daemon(ReadRelay* relay) : relay_(relay) {}
+    void OnReadDone(bool ok) override { relay_->DaemonRead(ok); }
+    void OnDone(const grpc::Status& s) override { relay_->DaemonDone(s); }
+
+   private:
+    ReadRelay* const relay_;
+  };
+
+  void DaemonRead(bool ok) {
+    if (!ok) {
+      daemon_.RemoveHold();  // the stream is over; DaemonDone says how
+      return;
+    }
+    out_.Clear();
+    translate_(in_, &out_);
+    this->StartWrite(&out_);
+  }
+
+  void DaemonDone(const grpc::Status& s) {
+    absl::Status status = FromDaemon(s, claim_);
+    AddErrorMetadata(ctx_, status);
+    this->Finish(ToGrpcStatus(status));
+    Unref();
+  }
+
+  void Unref() {
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      last = --refs_ == 0;
+    }
+    if (last) delete this;
+  }
+
+  grpc::CallbackServerContext* const ctx_;
+  const std::shared_ptr<Stub> stub_;
+  const store::ClaimRecord claim_;
+  const DaemonRequest request_;
+  const TranslateFn translate_;
+  const std::unique_ptr<grpc::ClientContext> daemon_ctx_;
+  Daemon daemon_;
+  DaemonMsg in_;
+  ClientMsg out_;
+  absl::Mutex mu_;
+  int refs_ ABSL_GUARDED_BY(mu_) = 2;
+};
+
+
+// A server stream refused before it reached the daemon.
+template <typename Msg>
+class RefusedStream final : public grpc::ServerWriteReactor<Msg> {
+ public:
+  RefusedStream(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+    AddErrorMetadata(ctx, status);
+    this->Finish(ToGrpcStatus(status));
+  }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace daemon_call_internal
 
 using daemon_call_internal::Forward;
+using daemon_call_internal::ReadRelay;
+using daemon_call_internal::RefusedStream;
 
 }  // namespace sbx::server

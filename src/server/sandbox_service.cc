@@ -763,116 +763,15 @@ absl::Status ToDaemonStart(const v1::StartProcessRequest& in, const SandboxLimit
   return absl::OkStatus();
 }
 
-// A process stream (StartProcess, ConnectProcess): a server write reactor towards the
-// client joined to a client read reactor towards the daemon, one message in flight:
-//   daemon --read--> [translate] --write--> client   (the next read after the write)
-// so a process's flood reaches the server one message at a time. The call finishes with
-// the daemon's status once its stream is over. The daemon reactor is held (AddHold) while
-// a read or write may still be started; the hold goes when the daemon's stream ended
-// (a failed read) or the client is gone (a failed write; the daemon call is cancelled).
+// A process stream (StartProcess, ConnectProcess) is a ReadRelay (daemon_call.h): one
+// message in flight, so a process's flood reaches the server one message at a time.
 // Cancelling or leaving the call cancels the daemon call, which detaches from the process
 // without stopping it.
-class ProcessRelay final : public grpc::ServerWriteReactor<v1::ProcessEvent> {
- public:
-  ProcessRelay(grpc::CallbackServerContext* ctx, std::shared_ptr<Stub> stub,
-               store::ClaimRecord claim)
-      : ctx_(ctx),
-        stub_(std::move(stub)),
-        claim_(std::move(claim)),
-        daemon_ctx_(DaemonContext(ctx, std::nullopt)),
-        daemon_(this) {}
+using ProcessRelay = ReadRelay<sd::StartProcessRequest, sd::ProcessEvent, v1::ProcessEvent>;
+using ConnectRelay = ReadRelay<sd::ConnectProcessRequest, sd::ProcessEvent, v1::ProcessEvent>;
+using RefusedProcessStream = RefusedStream<v1::ProcessEvent>;
 
-  void Start(sd::StartProcessRequest request) {
-    start_ = std::move(request);
-    stub_->async()->StartProcess(daemon_ctx_.get(), &start_, &daemon_);
-    daemon_.AddHold();  // after the call is bound to the reactor
-    daemon_.StartRead(&in_);
-    daemon_.StartCall();
-  }
-
-  void Connect(sd::ConnectProcessRequest request) {
-    connect_ = std::move(request);
-    stub_->async()->ConnectProcess(daemon_ctx_.get(), &connect_, &daemon_);
-    daemon_.AddHold();  // after the call is bound to the reactor
-    daemon_.StartRead(&in_);
-    daemon_.StartCall();
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      // The client is gone: so is the reader in the sandbox.
-      daemon_ctx_->TryCancel();
-      daemon_.RemoveHold();
-      return;
-    }
-    daemon_.StartRead(&in_);
-  }
-
-  void OnCancel() override { daemon_ctx_->TryCancel(); }
-  void OnDone() override { Unref(); }
-
- private:
-  class Daemon final : public grpc::ClientReadReactor<sd::ProcessEvent> {
-   public:
-    explicit Daemon(ProcessRelay* relay) : relay_(relay) {}
-    void OnReadDone(bool ok) override { relay_->DaemonRead(ok); }
-    void OnDone(const grpc::Status& s) override { relay_->DaemonDone(s); }
-
-   private:
-    ProcessRelay* const relay_;
-  };
-
-  void DaemonRead(bool ok) {
-    if (!ok) {
-      daemon_.RemoveHold();  // the stream is over; DaemonDone says how
-      return;
-    }
-    ToClient(in_, &out_);
-    StartWrite(&out_);
-  }
-
-  void DaemonDone(const grpc::Status& s) {
-    // No client write is in flight: the hold went after the last one completed.
-    absl::Status status = FromDaemon(s, claim_);
-    AddErrorMetadata(ctx_, status);
-    Finish(ToGrpcStatus(status));
-    Unref();
-  }
-
-  void Unref() {
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      last = --refs_ == 0;
-    }
-    if (last) delete this;
-  }
-
-  grpc::CallbackServerContext* const ctx_;
-  const std::shared_ptr<Stub> stub_;
-  const store::ClaimRecord claim_;
-  const std::unique_ptr<grpc::ClientContext> daemon_ctx_;
-  Daemon daemon_;
-  sd::StartProcessRequest start_;
-  sd::ConnectProcessRequest connect_;
-  // The message read from the daemon, then the one written to the client; one each at a
-  // time.
-  sd::ProcessEvent in_;
-  v1::ProcessEvent out_;
-  absl::Mutex mu_;
-  // The server side's OnDone and the daemon side's OnDone.
-  int refs_ ABSL_GUARDED_BY(mu_) = 2;
-};
-
-// A stream refused before it reached the daemon.
-class RefusedProcessStream final : public grpc::ServerWriteReactor<v1::ProcessEvent> {
- public:
-  RefusedProcessStream(grpc::CallbackServerContext* ctx, const absl::Status& status) {
-    AddErrorMetadata(ctx, status);
-    Finish(ToGrpcStatus(status));
-  }
-  void OnDone() override { delete this; }
-};
+void ProcessToClient(sd::ProcessEvent& in, v1::ProcessEvent* out) { ToClient(in, out); }
 
 }  // namespace
 
@@ -884,9 +783,11 @@ grpc::ServerWriteReactor<v1::ProcessEvent>* SandboxService::StartProcess(
   if (absl::Status s = ToDaemonStart(*req, limits_, &r); !s.ok()) {
     return new RefusedProcessStream(ctx, s);
   }
-  auto* relay = new ProcessRelay(ctx, std::move(sandbox->second), std::move(sandbox->first));
-  relay->Start(std::move(r));
-  return relay;
+  return new ProcessRelay(
+      ctx, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
+      [](Stub* s, grpc::ClientContext* c, const sd::StartProcessRequest* q,
+         grpc::ClientReadReactor<sd::ProcessEvent>* r) { s->async()->StartProcess(c, q, r); },
+      ProcessToClient);
 }
 
 grpc::ServerWriteReactor<v1::ProcessEvent>* SandboxService::ConnectProcess(
@@ -897,9 +798,11 @@ grpc::ServerWriteReactor<v1::ProcessEvent>* SandboxService::ConnectProcess(
   if (absl::Status s = ToDaemon(req->process(), r.mutable_process()); !s.ok()) {
     return new RefusedProcessStream(ctx, s);
   }
-  auto* relay = new ProcessRelay(ctx, std::move(sandbox->second), std::move(sandbox->first));
-  relay->Connect(std::move(r));
-  return relay;
+  return new ConnectRelay(
+      ctx, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
+      [](Stub* s, grpc::ClientContext* c, const sd::ConnectProcessRequest* q,
+         grpc::ClientReadReactor<sd::ProcessEvent>* r) { s->async()->ConnectProcess(c, q, r); },
+      ProcessToClient);
 }
 
 grpc::ServerUnaryReactor* SandboxService::ListProcesses(grpc::CallbackServerContext* ctx,
