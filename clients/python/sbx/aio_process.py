@@ -177,6 +177,8 @@ class AsyncProcess:
             self._call = cl._sandboxes.ConnectProcess(sandboxes_pb2.ConnectProcessRequest(
                 claim_id=self._sb.claim_id, process=self._sel), metadata=cl._md)
         call = self._call
+        # Leaving the caller's loop (break) keeps the stream for the next one; it is
+        # dropped once it ended, or cancelled with the task.
         try:
             while True:
                 # read(), not `async for`: grpc.aio refuses both on one call, and the
@@ -190,14 +192,18 @@ class AsyncProcess:
                 elif ev.WhichOneof("kind") == "exit":
                     self.exit = ProcessExit.from_proto(ev.exit)
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                raise from_rpc_error(e) from None
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        finally:
             if self._call is call:
                 self._call = None
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise from_rpc_error(e) from None
+            return
+        except asyncio.CancelledError:
+            if self._call is call:
+                self._call = None
+            call.cancel()
+            raise
+        if self._call is call:
+            self._call = None
 
     @property
     def stdout(self) -> AsyncIterator[bytes]:

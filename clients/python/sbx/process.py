@@ -144,7 +144,8 @@ class Process:
     on_stderr callbacks. Only one of them reads a handle's stream; `Processes.connect`
     gives another. Iteration ends when the process ends.
 
-    Not thread-safe for reading: one reader at a time. The control calls (send_stdin,
+    Breaking out of a loop over the handle keeps its stream: the next loop continues
+    where it stopped. Not thread-safe for reading: one reader at a time. The control calls (send_stdin,
     kill, wait, ...) may come from any thread. `with` detaches at the end of the block
     (the process keeps running: kill() it if it should not)."""
 
@@ -204,6 +205,9 @@ class Process:
         if self.exit is not None and self._call is None:
             return
         call = self._stream()
+        # Breaking out of the caller's loop leaves the stream open: the next iteration
+        # continues where this one stopped (a reader that detached and came back would
+        # miss what was written in between). It is dropped only once it ended.
         try:
             for ev in call:
                 out = p.output_of(ev)
@@ -212,11 +216,13 @@ class Process:
                 elif ev.WhichOneof("kind") == "exit":
                     self.exit = ProcessExit.from_proto(ev.exit)
         except grpc.RpcError as e:
-            if e.code() != grpc.StatusCode.CANCELLED:
-                raise from_rpc_error(e) from None
-        finally:
             if self._call is call:
                 self._call = None
+            if e.code() != grpc.StatusCode.CANCELLED:
+                raise from_rpc_error(e) from None
+            return
+        if self._call is call:
+            self._call = None
 
     @property
     def stdout(self) -> Iterator[bytes]:
