@@ -221,15 +221,19 @@ export class SandboxProcess implements AsyncIterable<ProcessOutput>, AsyncDispos
   /** @internal */
   protected readonly calls: ProcessCalls;
   private stream: AsyncGenerator<Raw> | null;
+  // The gRPC call under `stream`: detach() cancels it (an async generator's return()
+  // would wait for the pending next(), i.e. for the process's next output).
+  private call: grpc.ClientReadableStream<Raw> | null;
   private reading = false;
 
   /** @internal */
-  constructor(calls: ProcessCalls, started: Raw, stream: AsyncGenerator<Raw> | null) {
+  constructor(calls: ProcessCalls, started: Raw, stream: {events: AsyncGenerator<Raw>; call: grpc.ClientReadableStream<Raw>} | null) {
     this.calls = calls;
     this.pid = started.pid;
     this.tag = started.tag ?? '';
     this.startedAt = fromTimestamp(started.started_at);
-    this.stream = stream;
+    this.stream = stream?.events ?? null;
+    this.call = stream?.call ?? null;
   }
 
   /** @internal */
@@ -247,6 +251,7 @@ export class SandboxProcess implements AsyncIterable<ProcessOutput>, AsyncDispos
         const call = (stub.ConnectProcess as (r: Raw, md: grpc.Metadata, o: grpc.CallOptions) => grpc.ClientReadableStream<Raw>)
             .call(stub, {claim_id: this.calls.claimId, process: this.sel}, this.calls.ctx.transport.metadata(), {});
         this.stream = iterateStream(call);
+        this.call = call;
       }
       // next() by hand, not `for await`: breaking out of the caller's loop must leave the
       // stream open (a reader that detached and came back would miss what was written in
@@ -265,7 +270,10 @@ export class SandboxProcess implements AsyncIterable<ProcessOutput>, AsyncDispos
       } catch (e) {
         if (!(e instanceof SbxError && e.grpcCode === grpc.status.CANCELLED)) throw e;
       }
-      if (this.stream === stream) this.stream = null;  // it ended
+      if (this.stream === stream) {  // it ended
+        this.stream = null;
+        this.call = null;
+      }
     } finally {
       this.reading = false;
     }
@@ -324,9 +332,10 @@ export class SandboxProcess implements AsyncIterable<ProcessOutput>, AsyncDispos
    * Breaking out of a `for await` over the handle does not: the next loop continues.
    */
   detach(): void {
-    const s = this.stream;
+    const call = this.call;
     this.stream = null;
-    void s?.return(undefined);
+    this.call = null;
+    call?.cancel();
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
@@ -413,7 +422,7 @@ export class SandboxProcesses {
 
   private async open<T extends SandboxProcess>(
       method: string, request: Raw, opts: CallOptions, keep: boolean,
-      Kind: new (c: ProcessCalls, s: Raw, st: AsyncGenerator<Raw> | null) => T): Promise<T> {
+      Kind: new (c: ProcessCalls, s: Raw, st: {events: AsyncGenerator<Raw>; call: grpc.ClientReadableStream<Raw>} | null) => T): Promise<T> {
     const stub = this.ctx.transport.stubs.sandboxes;
     const limit = opts.timeoutMs ?? this.ctx.timeoutMs;
     // A stream that stays open has no deadline (a process may run for days); `started`
@@ -439,6 +448,6 @@ export class SandboxProcesses {
     if (!keep) {
       for await (const _ of events) { /* a detached start ends right after `started` */ }
     }
-    return new Kind(this.calls, first.value.started, keep ? events : null);
+    return new Kind(this.calls, first.value.started, keep ? {events, call} : null);
   }
 }

@@ -165,7 +165,7 @@ export async function untarInto(chunks: AsyncIterable<Buffer>, dir: string): Pro
 /** An open WatchDir stream; iterate it for {@link FileEvent}s, `close()` to stop. */
 export class FileWatch implements AsyncIterable<FileEvent>, AsyncDisposable {
   /** @internal */
-  constructor(private readonly events: AsyncGenerator<Raw>) {}
+  constructor(private readonly events: AsyncGenerator<Raw>, private readonly call: grpc.ClientReadableStream<Raw>) {}
 
   async *[Symbol.asyncIterator](): AsyncGenerator<FileEvent> {
     try {
@@ -184,7 +184,7 @@ export class FileWatch implements AsyncIterable<FileEvent>, AsyncDisposable {
 
   /** Ends the watch. */
   close(): void {
-    void this.events.return(undefined);
+    this.call.cancel();  // not events.return(): that would wait for the next event
   }
 
   async [Symbol.asyncDispose](): Promise<void> {
@@ -211,5 +211,5 @@ export async function openWatch(ctx: Context, claimId: string, p: string, recurs
   } finally {
     clearTimeout(timer);
   }
-  return new FileWatch(events);
+  return new FileWatch(events, call);
 }
