@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import List, Mapping, Optional, Sequence, Union
+from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 from sbx import _common as c
 from sbx.v1 import sandboxes_pb2
@@ -58,7 +58,7 @@ class ProcessInfo:
     tag: str
     argv: List[str]
     cwd: str
-    pty: Optional[tuple]
+    pty: Optional[Tuple[int, int]]
     stdin_open: bool
     started_at: Optional[datetime.datetime]
     exit: Optional[ProcessExit]
