@@ -24,8 +24,7 @@ import grpc.aio
 from sbx import _common as c
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
                          PoolInfo, RetryPolicy)
-from sbx.client import (_check_rm, _exists_from_error, _extract_plain, _rm_argv,
-                        _upload_messages)
+from sbx.client import _exists_from_error, _extract_plain, _upload_messages
 from sbx import _process as _proc
 from sbx._process import PortUrl
 from sbx.aio_process import AsyncProcesses, AsyncPty
@@ -599,8 +598,10 @@ class AsyncFiles:
             return _exists_from_error(e)
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
-        """As sbx.Files.remove (runs `rm` through exec: sbx has no delete call)."""
-        _check_rm(path, await self._sb.exec(_rm_argv(path, recursive), timeout=60))
+        """As sbx.Files.remove (the Remove call)."""
+        cl = self._sb._client
+        await cl._call(cl._sandboxes.Remove, sandboxes_pb2.RemoveRequest(
+            claim_id=self._sb.claim_id, path=path, recursive=recursive), retry=False)
 
     # ---- streamed files: as sbx.Files (any size, constant memory; absolute paths name
     # the sandbox's own root). Local file reads and writes are small blocking calls.

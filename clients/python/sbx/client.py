@@ -711,11 +711,14 @@ class Files:
             return _exists_from_error(e)
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
-        """Removes a file or an empty directory (recursive=True: a directory with its
-        contents). sbx has no delete call: this runs `rm` in the sandbox through exec,
-        so it needs a sandbox that can run commands. NotFound when nothing is there."""
-        argv = _rm_argv(path, recursive)
-        _check_rm(path, self._sb.exec(argv, timeout=60))
+        """Removes a file, a symbolic link (never followed) or an empty directory
+        (recursive=True: a directory with its contents) with the Remove call.
+        NotFound when nothing is there; FailedPrecondition for a non-empty directory
+        without recursive; InvalidArgument for the workspace itself or a path that leaves
+        it. Not retried (a retry after a lost answer would say NotFound)."""
+        cl = self._sb._client
+        cl._call(cl._sandboxes.Remove, sandboxes_pb2.RemoveRequest(
+            claim_id=self._sb.claim_id, path=path, recursive=recursive), retry=False)
 
     # ---- streamed files (UploadFile, DownloadFile, UploadTar, DownloadTar): any size,
     # constant memory. Paths may be absolute ("/home/user/x": the sandbox's own root).
@@ -840,23 +843,6 @@ def _exists_from_error(e: SbxError) -> bool:
     if isinstance(e, NotFound) or "a component is not a directory" in e.message:
         return False
     return True  # "is a directory", "is not a regular file"
-
-
-def _rm_argv(path: str, recursive: bool) -> List[str]:
-    parts = path.split("/")
-    if not path or path.startswith("/") or "\0" in path or ".." in parts or "." in parts:
-        raise InvalidArgument(f"path {path!r} must be relative to the workspace, without "
-                              "'.' or '..' components")
-    return ["rm", "-r" if recursive else "-d", "--", path]
-
-
-def _check_rm(path: str, r: ExecResult) -> None:
-    if r.exit_code == 0:
-        return
-    msg = f"removing {path!r}: {r.stderr.strip() or f'rm exited {r.returncode}'}"
-    if "No such file" in r.stderr:
-        raise NotFound(msg)
-    raise FailedPrecondition(msg)
 
 
 def _upload_messages(start, f) -> Iterator[sandboxes_pb2.UploadRequest]:

@@ -179,21 +179,25 @@ export class SandboxFiles {
   }
 
   /**
-   * Removes a file (or, with `recursive`, a directory tree). The API has no delete call:
-   * this runs `rm -f [-r] -- PATH` in the sandbox, so it needs a runtime that runs
-   * commands (not `instant`). Removing a missing path is not an error. Throws
-   * FailedPrecondition with rm's message when rm fails.
+   * Removes a file, a symbolic link (never followed) or, with `recursive`, a directory
+   * tree (the Remove call). Removing a missing path is not an error. Rejects with
+   * FailedPrecondition for a non-empty directory without `recursive`, InvalidArgument for
+   * the workspace itself or a path that leaves it.
    */
   async remove(path: string, opts: CallOptions & {recursive?: boolean} = {}): Promise<void> {
-    if (path === '' || path.startsWith('/') || path.split('/').some((p) => p === '..' || p === '.')) {
-      throw new InvalidArgument(grpc.status.INVALID_ARGUMENT, `path "${path}" must be relative to the workspace, without "." or ".."`);
-    }
-    const argv = ['rm', '-f', ...(opts.recursive ? ['-r'] : []), '--', path];
-    const r = await this.sandbox.exec(argv, {signal: opts.signal, timeoutMs: opts.timeoutMs, timeout: opts.timeoutMs ?? this.ctx.timeoutMs});
-    if (r.exitCode !== 0) {
-      throw new FailedPrecondition(grpc.status.FAILED_PRECONDITION, `rm "${path}" failed (exit ${r.exitCode ?? `signal ${r.signal}`}): ${r.stderr.trim()}`);
+    try {
+      await this.ctx.transport.unary({
+        stub: 'sandboxes', method: 'Remove', deadline: deadlineOf(this.ctx, opts), signal: opts.signal,
+        idempotent: false, request: {claim_id: this.sandbox.claimId, path, recursive: !!opts.recursive},
+      });
+    } catch (e) {
+      // A missing path ("path ...: no such file or directory"); a missing claim is
+      // NOT_FOUND too, with another message.
+      if (e instanceof NotFound && /no such file or directory/.test(e.details)) return;
+      throw e;
     }
   }
+
   // ---- streamed files: any size in constant memory. Paths may be absolute
   // ("/home/user/x": inside the sandbox's own root) or relative to the workspace.
 
