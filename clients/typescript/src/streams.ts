@@ -9,7 +9,7 @@ import {pipeline} from 'node:stream/promises';
 import {Readable} from 'node:stream';
 import * as tar from 'tar';
 
-import {Cancelled, DeadlineExceeded, SbxError, toSbxError, abortedError} from './errors.js';
+import {DeadlineExceeded, SbxError, toSbxError, abortedError} from './errors.js';
 import {iterateStream, type CallOptions} from './transport.js';
 import type {Raw} from './types.js';
 import type {Context} from './sandbox.js';
@@ -95,7 +95,7 @@ export async function streamUpload(ctx: Context, method: 'UploadFile' | 'UploadT
   } catch (e) {
     call.cancel();
     await answer.catch(() => {});
-    throw e instanceof SbxError ? e : new Cancelled(grpc.status.CANCELLED, `the upload's source failed: ${String((e as Error)?.message ?? e)}`, {cause: e});
+    throw e;  // the source's own error (the call is cancelled: the sandbox keeps nothing)
   } finally {
     opts.signal?.removeEventListener('abort', onAbort);
   }

@@ -184,6 +184,16 @@ describe('streamed files', () => {
     // file's size.
     assert.ok(peak - base < 48 * mib, `client buffers grew by ${(peak - base) / mib} MiB for a 64 MiB transfer`);
 
+    // A source that fails half-way: the upload rejects with its error, the sandbox keeps
+    // nothing (the call is cancelled before `finish`).
+    async function* failing() {
+      yield Buffer.alloc(mib, 1);
+      yield Buffer.alloc(mib, 2);
+      throw new Error('disk gone');
+    }
+    await assert.rejects(sb.files.upload('big/partial.bin', failing()), /disk gone/);
+    assert.equal(await sb.files.exists('big/partial.bin'), false);
+
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sbx-ts-dl-'));
     try {
       assert.equal(await sb.files.downloadFile('big/blob.bin', path.join(dir, 'b.bin')), size);
