@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 import unittest
@@ -153,6 +154,23 @@ class Processes(unittest.TestCase):
             self.assertEqual(pty.wait(timeout=30), 3)
             info = [p for p in self.sb.processes.list() if p.pid == pty.pid][0]
             self.assertEqual(info.pty, (100, 40))
+        finally:
+            pty.detach()
+
+    def test_default_pty_is_a_login_shell_and_stdout_reads_it(self):
+        pty = self.sb.pty(rows=30, cols=90, term="xterm-256color")
+        try:
+            pty.send_input("echo \"term=$TERM size=$(stty size)\"; exit 5\n")
+            seen = b""
+            timer = threading.Timer(20, pty.detach)  # bounded: the loop ends at its exit
+            timer.start()
+            try:
+                for data in pty.stdout:
+                    seen += data
+            finally:
+                timer.cancel()
+            self.assertIn(b"term=xterm-256color size=30 90", seen)
+            self.assertEqual(pty.wait(timeout=30), 5)
         finally:
             pty.detach()
 
