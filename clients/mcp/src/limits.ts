@@ -112,3 +112,47 @@ export function boundLines(lines: string[], limit: number): {text: string; shown
   }
   return {text: lines.slice(0, shown).map((l) => l + '\n').join(''), shown};
 }
+
+/**
+ * One stream of a process's output read for read_process_output, in bounded memory: its
+ * first `keepBytes` bytes and its last `keepBytes` bytes, with the count of all of them.
+ */
+export class HeadTail {
+  private head: Buffer[] = [];
+  private headBytes = 0;
+  private tail: Buffer[] = [];
+  private tailBytes = 0;
+  /** Every byte seen, the kept ones included. */
+  total = 0;
+
+  constructor(private readonly keepBytes: number) {}
+
+  add(data: Buffer): void {
+    this.total += data.length;
+    if (this.headBytes < this.keepBytes) {
+      const take = Math.min(data.length, this.keepBytes - this.headBytes);
+      this.head.push(data.subarray(0, take));
+      this.headBytes += take;
+      data = data.subarray(take);
+    }
+    if (data.length === 0) return;
+    this.tail.push(data);
+    this.tailBytes += data.length;
+    while (this.tailBytes - this.tail[0]!.length >= this.keepBytes) this.tailBytes -= this.tail.shift()!.length;
+  }
+
+  /** True when bytes between the head and the tail were dropped. */
+  get cut(): boolean {
+    return this.total > this.headBytes + Math.min(this.tailBytes, this.keepBytes);
+  }
+
+  /** The kept text (UTF-8; a marker where bytes were dropped). */
+  text(): string {
+    const head = Buffer.concat(this.head).toString('utf8');
+    let tail = Buffer.concat(this.tail);
+    if (tail.length > this.keepBytes) tail = tail.subarray(tail.length - this.keepBytes);
+    const dropped = this.total - this.headBytes - tail.length;
+    return dropped > 0 ? `${head}\n[... sbx-mcp: ${dropped} bytes not kept ...]\n${tail.toString('utf8')}` :
+                         head + tail.toString('utf8');
+  }
+}

@@ -3,10 +3,10 @@
 // tool errors (isError: true) whose text names the problem.
 import {McpServer} from '@modelcontextprotocol/sdk/server/mcp.js';
 import type {CallToolResult, ServerNotification} from '@modelcontextprotocol/sdk/types.js';
-import {PoolExhausted, SbxError, type FileInfo} from '@sbx/client';
+import {FailedPrecondition, PoolExhausted, SbxError, type FileInfo, type ProcessExit, type ProcessRef, type SandboxProcess} from '@sbx/client';
 import {z} from 'zod';
 
-import {base64Bytes, boundLines, boundOutput, utf8PrefixBytes} from './limits.js';
+import {base64Bytes, boundLines, boundOutput, HeadTail, utf8PrefixBytes} from './limits.js';
 import type {Options} from './options.js';
 import {type OwnedSandbox, type SandboxSession, ToolError} from './session.js';
 
@@ -16,9 +16,16 @@ export const kDefaultCommandTimeoutS = 60;
 export const kMaxCommandTimeoutS = 600;
 /** Largest file read_file reads (it reads whole files, then bounds the result). */
 export const kMaxReadFileBytes = 16 * 1024 * 1024;
+/** Largest read_process_output wait and stop_process grace, seconds. */
+export const kMaxReadWaitS = 30;
+export const kMaxStopGraceS = 60;
+/** How long read_process_output keeps reading what the process wrote before the call, at most, ms. */
+const kReplayReadMs = 5000;
 
 const kSandboxArg = z.string().min(1).describe('The sandbox id that claim_sandbox returned (its claim id).');
 const kDuration = /^(\d+(\.\d+)?(ms|h|m|s))+$/;
+const kProcessArg = z.union([z.number().int().positive(), z.string().min(1)])
+    .describe('The process: its pid (a number) or the tag given to start_process (a string).');
 
 function ok(value: Record<string, unknown>): CallToolResult {
   return {content: [{type: 'text', text: JSON.stringify(value, null, 2)}]};
@@ -70,8 +77,9 @@ export function createMcpServer(session: SandboxSession, options: Options): McpS
   const limit = options.maxOutputChars;
   const server = new McpServer({name: 'sbx-mcp', version: kVersion}, {
     instructions: 'Sandboxes from sbx warm pools: claim_sandbox gives a sandbox id; run_command, write_file, ' +
-        'read_file and list_files use it (paths are relative to the sandbox workspace); release_sandbox ' +
-        `when done. Tool results are cut at ${limit} characters.`,
+        'read_file and list_files use it (paths are relative to the sandbox workspace); start_process, ' +
+        'read_process_output and stop_process run background processes, get_port_url reaches their ports; ' +
+        `release_sandbox when done. Tool results are cut at ${limit} characters.`,
   });
 
   // Every handler goes through here: errors become tool errors.
@@ -205,6 +213,169 @@ export function createMcpServer(session: SandboxSession, options: Options): McpS
       path: a.path ?? '', entries: shown.text, shown_entries: shown.shown, total_entries: lines.length,
       truncated: shown.shown < lines.length,
     };
+  }));
+
+  server.registerTool('start_process', {
+    title: 'Start a background process',
+    description: 'Starts a shell command (sh -c) in the background in one of this session\'s sandboxes (a dev ' +
+        'server, a watcher, a long job) and returns at once with its pid. It runs on after this call, until it ' +
+        'ends, stop_process, or the sandbox\'s release. Its output waits (the last 1 MiB) for read_process_output. ' +
+        'A tag names it for the other process tools. To reach a server it starts, use get_port_url.',
+    inputSchema: {
+      sandbox: kSandboxArg,
+      command: z.string().min(1).describe('Shell command, run as `sh -c COMMAND`, e.g. "python3 -m http.server 8000".'),
+      tag: z.string().regex(/^[A-Za-z0-9._-]{1,64}$/).optional()
+          .describe('A name for it, 1-64 of A-Z a-z 0-9 . _ -, unique among the sandbox\'s running processes.'),
+      cwd: z.string().optional().describe('Working directory relative to the workspace. Default: the workspace.'),
+      env: z.record(z.string()).optional().describe('Extra environment variables.'),
+    },
+    annotations: {destructiveHint: true, openWorldHint: false},
+  }, run('start_process', async (a: {sandbox: string; command: string; tag?: string; cwd?: string; env?: Record<string, string>}) => {
+    const {sandbox} = session.get(a.sandbox);
+    const p = await sandbox.processes.start(a.command, {tag: a.tag, cwd: a.cwd, env: a.env});
+    return {pid: p.pid, tag: p.tag || null, started_at: p.startedAt?.toISOString() ?? null};
+  }));
+
+  server.registerTool('read_process_output', {
+    title: 'Read a background process\'s output',
+    description: 'Reads what a process of start_process wrote since the last read_process_output (each byte is ' +
+        'returned once), waiting up to `wait` seconds for more unless it ends first. Returns stdout, stderr, whether ' +
+        `it still runs, and its exit_code once ended. Output beyond ${limit} characters is cut in the middle of each ` +
+        'cut stream (truncated: true, with the full byte counts); dropped_bytes counts output lost because more than ' +
+        '1 MiB waited unread.',
+    inputSchema: {
+      sandbox: kSandboxArg,
+      process: kProcessArg,
+      wait: z.number().min(0).max(kMaxReadWaitS).optional()
+          .describe(`Seconds to wait for more output. Default 0 (what is there now), at most ${kMaxReadWaitS}.`),
+    },
+    annotations: {readOnlyHint: true, openWorldHint: false},
+  }, run('read_process_output', async (a: {sandbox: string; process: ProcessRef; wait?: number}, extra) => {
+    const {sandbox} = session.get(a.sandbox);
+    const waitMs = Math.round((a.wait ?? 0) * 1000);
+    // What waits in its replay buffer now: read at least that much (it arrives first).
+    const all = await sandbox.processes.list({signal: extra.signal});
+    const named = all.filter((p) => (typeof a.process === 'number' ? p.pid === a.process : p.tag === a.process));
+    const pending = (named.find((p) => p.exit === null) ?? named[named.length - 1])?.bufferedBytes ?? 0;
+    const proc: SandboxProcess = await sandbox.processes.connect(a.process, {signal: extra.signal});
+    const keep = limit * 4;  // bytes: enough for `limit` characters of any UTF-8
+    const out = new HeadTail(keep);
+    const err = new HeadTail(keep);
+    let dropped = 0;
+    const started = Date.now();
+    const timer = setTimeout(() => proc.detach(), waitMs + kReplayReadMs);
+    const onAbort = () => proc.detach();
+    extra.signal.addEventListener('abort', onAbort, {once: true});
+    let waitTimer: NodeJS.Timeout | undefined;
+    try {
+      // Stops once the replay is in and `wait` has passed (or at the end of the process).
+      let stopped = false;
+      const stop = () => {
+        stopped = true;
+        proc.detach();
+      };
+      const maybeStop = () => {
+        if (out.total + err.total < pending) return;
+        const left = waitMs - (Date.now() - started);
+        if (left <= 0) stop();
+        else if (!waitTimer) waitTimer = setTimeout(stop, left);
+      };
+      maybeStop();
+      // (Iterating a detached handle would connect again: not once stopped.)
+      if (!stopped) {
+        for await (const o of proc) {
+          if (o.stream === 'dropped') dropped += o.dropped;
+          else (o.stream === 'stderr' ? err : out).add(o.data);
+          maybeStop();
+          if (stopped) break;
+        }
+      }
+    } finally {
+      clearTimeout(timer);
+      if (waitTimer) clearTimeout(waitTimer);
+      extra.signal.removeEventListener('abort', onAbort);
+      proc.detach();
+    }
+    const b = boundOutput(out.text(), err.text(), limit);
+    const exit: ProcessExit | null = proc.exitStatus;
+    return {
+      pid: proc.pid, tag: proc.tag || null, running: exit === null, exit_code: exit?.exitCode ?? null,
+      signal: exit?.signal ?? null, stdout: b.stdout, stderr: b.stderr,
+      truncated: b.truncated || out.cut || err.cut, stdout_bytes: out.total, stderr_bytes: err.total,
+      dropped_bytes: dropped,
+    };
+  }));
+
+  server.registerTool('stop_process', {
+    title: 'Stop a background process',
+    description: 'Stops a process of one of this session\'s sandboxes: sends it `signal` (default TERM), waits up ' +
+        'to `grace` seconds for it to end, then kills it (KILL). Returns how it ended. A process that has already ' +
+        'ended is not an error: its exit is returned.',
+    inputSchema: {
+      sandbox: kSandboxArg,
+      process: kProcessArg,
+      signal: z.enum(['TERM', 'INT', 'HUP', 'KILL']).optional().describe('The first signal. Default "TERM".'),
+      grace: z.number().min(0).max(kMaxStopGraceS).optional()
+          .describe(`Seconds to wait after it before KILL. Default 5, at most ${kMaxStopGraceS}.`),
+    },
+    annotations: {destructiveHint: true, idempotentHint: true, openWorldHint: false},
+  }, run('stop_process', async (a: {sandbox: string; process: ProcessRef; signal?: 'TERM' | 'INT' | 'HUP' | 'KILL'; grace?: number}, extra) => {
+    const {sandbox} = session.get(a.sandbox);
+    const sig = a.signal ?? 'TERM';
+    let killed = false;
+    const signal = async (s: 'TERM' | 'INT' | 'HUP' | 'KILL'): Promise<boolean> => {
+      try {
+        await sandbox.processes.kill(a.process, `SIG${s}`, {signal: extra.signal});
+        return true;
+      } catch (e) {
+        if (e instanceof FailedPrecondition) return false;  // it has ended: its exit follows
+        throw e;
+      }
+    };
+    const sent = await signal(sig);
+    let exit: ProcessExit;
+    try {
+      exit = await sandbox.processes.wait(a.process, {timeoutMs: Math.round((a.grace ?? 5) * 1000), signal: extra.signal});
+    } catch (e) {
+      if (!(e instanceof SbxError && e.code === 'DEADLINE_EXCEEDED') || sig === 'KILL') throw e;
+      killed = await signal('KILL');
+      exit = await sandbox.processes.wait(a.process, {timeoutMs: 30000, signal: extra.signal});
+    }
+    return {process: a.process, signal_sent: sent ? sig : null, killed, exit_code: exit.exitCode, signal: exit.signal};
+  }));
+
+  server.registerTool('list_processes', {
+    title: 'List processes',
+    description: 'The processes started in one of this session\'s sandboxes (running, and ended ones still kept), ' +
+        `one line each: "PID TAG STATE COMMAND". At most ${limit} characters of whole lines.`,
+    inputSchema: {sandbox: kSandboxArg},
+    annotations: {readOnlyHint: true, openWorldHint: false},
+  }, run('list_processes', async (a: {sandbox: string}) => {
+    const {sandbox} = session.get(a.sandbox);
+    const all = await sandbox.processes.list();
+    const lines = all.map((p) => {
+      const state = p.exit === null ? 'running' : p.exit.exitCode !== null ? `exited(${p.exit.exitCode})` : `killed(${p.exit.signal})`;
+      return `${p.pid} ${p.tag || '-'} ${state} ${p.argv.join(' ')}`;
+    });
+    const shown = boundLines(lines, limit);
+    return {processes: shown.text, shown: shown.shown, total: lines.length, truncated: shown.shown < lines.length};
+  }));
+
+  server.registerTool('get_port_url', {
+    title: 'Get a URL for a port',
+    description: 'A URL at which a TCP port inside one of this session\'s sandboxes (e.g. a web server of ' +
+        'start_process listening on 127.0.0.1:PORT) is reachable from outside through the sbx server, for anyone ' +
+        'holding the URL until it expires. Fails when the sbx server runs no port proxy.',
+    inputSchema: {
+      sandbox: kSandboxArg,
+      port: z.number().int().min(1).max(65535).describe('The port inside the sandbox, e.g. 8000.'),
+      ttl: z.string().regex(kDuration).optional().describe('How long the URL works, e.g. "30m". Default "1h", at most "168h".'),
+    },
+    annotations: {readOnlyHint: true, openWorldHint: false},
+  }, run('get_port_url', async (a: {sandbox: string; port: number; ttl?: string}) => {
+    const {sandbox} = session.get(a.sandbox);
+    const u = await sandbox.url(a.port, {ttl: a.ttl});
+    return {port: a.port, url: u.url, host_url: u.hostUrl || null, expires_at: u.expiresAt?.toISOString() ?? null};
   }));
 
   server.registerTool('release_sandbox', {

@@ -53,13 +53,14 @@ export class World {
   private readonly procs: ChildProcess[] = [];
   private readonly logs = new Map<ChildProcess, string>();
 
-  async start(): Promise<this> {
+  /** Starts sbx-server; `serverArgs` are added to its flags (e.g. its port proxy). */
+  async start(serverArgs: string[] = []): Promise<this> {
     const portFile = path.join(this.dir, 'sbx-port');
     const proc = this.spawn(requireEnv('SBX_TEST_SERVER_BIN'), [
       '--listen=127.0.0.1:0', '--metrics_listen=off', `--port_file=${portFile}`, '--data_dir=data',
       '--log_level=warn', `--config=${requireEnv('SBX_TEST_CONFIG')}`,
       `--sandboxd=${requireEnv('SBX_TEST_SANDBOXD_BIN')}`, '--sandbox_root=sb', '--delete_sandboxes_on_exit',
-      '--shutdown_grace_seconds=2', '--insecure_no_auth']);
+      '--shutdown_grace_seconds=2', '--insecure_no_auth', ...serverArgs]);
     this.sbxTarget = `127.0.0.1:${await waitForFile(portFile, proc, () => this.logs.get(proc) ?? '')}`;
     return this;
   }

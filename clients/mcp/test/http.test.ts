@@ -64,8 +64,12 @@ describe('http', () => {
       const sa = (await call(a.client, 'claim_sandbox', {ttl: '5m'})).sandbox;
       assert.equal((await call(a.client, 'run_command', {sandbox: sa, command: 'echo a > mine; cat mine'})).stdout, 'a\n');
 
+      const proc = await call(a.client, 'start_process', {sandbox: sa, tag: 'a-proc', command: 'sleep 300'});
       for (const [tool, args] of [['run_command', {command: 'cat mine'}], ['read_file', {path: 'mine'}],
                                   ['write_file', {path: 'mine', content: 'b'}], ['list_files', {}],
+                                  ['start_process', {command: 'id'}], ['read_process_output', {process: 'a-proc'}],
+                                  ['stop_process', {process: proc.pid, signal: 'KILL'}], ['list_processes', {}],
+                                  ['get_port_url', {port: 8000}],
                                   ['renew_sandbox', {}], ['release_sandbox', {}]] as const) {
         const text = await callFails(b.client, tool, {sandbox: sa, ...args});
         assert.match(text, new RegExp(`PERMISSION_DENIED: sandbox "${sa}" is not one of this session's sandboxes`), tool);
@@ -74,8 +78,9 @@ describe('http', () => {
       const res = await b.client.readResource({uri: 'sbx://sandboxes'});
       assert.deepEqual(JSON.parse((res.contents[0] as {text: string}).text).sandboxes, []);
 
-      // A's sandbox is untouched and still A's.
+      // A's sandbox is untouched and still A's, its process running.
       assert.equal((await call(a.client, 'read_file', {sandbox: sa, path: 'mine'})).content, 'a\n');
+      assert.match((await call(a.client, 'list_processes', {sandbox: sa})).processes, /a-proc running/);
       assert.equal((await sbx.getClaim(sa)).state, 'active');
     } finally {
       await a.transport.terminateSession();

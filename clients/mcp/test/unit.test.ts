@@ -7,7 +7,9 @@ import path from 'node:path';
 import {describe, it} from 'node:test';
 
 import {authorized} from '../src/http.js';
-import {base64Bytes, boundLines, boundOutput, countChars, cutMarker, cutMiddle, utf8PrefixBytes} from '../src/limits.js';
+import {
+  base64Bytes, boundLines, boundOutput, countChars, cutMarker, cutMiddle, HeadTail, utf8PrefixBytes,
+} from '../src/limits.js';
 import {parseOptions} from '../src/options.js';
 
 describe('limits', () => {
@@ -82,5 +84,22 @@ describe('options', () => {
     assert.equal(authorized(t, t), false);
     assert.equal(authorized(`Bearer ${t}x`, t), false);
     assert.equal(authorized(`Basic ${t}`, t), false);
+  });
+});
+
+describe('HeadTail (read_process_output)', () => {
+  it('keeps everything up to twice its size, then the head and the tail with the count between', () => {
+    const small = new HeadTail(4);
+    small.add(Buffer.from('abc'));
+    small.add(Buffer.from('defgh'));
+    assert.equal(small.text(), 'abcdefgh');
+    assert.equal(small.cut, false);
+    assert.equal(small.total, 8);
+
+    const big = new HeadTail(4);
+    for (const part of ['ab', 'cdef', 'ghij', 'klmnop', 'q']) big.add(Buffer.from(part));
+    assert.equal(big.total, 17);
+    assert.equal(big.cut, true);
+    assert.equal(big.text(), 'abcd\n[... sbx-mcp: 9 bytes not kept ...]\nnopq');
   });
 });

@@ -12,10 +12,13 @@ See docs/sdk-python.md.
 
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
                          PoolInfo, PoolStatus, RetryPolicy, new_claim_id)
-from sbx.aio import (AsyncClaimWatch, AsyncClient, AsyncExecStream, AsyncFiles, AsyncSandbox,
+from sbx._process import PortUrl, ProcessExit, ProcessInfo, ProcessOutput
+from sbx.aio import (AsyncClaimWatch, AsyncFileWatch, AsyncClient, AsyncExecStream, AsyncFiles, AsyncSandbox,
                      AsyncSandboxGroup)
 from sbx.client import (ClaimWatch, Client, ExecStream, FileEvent, Files, FileWatch, Sandbox,
                         SandboxGroup)
+from sbx.aio_process import AsyncProcess, AsyncProcesses, AsyncPty
+from sbx.process import Process, Processes, Pty
 from sbx.errors import (Aborted, AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition,
                         Internal, InvalidArgument, NotFound, OutOfRange, PermissionDenied,
                         PoolExhausted, ResourceExhausted, SbxError, Unauthenticated,
@@ -27,7 +30,9 @@ __all__ = [
     "Client", "Sandbox", "SandboxGroup", "Files", "FileWatch", "FileEvent", "ExecStream",
     "ClaimWatch",
     "AsyncClient", "AsyncSandbox", "AsyncSandboxGroup", "AsyncFiles", "AsyncExecStream",
-    "AsyncClaimWatch",
+    "AsyncClaimWatch", "AsyncFileWatch",
+    "Processes", "Process", "Pty", "AsyncProcesses", "AsyncProcess", "AsyncPty",
+    "ProcessInfo", "ProcessExit", "ProcessOutput", "PortUrl",
     "ExecResult", "ExecChunk", "FileInfo", "ClaimInfo", "ClaimEvent", "PoolInfo", "PoolStatus",
     "PingResult",
     "RetryPolicy", "new_claim_id",

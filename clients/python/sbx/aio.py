@@ -24,8 +24,12 @@ import grpc.aio
 from sbx import _common as c
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
                          PoolInfo, RetryPolicy)
-from sbx.client import (_check_rm, _exists_from_error, _extract_plain, _rm_argv,
-                        _upload_messages)
+from sbx.client import _exists_from_error, _extract_plain, _upload_messages
+from sbx import _process as _proc
+from sbx._process import PortUrl
+from sbx.aio_process import AsyncProcesses, AsyncPty
+from sbx.aio_process import url as _process_url
+from sbx.client import FileEvent
 from sbx.errors import FailedPrecondition, NotFound, SbxError, from_rpc_error
 from sbx.v1 import (admin_pb2, admin_pb2_grpc, claims_pb2, claims_pb2_grpc, diagnostics_pb2,
                     diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc)
@@ -271,6 +275,7 @@ class AsyncSandbox(c.SandboxView):
         self.info = info
         self.replayed = replayed
         self.files = AsyncFiles(self)
+        self.processes = AsyncProcesses(self)
         self._released = False
 
     async def __aenter__(self) -> "AsyncSandbox":
@@ -338,6 +343,23 @@ class AsyncSandbox(c.SandboxView):
         s = AsyncExecStream(self._client, c.exec_deadline(timeout, self._client.timeout))
         await s._start(start)
         return s
+
+    async def pty(self, *, cols: int = 80, rows: int = 24, term: Optional[str] = None,
+                  cmd: Union[None, str, Sequence[str]] = None, tag: Optional[str] = None,
+                  env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+                  timeout: Optional[float] = None) -> AsyncPty:
+        """As sbx.Sandbox.pty: `async for out in pty`, await send_input(), resize(),
+        wait()."""
+        size = {"cols": cols, "rows": rows, "term": term or ""}
+        proc = await self.processes.start(_proc.DEFAULT_PTY_CMD if cmd is None else cmd,
+                                          background=False, tag=tag, env=env, cwd=cwd,
+                                          pty=size, timeout=timeout)
+        assert isinstance(proc, AsyncPty)
+        return proc
+
+    async def url(self, port: int, *, ttl: Optional[float] = None) -> PortUrl:
+        """As sbx.Sandbox.url: a signed URL through the server's port proxy."""
+        return await _process_url(self, port, ttl)
 
 
 class AsyncExecStream:
@@ -576,8 +598,10 @@ class AsyncFiles:
             return _exists_from_error(e)
 
     async def remove(self, path: str, *, recursive: bool = False) -> None:
-        """As sbx.Files.remove (runs `rm` through exec: sbx has no delete call)."""
-        _check_rm(path, await self._sb.exec(_rm_argv(path, recursive), timeout=60))
+        """As sbx.Files.remove (the Remove call)."""
+        cl = self._sb._client
+        await cl._call(cl._sandboxes.Remove, sandboxes_pb2.RemoveRequest(
+            claim_id=self._sb.claim_id, path=path, recursive=recursive), retry=False)
 
     # ---- streamed files: as sbx.Files (any size, constant memory; absolute paths name
     # the sandbox's own root). Local file reads and writes are small blocking calls.
@@ -683,3 +707,64 @@ class AsyncFiles:
         await cl._call(cl._sandboxes.Move, sandboxes_pb2.MoveRequest(
             claim_id=self._sb.claim_id, to=dst, overwrite=overwrite,
             create_parents=make_parents, **{"from": src}), retry=False)
+
+    def watch(self, path: str = "", *, recursive: bool = False,
+              timeout: Optional[float] = None) -> "_PendingWatch":
+        """As sbx.Files.watch: `async with sb.files.watch("src") as w: async for ev in w`
+        (or `w = await sb.files.watch(...)`). The watch is set up once the await (or the
+        `async with`) returns; FileEvent(type, path, is_dir) as the sync one."""
+        cl = self._sb._client
+
+        async def run() -> "AsyncFileWatch":
+            call = cl._sandboxes.WatchDir(sandboxes_pb2.WatchDirRequest(
+                claim_id=self._sb.claim_id, path=path, recursive=recursive),
+                timeout=timeout, metadata=cl._md)
+            try:
+                await call.read()  # `ready`, or the error
+            except grpc.RpcError as e:
+                raise from_rpc_error(e) from None
+            return AsyncFileWatch(call)
+        return _PendingWatch(run)
+
+
+class AsyncFileWatch:
+    """The stream of AsyncFiles.watch: `async for ev in watch` gives FileEvents."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __aiter__(self) -> AsyncIterator[FileEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[FileEvent]:
+        try:
+            while True:
+                e = await self._call.read()  # not `async for`: read() was used already
+                if e is grpc.aio.EOF:
+                    return
+                if e.overflow:
+                    yield FileEvent("overflow", "")
+                elif not e.ready:
+                    kind = sandboxes_pb2.FileEventType.Name(e.type)
+                    yield FileEvent(kind.replace("FILE_EVENT_", "").lower(), e.path, e.is_dir)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED:
+                return
+            raise from_rpc_error(e) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    async def __aenter__(self) -> "AsyncFileWatch":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.cancel()
+
+
+class _PendingWatch(_Pending["AsyncFileWatch"]):
+    """`await files.watch(...)` or `async with files.watch(...) as w`."""
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if self._value is not None:
+            self._value.cancel()

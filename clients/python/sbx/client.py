@@ -25,8 +25,12 @@ import grpc
 from sbx import _common as c
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
                          PoolInfo, RetryPolicy)
+from sbx import _process as _proc
+from sbx._process import PortUrl
 from sbx.errors import (FailedPrecondition, InvalidArgument, NotFound, SbxError,
                         from_rpc_error)
+from sbx.process import Processes, Pty
+from sbx.process import url as _process_url
 from sbx.v1 import (admin_pb2, admin_pb2_grpc, claims_pb2, claims_pb2_grpc, diagnostics_pb2,
                     diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc)
 
@@ -334,6 +338,7 @@ class Sandbox(c.SandboxView):
         self.info = info
         self.replayed = replayed
         self.files = Files(self)
+        self.processes = Processes(self)
         self._released = False
 
     def __enter__(self) -> "Sandbox":
@@ -428,6 +433,30 @@ class Sandbox(c.SandboxView):
         result. Leaving its `with` block before the command ended cancels it (kills it)."""
         start = c.exec_start(self.claim_id, cmd, env, cwd, timeout, max_output_bytes, stdin)
         return ExecStream(self._client, start, c.exec_deadline(timeout, self._client.timeout))
+
+    def pty(self, *, cols: int = 80, rows: int = 24, term: Optional[str] = None,
+            cmd: Union[None, str, Sequence[str]] = None, tag: Optional[str] = None,
+            env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None,
+            timeout: Optional[float] = None) -> Pty:
+        """Starts `cmd` (default: the sandbox's login shell, as `sbx shell`) on a new
+        pseudo-terminal of `cols` x `rows` (1..1000) with TERM `term` (default "xterm")
+        and returns its Pty, attached to its output from the first byte: iterate it,
+        send_input() keystrokes, resize(), wait(). PoolExhausted naming --max_ptys when
+        the sandbox has its most terminals open."""
+        size = {"cols": cols, "rows": rows, "term": term or ""}
+        proc = self.processes.start(_proc.DEFAULT_PTY_CMD if cmd is None else cmd,
+                                    background=False, tag=tag, env=env, cwd=cwd, pty=size,
+                                    timeout=timeout)
+        assert isinstance(proc, Pty)
+        return proc
+
+    def url(self, port: int, *, ttl: Optional[float] = None) -> PortUrl:
+        """A signed URL through sbx-server's port proxy at which `port` inside this
+        sandbox answers, for anyone holding it until it expires (`ttl` seconds, default
+        1 hour, at most 7 days): a PortUrl (str() is the URL; `.host_url` the host-name
+        form, `.token` the token alone). FailedPrecondition when the server runs no port
+        proxy (--proxy_listen); InvalidArgument for a port outside 1..65535."""
+        return _process_url(self, port, ttl)
 
 
 def _with_suspended(info: ClaimInfo, suspended: bool) -> ClaimInfo:
@@ -682,11 +711,14 @@ class Files:
             return _exists_from_error(e)
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
-        """Removes a file or an empty directory (recursive=True: a directory with its
-        contents). sbx has no delete call: this runs `rm` in the sandbox through exec,
-        so it needs a sandbox that can run commands. NotFound when nothing is there."""
-        argv = _rm_argv(path, recursive)
-        _check_rm(path, self._sb.exec(argv, timeout=60))
+        """Removes a file, a symbolic link (never followed) or an empty directory
+        (recursive=True: a directory with its contents) with the Remove call.
+        NotFound when nothing is there; FailedPrecondition for a non-empty directory
+        without recursive; InvalidArgument for the workspace itself or a path that leaves
+        it. Not retried (a retry after a lost answer would say NotFound)."""
+        cl = self._sb._client
+        cl._call(cl._sandboxes.Remove, sandboxes_pb2.RemoveRequest(
+            claim_id=self._sb.claim_id, path=path, recursive=recursive), retry=False)
 
     # ---- streamed files (UploadFile, DownloadFile, UploadTar, DownloadTar): any size,
     # constant memory. Paths may be absolute ("/home/user/x": the sandbox's own root).
@@ -811,23 +843,6 @@ def _exists_from_error(e: SbxError) -> bool:
     if isinstance(e, NotFound) or "a component is not a directory" in e.message:
         return False
     return True  # "is a directory", "is not a regular file"
-
-
-def _rm_argv(path: str, recursive: bool) -> List[str]:
-    parts = path.split("/")
-    if not path or path.startswith("/") or "\0" in path or ".." in parts or "." in parts:
-        raise InvalidArgument(f"path {path!r} must be relative to the workspace, without "
-                              "'.' or '..' components")
-    return ["rm", "-r" if recursive else "-d", "--", path]
-
-
-def _check_rm(path: str, r: ExecResult) -> None:
-    if r.exit_code == 0:
-        return
-    msg = f"removing {path!r}: {r.stderr.strip() or f'rm exited {r.returncode}'}"
-    if "No such file" in r.stderr:
-        raise NotFound(msg)
-    raise FailedPrecondition(msg)
 
 
 def _upload_messages(start, f) -> Iterator[sandboxes_pb2.UploadRequest]:

@@ -28,6 +28,8 @@ import sandbox_procs  # noqa: E402
 
 ADMIN_TOKEN = "admin-token-1"
 TENANT_TOKEN = "tenant-token-1"
+# A second tenant, for the attacks of one tenant on another's claim.
+OTHER_TENANT_TOKEN = "tenant-token-2"
 
 
 def binary(env: str, name: str) -> str:
@@ -106,7 +108,8 @@ class Server:
         with open(os.path.join(self.dir, "config.yaml"), "w") as f:
             f.write(config)
         with open(os.path.join(self.dir, "tokens"), "w") as f:
-            f.write(f"{ADMIN_TOKEN} alice admin\n{TENANT_TOKEN} bob\n")
+            f.write(f"{ADMIN_TOKEN} alice admin\n{TENANT_TOKEN} bob\n"
+                    f"{OTHER_TENANT_TOKEN} carol\n")
         self.port = 0
         self.proc: Optional[subprocess.Popen] = None
         _LIVE.append(self)

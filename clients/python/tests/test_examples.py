@@ -20,7 +20,8 @@ SRV = None
 
 def setUpModule():
     global SRV
-    SRV = harness.Server()
+    # With a port proxy, for background_server.py's URL.
+    SRV = harness.Server(extra=["--proxy_listen=127.0.0.1:0"])
     SRV.wait_warm("default", 2)
 
 
@@ -44,8 +45,8 @@ class ExamplesTest(unittest.TestCase):
     def test_every_example_is_tested(self):
         self.assertEqual(sorted(os.path.basename(p) for p in
                                 glob.glob(os.path.join(PKG, "examples", "*.py"))),
-                         ["async_fanout.py", "files_and_streams.py", "quickstart.py",
-                          "upstream_compat.py"])
+                         ["async_fanout.py", "background_server.py", "files_and_streams.py",
+                          "quickstart.py", "upstream_compat.py"])
 
     def test_quickstart(self):
         with open(os.path.join(PKG, "examples", "quickstart.py")) as f:
@@ -65,6 +66,12 @@ class ExamplesTest(unittest.TestCase):
         out = self.example("async_fanout.py").splitlines()
         self.assertEqual(sorted(l.split()[0] for l in out[:4]), ["0", "1", "2", "3"])
         self.assertRegex(out[4], r"^batch \S+: [1-8] of 8 sandboxes$")
+
+    def test_background_server(self):
+        out = self.example("background_server.py")
+        self.assertEqual(out, "[('web', True)]\n"
+                              "200 <h1>hello from a sandbox</h1>\n"
+                              "web server stopped: -15\n")
 
     def test_upstream_compat(self):
         out = self.example("upstream_compat.py")

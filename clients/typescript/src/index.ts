@@ -9,7 +9,13 @@ export type {
   ClaimBatchOptions, ClaimFilter, ClaimOptions, ClaimSource, ClientOptions, FileSpec, WatchClaimsOptions,
 } from './client.js';
 export {Sandbox, SandboxFiles, SandboxGroup} from './sandbox.js';
-export type {ExecCollectOptions, ExecOptions, ExecStreamOptions, WriteFileOptions} from './sandbox.js';
+export type {ExecCollectOptions, ExecOptions, ExecStreamOptions, PortUrl, WriteFileOptions} from './sandbox.js';
+export {DEFAULT_PTY_CMD, SandboxProcess, SandboxProcesses, SandboxPty} from './process.js';
+export type {
+  OpenPtyOptions, ProcessExit, ProcessInfo, ProcessOutput, ProcessRef, PtyOptions, StartProcessOptions,
+} from './process.js';
+export {FileWatch} from './streams.js';
+export type {FileEvent, TransferOptions, UploadSource} from './streams.js';
 export {ExecProcess} from './exec.js';
 export type {ExecChunk, ExecExit, ExecResult} from './exec.js';
 export type {CallOptions, RetryOptions} from './transport.js';

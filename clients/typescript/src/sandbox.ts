@@ -3,14 +3,33 @@
 import './polyfill.js';
 
 import * as grpc from '@grpc/grpc-js';
+import fs from 'node:fs';
 
 import {FailedPrecondition, InvalidArgument, NotFound} from './errors.js';
 import {ExecProcess, type ExecChunk, type ExecResult} from './exec.js';
+import {
+  DEFAULT_PTY_CMD, SandboxProcesses, SandboxPty, type OpenPtyOptions,
+} from './process.js';
+import {
+  openWatch, streamDownload, streamUpload, tarOf, toLocalFile, untarInto, type FileWatch, type TransferOptions,
+  type UploadSource,
+} from './streams.js';
 import {type CallOptions, type Transport} from './transport.js';
 import {
-  durationMs, toClaim, toFileInfo, toProtoDuration, toSandboxInfo, type Claim, type Duration,
+  durationMs, fromTimestamp, toClaim, toFileInfo, toProtoDuration, toSandboxInfo, type Claim, type Duration,
   type FileInfo, type Raw, type SandboxInfo,
 } from './types.js';
+
+/** What {@link Sandbox.url} resolves with. */
+export interface PortUrl {
+  /** The path form: <proxy>/_sbx/<claim>/<port>/?sbx_token=<token>. */
+  url: string;
+  /** The host-name form, when the server has --proxy_domain; else ''. */
+  hostUrl: string;
+  /** The signed token alone (query parameter sbx_token or header X-Sbx-Token). */
+  token: string;
+  expiresAt: Date | null;
+}
 
 /** @internal What handles need from their Client. */
 export interface Context {
@@ -160,20 +179,100 @@ export class SandboxFiles {
   }
 
   /**
-   * Removes a file (or, with `recursive`, a directory tree). The API has no delete call:
-   * this runs `rm -f [-r] -- PATH` in the sandbox, so it needs a runtime that runs
-   * commands (not `instant`). Removing a missing path is not an error. Throws
-   * FailedPrecondition with rm's message when rm fails.
+   * Removes a file, a symbolic link (never followed) or, with `recursive`, a directory
+   * tree (the Remove call). Removing a missing path is not an error. Rejects with
+   * FailedPrecondition for a non-empty directory without `recursive`, InvalidArgument for
+   * the workspace itself or a path that leaves it.
    */
   async remove(path: string, opts: CallOptions & {recursive?: boolean} = {}): Promise<void> {
-    if (path === '' || path.startsWith('/') || path.split('/').some((p) => p === '..' || p === '.')) {
-      throw new InvalidArgument(grpc.status.INVALID_ARGUMENT, `path "${path}" must be relative to the workspace, without "." or ".."`);
+    try {
+      await this.ctx.transport.unary({
+        stub: 'sandboxes', method: 'Remove', deadline: deadlineOf(this.ctx, opts), signal: opts.signal,
+        idempotent: false, request: {claim_id: this.sandbox.claimId, path, recursive: !!opts.recursive},
+      });
+    } catch (e) {
+      // A missing path ("path ...: no such file or directory"); a missing claim is
+      // NOT_FOUND too, with another message.
+      if (e instanceof NotFound && /no such file or directory/.test(e.details)) return;
+      throw e;
     }
-    const argv = ['rm', '-f', ...(opts.recursive ? ['-r'] : []), '--', path];
-    const r = await this.sandbox.exec(argv, {signal: opts.signal, timeoutMs: opts.timeoutMs, timeout: opts.timeoutMs ?? this.ctx.timeoutMs});
-    if (r.exitCode !== 0) {
-      throw new FailedPrecondition(grpc.status.FAILED_PRECONDITION, `rm "${path}" failed (exit ${r.exitCode ?? `signal ${r.signal}`}): ${r.stderr.trim()}`);
-    }
+  }
+
+  // ---- streamed files: any size in constant memory. Paths may be absolute
+  // ("/home/user/x": inside the sandbox's own root) or relative to the workspace.
+
+  /**
+   * Streams `source` (bytes, text, or chunks: a Node Readable, an async generator) to
+   * `path`; the sandbox renames it into place only once the whole stream arrived (a failed
+   * or cancelled upload leaves nothing). Resolves with the bytes written. Reads the source
+   * only as fast as the connection takes it.
+   */
+  async upload(path: string, source: UploadSource, opts: TransferOptions = {}): Promise<number> {
+    const r = await streamUpload(this.ctx, 'UploadFile', {
+      claim_id: this.sandbox.claimId, path, mode: opts.mode ?? 0, create_parents: opts.createParents ?? true,
+    }, source, opts);
+    return Number(r.bytes);
+  }
+
+  /** Streams the local file `localPath` to `path` (its mode too, unless `mode` is given). */
+  async uploadFile(localPath: string, path: string, opts: TransferOptions = {}): Promise<number> {
+    const st = await fs.promises.stat(localPath);
+    return this.upload(path, fs.createReadStream(localPath, {highWaterMark: 1024 * 1024}),
+                       {...opts, mode: opts.mode ?? (st.mode & 0o7777)});
+  }
+
+  /**
+   * The file at `path` as chunks (up to 256 KiB each), read from the sandbox as they are
+   * consumed: `for await (const chunk of sb.files.download(p))`, or
+   * `Readable.from(sb.files.download(p)).pipe(...)`. Breaking out cancels the transfer.
+   */
+  download(path: string, opts: CallOptions = {}): AsyncGenerator<Buffer> {
+    return streamDownload(this.ctx, 'DownloadFile', this.sandbox.claimId, path, opts);
+  }
+
+  /** Streams the file at `path` into the local file `localPath` (written beside, renamed at the end). */
+  downloadFile(path: string, localPath: string, opts: CallOptions = {}): Promise<number> {
+    return toLocalFile(this.download(path, opts), localPath);
+  }
+
+  /**
+   * Sends the local directory `localDir` as a tar stream and extracts it into `path`
+   * ("" the workspace; created). Resolves with the number of entries.
+   */
+  async uploadDir(localDir: string, path = '', opts: CallOptions = {}): Promise<number> {
+    const r = await streamUpload(this.ctx, 'UploadTar', {claim_id: this.sandbox.claimId, path}, tarOf(localDir), opts);
+    return Number(r.entries);
+  }
+
+  /** The sandbox's directory `path` as a tar stream ("" the workspace). */
+  downloadTar(path = '', opts: CallOptions = {}): AsyncGenerator<Buffer> {
+    return streamDownload(this.ctx, 'DownloadTar', this.sandbox.claimId, path, opts);
+  }
+
+  /**
+   * Downloads the sandbox's directory `path` into `localDir` (created). The archive is
+   * treated as hostile: only directories and regular files are written, never links,
+   * devices or FIFOs; absolute names and `..` are refused. Resolves with the entries written.
+   */
+  downloadDir(path: string, localDir: string, opts: CallOptions = {}): Promise<number> {
+    return untarInto(this.downloadTar(path, opts), localDir);
+  }
+
+  /**
+   * Watches the directory `path` ("" the workspace) for changes (WatchDir): resolves once
+   * the watch is set up with a {@link FileWatch} to iterate; `close()` it to stop.
+   */
+  watch(path = '', opts: CallOptions & {recursive?: boolean} = {}): Promise<FileWatch> {
+    return openWatch(this.ctx, this.sandbox.claimId, path, !!opts.recursive, opts);
+  }
+
+  /** Describes `path` (a symbolic link itself, not its target). NotFound when missing. */
+  async stat(path: string, opts: CallOptions = {}): Promise<FileInfo> {
+    const r = await this.ctx.transport.unary({
+      stub: 'sandboxes', method: 'Stat', deadline: deadlineOf(this.ctx, opts), signal: opts.signal, idempotent: true,
+      request: {claim_id: this.sandbox.claimId, path},
+    });
+    return toFileInfo(r.file);
   }
 }
 
@@ -189,6 +288,8 @@ export class Sandbox implements AsyncDisposable {
   readonly replayed: boolean;
   /** The sandbox's workspace. */
   readonly files: SandboxFiles;
+  /** Its processes: start, connect, list, kill. */
+  readonly processes: SandboxProcesses;
   private claimValue: Claim | undefined;
   private released = false;
 
@@ -198,6 +299,38 @@ export class Sandbox implements AsyncDisposable {
     this.claimValue = claim;
     this.replayed = replayed;
     this.files = new SandboxFiles(this, ctx);
+    this.processes = new SandboxProcesses(ctx, claimId);
+  }
+
+  /**
+   * Starts `cmd` (default: the sandbox's login shell) on a new pseudo-terminal of
+   * `cols` x `rows` (default 80x24) with TERM `term`, attached from its first byte.
+   * ResourceExhausted naming --max_ptys when the sandbox has its most terminals open.
+   */
+  async pty(opts: OpenPtyOptions = {}): Promise<SandboxPty> {
+    const p = await this.processes.start(opts.cmd ?? DEFAULT_PTY_CMD, {
+      ...opts, background: false, pty: {cols: opts.cols, rows: opts.rows, term: opts.term},
+    });
+    return p as SandboxPty;
+  }
+
+  /**
+   * A signed URL through sbx-server's port proxy at which `port` inside this sandbox
+   * answers, for anyone holding it, until it expires (`ttl`, default 1 hour, at most 7
+   * days). FailedPrecondition when the server runs no port proxy.
+   */
+  async url(port: number, opts: CallOptions & {ttl?: Duration} = {}): Promise<PortUrl> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) {
+      throw new InvalidArgument(grpc.status.INVALID_ARGUMENT, `port ${port} must be an integer in 1..65535`);
+    }
+    const r = await this.ctx.transport.unary({
+      stub: 'sandboxes', method: 'GetPortUrl', deadline: deadlineOf(this.ctx, opts), signal: opts.signal,
+      idempotent: true, request: {
+        claim_id: this.claimId, port,
+        ttl: opts.ttl === undefined ? null : toProtoDuration(durationMs(opts.ttl, 'ttl')),
+      },
+    });
+    return {url: r.url, hostUrl: r.host_url ?? '', token: r.token, expiresAt: fromTimestamp(r.expires_at)};
   }
 
   /** The claim as last returned by the server (undefined for a handle made from an id). */
