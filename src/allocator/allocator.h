@@ -74,9 +74,9 @@ inline constexpr absl::Duration kMaxWait = absl::Hours(1);
 
 // INVALID_ARGUMENT when `ttl` is above kMaxTtl, naming `field`, the TTL and the maximum;
 // OK otherwise (sign and zero are the caller's business).
-absl::Status CheckMaxTtl(absl::string_view field, absl::Duration ttl);
+[[nodiscard]] absl::Status CheckMaxTtl(absl::string_view field, absl::Duration ttl);
 // INVALID_ARGUMENT when `wait` is negative or above kMaxWait, naming `field` and the wait.
-absl::Status CheckWait(absl::string_view field, absl::Duration wait);
+[[nodiscard]] absl::Status CheckWait(absl::string_view field, absl::Duration wait);
 
 struct AllocatorOptions {
   // Ended (released, expired, lost) claims are kept this long so that a retried claim
@@ -111,7 +111,7 @@ struct AllocatorOptions {
   // Runs after a claim pops a candidate sandbox and before its Warm→Claimed CAS.
   std::function<void(const SandboxPtr&)> after_pop;
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // Lets the caller of Claim or ClaimBatch give up a wait (its RPC was cancelled): a claim
@@ -231,7 +231,7 @@ using EndedCallback = absl::AnyInvocable<void(absl::StatusOr<store::ClaimRecord>
 
 // Runs `call` (an allocator method given a StatusCallback) and blocks until its callback
 // has run; returns that status. For start-up code and controllers, never the claim path.
-inline absl::Status Wait(const std::function<void(StatusCallback)>& call) {
+[[nodiscard]] inline absl::Status Wait(const std::function<void(StatusCallback)>& call) {
   absl::Notification done;
   absl::Status result;
   call([&](absl::Status s) {
@@ -294,11 +294,9 @@ class Allocator {
   // Errors: the store's (DATA_LOSS for undecodable records), DATA_LOSS when the stored
   // state is inconsistent (a sandbox bound to two active claims), INVALID_ARGUMENT for
   // bad options.
-  static absl::StatusOr<std::unique_ptr<Allocator>> Create(AllocatorOptions options,
-                                                           store::Store* store,
-                                                           runtime::Runtime* runtime,
-                                                           Reconciler* reconciler, Clock* clock,
-                                                           IdGenerator* ids);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Allocator>> Create(
+      AllocatorOptions options, store::Store* store, runtime::Runtime* runtime,
+      Reconciler* reconciler, Clock* clock, IdGenerator* ids);
 
   virtual ~Allocator() = default;
 
@@ -315,13 +313,15 @@ class Allocator {
   // Creates or replaces. INVALID_ARGUMENT for a bad name or runtime; NOT_FOUND when a
   // pool names a template that does not exist.
   virtual void PutTemplate(store::TemplateRecord t, StatusCallback done) = 0;
-  virtual absl::StatusOr<store::TemplateRecord> GetTemplate(const std::string& name) const = 0;
+  [[nodiscard]] virtual absl::StatusOr<store::TemplateRecord> GetTemplate(
+      const std::string& name) const = 0;
   virtual std::vector<store::TemplateRecord> ListTemplates() const = 0;
   // FAILED_PRECONDITION while a pool uses the template.
   virtual void DeleteTemplate(const std::string& name, StatusCallback done) = 0;
   virtual void PutPool(store::PoolRecord p, StatusCallback done) = 0;
-  virtual absl::StatusOr<PoolStatus> GetPoolStatus(const std::string& pool) const = 0;
-  virtual absl::StatusOr<store::PoolRecord> GetPool(const std::string& pool) const = 0;
+  [[nodiscard]] virtual absl::StatusOr<PoolStatus> GetPoolStatus(const std::string& pool) const = 0;
+  [[nodiscard]] virtual absl::StatusOr<store::PoolRecord> GetPool(
+      const std::string& pool) const = 0;
   virtual std::vector<store::PoolRecord> ListPools() const = 0;
   // FAILED_PRECONDITION while claims are active on the pool; retires its warm sandboxes.
   virtual void DeletePool(const std::string& name, StatusCallback done) = 0;
@@ -330,19 +330,19 @@ class Allocator {
   // A new sandbox is ready: it becomes warm in its pool (or goes straight to the next
   // waiting claim by fair share and priority). NOT_FOUND when the pool does not exist (the sandbox
   // is retired).
-  virtual absl::Status AddSandbox(const runtime::SandboxInfo& sandbox) = 0;
+  [[nodiscard]] virtual absl::Status AddSandbox(const runtime::SandboxInfo& sandbox) = 0;
   // Sandbox `id` no longer exists. A warm one is skipped from now on; a claimed one
   // makes its claim LOST. NOT_FOUND for an unknown id.
-  virtual absl::Status SandboxGone(const std::string& id) = 0;
+  [[nodiscard]] virtual absl::Status SandboxGone(const std::string& id) = 0;
   // Takes warm sandbox `id` out of its pool for good (scale-down, a stale template): it
   // will never be claimed, its record is deleted and the reconciler is asked to retire
   // it. FAILED_PRECONDITION when it is not warm (a claim holds it or is taking it; the
   // claim wins), NOT_FOUND for an unknown id.
-  virtual absl::Status RetireWarm(const std::string& id) = 0;
+  [[nodiscard]] virtual absl::Status RetireWarm(const std::string& id) = 0;
   // Retires up to `n` warm sandboxes of `pool` (demand sizing's scale-down), the ones its
   // selection policy would hand out first. Returns how many it retired; NOT_FOUND for an
   // unknown pool.
-  virtual absl::StatusOr<int> TrimWarm(const std::string& pool, int n) = 0;
+  [[nodiscard]] virtual absl::StatusOr<int> TrimWarm(const std::string& pool, int n) = 0;
   // A sandbox of `pool` took `took` from its create request until it was ready (the
   // demand estimate's create latency). Unknown pools are ignored.
   virtual void ObserveCreateLatency(const std::string& pool, absl::Duration took) = 0;
@@ -394,8 +394,8 @@ class Allocator {
                        ClaimCallback done) = 0;
   virtual void Resume(const std::string& owner, const std::string& claim_id,
                       ClaimCallback done) = 0;
-  virtual absl::StatusOr<store::ClaimRecord> GetClaim(const std::string& owner,
-                                                      const std::string& claim_id) const = 0;
+  [[nodiscard]] virtual absl::StatusOr<store::ClaimRecord> GetClaim(
+      const std::string& owner, const std::string& claim_id) const = 0;
   // Claims as they are now. Read revision() before listing to know where a watch must
   // start to miss nothing: every change up to it is in the list (a claim may also show a
   // newer change, whose event such a watch then repeats; its claim.revision tells).
@@ -418,8 +418,8 @@ class Allocator {
   // any replayed history are already queued; `ready` is not called for them). Errors:
   // INVALID_ARGUMENT (no owner), OUT_OF_RANGE (start_revision is older than the history
   // kept, or newer than revision()), UNAVAILABLE (watches were closed).
-  virtual absl::StatusOr<std::unique_ptr<ClaimWatch>> Watch(WatchRequest request,
-                                                            std::function<void()> ready) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ClaimWatch>> Watch(
+      WatchRequest request, std::function<void()> ready) = 0;
   // Ends every watch with `status` (not OK) and refuses new ones with it, e.g. UNAVAILABLE
   // when the server starts shutting down, so that streams end at once instead of at the
   // end of the grace period. The allocator's destructor does the same.

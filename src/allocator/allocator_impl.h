@@ -185,7 +185,7 @@ class AllocatorImpl final : public Allocator {
     });
   }
 
-  absl::Status Recover();
+  [[nodiscard]] absl::Status Recover();
   void StartTimerThread() {
     if (options_.timer_thread) {
       timer_thread_ = std::thread([this] {
@@ -201,7 +201,8 @@ class AllocatorImpl final : public Allocator {
   const std::string& default_namespace() const override { return options_.default_namespace; }
 
   // A pool or template name: qualified (ids.h), and its one spelling.
-  absl::Status ValidatePoolName(absl::string_view what, absl::string_view name) const {
+  [[nodiscard]] absl::Status ValidatePoolName(absl::string_view what,
+                                              absl::string_view name) const {
     // On every claim: checks without building the canonical name.
     RETURN_IF_ERROR(ValidateQualifiedName(what, name));
     const size_t slash = name.find('/');
@@ -217,7 +218,8 @@ class AllocatorImpl final : public Allocator {
 
   void PutTemplate(store::TemplateRecord t, StatusCallback done) override;
 
-  absl::StatusOr<store::TemplateRecord> GetTemplate(const std::string& name) const override {
+  [[nodiscard]] absl::StatusOr<store::TemplateRecord> GetTemplate(
+      const std::string& name) const override {
     absl::ReaderMutexLock lock(&mu_);
     auto it = templates_.find(name);
     if (it == templates_.end()) {
@@ -238,9 +240,9 @@ class AllocatorImpl final : public Allocator {
 
   void PutPool(store::PoolRecord p, StatusCallback done) override;
 
-  absl::StatusOr<PoolStatus> GetPoolStatus(const std::string& name) const override;
+  [[nodiscard]] absl::StatusOr<PoolStatus> GetPoolStatus(const std::string& name) const override;
 
-  absl::StatusOr<store::PoolRecord> GetPool(const std::string& name) const override {
+  [[nodiscard]] absl::StatusOr<store::PoolRecord> GetPool(const std::string& name) const override {
     ASSIGN_OR_RETURN(Pool * pool, FindPool(name));
     return pool->settings();
   }
@@ -257,12 +259,12 @@ class AllocatorImpl final : public Allocator {
 
   // ---- Runtime side ----
 
-  absl::Status AddSandbox(const runtime::SandboxInfo& info) override;
+  [[nodiscard]] absl::Status AddSandbox(const runtime::SandboxInfo& info) override;
 
-  absl::Status SandboxGone(const std::string& id) override;
+  [[nodiscard]] absl::Status SandboxGone(const std::string& id) override;
 
-  absl::Status RetireWarm(const std::string& id) override;
-  absl::StatusOr<int> TrimWarm(const std::string& pool, int n) override;
+  [[nodiscard]] absl::Status RetireWarm(const std::string& id) override;
+  [[nodiscard]] absl::StatusOr<int> TrimWarm(const std::string& pool, int n) override;
   void ObserveCreateLatency(const std::string& pool, absl::Duration took) override;
   void ObserveCreateResult(const std::string& pool, const absl::Status& result) override;
 
@@ -301,8 +303,8 @@ class AllocatorImpl final : public Allocator {
   void Renew(const std::string& owner, const std::string& claim_id, absl::Duration ttl,
              ClaimCallback done) override;
 
-  absl::StatusOr<ClaimRecord> GetClaim(const std::string& owner,
-                                       const std::string& claim_id) const override {
+  [[nodiscard]] absl::StatusOr<ClaimRecord> GetClaim(const std::string& owner,
+                                                     const std::string& claim_id) const override {
     EntryPtr e = claims_.Find(ClaimKey(owner, claim_id));
     if (e == nullptr) return NotFound(claim_id);
     absl::MutexLock lock(&e->mu);
@@ -342,8 +344,8 @@ class AllocatorImpl final : public Allocator {
 
   uint64_t revision() const override { return hub_->revision(); }
 
-  absl::StatusOr<std::unique_ptr<ClaimWatch>> Watch(WatchRequest request,
-                                                    std::function<void()> ready) override {
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ClaimWatch>> Watch(
+      WatchRequest request, std::function<void()> ready) override {
     if (request.all_owners) {
       request.owner.clear();
     } else {
@@ -369,7 +371,7 @@ class AllocatorImpl final : public Allocator {
   }
 
  private:
-  static absl::Status NotFound(const std::string& claim_id) {
+  [[nodiscard]] static absl::Status NotFound(const std::string& claim_id) {
     return absl::NotFoundError(absl::StrCat("claim \"", claim_id, "\" not found"));
   }
 
@@ -377,7 +379,7 @@ class AllocatorImpl final : public Allocator {
   // its end: kEnding): moves it to `to` and cancels its expiry timer, so that no other
   // change writes between this one's record and its commit. The one way every change
   // starts. Otherwise why not (NotActiveLocked), with nothing changed.
-  absl::Status BeginChangeLocked(ClaimEntry& e, ClaimEntry::Phase to)
+  [[nodiscard]] absl::Status BeginChangeLocked(ClaimEntry& e, ClaimEntry::Phase to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(e.mu) {
     if (absl::Status refused = NotActiveLocked(e); !refused.ok()) return refused;
     e.phase = to;
@@ -387,7 +389,8 @@ class AllocatorImpl final : public Allocator {
 
   // OK if the claim is active; otherwise why it cannot be released, expired or renewed
   // now (ABORTED while it is being granted or renewed, FAILED_PRECONDITION once ended).
-  static absl::Status NotActiveLocked(const ClaimEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(e.mu) {
+  [[nodiscard]] static absl::Status NotActiveLocked(const ClaimEntry& e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(e.mu) {
     switch (e.phase) {
       case ClaimEntry::Phase::kActive:
         return absl::OkStatus();
@@ -438,9 +441,9 @@ class AllocatorImpl final : public Allocator {
     return r;
   }
 
-  absl::Status ValidatePool(const store::PoolRecord& p) const;
+  [[nodiscard]] absl::Status ValidatePool(const store::PoolRecord& p) const;
 
-  absl::Status ValidateClaimRequest(const ClaimRequest& req) const {
+  [[nodiscard]] absl::Status ValidateClaimRequest(const ClaimRequest& req) const {
     RETURN_IF_ERROR(ValidateKey("owner", req.owner));
     RETURN_IF_ERROR(ValidateKey("claim id", req.claim_id));
     RETURN_IF_ERROR(ValidatePoolName("pool name", req.pool));
@@ -448,7 +451,8 @@ class AllocatorImpl final : public Allocator {
     return ValidateShare(req.priority, req.weight, req.max_claims);
   }
 
-  static absl::Status ValidateShare(ClaimPriority priority, int weight, int64_t max_claims) {
+  [[nodiscard]] static absl::Status ValidateShare(ClaimPriority priority, int weight,
+                                                  int64_t max_claims) {
     if (static_cast<int>(priority) >= kClaimPriorities) {
       return absl::InvalidArgumentError(
           absl::StrCat("priority ", static_cast<int>(priority), " is not a ClaimPriority"));
@@ -468,8 +472,8 @@ class AllocatorImpl final : public Allocator {
     return absl::string_view(e.key).substr(0, e.key.find('/'));
   }
 
-  static absl::StatusOr<absl::Duration> EffectiveTtl(const store::PoolRecord& p,
-                                                     absl::Duration requested) {
+  [[nodiscard]] static absl::StatusOr<absl::Duration> EffectiveTtl(const store::PoolRecord& p,
+                                                                   absl::Duration requested) {
     if (requested < absl::ZeroDuration()) {
       return absl::InvalidArgumentError(
           absl::StrCat("ttl ", absl::FormatDuration(requested), " is negative"));
@@ -483,7 +487,7 @@ class AllocatorImpl final : public Allocator {
     return std::min(ttl, kMaxTtl);
   }
 
-  absl::StatusOr<Pool*> FindPool(const std::string& name) const {
+  [[nodiscard]] absl::StatusOr<Pool*> FindPool(const std::string& name) const {
     absl::ReaderMutexLock lock(&mu_);
     Pool* p = FindPoolLocked(name);
     if (p == nullptr) return absl::NotFoundError(absl::StrCat("pool \"", name, "\" not found"));

@@ -36,7 +36,7 @@ namespace sbx::allocator {
 using store::PoolSizing;
 const char* PoolSizingName(PoolSizing s);
 // The sizing named `name` ("static", "demand"); INVALID_ARGUMENT naming it otherwise.
-absl::StatusOr<PoolSizing> ParsePoolSizing(absl::string_view name);
+[[nodiscard]] absl::StatusOr<PoolSizing> ParsePoolSizing(absl::string_view name);
 
 // What decided a pool's target.
 enum class TargetReason : uint8_t {
@@ -84,7 +84,7 @@ struct DemandOptions {
   absl::Duration max_gap = absl::Seconds(10);
 
   // INVALID_ARGUMENT naming the bad field.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 struct DemandEstimate {

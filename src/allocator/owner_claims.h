@@ -93,7 +93,7 @@ class OwnerClaims {
 
   // Takes `n` slots of `owner` if it then holds at most `max` (0: no maximum). Otherwise
   // RESOURCE_EXHAUSTED naming the owner, what it holds and its maximum (nothing taken).
-  absl::StatusOr<Slots> Take(absl::string_view owner, int64_t n, int64_t max) {
+  [[nodiscard]] absl::StatusOr<Slots> Take(absl::string_view owner, int64_t n, int64_t max) {
     std::shared_ptr<Counter> c = CounterOf(owner);
     int64_t held = c->held.load(std::memory_order_relaxed);
     do {

@@ -80,6 +80,7 @@ inline constexpr absl::string_view kKnownSelectionPolicies = "fifo, spread, pack
 
 // The policy named `name` ("fifo", "" for fifo, "spread", "pack"). INVALID_ARGUMENT,
 // naming the value and the known ones, for an unknown name.
-absl::StatusOr<std::unique_ptr<SelectionPolicy>> NewSelectionPolicy(absl::string_view name);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<SelectionPolicy>> NewSelectionPolicy(
+    absl::string_view name);
 
 }  // namespace sbx::allocator

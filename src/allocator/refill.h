@@ -55,7 +55,7 @@ struct RefillOptions {
   absl::Duration coalesce = absl::Milliseconds(2);
 
   // INVALID_ARGUMENT naming the bad field.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 struct RefillStats {

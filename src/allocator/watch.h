@@ -64,7 +64,7 @@ class ClaimWatch {
   // ended: ABORTED (more than AllocatorOptions::watch_queue events waited; the consumer
   // read too slowly and should resume from the last revision it got), UNAVAILABLE (the
   // allocator shut down or closed its watches), CANCELLED (Cancel was called).
-  virtual absl::Status Poll(std::vector<ClaimEventPtr>* out, size_t max) = 0;
+  [[nodiscard]] virtual absl::Status Poll(std::vector<ClaimEventPtr>* out, size_t max) = 0;
   // Ends the watch. When it returns, `ready` is not running and will not run again,
   // unless Cancel is called from inside `ready` itself (then that call is the last).
   virtual void Cancel() = 0;

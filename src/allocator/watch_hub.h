@@ -69,9 +69,10 @@ class WatchHub : public std::enable_shared_from_this<WatchHub> {
   using Snapshot = absl::FunctionRef<std::vector<store::ClaimRecord>(const WatchRequest&)>;
 
   // Starts a watch (Allocator::Watch documents the contract and the errors).
-  absl::StatusOr<std::unique_ptr<ClaimWatch>> Subscribe(WatchRequest request,
-                                                        std::function<void()> ready,
-                                                        Snapshot snapshot) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<ClaimWatch>> Subscribe(WatchRequest request,
+                                                                      std::function<void()> ready,
+                                                                      Snapshot snapshot)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Ends every watch with `status` and refuses new ones with it. Idempotent (the first
   // status stays).

@@ -39,13 +39,13 @@ struct ServerConfig {
 
 // INVALID_ARGUMENT naming the file, the entry and the bad key or value; NOT_FOUND when
 // the file cannot be read.
-absl::StatusOr<ServerConfig> LoadConfig(const std::string& path);
+[[nodiscard]] absl::StatusOr<ServerConfig> LoadConfig(const std::string& path);
 
 // OK when `text` (JSON or YAML) has the shape of a core/v1 PodTemplateSpec as far as sbx
 // uses it: a mapping with an optional "metadata" mapping and a "spec" mapping whose
 // "containers" is a non-empty list of mappings, each with a non-empty "name" and
 // "image". Otherwise INVALID_ARGUMENT "<field>: <what is wrong>" naming the place.
-absl::Status CheckPodTemplateShape(const std::string& field, const std::string& text);
+[[nodiscard]] absl::Status CheckPodTemplateShape(const std::string& field, const std::string& text);
 
 // The `image` of every container (spec.containers, not init containers) of a pod template
 // given as JSON or YAML, in order; none when `text` does not parse or has no such list.

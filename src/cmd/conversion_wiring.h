@@ -28,7 +28,7 @@ void AddConversionFlags(CLI::App& app, ConversionFlags* flags);
 // The webhook, or null when no --conversion_webhook_listen is given. `kube` (may be null
 // when no cluster is configured) writes the CRDs' conversion first when the flags ask for
 // it. Errors name the flag, file or CRD at fault; the server should stop on them.
-absl::StatusOr<std::unique_ptr<sbx::k8s::ConversionWebhook>> StartConversion(
+[[nodiscard]] absl::StatusOr<std::unique_ptr<sbx::k8s::ConversionWebhook>> StartConversion(
     const ConversionFlags& flags, sbx::k8s::Client* kube, prometheus::Registry* registry);
 
 }  // namespace sbx::cmd

@@ -94,8 +94,9 @@ std::string DefaultIdentity();
 // The address other replicas reach this one's gRPC port at: `advertise` ("host:port",
 // checked) when given, else the host of `listen` with `bound_port`. INVALID_ARGUMENT when
 // that host is a wildcard (0.0.0.0, [::], empty): --advertise_address is needed then.
-absl::StatusOr<std::string> AdvertisedAddress(const std::string& advertise,
-                                              const std::string& listen, int bound_port);
+[[nodiscard]] absl::StatusOr<std::string> AdvertisedAddress(const std::string& advertise,
+                                                            const std::string& listen,
+                                                            int bound_port);
 // `listen` ("host:port") with its port replaced by `port`.
 std::string WithPort(const std::string& listen, int port);
 
@@ -120,7 +121,7 @@ class KubeControllers {
   // StartKube.
   size_t ClusterSandboxes() const;
   // Starts the warm-pool and claim controllers on `allocator`.
-  absl::Status StartPools(allocator::Allocator* allocator);
+  [[nodiscard]] absl::Status StartPools(allocator::Allocator* allocator);
   // Stops the pool and claim controllers, then the writes and the runtime: queued writes
   // are dropped and creates still pending (or asked later) fail with CANCELLED, so the
   // refill reconciler can stop. The runtime stays (answering CANCELLED) until destruction.
@@ -129,7 +130,7 @@ class KubeControllers {
   // The key of the sandboxes' daemon secrets (SandboxSecrets::kKeyBytes raw bytes) from
   // the Secret flags.sandbox_key_secret in the server's namespace, made there when it does
   // not exist (k8s::LoadOrCreateSandboxKey); within 30 s. Errors name the Secret.
-  absl::StatusOr<std::string> LoadSandboxKey(const KubeFlags& flags);
+  [[nodiscard]] absl::StatusOr<std::string> LoadSandboxKey(const KubeFlags& flags);
 
  private:
   friend absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags&);
@@ -151,13 +152,14 @@ class KubeControllers {
 // Reads the cluster's configuration (kubeconfig or in-cluster) and makes the API client;
 // asks nothing of the API server yet. Errors name what is wrong (unreadable kubeconfig,
 // bad client options).
-absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags& flags);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags& flags);
 
 // Starts the controllers of `kube` (from ConnectKube) once their caches are in sync; with
 // `serve_pools`, also builds the runtime and the pool/claim controllers (started by
 // StartPools). `on_gone` hears of members that disappear. Errors name what is wrong (bad
 // flags, unreachable server, missing CRDs). Called once.
-absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve_pools,
-                       std::function<void(const std::string&)> on_gone);
+[[nodiscard]] absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags,
+                                     bool serve_pools,
+                                     std::function<void(const std::string&)> on_gone);
 
 }  // namespace sbx::cmd

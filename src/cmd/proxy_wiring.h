@@ -38,11 +38,12 @@ struct RunningProxy {
 // The proxy, or an empty RunningProxy without --proxy_listen; fills `urls` for
 // GetPortUrl. Errors name the flag at fault; the server should stop on them.
 // `counters` (may be null) must outlive the proxy.
-absl::StatusOr<RunningProxy> StartProxy(const ProxyFlags& flags, const server::AuthOptions& auth,
-                                        const SandboxSecrets& secrets,
-                                        allocator::Allocator* allocator,
-                                        server::PortUrlOptions* urls,
-                                        gateway::ProxyCounters* counters);
+[[nodiscard]] absl::StatusOr<RunningProxy> StartProxy(const ProxyFlags& flags,
+                                                      const server::AuthOptions& auth,
+                                                      const SandboxSecrets& secrets,
+                                                      allocator::Allocator* allocator,
+                                                      server::PortUrlOptions* urls,
+                                                      gateway::ProxyCounters* counters);
 
 // The proxy's metric families (docs/metrics.md, "The port proxy"), read from `counters`
 // at scrape time; `counters` must outlive the registry's use of it.

@@ -44,8 +44,8 @@ struct ReplicationOptions {
 class Replication {
  public:
   // FAILED_PRECONDITION when `store` cannot be replicated.
-  static absl::StatusOr<std::unique_ptr<Replication>> Create(store::Store* store,
-                                                             ReplicationOptions options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Replication>> Create(
+      store::Store* store, ReplicationOptions options);
   ~Replication();
 
   // A Follow service for one gRPC server (each server needs its own).
@@ -61,7 +61,8 @@ class Replication {
   // This replica took the Lease in `term`: stops following, checks that the store is
   // still the one MayLead approved, marks it as this term's truth and starts shipping.
   // FAILED_PRECONDITION when the store changed since the approval (do not serve then).
-  absl::Status Lead(int64_t term, std::function<absl::Status(const std::string&)> publish)
+  [[nodiscard]] absl::Status Lead(int64_t term,
+                                  std::function<absl::Status(const std::string&)> publish)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Stops following and shipping; groups committed after it fail. Before the store closes.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);

@@ -44,7 +44,7 @@ struct ClientOptions {
 
   // INVALID_ARGUMENT for an empty server, a non-positive timeout, both token and
   // token_file, or only one of cert_file and key_file.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
   bool UseTls() const;
 };
 
@@ -53,7 +53,8 @@ class Client {
   // Creates the channel (connecting lazily: a server that is down shows up as
   // UNAVAILABLE on the first call). Fails with the options' Validate error, or NOT_FOUND
   // / PERMISSION_DENIED naming a token, CA, certificate or key file that cannot be read.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options);
 
   v1::ClaimService::Stub& claims() const { return *claims_; }
   v1::AdminService::Stub& admin() const { return *admin_; }
@@ -67,9 +68,10 @@ class Client {
 
   // Runs one unary call with a fresh context and the deadline `deadline`; returns OK or
   // the call's error as converted by FromGrpc.
-  absl::Status Call(absl::Duration deadline,
-                    const std::function<grpc::Status(grpc::ClientContext*)>& call) const;
-  absl::Status Call(const std::function<grpc::Status(grpc::ClientContext*)>& call) const {
+  [[nodiscard]] absl::Status Call(
+      absl::Duration deadline, const std::function<grpc::Status(grpc::ClientContext*)>& call) const;
+  [[nodiscard]] absl::Status Call(
+      const std::function<grpc::Status(grpc::ClientContext*)>& call) const {
     return Call(timeout_, call);
   }
 
@@ -88,6 +90,6 @@ class Client {
 // The absl::Status for a failed call: same code, the server's message, plus the retry hint
 // of RESOURCE_EXHAUSTED answers (trailing metadata `sbx-retry-after-ms`) when present.
 // OK for an OK status.
-absl::Status FromGrpc(const grpc::Status& status, const grpc::ClientContext& ctx);
+[[nodiscard]] absl::Status FromGrpc(const grpc::Status& status, const grpc::ClientContext& ctx);
 
 }  // namespace sbx::cli

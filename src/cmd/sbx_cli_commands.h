@@ -44,7 +44,7 @@ class Context {
 
   // The client, connected on first use (so that --help never needs a server). Bad flag
   // combinations are usage errors; unreadable token or certificate files are errors.
-  absl::StatusOr<Client*> Connect();
+  [[nodiscard]] absl::StatusOr<Client*> Connect();
 
  private:
   std::unique_ptr<Client> client_;
@@ -81,11 +81,11 @@ struct DetachedStart {
   std::string tag;
   bool stdin = false;
 };
-absl::StatusOr<int> RunDetachedProcess(Context& ctx, const DetachedStart& start);
+[[nodiscard]] absl::StatusOr<int> RunDetachedProcess(Context& ctx, const DetachedStart& start);
 
 // An error in how sbx was called, detected after parsing (e.g. `cp` between two local
 // paths): printed like CLI11's own errors, exit code 2.
-absl::Status UsageError(const std::string& message);
+[[nodiscard]] absl::Status UsageError(const std::string& message);
 bool IsUsageError(const absl::Status& status);
 // Prints `sbx: error: <CODE>: <message>` (or `sbx: error: <message>` for usage errors)
 // on stderr, the message escaped (EscapeForTerminal).

@@ -146,23 +146,25 @@ class Progress {
 
 // The whole content of a local file ("-": standard input). NOT_FOUND, PERMISSION_DENIED
 // or another errno-derived code, with the path in the message.
-absl::StatusOr<std::string> ReadLocalFile(const std::string& path);
+[[nodiscard]] absl::StatusOr<std::string> ReadLocalFile(const std::string& path);
 // Writes all of `data` to `fd`, retrying short writes. The errno-derived status
 // otherwise (EPIPE becomes FAILED_PRECONDITION "broken pipe").
-absl::Status WriteAll(int fd, absl::string_view data);
+[[nodiscard]] absl::Status WriteAll(int fd, absl::string_view data);
 // Status for the current errno: `what` followed by strerror.
-absl::Status ErrnoStatus(int error, const std::string& what);
+[[nodiscard]] absl::Status ErrnoStatus(int error, const std::string& what);
 
 // Where output from a sandbox goes (exec, attach, cp to "-"): `fd` as is, or escaped
 // (TerminalEscaper) when `fd` is a terminal.
 class OutputSink {
  public:
   OutputSink(int fd, bool terminal) : fd_(fd), terminal_(terminal) {}
-  absl::Status Write(absl::string_view data) {
+  [[nodiscard]] absl::Status Write(absl::string_view data) {
     if (!terminal_) return WriteAll(fd_, data);
     return WriteAll(fd_, escaper_.Feed(data));
   }
-  absl::Status Finish() { return terminal_ ? WriteAll(fd_, escaper_.Finish()) : absl::OkStatus(); }
+  [[nodiscard]] absl::Status Finish() {
+    return terminal_ ? WriteAll(fd_, escaper_.Finish()) : absl::OkStatus();
+  }
 
  private:
   const int fd_;

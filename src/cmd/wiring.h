@@ -39,11 +39,11 @@ server::TemplateImages NewKubernetesTemplateImages(const k8s::KubeRuntime* kube)
 // The canonical name of --image_claim_template `name` if it names a local template of
 // `allocator` (the base of on-demand image pools): INVALID_ARGUMENT for a bad name,
 // FAILED_PRECONDITION when it does not exist or is not local, naming the flag.
-absl::StatusOr<std::string> CheckImageClaimTemplate(const allocator::Allocator& allocator,
-                                                    const std::string& name);
+[[nodiscard]] absl::StatusOr<std::string> CheckImageClaimTemplate(
+    const allocator::Allocator& allocator, const std::string& name);
 
 // Declares the config file's templates and pools through the allocator (creating or
 // replacing them), waiting for each to be durable. Errors name the entry.
-absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& allocator);
+[[nodiscard]] absl::Status ApplyConfig(const ServerConfig& config, allocator::Allocator& allocator);
 
 }  // namespace sbx::cmd

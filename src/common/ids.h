@@ -40,7 +40,7 @@ class SequentialIdGenerator final : public IdGenerator {
 // Checks a name chosen by a user (pool, template): 1-63 characters of [a-z0-9-], starting
 // and ending with an alphanumeric (a DNS-1123 label, so it can name Kubernetes objects).
 // Returns INVALID_ARGUMENT naming `what` and the offending value.
-absl::Status ValidateName(absl::string_view what, absl::string_view name);
+[[nodiscard]] absl::Status ValidateName(absl::string_view what, absl::string_view name);
 
 // Namespaces. A pool, a template and a sandbox of the kubernetes runtime belong to a
 // namespace (a Kubernetes namespace there; just a name space elsewhere). The allocator, its
@@ -55,7 +55,8 @@ struct NamespacedName {
 };
 // Checks a qualified pool or template name: "<name>" or "<namespace>/<name>", both parts
 // DNS-1123 labels (ValidateName). INVALID_ARGUMENT naming `what` and the value.
-absl::Status ValidateQualifiedName(absl::string_view what, absl::string_view qualified);
+[[nodiscard]] absl::Status ValidateQualifiedName(absl::string_view what,
+                                                 absl::string_view qualified);
 // The one name of `name` in `ns`: "<name>" when ns is `default_ns`, else "<ns>/<name>".
 std::string QualifiedName(absl::string_view ns, absl::string_view name,
                           absl::string_view default_ns);
@@ -64,13 +65,13 @@ std::string QualifiedName(absl::string_view ns, absl::string_view name,
 NamespacedName SplitQualifiedName(absl::string_view qualified, absl::string_view default_ns);
 // Validates `qualified` (as ValidateQualifiedName) and answers its one name:
 // "<default_ns>/<name>" becomes "<name>".
-absl::StatusOr<std::string> CanonicalQualifiedName(absl::string_view what,
-                                                   absl::string_view qualified,
-                                                   absl::string_view default_ns);
+[[nodiscard]] absl::StatusOr<std::string> CanonicalQualifiedName(absl::string_view what,
+                                                                 absl::string_view qualified,
+                                                                 absl::string_view default_ns);
 
 // Checks a client-chosen identifier (claim id / idempotency key): 1-128 characters of
 // [A-Za-z0-9._:-]. Returns INVALID_ARGUMENT naming `what` and the value.
-absl::Status ValidateKey(absl::string_view what, absl::string_view key);
+[[nodiscard]] absl::Status ValidateKey(absl::string_view what, absl::string_view key);
 
 // Owners starting with this prefix belong to the Kubernetes claim controller: it holds
 // the allocator claims of SandboxClaims made in namespace <ns> (by kubectl or a client

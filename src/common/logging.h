@@ -16,7 +16,7 @@ struct LogOptions {
   std::string format = "text";
 
   // INVALID_ARGUMENT naming the bad level or format.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // Installs the stderr logger. Returns INVALID_ARGUMENT for bad options.
@@ -25,7 +25,7 @@ struct LogOptions {
 // lines are one object each: {"ts":"<RFC 3339 UTC, microseconds>","level":"info",
 // "thread":N,"msg":"...","<key>":"<value>",...}, every string escaped, so any message can
 // be logged and every line parses.
-absl::Status InitLogging(const LogOptions& options);
+[[nodiscard]] absl::Status InitLogging(const LogOptions& options);
 
 // Adds a field (such as request_id) to every line this thread logs while the object
 // lives: a member of the JSON object, or " key=value" after a text message. Scopes nest;

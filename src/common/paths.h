@@ -21,7 +21,7 @@ inline constexpr size_t kMaxPathBytes = 4095;
 // at most kMaxPathBytes bytes, so that it means the same before and after any
 // normalization. Otherwise INVALID_ARGUMENT "<what> \"<path>\" <the rule broken>" (the
 // path C-escaped).
-absl::Status CheckNormalAbsolutePath(absl::string_view what, absl::string_view path);
+[[nodiscard]] absl::Status CheckNormalAbsolutePath(absl::string_view what, absl::string_view path);
 
 // Whether `path` is `dir` or lies under it, component by component ("/run/sbxdata" is
 // not under "/run/sbx"). Both must be normal absolute paths.
@@ -35,6 +35,7 @@ inline constexpr absl::string_view kSandboxControlPaths[] = {"/run/sbx", "/proc"
 // lies under, nor covers (is an ancestor of, like "/" or "/run") any of
 // kSandboxControlPaths, so that a bind mount there cannot hide or replace what the
 // runtime put there. Otherwise INVALID_ARGUMENT naming `what`, the target and the rule.
-absl::Status CheckSandboxMountTarget(absl::string_view what, absl::string_view target);
+[[nodiscard]] absl::Status CheckSandboxMountTarget(absl::string_view what,
+                                                   absl::string_view target);
 
 }  // namespace sbx

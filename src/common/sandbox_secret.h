@@ -26,12 +26,12 @@ class SandboxSecrets {
 
   // A new key: kKeyBytes from OpenSSL's random generator. FAILED_PRECONDITION when it has
   // none to give.
-  static absl::StatusOr<std::string> NewKey();
+  [[nodiscard]] static absl::StatusOr<std::string> NewKey();
   // Reads the key from `path`, or makes one there (created exclusively, mode 0600, written
   // and fsynced before it is used) when the file does not exist. Errors: FAILED_PRECONDITION
   // naming the file when it cannot be read or made, is not a regular file, is readable by
   // others than its owner, or does not hold a key of 32 bytes.
-  static absl::StatusOr<SandboxSecrets> LoadOrCreate(const std::string& path);
+  [[nodiscard]] static absl::StatusOr<SandboxSecrets> LoadOrCreate(const std::string& path);
   // A key given directly (tests). At least 16 bytes.
   static SandboxSecrets FromKey(std::string key);
 

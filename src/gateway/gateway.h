@@ -73,7 +73,7 @@ struct ProxyOptions {
   int max_connections = 20000;
 
   // INVALID_ARGUMENT naming the bad field.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // Why the proxy answered a request itself (never reaching the sandbox), for
@@ -117,8 +117,8 @@ class PortProxy {
  public:
   // Binds options.listen and starts serving on a thread of its own. Errors:
   // INVALID_ARGUMENT for bad options or deps, UNAVAILABLE when the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<PortProxy>> Start(const ProxyOptions& options,
-                                                          ProxyDeps deps);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<PortProxy>> Start(const ProxyOptions& options,
+                                                                        ProxyDeps deps);
   virtual ~PortProxy() = default;
 
   virtual int port() const = 0;

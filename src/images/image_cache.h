@@ -51,34 +51,36 @@ struct ImageCacheOptions {
   absl::Duration pull_timeout = absl::Minutes(10);
 
   // INVALID_ARGUMENT naming the field.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 class ImageCache final : public Images {
  public:
   // Makes `dir` when missing (0700), loads the published images, removes leftovers of
   // pulls cut short. Errors name the folder.
-  static absl::StatusOr<std::unique_ptr<ImageCache>> Open(ImageCacheOptions options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ImageCache>> Open(ImageCacheOptions options);
 
   // The image `ref` names, pulled and unpacked on first use, held until Release(digest).
   // Errors name the reference: INVALID_ARGUMENT (not a reference this cache takes, or a
   // local one outside the import folders), NOT_FOUND (the source has no such image),
   // RESOURCE_EXHAUSTED (it does not fit the budget), DATA_LOSS (a blob's digest does not
   // match its bytes), UNAVAILABLE (the tools failed otherwise).
-  absl::StatusOr<Image> Acquire(const std::string& ref) override ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<Image> Acquire(const std::string& ref) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Release(const std::string& digest) override ABSL_LOCKS_EXCLUDED(mu_);
   bool Hold(const std::string& digest) override ABSL_LOCKS_EXCLUDED(mu_);
   // Acquire then Release: the image is in the cache afterwards (until evicted).
-  absl::StatusOr<Image> Pull(const std::string& ref) override ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<Image> Pull(const std::string& ref) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<Image> List() const override ABSL_LOCKS_EXCLUDED(mu_);
   std::string State(const std::string& ref) const override ABSL_LOCKS_EXCLUDED(mu_);
   // Removes an image nobody holds: NOT_FOUND, or FAILED_PRECONDITION while held.
-  absl::Status Remove(const std::string& digest) override ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Remove(const std::string& digest) override ABSL_LOCKS_EXCLUDED(mu_);
   ImageCacheStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK when `ref` is a reference this cache would try (syntax, transport, import
   // folders); INVALID_ARGUMENT naming it otherwise. No tool runs.
-  absl::Status CheckReference(const std::string& ref) const override;
+  [[nodiscard]] absl::Status CheckReference(const std::string& ref) const override;
 
  private:
   explicit ImageCache(ImageCacheOptions options);
@@ -97,8 +99,9 @@ class ImageCache final : public Images {
   Image HitLocked(Image& image) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `manifest`: the source's manifest as skopeo read it (its declared layer sizes are
   // checked against the budget before anything is copied).
-  absl::StatusOr<Image> PullMiss(const std::string& ref, const std::string& digest,
-                                 const std::string& manifest) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<Image> PullMiss(const std::string& ref, const std::string& digest,
+                                               const std::string& manifest)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Evicts unheld images, least recently used first, until `bytes` more fit; false when
   // they cannot.
   bool MakeRoomLocked(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

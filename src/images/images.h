@@ -53,13 +53,13 @@ class Images {
   // local one outside the import folders), NOT_FOUND (the source has no such image),
   // RESOURCE_EXHAUSTED (it does not fit the budget), DATA_LOSS (a blob's digest does not
   // match its bytes), UNAVAILABLE (the tools failed otherwise).
-  virtual absl::StatusOr<Image> Acquire(const std::string& ref) = 0;
+  [[nodiscard]] virtual absl::StatusOr<Image> Acquire(const std::string& ref) = 0;
   virtual void Release(const std::string& digest) = 0;
   // Holds the cached image `digest` once more (a sandbox found running after a restart);
   // false when it is not in the cache.
   virtual bool Hold(const std::string& digest) = 0;
   // Acquire then Release: the image is in the cache afterwards (until evicted).
-  virtual absl::StatusOr<Image> Pull(const std::string& ref) = 0;
+  [[nodiscard]] virtual absl::StatusOr<Image> Pull(const std::string& ref) = 0;
   virtual std::vector<Image> List() const = 0;
   // Where the image `ref` stands: "pulling" (being resolved, fetched or unpacked now),
   // "cached" (what it last resolved to is in the cache), or "" (neither). Asks no tool.
@@ -67,10 +67,10 @@ class Images {
   // Removes an image nobody holds, named by its digest or a unique prefix of at least 12
   // hex digits: NOT_FOUND, INVALID_ARGUMENT for an ambiguous prefix, or FAILED_PRECONDITION
   // while held.
-  virtual absl::Status Remove(const std::string& digest) = 0;
+  [[nodiscard]] virtual absl::Status Remove(const std::string& digest) = 0;
   virtual ImageCacheStats Stats() const = 0;
   // OK when `ref` is a reference this cache would try; INVALID_ARGUMENT naming it.
-  virtual absl::Status CheckReference(const std::string& ref) const = 0;
+  [[nodiscard]] virtual absl::Status CheckReference(const std::string& ref) const = 0;
 };
 
 }  // namespace sbx::images

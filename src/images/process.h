@@ -31,6 +31,6 @@ struct ToolRun {
 // The child's stdout when it exits 0. Errors: NOT_FOUND when the program cannot be run
 // (naming it), DEADLINE_EXCEEDED after the timeout, the watchdog's error, or UNKNOWN with
 // the exit status and the end of its stderr.
-absl::StatusOr<std::string> RunTool(const ToolRun& run);
+[[nodiscard]] absl::StatusOr<std::string> RunTool(const ToolRun& run);
 
 }  // namespace sbx::images

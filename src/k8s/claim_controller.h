@@ -84,7 +84,7 @@ struct ClaimControllerOptions {
   // --disable-claim-observability-annotations; docs/kubernetes.md).
   bool claim_annotations = true;
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // The allocator owner of kubectl-made claims in namespace `ns` is sbx::KubeClaimOwner(ns)
@@ -102,15 +102,15 @@ class ClaimController {
   const Informer& claims() const { return claims_; }
   // True when no claim is queued or being reconciled (delayed looks do not count).
   bool Idle() const { return queue_.Idle(); }
-  absl::Status StartInformers(absl::Duration sync_timeout);
+  [[nodiscard]] absl::Status StartInformers(absl::Duration sync_timeout);
   // Starts the workers and the gRPC claim mirror. UNAVAILABLE if the mirror's allocator
   // watch cannot start.
-  absl::Status Start(allocator::Allocator* allocator);
+  [[nodiscard]] absl::Status Start(allocator::Allocator* allocator);
   void Stop();
 
   // Reconciles one work key now ("c/<namespace>/<claim name>" or
   // "g/<namespace>/<owner>/<id>"; tests).
-  absl::Status Reconcile(const std::string& key);
+  [[nodiscard]] absl::Status Reconcile(const std::string& key);
 
  private:
   // Where a kubectl claim's sandbox is, as far as this reconcile found out.
@@ -128,26 +128,27 @@ class ClaimController {
   void WatchSandboxes();
   void WatchPoolsAndTemplates(Informer* pools, Informer* templates);
   void Worker();
-  absl::Status ReconcileKube(const std::string& ns, const std::string& name);
+  [[nodiscard]] absl::Status ReconcileKube(const std::string& ns, const std::string& name);
   // Carries out `end` (from ShutdownVerdict) for `claim` whose status is `status`.
-  absl::Status EndClaim(const Json& claim, const Json& status, ClaimEnd end);
+  [[nodiscard]] absl::Status EndClaim(const Json& claim, const Json& status, ClaimEnd end);
   // The sandbox chosen before: the allocator's (durable), else the claim's cold Sandbox.
   // A refusal when the claim was bound and its sandbox is gone.
   Placement PlacedBefore(const Json& claim, const Json& status);
   // A sandbox for a claim that has none: a warm member of its pool when the template's
   // policies allow the claim and none of its own is needed, else a new cold Sandbox.
-  absl::StatusOr<Placement> PlaceNew(const Json& claim);
+  [[nodiscard]] absl::StatusOr<Placement> PlaceNew(const Json& claim);
   // Writes upstream's claim annotations (options.claim_annotations) for `placement`.
-  absl::Status Annotate(const Json& claim, const Placement& placement, Json* patched)
+  [[nodiscard]] absl::Status Annotate(const Json& claim, const Placement& placement, Json* patched)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Claims a warm member of `pool` for `claim`; "" when the pool has none warm.
-  absl::StatusOr<std::string> ClaimWarm(const Json& claim, const std::string& pool);
+  [[nodiscard]] absl::StatusOr<std::string> ClaimWarm(const Json& claim, const std::string& pool);
   // The claim's status for its placed sandbox, the ttlSecondsAfterFinished deletion, and
   // the startup metrics when it turns Ready.
-  absl::Status FollowSandbox(const Json& claim, const Json& status, const Placement& placement,
-                             absl::Time now);
+  [[nodiscard]] absl::Status FollowSandbox(const Json& claim, const Json& status,
+                                           const Placement& placement, absl::Time now);
   // Ready=False for `refusal` (claim errors the user must fix).
-  absl::Status Refuse(const Json& claim, const Json& status, const ClaimRefusal& refusal);
+  [[nodiscard]] absl::Status Refuse(const Json& claim, const Json& status,
+                                    const ClaimRefusal& refusal);
   void RecordReady(const Json& claim, const Placement& placement, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Looks at kubectl claim `claim` again at `at` (nothing when it is InfiniteFuture).

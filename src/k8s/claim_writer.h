@@ -40,13 +40,14 @@ class ClaimWriter {
   // Binds Sandbox `sandbox` to `claim` (BindingPatch) unless the informer shows it bound
   // already or the same patch went out while the informer still shows the version it was
   // sent against. Errors: the API's.
-  absl::Status Bind(const Json& claim, const std::string& sandbox, const std::string& launch_type)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Bind(const Json& claim, const std::string& sandbox,
+                                  const std::string& launch_type) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies a claim's spec.additionalPodMetadata to the pod of Sandbox `ns/sandbox`; sent
   // again only when the patch or the Sandbox changed. OK when the pod does not exist yet
   // (the Sandbox changes when it does). Errors: the API's.
-  absl::Status PatchPodMetadata(const std::string& ns, const std::string& sandbox,
-                                const Json& additional_pod_metadata) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status PatchPodMetadata(const std::string& ns, const std::string& sandbox,
+                                              const Json& additional_pod_metadata)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The status of `claim` (the informer's copy, or the API server's answer) as last
   // written: what this writer wrote while the copy still has the version it was written
@@ -56,34 +57,35 @@ class ClaimWriter {
   // LastStatus(claim) shows it already. OK when the claim is gone. Errors: the API's.
   // `guarded`: the patch names the copy's resourceVersion, so that it fails (ABORTED) when
   // the claim changed since (a status that ends or refuses a claim, judged from the copy).
-  absl::Status WriteStatus(const Json& claim, Json status, bool guarded = false)
+  [[nodiscard]] absl::Status WriteStatus(const Json& claim, Json status, bool guarded = false)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Adds `annotations` to `claim`'s metadata (a merge patch) unless its copy has them all
   // already or the same patch went out against the copy's version. OK when the claim is
   // gone. Errors: the API's. When it wrote, `*patched` is the claim as the API answered (its
   // new resourceVersion: the reconcile goes on with it, so that the status it writes next
   // is remembered against the version the annotations made); else it is left null.
-  absl::Status Annotate(const Json& claim, const Json& annotations, Json* patched)
+  [[nodiscard]] absl::Status Annotate(const Json& claim, const Json& annotations, Json* patched)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The claim with uid `claim_uid` is gone.
   void ForgetClaim(const std::string& claim_uid) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Makes SandboxClaim `claim` and answers the object made; when one of its name exists
   // (ours, made by an earlier try), answers that one. Errors: the API's.
-  absl::StatusOr<Json> CreateClaim(const Json& claim);
+  [[nodiscard]] absl::StatusOr<Json> CreateClaim(const Json& claim);
   // Makes `sandbox` (a claim's cold Sandbox) and answers true; false when it exists.
   // Errors: the API's.
-  absl::StatusOr<bool> CreateSandbox(const Json& sandbox);
+  [[nodiscard]] absl::StatusOr<bool> CreateSandbox(const Json& sandbox);
   // Deletes Sandbox `ns/name`; OK when it is gone. Errors: the API's.
-  absl::Status DeleteSandbox(const std::string& ns, const std::string& name);
+  [[nodiscard]] absl::Status DeleteSandbox(const std::string& ns, const std::string& name);
   // Deletes SandboxClaim `claim` (only that uid: a claim made again under its name stays)
   // with `propagation` ("Background", "Foreground", or "" for the API server's default);
   // sent once until ForgetClaim, however often a lagging informer copy asks again. OK
   // when it is gone. Errors: the API's.
-  absl::Status DeleteClaim(const Json& claim, const std::string& propagation)
+  [[nodiscard]] absl::Status DeleteClaim(const Json& claim, const std::string& propagation)
       ABSL_LOCKS_EXCLUDED(mu_);
   // A name would become a JSON string without a name or uid: pass the claim object.
-  absl::Status DeleteClaim(const std::string& name, const std::string& propagation) = delete;
+  [[nodiscard]] absl::Status DeleteClaim(const std::string& name,
+                                         const std::string& propagation) = delete;
 
  private:
   // What was written against which version of the object.

@@ -68,7 +68,7 @@ struct ClientOptions {
   // sbx_k8s_request_duration_seconds{verb,resource}, sbx_k8s_watch_restarts_total{resource,reason}.
   std::shared_ptr<prometheus::Registry> registry;
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 struct ListOptions {
@@ -120,7 +120,7 @@ class Watch {
   // Next event into *event. false when the stream ended cleanly (timeout or the server
   // closed it); OUT_OF_RANGE when the server says the resourceVersion is too old;
   // UNAVAILABLE when the connection broke; CANCELLED after Cancel.
-  virtual absl::StatusOr<bool> Next(WatchEvent* event) = 0;
+  [[nodiscard]] virtual absl::StatusOr<bool> Next(WatchEvent* event) = 0;
   virtual void Cancel() = 0;
 };
 
@@ -136,61 +136,67 @@ class WriteFence {
   virtual ~WriteFence() = default;
   // How long writes may still be sent from now (positive); FAILED_PRECONDITION saying why
   // when none may (this replica does not lead, or its last renewal is too old).
-  virtual absl::StatusOr<absl::Duration> WriteWindow() const = 0;
+  [[nodiscard]] virtual absl::StatusOr<absl::Duration> WriteWindow() const = 0;
 };
 
 class Client {
  public:
   // Builds a client for `cluster` with the cpprestsdk transport. INVALID_ARGUMENT for bad
   // options, a bad server URL or unreadable PEMs.
-  static absl::StatusOr<std::unique_ptr<Client>> Create(const ClusterConfig& cluster,
-                                                        const ClientOptions& options = {});
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Client>> Create(
+      const ClusterConfig& cluster, const ClientOptions& options = {});
   // Same, over a given transport (tests).
-  static absl::StatusOr<std::unique_ptr<Client>> Create(const ClusterConfig& cluster,
-                                                        const ClientOptions& options,
-                                                        std::unique_ptr<HttpTransport> transport);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Client>> Create(
+      const ClusterConfig& cluster, const ClientOptions& options,
+      std::unique_ptr<HttpTransport> transport);
   ~Client();
 
   const ClusterConfig& cluster() const { return cluster_; }
 
   // `ns` is ignored for cluster-scoped kinds; "" lists across all namespaces.
-  absl::StatusOr<Json> Get(const Resource& r, const std::string& ns, const std::string& name,
-                           const std::string& subresource = "");
-  absl::StatusOr<ListResult> List(const Resource& r, const std::string& ns,
-                                  const ListOptions& options = {});
+  [[nodiscard]] absl::StatusOr<Json> Get(const Resource& r, const std::string& ns,
+                                         const std::string& name,
+                                         const std::string& subresource = "");
+  [[nodiscard]] absl::StatusOr<ListResult> List(const Resource& r, const std::string& ns,
+                                                const ListOptions& options = {});
   // Every page of a list; *resource_version gets the list's version (to watch from).
-  absl::StatusOr<std::vector<Json>> ListAll(const Resource& r, const std::string& ns,
-                                            const ListOptions& options,
-                                            std::string* resource_version);
+  [[nodiscard]] absl::StatusOr<std::vector<Json>> ListAll(const Resource& r, const std::string& ns,
+                                                          const ListOptions& options,
+                                                          std::string* resource_version);
   // The object's metadata.name or metadata.generateName names it; apiVersion and kind are
   // filled in when missing. Returns the stored object.
-  absl::StatusOr<Json> Create(const Resource& r, const std::string& ns, const Json& object);
+  [[nodiscard]] absl::StatusOr<Json> Create(const Resource& r, const std::string& ns,
+                                            const Json& object);
   // The same create when the caller does not need the stored object (its answer is not
   // parsed).
-  absl::Status CreateNoResult(const Resource& r, const std::string& ns, const Json& object);
+  [[nodiscard]] absl::Status CreateNoResult(const Resource& r, const std::string& ns,
+                                            const Json& object);
   // PUT with the object's metadata.resourceVersion (a stale one is ABORTED).
-  absl::StatusOr<Json> Update(const Resource& r, const std::string& ns, const Json& object);
-  absl::StatusOr<Json> UpdateStatus(const Resource& r, const std::string& ns, const Json& object);
-  absl::StatusOr<Json> Patch(const Resource& r, const std::string& ns, const std::string& name,
-                             PatchType type, const Json& patch,
-                             const std::string& subresource = "");
+  [[nodiscard]] absl::StatusOr<Json> Update(const Resource& r, const std::string& ns,
+                                            const Json& object);
+  [[nodiscard]] absl::StatusOr<Json> UpdateStatus(const Resource& r, const std::string& ns,
+                                                  const Json& object);
+  [[nodiscard]] absl::StatusOr<Json> Patch(const Resource& r, const std::string& ns,
+                                           const std::string& name, PatchType type,
+                                           const Json& patch, const std::string& subresource = "");
   // The same patch when the caller does not need the patched object: the answer's body is
   // not parsed (a status writer at a thousand writes a second saves the JSON work).
-  absl::Status PatchNoResult(const Resource& r, const std::string& ns, const std::string& name,
-                             PatchType type, const Json& patch,
-                             const std::string& subresource = "");
+  [[nodiscard]] absl::Status PatchNoResult(const Resource& r, const std::string& ns,
+                                           const std::string& name, PatchType type,
+                                           const Json& patch, const std::string& subresource = "");
   // OK also when the object was only marked for deletion (finalizers pending).
-  absl::Status Delete(const Resource& r, const std::string& ns, const std::string& name,
-                      const DeleteOptions& options = {});
+  [[nodiscard]] absl::Status Delete(const Resource& r, const std::string& ns,
+                                    const std::string& name, const DeleteOptions& options = {});
   // The scale subresource: spec.replicas of the Scale object, and setting it.
-  absl::StatusOr<int64_t> GetScale(const Resource& r, const std::string& ns,
-                                   const std::string& name);
-  absl::StatusOr<Json> SetScale(const Resource& r, const std::string& ns, const std::string& name,
-                                int64_t replicas);
+  [[nodiscard]] absl::StatusOr<int64_t> GetScale(const Resource& r, const std::string& ns,
+                                                 const std::string& name);
+  [[nodiscard]] absl::StatusOr<Json> SetScale(const Resource& r, const std::string& ns,
+                                              const std::string& name, int64_t replicas);
   // Opens a watch (on its own connection). Errors as for List; a too-old
   // resourceVersion may also come as OUT_OF_RANGE from Watch::Next.
-  absl::StatusOr<std::unique_ptr<Watch>> StartWatch(const Resource& r, const std::string& ns,
-                                                    const WatchOptions& options);
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<Watch>> StartWatch(const Resource& r,
+                                                                  const std::string& ns,
+                                                                  const WatchOptions& options);
 
   // For informers: counts a watch restart of `r` for `reason` ("expired", "error", "end").
   void RecordWatchRestart(const Resource& r, const std::string& reason);
@@ -212,17 +218,18 @@ class Client {
     HttpRequest request;
     bool retry_unanswered = true;  // repeat after 5xx / connection errors / timeouts
   };
-  absl::StatusOr<HttpResponse> Do(Call call);
+  [[nodiscard]] absl::StatusOr<HttpResponse> Do(Call call);
   // Do, with a non-2xx answer turned into its error (the server's reason and message).
-  absl::StatusOr<HttpResponse> DoOk(Call call);
+  [[nodiscard]] absl::StatusOr<HttpResponse> DoOk(Call call);
   // DoOk, with the answer's body parsed.
-  absl::StatusOr<Json> DoJson(Call call);
-  absl::StatusOr<Call> CreateCall(const Resource& r, const std::string& ns, const Json& object);
+  [[nodiscard]] absl::StatusOr<Json> DoJson(Call call);
+  [[nodiscard]] absl::StatusOr<Call> CreateCall(const Resource& r, const std::string& ns,
+                                                const Json& object);
   Call PatchCall(const Resource& r, const std::string& ns, const std::string& name, PatchType type,
                  const Json& patch, const std::string& subresource);
   // PUT of `object` to its name (and `subresource`, "" for the object itself).
-  absl::StatusOr<Json> Put(const Resource& r, const std::string& ns, const Json& object,
-                           const std::string& subresource);
+  [[nodiscard]] absl::StatusOr<Json> Put(const Resource& r, const std::string& ns,
+                                         const Json& object, const std::string& subresource);
   void Authorize(HttpRequest* request, bool force_reload);
   std::string Path(const Resource& r, const std::string& ns, const std::string& name,
                    const std::string& subresource) const;
@@ -248,7 +255,8 @@ class Client {
 
 // A Status built from an API server answer: the code mapping above, and a message with
 // `what`, the HTTP code, the reason and the server's message.
-absl::Status StatusFromResponse(const std::string& what, int http_status, const std::string& body);
+[[nodiscard]] absl::Status StatusFromResponse(const std::string& what, int http_status,
+                                              const std::string& body);
 
 // Percent-encodes a query value (RFC 3986 unreserved characters are kept).
 std::string QueryEscape(std::string_view value);

@@ -34,19 +34,19 @@ struct ClusterConfig {
 // file is malformed or the context, cluster or user it names does not exist; NOT_FOUND
 // when the file (or a file it names) cannot be read. Exec and auth-provider plugins are
 // not supported (INVALID_ARGUMENT says so).
-absl::StatusOr<ClusterConfig> LoadKubeconfig(const std::string& path,
-                                             const std::string& context = "");
+[[nodiscard]] absl::StatusOr<ClusterConfig> LoadKubeconfig(const std::string& path,
+                                                           const std::string& context = "");
 
 // In-cluster config: KUBERNETES_SERVICE_HOST / KUBERNETES_SERVICE_PORT from `getenv`
 // and token, ca.crt and namespace from `account_dir`. FAILED_PRECONDITION when not in
 // a cluster (the variables are unset).
-absl::StatusOr<ClusterConfig> LoadInCluster(
+[[nodiscard]] absl::StatusOr<ClusterConfig> LoadInCluster(
     const std::function<const char*(const char*)>& getenv = nullptr,
     const std::string& account_dir = "/var/run/secrets/kubernetes.io/serviceaccount");
 
 // What kubectl would use: `kubeconfig` if given, else $KUBECONFIG (first entry), else
 // ~/.kube/config if it exists, else in-cluster.
-absl::StatusOr<ClusterConfig> LoadDefault(const std::string& kubeconfig = "",
-                                          const std::string& context = "");
+[[nodiscard]] absl::StatusOr<ClusterConfig> LoadDefault(const std::string& kubeconfig = "",
+                                                        const std::string& context = "");
 
 }  // namespace sbx::k8s

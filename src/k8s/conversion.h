@@ -40,8 +40,8 @@ inline constexpr int kMaxConversionJsonDepth = 100;
 // already in that version comes back unchanged. INVALID_ARGUMENT names what is wrong: an
 // unknown group, version or kind, a field of the wrong type, or a state annotation that
 // is not JSON of the object's kind.
-absl::StatusOr<nlohmann::json> ConvertAgentsObject(const nlohmann::json& object,
-                                                   absl::string_view desired_api_version);
+[[nodiscard]] absl::StatusOr<nlohmann::json> ConvertAgentsObject(
+    const nlohmann::json& object, absl::string_view desired_api_version);
 
 // The answer to a ConversionReview (apiextensions.k8s.io/v1 or v1beta1) given as its
 // JSON text: the same apiVersion and kind, `response.uid` = the request's, and either
@@ -50,7 +50,7 @@ absl::StatusOr<nlohmann::json> ConvertAgentsObject(const nlohmann::json& object,
 // request that needed it). INVALID_ARGUMENT when `body` is not a ConversionReview at all
 // (not JSON, nested deeper than kMaxConversionJsonDepth, no request or uid): there is no
 // uid to answer to.
-absl::StatusOr<nlohmann::json> ReviewConversion(absl::string_view body);
+[[nodiscard]] absl::StatusOr<nlohmann::json> ReviewConversion(absl::string_view body);
 
 // Whether `text` nests arrays and objects deeper than `max_depth` (brackets inside JSON
 // strings do not count). Linear, no recursion.

@@ -38,7 +38,7 @@ struct ConversionWebhookOptions {
   int max_connections = 16;
 
   // INVALID_ARGUMENT naming the option when one is missing or malformed.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 class ConversionWebhook {
@@ -46,7 +46,7 @@ class ConversionWebhook {
   // Serves until Stop. INVALID_ARGUMENT for bad options or unreadable certificate/key
   // files, UNAVAILABLE when the port cannot be opened. `metrics` (may be null) gets
   // sbx_conversion_reviews_total{result} and sbx_conversion_objects_total.
-  static absl::StatusOr<std::unique_ptr<ConversionWebhook>> Start(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ConversionWebhook>> Start(
       const ConversionWebhookOptions& options, prometheus::Registry* metrics);
 
   virtual ~ConversionWebhook() = default;

@@ -24,7 +24,7 @@ struct CrdConversionOptions {
   std::string ca_bundle_pem;
 
   // INVALID_ARGUMENT naming what is missing or malformed.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // The names of the CRDs whose v1alpha1 sbx converts.
@@ -38,6 +38,6 @@ Json CrdConversionPatch(const CrdConversionOptions& options);
 // Patches each CRD of kConvertedCrds whose spec.conversion differs (one GET each; a
 // PATCH only where needed). NOT_FOUND names a CRD that is not installed; other errors are
 // the API server's, naming the CRD. Stops at the first error.
-absl::Status PointCrdsAtWebhook(Client& client, const CrdConversionOptions& options);
+[[nodiscard]] absl::Status PointCrdsAtWebhook(Client& client, const CrdConversionOptions& options);
 
 }  // namespace sbx::k8s

@@ -51,7 +51,7 @@ class GrpcClaimMirror {
 
   // Starts the allocator watch and the thread that follows it. Errors: the allocator's
   // (UNAVAILABLE when the watch cannot start).
-  absl::Status Start(allocator::Allocator* allocator);
+  [[nodiscard]] absl::Status Start(allocator::Allocator* allocator);
   // Ends the watch and joins its thread. Idempotent.
   void Stop();
 
@@ -59,14 +59,16 @@ class GrpcClaimMirror {
   // the claim is active, deleted once it has ended. INTERNAL when the SandboxClaim names
   // another sandbox than the allocator's claim (never rebound); else the API's errors.
   // `ns` is the namespace of its pool (the work's).
-  absl::Status Reconcile(const std::string& ns, const std::string& owner, const std::string& id);
+  [[nodiscard]] absl::Status Reconcile(const std::string& ns, const std::string& owner,
+                                       const std::string& id);
 
  private:
   void WatchLoop();
   // The SandboxClaim of active claim `c` named `name`: the informer's copy, else the
   // one made now (or, after a retry, the one made before).
-  absl::StatusOr<Json> ShownClaim(const store::ClaimRecord& c, const std::string& name,
-                                  const NamespacedName& pool, const std::string& sandbox);
+  [[nodiscard]] absl::StatusOr<Json> ShownClaim(const store::ClaimRecord& c,
+                                                const std::string& name, const NamespacedName& pool,
+                                                const std::string& sandbox);
   void WakeWatcher() ABSL_LOCKS_EXCLUDED(mu_);
 
   ClaimWriter* const writer_;

@@ -50,10 +50,10 @@ class HttpStream {
   // Reads the next line (without its '\n') into *line. Returns false at the end of the
   // body, UNAVAILABLE when the connection broke, DEADLINE_EXCEEDED when it idled past
   // the request's idle_timeout, CANCELLED after Cancel.
-  virtual absl::StatusOr<bool> ReadLine(std::string* line) = 0;
+  [[nodiscard]] virtual absl::StatusOr<bool> ReadLine(std::string* line) = 0;
   // Reads what is left of the body (for error statuses): the socket transport gives its
   // bytes as sent; cpprest's joins the remaining lines with "\n".
-  virtual absl::StatusOr<std::string> ReadAll() = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::string> ReadAll() = 0;
   // Ends the stream from any thread; a blocked ReadLine returns CANCELLED.
   virtual void Cancel() = 0;
 };
@@ -75,14 +75,16 @@ class HttpTransport {
   // Sends one request and reads the whole response. A non-2xx status is a response, not
   // an error; errors are the connection's: UNAVAILABLE (refused, reset, TLS failure),
   // DEADLINE_EXCEEDED (request.timeout passed).
-  virtual absl::StatusOr<HttpResponse> Send(const HttpRequest& request) = 0;
+  [[nodiscard]] virtual absl::StatusOr<HttpResponse> Send(const HttpRequest& request) = 0;
   // Sends a request and returns once the response headers are in; the body is read from
   // the stream. Errors as for Send.
-  virtual absl::StatusOr<std::unique_ptr<HttpStream>> OpenStream(const HttpRequest& request) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<HttpStream>> OpenStream(
+      const HttpRequest& request) = 0;
 };
 
 // The cpprestsdk transport. INVALID_ARGUMENT when the server URL or a PEM is malformed.
-absl::StatusOr<std::unique_ptr<HttpTransport>> NewCpprestTransport(const TransportOptions& options);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<HttpTransport>> NewCpprestTransport(
+    const TransportOptions& options);
 
 // The socket transport (http_socket.cc): HTTP/1.1 on sockets driven by the calling thread
 // itself (no I/O threads, no hand-offs), TLS through OpenSSL. A pool of idle keep-alive
@@ -91,6 +93,7 @@ absl::StatusOr<std::unique_ptr<HttpTransport>> NewCpprestTransport(const Transpo
 // sent again once on a new connection when that cannot do it twice (its bytes were not
 // all written, or its method is idempotent). INVALID_ARGUMENT when the server URL or a PEM
 // is malformed.
-absl::StatusOr<std::unique_ptr<HttpTransport>> NewSocketTransport(const TransportOptions& options);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<HttpTransport>> NewSocketTransport(
+    const TransportOptions& options);
 
 }  // namespace sbx::k8s

@@ -104,10 +104,10 @@ class Informer {
 
   void Run();
   // Lists every page; replaces the cache; returns the notices of what differs.
-  absl::Status Relist(std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Relist(std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
   // Watches until the stream ends or fails; applies events as they come. `progressed`
   // says whether the stream delivered anything (an event or a bookmark) before it ended.
-  absl::Status WatchOnce(bool* progressed) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status WatchOnce(bool* progressed) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes the event's object into the cache (moved, not copied).
   void Apply(WatchEvent event, std::vector<Notice>* notices) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs the handlers for `notices`, then records the cache's version as handled.

@@ -85,7 +85,7 @@ struct KubeRuntimeOptions {
   // warm at once). A private registry when null.
   std::shared_ptr<prometheus::Registry> registry;
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // A member's identity as a hash of its template's spec (stale when it differs).
@@ -140,7 +140,7 @@ class KubeRuntime final : public runtime::Runtime {
   // pod IP). UNAVAILABLE
   // when the cache has not completed a list within options.list_sync_timeout: absence
   // cannot be told then, and a caller must not take the empty cache for it.
-  absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override;
+  [[nodiscard]] absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override;
 
   // From the Sandbox informer's handlers.
   void OnSandbox(const ObjectPtr& sandbox) ABSL_LOCKS_EXCLUDED(mu_);

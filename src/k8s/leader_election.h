@@ -79,7 +79,7 @@ struct LeaderElectionOptions {
   absl::Duration takeover_margin = absl::Milliseconds(500);
   absl::Duration fast_poll = absl::Milliseconds(200);
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 class LeaderElector final : public WriteFence {
@@ -96,7 +96,7 @@ class LeaderElector final : public WriteFence {
   bool IsLeader() const;
   // WriteFence: the time left in this replica's write window; FAILED_PRECONDITION naming
   // the Lease when it does not lead or the window has closed.
-  absl::StatusOr<absl::Duration> WriteWindow() const override;
+  [[nodiscard]] absl::StatusOr<absl::Duration> WriteWindow() const override;
   // When the current write window closes, on Monotonic() (InfinitePast: none).
   absl::Time WindowEnd() const;
   // The clock of the write window: CLOCK_MONOTONIC, or a test clock's Now().
@@ -115,7 +115,8 @@ class LeaderElector final : public WriteFence {
   // this replica holds it in its term (a compare-and-swap on the Lease). OK once written;
   // FAILED_PRECONDITION when this replica does not lead or the Lease is another's (or of
   // another term); UNAVAILABLE for errors of the API, which may be retried.
-  absl::Status PublishSyncReplica(const std::string& identity) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status PublishSyncReplica(const std::string& identity)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // When the elector thread, now waiting between two attempts, looks again;
   // InfinitePast while it is not waiting (for tests that move a FakeClock).
   absl::Time SleepingUntil() const ABSL_LOCKS_EXCLUDED(mu_);

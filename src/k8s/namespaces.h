@@ -42,7 +42,7 @@ struct Namespaces {
   // For messages: "<ns>/<name>" always.
   static std::string Path(const NamespacedName& n) { return absl::StrCat(n.ns, "/", n.name); }
 
-  absl::Status Validate(absl::string_view who) const {
+  [[nodiscard]] absl::Status Validate(absl::string_view who) const {
     if (!watch.empty()) {
       if (absl::Status s = ValidateName(absl::StrCat(who, ": namespace"), watch); !s.ok()) return s;
     }

@@ -67,7 +67,7 @@ struct SandboxControllerOptions {
   // sbx_k8s_workqueue_depth, agent_sandbox_creation_latency_ms.
   std::shared_ptr<prometheus::Registry> registry;
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 class SandboxControllerMetrics;
@@ -79,14 +79,14 @@ class SandboxController {
 
   // Starts the informers, waits until they have synced (or `sync_timeout` passes, which
   // is DEADLINE_EXCEEDED), then the election and the workers.
-  absl::Status Start(absl::Duration sync_timeout = absl::Seconds(30));
+  [[nodiscard]] absl::Status Start(absl::Duration sync_timeout = absl::Seconds(30));
   void Stop();
 
   bool IsLeader() const;
   // The elector once Start has run with leader_election; null otherwise.
   LeaderElector* elector() const { return elector_.get(); }
   // Reconciles one Sandbox ("namespace/name") now, from the caches.
-  absl::Status Reconcile(const std::string& key);
+  [[nodiscard]] absl::Status Reconcile(const std::string& key);
   size_t QueueDepth() const { return queue_.Depth(); }
   // Keys waiting for a timer (the status hold, shutdownTime, a recheck or a backoff).
   size_t QueueDelayed() const { return queue_.Delayed(); }
@@ -103,17 +103,17 @@ class SandboxController {
  private:
   void Worker();
   void EnqueueOwner(const ObjectPtr& object);
-  absl::Status ReconcileSandbox(const Json& sandbox);
+  [[nodiscard]] absl::Status ReconcileSandbox(const Json& sandbox);
   // Creates the PVCs of `sandbox` that do not exist; sets `observed->pvcs_missing` while one
   // is not there for its pod (still to be made, or an old one being deleted) and
   // `observed->error` for one of its names that someone else has. Fails on API errors.
-  absl::Status EnsurePvcs(const Json& sandbox, Observed* observed);
+  [[nodiscard]] absl::Status EnsurePvcs(const Json& sandbox, Observed* observed);
   // Creates the Service (wanted) or deletes ours (not wanted); what exists afterwards.
-  absl::StatusOr<std::optional<Json>> EnsureService(const Json& sandbox, bool wanted);
+  [[nodiscard]] absl::StatusOr<std::optional<Json>> EnsureService(const Json& sandbox, bool wanted);
   // OK when `sandbox` (as cached) still exists on the API server with its uid and is not
   // being deleted, read past the cache; ABORTED otherwise (the cache lags: no adoption).
-  absl::Status StillAdopts(const Json& sandbox);
-  absl::Status WriteStatus(const Json& sandbox, const Json& status);
+  [[nodiscard]] absl::Status StillAdopts(const Json& sandbox);
+  [[nodiscard]] absl::Status WriteStatus(const Json& sandbox, const Json& status);
 
   Client* const client_;
   const SandboxControllerOptions options_;

@@ -35,7 +35,7 @@ struct SandboxKeyOptions {
   Clock* clock = &Clock::Real();
 
   // INVALID_ARGUMENT naming the field when a name is empty or a duration is not positive.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // The key (SandboxSecrets::kKeyBytes raw bytes) from the Secret `options.ns/options.name`,
@@ -46,7 +46,7 @@ struct SandboxKeyOptions {
 //   DEADLINE_EXCEEDED    the API server did not answer usefully before the deadline (the
 //                        message carries the last error)
 //   the client's code    any other error of the API server (client.h)
-absl::StatusOr<std::string> LoadOrCreateSandboxKey(Client& client,
-                                                   const SandboxKeyOptions& options);
+[[nodiscard]] absl::StatusOr<std::string> LoadOrCreateSandboxKey(Client& client,
+                                                                 const SandboxKeyOptions& options);
 
 }  // namespace sbx::k8s

@@ -58,7 +58,7 @@ struct TemplateControllerOptions {
   // when null.
   std::shared_ptr<prometheus::Registry> registry;
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 class TemplateController {
@@ -68,14 +68,14 @@ class TemplateController {
 
   // Starts the informers, waits until they have synced (DEADLINE_EXCEEDED, naming the
   // likely cause, when `sync_timeout` passes first), then the workers.
-  absl::Status Start(absl::Duration sync_timeout = absl::Seconds(30));
+  [[nodiscard]] absl::Status Start(absl::Duration sync_timeout = absl::Seconds(30));
   void Stop();
 
   // Reconciles the template "namespace/name" now, from the caches. INVALID_ARGUMENT for a
   // bad key; FAILED_PRECONDITION when a NetworkPolicy of its policy's name belongs to
   // someone else; the API server's error when a write fails (rules the API server refuses
   // are logged and not retried until the template changes or the next resync).
-  absl::Status Reconcile(const std::string& key);
+  [[nodiscard]] absl::Status Reconcile(const std::string& key);
 
   // For tests, which wait for these instead of sleeping. Resync passes done (each queues
   // every template), and when the next is due (InfinitePast before Start, or while one

@@ -81,7 +81,7 @@ struct WarmPoolControllerOptions {
   // when null.
   std::shared_ptr<prometheus::Registry> registry;
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 class WarmPoolController {
@@ -100,14 +100,14 @@ class WarmPoolController {
   Informer& templates() { return templates_; }
 
   // Starts the pool and template informers and waits for their first list.
-  absl::Status StartInformers(absl::Duration sync_timeout);
+  [[nodiscard]] absl::Status StartInformers(absl::Duration sync_timeout);
   // Starts reconciling into `allocator`, whose sandboxes `runtime` makes.
   void Start(allocator::Allocator* allocator, KubeRuntime* runtime);
   void Stop();
 
   // Reconciles pool `key` now: a pool name (a full pass), or "~" and a pool name (status,
   // and a full pass only if the counts show a surplus).
-  absl::Status Reconcile(const std::string& key);
+  [[nodiscard]] absl::Status Reconcile(const std::string& key);
 
   // Resync passes done (for tests, which move a FakeClock and wait for one).
   int64_t resyncs() const { return resync_ != nullptr ? resync_->passes() : 0; }
@@ -116,13 +116,13 @@ class WarmPoolController {
   void Worker();
   void EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay);
   // `pool` is the allocator's name of a pool.
-  absl::Status RemovePool(const std::string& pool);
-  absl::Status TrimMembers(const Json& pool, const Json& sandbox_template);
-  absl::Status WriteStatus(const Json& pool);
+  [[nodiscard]] absl::Status RemovePool(const std::string& pool);
+  [[nodiscard]] absl::Status TrimMembers(const Json& pool, const Json& sandbox_template);
+  [[nodiscard]] absl::Status WriteStatus(const Json& pool);
   // Deletes the member `judged` (as this pass read it from the cache; background
   // propagation) through the scheduler, guarded by its uid and resourceVersion: NOT_FOUND
   // is success, and so is a 409 (it changed since: the next pass judges it again).
-  absl::Status DeleteMember(const ObjectPtr& judged);
+  [[nodiscard]] absl::Status DeleteMember(const ObjectPtr& judged);
   InformerOptions InformerOn(const Resource& resource) const;
 
   Client* const client_;

@@ -51,7 +51,7 @@ struct WriteSchedulerOptions {
   // Time of the token bucket's waits; the real clock when null. Must outlive the scheduler.
   const Clock* clock = nullptr;
 
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 struct WriteSchedulerStats {
@@ -74,7 +74,7 @@ class WriteScheduler {
               std::function<void()> dropped = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Queues `write` and blocks until it has run; returns its status, or CANCELLED when the
   // scheduler stopped first. For callers that may wait (controller workers).
-  absl::Status Run(WritePriority priority, std::function<absl::Status()> write)
+  [[nodiscard]] absl::Status Run(WritePriority priority, std::function<absl::Status()> write)
       ABSL_LOCKS_EXCLUDED(mu_);
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
   WriteSchedulerStats stats() const ABSL_LOCKS_EXCLUDED(mu_);

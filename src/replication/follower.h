@@ -53,7 +53,7 @@ class Follower {
  private:
   void Run();
   // One stream to `address`, until it ends; the reason.
-  absl::Status FollowOnce(const std::string& address);
+  [[nodiscard]] absl::Status FollowOnce(const std::string& address);
 
   const FollowerOptions options_;
   std::thread thread_;

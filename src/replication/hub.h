@@ -109,7 +109,7 @@ class ReplicationHub final : public store::GroupShipper {
   // it, every group shipped since the snapshot. Drops a previous stream of the same
   // standby. FAILED_PRECONDITION after Stop or once this replica no longer leads;
   // RESOURCE_EXHAUSTED while another standby is attached; the snapshot's read error.
-  absl::StatusOr<std::shared_ptr<Feed>> Attach(const std::string& identity)
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Feed>> Attach(const std::string& identity)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The next message for the standby, waiting up to `timeout`: nullopt on timeout, or
   // (with *dropped set to why) when the standby was dropped.
@@ -117,7 +117,7 @@ class ReplicationHub final : public store::GroupShipper {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The standby has everything up to `ticket` on disk. INVALID_ARGUMENT (and the standby
   // is dropped) for a ticket never shipped to it or lower than one it acknowledged.
-  absl::Status Ack(Feed& feed, uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Ack(Feed& feed, uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
   // The stream ended.
   void Detach(Feed& feed, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -126,8 +126,8 @@ class ReplicationHub final : public store::GroupShipper {
   // store::GroupShipper. With Copies::kTwo, Ship is UNAVAILABLE (nothing shipped) while
   // the Lease names no attached, in-sync standby, and AwaitReplicated is UNAVAILABLE once
   // the group's standby is dropped before it acknowledged the group.
-  absl::StatusOr<uint64_t> Ship(std::string group) override ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status AwaitReplicated(uint64_t ticket) override ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<uint64_t> Ship(std::string group) override ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status AwaitReplicated(uint64_t ticket) override ABSL_LOCKS_EXCLUDED(mu_);
   void LocalWriteFailed(uint64_t ticket) override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -137,7 +137,8 @@ class ReplicationHub final : public store::GroupShipper {
   // Copies::kTwo: whether the Lease names the attached standby and it is in sync; if not,
   // says why in *why (when not null).
   bool SecondCopyLocked(std::string* why) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status NoSecondCopyLocked(absl::string_view what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status NoSecondCopyLocked(absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PublishLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   store::Replicable* const store_;

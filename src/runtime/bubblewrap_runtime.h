@@ -99,7 +99,7 @@ struct LocalSpec {
 // trailing "/") and mount targets on "/" or under the sandbox's own paths (/run/sbx,
 // /proc, /dev).
 std::string EncodeLocalSpec(const LocalSpec& spec);
-absl::StatusOr<LocalSpec> ParseLocalSpec(const std::string& json);
+[[nodiscard]] absl::StatusOr<LocalSpec> ParseLocalSpec(const std::string& json);
 
 struct BubblewrapRuntimeOptions {
   // Folder for the sandboxes' host folders (sockets, state, logs; one subfolder per
@@ -149,7 +149,7 @@ struct BubblewrapRuntimeOptions {
   bool use_freezer = true;
 
   // INVALID_ARGUMENT naming the bad field.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 class BubblewrapRuntime : public Runtime {
@@ -161,7 +161,8 @@ class BubblewrapRuntime : public Runtime {
   // runtime at a time may use a root dir (it holds a lock on root_dir/.lock). Errors:
   // INVALID_ARGUMENT, FAILED_PRECONDITION naming what is missing (with what to install or
   // enable) or the root in use.
-  static absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> Make(BubblewrapRuntimeOptions options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> Make(
+      BubblewrapRuntimeOptions options);
 
   ~BubblewrapRuntime() override = default;
 
@@ -174,7 +175,7 @@ class BubblewrapRuntime : public Runtime {
   // OK, or INVALID_ARGUMENT naming the file when a mount of `spec` holds one of the
   // server's files (hidden_paths, the root dir) or lies in one: such a template is refused
   // when it is put, and again at every create.
-  virtual absl::Status CheckSpec(const LocalSpec& spec) const = 0;
+  [[nodiscard]] virtual absl::Status CheckSpec(const LocalSpec& spec) const = 0;
   // Bytes the sandboxes wrote to their stdout/stderr that their bounded logs did not keep
   // (see "Output" above), since Make().
   virtual uint64_t output_dropped_bytes() const = 0;

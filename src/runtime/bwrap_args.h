@@ -29,8 +29,8 @@ namespace sbx::runtime::local {
 // its own and no groups). A mask inside another one is dropped. FAILED_PRECONDITION naming
 // the path when a hidden file lies right in a system folder (masking that folder would
 // hide the system) or a hidden folder holds one.
-absl::StatusOr<std::vector<std::string>> SystemMasks(const std::vector<std::string>& hidden,
-                                                     bool own_uids);
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> SystemMasks(
+    const std::vector<std::string>& hidden, bool own_uids);
 
 // The system part of every sandbox's root: /usr, /etc and the top-level /bin, /sbin,
 // /lib* (as the host has them: folders bound read-only, symbolic links recreated), the
@@ -40,7 +40,8 @@ std::vector<std::string> SystemArgs(const std::vector<std::string>& masks);
 // OK, or INVALID_ARGUMENT naming the server's file when a template mount's source holds
 // one of the hidden paths or lies in one. The source's symbolic links are resolved as
 // bubblewrap will.
-absl::Status CheckMounts(const LocalSpec& spec, const std::vector<std::string>& hidden);
+[[nodiscard]] absl::Status CheckMounts(const LocalSpec& spec,
+                                       const std::vector<std::string>& hidden);
 
 // The bubblewrap options of every sandbox: a user namespace in which the workload is
 // uid:gid (1000 on the host's root, the image's User in an image) with no capability (and
@@ -59,13 +60,11 @@ std::vector<std::string> IsolationArgs(const std::string& bwrap, uid_t uid = kUi
 // image's user, environment and working folder (the template's env wins). host_uid is the
 // sandbox's host uid. INVALID_ARGUMENT when a template mount would show the server's files
 // (CheckMounts); FAILED_PRECONDITION for an image without isolation.
-absl::StatusOr<std::vector<std::string>> SandboxArgv(const std::string& id, const std::string& dir,
-                                                     const LocalSpec& spec,
-                                                     const BubblewrapRuntimeOptions& options,
-                                                     const Isolation& iso,
-                                                     const std::vector<std::string>& system_args,
-                                                     const ImageRun* image = nullptr,
-                                                     uid_t host_uid = 0);
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> SandboxArgv(
+    const std::string& id, const std::string& dir, const LocalSpec& spec,
+    const BubblewrapRuntimeOptions& options, const Isolation& iso,
+    const std::vector<std::string>& system_args, const ImageRun* image = nullptr,
+    uid_t host_uid = 0);
 
 // The probe's command line: a sandbox made as the real ones are (network namespace, the
 // system folders with `masks`, the daemon by descriptor) running `sbx-sandboxd --version`.

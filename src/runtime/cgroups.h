@@ -55,11 +55,11 @@ std::vector<pid_t> Members(const Sandbox& sb);
 // Freezer cgroup: asks for `state` (FROZEN or THAWED) and waits until the cgroup is in
 // it. UNAVAILABLE when the freezer cannot be written, DEADLINE_EXCEEDED when it does not
 // settle within kSettleTimeout.
-absl::Status SetFreezer(const Sandbox& sb, const std::string& state);
+[[nodiscard]] absl::Status SetFreezer(const Sandbox& sb, const std::string& state);
 
 // The fallback without a freezer: SIGSTOP every process of the sandbox and wait until
 // each one has stopped; DEADLINE_EXCEEDED naming a process that did not.
-absl::Status StopAll(const Sandbox& sb);
+[[nodiscard]] absl::Status StopAll(const Sandbox& sb);
 
 // SIGCONT to every process of the sandbox.
 void ContinueAll(const Sandbox& sb);

@@ -46,14 +46,16 @@ struct ImageRun {
 // up in the image's /etc/passwd and /etc/group (read beneath the image's root, at most 4
 // MiB). INVALID_ARGUMENT naming the image when a name is unknown, a number is out of range
 // or WorkingDir is not absolute.
-absl::StatusOr<ImageRun> ResolveImageRun(const std::string& digest, const std::string& rootfs,
-                                         const std::vector<std::string>& env,
-                                         const std::string& user, const std::string& working_dir);
+[[nodiscard]] absl::StatusOr<ImageRun> ResolveImageRun(const std::string& digest,
+                                                       const std::string& rootfs,
+                                                       const std::vector<std::string>& env,
+                                                       const std::string& user,
+                                                       const std::string& working_dir);
 
 // The daemon's libraries as (host path, file name) and, first, the loader as
 // (host path, "ld.so"), from `ldd` of the daemon's binary. Empty for a static binary.
 // FAILED_PRECONDITION naming the library when one is not found.
-absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries(
+[[nodiscard]] absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries(
     const std::string& sandboxd_path);
 
 // Copies `libs` (DaemonLibraries) into the folder `dir` (made anew, mode 0755, files
@@ -61,8 +63,8 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries
 // one per library (each costs bubblewrap two mount calls), and the daemon keeps the
 // libraries it was started with when the host's are upgraded. FAILED_PRECONDITION naming
 // the file that could not be copied.
-absl::Status MakeDaemonLibDir(const std::string& dir,
-                              const std::vector<std::pair<std::string, std::string>>& libs);
+[[nodiscard]] absl::Status MakeDaemonLibDir(
+    const std::string& dir, const std::vector<std::pair<std::string, std::string>>& libs);
 
 // The sbx-rootfs command line that comes before bubblewrap's for a sandbox of `image` with
 // host folder `dir`: idmapped to host_uid when sbx is root (own_uids), the runtime's own

@@ -26,7 +26,7 @@ namespace sbx::runtime::local {
 // bubblewrap cannot isolate here and options.allow_unisolated is false, naming what to
 // install or enable. With allow_unisolated, a failing bubblewrap yields the plain-process
 // fallback (isolated false), loudly logged.
-absl::StatusOr<Isolation> FindIsolation(const BubblewrapRuntimeOptions& options,
-                                        const std::string& root);
+[[nodiscard]] absl::StatusOr<Isolation> FindIsolation(const BubblewrapRuntimeOptions& options,
+                                                      const std::string& root);
 
 }  // namespace sbx::runtime::local

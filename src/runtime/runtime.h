@@ -90,7 +90,7 @@ class Runtime {
   // when the runtime knows it is gone; when it cannot tell, List fails (UNAVAILABLE)
   // instead. `suspended` reports whether each one is frozen now, `ready` whether it can
   // serve now (warm ones that cannot are retired; claimed ones are kept).
-  virtual absl::StatusOr<std::vector<SandboxInfo>> List() = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<SandboxInfo>> List() = 0;
 };
 
 }  // namespace sbx::runtime

@@ -20,6 +20,6 @@ namespace sbx::runtime::local {
 // ENOSYS (its flags cannot be inspected), so libc falls back to clone, whose flags can.
 // Other architectures' system calls (e.g. int 0x80) kill the process.
 // FAILED_PRECONDITION naming the libseccomp step that failed.
-absl::StatusOr<std::string> SeccompProgram();
+[[nodiscard]] absl::StatusOr<std::string> SeccompProgram();
 
 }  // namespace sbx::runtime::local

@@ -41,7 +41,7 @@ class UidPool {
       : base_(base), count_(count), own_uids_(own_uids) {}
 
   // A host uid no running sandbox has, or RESOURCE_EXHAUSTED when all are taken.
-  absl::StatusOr<uid_t> Take() ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<uid_t> Take() ABSL_LOCKS_EXCLUDED(mu_);
   // Marks `uid` as taken (an adopted sandbox's).
   void Hold(uid_t uid) ABSL_LOCKS_EXCLUDED(mu_);
   // Gives `uid` back once its sandbox is gone.
@@ -86,7 +86,7 @@ pid_t SpawnDetached(SpawnPlan& plan);
 // A pipe whose read end holds `content` (the write end is closed): what bwrap and the
 // daemon read to its end. UNAVAILABLE when the pipe cannot be made or written, INTERNAL
 // when the content does not fit its buffer (64 KiB).
-absl::StatusOr<Fd> PipeWith(const std::string& content);
+[[nodiscard]] absl::StatusOr<Fd> PipeWith(const std::string& content);
 
 // Starts sandbox `sb` (id, pool, dir and host_uid set) as `argv` (SandboxArgv) and waits
 // until its daemon serves: makes its host folder (mode 0700), binds the daemon's socket
@@ -96,8 +96,10 @@ absl::StatusOr<Fd> PipeWith(const std::string& content);
 // killed and removed (KillSandbox), and the error says why: UNAVAILABLE (a file, socket or
 // pipe could not be made, or the sandbox exited while starting, with its last output),
 // DEADLINE_EXCEEDED (not serving within options.ready_timeout), INTERNAL.
-absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<std::string>& argv,
-                          const BubblewrapRuntimeOptions& options, const Isolation& iso,
-                          const Cgroups& cgroups, std::atomic<uint64_t>* output_dropped);
+[[nodiscard]] absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec,
+                                        const std::vector<std::string>& argv,
+                                        const BubblewrapRuntimeOptions& options,
+                                        const Isolation& iso, const Cgroups& cgroups,
+                                        std::atomic<uint64_t>* output_dropped);
 
 }  // namespace sbx::runtime::local

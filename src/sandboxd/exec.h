@@ -145,7 +145,7 @@ class ExecRunner : public std::enable_shared_from_this<ExecRunner> {
   // The runner thread's body: spawn, then pump until the command has ended. `on_ended`
   // runs just before the sink's last call (so a slot is free when the client hears).
   void Run(const std::function<void()>& on_ended) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Spawn() ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Spawn() ABSL_LOCKS_EXCLUDED(mu_);
   ExecResult Pump() ABSL_LOCKS_EXCLUDED(mu_);
   void Wake();
   void OnReaped(int wait_status) ABSL_LOCKS_EXCLUDED(mu_);
@@ -185,7 +185,7 @@ class ExecManager {
 
   // Starts `spec` on a new runner thread reporting to `sink`. RESOURCE_EXHAUSTED when
   // max_concurrent commands run; UNAVAILABLE after KillAll.
-  absl::StatusOr<std::shared_ptr<ExecRunner>> Start(ExecSpec spec, ExecSink* sink)
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<ExecRunner>> Start(ExecSpec spec, ExecSink* sink)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Refuses new commands and kills the running ones.
   void KillAll() ABSL_LOCKS_EXCLUDED(mu_);

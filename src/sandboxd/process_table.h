@@ -174,16 +174,17 @@ class Process : public std::enable_shared_from_this<Process> {
   // stdin or ends first. Errors (then `done` is not called): FAILED_PRECONDITION
   // (started without stdin, stdin closed, ended), RESOURCE_EXHAUSTED (too much input
   // waiting).
-  absl::Status WriteInput(std::string data, absl::AnyInvocable<void(absl::Status) &&> done)
+  [[nodiscard]] absl::Status WriteInput(std::string data,
+                                        absl::AnyInvocable<void(absl::Status) &&> done)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Closes stdin once the queued input is written. FAILED_PRECONDITION for a PTY, a
   // process without stdin, or one that has ended. Idempotent otherwise.
-  absl::Status CloseInput() ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status CloseInput() ABSL_LOCKS_EXCLUDED(mu_);
   // Sends `signal` to the process group. FAILED_PRECONDITION once it has ended.
-  absl::Status Signal(int signal) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Signal(int signal) ABSL_LOCKS_EXCLUDED(mu_);
   // Sets a PTY's window size, before any input queued later is written.
   // FAILED_PRECONDITION without a PTY or once ended.
-  absl::Status Resize(uint16_t cols, uint16_t rows) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Resize(uint16_t cols, uint16_t rows) ABSL_LOCKS_EXCLUDED(mu_);
   // SIGKILLs the process group (shutdown); before the spawn, prevents it.
   void Kill() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -220,7 +221,7 @@ class Process : public std::enable_shared_from_this<Process> {
   // The thread's body: spawn, report (on_started), pump until the process has ended.
   void Run(absl::AnyInvocable<void(absl::StatusOr<std::shared_ptr<Process>>) &&> on_started)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Spawn() ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Spawn() ABSL_LOCKS_EXCLUDED(mu_);
   ProcessExitInfo Pump() ABSL_LOCKS_EXCLUDED(mu_);
   void Wake();
   void OnReaped(int wait_status) ABSL_LOCKS_EXCLUDED(mu_);
@@ -232,7 +233,7 @@ class Process : public std::enable_shared_from_this<Process> {
   // caller: the callbacks are returned).
   std::vector<absl::AnyInvocable<void(absl::Status) &&>> CloseInputLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status EndedError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Status EndedError() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ProcessTable* const table_;
   const uint64_t serial_;
@@ -289,14 +290,15 @@ class ProcessTable {
   // reason it could not start (NOT_FOUND / FAILED_PRECONDITION: cwd, argv[0], PTY).
   // Errors (then `on_started` is not called): ALREADY_EXISTS (a running process has
   // the tag), RESOURCE_EXHAUSTED naming the limit, UNAVAILABLE after KillAll.
-  absl::Status Start(
+  [[nodiscard]] absl::Status Start(
       ProcessSpec spec, const ProcessLimits& limits, std::shared_ptr<ProcessReader> reader,
       absl::AnyInvocable<void(absl::StatusOr<std::shared_ptr<Process>>) &&> on_started)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // A running or ended process by pid or tag. NOT_FOUND naming it.
-  absl::StatusOr<std::shared_ptr<Process>> FindPid(pid_t pid) const ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<std::shared_ptr<Process>> FindTag(const std::string& tag) const
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Process>> FindPid(pid_t pid) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Process>> FindTag(const std::string& tag) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Every process that has started, oldest first.
   std::vector<std::shared_ptr<Process>> List() const ABSL_LOCKS_EXCLUDED(mu_);

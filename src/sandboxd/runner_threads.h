@@ -38,8 +38,8 @@ class RunnerThreads {
 
   // Runs `body` on a new thread for `job`, known by `id` (unique per owner). `body` must
   // call Finished(id) as its last use of the owner. UNAVAILABLE after KillAll: nothing runs.
-  absl::Status Start(uint64_t id, std::shared_ptr<Job> job, absl::AnyInvocable<void() &&> body)
-      ABSL_LOCKS_EXCLUDED(mu_) {
+  [[nodiscard]] absl::Status Start(uint64_t id, std::shared_ptr<Job> job,
+                                   absl::AnyInvocable<void() &&> body) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("sandboxd is shutting down");
     Slot& slot = slots_[id];

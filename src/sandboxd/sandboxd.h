@@ -89,7 +89,7 @@ struct DaemonOptions {
   bool use_openat2 = true;
 
   // INVALID_ARGUMENT naming the bad field and value.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 class Daemon {
@@ -98,7 +98,7 @@ class Daemon {
   // Errors: INVALID_ARGUMENT for bad options; NOT_FOUND / FAILED_PRECONDITION when the
   // workspace is missing or not a directory, or a non-socket file is at socket_path;
   // UNAVAILABLE when the socket cannot be bound.
-  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
 
   virtual ~Daemon() = default;
 

@@ -43,9 +43,10 @@ void FillEntry(const Workspace::Entry& e, v1::FileEntry* out);
 void SetDuration(absl::Duration d, google::protobuf::Duration* out);
 // INVALID_ARGUMENT naming `field` unless `tag` is 1 to 64 bytes of [A-Za-z0-9._-] (or
 // empty and `may_be_empty`).
-absl::Status ValidateTag(absl::string_view field, const std::string& tag, bool may_be_empty);
+[[nodiscard]] absl::Status ValidateTag(absl::string_view field, const std::string& tag,
+                                       bool may_be_empty);
 // INVALID_ARGUMENT naming `field` unless both sides are 1 to kMaxPtySide.
-absl::Status ValidatePtySize(absl::string_view field, const v1::PtySize& size);
+[[nodiscard]] absl::Status ValidatePtySize(absl::string_view field, const v1::PtySize& size);
 
 class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackService {
  public:
@@ -131,24 +132,27 @@ class SandboxdService final : public sbx::sandboxd::v1::Sandboxd::CallbackServic
                                         v1::WaitProcessResponse* response) override;
 
   // Validates `start` and builds the spec with the merged environment.
-  absl::StatusOr<ExecSpec> MakeSpec(const v1::ExecStart& start) const ABSL_LOCKS_EXCLUDED(mu_);
-  // The same for a process.
-  absl::StatusOr<ProcessSpec> MakeProcessSpec(const v1::StartProcessRequest& request) const
+  [[nodiscard]] absl::StatusOr<ExecSpec> MakeSpec(const v1::ExecStart& start) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The same for a process.
+  [[nodiscard]] absl::StatusOr<ProcessSpec> MakeProcessSpec(
+      const v1::StartProcessRequest& request) const ABSL_LOCKS_EXCLUDED(mu_);
   ExecManager& execs() { return *execs_; }
   ProcessTable& processes() { return *processes_; }
 
  private:
   // The process a selector names. INVALID_ARGUMENT (no selector, bad pid or tag),
   // NOT_FOUND.
-  absl::StatusOr<std::shared_ptr<Process>> FindProcess(const v1::ProcessSelector& selector) const;
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Process>> FindProcess(
+      const v1::ProcessSelector& selector) const;
   // The environment of a command: the daemon's, the last Configure's, then `env`.
   std::map<std::string, std::string> MergedEnv(
       const google::protobuf::Map<std::string, std::string>& env) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  absl::Status DoConfigure(const v1::ConfigureRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status DoConfigure(const v1::ConfigureRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // OK when the call carries the secret (or none is required), else UNAUTHENTICATED.
-  absl::Status CheckCaller(const grpc::CallbackServerContext& context) const;
+  [[nodiscard]] absl::Status CheckCaller(const grpc::CallbackServerContext& context) const;
 
   const Workspace* const workspace_;
   ExecManager* const execs_;

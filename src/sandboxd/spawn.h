@@ -23,18 +23,19 @@
 namespace sbx::sandboxd {
 
 // RESOURCE_EXHAUSTED for EAGAIN, ENOMEM, EMFILE and ENFILE, else INTERNAL: "what: error".
-absl::Status OsError(absl::string_view what, int err);
+[[nodiscard]] absl::Status OsError(absl::string_view what, int err);
 
 // The working directory of a command: `cwd` relative to the workspace, or `default_cwd`
 // (absolute, as the daemon sees it) when cwd is empty and it is set, else the workspace.
 // NOT_FOUND / FAILED_PRECONDITION naming the folder.
-absl::StatusOr<UniqueFd> OpenWorkingDirectory(const Workspace& workspace, const std::string& cwd,
-                                              const std::string& default_cwd);
+[[nodiscard]] absl::StatusOr<UniqueFd> OpenWorkingDirectory(const Workspace& workspace,
+                                                            const std::string& cwd,
+                                                            const std::string& default_cwd);
 
 // argv[0] as the program to execute: looked up in the PATH of `env` (or a default PATH)
 // relative to `cwd_fd` unless it contains a '/'. FAILED_PRECONDITION when not found.
-absl::StatusOr<std::string> ResolveProgram(int cwd_fd, const std::string& argv0,
-                                           const std::map<std::string, std::string>& env);
+[[nodiscard]] absl::StatusOr<std::string> ResolveProgram(
+    int cwd_fd, const std::string& argv0, const std::map<std::string, std::string>& env);
 
 // Where the child's standard descriptors come from: three descriptors, or a terminal.
 struct ChildStdio {
@@ -52,8 +53,10 @@ struct ChildStdio {
 // 0-2 closed. `on_exit(wait_status)` runs on the reaper thread once it is reaped
 // (ChildReaper). FAILED_PRECONDITION when it cannot be executed, RESOURCE_EXHAUSTED
 // when the system is out of processes or memory.
-absl::StatusOr<pid_t> SpawnChild(const std::string& program, const std::vector<std::string>& argv,
-                                 const std::map<std::string, std::string>& env, int cwd_fd,
-                                 const ChildStdio& stdio, std::function<void(int)> on_exit);
+[[nodiscard]] absl::StatusOr<pid_t> SpawnChild(const std::string& program,
+                                               const std::vector<std::string>& argv,
+                                               const std::map<std::string, std::string>& env,
+                                               int cwd_fd, const ChildStdio& stdio,
+                                               std::function<void(int)> on_exit);
 
 }  // namespace sbx::sandboxd

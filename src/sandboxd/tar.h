@@ -45,11 +45,11 @@ using WriteBytesFn = std::function<bool(absl::string_view data)>;
 // Extracts the tar stream (plain or gzip) from `read` into the directory `dir_fd`.
 // INVALID_ARGUMENT naming the entry for a refused entry or a malformed archive;
 // RESOURCE_EXHAUSTED for a limit; the errors of PathError for the disk.
-absl::StatusOr<TarResult> ExtractTar(int dir_fd, const ReadChunkFn& read, const TarLimits& limits,
-                                     bool use_openat2);
+[[nodiscard]] absl::StatusOr<TarResult> ExtractTar(int dir_fd, const ReadChunkFn& read,
+                                                   const TarLimits& limits, bool use_openat2);
 
 // Writes the directory `dir_fd` as a pax tar stream to `write`. CANCELLED when `write`
 // returned false.
-absl::Status WriteTar(int dir_fd, const WriteBytesFn& write);
+[[nodiscard]] absl::Status WriteTar(int dir_fd, const WriteBytesFn& write);
 
 }  // namespace sbx::sandboxd

@@ -89,35 +89,37 @@ class Workspace {
   // unavailable the component walk is used. NOT_FOUND / FAILED_PRECONDITION naming `root`
   // when it is missing or not a directory.
   // `sandbox_root`: where absolute paths resolve (see above); empty: they are refused.
-  static absl::StatusOr<std::unique_ptr<Workspace>> Open(const std::string& root,
-                                                         int64_t max_file_bytes, bool use_openat2,
-                                                         const std::string& sandbox_root = "");
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Workspace>> Open(
+      const std::string& root, int64_t max_file_bytes, bool use_openat2,
+      const std::string& sandbox_root = "");
 
   // Checks `path` (see the header comment) and returns its components. The empty path
   // (the workspace itself) is accepted only with `allow_root`. INVALID_ARGUMENT naming
   // `what` and the path.
-  static absl::StatusOr<std::vector<std::string>> SplitPath(absl::string_view what,
-                                                            absl::string_view path,
-                                                            bool allow_root);
+  [[nodiscard]] static absl::StatusOr<std::vector<std::string>> SplitPath(absl::string_view what,
+                                                                          absl::string_view path,
+                                                                          bool allow_root);
 
   // Opens the directory `path` (empty: the workspace) for reading, e.g. as a command's
   // working directory. `what` names the path in error messages ("cwd").
-  absl::StatusOr<UniqueFd> OpenDirectory(absl::string_view what, absl::string_view path) const;
+  [[nodiscard]] absl::StatusOr<UniqueFd> OpenDirectory(absl::string_view what,
+                                                       absl::string_view path) const;
 
   // Writes `content` to `path`; returns the file's size afterwards. INVALID_ARGUMENT when
   // content exceeds max_file_bytes or the mode is above 07777; RESOURCE_EXHAUSTED when an
   // append would exceed max_file_bytes; NOT_FOUND when the parent is missing and
   // create_parents is false.
-  absl::StatusOr<int64_t> WriteFile(absl::string_view path, absl::string_view content,
-                                    const WriteOptions& options) const;
+  [[nodiscard]] absl::StatusOr<int64_t> WriteFile(absl::string_view path, absl::string_view content,
+                                                  const WriteOptions& options) const;
 
   // Reads up to `limit` bytes (0: 1 MiB; at most max_file_bytes) from `offset`.
   // FAILED_PRECONDITION when `path` is a directory or not a regular file.
-  absl::StatusOr<ReadResult> ReadFile(absl::string_view path, int64_t offset, int64_t limit) const;
+  [[nodiscard]] absl::StatusOr<ReadResult> ReadFile(absl::string_view path, int64_t offset,
+                                                    int64_t limit) const;
 
   // Lists the directory `path` (empty: the workspace); `recursive` descends into
   // subdirectories (never through symbolic links).
-  absl::StatusOr<ListResult> List(absl::string_view path, bool recursive) const;
+  [[nodiscard]] absl::StatusOr<ListResult> List(absl::string_view path, bool recursive) const;
 
   // A file being written: a temporary file beside the target, renamed over it by Commit.
   // Destroying it uncommitted removes the temporary file (a failed or cancelled upload
@@ -129,9 +131,9 @@ class Workspace {
     PendingFile& operator=(const PendingFile&) = delete;
     // Appends `data`. RESOURCE_EXHAUSTED when the disk is full or more than the
     // `max_bytes` given at creation would be written.
-    absl::Status Write(absl::string_view data);
+    [[nodiscard]] absl::Status Write(absl::string_view data);
     // Sets the mode and renames the file into place; returns its size.
-    absl::StatusOr<int64_t> Commit();
+    [[nodiscard]] absl::StatusOr<int64_t> Commit();
     int64_t written() const { return written_; }
 
    private:
@@ -150,33 +152,32 @@ class Workspace {
 
   // Starts writing `path` (replacing it on Commit). `max_bytes` 0: no limit but the disk.
   // Errors as WriteFile (append is not supported: INVALID_ARGUMENT).
-  absl::StatusOr<std::unique_ptr<PendingFile>> CreatePending(absl::string_view path,
-                                                             const WriteOptions& options,
-                                                             int64_t max_bytes) const;
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<PendingFile>> CreatePending(
+      absl::string_view path, const WriteOptions& options, int64_t max_bytes) const;
 
   // Opens the regular file `path` for reading; fills `st`. FAILED_PRECONDITION for a
   // directory or another kind of file.
-  absl::StatusOr<UniqueFd> OpenRegular(absl::string_view path, struct stat* st) const;
+  [[nodiscard]] absl::StatusOr<UniqueFd> OpenRegular(absl::string_view path, struct stat* st) const;
 
   // Describes `path` (the last component is not followed). The workspace itself ("") is
   // allowed. Entry.path is the normalised path.
-  absl::StatusOr<Entry> Stat(absl::string_view path) const;
+  [[nodiscard]] absl::StatusOr<Entry> Stat(absl::string_view path) const;
 
   // Creates the directory `path` (mode 0: 0755). With `parents`, missing parents are
   // created and an existing directory is fine. ALREADY_EXISTS, NOT_FOUND (parent).
-  absl::Status MakeDir(absl::string_view path, uint32_t mode, bool parents) const;
+  [[nodiscard]] absl::Status MakeDir(absl::string_view path, uint32_t mode, bool parents) const;
 
   // Renames `from` to `to`. ALREADY_EXISTS when `to` exists and !overwrite.
-  absl::Status Move(absl::string_view from, absl::string_view to, bool overwrite,
-                    bool create_parents) const;
+  [[nodiscard]] absl::Status Move(absl::string_view from, absl::string_view to, bool overwrite,
+                                  bool create_parents) const;
 
   // Removes `path`; `recursive` removes a directory's contents first (links are removed,
   // never followed). The workspace and the sandbox root themselves are INVALID_ARGUMENT.
-  absl::Status Remove(absl::string_view path, bool recursive) const;
+  [[nodiscard]] absl::Status Remove(absl::string_view path, bool recursive) const;
 
   // Opens the directory `path` for extraction (O_RDONLY), creating it and its parents
   // when missing.
-  absl::StatusOr<UniqueFd> OpenOrCreateDirectory(absl::string_view path) const;
+  [[nodiscard]] absl::StatusOr<UniqueFd> OpenOrCreateDirectory(absl::string_view path) const;
 
   const std::string& root() const { return root_; }
   int64_t max_file_bytes() const { return max_file_bytes_; }
@@ -192,8 +193,8 @@ class Workspace {
     std::vector<std::string> parts;
   };
   // SplitPath, accepting absolute paths when there is a sandbox root.
-  absl::StatusOr<Parsed> ParsePath(absl::string_view what, absl::string_view path,
-                                   bool allow_root) const;
+  [[nodiscard]] absl::StatusOr<Parsed> ParsePath(absl::string_view what, absl::string_view path,
+                                                 bool allow_root) const;
 
  private:
   Workspace(std::string root, UniqueFd root_fd, UniqueFd sandbox_root_fd, int64_t max_file_bytes,
@@ -209,7 +210,8 @@ class Workspace {
   // -errno (-EXDEV: the path leads outside; -ELOOP: a symbolic link that is not allowed).
   int OpenBeneath(const Parsed& p, size_t n, int flags, mode_t mode) const;
   // The parent directory of `p` as an O_PATH descriptor, creating it when asked.
-  absl::StatusOr<UniqueFd> OpenParent(absl::string_view path, const Parsed& p, bool create) const;
+  [[nodiscard]] absl::StatusOr<UniqueFd> OpenParent(absl::string_view path, const Parsed& p,
+                                                    bool create) const;
 
   const std::string root_;
   const UniqueFd root_fd_;
@@ -220,6 +222,6 @@ class Workspace {
 };
 
 // Maps an errno from an operation on `path` to a Status with a message naming the path.
-absl::Status PathError(int err, absl::string_view path);
+[[nodiscard]] absl::Status PathError(int err, absl::string_view path);
 
 }  // namespace sbx::sandboxd

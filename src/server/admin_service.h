@@ -77,7 +77,8 @@ class AdminService final : public sbx::v1::AdminService::CallbackService {
  private:
   // The one name (src/common/ids.h) of the template or pool a request names in `field`;
   // INVALID_ARGUMENT naming the field when it is malformed.
-  absl::StatusOr<std::string> Canonical(absl::string_view field, absl::string_view name) const;
+  [[nodiscard]] absl::StatusOr<std::string> Canonical(absl::string_view field,
+                                                      absl::string_view name) const;
   // The shared body of DeleteTemplate and DeletePool (after authorization and with the
   // canonical name): honours allow_missing and expected_generation against `get`, and runs `erase`
   // with the object marked busy. `kind` is "template" or "pool".
@@ -94,7 +95,7 @@ class AdminService final : public sbx::v1::AdminService::CallbackService {
   class WriteLocks {
    public:
     // Marks `key` busy; ABORTED if a write to it is in flight.
-    absl::Status Begin(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+    [[nodiscard]] absl::Status Begin(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
     void End(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
 
    private:

@@ -76,7 +76,7 @@ struct AuthOptions {
   bool insecure_no_auth = false;
 
   // INVALID_ARGUMENT when neither or both of tokens_file and insecure_no_auth are set.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // What one tenant may do (from its lines of the tokens file).
@@ -117,17 +117,18 @@ class Authenticator {
   // Reads the tokens file. Errors: INVALID_ARGUMENT for bad options or a malformed line
   // (the message starts with "<file>:<line>:"), NOT_FOUND / PERMISSION_DENIED / INTERNAL
   // when the file cannot be read.
-  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(const AuthOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Authenticator>> Create(
+      const AuthOptions& options);
 
   // `authorization` is the value of the call's "authorization" metadata entry, if any.
   // UNAUTHENTICATED when it is missing, not "Bearer <token>", or the token is unknown.
-  absl::StatusOr<Caller> Authenticate(std::optional<absl::string_view> authorization) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<Caller> Authenticate(
+      std::optional<absl::string_view> authorization) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reads the tokens file again and, if it parses, replaces the table. On error the old
   // table stays in force and the error (as for Create) is returned. A no-op (OK) with
   // insecure_no_auth.
-  absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Reload() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool insecure() const { return options_.insecure_no_auth; }
   // Number of tokens currently accepted (0 with insecure_no_auth).
@@ -136,7 +137,7 @@ class Authenticator {
  private:
   using Table = absl::flat_hash_map<std::string, Caller>;
   explicit Authenticator(AuthOptions options) : options_(std::move(options)) {}
-  static absl::StatusOr<std::shared_ptr<const Table>> Load(const std::string& path);
+  [[nodiscard]] static absl::StatusOr<std::shared_ptr<const Table>> Load(const std::string& path);
 
   const AuthOptions options_;
   mutable absl::Mutex mu_;

@@ -53,8 +53,9 @@ inline grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* ctx,
 
 // The caller of this call. UNAUTHENTICATED without a valid token; PERMISSION_DENIED for
 // a non-admin when `need_admin`.
-inline absl::StatusOr<Caller> Authorize(const Authenticator& auth, grpc::CallbackServerContext* ctx,
-                                        bool need_admin, absl::string_view method) {
+[[nodiscard]] inline absl::StatusOr<Caller> Authorize(const Authenticator& auth,
+                                                      grpc::CallbackServerContext* ctx,
+                                                      bool need_admin, absl::string_view method) {
   std::optional<absl::string_view> authorization;
   const auto& md = ctx->client_metadata();
   if (auto it = md.find("authorization"); it != md.end()) {

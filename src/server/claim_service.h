@@ -71,7 +71,8 @@ class ClaimService final : public sbx::v1::ClaimService::CallbackService {
  private:
   // `claims` claims of `caller` from its claim rate (TenantLimiter), unless `existing_id`
   // names a claim of the caller that exists (a retry, answered from it).
-  absl::Status TakeFromRate(const Caller& caller, const std::string& existing_id, int claims);
+  [[nodiscard]] absl::Status TakeFromRate(const Caller& caller, const std::string& existing_id,
+                                          int claims);
   // The pool of `claims` claims of `image` (ImagePools::Resolve), counted by route; or,
   // when `existing_id` names a claim of the caller (a retry), that claim's pool.
   void ResolveImage(const Caller& caller, const std::string& image, const std::string& existing_id,

@@ -41,12 +41,12 @@ inline constexpr size_t kMaxSelectorBytes = 1024;
 
 // A wire Duration as absl::Duration. INVALID_ARGUMENT for a negative or malformed one
 // (seconds and nanos of different signs, nanos out of range). Unset is zero.
-absl::StatusOr<absl::Duration> FromProto(absl::string_view field,
-                                         const google::protobuf::Duration& d);
+[[nodiscard]] absl::StatusOr<absl::Duration> FromProto(absl::string_view field,
+                                                       const google::protobuf::Duration& d);
 // A TTL (a claim's, or a pool's default_ttl / max_ttl): as FromProto, and
 // INVALID_ARGUMENT above allocator::kMaxTtl (100 years), naming the TTL and the maximum.
-absl::StatusOr<absl::Duration> TtlFromProto(absl::string_view field,
-                                            const google::protobuf::Duration& d);
+[[nodiscard]] absl::StatusOr<absl::Duration> TtlFromProto(absl::string_view field,
+                                                          const google::protobuf::Duration& d);
 void ToProto(absl::Duration d, google::protobuf::Duration* out);
 // Times outside google.protobuf.Timestamp's range (0001-01-01T00:00:00Z to
 // 9999-12-31T23:59:59.999999999Z) are clamped to its ends; sbx makes none (TTLs are
@@ -54,19 +54,20 @@ void ToProto(absl::Duration d, google::protobuf::Duration* out);
 void ToProto(absl::Time t, google::protobuf::Timestamp* out);
 
 // UNSPECIFIED is nullopt (the pool's default). INVALID_ARGUMENT for unknown numbers.
-absl::StatusOr<std::optional<store::EmptyPoolPolicy>> FromProto(absl::string_view field,
-                                                                v1::EmptyPoolPolicy p);
+[[nodiscard]] absl::StatusOr<std::optional<store::EmptyPoolPolicy>> FromProto(
+    absl::string_view field, v1::EmptyPoolPolicy p);
 v1::EmptyPoolPolicy ToProto(store::EmptyPoolPolicy p);
 // UNSPECIFIED is NORMAL; INVALID_ARGUMENT naming `field` for a value that is not a
 // ClaimPriority.
-absl::StatusOr<allocator::ClaimPriority> FromProto(absl::string_view field, v1::ClaimPriority p);
+[[nodiscard]] absl::StatusOr<allocator::ClaimPriority> FromProto(absl::string_view field,
+                                                                 v1::ClaimPriority p);
 v1::ClaimState ToProto(store::ClaimState s);
 v1::LaunchType ToProto(store::LaunchType t);
 
 // --- Labels ---
 
 // Checks keys, values and count against types.proto and copies them.
-absl::StatusOr<std::map<std::string, std::string>> LabelsFromProto(
+[[nodiscard]] absl::StatusOr<std::map<std::string, std::string>> LabelsFromProto(
     absl::string_view field, const google::protobuf::Map<std::string, std::string>& labels);
 
 // A parsed label selector (claims.proto, ClaimFilter.label_selector).
@@ -77,7 +78,8 @@ struct LabelRequirement {
   std::string value;
 };
 // INVALID_ARGUMENT naming the bad term, e.g. `label_selector term "a=b=c" ...`.
-absl::StatusOr<std::vector<LabelRequirement>> ParseLabelSelector(absl::string_view selector);
+[[nodiscard]] absl::StatusOr<std::vector<LabelRequirement>> ParseLabelSelector(
+    absl::string_view selector);
 bool Matches(const std::vector<LabelRequirement>& requirements,
              const std::map<std::string, std::string>& labels);
 
@@ -100,16 +102,17 @@ struct ClaimQuery {
 // INVALID_ARGUMENT naming a malformed field; PERMISSION_DENIED when a non-admin names
 // another owner (`verb`, "list" or "watch", says what it may not do). filter.pool is
 // made canonical with `default_ns`.
-absl::StatusOr<ClaimQuery> ClaimQueryFromProto(const v1::ClaimFilter& filter, const Caller& caller,
-                                               absl::string_view verb,
-                                               absl::string_view default_ns);
+[[nodiscard]] absl::StatusOr<ClaimQuery> ClaimQueryFromProto(const v1::ClaimFilter& filter,
+                                                             const Caller& caller,
+                                                             absl::string_view verb,
+                                                             absl::string_view default_ns);
 
 // --- Templates and pools ---
 
 // Checks a template (name, runtime, the matching spec) and encodes it as a record.
 // Names are canonical (CanonicalQualifiedName with `default_ns`, src/common/ids.h).
-absl::StatusOr<store::TemplateRecord> TemplateFromProto(const v1::Template& t,
-                                                        absl::string_view default_ns);
+[[nodiscard]] absl::StatusOr<store::TemplateRecord> TemplateFromProto(const v1::Template& t,
+                                                                      absl::string_view default_ns);
 // The bytes TemplateFromProto stores for a spec: deterministic (map entries sorted), so
 // equal specs give equal bytes and an identical Put can be recognised.
 std::string SerializeSpec(const google::protobuf::MessageLite& spec);
@@ -118,32 +121,34 @@ void ToProto(const store::TemplateRecord& r, v1::Template* out);
 
 // Checks a pool against admin.proto's limits and makes a record (generation 0).
 // UNIMPLEMENTED for max_sandboxes != 0, which this server cannot enforce yet.
-absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p, absl::string_view default_ns);
+[[nodiscard]] absl::StatusOr<store::PoolRecord> PoolFromProto(const v1::Pool& p,
+                                                              absl::string_view default_ns);
 void ToProto(const store::PoolRecord& r, v1::Pool* out);
 void ToProto(const allocator::PoolStatus& s, uint64_t template_generation, absl::Time now,
              v1::PoolStatus* out);
 // Fills `out` with pool `name` and its status now (GetPool, ListPools, WatchPools), with
 // where its template's image stands in `images` (status.image_state) when given.
 // NOT_FOUND when the pool does not exist.
-absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1::Pool* out,
-                      const images::Images* images = nullptr);
+[[nodiscard]] absl::Status FillPool(const allocator::Allocator& a, const std::string& name,
+                                    v1::Pool* out, const images::Images* images = nullptr);
 
 // --- Pagination ---
 
 // page_size: 0 -> 100; INVALID_ARGUMENT below 0 or above 1000.
-absl::StatusOr<int> PageSize(int32_t page_size);
+[[nodiscard]] absl::StatusOr<int> PageSize(int32_t page_size);
 // Page tokens are opaque to clients: web-safe base64 of "<kind>|<fingerprint>|<last key>",
 // where the fingerprint ties the token to the listing's filter.
 std::string EncodePageToken(absl::string_view kind, uint64_t fingerprint, absl::string_view last);
 // The last key of the previous page; "" for an empty token. INVALID_ARGUMENT when the
 // token is malformed or was issued for another kind of list or another filter.
-absl::StatusOr<std::string> DecodePageToken(absl::string_view kind, uint64_t fingerprint,
-                                            absl::string_view token);
+[[nodiscard]] absl::StatusOr<std::string> DecodePageToken(absl::string_view kind,
+                                                          uint64_t fingerprint,
+                                                          absl::string_view token);
 // A stable 64-bit hash (FNV-1a) of a sequence of strings, for fingerprints.
 uint64_t Fingerprint(const std::vector<std::string>& parts);
 
 // A claim id as Get/Release/Renew and SandboxService accept it: a client's key, or
 // "<batch_id>#<i>" of a ClaimBatch member. INVALID_ARGUMENT naming the id.
-absl::Status RequireClaimId(const std::string& id);
+[[nodiscard]] absl::Status RequireClaimId(const std::string& id);
 
 }  // namespace sbx::server

@@ -164,7 +164,6 @@ class ReadRelay final : public grpc::ServerWriteReactor<ClientMsg> {
   int refs_ ABSL_GUARDED_BY(mu_) = 2;
 };
 
-
 // A server stream refused before it reached the daemon.
 template <typename Msg>
 class RefusedStream final : public grpc::ServerWriteReactor<Msg> {

@@ -231,7 +231,6 @@ void TranslateChunk(sd::DownloadChunk& in, v1::DownloadChunk* out) {
   out->set_mode(in.mode());
 }
 
-
 using RefusedDownload = RefusedStream<v1::DownloadChunk>;
 
 void ToClient(const sd::FileEntry& in, v1::FileInfo* out) {

@@ -112,7 +112,7 @@ struct ImageClaimOptions {
   std::function<absl::Status(const v1::Template&)> check_template;
 
   // INVALID_ARGUMENT naming the field and value.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // The base spec of on-demand templates without --image_claim_template: no network, 512 MiB
@@ -157,10 +157,10 @@ class ImagePools : public std::enable_shared_from_this<ImagePools> {
   // "" when there is none.
   std::string FindDeclared(const Caller& caller, const std::string& ref) const;
   // The tenant limits of an on-demand claim, and the attribution of a pull.
-  absl::Status CheckLimits(const Caller& caller, const std::string& ref, int claims)
+  [[nodiscard]] absl::Status CheckLimits(const Caller& caller, const std::string& ref, int claims)
       ABSL_LOCKS_EXCLUDED(mu_);
   // OK when existing pool or template `name` is the on-demand one of `ref`.
-  absl::Status CheckOwn(const std::string& name, const std::string& ref) const;
+  [[nodiscard]] absl::Status CheckOwn(const std::string& name, const std::string& ref) const;
   // Makes the template and pool `name` of `ref` (those missing); then Finish.
   void Make(const std::string& name, const std::string& ref);
   void MakePool(const std::string& name);

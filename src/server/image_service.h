@@ -39,7 +39,7 @@ class ImageService final : public sbx::v1::ImageService::CallbackService {
                                         v1::RemoveImageResponse* resp) override;
 
  private:
-  absl::Status Check(grpc::CallbackServerContext* ctx, const char* method) const;
+  [[nodiscard]] absl::Status Check(grpc::CallbackServerContext* ctx, const char* method) const;
 
   images::Images* const images_;
   const Authenticator* const auth_;

@@ -54,7 +54,7 @@ struct MetricsOptions {
 
   bool enabled() const { return !listen.empty() && listen != "off"; }
   // INVALID_ARGUMENT naming the bad address.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // The gRPC methods whose calls are counted by final status code.
@@ -72,7 +72,7 @@ const char* ImageClaimRouteName(ImageClaimRoute r);
 
 // Writes `port` and a newline to `path` through a temporary file renamed over it, so a
 // reader never sees half a number. INTERNAL naming the file when it cannot.
-absl::Status WritePortFile(const std::string& path, int port);
+[[nodiscard]] absl::Status WritePortFile(const std::string& path, int port);
 inline constexpr int kCountedMethods = 3;
 
 // Counters the services keep on their request paths: fixed arrays of relaxed atomics,
@@ -181,7 +181,7 @@ class MetricsEndpoint {
  public:
   // Binds and serves. Errors: INVALID_ARGUMENT for bad options, UNAVAILABLE when the
   // address cannot be bound, INTERNAL when the port file cannot be written.
-  static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Start(
       const MetricsOptions& options, std::shared_ptr<prometheus::Registry> registry,
       MetricsSources sources);
   ~MetricsEndpoint();

@@ -40,7 +40,7 @@ class PortTokens {
   std::string Sign(const PortGrant& grant) const;
   // The grant a token carries. UNAUTHENTICATED naming what is wrong: malformed, a
   // signature that does not match (forged or altered), or expired at `now`.
-  absl::StatusOr<PortGrant> Verify(absl::string_view token, absl::Time now) const;
+  [[nodiscard]] absl::StatusOr<PortGrant> Verify(absl::string_view token, absl::Time now) const;
 
  private:
   std::string Mac(absl::string_view payload) const;

@@ -50,7 +50,7 @@ struct SandboxLimits {
   int64_t max_replay_bytes = 32 * 1024 * 1024;
 
   // INVALID_ARGUMENT naming the bad field.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // What GetPortUrl needs to hand out URLs of the port proxy (src/gateway/gateway.h).
@@ -71,7 +71,7 @@ class ExecSlots {
  public:
   explicit ExecSlots(int limit) : limit_(limit) {}
   // RESOURCE_EXHAUSTED when `sandbox` already runs `limit` calls.
-  absl::Status Acquire(const std::string& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Acquire(const std::string& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   void Release(const std::string& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -162,8 +162,8 @@ class SandboxService final : public sbx::v1::SandboxService::CallbackService {
 
   // The caller's active, running claim `claim_id`. NOT_FOUND, FAILED_PRECONDITION (ended
   // or suspended), INVALID_ARGUMENT (malformed id).
-  absl::StatusOr<store::ClaimRecord> ActiveClaim(const Caller& caller,
-                                                 const std::string& claim_id) const;
+  [[nodiscard]] absl::StatusOr<store::ClaimRecord> ActiveClaim(const Caller& caller,
+                                                               const std::string& claim_id) const;
   // Authorize + ActiveClaim + the daemon's stub: what every call into a sandbox needs.
   absl::StatusOr<std::pair<store::ClaimRecord, std::shared_ptr<sandboxd::v1::Sandboxd::Stub>>>
   OpenSandbox(grpc::CallbackServerContext* ctx, const std::string& claim_id,

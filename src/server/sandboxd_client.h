@@ -37,10 +37,11 @@ inline constexpr int kMaxConfigFiles = 64;
 inline constexpr size_t kMaxConfigFileBytes = 1024 * 1024;
 
 // INVALID_ARGUMENT naming `field`, the entry and the rule it breaks.
-absl::Status ValidateEnv(absl::string_view field,
-                         const google::protobuf::Map<std::string, std::string>& env);
+[[nodiscard]] absl::Status ValidateEnv(absl::string_view field,
+                                       const google::protobuf::Map<std::string, std::string>& env);
 // Checks a claim's late-bound config (env and files; paths are checked by the daemon).
-absl::Status ValidateSandboxConfig(absl::string_view field, const v1::SandboxConfig& config);
+[[nodiscard]] absl::Status ValidateSandboxConfig(absl::string_view field,
+                                                 const v1::SandboxConfig& config);
 bool HasConfig(const v1::SandboxConfig& config);
 
 class SandboxdClients {
@@ -55,7 +56,7 @@ class SandboxdClients {
 
   // The daemon stub of the sandbox a claim holds. FAILED_PRECONDITION when the sandbox
   // cannot run anything (the instant runtime's sandboxes) or its endpoint is unknown.
-  absl::StatusOr<std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> Stub(
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> Stub(
       const store::ClaimRecord& claim) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Applies `config` to the claim's sandbox (sandboxd Configure); `done` runs on a gRPC
@@ -74,6 +75,6 @@ class SandboxdClients {
 
 // A daemon's error as the client of SandboxService sees it: UNAVAILABLE and
 // DEADLINE_EXCEEDED of the transport name the sandbox; others keep code and message.
-absl::Status FromDaemon(const grpc::Status& status, const store::ClaimRecord& claim);
+[[nodiscard]] absl::Status FromDaemon(const grpc::Status& status, const store::ClaimRecord& claim);
 
 }  // namespace sbx::server

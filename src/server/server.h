@@ -90,7 +90,7 @@ struct ServerOptions {
   std::vector<std::shared_ptr<grpc::Service>> extra_services;
 
   // INVALID_ARGUMENT naming the bad field and value.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // The credentials of one replica's calls to another (a standby's relay hop, its store
@@ -98,7 +98,8 @@ struct ServerOptions {
 // checked against tls_client_ca_file, else against tls_cert_file itself, not its address;
 // with mTLS this replica shows its own certificate. INVALID_ARGUMENT / NOT_FOUND for files
 // that cannot be read.
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> HopCredentials(const ServerOptions& o);
+[[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> HopCredentials(
+    const ServerOptions& o);
 
 class Server {
  public:
@@ -106,7 +107,7 @@ class Server {
   // tokens file (naming file:line), NOT_FOUND / PERMISSION_DENIED when the tokens file
   // cannot be read, UNAVAILABLE when the address cannot be bound, INTERNAL when the port
   // file cannot be written.
-  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
 
   virtual ~Server() = default;
 
@@ -116,7 +117,7 @@ class Server {
   // Reads the tokens file again (e.g. on SIGHUP); on error the old tokens stay in force and
   // the error is returned (INVALID_ARGUMENT naming file:line, NOT_FOUND, ...). OK and a
   // no-op with insecure_no_auth; FAILED_PRECONDITION on a server without an allocator.
-  virtual absl::Status ReloadAuth() = 0;
+  [[nodiscard]] virtual absl::Status ReloadAuth() = 0;
 
   // Stops accepting calls, lets in-flight calls finish until `grace` has passed, then
   // cancels the rest. Health reports NOT_SERVING from the first moment. Idempotent.

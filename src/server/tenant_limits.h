@@ -50,9 +50,10 @@ class TenantLimiter {
 
   // Takes `claims` claims of `caller`'s tenant from its claim_rate bucket. OK (taken), or
   // the refusal above (nothing taken).
-  absl::Status TakeClaims(const Caller& caller, int claims) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status TakeClaims(const Caller& caller, int claims) ABSL_LOCKS_EXCLUDED(mu_);
   // The same for its image_claim_rate bucket (claims by image of on-demand pools).
-  absl::Status TakeImageClaims(const Caller& caller, int claims) ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status TakeImageClaims(const Caller& caller, int claims)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Counts a refusal of `tenant` by `limit`, a limit checked by its owner (image_cache_bytes).
   void CountRefusal(const std::string& tenant, absl::string_view limit) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -68,8 +69,8 @@ class TenantLimiter {
     double tokens = 0;
     absl::Time last;
   };
-  absl::Status Take(const Caller& caller, Rate which, double rate, int burst, int claims)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Take(const Caller& caller, Rate which, double rate, int burst,
+                                  int claims) ABSL_LOCKS_EXCLUDED(mu_);
 
   const Clock* const clock_;
   mutable absl::Mutex mu_;

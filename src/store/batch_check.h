@@ -12,7 +12,7 @@ namespace sbx::store {
 // id), with a non-empty id and an owner without '/'). Otherwise INVALID_ARGUMENT naming
 // the mutation's index and what is wrong. A batch that fails this check is applied by no
 // store, not even in part.
-absl::Status CheckBatch(const WriteBatch& batch);
+[[nodiscard]] absl::Status CheckBatch(const WriteBatch& batch);
 
 // "template", "pool", "sandbox" or "claim".
 const char* KindName(Mutation::Kind kind);

@@ -61,10 +61,10 @@ class MemoryStore final : public Store {
 
   void Commit(WriteBatch batch, CommitCallback done) override ABSL_LOCKS_EXCLUDED(mu_);
   // FAILED_PRECONDITION after Close(), or the status given to FailNextLoadAll().
-  absl::StatusOr<Contents> LoadAll() override ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::StatusOr<Contents> LoadAll() override ABSL_LOCKS_EXCLUDED(mu_);
   // Releases a Pause(), waits until every accepted commit's callback has run, then refuses
   // new commits. Idempotent. FAILED_PRECONDITION if called from a commit callback.
-  absl::Status Close() override ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status Close() override ABSL_LOCKS_EXCLUDED(mu_);
   StoreStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- Test hooks ---

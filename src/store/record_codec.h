@@ -39,7 +39,7 @@ std::string MarkerValue();
 inline constexpr absl::string_view kReplicaKey = "m/replica";
 std::string EncodeReplicaMarker(const ReplicaMarker& marker);
 // DATA_LOSS naming the key for a value that does not decode.
-absl::StatusOr<ReplicaMarker> DecodeReplicaMarker(absl::string_view value);
+[[nodiscard]] absl::StatusOr<ReplicaMarker> DecodeReplicaMarker(absl::string_view value);
 // Whether a replicated entry may be written by a standby: records and the revision mark,
 // never the store's marker or its replica marker.
 bool IsReplicatedKey(absl::string_view key);
@@ -64,7 +64,7 @@ class RecordDecoder {
   // is checked and appended nowhere; the revision mark sets out->revision). Errors: DATA_LOSS
   // naming the key for an unknown prefix, an empty value, an unknown format version, bytes that do
   // not parse, or a field out of range (an unknown enum value, nanoseconds >= 1e9).
-  absl::Status Decode(absl::string_view key, absl::string_view value, Contents* out);
+  [[nodiscard]] absl::Status Decode(absl::string_view key, absl::string_view value, Contents* out);
 
  private:
   struct Messages;

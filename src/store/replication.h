@@ -53,10 +53,10 @@ class GroupShipper {
   // `group` is the group's encoded write batch. Must not block. Returns the group's ticket
   // (1, 2, ... in shipping order), or the refusal (UNAVAILABLE: its commits may not be
   // acknowledged now) with which the store fails the group's commits without writing it.
-  virtual absl::StatusOr<uint64_t> Ship(std::string group) = 0;
+  [[nodiscard]] virtual absl::StatusOr<uint64_t> Ship(std::string group) = 0;
   // After the group's local write succeeded; blocks until its commits may be acknowledged.
   // An error fails them (this replica no longer leads).
-  virtual absl::Status AwaitReplicated(uint64_t ticket) = 0;
+  [[nodiscard]] virtual absl::Status AwaitReplicated(uint64_t ticket) = 0;
   // The group's local write failed: a standby may hold what this store does not.
   virtual void LocalWriteFailed(uint64_t ticket) = 0;
 };
@@ -73,26 +73,26 @@ class Replicable {
   // there (so that what `at` registers sees exactly the groups shipped after the
   // snapshot), then calls `each` for every record and the revision mark (not the store's
   // own markers) in key order, on this thread. Errors: the read's.
-  virtual absl::Status Snapshot(
+  [[nodiscard]] virtual absl::Status Snapshot(
       absl::FunctionRef<void()> at,
       absl::FunctionRef<void(absl::string_view key, absl::string_view value)> each) = 0;
 
   // --- Both ---
-  virtual absl::StatusOr<std::optional<ReplicaMarker>> ReadMarker() = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::optional<ReplicaMarker>> ReadMarker() = 0;
   // Writes the marker, synced.
-  virtual absl::Status WriteMarker(const ReplicaMarker& marker) = 0;
+  [[nodiscard]] virtual absl::Status WriteMarker(const ReplicaMarker& marker) = 0;
 
   // --- Standby side (never while the store has commits of its own in flight) ---
   // Deletes every record and the claim revision mark and writes `marker` (with complete
   // false), in one synced write.
-  virtual absl::Status BeginLoad(const ReplicaMarker& marker) = 0;
+  [[nodiscard]] virtual absl::Status BeginLoad(const ReplicaMarker& marker) = 0;
   // Writes entries of a snapshot (not synced: WriteMarker at the end syncs).
   // INVALID_ARGUMENT for a key outside the store's records (nothing is written then).
-  virtual absl::Status LoadEntries(
+  [[nodiscard]] virtual absl::Status LoadEntries(
       const std::vector<std::pair<std::string, std::string>>& entries) = 0;
   // Applies one shipped group, synced. INVALID_ARGUMENT, with nothing applied, for bytes
   // that are not a write batch or that touch anything but records and the revision mark.
-  virtual absl::Status ApplyGroup(absl::string_view group) = 0;
+  [[nodiscard]] virtual absl::Status ApplyGroup(absl::string_view group) = 0;
 };
 
 // The replication side of `store`, or null when it has none (a MemoryStore).

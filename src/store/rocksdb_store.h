@@ -59,7 +59,7 @@ enum class Durability : uint8_t {
 // "sync" or "buffered", for logs and flags.
 absl::string_view DurabilityName(Durability durability);
 // Parses DurabilityName's output; INVALID_ARGUMENT naming `name` otherwise.
-absl::StatusOr<Durability> ParseDurability(absl::string_view name);
+[[nodiscard]] absl::StatusOr<Durability> ParseDurability(absl::string_view name);
 
 struct RocksDbStoreOptions {
   // Directory of the database. Required. Created (with its parents) when missing; an
@@ -109,7 +109,7 @@ struct RocksDbStoreOptions {
   absl::Duration free_space_check_interval = absl::Seconds(1);
 
   // INVALID_ARGUMENT naming the first bad field.
-  absl::Status Validate() const;
+  [[nodiscard]] absl::Status Validate() const;
 };
 
 // Opens (or creates, when `options.path` is missing or empty) the store at options.path
@@ -125,6 +125,7 @@ struct RocksDbStoreOptions {
 //                        database would start below min_free_bytes.
 // An existing database on a file system below min_free_bytes, or one that RocksDB cannot
 // open for lack of space, opens read-only (logged as a warning; see above).
-absl::StatusOr<std::unique_ptr<Store>> OpenRocksDbStore(const RocksDbStoreOptions& options);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Store>> OpenRocksDbStore(
+    const RocksDbStoreOptions& options);
 
 }  // namespace sbx::store

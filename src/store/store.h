@@ -121,15 +121,15 @@ class Store {
 
   // Reads every record. Used once at start-up for recovery. Errors: DATA_LOSS for a record
   // that cannot be decoded (naming its key), or the I/O error.
-  virtual absl::StatusOr<Contents> LoadAll() = 0;
+  [[nodiscard]] virtual absl::StatusOr<Contents> LoadAll() = 0;
 
   // Waits for accepted commits, then stops accepting new ones. Idempotent.
-  virtual absl::Status Close() = 0;
+  [[nodiscard]] virtual absl::Status Close() = 0;
 
   virtual StoreStats Stats() const = 0;
 
   // Blocking convenience around Commit for start-up and admin paths (never on a claim path).
-  absl::Status CommitAndWait(WriteBatch batch);
+  [[nodiscard]] absl::Status CommitAndWait(WriteBatch batch);
 };
 
 }  // namespace sbx::store

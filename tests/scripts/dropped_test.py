@@ -41,6 +41,26 @@ class DroppedTest(unittest.TestCase):
             "}"])})
         self.assertEqual(code, 0, out)
 
+    def test_status_functions_in_headers_must_be_nodiscard(self):
+        code, out = run({"src/a/x.h": "\n".join([
+            "absl::Status Open(int fd);",
+            "  virtual absl::StatusOr<std::string> Read(int n) = 0;",
+            "  static absl::Status Make();",
+            "  [[nodiscard]] absl::Status Close();",
+            "  [[nodiscard]] virtual absl::StatusOr<int> Size() const = 0;",
+            "  friend absl::Status Helper(X&);",
+            "  absl::Status status_;",
+            "absl::Status last = Open(1);"])})
+        self.assertEqual(code, 1, out)
+        for line in (1, 2, 3):
+            self.assertIn("src/a/x.h:%d: a status-returning function without [[nodiscard]]"
+                          % line, out)
+        for line in (4, 5, 6, 7, 8):
+            self.assertNotIn("src/a/x.h:%d:" % line, out)
+        # In a .cc file (a local function) it is not required.
+        code, out = run({"src/a/x.cc": "absl::Status Local(int fd);"})
+        self.assertEqual(code, 0, out)
+
 
 if __name__ == "__main__":
     SCRIPT = sys.argv.pop(1)
