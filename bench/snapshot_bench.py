@@ -76,7 +76,7 @@ def main():
         sbx_e2e.generate_stubs(os.path.join(SOURCE, "proto"))
         from sbx.v1 import (claims_pb2, claims_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc,
                             snapshots_pb2, snapshots_pb2_grpc)
-        server = sbx_e2e.Server(args.server, work, config,
+        server = sbx_e2e.Server(os.path.abspath(args.server), work, config,
                                 extra=["--image_cache_bytes=1000000000",
                                        f"--image_import_dir={work}/images",
                                        "--snapshot_quota_bytes=0", "--log_level=warn"])

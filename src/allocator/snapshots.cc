@@ -90,6 +90,25 @@ absl::StatusOr<std::unique_ptr<Snapshots>> Snapshots::Make(SnapshotsOptions opti
   return out;
 }
 
+Snapshots::~Snapshots() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+  mu_.Await(absl::Condition(&idle));
+}
+
+template <typename T>
+absl::AnyInvocable<void(T) &&> Snapshots::Tracked(absl::AnyInvocable<void(T) &&> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+  }
+  return [this, done = std::move(done)](T v) mutable {
+    std::move(done)(std::move(v));
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+  };
+}
+
 absl::Status Snapshots::ChargeLocked(Capture& c, int64_t bytes) {
   Tenant& t = tenants_[c.owner];
   if (options_.quota_bytes > 0 && t.used + t.reserved + bytes > options_.quota_bytes) {
@@ -136,6 +155,7 @@ void Snapshots::Create(SnapshotCreateRequest request,
     absl::MutexLock lock(&mu_);
     return ChargeLocked(*capture, bytes);
   };
+  done = Tracked(std::move(done));
   runtime_->Snapshot(
       claim->sandbox_id, id, std::move(charge),
       [this, id, start, capture, request = std::move(request),
@@ -250,6 +270,7 @@ void Snapshots::Delete(const std::string& owner, const std::string& id,
     deleting_[id] = true;
     r = it->second;
   }
+  done = Tracked(std::move(done));
   store::WriteBatch batch;
   batch.DeleteSnapshot(id);
   store_->Commit(std::move(batch), [this, r, done = std::move(done)](absl::Status s) mutable {

@@ -120,6 +120,9 @@ class Snapshots {
   absl::Status Hold(const std::string& id, const std::string& user) ABSL_LOCKS_EXCLUDED(mu_);
   void Unhold(const std::string& id, const std::string& user) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Waits for the captures and commits in flight (their callbacks use this object).
+  ~Snapshots() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Bytes of the owner's snapshots, and the quota (0: none).
   int64_t used_bytes(const std::string& owner) const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t quota_bytes() const { return options_.quota_bytes; }
@@ -140,6 +143,10 @@ class Snapshots {
   };
 
   absl::Status ChargeLocked(Capture& c, int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `done`, counted in in_flight_ until it has run.
+  template <typename T>
+  absl::AnyInvocable<void(T) &&> Tracked(absl::AnyInvocable<void(T) &&> done)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void EndCapture(const std::shared_ptr<Capture>& c) ABSL_LOCKS_EXCLUDED(mu_);
 
   const SnapshotsOptions options_;
@@ -157,6 +164,8 @@ class Snapshots {
   // Snapshots whose deletion is being committed: not usable, not deletable twice.
   absl::flat_hash_map<std::string, bool> deleting_ ABSL_GUARDED_BY(mu_);
   SnapshotStats stats_ ABSL_GUARDED_BY(mu_);
+  // Creates and deletes whose callbacks have not run yet.
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   AtomicHistogram seconds_{{0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60}};
 };
 

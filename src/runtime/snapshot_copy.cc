@@ -44,7 +44,8 @@ mode_t SafeMode(mode_t mode) { return mode & 01777; }
 
 class Copier {
  public:
-  Copier(bool overlay, const CopyCharge& charge) : overlay_(overlay), charge_(charge) {}
+  Copier(bool overlay, const CopyCharge& charge, SyncList* sync)
+      : overlay_(overlay), charge_(charge), sync_(sync) {}
 
   absl::Status Folder(int src, int dst, const std::string& path, int depth) {
     if (depth > kMaxCopyDepth) {
@@ -131,7 +132,7 @@ class Copier {
     if (fstat(in.get(), &now) != 0) return IoError("stat", path);
     if (!SameInode(st, now)) return Changed(path);
     if (mkdirat(dst, name.c_str(), 0700) != 0) return IoError("make folder", path);
-    const Fd out(openat(dst, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    Fd out(openat(dst, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!out.valid()) return IoError("open copied folder", path);
     ++stats.folders;
     if (overlay_) {
@@ -147,6 +148,7 @@ class Copier {
     if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", path);
     const struct timespec times[2] = {st.st_atim, st.st_mtim};
     futimens(out.get(), times);
+    if (sync_ != nullptr) sync_->Keep(std::move(out));
     return absl::OkStatus();
   }
 
@@ -163,8 +165,7 @@ class Copier {
     struct stat now;
     if (fstat(in.get(), &now) != 0) return IoError("stat", path);
     if (!SameInode(st, now)) return Changed(path);
-    const Fd out(
-        openat(dst, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    Fd out(openat(dst, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!out.valid()) return IoError("create copy of", path);
     ++stats.files;
     std::vector<char> buf(std::min<size_t>(kChunk, std::max<off_t>(now.st_size, 1)));
@@ -184,6 +185,7 @@ class Copier {
     if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", path);
     const struct timespec times[2] = {st.st_atim, st.st_mtim};
     futimens(out.get(), times);
+    if (sync_ != nullptr) sync_->Keep(std::move(out));
     return absl::OkStatus();
   }
 
@@ -205,6 +207,7 @@ class Copier {
 
   const bool overlay_;
   const CopyCharge& charge_;
+  SyncList* const sync_;
 };
 
 absl::Status RemoveBelow(int dir_fd, const std::string& path, int depth) {
@@ -241,7 +244,7 @@ absl::Status RemoveBelow(int dir_fd, const std::string& path, int depth) {
 }  // namespace
 
 absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& name, bool overlay,
-                                   const CopyCharge& charge) {
+                                   const CopyCharge& charge, SyncList* sync) {
   struct stat st;
   if (fstat(src, &st) != 0) return IoError("stat", name);
   if (!S_ISDIR(st.st_mode)) {
@@ -249,11 +252,12 @@ absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& n
         absl::StrCat("the source of \"", name, "\" is not a folder"));
   }
   if (mkdirat(dst_parent, name.c_str(), 0700) != 0) return IoError("make folder", name);
-  const Fd out(openat(dst_parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  Fd out(openat(dst_parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!out.valid()) return IoError("open folder", name);
-  Copier copier(overlay, charge);
+  Copier copier(overlay, charge, sync);
   if (absl::Status s = copier.Folder(src, out.get(), name, 0); !s.ok()) return s;
   if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", name);
+  if (sync != nullptr) sync->Keep(std::move(out));
   return copier.stats;
 }
 

@@ -24,9 +24,12 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "src/runtime/proc.h"
 
 namespace sbx::runtime::local {
 
@@ -42,6 +45,23 @@ struct CopyStats {
   int64_t dropped = 0;  // sockets and devices left out
 };
 
+// What a copy made that must be synced for it to be durable: the written files and the
+// made folders, kept open up to `cap` of them; past the cap `overflow` is set (and nothing
+// more is kept) and the caller syncs the whole file system instead (syncfs). Few files:
+// fsync each, which does not flush what else the data disk holds dirty; many: one syncfs.
+struct SyncList {
+  size_t cap = 64;
+  std::vector<Fd> fds;
+  bool overflow = false;
+  void Keep(Fd fd) {
+    if (fds.size() < cap) {
+      fds.push_back(std::move(fd));
+    } else {
+      overflow = true;
+    }
+  }
+};
+
 // Called with the bytes about to be copied; a non-OK status stops the copy with it.
 using CopyCharge = std::function<absl::Status(int64_t bytes)>;
 
@@ -50,8 +70,9 @@ using CopyCharge = std::function<absl::Status(int64_t bytes)>;
 // FAILED_PRECONDITION for a tree deeper than kMaxCopyDepth or an entry that changed while
 // being copied; INTERNAL / RESOURCE_EXHAUSTED (ENOSPC, EDQUOT) for I/O errors, naming the
 // path. On error the partial copy is left for the caller to remove.
+// `sync` (optional) collects what to sync.
 absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& name, bool overlay,
-                                   const CopyCharge& charge);
+                                   const CopyCharge& charge, SyncList* sync = nullptr);
 
 // Removes the folder `name` in `parent` and everything below it, without following links.
 // OK when it does not exist.

@@ -143,6 +143,7 @@ absl::StatusOr<CopyStats> CaptureSandbox(const Sandbox& sb, bool isolated, int d
   };
   const Fd out(openat(dir, partial.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!out.valid()) return Errno("open " + partial);
+  SyncList sync;
   CopyStats total;
   auto add = [&total](const CopyStats& s) {
     total.bytes += s.bytes;
@@ -170,7 +171,7 @@ absl::StatusOr<CopyStats> CaptureSandbox(const Sandbox& sb, bool isolated, int d
     }
     {
       absl::StatusOr<CopyStats> copied =
-          CopyTree(upper->get(), out.get(), kSnapshotRootName, /*overlay=*/true, charge);
+          CopyTree(upper->get(), out.get(), kSnapshotRootName, /*overlay=*/true, charge, &sync);
       if (!copied.ok()) return copied.status();
       add(*copied);
     }
@@ -187,12 +188,19 @@ absl::StatusOr<CopyStats> CaptureSandbox(const Sandbox& sb, bool isolated, int d
         absl::StrCat("sandbox ", sb.id, ": its workspace: ", workspace.status().message()));
   }
   {
-    absl::StatusOr<CopyStats> copied =
-        CopyTree(workspace->get(), out.get(), kSnapshotWorkspaceName, /*overlay=*/false, charge);
+    absl::StatusOr<CopyStats> copied = CopyTree(workspace->get(), out.get(), kSnapshotWorkspaceName,
+                                                /*overlay=*/false, charge, &sync);
     if (!copied.ok()) return copied.status();
     add(*copied);
   }
-  if (syncfs(out.get()) != 0) return Errno("sync " + partial);
+  if (sync.overflow) {
+    if (syncfs(out.get()) != 0) return Errno("sync " + partial);
+  } else {
+    for (const Fd& fd : sync.fds) {
+      if (fsync(fd.get()) != 0) return Errno("sync a file of " + partial);
+    }
+    if (fsync(out.get()) != 0) return Errno("sync " + partial);
+  }
   if (renameat(dir, partial.c_str(), dir, id.c_str()) != 0) return Errno("rename " + partial);
   std::move(remove).Cancel();
   if (fsync(dir) != 0) {
