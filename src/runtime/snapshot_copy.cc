@@ -44,8 +44,8 @@ mode_t SafeMode(mode_t mode) { return mode & 01777; }
 
 class Copier {
  public:
-  Copier(bool overlay, const CopyCharge& charge, SyncList* sync)
-      : overlay_(overlay), charge_(charge), sync_(sync) {}
+  Copier(bool overlay, const CopyCharge& charge, SyncList* sync, int64_t max_entries)
+      : overlay_(overlay), charge_(charge), sync_(sync), max_entries_(max_entries) {}
 
   absl::Status Folder(int src, int dst, const std::string& path, int depth) {
     if (depth > kMaxCopyDepth) {
@@ -94,6 +94,11 @@ class Copier {
 
   absl::Status Entry(int src, int dst, const std::string& name, const std::string& path,
                      int depth) {
+    if (++entries_ > max_entries_) {
+      return absl::ResourceExhaustedError(absl::StrCat("more than ", max_entries_,
+                                                       " files, folders and links to copy (at \"",
+                                                       path, "\"): refused"));
+    }
     struct stat st;
     if (fstatat(src, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno == ENOENT) return Changed(path);
@@ -208,6 +213,8 @@ class Copier {
   const bool overlay_;
   const CopyCharge& charge_;
   SyncList* const sync_;
+  const int64_t max_entries_;
+  int64_t entries_ = 0;
 };
 
 absl::Status RemoveBelow(int dir_fd, const std::string& path, int depth) {
@@ -244,7 +251,7 @@ absl::Status RemoveBelow(int dir_fd, const std::string& path, int depth) {
 }  // namespace
 
 absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& name, bool overlay,
-                                   const CopyCharge& charge, SyncList* sync) {
+                                   const CopyCharge& charge, SyncList* sync, int64_t max_entries) {
   struct stat st;
   if (fstat(src, &st) != 0) return IoError("stat", name);
   if (!S_ISDIR(st.st_mode)) {
@@ -254,7 +261,7 @@ absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& n
   if (mkdirat(dst_parent, name.c_str(), 0700) != 0) return IoError("make folder", name);
   Fd out(openat(dst_parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!out.valid()) return IoError("open folder", name);
-  Copier copier(overlay, charge, sync);
+  Copier copier(overlay, charge, sync, max_entries);
   if (absl::Status s = copier.Folder(src, out.get(), name, 0); !s.ok()) return s;
   if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", name);
   if (sync != nullptr) sync->Keep(std::move(out));

@@ -17,7 +17,8 @@
 //   copy (root for the server), never by the sandbox's uid;
 // - hard links become separate copies.
 // Every byte is charged before it is written (`charge`); a refusal stops the copy with
-// that status. Folders nested deeper than kMaxCopyDepth are refused.
+// that status. Folders nested deeper than kMaxCopyDepth are refused (FAILED_PRECONDITION),
+// and so is a tree of more than `max_entries` entries (RESOURCE_EXHAUSTED).
 //
 // Thread-safety: the function is reentrant. Internal to sbx::runtime_local.
 
@@ -34,6 +35,9 @@
 namespace sbx::runtime::local {
 
 inline constexpr int kMaxCopyDepth = 128;
+// The most entries (files, folders, links, FIFOs, whiteouts, dropped ones) one copy takes:
+// empty files cost no quota bytes but do cost the data disk's inodes and the copy's time.
+inline constexpr int64_t kMaxCopyEntries = 1'000'000;
 
 struct CopyStats {
   int64_t bytes = 0;  // file contents and link targets (what was charged)
@@ -72,7 +76,8 @@ using CopyCharge = std::function<absl::Status(int64_t bytes)>;
 // path. On error the partial copy is left for the caller to remove.
 // `sync` (optional) collects what to sync.
 absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& name, bool overlay,
-                                   const CopyCharge& charge, SyncList* sync = nullptr);
+                                   const CopyCharge& charge, SyncList* sync = nullptr,
+                                   int64_t max_entries = kMaxCopyEntries);
 
 // Removes the folder `name` in `parent` and everything below it, without following links.
 // OK when it does not exist.

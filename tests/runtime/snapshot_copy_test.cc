@@ -49,10 +49,11 @@ class SnapshotCopyTest : public ::testing::Test {
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
 
-  absl::StatusOr<CopyStats> Copy(bool overlay, const CopyCharge& charge = nullptr) {
+  absl::StatusOr<CopyStats> Copy(bool overlay, const CopyCharge& charge = nullptr,
+                                 int64_t max_entries = kMaxCopyEntries) {
     const int s = open(src_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     const int o = open(out_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    absl::StatusOr<CopyStats> r = CopyTree(s, o, "copy", overlay, charge);
+    absl::StatusOr<CopyStats> r = CopyTree(s, o, "copy", overlay, charge, nullptr, max_entries);
     close(s);
     close(o);
     return r;
@@ -157,6 +158,16 @@ TEST_F(SnapshotCopyTest, TheChargeStopsTheCopyBeforeTheBytesAreWritten) {
   EXPECT_LE(static_cast<int64_t>(fs::file_size(out_ + "/copy/big")), allowed);
   ASSERT_TRUE(RemoveTree(open(out_.c_str(), O_RDONLY | O_DIRECTORY), "copy").ok());
   EXPECT_FALSE(fs::exists(out_ + "/copy"));
+}
+
+// Empty files cost no quota bytes; their number is bounded instead.
+TEST_F(SnapshotCopyTest, TooManyEntriesAreRefused) {
+  for (int i = 0; i < 12; ++i) Write(src_ + "/e" + std::to_string(i), "");
+  EXPECT_TRUE(Copy(false, nullptr, 12).ok());
+  fs::remove_all(out_ + "/copy");
+  absl::StatusOr<CopyStats> r = Copy(false, nullptr, 11);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("more than 11 files"));
 }
 
 TEST_F(SnapshotCopyTest, TooDeepATreeIsRefused) {
