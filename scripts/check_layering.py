@@ -95,15 +95,18 @@ RUNTIME_ROOM_USES = {
     "adoption": {"proc", "local_sandbox", "cgroups", "state_file", "reaper"},
     "probe": {"proc", "local_sandbox", "seccomp_filter", "bwrap_args", "spawn",
               "bubblewrap_runtime"},
+    # Snapshots (issue 37): the copy of a hostile tree, and the snapshots' folder.
+    "snapshot_copy": {"proc"},
+    "snapshot_files": {"proc", "local_sandbox", "snapshot_copy"},
     "bubblewrap_runtime": {"runtime", "proc", "local_sandbox", "seccomp_filter", "state_file",
                            "cgroups", "bwrap_args", "reaper", "spawn", "adoption", "probe",
-                           "image_root"},
+                           "image_root", "snapshot_files", "snapshot_copy"},
 }
 # src/allocator: the allocator (allocator.h, its implementation allocator_impl.h and the
 # rooms that define AllocatorImpl's methods) sits on top of its parts, and the refill drives
 # it; the parts below (ready sets, watch hub, pools, queues, tables) never include it back.
 ALLOCATOR_TOP = {"allocator", "allocator_impl", "admin", "claim_path", "claim_batch",
-                 "claim_changes", "sandbox_events", "recovery", "refill"}
+                 "claim_changes", "sandbox_events", "recovery", "refill", "snapshots"}
 ALLOCATOR_TOP_HEADERS = {"src/allocator/allocator.h", "src/allocator/allocator_impl.h"}
 
 RUNTIME_HEADER_USES = {"src/runtime/bubblewrap_runtime.h": {"runtime"}}

@@ -285,6 +285,8 @@ struct RecoveryStats {
   // the revisions in its claim records.
   uint64_t revision = 0;
   absl::Duration took;
+  // The snapshot records the store held (snapshots.h takes them over at start).
+  std::vector<store::SnapshotRecord> snapshots;
 };
 
 class Allocator {

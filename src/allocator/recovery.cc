@@ -14,6 +14,7 @@ absl::Status AllocatorImpl::Recover() {
   for (const ClaimRecord& c : contents.claims) revision = std::max(revision, c.revision);
   recovery_.revision = revision;
   hub_ = std::make_shared<WatchHub>(revision, options_.watch_history, options_.watch_queue);
+  recovery_.snapshots = std::move(contents.snapshots);
   recovery_.templates = contents.templates.size();
   recovery_.pools = contents.pools.size();
   absl::flat_hash_map<std::string, Pool*> pools;

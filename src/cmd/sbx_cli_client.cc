@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   client->admin_ = v1::AdminService::NewStub(client->channel_);
   client->images_ = v1::ImageService::NewStub(client->channel_);
   client->sandboxes_ = v1::SandboxService::NewStub(client->channel_);
+  client->snapshots_ = v1::Snapshots::NewStub(client->channel_);
   return client;
 }
 

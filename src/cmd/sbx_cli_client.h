@@ -19,6 +19,7 @@
 #include "sbx/v1/claims.grpc.pb.h"
 #include "sbx/v1/images.grpc.pb.h"
 #include "sbx/v1/sandboxes.grpc.pb.h"
+#include "sbx/v1/snapshots.grpc.pb.h"
 
 namespace sbx::cli {
 
@@ -60,6 +61,7 @@ class Client {
   v1::AdminService::Stub& admin() const { return *admin_; }
   v1::ImageService::Stub& images() const { return *images_; }
   v1::SandboxService::Stub& sandboxes() const { return *sandboxes_; }
+  v1::Snapshots::Stub& snapshots() const { return *snapshots_; }
   absl::Duration timeout() const { return timeout_; }
 
   // A context carrying the token, with a deadline `deadline` from now
@@ -85,6 +87,7 @@ class Client {
   std::unique_ptr<v1::AdminService::Stub> admin_;
   std::unique_ptr<v1::ImageService::Stub> images_;
   std::unique_ptr<v1::SandboxService::Stub> sandboxes_;
+  std::unique_ptr<v1::Snapshots::Stub> snapshots_;
 };
 
 // The absl::Status for a failed call: same code, the server's message, plus the retry hint

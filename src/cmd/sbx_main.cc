@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
   sbx::cli::AddAdminCommands(app, ctx, actions);
   sbx::cli::AddWatchCommands(app, ctx, actions);
   sbx::cli::AddPortCommands(app, ctx, actions);
+  sbx::cli::AddSnapshotCommands(app, ctx, actions);
 
   try {
     app.parse(argc, argv);

@@ -29,6 +29,7 @@
 #include "spdlog/spdlog.h"
 #include "src/allocator/allocator.h"
 #include "src/allocator/refill.h"
+#include "src/allocator/snapshots.h"
 #include "src/cmd/config.h"
 #include "src/cmd/conversion_wiring.h"
 #include "src/cmd/kube_wiring.h"
@@ -322,6 +323,13 @@ int main(int argc, char** argv) {
                  "a local template (in --config or the store) whose spec the on-demand pools of "
                  "claims by image copy, with the claim's image set (default: no network, 512 MiB "
                  "of memory, 512 processes); needs --runtime local and --image_cache_bytes");
+  sbx::allocator::SnapshotsOptions snapshot_options;
+  app.add_option(
+         "--snapshot_quota_bytes", snapshot_options.quota_bytes,
+         "bytes of snapshots each tenant may hold (their files under --data_dir/snapshots); "
+         "0: no quota")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 50));
   app.add_flag("--delete_sandboxes_on_exit", local_options.delete_on_exit,
                "kill every local sandbox when the server stops (default: leave them running; "
                "the next server on the same --sandbox_root adopts them, claims intact)");
@@ -506,6 +514,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<sbx::runtime::Runtime> runtime;
   if (runtime_name == "local") {
     local_options.images = image_cache.get();
+    local_options.snapshots_dir = store_options.path + "/snapshots";
     local_options.on_gone = [&allocator_for_reports](const std::string& id) {
       if (auto* a = allocator_for_reports.load())
         sbx::DropTo{"server.sandbox_gone", absl::StatusCode::kNotFound}(a->SandboxGone(id));
@@ -635,6 +644,8 @@ int main(int argc, char** argv) {
   // standby) once it leads, from the store it replicated as a standby.
   std::unique_ptr<sbx::allocator::Allocator> allocator;
   std::atomic<const sbx::allocator::Allocator*> allocator_for_metrics{nullptr};
+  // Set once the snapshots are made (activate, below); read by the metrics endpoint.
+  std::atomic<const sbx::allocator::Snapshots*> snapshots_for_metrics{nullptr};
   auto open_allocator = [&]() -> absl::Status {
     auto created =
         sbx::allocator::Allocator::Create(allocator_options, store->get(), active_runtime, &refill,
@@ -680,6 +691,7 @@ int main(int argc, char** argv) {
     sources.requests = &request_counters;
     sources.tenants = &tenant_limiter;
     sources.images = image_cache.get();
+    sources.snapshots = [&snapshots_for_metrics] { return snapshots_for_metrics.load(); };
     if (local != nullptr) {
       sources.sandbox_output_dropped = [l = local.get()] { return l->output_dropped_bytes(); };
     }
@@ -705,6 +717,8 @@ int main(int argc, char** argv) {
   // What a serving replica does (at once, or once it leads): reconcile with the runtime,
   // apply the config, refill, serve the pools and claims of the cluster, and the API.
   absl::Mutex server_mu;
+  snapshot_options.reconcile = runtime_name == "local";
+  std::unique_ptr<sbx::allocator::Snapshots> snapshots;  // outlives the server
   std::unique_ptr<sbx::server::Server> server;
   sbx::cmd::RunningProxy port_proxy;
   auto activate = [&]() -> absl::Status {
@@ -720,6 +734,11 @@ int main(int argc, char** argv) {
     if (active_runtime != nullptr) refill.Start(allocator.get());
     if (kube != nullptr) RETURN_IF_ERROR(kube->StartPools(allocator.get()));
     server_options.allocator = allocator.get();
+    ASSIGN_OR_RETURN(snapshots, sbx::allocator::Snapshots::Make(
+                                    snapshot_options, allocator.get(), store->get(), active_runtime,
+                                    &sbx::Clock::Real(), &sbx::IdGenerator::Random()));
+    server_options.snapshots = snapshots.get();
+    snapshots_for_metrics = snapshots.get();
     ASSIGN_OR_RETURN(port_proxy, sbx::cmd::StartProxy(proxy_flags, server_options.auth,
                                                       *sandbox_secrets, allocator.get(),
                                                       &server_options.port_urls, &proxy_counters));

@@ -50,6 +50,17 @@ class LocalSpecTranslator final : public runtime::Runtime {
     local_->Resume(std::move(id), std::move(done));
   }
   absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override { return local_->List(); }
+  void Snapshot(std::string sandbox_id, std::string snapshot_id, runtime::SnapshotCharge charge,
+                runtime::SnapshotCallback done) override {
+    local_->Snapshot(std::move(sandbox_id), std::move(snapshot_id), std::move(charge),
+                     std::move(done));
+  }
+  absl::Status DeleteSnapshot(const std::string& snapshot_id) override {
+    return local_->DeleteSnapshot(snapshot_id);
+  }
+  absl::StatusOr<std::vector<std::string>> ListSnapshots() override {
+    return local_->ListSnapshots();
+  }
 
  private:
   runtime::Runtime* const local_;

@@ -83,7 +83,17 @@ std::vector<SandboxPtr> AdoptOrCleanUp(const std::string& root, const Cgroups& c
         sb->host_uid = uid >= 0 ? static_cast<uid_t>(uid) : geteuid();
         if (!sb->freezer.empty()) {
           std::string state = ReadSmallFile(sb->freezer + "/freezer.state");
-          sb->suspended.store(state.rfind("FROZEN", 0) == 0, std::memory_order_relaxed);
+          bool frozen = state.rfind("FROZEN", 0) == 0;
+          // Frozen although its state file (written by every Suspend and Resume) says it
+          // runs: a snapshot's freeze that a crash interrupted. Thawed, as the snapshot
+          // would have done.
+          if (frozen && !sb->suspended.load(std::memory_order_relaxed)) {
+            if (absl::Status s = SetFreezer(*sb, "THAWED"); s.ok()) {
+              spdlog::info("sandbox {}: thawed (frozen by a snapshot a crash interrupted)", sb->id);
+              frozen = false;
+            }
+          }
+          sb->suspended.store(frozen, std::memory_order_relaxed);
         }
         OpenOutput(*sb);
         keep.insert(name);

@@ -44,6 +44,7 @@
 #include "src/runtime/probe.h"
 #include "src/runtime/proc.h"
 #include "src/runtime/reaper.h"
+#include "src/runtime/snapshot_files.h"
 #include "src/runtime/spawn.h"
 #include "src/runtime/state_file.h"
 
@@ -60,10 +61,12 @@ using local::SandboxPtr;
 class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
  public:
   BubblewrapRuntimeImpl(BubblewrapRuntimeOptions options, std::string root, Fd lock,
-                        Isolation isolation, Cgroups cgroups, std::vector<SandboxPtr> adopted)
+                        Isolation isolation, Cgroups cgroups, std::vector<SandboxPtr> adopted,
+                        Fd snapshots)
       : options_(std::move(options)),
         root_(std::move(root)),
         lock_(std::move(lock)),
+        snapshots_(std::move(snapshots)),
         iso_(std::move(isolation)),
         isolated_(iso_.isolated),
         cgroups_(std::move(cgroups)),
@@ -195,6 +198,26 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     });
   }
 
+  void Snapshot(std::string sandbox_id, std::string snapshot_id, SnapshotCharge charge,
+                SnapshotCallback done) override {
+    Enqueue([this, sandbox_id = std::move(sandbox_id), snapshot_id = std::move(snapshot_id),
+             charge = std::move(charge), done = std::move(done)](bool cancelled) mutable {
+      if (cancelled) return std::move(done)(absl::CancelledError("the runtime is stopping"));
+      std::move(done)(Capture(sandbox_id, snapshot_id, charge));
+    });
+  }
+
+  absl::Status DeleteSnapshot(const std::string& snapshot_id) override {
+    if (!snapshots_.valid()) return NoSnapshotsDir();
+    RETURN_IF_ERROR(local::CheckSnapshotId(snapshot_id));
+    return local::RemoveTree(snapshots_.get(), snapshot_id);
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListSnapshots() override {
+    if (!snapshots_.valid()) return std::vector<std::string>{};
+    return local::ListSnapshotIds(snapshots_.get());
+  }
+
   absl::StatusOr<std::vector<SandboxInfo>> List() override {
     std::vector<SandboxInfo> out;
     absl::MutexLock lock(&mu_);
@@ -289,6 +312,68 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     info.pool = it->second->pool;
     info.endpoint = it->second->endpoint;
     return info;
+  }
+
+  static absl::Status NoSnapshotsDir() {
+    return absl::FailedPreconditionError(
+        "this local runtime has no snapshots folder (BubblewrapRuntimeOptions::snapshots_dir)");
+  }
+
+  // Freezes `sb` (its op_mu held) for the copy unless it is suspended already, copies its
+  // files, and thaws it again whatever happened.
+  absl::StatusOr<SnapshotCapture> Capture(const std::string& id, const std::string& snapshot_id,
+                                          const SnapshotCharge& charge) {
+    if (!snapshots_.valid()) return NoSnapshotsDir();
+    SandboxPtr sb;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = running_.find(id);
+      if (it == running_.end()) return NotHere(id);
+      sb = it->second;
+    }
+    absl::MutexLock lock(&sb->op_mu);
+    if (sb->ended) return NotHere(id);
+    const bool was_suspended = sb->suspended.load(std::memory_order_relaxed);
+    if (!was_suspended) RETURN_IF_ERROR(Freeze(*sb));
+    const absl::Time start = absl::Now();
+    absl::StatusOr<local::CopyStats> copied =
+        local::CaptureSandbox(*sb, isolated_, snapshots_.get(), snapshot_id, charge);
+    // Thawed whatever happened (a sandbox the caller suspended stays frozen).
+    if (!was_suspended) Thaw(*sb);
+    if (!copied.ok()) return copied.status();
+    const local::CopyStats& stats = *copied;
+    spdlog::info(
+        "sandbox {}: snapshot {} taken in {}: {} bytes, {} files, {} folders, {} links, {} "
+        "FIFOs, {} whiteouts, {} sockets/devices left out",
+        id, snapshot_id, absl::FormatDuration(absl::Now() - start), stats.bytes, stats.files,
+        stats.folders, stats.links, stats.fifos, stats.whiteouts, stats.dropped);
+    SnapshotCapture out;
+    out.bytes = stats.bytes;
+    out.image_digest = sb->image_digest;
+    out.dropped = stats.dropped;
+    return out;
+  }
+
+  static absl::Status Freeze(Sandbox& sb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sb.op_mu) {
+    absl::Status s;
+    if (!sb.freezer.empty()) {
+      s = local::SetFreezer(sb, "FROZEN");
+      if (!s.ok()) local::SetFreezer(sb, "THAWED").IgnoreError();  // all or nothing
+    } else {
+      s = local::StopAll(sb);
+      if (!s.ok()) local::ContinueAll(sb);
+    }
+    return s;
+  }
+
+  static void Thaw(Sandbox& sb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sb.op_mu) {
+    if (!sb.freezer.empty()) {
+      if (absl::Status s = local::SetFreezer(sb, "THAWED"); !s.ok()) {
+        spdlog::error("sandbox {}: cannot thaw it: {}", sb.id, std::string(s.message()));
+      }
+    } else {
+      local::ContinueAll(sb);
+    }
   }
 
   absl::Status SetSuspended(const std::string& id, bool suspend) {
@@ -413,6 +498,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   const std::string root_;  // options_.root_dir, absolute
   // Held (flock) while the runtime exists.
   const Fd lock_;
+  // The snapshots folder (options_.snapshots_dir), or invalid without one.
+  const Fd snapshots_;
   const Isolation iso_;
   const bool isolated_;
   const Cgroups cgroups_;
@@ -599,11 +686,19 @@ absl::StatusOr<std::unique_ptr<BubblewrapRuntime>> BubblewrapRuntime::Make(
                cgroups.pids.empty() ? "unavailable" : "cgroup v1",
                cgroups.freezer.empty() ? "SIGSTOP/SIGCONT (no writable freezer cgroup)"
                                        : "the freezer cgroup");
+  Fd snapshots;
+  if (!options.snapshots_dir.empty()) {
+    ASSIGN_OR_RETURN(snapshots, local::OpenSnapshotsDir(options.snapshots_dir));
+    if (const int swept = local::SweepPartialSnapshots(snapshots.get()); swept > 0) {
+      spdlog::info("local runtime: removed {} snapshots a crash left half-made in \"{}\"", swept,
+                   options.snapshots_dir);
+    }
+  }
   std::vector<SandboxPtr> adopted = local::AdoptOrCleanUp(root, cgroups);
   local::PruneEmptyCgroups(cgroups);
-  auto runtime = std::make_unique<BubblewrapRuntimeImpl>(std::move(options), std::move(root),
-                                                         std::move(lock), std::move(iso),
-                                                         std::move(cgroups), std::move(adopted));
+  auto runtime = std::make_unique<BubblewrapRuntimeImpl>(
+      std::move(options), std::move(root), std::move(lock), std::move(iso), std::move(cgroups),
+      std::move(adopted), std::move(snapshots));
   runtime->set_daemon_libs_status(std::move(daemon_libs));
   return std::unique_ptr<BubblewrapRuntime>(std::move(runtime));
 }

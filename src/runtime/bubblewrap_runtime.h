@@ -144,6 +144,10 @@ struct BubblewrapRuntimeOptions {
   // Whether the destructor kills every sandbox. False: they keep running and the next
   // runtime made on the same root_dir adopts them (sbx-server restarts keep claims).
   bool delete_on_exit = false;
+  // Where snapshots' files live (snapshot_files.h): made at mode 0700 if missing; what a
+  // crash left half-made there is removed by Make(). Empty: no snapshots (Snapshot answers
+  // FAILED_PRECONDITION).
+  std::string snapshots_dir;
   // Suspend with the freezer cgroup when the machine has a writable one. False: always
   // SIGSTOP/SIGCONT each process (the fallback; tests use it to exercise that path).
   bool use_freezer = true;

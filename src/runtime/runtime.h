@@ -9,6 +9,8 @@
 // Lifetime: the runtime must outlive its users; pending callbacks run (with CANCELLED)
 // before the runtime is destroyed.
 
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,6 +61,29 @@ using DeleteCallback = DoneCallback;
 // empty endpoint means where it was).
 using ResumeCallback = absl::AnyInvocable<void(absl::StatusOr<SandboxInfo>) &&>;
 
+// What Runtime::Snapshot captured.
+struct SnapshotCapture {
+  // Bytes of its files (file contents and link targets): what was charged.
+  int64_t bytes = 0;
+  // The digest of the image the sandbox's root lies on; empty for a sandbox of the host's
+  // root (then only its workspace was captured).
+  std::string image_digest;
+  // Sockets and device nodes left out (a snapshot never carries them).
+  int64_t dropped = 0;
+};
+using SnapshotCallback = absl::AnyInvocable<void(absl::StatusOr<SnapshotCapture>) &&>;
+// Called with the bytes a snapshot is about to copy; a non-OK status stops it with that
+// status (a quota). May be called from the runtime's threads; must not block.
+using SnapshotCharge = std::function<absl::Status(int64_t bytes)>;
+
+// The answer of runtimes that have no snapshots.
+[[nodiscard]] inline absl::Status NoSnapshots() {
+  return absl::UnimplementedError(
+      "this runtime has no snapshots: Snapshot, Fork and Reset work with the local runtime "
+      "(sbx-server --runtime local); on Kubernetes, claims, suspend/resume, exec and files "
+      "work (docs/kubernetes.md says what a snapshot backend there would need)");
+}
+
 class Runtime {
  public:
   virtual ~Runtime() = default;
@@ -91,6 +116,28 @@ class Runtime {
   // instead. `suspended` reports whether each one is frozen now, `ready` whether it can
   // serve now (warm ones that cannot are retired; claimed ones are kept).
   [[nodiscard]] virtual absl::StatusOr<std::vector<SandboxInfo>> List() = 0;
+
+  // --- Snapshots (issue 37) ---
+  // Captures the file system of sandbox `sandbox_id` (its root's own layer and its
+  // workspace) as snapshot `snapshot_id`: the sandbox is frozen for the copy and thawed
+  // after it (left frozen when it was suspended before), also on failure. The snapshot's
+  // files are whole and synced when `done` gets OK; on any failure none are left. Errors:
+  // NOT_FOUND (no such sandbox), ALREADY_EXISTS (the snapshot id), the charge's status,
+  // RESOURCE_EXHAUSTED (disk full), FAILED_PRECONDITION (a tree it refuses to copy),
+  // UNIMPLEMENTED (this runtime has no snapshots).
+  virtual void Snapshot(std::string sandbox_id, std::string snapshot_id, SnapshotCharge charge,
+                        SnapshotCallback done) {
+    std::move(done)(NoSnapshots());
+  }
+  // Removes snapshot `snapshot_id`'s files; OK when there are none.
+  [[nodiscard]] virtual absl::Status DeleteSnapshot(const std::string& snapshot_id) {
+    return NoSnapshots();
+  }
+  // The snapshots whose files exist (whole ones: a snapshot interrupted by a crash is
+  // removed when the runtime starts, never listed). Empty for runtimes without snapshots.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ListSnapshots() {
+    return std::vector<std::string>{};
+  }
 };
 
 }  // namespace sbx::runtime

@@ -20,6 +20,7 @@
 #include "spdlog/spdlog.h"
 #include "src/allocator/allocator.h"
 #include "src/allocator/refill.h"
+#include "src/allocator/snapshots.h"
 #include "src/common/build_info.h"
 
 namespace sbx::server {
@@ -99,6 +100,38 @@ void AddHistogram(MetricFamily* f, Labels labels, const HistogramSnapshot& h) {
   f->metric.push_back(std::move(m));
 }
 
+void CollectSnapshots(const allocator::SnapshotStats& st, std::vector<MetricFamily>* out) {
+  auto gauge = [&](const char* name, const char* help, double v) {
+    auto f = Family(name, help, MetricType::Gauge);
+    AddValue(&f, {}, v);
+    out->push_back(std::move(f));
+  };
+  auto counter = [&](const char* name, const char* help, double v) {
+    auto f = Family(name, help, MetricType::Counter);
+    AddValue(&f, {}, v);
+    out->push_back(std::move(f));
+  };
+  gauge("sbx_snapshots", "Snapshots held (every tenant's)", static_cast<double>(st.snapshots));
+  gauge("sbx_snapshot_bytes", "Bytes of the snapshots held (file contents and link targets)",
+        static_cast<double>(st.bytes));
+  counter("sbx_snapshots_created_total", "Snapshots made since the start",
+          static_cast<double>(st.created));
+  counter("sbx_snapshot_failures_total",
+          "Snapshots that failed since the start (quota refusals included)",
+          static_cast<double>(st.failed));
+  counter("sbx_snapshots_deleted_total", "Snapshots deleted since the start",
+          static_cast<double>(st.deleted));
+  counter("sbx_snapshot_quota_refusals_total",
+          "Snapshots stopped by a tenant's --snapshot_quota_bytes",
+          static_cast<double>(st.quota_refusals));
+  auto f = Family("sbx_snapshot_seconds",
+                  "Time of a snapshot from the request to its durable record (freeze, copy, "
+                  "sync, thaw, commit)",
+                  MetricType::Histogram);
+  AddHistogram(&f, {}, st.seconds);
+  out->push_back(std::move(f));
+}
+
 class ServerCollector final : public prometheus::Collectable {
  public:
   explicit ServerCollector(MetricsSources sources) : sources_(std::move(sources)) {}
@@ -108,6 +141,9 @@ class ServerCollector final : public prometheus::Collectable {
     const allocator::Allocator* a = sources_.allocator ? sources_.allocator() : nullptr;
     if (a != nullptr) CollectPools(*a, &out);
     if (sources_.refill != nullptr) CollectRefill(&out);
+    if (const allocator::Snapshots* snaps = sources_.snapshots ? sources_.snapshots() : nullptr) {
+      CollectSnapshots(snaps->stats(), &out);
+    }
     if (sources_.sandbox_output_dropped) {
       auto f = Family("sbx_sandbox_output_dropped_bytes_total",
                       "Bytes local sandboxes wrote to their stdout/stderr (bubblewrap's and the "

@@ -41,6 +41,7 @@ struct MetricFamily;
 namespace sbx::allocator {
 class Allocator;
 class RefillReconciler;
+class Snapshots;
 }  // namespace sbx::allocator
 
 namespace sbx::server {
@@ -149,6 +150,8 @@ struct MetricsSources {
   std::function<uint64_t()> sandbox_output_dropped;
   // The local runtime's image cache (sbx_image_cache_*); null: none.
   const images::Images* images = nullptr;
+  // Snapshots (sbx_snapshot*), read at each scrape; unset or null: none.
+  std::function<const allocator::Snapshots*()> snapshots;
   // Further families collected at scrape time (store replication's).
   std::vector<std::shared_ptr<prometheus::Collectable>> extra;
 };

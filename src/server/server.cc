@@ -25,6 +25,7 @@
 #include "src/server/forward.h"
 #include "src/server/image_service.h"
 #include "src/server/pending_services.h"
+#include "src/server/snapshot_service.h"
 #include "src/server/unparsed_request.h"
 
 namespace sbx::server {
@@ -229,6 +230,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.allocator, services->auth.get(), options.check_template, options.images));
     services->services.push_back(
         std::make_unique<ImageService>(options.images, services->auth.get()));
+    services->services.push_back(
+        std::make_unique<SnapshotService>(options.snapshots, services->auth.get()));
   } else if (options.forward.has_value()) {
     ForwardOptions forward = *options.forward;
     if (!options.tls_cert_file.empty() && forward.credentials == nullptr) {

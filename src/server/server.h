@@ -30,6 +30,7 @@
 
 namespace sbx::allocator {
 class Allocator;
+class Snapshots;
 }  // namespace sbx::allocator
 
 namespace sbx::server {
@@ -85,6 +86,9 @@ struct ServerOptions {
   ImageClaimOptions image_claims;
   // The port proxy's URLs for SandboxService.GetPortUrl (unset tokens: no proxy).
   PortUrlOptions port_urls;
+  // Snapshots (issue 37), served as sbx.v1.Snapshots with an allocator; not owned, must
+  // outlive the server. Null: those RPCs answer UNIMPLEMENTED (the runtime has none).
+  allocator::Snapshots* snapshots = nullptr;
   // Further services served on the same port (the replicas' store replication). A
   // grpc::Service serves one server: give each server its own instances.
   std::vector<std::shared_ptr<grpc::Service>> extra_services;

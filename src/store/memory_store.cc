@@ -24,6 +24,10 @@ MemoryStore::MemoryStore(Contents initial, MemoryStoreOptions options) : options
       std::string key = r.name;
       pools_.insert_or_assign(std::move(key), std::move(r));
     }
+    for (SnapshotRecord& r : initial.snapshots) {
+      std::string key = r.id;
+      snapshots_.insert_or_assign(std::move(key), std::move(r));
+    }
     for (SandboxRecord& r : initial.sandboxes) {
       std::string key = r.id;
       sandboxes_.insert_or_assign(std::move(key), std::move(r));
@@ -144,6 +148,13 @@ void MemoryStore::ApplyLocked(const WriteBatch& batch) {
       case Mutation::Kind::kRevision:
         revision_ = is_delete ? 0 : std::get<RevisionRecord>(m.record).revision;
         break;
+      case Mutation::Kind::kSnapshot:
+        if (is_delete) {
+          snapshots_.erase(m.key);
+        } else {
+          snapshots_.insert_or_assign(m.key, std::get<SnapshotRecord>(m.record));
+        }
+        break;
     }
   }
 }
@@ -261,6 +272,8 @@ Contents MemoryStore::SnapshotLocked() const {
   c.claims.reserve(claims_.size());
   for (const auto& [key, r] : claims_) c.claims.push_back(r);
   c.revision = revision_;
+  c.snapshots.reserve(snapshots_.size());
+  for (const auto& [key, r] : snapshots_) c.snapshots.push_back(r);
   return c;
 }
 

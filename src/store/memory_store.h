@@ -123,6 +123,7 @@ class MemoryStore final : public Store {
   StoreStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::map<std::string, TemplateRecord> templates_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, SnapshotRecord> snapshots_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, PoolRecord> pools_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, SandboxRecord> sandboxes_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ClaimRecord> claims_ ABSL_GUARDED_BY(mu_);

@@ -151,7 +151,7 @@ bool IsReplicatedKey(absl::string_view key) {
   if (key.size() < 3) return false;
   const absl::string_view prefix = key.substr(0, 2);
   return prefix == kTemplatePrefix || prefix == kPoolPrefix || prefix == kSandboxPrefix ||
-         prefix == kClaimPrefix;
+         prefix == kClaimPrefix || prefix == kSnapshotPrefix;
 }
 
 void AppendKey(Mutation::Kind kind, absl::string_view key, std::string* out) {
@@ -171,6 +171,9 @@ void AppendKey(Mutation::Kind kind, absl::string_view key, std::string* out) {
       break;
     case Mutation::Kind::kRevision:
       prefix = kMetaPrefix;
+      break;
+    case Mutation::Kind::kSnapshot:
+      prefix = kSnapshotPrefix;
       break;
   }
   ABSL_RAW_CHECK(!prefix.empty(), "unknown mutation kind");
@@ -255,6 +258,24 @@ void EncodeValue(const Mutation& m, std::string* out) {
           msg.set_suspended(r.suspended);
           msg.set_batch_count(r.batch_count);
           Serialize(msg, out);
+        } else if constexpr (std::is_same_v<R, SnapshotRecord>) {
+          Snapshot msg;
+          msg.set_owner(r.owner);
+          msg.set_name(r.name);
+          for (const auto& [k, v] : r.labels) {
+            Label* label = msg.add_labels();
+            label->set_key(k);
+            label->set_value(v);
+          }
+          msg.set_source_claim(r.source_claim);
+          msg.set_parent_image_digest(r.parent_image_digest);
+          msg.set_parent_image(r.parent_image);
+          msg.set_parent_snapshot(r.parent_snapshot);
+          msg.set_size_bytes(r.size_bytes);
+          EncodeTime(
+              r.created, [&](int64_t s) { msg.set_created_s(s); },
+              [&](int32_t ns) { msg.set_created_ns(ns); });
+          Serialize(msg, out);
         } else {
           static_assert(std::is_same_v<R, RevisionRecord>);
           Revision msg;
@@ -273,6 +294,7 @@ struct RecordDecoder::Messages {
   Pool pool_msg;
   Sandbox sandbox_msg;
   Claim claim_msg;
+  Snapshot snapshot_msg;
   Revision revision_msg;
 };
 
@@ -307,8 +329,8 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
     return absl::OkStatus();
   }
   if (prefix != kTemplatePrefix && prefix != kPoolPrefix && prefix != kSandboxPrefix &&
-      prefix != kClaimPrefix) {
-    return Corrupt(key, "unknown key prefix (not t/, p/, s/, c/ or m/)");
+      prefix != kClaimPrefix && prefix != kSnapshotPrefix) {
+    return Corrupt(key, "unknown key prefix (not t/, p/, s/, c/, n/ or m/)");
   }
   if (name.empty()) return Corrupt(key, "empty name");
   if (value.empty()) return Corrupt(key, "empty value (no format version byte)");
@@ -354,6 +376,25 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
     r.suspended = msg.suspended();
     r.batch_count = msg.batch_count();
     if (!s.ok()) out->claims.pop_back();
+    return s;
+  }
+  if (prefix == kSnapshotPrefix) {
+    Snapshot& msg = messages_->snapshot_msg;
+    if (!msg.ParseFromArray(data, size)) return parse_error();
+    SnapshotRecord& r = out->snapshots.emplace_back();
+    r.id.assign(name.data(), name.size());
+    r.owner = std::move(*msg.mutable_owner());
+    r.name = std::move(*msg.mutable_name());
+    for (Label& label : *msg.mutable_labels()) {
+      r.labels.insert_or_assign(std::move(*label.mutable_key()), std::move(*label.mutable_value()));
+    }
+    r.source_claim = std::move(*msg.mutable_source_claim());
+    r.parent_image_digest = std::move(*msg.mutable_parent_image_digest());
+    r.parent_image = std::move(*msg.mutable_parent_image());
+    r.parent_snapshot = std::move(*msg.mutable_parent_snapshot());
+    r.size_bytes = msg.size_bytes();
+    absl::Status s = DecodeTime(key, "created", msg.created_s(), msg.created_ns(), &r.created);
+    if (!s.ok()) out->snapshots.pop_back();
     return s;
   }
   if (prefix == kSandboxPrefix) {

@@ -27,6 +27,7 @@ inline constexpr absl::string_view kTemplatePrefix = "t/";
 inline constexpr absl::string_view kPoolPrefix = "p/";
 inline constexpr absl::string_view kSandboxPrefix = "s/";
 inline constexpr absl::string_view kClaimPrefix = "c/";
+inline constexpr absl::string_view kSnapshotPrefix = "n/";
 inline constexpr absl::string_view kMetaPrefix = "m/";
 
 // Written when a store is created; an existing RocksDB database without it (and with other

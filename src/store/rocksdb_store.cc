@@ -869,7 +869,8 @@ class RocksDbStore final : public Store, public Replicable {
   absl::Status BeginLoad(const ReplicaMarker& marker) override ABSL_LOCKS_EXCLUDED(db_mu_) {
     rocksdb::WriteBatch batch;
     for (absl::string_view prefix :
-         {codec::kTemplatePrefix, codec::kPoolPrefix, codec::kSandboxPrefix, codec::kClaimPrefix}) {
+         {codec::kTemplatePrefix, codec::kPoolPrefix, codec::kSandboxPrefix, codec::kClaimPrefix,
+          codec::kSnapshotPrefix}) {
       std::string end(prefix);
       end.back() = static_cast<char>(end.back() + 1);  // "c/" .. "c0": every key of the kind
       batch.DeleteRange(Key(prefix), end);

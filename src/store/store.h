@@ -25,14 +25,14 @@ namespace sbx::store {
 
 // One durable change: a record to write, or a key to delete.
 struct Mutation {
-  enum class Kind : uint8_t { kTemplate, kPool, kSandbox, kClaim, kRevision };
+  enum class Kind : uint8_t { kTemplate, kPool, kSandbox, kClaim, kRevision, kSnapshot };
   Kind kind;
   // The record's name or id; for a claim, ClaimKey(owner, id); for the revision mark,
   // kRevisionRecordKey.
   std::string key;
   // The record to put; std::monostate deletes `key`.
   std::variant<std::monostate, TemplateRecord, PoolRecord, SandboxRecord, ClaimRecord,
-               RevisionRecord>
+               RevisionRecord, SnapshotRecord>
       record;
 };
 
@@ -45,10 +45,12 @@ class WriteBatch {
   void Put(ClaimRecord r);
   // Sets the store's claim revision mark (replacing the stored one).
   void Put(RevisionRecord r);
+  void Put(SnapshotRecord r);
   void DeleteTemplate(std::string name);
   void DeletePool(std::string name);
   void DeleteSandbox(std::string id);
   void DeleteClaim(absl::string_view owner, absl::string_view id);
+  void DeleteSnapshot(std::string id);
 
   bool empty() const { return mutations_.empty(); }
   size_t size() const { return mutations_.size(); }
@@ -76,6 +78,7 @@ struct Contents {
   std::vector<ClaimRecord> claims;
   // The stored RevisionRecord's revision; 0 when there is none.
   uint64_t revision = 0;
+  std::vector<SnapshotRecord> snapshots;
 };
 
 // Called exactly once per Commit, with OK when the batch is durable (per the store's

@@ -26,6 +26,7 @@ Identity IdentityOf(const SandboxRecord& r) { return {Mutation::Kind::kSandbox, 
 Identity IdentityOf(const ClaimRecord& r) {
   return {Mutation::Kind::kClaim, ClaimKey(r.owner, r.id)};
 }
+Identity IdentityOf(const SnapshotRecord& r) { return {Mutation::Kind::kSnapshot, r.id}; }
 Identity IdentityOf(const RevisionRecord&) {
   return {Mutation::Kind::kRevision, std::string(kRevisionRecordKey)};
 }
@@ -56,6 +57,15 @@ void WriteBatch::Put(RevisionRecord r) {
   mutations_.push_back({Mutation::Kind::kRevision, std::string(kRevisionRecordKey), r});
 }
 
+void WriteBatch::Put(SnapshotRecord r) {
+  std::string key = r.id;
+  mutations_.push_back({Mutation::Kind::kSnapshot, std::move(key), std::move(r)});
+}
+
+void WriteBatch::DeleteSnapshot(std::string id) {
+  mutations_.push_back({Mutation::Kind::kSnapshot, std::move(id), std::monostate{}});
+}
+
 void WriteBatch::DeleteTemplate(std::string name) {
   mutations_.push_back({Mutation::Kind::kTemplate, std::move(name), std::monostate{}});
 }
@@ -84,6 +94,8 @@ const char* KindName(Mutation::Kind kind) {
       return "claim";
     case Mutation::Kind::kRevision:
       return "revision";
+    case Mutation::Kind::kSnapshot:
+      return "snapshot";
   }
   return "unknown kind";
 }
@@ -95,7 +107,7 @@ absl::Status CheckBatch(const WriteBatch& batch) {
     const char* kind = KindName(m.kind);
     if (m.kind != Mutation::Kind::kTemplate && m.kind != Mutation::Kind::kPool &&
         m.kind != Mutation::Kind::kSandbox && m.kind != Mutation::Kind::kClaim &&
-        m.kind != Mutation::Kind::kRevision) {
+        m.kind != Mutation::Kind::kRevision && m.kind != Mutation::Kind::kSnapshot) {
       return absl::InvalidArgumentError(
           absl::StrCat("mutation ", i, ": unknown kind ", static_cast<int>(m.kind)));
     }

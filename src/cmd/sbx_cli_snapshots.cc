@@ -1,0 +1,164 @@
+// `sbx snapshot`, `sbx snapshots [list|get|delete]`: sbx.v1.Snapshots (issue 37).
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "src/cmd/sbx_cli_commands.h"
+#include "src/common/status_macros.h"
+
+namespace sbx::cli {
+namespace {
+
+void PrintSnapshots(const Context& ctx, const std::vector<const v1::Snapshot*>& snapshots) {
+  if (ctx.json()) {
+    std::vector<const google::protobuf::Message*> messages(snapshots.begin(), snapshots.end());
+    PrintJsonArray(messages);
+    return;
+  }
+  const absl::Time now = absl::Now();
+  Table table({"ID", "NAME", "SIZE", "PARENT", "SOURCE CLAIM", "CREATED", "LABELS"});
+  for (const v1::Snapshot* s : snapshots) {
+    table.AddRow({s->id(), EscapeForTerminal(s->name()), std::to_string(s->size_bytes()),
+                  !s->parent_snapshot_id().empty()    ? s->parent_snapshot_id()
+                  : !s->parent_image_digest().empty() ? s->parent_image_digest().substr(0, 19)
+                                                      : "(host root)",
+                  s->source_claim_id(), RelativeTime(s->has_create_time(), s->create_time(), now),
+                  FormatLabels(s->labels())});
+  }
+  table.Print(stdout);
+}
+
+google::protobuf::Map<std::string, std::string> Labels(const std::vector<std::string>& kvs) {
+  google::protobuf::Map<std::string, std::string> out;
+  for (const std::string& kv : kvs) {
+    auto [k, v] = SplitKeyValue(kv);
+    out[k] = v;
+  }
+  return out;
+}
+
+struct SnapshotArgs {
+  std::string claim_id;
+  std::string name;
+  std::vector<std::string> labels;
+};
+
+absl::StatusOr<int> RunSnapshot(Context& ctx, const SnapshotArgs& a) {
+  ASSIGN_OR_RETURN(Client * client, ctx.Connect());
+  v1::CreateSnapshotRequest req;
+  req.set_claim_id(a.claim_id);
+  req.set_name(a.name);
+  *req.mutable_labels() = Labels(a.labels);
+  v1::CreateSnapshotResponse resp;
+  // A snapshot copies the sandbox's files: give it longer than a plain call.
+  RETURN_IF_ERROR(client->Call(client->timeout() + absl::Minutes(10), [&](grpc::ClientContext* c) {
+    return client->snapshots().CreateSnapshot(c, req, &resp);
+  }));
+  if (ctx.json()) {
+    PrintJson(resp);
+  } else {
+    PrintSnapshots(ctx, {&resp.snapshot()});
+    if (resp.dropped_entries() > 0) {
+      std::fprintf(stderr, "sbx: %lld sockets or device nodes were left out of the snapshot\n",
+                   static_cast<long long>(resp.dropped_entries()));
+    }
+  }
+  return 0;
+}
+
+absl::StatusOr<int> RunList(Context& ctx, const std::vector<std::string>& labels) {
+  ASSIGN_OR_RETURN(Client * client, ctx.Connect());
+  v1::ListSnapshotsRequest req;
+  *req.mutable_label_selector() = Labels(labels);
+  v1::ListSnapshotsResponse resp;
+  RETURN_IF_ERROR(client->Call(
+      [&](grpc::ClientContext* c) { return client->snapshots().ListSnapshots(c, req, &resp); }));
+  if (ctx.json()) {
+    PrintJson(resp);
+    return 0;
+  }
+  std::vector<const v1::Snapshot*> all;
+  for (const v1::Snapshot& s : resp.snapshots()) all.push_back(&s);
+  PrintSnapshots(ctx, all);
+  std::printf(
+      "%lld bytes used of %s\n", static_cast<long long>(resp.used_bytes()),
+      resp.quota_bytes() > 0 ? absl::StrCat(resp.quota_bytes(), " bytes").c_str() : "no quota");
+  return 0;
+}
+
+absl::StatusOr<int> RunGet(Context& ctx, const std::string& id) {
+  ASSIGN_OR_RETURN(Client * client, ctx.Connect());
+  v1::GetSnapshotRequest req;
+  req.set_snapshot_id(id);
+  v1::GetSnapshotResponse resp;
+  RETURN_IF_ERROR(client->Call(
+      [&](grpc::ClientContext* c) { return client->snapshots().GetSnapshot(c, req, &resp); }));
+  if (ctx.json()) {
+    PrintJson(resp.snapshot());
+  } else {
+    PrintSnapshots(ctx, {&resp.snapshot()});
+  }
+  return 0;
+}
+
+absl::StatusOr<int> RunDelete(Context& ctx, const std::string& id) {
+  ASSIGN_OR_RETURN(Client * client, ctx.Connect());
+  v1::DeleteSnapshotRequest req;
+  req.set_snapshot_id(id);
+  v1::DeleteSnapshotResponse resp;
+  RETURN_IF_ERROR(client->Call(
+      [&](grpc::ClientContext* c) { return client->snapshots().DeleteSnapshot(c, req, &resp); }));
+  if (!ctx.json()) std::printf("deleted %s\n", id.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void AddSnapshotCommands(CLI::App& app, Context& ctx, Actions& actions) {
+  {
+    auto a = std::make_shared<SnapshotArgs>();
+    CLI::App* sub = app.add_subcommand(
+        "snapshot",
+        "Snapshot a claimed sandbox's files (its root's own layer and its workspace): the "
+        "sandbox is frozen for the copy and runs on after it");
+    sub->add_option("id", a->claim_id, "Claim id")->required();
+    sub->add_option("--name", a->name, "A name for the snapshot (at most 128 bytes)");
+    sub->add_option("--label", a->labels, "Label k=v recorded on the snapshot (repeatable)")
+        ->allow_extra_args(false)
+        ->check(KeyValueCheck());
+    actions[sub] = [&ctx, a] { return RunSnapshot(ctx, *a); };
+  }
+  CLI::App* snaps =
+      app.add_subcommand("snapshots", "Your snapshots: list them (the default), get or delete one");
+  {
+    auto labels = std::make_shared<std::vector<std::string>>();
+    snaps->add_option("--label", *labels, "Only snapshots with label k=v (repeatable)")
+        ->allow_extra_args(false)
+        ->check(KeyValueCheck());
+    actions[snaps] = [&ctx, labels] { return RunList(ctx, *labels); };
+    CLI::App* list = snaps->add_subcommand("list", "List your snapshots (oldest first)");
+    auto list_labels = std::make_shared<std::vector<std::string>>();
+    list->add_option("--label", *list_labels, "Only snapshots with label k=v (repeatable)")
+        ->allow_extra_args(false)
+        ->check(KeyValueCheck());
+    actions[list] = [&ctx, list_labels] { return RunList(ctx, *list_labels); };
+  }
+  {
+    auto id = std::make_shared<std::string>();
+    CLI::App* get = snaps->add_subcommand("get", "Show one snapshot");
+    get->add_option("id", *id, "Snapshot id")->required();
+    actions[get] = [&ctx, id] { return RunGet(ctx, *id); };
+  }
+  {
+    auto id = std::make_shared<std::string>();
+    CLI::App* del = snaps->add_subcommand(
+        "delete", "Delete a snapshot (refused while a template, pool or sandbox uses it)");
+    del->add_option("id", *id, "Snapshot id")->required();
+    actions[del] = [&ctx, id] { return RunDelete(ctx, *id); };
+  }
+}
+
+}  // namespace sbx::cli

@@ -1,0 +1,285 @@
+#include "src/runtime/snapshot_copy.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "src/runtime/proc.h"
+
+namespace sbx::runtime::local {
+namespace {
+
+constexpr size_t kChunk = size_t{1} << 20;
+// The overlay's opaque-folder markers: with the idmapped mount of a root server the overlay
+// uses trusted.*, with a user namespace's mount user.*.
+constexpr const char* kOpaqueXattrs[] = {"trusted.overlay.opaque", "user.overlay.opaque"};
+
+absl::Status IoError(const std::string& what, const std::string& path) {
+  const int err = errno;
+  const std::string msg = absl::StrCat(what, " \"", path, "\": ", std::strerror(err));
+  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+absl::Status Changed(const std::string& path) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "\"", path, "\" changed while it was being copied (the sandbox is not frozen?)"));
+}
+
+bool SameInode(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino &&
+         (a.st_mode & S_IFMT) == (b.st_mode & S_IFMT);
+}
+
+// Modes without set-user-id and set-group-id (the sticky bit of a folder stays).
+mode_t SafeMode(mode_t mode) { return mode & 01777; }
+
+class Copier {
+ public:
+  Copier(bool overlay, const CopyCharge& charge, SyncList* sync, int64_t max_entries)
+      : overlay_(overlay), charge_(charge), sync_(sync), max_entries_(max_entries) {}
+
+  absl::Status Folder(int src, int dst, const std::string& path, int depth) {
+    if (depth > kMaxCopyDepth) {
+      return absl::FailedPreconditionError(absl::StrCat("\"", path, "\" is nested deeper than ",
+                                                        kMaxCopyDepth, " folders: not copied"));
+    }
+    // fdopendir takes the descriptor: give it its own, opened anew (not a dup, which would
+    // share the offset with `src`).
+    const int list_fd = openat(src, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (list_fd < 0) return IoError("open folder", path);
+    DIR* dir = fdopendir(list_fd);
+    if (dir == nullptr) {
+      close(list_fd);
+      return IoError("list folder", path);
+    }
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* e = readdir(dir)) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      names.emplace_back(e->d_name);
+    }
+    const int list_errno = errno;
+    closedir(dir);
+    if (list_errno != 0) {
+      errno = list_errno;
+      return IoError("list folder", path);
+    }
+    for (const std::string& name : names) {
+      const std::string at = path + "/" + name;
+      if (absl::Status s = Entry(src, dst, name, at, depth); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  CopyStats stats;
+
+ private:
+  absl::Status Charge(int64_t n) {
+    if (n <= 0) return absl::OkStatus();
+    if (charge_) {
+      if (absl::Status s = charge_(n); !s.ok()) return s;
+    }
+    stats.bytes += n;
+    return absl::OkStatus();
+  }
+
+  absl::Status Entry(int src, int dst, const std::string& name, const std::string& path,
+                     int depth) {
+    if (++entries_ > max_entries_) {
+      return absl::ResourceExhaustedError(absl::StrCat("more than ", max_entries_,
+                                                       " files, folders and links to copy (at \"",
+                                                       path, "\"): refused"));
+    }
+    struct stat st;
+    if (fstatat(src, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) return Changed(path);
+      return IoError("stat", path);
+    }
+    const mode_t type = st.st_mode & S_IFMT;
+    if (type == S_IFDIR) return Dir(src, dst, name, path, st, depth);
+    if (type == S_IFREG) return File(src, dst, name, path, st);
+    if (type == S_IFLNK) return Link(src, dst, name, path, st);
+    if (type == S_IFIFO) {
+      if (mkfifoat(dst, name.c_str(), SafeMode(st.st_mode) & 0777) != 0) {
+        return IoError("make FIFO", path);
+      }
+      ++stats.fifos;
+      return absl::OkStatus();
+    }
+    if (type == S_IFCHR && overlay_ && st.st_rdev == makedev(0, 0)) {
+      if (mknodat(dst, name.c_str(), S_IFCHR | 0000, makedev(0, 0)) != 0) {
+        return IoError("make whiteout", path);
+      }
+      ++stats.whiteouts;
+      return absl::OkStatus();
+    }
+    ++stats.dropped;  // a socket or a device: nothing a snapshot may carry
+    return absl::OkStatus();
+  }
+
+  absl::Status Dir(int src, int dst, const std::string& name, const std::string& path,
+                   const struct stat& st, int depth) {
+    const Fd in(openat(src, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!in.valid()) {
+      if (errno == ELOOP || errno == ENOTDIR || errno == ENOENT) return Changed(path);
+      return IoError("open folder", path);
+    }
+    struct stat now;
+    if (fstat(in.get(), &now) != 0) return IoError("stat", path);
+    if (!SameInode(st, now)) return Changed(path);
+    if (mkdirat(dst, name.c_str(), 0700) != 0) return IoError("make folder", path);
+    Fd out(openat(dst, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!out.valid()) return IoError("open copied folder", path);
+    ++stats.folders;
+    if (overlay_) {
+      for (const char* x : kOpaqueXattrs) {
+        char v[8];
+        const ssize_t n = fgetxattr(in.get(), x, v, sizeof(v));
+        if (n > 0 && fsetxattr(out.get(), x, v, static_cast<size_t>(n), 0) != 0) {
+          return IoError(absl::StrCat("set ", x, " on"), path);
+        }
+      }
+    }
+    if (absl::Status s = Folder(in.get(), out.get(), path, depth + 1); !s.ok()) return s;
+    if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", path);
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    futimens(out.get(), times);
+    if (sync_ != nullptr) sync_->Keep(std::move(out));
+    return absl::OkStatus();
+  }
+
+  absl::Status File(int src, int dst, const std::string& name, const std::string& path,
+                    const struct stat& st) {
+    // O_NONBLOCK and O_NOCTTY: should the entry have become a FIFO or a terminal since the
+    // lstat, the open neither hangs nor adopts it (and the inode check refuses it).
+    const Fd in(
+        openat(src, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+    if (!in.valid()) {
+      if (errno == ELOOP || errno == ENOENT) return Changed(path);
+      return IoError("open", path);
+    }
+    struct stat now;
+    if (fstat(in.get(), &now) != 0) return IoError("stat", path);
+    if (!SameInode(st, now)) return Changed(path);
+    Fd out(openat(dst, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!out.valid()) return IoError("create copy of", path);
+    ++stats.files;
+    std::vector<char> buf(std::min<size_t>(kChunk, std::max<off_t>(now.st_size, 1)));
+    while (true) {
+      const ssize_t n = read(in.get(), buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return IoError("read", path);
+      if (n == 0) break;
+      if (absl::Status s = Charge(n); !s.ok()) return s;
+      for (ssize_t done = 0; done < n;) {
+        const ssize_t w = write(out.get(), buf.data() + done, static_cast<size_t>(n - done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return IoError("write copy of", path);
+        done += w;
+      }
+    }
+    if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", path);
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    futimens(out.get(), times);
+    if (sync_ != nullptr) sync_->Keep(std::move(out));
+    return absl::OkStatus();
+  }
+
+  absl::Status Link(int src, int dst, const std::string& name, const std::string& path,
+                    const struct stat& st) {
+    std::vector<char> target(static_cast<size_t>(std::max<off_t>(st.st_size, 0)) + 2);
+    const ssize_t n = readlinkat(src, name.c_str(), target.data(), target.size());
+    if (n < 0) {
+      if (errno == EINVAL || errno == ENOENT) return Changed(path);
+      return IoError("read link", path);
+    }
+    if (static_cast<size_t>(n) >= target.size() - 1) return Changed(path);  // grew
+    target[static_cast<size_t>(n)] = '\0';
+    if (absl::Status s = Charge(n); !s.ok()) return s;
+    if (symlinkat(target.data(), dst, name.c_str()) != 0) return IoError("make link", path);
+    ++stats.links;
+    return absl::OkStatus();
+  }
+
+  const bool overlay_;
+  const CopyCharge& charge_;
+  SyncList* const sync_;
+  const int64_t max_entries_;
+  int64_t entries_ = 0;
+};
+
+absl::Status RemoveBelow(int dir_fd, const std::string& path, int depth) {
+  if (depth > kMaxCopyDepth + 8) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("\"", path, "\" is nested too deep to remove"));
+  }
+  const int list_fd = openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (list_fd < 0) return IoError("open folder", path);
+  DIR* dir = fdopendir(list_fd);
+  if (dir == nullptr) {
+    close(list_fd);
+    return IoError("list folder", path);
+  }
+  std::vector<std::pair<std::string, bool>> entries;
+  while (struct dirent* e = readdir(dir)) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    entries.emplace_back(e->d_name, e->d_type == DT_DIR);
+  }
+  closedir(dir);
+  for (const auto& [name, is_dir] : entries) {
+    if (unlinkat(dir_fd, name.c_str(), 0) == 0 || errno == ENOENT) continue;
+    if (errno != EISDIR && errno != EPERM) return IoError("remove", path + "/" + name);
+    const Fd sub(openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!sub.valid()) return IoError("open folder", path + "/" + name);
+    if (absl::Status s = RemoveBelow(sub.get(), path + "/" + name, depth + 1); !s.ok()) return s;
+    if (unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      return IoError("remove folder", path + "/" + name);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& name, bool overlay,
+                                   const CopyCharge& charge, SyncList* sync, int64_t max_entries) {
+  struct stat st;
+  if (fstat(src, &st) != 0) return IoError("stat", name);
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the source of \"", name, "\" is not a folder"));
+  }
+  if (mkdirat(dst_parent, name.c_str(), 0700) != 0) return IoError("make folder", name);
+  Fd out(openat(dst_parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!out.valid()) return IoError("open folder", name);
+  Copier copier(overlay, charge, sync, max_entries);
+  if (absl::Status s = copier.Folder(src, out.get(), name, 0); !s.ok()) return s;
+  if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", name);
+  if (sync != nullptr) sync->Keep(std::move(out));
+  return copier.stats;
+}
+
+absl::Status RemoveTree(int parent, const std::string& name) {
+  if (unlinkat(parent, name.c_str(), 0) == 0 || errno == ENOENT) return absl::OkStatus();
+  const Fd sub(openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!sub.valid()) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return IoError("open folder", name);
+  }
+  if (absl::Status s = RemoveBelow(sub.get(), name, 0); !s.ok()) return s;
+  if (unlinkat(parent, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+    return IoError("remove folder", name);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sbx::runtime::local

@@ -1,0 +1,41 @@
+#pragma once
+// sbx.v1.Snapshots over allocator::Snapshots (issue 37): CreateSnapshot, GetSnapshot,
+// ListSnapshots, DeleteSnapshot. The owner is always the authenticated tenant, never a
+// request field; another tenant's snapshot is NOT_FOUND (admins included). Handlers never
+// block: CreateSnapshot and DeleteSnapshot finish from the manager's callbacks.
+//
+// Thread-safety: handlers run concurrently on gRPC's threads.
+// Lifetime: the Snapshots manager and the Authenticator must outlive the service and every
+// call in flight. A null manager (no runtime with snapshots): every RPC is UNIMPLEMENTED.
+
+#include "grpcpp/grpcpp.h"
+#include "sbx/v1/snapshots.grpc.pb.h"
+#include "src/allocator/snapshots.h"
+#include "src/server/auth.h"
+
+namespace sbx::server {
+
+class SnapshotService final : public sbx::v1::Snapshots::CallbackService {
+ public:
+  SnapshotService(allocator::Snapshots* snapshots, const Authenticator* auth)
+      : snapshots_(snapshots), auth_(auth) {}
+
+  grpc::ServerUnaryReactor* CreateSnapshot(grpc::CallbackServerContext* ctx,
+                                           const v1::CreateSnapshotRequest* req,
+                                           v1::CreateSnapshotResponse* resp) override;
+  grpc::ServerUnaryReactor* GetSnapshot(grpc::CallbackServerContext* ctx,
+                                        const v1::GetSnapshotRequest* req,
+                                        v1::GetSnapshotResponse* resp) override;
+  grpc::ServerUnaryReactor* ListSnapshots(grpc::CallbackServerContext* ctx,
+                                          const v1::ListSnapshotsRequest* req,
+                                          v1::ListSnapshotsResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteSnapshot(grpc::CallbackServerContext* ctx,
+                                           const v1::DeleteSnapshotRequest* req,
+                                           v1::DeleteSnapshotResponse* resp) override;
+
+ private:
+  allocator::Snapshots* const snapshots_;
+  const Authenticator* const auth_;
+};
+
+}  // namespace sbx::server
