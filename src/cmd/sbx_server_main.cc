@@ -31,6 +31,7 @@
 #include "src/allocator/refill.h"
 #include "src/cmd/config.h"
 #include "src/cmd/conversion_wiring.h"
+#include "src/cmd/e2b_wiring.h"
 #include "src/cmd/kube_wiring.h"
 #include "src/cmd/proxy_wiring.h"
 #include "src/cmd/replication_wiring.h"
@@ -210,6 +211,7 @@ int main(int argc, char** argv) {
   sbx::cmd::KubeFlags kube_flags;
   sbx::cmd::ConversionFlags conversion_flags;
   sbx::cmd::ProxyFlags proxy_flags;
+  sbx::cmd::E2bFlags e2b_flags;  // the E2B-compatible API (src/e2b)
   // Outlives the proxy and the metrics endpoint that reads it.
   sbx::gateway::ProxyCounters proxy_counters;
 
@@ -371,6 +373,7 @@ int main(int argc, char** argv) {
   sbx::cmd::AddKubeFlags(app, &kube_flags);
   sbx::cmd::AddConversionFlags(app, &conversion_flags);
   sbx::cmd::AddProxyFlags(app, &proxy_flags);
+  sbx::cmd::AddE2bFlags(app, &e2b_flags);
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
@@ -707,6 +710,7 @@ int main(int argc, char** argv) {
   absl::Mutex server_mu;
   std::unique_ptr<sbx::server::Server> server;
   sbx::cmd::RunningProxy port_proxy;
+  std::unique_ptr<sbx::e2b::Front> e2b_front;  // after `server`: it calls the server's services
   auto activate = [&]() -> absl::Status {
     if (active_runtime != nullptr) {
       RETURN_IF_ERROR(
@@ -724,8 +728,12 @@ int main(int argc, char** argv) {
                                                       *sandbox_secrets, allocator.get(),
                                                       &server_options.port_urls, &proxy_counters));
     ASSIGN_OR_RETURN(auto started, sbx::server::Server::Start(server_options));
+    // The E2B front: a translation onto the services just started, through their
+    // in-process channel.
+    ASSIGN_OR_RETURN(auto front, sbx::cmd::StartE2b(e2b_flags, *started, *sandbox_secrets));
     absl::MutexLock lock(&server_mu);
     server = std::move(started);
+    e2b_front = std::move(front);
     return absl::OkStatus();
   };
   std::thread promotion;
@@ -791,6 +799,7 @@ int main(int argc, char** argv) {
   if (standby != nullptr) standby->Shutdown(absl::Seconds(shutdown_grace_s));
   {
     absl::MutexLock lock(&server_mu);
+    if (e2b_front != nullptr) e2b_front->Shutdown();  // its calls go to `server`: first
     if (server != nullptr) server->Shutdown(absl::Seconds(shutdown_grace_s));
   }
   if (port_proxy.proxy != nullptr) port_proxy.proxy->Shutdown();

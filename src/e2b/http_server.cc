@@ -1,0 +1,404 @@
+// The Boost.Beast adapter of the E2B front's HTTP server (http.h). The only file of
+// src/e2b that sees Boost.
+//
+// Each connection runs on a thread of its own with an io_context of its own: every read
+// and write is an asynchronous Beast operation with a tcp_stream deadline, run to
+// completion on that thread, so timeouts hold and Shutdown can close a connection by
+// posting to its io_context.
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "spdlog/spdlog.h"
+#include "src/e2b/http.h"
+
+namespace sbx::e2b {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using asio::ip::tcp;
+using boost::system::error_code;
+
+std::optional<absl::string_view> HttpRequest::Header(absl::string_view name) const {
+  for (const auto& [k, v] : headers) {
+    if (k == name) return absl::string_view(v);
+  }
+  return std::nullopt;
+}
+
+absl::Status HttpServerOptions::Validate() const {
+  if (listen.empty() || listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address \"", listen, "\" is not host:port"));
+  }
+  if (header_timeout <= absl::ZeroDuration() || io_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("header_timeout and io_timeout must be positive");
+  }
+  if (max_header_bytes < 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_header_bytes ", max_header_bytes, " is below 1024"));
+  }
+  if (max_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_connections ", max_connections, " is below 1"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+std::chrono::steady_clock::duration Chrono(absl::Duration d) {
+  return absl::ToChronoNanoseconds(d);
+}
+
+// What the connections share with the server; kept alive by every connection thread.
+struct Shared {
+  HttpServerOptions options;
+  HttpHandler handler;
+  absl::Mutex mu;
+  // Each open connection's way to close itself from another thread.
+  absl::flat_hash_map<int64_t, std::function<void()>> closers ABSL_GUARDED_BY(mu);
+  int64_t next_id ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  // Read by connections() without the lock; relaxed: a gauge.
+  std::atomic<int> open{0};
+};
+
+class Connection;
+
+// Writes through one connection. `stream_` is used on the connection's thread only.
+class BeastResponder final : public HttpResponder {
+ public:
+  BeastResponder(asio::io_context& ioc, beast::tcp_stream& stream, const Shared& shared,
+                 bool keep_alive, unsigned version)
+      : ioc_(ioc), stream_(stream), shared_(shared), keep_alive_(keep_alive), version_(version) {}
+
+  void Respond(int status, absl::string_view content_type, std::string body,
+               const HttpHeaders& extra_headers) override {
+    if (state_ != State::kNone) {
+      spdlog::error("e2b http: a handler answered twice");
+      ok_ = false;
+      return;
+    }
+    state_ = State::kDone;
+    http::response<http::string_body> res{static_cast<http::status>(status), version_};
+    res.set(http::field::server, "sbx");
+    if (!content_type.empty()) res.set(http::field::content_type, std::string(content_type));
+    for (const auto& [k, v] : extra_headers) res.set(k, v);
+    res.keep_alive(keep_alive_);
+    res.body() = std::move(body);
+    res.prepare_payload();
+    error_code ec;
+    stream_.expires_after(Chrono(shared_.options.io_timeout));
+    http::async_write(stream_, res, [&](error_code e, size_t) { ec = e; });
+    Run(ec);
+  }
+
+  bool StartStream(int status, absl::string_view content_type,
+                   const HttpHeaders& extra_headers) override {
+    if (state_ != State::kNone) {
+      ok_ = false;
+      return false;
+    }
+    state_ = State::kStreaming;
+    http::response<http::empty_body> res{static_cast<http::status>(status), version_};
+    res.set(http::field::server, "sbx");
+    if (!content_type.empty()) res.set(http::field::content_type, std::string(content_type));
+    for (const auto& [k, v] : extra_headers) res.set(k, v);
+    res.keep_alive(keep_alive_);
+    res.chunked(true);
+    http::response_serializer<http::empty_body> sr{res};
+    error_code ec;
+    stream_.expires_after(Chrono(shared_.options.io_timeout));
+    http::async_write_header(stream_, sr, [&](error_code e, size_t) { ec = e; });
+    Run(ec);
+    return ok_;
+  }
+
+  bool WriteChunk(absl::string_view data) override {
+    if (state_ != State::kStreaming || !ok_) return false;
+    if (data.empty()) return true;  // an empty chunk would end the body
+    error_code ec;
+    stream_.expires_after(Chrono(shared_.options.io_timeout));
+    asio::async_write(stream_, http::make_chunk(asio::buffer(data.data(), data.size())),
+                      [&](error_code e, size_t) { ec = e; });
+    Run(ec);
+    return ok_;
+  }
+
+  void FinishStream() override {
+    if (state_ != State::kStreaming) return;
+    state_ = State::kDone;
+    if (!ok_) return;
+    error_code ec;
+    stream_.expires_after(Chrono(shared_.options.io_timeout));
+    asio::async_write(stream_, http::make_chunk_last(), [&](error_code e, size_t) { ec = e; });
+    Run(ec);
+  }
+
+  // Whether the connection may carry another request.
+  bool reusable() const { return ok_ && keep_alive_ && state_ == State::kDone; }
+  bool answered() const { return state_ != State::kNone; }
+
+ private:
+  enum class State { kNone, kStreaming, kDone };
+
+  void Run(error_code& ec) {
+    // Until the operation's handler runs, the connection counts as broken (a Shutdown
+    // that stops the loop first leaves it so).
+    ec = asio::error::operation_aborted;
+    ioc_.restart();
+    ioc_.run();
+    if (ec) ok_ = false;
+  }
+
+  asio::io_context& ioc_;
+  beast::tcp_stream& stream_;
+  const Shared& shared_;
+  const bool keep_alive_;
+  const unsigned version_;
+  State state_ = State::kNone;
+  bool ok_ = true;
+};
+
+void SimpleAnswer(BeastResponder& r, int status, absl::string_view message) {
+  r.Respond(status, "application/json",
+            absl::StrCat("{\"code\":", status, ",\"message\":\"", message, "\"}"), {});
+}
+
+void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_type fd,
+                     tcp::endpoint::protocol_type protocol) {
+  asio::io_context ioc(1);
+  beast::tcp_stream stream(ioc);
+  error_code ec;
+  stream.socket().assign(protocol, fd, ec);
+  if (ec) {
+    ::close(fd);
+    shared->open.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
+  int64_t id;
+  {
+    absl::MutexLock lock(&shared->mu);
+    id = shared->next_id++;
+    if (shared->stopping) {
+      shared->open.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    shared->closers[id] = [&ioc, &stream] {
+      asio::post(ioc, [&stream] {
+        error_code ignored;
+        stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+        stream.socket().close(ignored);
+      });
+    };
+  }
+  beast::flat_buffer buffer;
+  while (true) {
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(shared->options.max_header_bytes);
+    parser.body_limit(shared->options.max_body_bytes);
+    ec = asio::error::operation_aborted;
+    stream.expires_after(Chrono(shared->options.header_timeout));
+    http::async_read_header(stream, buffer, parser, [&](error_code e, size_t) { ec = e; });
+    ioc.restart();
+    ioc.run();
+    const unsigned version = ec ? 11 : parser.get().version();
+    BeastResponder responder(ioc, stream, *shared, /*keep_alive=*/false, version);
+    if (ec == http::error::header_limit) {
+      SimpleAnswer(responder, 431, "the request header is too large");
+      break;
+    }
+    if (ec == http::error::body_limit) {  // a Content-Length above the limit
+      SimpleAnswer(responder, 413, "the request body is too large");
+      break;
+    }
+    if (ec == http::error::end_of_stream || ec == asio::error::operation_aborted ||
+        ec == beast::error::timeout || ec == asio::error::eof ||
+        ec == asio::error::connection_reset || ec == asio::error::bad_descriptor) {
+      break;  // the client is gone, idle too long, or we are shutting down
+    }
+    if (ec) {
+      SimpleAnswer(responder, 400, "malformed HTTP request");
+      break;
+    }
+    if (parser.content_length() && *parser.content_length() > shared->options.max_body_bytes) {
+      SimpleAnswer(responder, 413, "the request body is too large");
+      break;
+    }
+    ec = asio::error::operation_aborted;
+    stream.expires_after(Chrono(shared->options.io_timeout));
+    http::async_read(stream, buffer, parser, [&](error_code e, size_t) { ec = e; });
+    ioc.restart();
+    ioc.run();
+    if (ec == http::error::body_limit) {
+      SimpleAnswer(responder, 413, "the request body is too large");
+      break;
+    }
+    if (ec) {
+      if (ec != beast::error::timeout && ec != asio::error::eof &&
+          ec != http::error::end_of_stream && ec != asio::error::operation_aborted &&
+          ec != asio::error::connection_reset && ec != asio::error::bad_descriptor) {
+        SimpleAnswer(responder, 400, "malformed HTTP request body");
+      }
+      break;
+    }
+    http::request<http::string_body> msg = parser.release();
+    HttpRequest req;
+    req.method = std::string(msg.method_string());
+    req.target = std::string(msg.target());
+    const size_t q = req.target.find('?');
+    req.path = req.target.substr(0, q);
+    if (q != std::string::npos) req.query = req.target.substr(q + 1);
+    for (const auto& f : msg) {
+      req.headers.emplace_back(absl::AsciiStrToLower(std::string(f.name_string())),
+                               std::string(f.value()));
+    }
+    req.body = std::move(msg.body());
+    BeastResponder answer(ioc, stream, *shared, msg.keep_alive(), msg.version());
+    try {
+      shared->handler(req, answer);
+    } catch (const std::exception& e) {
+      spdlog::error("e2b http: handler of {} {} threw: {}", req.method, req.path, e.what());
+    }
+    if (!answer.answered()) SimpleAnswer(answer, 500, "no answer");
+    answer.FinishStream();
+    if (!answer.reusable()) break;
+    {
+      absl::MutexLock lock(&shared->mu);
+      if (shared->stopping) break;
+    }
+  }
+  {
+    absl::MutexLock lock(&shared->mu);
+    shared->closers.erase(id);
+  }
+  error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  stream.socket().close(ignored);
+  shared->open.fetch_sub(1, std::memory_order_relaxed);
+}
+
+class BeastHttpServer final : public HttpServer {
+ public:
+  BeastHttpServer(std::shared_ptr<Shared> shared) : shared_(std::move(shared)), acceptor_(ioc_) {}
+
+  ~BeastHttpServer() override { Shutdown(); }
+
+  absl::Status Bind() {
+    const std::string& listen = shared_->options.listen;
+    const size_t colon = listen.rfind(':');
+    std::string host = listen.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    int port = 0;
+    if (!absl::SimpleAtoi(listen.substr(colon + 1), &port) || port < 0 || port > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("bad port in \"", listen, "\""));
+    }
+    error_code ec;
+    const auto address = asio::ip::make_address(host.empty() ? "0.0.0.0" : host, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad host \"", host, "\" in \"", listen, "\": ", ec.message()));
+    }
+    const tcp::endpoint endpoint(address, static_cast<uint16_t>(port));
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", listen, ": ", ec.message()));
+    }
+    port_ = acceptor_.local_endpoint().port();
+    Accept();
+    thread_ = std::thread([this] { ioc_.run(); });
+    return absl::OkStatus();
+  }
+
+  int port() const override { return port_; }
+  int connections() const override { return shared_->open.load(std::memory_order_relaxed); }
+
+  void Shutdown() override {
+    if (shut_down_.exchange(true)) return;
+    asio::post(ioc_, [this] {
+      error_code ignored;
+      acceptor_.close(ignored);
+    });
+    if (thread_.joinable()) thread_.join();
+    {
+      absl::MutexLock lock(&shared_->mu);
+      shared_->stopping = true;
+      for (auto& [id, close] : shared_->closers) close();
+    }
+    // Handlers still running finish on their own (their gRPC calls have deadlines); they
+    // hold `shared_`, so waiting is a courtesy, bounded.
+    const absl::Time deadline = absl::Now() + shared_->options.shutdown_wait;
+    while (shared_->open.load(std::memory_order_relaxed) > 0 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept([this](error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+      if (!ec) {
+        if (shared_->open.load(std::memory_order_relaxed) >= shared_->options.max_connections) {
+          error_code ignored;
+          socket.close(ignored);
+        } else {
+          error_code e;
+          const auto local = socket.local_endpoint(e);
+          if (!e) socket.set_option(tcp::no_delay(true), e);
+          const auto fd = e ? -1 : socket.release(e);
+          if (!e) {
+            shared_->open.fetch_add(1, std::memory_order_relaxed);
+            std::thread(ServeConnection, shared_, fd, local.protocol()).detach();
+          }
+        }
+      }
+      Accept();
+    });
+  }
+
+  std::shared_ptr<Shared> shared_;
+  asio::io_context ioc_{1};
+  tcp::acceptor acceptor_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options,
+                                                              HttpHandler handler) {
+  if (absl::Status s = options.Validate(); !s.ok()) return s;
+  if (!handler) return absl::InvalidArgumentError("HttpServer needs a handler");
+  auto shared = std::make_shared<Shared>();
+  shared->options = options;
+  shared->handler = std::move(handler);
+  auto server = std::make_unique<BeastHttpServer>(std::move(shared));
+  if (absl::Status s = server->Bind(); !s.ok()) return s;
+  return server;
+}
+
+}  // namespace sbx::e2b
