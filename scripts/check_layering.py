@@ -30,7 +30,7 @@ ALLOWED = {
     "gateway": {"server", "allocator", "common", "proto"},
     # The E2B-compatible front: a client of sbx's public gRPC API (through a channel the
     # server gives it), so it needs neither the allocator nor the server's internals.
-    "e2b": {"common", "proto"},
+    "e2b": {"common", "proto", "e2b_proto"},
     # Store replication between replicas: the store's replication interface and its own
     # generated service (proto/sbx/replication/v1).
     "replication": {"common", "store:interface", "proto"},
@@ -207,6 +207,8 @@ def component_of_include(path):
             return parts[1], "src"
     if path.startswith("sbx/v1/") or path.startswith("sbx/replication/"):
         return "proto", "proto"
+    if path.startswith("e2b/envd/"):  # envd's messages (proto/e2b), for the E2B front only
+        return "e2b_proto", "proto"
     if path.startswith("tests/") or path.startswith("bench/"):
         return path.split("/")[0], "outside"
     return None, None

@@ -30,9 +30,10 @@ void AddE2bFlags(CLI::App& app, E2bFlags* flags) {
       ->capture_default_str();
 }
 
-absl::StatusOr<std::unique_ptr<e2b::Front>> StartE2b(const E2bFlags& flags, server::Server& server,
-                                                     const SandboxSecrets& secrets) {
-  if (flags.front.listen.empty()) return nullptr;
+absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags, const server::AuthOptions& auth,
+                                    server::Server& server, const SandboxSecrets& secrets) {
+  RunningE2b out;
+  if (flags.front.listen.empty()) return out;
   e2b::FrontOptions options = flags.front;
   if (!(flags.call_timeout_s > 0)) {
     return absl::InvalidArgumentError(
@@ -41,10 +42,16 @@ absl::StatusOr<std::unique_ptr<e2b::Front>> StartE2b(const E2bFlags& flags, serv
   options.call_timeout = absl::Seconds(flags.call_timeout_s);
   e2b::FrontDeps deps;
   deps.channel = server.InProcessChannel();
-  deps.access_token = [secrets](absl::string_view id) {
-    return secrets.For(absl::StrCat(kEnvdTokenLabel, id));
+  // A newline separates the id from the tenant: neither may hold one.
+  deps.access_token = [secrets](absl::string_view id, absl::string_view tenant) {
+    return secrets.For(absl::StrCat(kEnvdTokenLabel, id, "\n", tenant));
   };
-  ASSIGN_OR_RETURN(std::unique_ptr<e2b::Front> front, e2b::Front::Start(options, std::move(deps)));
+  ASSIGN_OR_RETURN(std::unique_ptr<server::Authenticator> authenticator,
+                   server::Authenticator::Create(auth));
+  out.auth = std::move(authenticator);
+  deps.bearer_of = [a = out.auth](absl::string_view tenant) { return a->BearerOf(tenant); };
+  ASSIGN_OR_RETURN(out.front, e2b::Front::Start(options, std::move(deps)));
+  e2b::Front* front = out.front.get();
   if (!flags.port_file.empty()) {
     const std::string tmp = flags.port_file + ".tmp";
     std::ofstream(tmp) << front->port() << "\n";
@@ -52,7 +59,7 @@ absl::StatusOr<std::unique_ptr<e2b::Front>> StartE2b(const E2bFlags& flags, serv
       return absl::InternalError(absl::StrCat("cannot write --e2b_port_file ", flags.port_file));
     }
   }
-  return front;
+  return out;
 }
 
 }  // namespace sbx::cmd

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "src/common/sandbox_secret.h"
 #include "src/e2b/e2b.h"
+#include "src/server/auth.h"
 #include "src/server/server.h"
 
 namespace sbx::cmd {
@@ -22,9 +23,16 @@ struct E2bFlags {
 
 void AddE2bFlags(CLI::App& app, E2bFlags* flags);
 
-// The front, or null without --e2b_listen. `server` must outlive it. Errors name the flag
-// at fault; the server should stop on them.
-absl::StatusOr<std::unique_ptr<e2b::Front>> StartE2b(const E2bFlags& flags, server::Server& server,
-                                                     const SandboxSecrets& secrets);
+// The front and its own authenticator (the tokens its envd calls act with; reload it on
+// SIGHUP with the server's), kept together.
+struct RunningE2b {
+  std::shared_ptr<server::Authenticator> auth;
+  std::unique_ptr<e2b::Front> front;
+};
+
+// The front, or an empty RunningE2b without --e2b_listen. `server` must outlive it.
+// Errors name the flag at fault; the server should stop on them.
+absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags, const server::AuthOptions& auth,
+                                    server::Server& server, const SandboxSecrets& secrets);
 
 }  // namespace sbx::cmd

@@ -710,7 +710,7 @@ int main(int argc, char** argv) {
   absl::Mutex server_mu;
   std::unique_ptr<sbx::server::Server> server;
   sbx::cmd::RunningProxy port_proxy;
-  std::unique_ptr<sbx::e2b::Front> e2b_front;  // after `server`: it calls the server's services
+  sbx::cmd::RunningE2b e2b_front;  // after `server`: it calls the server's services
   auto activate = [&]() -> absl::Status {
     if (active_runtime != nullptr) {
       RETURN_IF_ERROR(
@@ -730,7 +730,8 @@ int main(int argc, char** argv) {
     ASSIGN_OR_RETURN(auto started, sbx::server::Server::Start(server_options));
     // The E2B front: a translation onto the services just started, through their
     // in-process channel.
-    ASSIGN_OR_RETURN(auto front, sbx::cmd::StartE2b(e2b_flags, *started, *sandbox_secrets));
+    ASSIGN_OR_RETURN(
+        auto front, sbx::cmd::StartE2b(e2b_flags, server_options.auth, *started, *sandbox_secrets));
     absl::MutexLock lock(&server_mu);
     server = std::move(started);
     e2b_front = std::move(front);
@@ -781,6 +782,7 @@ int main(int argc, char** argv) {
     }
     absl::Status s = server->ReloadAuth();
     if (s.ok() && port_proxy.auth != nullptr) s = port_proxy.auth->Reload();
+    if (s.ok() && e2b_front.auth != nullptr) s = e2b_front.auth->Reload();
     if (s.ok()) {
       spdlog::info("SIGHUP: tokens reloaded");
     } else {
@@ -799,7 +801,7 @@ int main(int argc, char** argv) {
   if (standby != nullptr) standby->Shutdown(absl::Seconds(shutdown_grace_s));
   {
     absl::MutexLock lock(&server_mu);
-    if (e2b_front != nullptr) e2b_front->Shutdown();  // its calls go to `server`: first
+    if (e2b_front.front != nullptr) e2b_front.front->Shutdown();  // calls `server`: first
     if (server != nullptr) server->Shutdown(absl::Seconds(shutdown_grace_s));
   }
   if (port_proxy.proxy != nullptr) port_proxy.proxy->Shutdown();

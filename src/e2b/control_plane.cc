@@ -13,6 +13,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "nlohmann/json.hpp"
 #include "src/common/ids.h"
+#include "src/e2b/envd.h"
 
 namespace sbx::e2b {
 
@@ -68,7 +69,7 @@ json NewSandboxJson(const v1::Claim& c, const FrontOptions& options, const Front
   j["sandboxID"] = c.claim_id();
   j["clientID"] = "sbx";
   j["envdVersion"] = options.envd_version;
-  j["envdAccessToken"] = deps.access_token(c.claim_id());
+  j["envdAccessToken"] = EnvdAccessToken(deps, c.claim_id(), c.owner());
   j["trafficAccessToken"] = nullptr;
   j["domain"] = options.domain.empty() ? json(nullptr) : json(options.domain);
   return j;
@@ -425,7 +426,7 @@ void ControlPlane::Get(const HttpRequest& req, HttpResponder& out, const std::st
   std::optional<v1::Claim> claim = ActiveClaim(req, out, id);
   if (!claim.has_value()) return;
   json j = SandboxJson(*claim, options_);
-  j["envdAccessToken"] = deps_.access_token(id);
+  j["envdAccessToken"] = EnvdAccessToken(deps_, id, claim->owner());
   RespondJson(out, 200, j);
 }
 

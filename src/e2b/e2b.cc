@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/e2b/control_plane.h"
+#include "src/e2b/envd.h"
 #include "src/e2b/http.h"
 
 namespace sbx::e2b {
@@ -43,10 +44,11 @@ bool ForSandbox(const HttpRequest& req) { return req.Header("e2b-sandbox-id").ha
 absl::StatusOr<std::unique_ptr<Front>> Front::Start(const FrontOptions& options, FrontDeps deps) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   if (deps.channel == nullptr) return absl::InvalidArgumentError("the E2B front needs a channel");
-  if (!deps.access_token) {
-    return absl::InvalidArgumentError("the E2B front needs an access_token function");
+  if (!deps.access_token || !deps.bearer_of) {
+    return absl::InvalidArgumentError("the E2B front needs access_token and bearer_of");
   }
   auto control = std::make_shared<ControlPlane>(options, deps);
+  auto envd = std::make_shared<Envd>(options, deps);
   HttpServerOptions http;
   http.listen = options.listen;
   http.header_timeout = options.header_timeout;
@@ -54,13 +56,8 @@ absl::StatusOr<std::unique_ptr<Front>> Front::Start(const FrontOptions& options,
   http.max_header_bytes = options.max_header_bytes;
   http.max_body_bytes = options.max_body_bytes;
   http.max_connections = options.max_connections;
-  auto handler = [control](const HttpRequest& req, HttpResponder& out) {
-    if (ForSandbox(req)) {
-      RespondError(out, 501,
-                   absl::StrCat(req.method, " ", req.path,
-                                ": envd is not served by sbx's E2B front yet (docs/e2b.md)"));
-      return;
-    }
+  auto handler = [control, envd](const HttpRequest& req, HttpResponder& out) {
+    if (ForSandbox(req)) return envd->Handle(req, out);
     control->Handle(req, out);
   };
   auto server = HttpServer::Start(http, std::move(handler));

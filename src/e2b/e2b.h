@@ -16,9 +16,11 @@
 //   timeout                  Renew
 //   pause / connect          Suspend / Resume
 //
-// Each sandbox gets an envd access token (FrontDeps::access_token of its id, an HMAC under
-// the server's key), returned as envdAccessToken; the envd calls (processes, files), which
-// carry no API key, are authorised by it.
+// Each sandbox gets an envd access token ("<tenant>~<FrontDeps::access_token of its id and
+// tenant>", an HMAC under the server's key), returned as envdAccessToken; the envd calls
+// (E2b-Sandbox-Id, X-Access-Token: processes, files), which carry no API key, are
+// authorised by it and made as that tenant (FrontDeps::bearer_of), so sbx checks
+// ownership again.
 //
 // Thread-safety: Front's methods may be called from any thread.
 // Lifetime: the channel's server must outlive the front; Shutdown (or the destructor)
@@ -27,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -66,9 +69,13 @@ struct FrontOptions {
 struct FrontDeps {
   // A channel to sbx-server's own services (Server::InProcessChannel). Required.
   std::shared_ptr<grpc::Channel> channel;
-  // The envd access token of a sandbox: a secret only sbx-server can compute
-  // (SandboxSecrets::For of a label naming the sandbox). Required.
-  std::function<std::string(absl::string_view sandbox_id)> access_token;
+  // The secret part of the envd access token of a sandbox owned by a tenant: a value only
+  // sbx-server can compute (SandboxSecrets::For of a label naming both). Required.
+  std::function<std::string(absl::string_view sandbox_id, absl::string_view tenant)> access_token;
+  // The bearer value ("Bearer <token>", or "" on a server without auth) with which the
+  // front acts for a tenant on envd calls, which carry the access token and no API key;
+  // nullopt once the tenant has no token. Required.
+  std::function<std::optional<std::string>(absl::string_view tenant)> bearer_of;
 };
 
 class Front {

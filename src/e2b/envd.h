@@ -1,0 +1,57 @@
+#pragma once
+// envd, E2B's in-sandbox API, on sbx's SandboxService. Internal to src/e2b.
+//
+// A request for a sandbox names it by the header E2b-Sandbox-Id and proves the right to
+// it by X-Access-Token, the envdAccessToken the control plane issued for it:
+// "<tenant>~<HMAC>" (FrontDeps::access_token of the sandbox id and tenant). The call is
+// then made as that tenant (FrontDeps::bearer_of), so sbx checks ownership once more.
+//
+// Served: process.Process (Start, Connect, List, SendInput, SendSignal, Update,
+// CloseStdin) and GET /health. docs/e2b.md has the table.
+//
+// Thread-safety: Handle may be called concurrently.
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "sbx/v1/sandboxes.grpc.pb.h"
+#include "src/e2b/e2b.h"
+#include "src/e2b/http.h"
+
+namespace sbx::e2b {
+
+// The envd access token of sandbox `id` owned by `tenant`.
+std::string EnvdAccessToken(const FrontDeps& deps, absl::string_view id, absl::string_view tenant);
+
+class Envd {
+ public:
+  Envd(FrontOptions options, FrontDeps deps);
+
+  // Answers a request that carries E2b-Sandbox-Id.
+  void Handle(const HttpRequest& req, HttpResponder& out);
+
+ private:
+  struct Target {
+    std::string sandbox_id;
+    std::string bearer;  // "Bearer <token>", or "" (a server without auth)
+  };
+  // The sandbox and the credential to reach it with; on failure answers a Connect error
+  // (unauthenticated) and returns nullopt.
+  std::optional<Target> Authorize(const HttpRequest& req, HttpResponder& out);
+  void Prepare(const Target& t, absl::Duration timeout, grpc::ClientContext* ctx) const;
+
+  void ProcessStart(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void ProcessConnect(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void ProcessList(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void ProcessSendInput(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void ProcessSendSignal(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void ProcessUpdate(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void ProcessCloseStdin(const Target& t, const HttpRequest& req, HttpResponder& out);
+
+  const FrontOptions options_;
+  const FrontDeps deps_;
+  std::unique_ptr<v1::SandboxService::Stub> sandboxes_;
+};
+
+}  // namespace sbx::e2b
