@@ -56,6 +56,10 @@ absl::StatusOr<std::unique_ptr<Front>> Front::Start(const FrontOptions& options,
   http.max_header_bytes = options.max_header_bytes;
   http.max_body_bytes = options.max_body_bytes;
   http.max_connections = options.max_connections;
+  // Uploads to a sandbox are read as they arrive (constant memory).
+  http.stream_body = [](const HttpRequest& head) {
+    return head.method == "POST" && head.path == "/files" && ForSandbox(head);
+  };
   auto handler = [control, envd](const HttpRequest& req, HttpResponder& out) {
     if (ForSandbox(req)) return envd->Handle(req, out);
     control->Handle(req, out);

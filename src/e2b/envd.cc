@@ -33,33 +33,6 @@ bool ConstantTimeEqual(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
-// E2B clients name absolute paths; sbx's process and file RPCs take paths relative to the
-// sandbox's workspace (which is $HOME inside, /run/sbx/workspace). E2B's home of its
-// default user, /home/user, and the workspace's own path map onto the workspace; a
-// relative path is relative to it in both. Other absolute paths cannot be reached
-// through these RPCs (INVALID_ARGUMENT naming the path).
-constexpr absl::string_view kWorkspaceAliases[] = {"/home/user", "/run/sbx/workspace"};
-
-absl::StatusOr<std::string> WorkspacePath(absl::string_view what, absl::string_view path) {
-  if (path.empty() || path.front() != '/') return std::string(path);
-  for (absl::string_view alias : kWorkspaceAliases) {
-    if (path == alias) return std::string();
-    if (absl::StartsWith(path, alias) && path[alias.size()] == '/') {
-      absl::string_view rest = path.substr(alias.size());
-      while (!rest.empty() && rest.front() == '/') rest.remove_prefix(1);
-      return std::string(rest);
-    }
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " \"", path,
-                   "\" is outside the sandbox's workspace: sbx's E2B front reaches paths under "
-                   "/home/user (the workspace) or relative to it"));
-}
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 grpc::Status Unauthenticated(absl::string_view why) {
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(why));
 }
@@ -197,6 +170,37 @@ absl::Duration KeepaliveOf(const HttpRequest& req) {
 
 }  // namespace
 
+// E2B clients name absolute paths; sbx's process and file RPCs take paths relative to the
+// sandbox's workspace (which is $HOME inside, /run/sbx/workspace). E2B's home of its
+// default user, /home/user, and the workspace's own path map onto the workspace; a
+// relative path is relative to it in both. Other absolute paths cannot be reached
+// through these RPCs (INVALID_ARGUMENT naming the path).
+static constexpr absl::string_view kWorkspaceAliases[] = {"/home/user", "/run/sbx/workspace"};
+
+absl::StatusOr<std::string> WorkspacePath(absl::string_view what, absl::string_view path) {
+  if (path.empty() || path.front() != '/') return std::string(path);
+  for (absl::string_view alias : kWorkspaceAliases) {
+    if (path == alias) return std::string();
+    if (absl::StartsWith(path, alias) && path[alias.size()] == '/') {
+      absl::string_view rest = path.substr(alias.size());
+      while (!rest.empty() && rest.front() == '/') rest.remove_prefix(1);
+      return std::string(rest);
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " \"", path,
+                   "\" is outside the sandbox's workspace: sbx's E2B front reaches paths under "
+                   "/home/user (the workspace) or relative to it"));
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+std::string E2bPath(absl::string_view relative) {
+  return relative.empty() ? std::string("/home/user") : absl::StrCat("/home/user/", relative);
+}
+
 std::string EnvdAccessToken(const FrontDeps& deps, absl::string_view id, absl::string_view tenant) {
   return absl::StrCat(tenant, "~", deps.access_token(id, tenant));
 }
@@ -256,6 +260,13 @@ void Envd::Handle(const HttpRequest& req, HttpResponder& out) {
     out.Respond(204, "", "");
     return;
   }
+  if (p == "/files" && req.method == "GET") return FilesGet(*t, req, out);
+  if (p == "/files" && req.method == "POST") return FilesPost(*t, req, out);
+  if (p == "/filesystem.Filesystem/Stat") return FsStat(*t, req, out);
+  if (p == "/filesystem.Filesystem/MakeDir") return FsMakeDir(*t, req, out);
+  if (p == "/filesystem.Filesystem/Move") return FsMove(*t, req, out);
+  if (p == "/filesystem.Filesystem/ListDir") return FsListDir(*t, req, out);
+  if (p == "/filesystem.Filesystem/Remove") return FsRemove(*t, req, out);
   if (p == "/process.Process/Start") return ProcessStart(*t, req, out);
   if (p == "/process.Process/Connect") return ProcessConnect(*t, req, out);
   if (p == "/process.Process/List") return ProcessList(*t, req, out);

@@ -15,11 +15,20 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "sbx/v1/sandboxes.grpc.pb.h"
 #include "src/e2b/e2b.h"
 #include "src/e2b/http.h"
 
 namespace sbx::e2b {
+
+// An E2B path as a path relative to the sandbox's workspace: /home/user/... and
+// /run/sbx/workspace/... map onto it, relative paths are relative to it; other absolute
+// paths are INVALID_ARGUMENT naming `what` and the path.
+absl::StatusOr<std::string> WorkspacePath(absl::string_view what, absl::string_view path);
+// A workspace-relative path as E2B shows it: under /home/user.
+std::string E2bPath(absl::string_view relative);
+grpc::Status ToGrpc(const absl::Status& s);
 
 // The envd access token of sandbox `id` owned by `tenant`.
 std::string EnvdAccessToken(const FrontDeps& deps, absl::string_view id, absl::string_view tenant);
@@ -48,6 +57,18 @@ class Envd {
   void ProcessSendSignal(const Target& t, const HttpRequest& req, HttpResponder& out);
   void ProcessUpdate(const Target& t, const HttpRequest& req, HttpResponder& out);
   void ProcessCloseStdin(const Target& t, const HttpRequest& req, HttpResponder& out);
+
+  // files.cc: REST /files and the Filesystem service.
+  void FilesGet(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void FilesPost(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void FsStat(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void FsMakeDir(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void FsMove(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void FsListDir(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void FsRemove(const Target& t, const HttpRequest& req, HttpResponder& out);
+  // Uploads `reader`'s bytes (or `data`) to `path` (workspace-relative).
+  grpc::Status Upload(const Target& t, const std::string& path, BodyReader* reader,
+                      absl::string_view data);
 
   const FrontOptions options_;
   const FrontDeps deps_;

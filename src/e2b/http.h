@@ -30,6 +30,16 @@ namespace sbx::e2b {
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
+// A request body read as it arrives (HttpServerOptions::stream_body), at constant memory.
+class BodyReader {
+ public:
+  virtual ~BodyReader() = default;
+  // Up to `n` bytes into `buf`; 0 at the end of the body. An error (the client went away,
+  // the body is malformed, larger than max_streamed_body_bytes or too slow) means the
+  // connection is closed after the answer.
+  virtual absl::StatusOr<size_t> Read(char* buf, size_t n) = 0;
+};
+
 struct HttpRequest {
   std::string method;   // as sent: "GET", "POST", ...
   std::string target;   // the request target as sent: "/v2/sandboxes?limit=10"
@@ -37,6 +47,9 @@ struct HttpRequest {
   std::string query;    // target after '?', not decoded; empty without one
   HttpHeaders headers;  // names lower-cased, in the order sent
   std::string body;
+  // Set instead of `body` for the requests HttpServerOptions::stream_body selects; valid
+  // during the handler's call. What the handler leaves unread closes the connection.
+  BodyReader* body_reader = nullptr;
 
   // The value of the first header named `name` (lower-case), if any.
   std::optional<absl::string_view> Header(absl::string_view name) const;
@@ -69,8 +82,13 @@ struct HttpServerOptions {
   // A request body, or one write of the answer, may take at most this long.
   absl::Duration io_timeout = absl::Minutes(5);
   uint32_t max_header_bytes = 16 * 1024;
-  // Largest request body (413 beyond).
+  // Largest request body read whole (413 beyond).
   uint64_t max_body_bytes = 1024 * 1024;
+  // Which requests the handler reads as they arrive (HttpRequest::body_reader), judged by
+  // the request line and headers (`body` is empty then). Unset: none.
+  std::function<bool(const HttpRequest& head)> stream_body;
+  // Largest streamed body.
+  uint64_t max_streamed_body_bytes = uint64_t{1} << 40;
   // Connections open at once; more are closed at accept.
   int max_connections = 1024;
   // How long Shutdown waits for handlers that are still running.

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -178,6 +180,44 @@ class BeastResponder final : public HttpResponder {
   bool ok_ = true;
 };
 
+// Reads a streamed body through `parser` (a buffer_body parser), on the connection's thread.
+class BeastBodyReader final : public BodyReader {
+ public:
+  BeastBodyReader(asio::io_context& ioc, beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                  http::request_parser<http::buffer_body>& parser, const Shared& shared)
+      : ioc_(ioc), stream_(stream), buffer_(buffer), parser_(parser), shared_(shared) {}
+
+  absl::StatusOr<size_t> Read(char* buf, size_t n) override {
+    if (n == 0) return 0;
+    while (!parser_.is_done()) {
+      parser_.get().body().data = buf;
+      parser_.get().body().size = n;
+      error_code ec = asio::error::operation_aborted;
+      stream_.expires_after(Chrono(shared_.options.io_timeout));
+      http::async_read_some(stream_, buffer_, parser_, [&](error_code e, size_t) { ec = e; });
+      ioc_.restart();
+      ioc_.run();
+      if (ec == http::error::need_buffer) ec = {};
+      if (ec == http::error::body_limit) {
+        return absl::ResourceExhaustedError("the request body is too large");
+      }
+      if (ec) {
+        return absl::UnavailableError(absl::StrCat("reading the request body: ", ec.message()));
+      }
+      const size_t got = n - parser_.get().body().size;
+      if (got > 0) return got;
+    }
+    return 0;
+  }
+
+ private:
+  asio::io_context& ioc_;
+  beast::tcp_stream& stream_;
+  beast::flat_buffer& buffer_;
+  http::request_parser<http::buffer_body>& parser_;
+  const Shared& shared_;
+};
+
 void SimpleAnswer(BeastResponder& r, int status, absl::string_view message) {
   r.Respond(status, "application/json",
             absl::StrCat("{\"code\":", status, ",\"message\":\"", message, "\"}"), {});
@@ -212,22 +252,18 @@ void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_
   }
   beast::flat_buffer buffer;
   while (true) {
-    http::request_parser<http::string_body> parser;
-    parser.header_limit(shared->options.max_header_bytes);
-    parser.body_limit(shared->options.max_body_bytes);
+    http::request_parser<http::empty_body> head;
+    head.header_limit(shared->options.max_header_bytes);
+    head.body_limit(std::numeric_limits<uint64_t>::max());  // checked below, per kind
     ec = asio::error::operation_aborted;
     stream.expires_after(Chrono(shared->options.header_timeout));
-    http::async_read_header(stream, buffer, parser, [&](error_code e, size_t) { ec = e; });
+    http::async_read_header(stream, buffer, head, [&](error_code e, size_t) { ec = e; });
     ioc.restart();
     ioc.run();
-    const unsigned version = ec ? 11 : parser.get().version();
+    const unsigned version = ec ? 11 : head.get().version();
     BeastResponder responder(ioc, stream, *shared, /*keep_alive=*/false, version);
     if (ec == http::error::header_limit) {
       SimpleAnswer(responder, 431, "the request header is too large");
-      break;
-    }
-    if (ec == http::error::body_limit) {  // a Content-Length above the limit
-      SimpleAnswer(responder, 413, "the request body is too large");
       break;
     }
     if (ec == http::error::end_of_stream || ec == asio::error::operation_aborted ||
@@ -239,40 +275,58 @@ void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_
       SimpleAnswer(responder, 400, "malformed HTTP request");
       break;
     }
-    if (parser.content_length() && *parser.content_length() > shared->options.max_body_bytes) {
-      SimpleAnswer(responder, 413, "the request body is too large");
-      break;
-    }
-    ec = asio::error::operation_aborted;
-    stream.expires_after(Chrono(shared->options.io_timeout));
-    http::async_read(stream, buffer, parser, [&](error_code e, size_t) { ec = e; });
-    ioc.restart();
-    ioc.run();
-    if (ec == http::error::body_limit) {
-      SimpleAnswer(responder, 413, "the request body is too large");
-      break;
-    }
-    if (ec) {
-      if (ec != beast::error::timeout && ec != asio::error::eof &&
-          ec != http::error::end_of_stream && ec != asio::error::operation_aborted &&
-          ec != asio::error::connection_reset && ec != asio::error::bad_descriptor) {
-        SimpleAnswer(responder, 400, "malformed HTTP request body");
-      }
-      break;
-    }
-    http::request<http::string_body> msg = parser.release();
     HttpRequest req;
-    req.method = std::string(msg.method_string());
-    req.target = std::string(msg.target());
-    const size_t q = req.target.find('?');
-    req.path = req.target.substr(0, q);
-    if (q != std::string::npos) req.query = req.target.substr(q + 1);
-    for (const auto& f : msg) {
-      req.headers.emplace_back(absl::AsciiStrToLower(std::string(f.name_string())),
-                               std::string(f.value()));
+    {
+      const auto& h = head.get();
+      req.method = std::string(h.method_string());
+      req.target = std::string(h.target());
+      const size_t q = req.target.find('?');
+      req.path = req.target.substr(0, q);
+      if (q != std::string::npos) req.query = req.target.substr(q + 1);
+      for (const auto& f : h) {
+        req.headers.emplace_back(absl::AsciiStrToLower(std::string(f.name_string())),
+                                 std::string(f.value()));
+      }
     }
-    req.body = std::move(msg.body());
-    BeastResponder answer(ioc, stream, *shared, msg.keep_alive(), msg.version());
+    const bool keep_alive = head.get().keep_alive();
+    const bool streamed = shared->options.stream_body && shared->options.stream_body(req);
+    const uint64_t limit =
+        streamed ? shared->options.max_streamed_body_bytes : shared->options.max_body_bytes;
+    if (head.content_length() && *head.content_length() > limit) {
+      SimpleAnswer(responder, 413, "the request body is too large");
+      break;
+    }
+    std::optional<http::request_parser<http::buffer_body>> body_parser;
+    std::optional<BeastBodyReader> reader;
+    if (streamed) {
+      body_parser.emplace(std::move(head));
+      body_parser->body_limit(limit);
+      reader.emplace(ioc, stream, buffer, *body_parser, *shared);
+      req.body_reader = &*reader;
+    } else {
+      http::request_parser<http::string_body> p{std::move(head)};
+      p.body_limit(limit);
+      ec = asio::error::operation_aborted;
+      stream.expires_after(Chrono(shared->options.io_timeout));
+      http::async_read(stream, buffer, p, [&](error_code e, size_t) { ec = e; });
+      ioc.restart();
+      ioc.run();
+      if (ec == http::error::body_limit) {
+        SimpleAnswer(responder, 413, "the request body is too large");
+        break;
+      }
+      if (ec) {
+        if (ec != beast::error::timeout && ec != asio::error::eof &&
+            ec != http::error::end_of_stream && ec != asio::error::operation_aborted &&
+            ec != asio::error::connection_reset && ec != asio::error::bad_descriptor) {
+          SimpleAnswer(responder, 400, "malformed HTTP request body");
+        }
+        break;
+      }
+      req.body = std::move(p.get().body());
+    }
+    // A streamed body the handler did not read to its end leaves the connection unusable.
+    BeastResponder answer(ioc, stream, *shared, keep_alive, version);
     try {
       shared->handler(req, answer);
     } catch (const std::exception& e) {
@@ -281,6 +335,7 @@ void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_
     if (!answer.answered()) SimpleAnswer(answer, 500, "no answer");
     answer.FinishStream();
     if (!answer.reusable()) break;
+    if (body_parser.has_value() && !body_parser->is_done()) break;
     {
       absl::MutexLock lock(&shared->mu);
       if (shared->stopping) break;
