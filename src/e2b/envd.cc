@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "e2b/envd/filesystem.pb.h"
 #include "e2b/envd/process.pb.h"
 #include "src/common/ids.h"
 #include "src/e2b/connect.h"
@@ -93,18 +94,18 @@ bool ToEnvdEvent(const v1::ProcessEvent& in, process::ProcessEvent* out) {
 // thread of its own reads from sbx, so that keepalives go out while the process is
 // silent, and a client that has gone is noticed (the next write fails) and the call
 // cancelled.
-template <typename Response>
-void Relay(grpc::ClientContext* ctx, std::unique_ptr<grpc::ClientReader<v1::ProcessEvent>> reader,
-           absl::Duration keepalive, StreamWriter& w) {
+template <typename Response, typename Event, typename Convert, typename Keepalive>
+void Relay(grpc::ClientContext* ctx, std::unique_ptr<grpc::ClientReader<Event>> reader,
+           absl::Duration keepalive, StreamWriter& w, Convert convert, Keepalive set_keepalive) {
   struct Queue {
     absl::Mutex mu;
-    std::deque<v1::ProcessEvent> items ABSL_GUARDED_BY(mu);
+    std::deque<Event> items ABSL_GUARDED_BY(mu);
     bool done ABSL_GUARDED_BY(mu) = false;
     bool gone ABSL_GUARDED_BY(mu) = false;
     grpc::Status status ABSL_GUARDED_BY(mu);
   } q;
   std::thread producer([&] {
-    v1::ProcessEvent ev;
+    Event ev;
     while (reader->Read(&ev)) {
       absl::MutexLock lock(&q.mu);
       q.mu.Await(absl::Condition(
@@ -123,7 +124,7 @@ void Relay(grpc::ClientContext* ctx, std::unique_ptr<grpc::ClientReader<v1::Proc
   grpc::Status final_status;
   bool client_gone = !w.Start();
   while (!client_gone) {
-    std::optional<v1::ProcessEvent> ev;
+    std::optional<Event> ev;
     bool done = false;
     {
       absl::MutexLock lock(&q.mu);
@@ -144,9 +145,9 @@ void Relay(grpc::ClientContext* ctx, std::unique_ptr<grpc::ClientReader<v1::Proc
     if (done) break;
     Response res;
     if (ev.has_value()) {
-      if (!ToEnvdEvent(*ev, res.mutable_event())) continue;
+      if (!convert(*ev, &res)) continue;
     } else {
-      res.mutable_event()->mutable_keepalive();
+      set_keepalive(&res);
     }
     client_gone = !w.Send(res);
   }
@@ -157,6 +158,15 @@ void Relay(grpc::ClientContext* ctx, std::unique_ptr<grpc::ClientReader<v1::Proc
   }
   producer.join();
   if (!client_gone) w.End(final_status);
+}
+
+template <typename Response>
+bool ProcessConvert(const v1::ProcessEvent& ev, Response* res) {
+  return ToEnvdEvent(ev, res->mutable_event());
+}
+template <typename Response>
+void ProcessKeepalive(Response* res) {
+  res->mutable_event()->mutable_keepalive();
 }
 
 absl::Duration KeepaliveOf(const HttpRequest& req) {
@@ -267,6 +277,7 @@ void Envd::Handle(const HttpRequest& req, HttpResponder& out) {
   if (p == "/filesystem.Filesystem/Move") return FsMove(*t, req, out);
   if (p == "/filesystem.Filesystem/ListDir") return FsListDir(*t, req, out);
   if (p == "/filesystem.Filesystem/Remove") return FsRemove(*t, req, out);
+  if (p == "/filesystem.Filesystem/WatchDir") return FsWatchDir(*t, req, out);
   if (p == "/process.Process/Start") return ProcessStart(*t, req, out);
   if (p == "/process.Process/Connect") return ProcessConnect(*t, req, out);
   if (p == "/process.Process/List") return ProcessList(*t, req, out);
@@ -307,7 +318,9 @@ void Envd::ProcessStart(const Target& t, const HttpRequest& req, HttpResponder& 
   start.set_stdin(!in.has_stdin() || in.stdin());
   grpc::ClientContext ctx;
   Prepare(t, ConnectTimeout(req, kMaxStream), &ctx);
-  Relay<process::StartResponse>(&ctx, sandboxes_->StartProcess(&ctx, start), KeepaliveOf(req), w);
+  Relay<process::StartResponse>(&ctx, sandboxes_->StartProcess(&ctx, start), KeepaliveOf(req), w,
+                                ProcessConvert<process::StartResponse>,
+                                ProcessKeepalive<process::StartResponse>);
 }
 
 void Envd::ProcessConnect(const Target& t, const HttpRequest& req, HttpResponder& out) {
@@ -320,7 +333,41 @@ void Envd::ProcessConnect(const Target& t, const HttpRequest& req, HttpResponder
   grpc::ClientContext ctx;
   Prepare(t, ConnectTimeout(req, kMaxStream), &ctx);
   Relay<process::ConnectResponse>(&ctx, sandboxes_->ConnectProcess(&ctx, connect), KeepaliveOf(req),
-                                  w);
+                                  w, ProcessConvert<process::ConnectResponse>,
+                                  ProcessKeepalive<process::ConnectResponse>);
+}
+
+void Envd::FsWatchDir(const Target& t, const HttpRequest& req, HttpResponder& out) {
+  filesystem::WatchDirRequest in;
+  if (!ParseStreamRequest(req, out, &in)) return;
+  StreamWriter w(out);
+  absl::StatusOr<std::string> rel = WorkspacePath("path", in.path());
+  if (!rel.ok()) return w.End(ToGrpc(rel.status()));
+  v1::WatchDirRequest watch;
+  watch.set_claim_id(t.sandbox_id);
+  watch.set_path(*rel);
+  watch.set_recursive(in.recursive());
+  grpc::ClientContext ctx;
+  Prepare(t, ConnectTimeout(req, kMaxStream), &ctx);
+  // envd names an event's path relative to the watched folder.
+  const std::string prefix = rel->empty() ? "" : *rel + "/";
+  auto convert = [&prefix](const v1::WatchDirEvent& ev, filesystem::WatchDirResponse* res) {
+    if (ev.ready()) {
+      res->mutable_start();
+      return true;
+    }
+    if (ev.overflow() || ev.type() == v1::FILE_EVENT_UNSPECIFIED) return false;
+    auto* fs = res->mutable_filesystem();
+    absl::string_view name = ev.path();
+    if (absl::StartsWith(name, prefix)) name.remove_prefix(prefix.size());
+    fs->set_name(std::string(name));
+    // sbx's FileEventType values are envd's EventType values.
+    fs->set_type(static_cast<filesystem::EventType>(ev.type()));
+    return true;
+  };
+  Relay<filesystem::WatchDirResponse>(
+      &ctx, sandboxes_->WatchDir(&ctx, watch), KeepaliveOf(req), w, convert,
+      [](filesystem::WatchDirResponse* res) { res->mutable_keepalive(); });
 }
 
 void Envd::ProcessList(const Target& t, const HttpRequest& req, HttpResponder& out) {

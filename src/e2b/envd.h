@@ -66,6 +66,7 @@ class Envd {
   void FsMove(const Target& t, const HttpRequest& req, HttpResponder& out);
   void FsListDir(const Target& t, const HttpRequest& req, HttpResponder& out);
   void FsRemove(const Target& t, const HttpRequest& req, HttpResponder& out);
+  void FsWatchDir(const Target& t, const HttpRequest& req, HttpResponder& out);
   // Uploads `reader`'s bytes (or `data`) to `path` (workspace-relative).
   grpc::Status Upload(const Target& t, const std::string& path, BodyReader* reader,
                       absl::string_view data);
