@@ -801,8 +801,10 @@ int main(int argc, char** argv) {
   if (standby != nullptr) standby->Shutdown(absl::Seconds(shutdown_grace_s));
   {
     absl::MutexLock lock(&server_mu);
-    if (e2b_front.front != nullptr) e2b_front.front->Shutdown();  // calls `server`: first
     if (server != nullptr) server->Shutdown(absl::Seconds(shutdown_grace_s));
+    // After the server: its shutdown ends the calls the front's handlers wait on (a process
+    // stream may wait for output for long), so that they finish before the front's wait.
+    if (e2b_front.front != nullptr) e2b_front.front->Shutdown();
   }
   if (port_proxy.proxy != nullptr) port_proxy.proxy->Shutdown();
   {

@@ -231,8 +231,9 @@ void ControlPlane::Handle(const HttpRequest& req, HttpResponder& out) {
         absl::StartsWith(req.path, "/templates") || absl::StartsWith(req.path, "/v2/templates") ||
                 absl::StartsWith(req.path, "/v3/templates") ||
                 absl::StartsWith(req.path, "/snapshots") ||
-                absl::StartsWith(req.path, "/volumes") || absl::StartsWith(req.path, "/secrets") ||
-                absl::StartsWith(req.path, "/teams")
+                absl::StartsWith(req.path, "/volumes") ||
+                absl::StartsWith(req.path, "/volumecontent") ||
+                absl::StartsWith(req.path, "/secrets") || absl::StartsWith(req.path, "/teams")
             ? 501
             : 404,
         absl::StrCat(m, " ", req.path,

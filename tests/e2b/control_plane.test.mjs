@@ -150,6 +150,9 @@ test('bad requests get E2B error bodies naming the problem', async () => {
     ['GET', '/sandboxes/0123456789abcdef0123456789abcdef', undefined, 404, /not found/],
     ['POST', '/sandboxes/x/snapshots', '{}', 501, /snapshots/],
     ['GET', '/templates', undefined, 501, /not served/],
+    ['GET', '/volumecontent/v1/file', undefined, 501, /not served/],
+    ['GET', '/secrets', undefined, 501, /not served/],
+    ['PUT', '/sandboxes/x/network', '{}', 501, /network/],
     ['GET', '/nothing/here', undefined, 404, /not an endpoint|not served/],
   ];
   for (const [method, path, body, status, message] of cases) {

@@ -75,3 +75,26 @@ test('a second client connects to the sandbox by id', async () => {
   assert.equal(await sbx.files.read('/home/user/shared.txt'), 'from the first clientsecond\n');
   assert.equal((await other.getInfo()).state, 'running');
 });
+
+test('the server stops promptly and cleanly with an E2B process stream open', async (t) => {
+  const own = new TestServer();
+  await own.start();
+  const opts = {apiKey: process.env.E2B_API_KEY, apiUrl: own.url, sandboxUrl: own.url};
+  // The SDK reads the URLs from the environment at each call: point it at this server.
+  const saved = {api: process.env.E2B_API_URL, sandbox: process.env.E2B_SANDBOX_URL};
+  process.env.E2B_API_URL = own.url;
+  process.env.E2B_SANDBOX_URL = own.url;
+  try {
+    const s = await Sandbox.create('default', {...opts, timeoutMs: 60_000});
+    const h = await s.commands.run('sleep 100', {background: true});
+    const t0 = Date.now();
+    await own.stop();
+    t.diagnostic(`stopped in ${Date.now() - t0} ms`);
+    assert.equal(own.proc.exitCode, 0, own.log);
+    await h.wait().catch(() => {});
+  } finally {
+    process.env.E2B_API_URL = saved.api;
+    process.env.E2B_SANDBOX_URL = saved.sandbox;
+    await own.cleanUp();
+  }
+});
