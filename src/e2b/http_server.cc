@@ -27,6 +27,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 #include "src/e2b/http.h"
 
@@ -218,9 +219,12 @@ class BeastBodyReader final : public BodyReader {
   const Shared& shared_;
 };
 
+// E2B's error body, for what the server answers itself (bad framing, limits).
 void SimpleAnswer(BeastResponder& r, int status, absl::string_view message) {
-  r.Respond(status, "application/json",
-            absl::StrCat("{\"code\":", status, ",\"message\":\"", message, "\"}"), {});
+  nlohmann::json body;
+  body["code"] = status;
+  body["message"] = std::string(message);
+  r.Respond(status, "application/json", body.dump(), {});
 }
 
 void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_type fd,
