@@ -36,9 +36,6 @@ class FrontImpl final : public Front {
   std::unique_ptr<HttpServer> http_;
 };
 
-// Requests addressed to a sandbox (envd, or a port inside it) carry E2b-Sandbox-Id.
-bool ForSandbox(const HttpRequest& req) { return req.Header("e2b-sandbox-id").has_value(); }
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Front>> Front::Start(const FrontOptions& options, FrontDeps deps) {
@@ -57,11 +54,18 @@ absl::StatusOr<std::unique_ptr<Front>> Front::Start(const FrontOptions& options,
   http.max_body_bytes = options.max_body_bytes;
   http.max_connections = options.max_connections;
   // Uploads to a sandbox are read as they arrive (constant memory).
-  http.stream_body = [](const HttpRequest& head) {
-    return head.method == "POST" && head.path == "/files" && ForSandbox(head);
+  const std::string domain = options.domain;
+  http.stream_body = [domain](const HttpRequest& head) {
+    if (head.method != "POST" || head.path != "/files") return false;
+    std::optional<SandboxAddress> addr = AddressOf(head, domain);
+    return addr.has_value() && addr->port == kEnvdPortNumber;
   };
-  auto handler = [control, envd](const HttpRequest& req, HttpResponder& out) {
-    if (ForSandbox(req)) return envd->Handle(req, out);
+  auto handler = [control, envd, domain](const HttpRequest& req, HttpResponder& out) {
+    // Requests for a sandbox (envd, or a port inside it) carry E2b-Sandbox-Id, or come to
+    // PORT-ID.<domain>.
+    if (std::optional<SandboxAddress> addr = AddressOf(req, domain); addr.has_value()) {
+      return envd->Handle(req, out, *addr);
+    }
     control->Handle(req, out);
   };
   auto server = HttpServer::Start(http, std::move(handler));

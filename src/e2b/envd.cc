@@ -14,13 +14,12 @@
 #include "e2b/envd/process.pb.h"
 #include "src/common/ids.h"
 #include "src/e2b/connect.h"
+#include "src/e2b/control_plane.h"
 
 namespace sbx::e2b {
 
 namespace {
 
-// envd's own port: requests for it are envd calls; others are port traffic.
-constexpr absl::string_view kEnvdPort = "49983";
 // Output events a relay holds for a slow client before it stops reading from sbx (which
 // then keeps the rest in the process's replay ring, dropping the oldest beyond it).
 constexpr size_t kRelayQueue = 64;
@@ -220,8 +219,69 @@ Envd::Envd(FrontOptions options, FrontDeps deps)
       deps_(std::move(deps)),
       sandboxes_(v1::SandboxService::NewStub(deps_.channel)) {}
 
-std::optional<Envd::Target> Envd::Authorize(const HttpRequest& req, HttpResponder& out) {
-  const std::string id(req.Header("e2b-sandbox-id").value_or(""));
+std::optional<SandboxAddress> AddressOf(const HttpRequest& req, absl::string_view domain) {
+  if (auto id = req.Header("e2b-sandbox-id"); id.has_value()) {
+    SandboxAddress a{std::string(*id), kEnvdPortNumber};
+    if (auto port = req.Header("e2b-sandbox-port"); port.has_value()) {
+      if (!absl::SimpleAtoi(*port, &a.port)) a.port = -1;  // refused by the handler
+    }
+    return a;
+  }
+  if (domain.empty()) return std::nullopt;
+  absl::string_view host = req.Header("host").value_or("");
+  if (const size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  // PORT-ID.<domain>, case-insensitively for the domain (host names are).
+  if (host.size() <= domain.size() + 1 || host[host.size() - domain.size() - 1] != '.' ||
+      !absl::EqualsIgnoreCase(host.substr(host.size() - domain.size()), domain)) {
+    return std::nullopt;
+  }
+  const absl::string_view label = host.substr(0, host.size() - domain.size() - 1);
+  const size_t dash = label.find('-');
+  SandboxAddress a;
+  if (dash == absl::string_view::npos || !absl::SimpleAtoi(label.substr(0, dash), &a.port)) {
+    return std::nullopt;
+  }
+  a.id = std::string(label.substr(dash + 1));
+  return a;
+}
+
+void Envd::PortRedirect(const Target& t, int port, const HttpRequest& req, HttpResponder& out) {
+  if (port < 1 || port > 65535) {
+    RespondError(out, 400, absl::StrCat("port ", port, " is not 1..65535"));
+    return;
+  }
+  grpc::ClientContext ctx;
+  Prepare(t, options_.call_timeout, &ctx);
+  v1::GetPortUrlRequest get;
+  get.set_claim_id(t.sandbox_id);
+  get.set_port(port);
+  get.mutable_ttl()->set_seconds(3600);
+  v1::GetPortUrlResponse res;
+  grpc::Status s = sandboxes_->GetPortUrl(&ctx, get, &res);
+  if (!s.ok()) {
+    RespondError(out, HttpStatusOf(s.error_code()), s.error_message());
+    return;
+  }
+  // The proxy's path form, ".../_sbx/ID/PORT/?sbx_token=T": keep the request's own path
+  // and query, and the token.
+  const std::string& url = res.url();
+  const size_t q = url.find("/?sbx_token=");
+  if (q == std::string::npos) {
+    RespondError(out, 500, "the port proxy's URL has an unexpected form");
+    return;
+  }
+  std::string location = absl::StrCat(url.substr(0, q), req.path.empty() ? "/" : req.path, "?");
+  if (!req.query.empty()) absl::StrAppend(&location, req.query, "&");
+  absl::StrAppend(&location, "sbx_token=", res.token());
+  // 307 keeps the method and body.
+  out.Respond(307, "text/plain", "the port is reached through sbx's port proxy\n",
+              {{"Location", location}, {"Cache-Control", "no-store"}});
+}
+
+std::optional<Envd::Target> Envd::Authorize(const HttpRequest& req, const std::string& id,
+                                            HttpResponder& out) {
   if (!ValidateKey("sandbox id", id).ok()) {
     RespondConnectError(out, grpc::Status(grpc::StatusCode::NOT_FOUND,
                                           absl::StrCat("sandbox \"", id, "\" not found")));
@@ -255,16 +315,10 @@ void Envd::Prepare(const Target& t, absl::Duration timeout, grpc::ClientContext*
   if (!t.bearer.empty()) ctx->AddMetadata("authorization", t.bearer);
 }
 
-void Envd::Handle(const HttpRequest& req, HttpResponder& out) {
-  if (auto port = req.Header("e2b-sandbox-port"); port.has_value() && *port != kEnvdPort) {
-    RespondConnectError(out, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                          absl::StrCat("port ", *port,
-                                                       ": traffic to ports inside a sandbox is "
-                                                       "not served by sbx's E2B front yet")));
-    return;
-  }
-  std::optional<Target> t = Authorize(req, out);
+void Envd::Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr) {
+  std::optional<Target> t = Authorize(req, addr.id, out);
   if (!t.has_value()) return;
+  if (addr.port != kEnvdPortNumber) return PortRedirect(*t, addr.port, req, out);
   const std::string& p = req.path;
   if (p == "/health") {
     out.Respond(204, "", "");

@@ -33,12 +33,23 @@ grpc::Status ToGrpc(const absl::Status& s);
 // The envd access token of sandbox `id` owned by `tenant`.
 std::string EnvdAccessToken(const FrontDeps& deps, absl::string_view id, absl::string_view tenant);
 
+// Which sandbox and port a request is for: by the headers E2b-Sandbox-Id and
+// E2b-Sandbox-Port (default envd's, 49983), or by a Host of PORT-ID.<domain> (any port;
+// `domain` empty: not by host). nullopt: not for a sandbox (a control-plane request).
+struct SandboxAddress {
+  std::string id;
+  int port = 0;
+};
+inline constexpr int kEnvdPortNumber = 49983;
+std::optional<SandboxAddress> AddressOf(const HttpRequest& req, absl::string_view domain);
+
 class Envd {
  public:
   Envd(FrontOptions options, FrontDeps deps);
 
-  // Answers a request that carries E2b-Sandbox-Id.
-  void Handle(const HttpRequest& req, HttpResponder& out);
+  // Answers a request for a sandbox: envd's API on its port, else a redirect to the port
+  // proxy (the sandbox's port through a URL token, SandboxService.GetPortUrl).
+  void Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr);
 
  private:
   struct Target {
@@ -47,7 +58,9 @@ class Envd {
   };
   // The sandbox and the credential to reach it with; on failure answers a Connect error
   // (unauthenticated) and returns nullopt.
-  std::optional<Target> Authorize(const HttpRequest& req, HttpResponder& out);
+  std::optional<Target> Authorize(const HttpRequest& req, const std::string& id,
+                                  HttpResponder& out);
+  void PortRedirect(const Target& t, int port, const HttpRequest& req, HttpResponder& out);
   void Prepare(const Target& t, absl::Duration timeout, grpc::ClientContext* ctx) const;
 
   void ProcessStart(const Target& t, const HttpRequest& req, HttpResponder& out);

@@ -3,14 +3,16 @@
 // (events for files made, written and removed), and a second client that connects to the
 // same sandbox by id and works in it.
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import {after, before, test} from 'node:test';
 import {setTimeout as sleep} from 'node:timers/promises';
 
 import {Sandbox} from 'e2b';
 
-import {TestServer} from './harness.mjs';
+import {BOB, TestServer} from './harness.mjs';
 
-const server = new TestServer();
+// With the port proxy, and the E2B domain the SDK's getHost names (E2B_DOMAIN, harness.mjs).
+const server = new TestServer({extraArgs: ['--proxy_listen=127.0.0.1:0', '--e2b_domain=sbx.localhost']});
 let sbx;
 
 before(async () => {
@@ -96,5 +98,69 @@ test('the server stops promptly and cleanly with an E2B process stream open', as
     process.env.E2B_API_URL = saved.api;
     process.env.E2B_SANDBOX_URL = saved.sandbox;
     await own.cleanUp();
+  }
+});
+
+// A GET to the E2B listener with chosen headers (Host included, which fetch cannot set).
+function rawGet(path, headers) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({host: '127.0.0.1', port: server.e2bPort, path, headers}, (res) => {
+      let body = '';
+      res.on('data', (d) => { body += d; });
+      res.on('end', () => resolve({status: res.statusCode, headers: res.headers, body}));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+test('ports: by the sandbox headers and by getHost, through the port proxy', async () => {
+  await sbx.files.write('/home/user/site/hello.txt', 'hello through the proxy\n');
+  const web = await sbx.commands.run('cd site && exec python3 -m http.server 8000 --bind 127.0.0.1',
+                                     {background: true});
+  try {
+    const headers = {'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '8000',
+                     'X-Access-Token': sbx.envdAccessToken};
+    // fetch follows the 307 to the port proxy (a URL token for this sandbox and port).
+    let text;
+    const deadline = Date.now() + 20_000;
+    while (text === undefined) {
+      const res = await fetch(`${server.url}/hello.txt`, {headers});
+      if (res.status === 200) {
+        text = await res.text();
+      } else {
+        await res.arrayBuffer();
+        if (Date.now() > deadline) throw new Error(`the web server never answered: ${res.status}`);
+        await sleep(100);
+      }
+    }
+    assert.equal(text, 'hello through the proxy\n');
+
+    // The host form: PORT-ID.DOMAIN as getHost names it.
+    const host = sbx.getHost(8000);
+    const byHost = await rawGet('/hello.txt?x=1', {'Host': host, 'X-Access-Token': sbx.envdAccessToken});
+    assert.equal(byHost.status, 307, byHost.body);
+    const location = new URL(byHost.headers.location);
+    assert.equal(location.pathname, `/_sbx/${sbx.sandboxId}/8000/hello.txt`);
+    assert.equal(location.searchParams.get('x'), '1');
+    assert.ok(location.searchParams.get('sbx_token'));
+    const followed = await fetch(location);
+    assert.equal(await followed.text(), 'hello through the proxy\n');
+
+    // No token, or another sandbox's: refused, and no URL given out.
+    const bobs = await Sandbox.create('default', {apiKey: BOB, timeoutMs: 60_000});
+    try {
+      for (const token of [undefined, bobs.envdAccessToken]) {
+        const h = {'Host': host};
+        if (token) h['X-Access-Token'] = token;
+        const res = await rawGet('/hello.txt', h);
+        assert.equal(res.status, 401, `${token}: ${res.body}`);
+        assert.equal(res.headers.location, undefined);
+      }
+    } finally {
+      await bobs.kill();
+    }
+  } finally {
+    await sbx.commands.kill(web.pid);
   }
 });
