@@ -30,8 +30,10 @@ void AddE2bFlags(CLI::App& app, E2bFlags* flags) {
       ->capture_default_str();
 }
 
-absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags, const server::AuthOptions& auth,
+absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags,
+                                    const server::ServerOptions& server_options,
                                     server::Server& server, const SandboxSecrets& secrets) {
+  const server::AuthOptions& auth = server_options.auth;
   RunningE2b out;
   if (flags.front.listen.empty()) return out;
   e2b::FrontOptions options = flags.front;
@@ -40,6 +42,8 @@ absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags, const server::AuthOpt
         absl::StrCat("--e2b_call_timeout_s ", flags.call_timeout_s, " is not positive"));
   }
   options.call_timeout = absl::Seconds(flags.call_timeout_s);
+  options.tls_cert_file = server_options.tls_cert_file;
+  options.tls_key_file = server_options.tls_key_file;
   e2b::FrontDeps deps;
   deps.channel = server.InProcessChannel();
   // A newline separates the id from the tenant: neither may hold one.

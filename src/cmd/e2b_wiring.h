@@ -30,9 +30,13 @@ struct RunningE2b {
   std::unique_ptr<e2b::Front> front;
 };
 
-// The front, or an empty RunningE2b without --e2b_listen. `server` must outlive it.
-// Errors name the flag at fault; the server should stop on them.
-absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags, const server::AuthOptions& auth,
+// The front, or an empty RunningE2b without --e2b_listen. It takes the tokens file and
+// the TLS certificate of the gRPC port from `server_options` (with --tls_cert_file the
+// E2B listener serves HTTPS only; client certificates are not asked for: E2B clients
+// have none). `server` must outlive it. Errors name the flag at fault; the server should
+// stop on them.
+absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags,
+                                    const server::ServerOptions& server_options,
                                     server::Server& server, const SandboxSecrets& secrets);
 
 }  // namespace sbx::cmd

@@ -53,6 +53,8 @@ absl::StatusOr<std::unique_ptr<Front>> Front::Start(const FrontOptions& options,
   http.max_header_bytes = options.max_header_bytes;
   http.max_body_bytes = options.max_body_bytes;
   http.max_connections = options.max_connections;
+  http.tls_cert_file = options.tls_cert_file;
+  http.tls_key_file = options.tls_key_file;
   // Uploads to a sandbox are read as they arrive (constant memory).
   const std::string domain = options.domain;
   http.stream_body = [domain](const HttpRequest& head) {

@@ -61,6 +61,9 @@ struct FrontOptions {
   uint32_t max_header_bytes = 16 * 1024;
   uint64_t max_body_bytes = 1024 * 1024;
   int max_connections = 1024;
+  // TLS (PEM files, both or neither): the listener then serves HTTPS only.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 
   // INVALID_ARGUMENT naming the bad field.
   absl::Status Validate() const;

@@ -91,6 +91,10 @@ struct HttpServerOptions {
   uint64_t max_streamed_body_bytes = uint64_t{1} << 40;
   // Connections open at once; more are closed at accept.
   int max_connections = 1024;
+  // TLS: both set → the listener serves TLS only (PEM files: the certificate chain, the
+  // private key); TLS 1.2 or later. Both empty: plaintext.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // How long Shutdown waits for handlers that are still running.
   absl::Duration shutdown_wait = absl::Seconds(5);
 

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -20,6 +21,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -58,6 +60,9 @@ absl::Status HttpServerOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("max_header_bytes ", max_header_bytes, " is below 1024"));
   }
+  if (tls_cert_file.empty() != tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both a certificate file and a key file");
+  }
   if (max_connections < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_connections ", max_connections, " is below 1"));
@@ -80,6 +85,8 @@ struct Shared {
   absl::flat_hash_map<int64_t, std::function<void()>> closers ABSL_GUARDED_BY(mu);
   int64_t next_id ABSL_GUARDED_BY(mu) = 0;
   bool stopping ABSL_GUARDED_BY(mu) = false;
+  // TLS: the server's certificate and key (options.tls_cert_file); null: plaintext.
+  std::unique_ptr<asio::ssl::context> tls;
   // Read by connections() without the lock; relaxed: a gauge.
   std::atomic<int> open{0};
 };
@@ -87,10 +94,11 @@ struct Shared {
 class Connection;
 
 // Writes through one connection. `stream_` is used on the connection's thread only.
+template <class Stream>
 class BeastResponder final : public HttpResponder {
  public:
-  BeastResponder(asio::io_context& ioc, beast::tcp_stream& stream, const Shared& shared,
-                 bool keep_alive, unsigned version)
+  BeastResponder(asio::io_context& ioc, Stream& stream, const Shared& shared, bool keep_alive,
+                 unsigned version)
       : ioc_(ioc), stream_(stream), shared_(shared), keep_alive_(keep_alive), version_(version) {}
 
   void Respond(int status, absl::string_view content_type, std::string body,
@@ -109,7 +117,7 @@ class BeastResponder final : public HttpResponder {
     res.body() = std::move(body);
     res.prepare_payload();
     error_code ec;
-    stream_.expires_after(Chrono(shared_.options.io_timeout));
+    beast::get_lowest_layer(stream_).expires_after(Chrono(shared_.options.io_timeout));
     http::async_write(stream_, res, [&](error_code e, size_t) { ec = e; });
     Run(ec);
   }
@@ -129,7 +137,7 @@ class BeastResponder final : public HttpResponder {
     res.chunked(true);
     http::response_serializer<http::empty_body> sr{res};
     error_code ec;
-    stream_.expires_after(Chrono(shared_.options.io_timeout));
+    beast::get_lowest_layer(stream_).expires_after(Chrono(shared_.options.io_timeout));
     http::async_write_header(stream_, sr, [&](error_code e, size_t) { ec = e; });
     Run(ec);
     return ok_;
@@ -139,7 +147,7 @@ class BeastResponder final : public HttpResponder {
     if (state_ != State::kStreaming || !ok_) return false;
     if (data.empty()) return true;  // an empty chunk would end the body
     error_code ec;
-    stream_.expires_after(Chrono(shared_.options.io_timeout));
+    beast::get_lowest_layer(stream_).expires_after(Chrono(shared_.options.io_timeout));
     asio::async_write(stream_, http::make_chunk(asio::buffer(data.data(), data.size())),
                       [&](error_code e, size_t) { ec = e; });
     Run(ec);
@@ -151,7 +159,7 @@ class BeastResponder final : public HttpResponder {
     state_ = State::kDone;
     if (!ok_) return;
     error_code ec;
-    stream_.expires_after(Chrono(shared_.options.io_timeout));
+    beast::get_lowest_layer(stream_).expires_after(Chrono(shared_.options.io_timeout));
     asio::async_write(stream_, http::make_chunk_last(), [&](error_code e, size_t) { ec = e; });
     Run(ec);
   }
@@ -173,7 +181,7 @@ class BeastResponder final : public HttpResponder {
   }
 
   asio::io_context& ioc_;
-  beast::tcp_stream& stream_;
+  Stream& stream_;
   const Shared& shared_;
   const bool keep_alive_;
   const unsigned version_;
@@ -182,9 +190,10 @@ class BeastResponder final : public HttpResponder {
 };
 
 // Reads a streamed body through `parser` (a buffer_body parser), on the connection's thread.
+template <class Stream>
 class BeastBodyReader final : public BodyReader {
  public:
-  BeastBodyReader(asio::io_context& ioc, beast::tcp_stream& stream, beast::flat_buffer& buffer,
+  BeastBodyReader(asio::io_context& ioc, Stream& stream, beast::flat_buffer& buffer,
                   http::request_parser<http::buffer_body>& parser, const Shared& shared)
       : ioc_(ioc), stream_(stream), buffer_(buffer), parser_(parser), shared_(shared) {}
 
@@ -194,7 +203,7 @@ class BeastBodyReader final : public BodyReader {
       parser_.get().body().data = buf;
       parser_.get().body().size = n;
       error_code ec = asio::error::operation_aborted;
-      stream_.expires_after(Chrono(shared_.options.io_timeout));
+      beast::get_lowest_layer(stream_).expires_after(Chrono(shared_.options.io_timeout));
       http::async_read_some(stream_, buffer_, parser_, [&](error_code e, size_t) { ec = e; });
       ioc_.restart();
       ioc_.run();
@@ -213,26 +222,28 @@ class BeastBodyReader final : public BodyReader {
 
  private:
   asio::io_context& ioc_;
-  beast::tcp_stream& stream_;
+  Stream& stream_;
   beast::flat_buffer& buffer_;
   http::request_parser<http::buffer_body>& parser_;
   const Shared& shared_;
 };
 
 // E2B's error body, for what the server answers itself (bad framing, limits).
-void SimpleAnswer(BeastResponder& r, int status, absl::string_view message) {
+template <class Stream>
+void SimpleAnswer(BeastResponder<Stream>& r, int status, absl::string_view message) {
   nlohmann::json body;
   body["code"] = status;
   body["message"] = std::string(message);
   r.Respond(status, "application/json", body.dump(), {});
 }
 
-void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_type fd,
-                     tcp::endpoint::protocol_type protocol) {
-  asio::io_context ioc(1);
-  beast::tcp_stream stream(ioc);
+template <class Stream>
+void Serve(const std::shared_ptr<Shared>& shared, asio::io_context& ioc, Stream& stream,
+           tcp::socket::native_handle_type fd, tcp::endpoint::protocol_type protocol) {
+  constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
+  beast::tcp_stream& tcp_layer = beast::get_lowest_layer(stream);
   error_code ec;
-  stream.socket().assign(protocol, fd, ec);
+  tcp_layer.socket().assign(protocol, fd, ec);
   if (ec) {
     ::close(fd);
     shared->open.fetch_sub(1, std::memory_order_relaxed);
@@ -246,26 +257,36 @@ void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_
       shared->open.fetch_sub(1, std::memory_order_relaxed);
       return;
     }
-    shared->closers[id] = [&ioc, &stream] {
-      asio::post(ioc, [&stream] {
+    shared->closers[id] = [&ioc, &tcp_layer] {
+      asio::post(ioc, [&tcp_layer] {
         error_code ignored;
-        stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-        stream.socket().close(ignored);
+        tcp_layer.socket().shutdown(tcp::socket::shutdown_both, ignored);
+        tcp_layer.socket().close(ignored);
       });
     };
   }
+  bool serving = true;
+  if constexpr (kTls) {
+    // The handshake must be done within the header timeout, as a request's header.
+    ec = asio::error::operation_aborted;
+    tcp_layer.expires_after(Chrono(shared->options.header_timeout));
+    stream.async_handshake(asio::ssl::stream_base::server, [&](error_code e) { ec = e; });
+    ioc.restart();
+    ioc.run();
+    serving = !ec;
+  }
   beast::flat_buffer buffer;
-  while (true) {
+  while (serving) {
     http::request_parser<http::empty_body> head;
     head.header_limit(shared->options.max_header_bytes);
     head.body_limit(std::numeric_limits<uint64_t>::max());  // checked below, per kind
     ec = asio::error::operation_aborted;
-    stream.expires_after(Chrono(shared->options.header_timeout));
+    tcp_layer.expires_after(Chrono(shared->options.header_timeout));
     http::async_read_header(stream, buffer, head, [&](error_code e, size_t) { ec = e; });
     ioc.restart();
     ioc.run();
     const unsigned version = ec ? 11 : head.get().version();
-    BeastResponder responder(ioc, stream, *shared, /*keep_alive=*/false, version);
+    BeastResponder<Stream> responder(ioc, stream, *shared, /*keep_alive=*/false, version);
     if (ec == http::error::header_limit) {
       SimpleAnswer(responder, 431, "the request header is too large");
       break;
@@ -301,7 +322,7 @@ void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_
       break;
     }
     std::optional<http::request_parser<http::buffer_body>> body_parser;
-    std::optional<BeastBodyReader> reader;
+    std::optional<BeastBodyReader<Stream>> reader;
     if (streamed) {
       body_parser.emplace(std::move(head));
       body_parser->body_limit(limit);
@@ -311,7 +332,7 @@ void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_
       http::request_parser<http::string_body> p{std::move(head)};
       p.body_limit(limit);
       ec = asio::error::operation_aborted;
-      stream.expires_after(Chrono(shared->options.io_timeout));
+      tcp_layer.expires_after(Chrono(shared->options.io_timeout));
       http::async_read(stream, buffer, p, [&](error_code e, size_t) { ec = e; });
       ioc.restart();
       ioc.run();
@@ -330,7 +351,7 @@ void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_
       req.body = std::move(p.get().body());
     }
     // A streamed body the handler did not read to its end leaves the connection unusable.
-    BeastResponder answer(ioc, stream, *shared, keep_alive, version);
+    BeastResponder<Stream> answer(ioc, stream, *shared, keep_alive, version);
     try {
       shared->handler(req, answer);
     } catch (const std::exception& e) {
@@ -349,10 +370,31 @@ void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_
     absl::MutexLock lock(&shared->mu);
     shared->closers.erase(id);
   }
+  if constexpr (kTls) {
+    // close_notify, briefly: a client that does not answer it is not waited for.
+    if (tcp_layer.socket().is_open()) {
+      tcp_layer.expires_after(std::chrono::seconds(1));
+      stream.async_shutdown([](error_code) {});
+      ioc.restart();
+      ioc.run();
+    }
+  }
   error_code ignored;
-  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
-  stream.socket().close(ignored);
+  tcp_layer.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  tcp_layer.socket().close(ignored);
   shared->open.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void ServeConnection(std::shared_ptr<Shared> shared, tcp::socket::native_handle_type fd,
+                     tcp::endpoint::protocol_type protocol) {
+  asio::io_context ioc(1);
+  if (shared->tls != nullptr) {
+    beast::ssl_stream<beast::tcp_stream> stream(ioc, *shared->tls);
+    Serve(shared, ioc, stream, fd, protocol);
+  } else {
+    beast::tcp_stream stream(ioc);
+    Serve(shared, ioc, stream, fd, protocol);
+  }
 }
 
 class BeastHttpServer final : public HttpServer {
@@ -455,6 +497,25 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
   auto shared = std::make_shared<Shared>();
   shared->options = options;
   shared->handler = std::move(handler);
+  if (!options.tls_cert_file.empty()) {
+    auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    error_code ec;
+    ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                         asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                         asio::ssl::context::no_tlsv1_1,
+                     ec);
+    if (!ec) ctx->use_certificate_chain_file(options.tls_cert_file, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot use TLS certificate file \"",
+                                                     options.tls_cert_file, "\": ", ec.message()));
+    }
+    ctx->use_private_key_file(options.tls_key_file, asio::ssl::context::pem, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot use TLS key file \"", options.tls_key_file, "\": ", ec.message()));
+    }
+    shared->tls = std::move(ctx);
+  }
   auto server = std::make_unique<BeastHttpServer>(std::move(shared));
   if (absl::Status s = server->Bind(); !s.ok()) return s;
   return server;
