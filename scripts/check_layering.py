@@ -28,6 +28,9 @@ ALLOWED = {
     "server": {"allocator", "common", "proto", "images:interface"},
     # The HTTP front (the port proxy): a front-end like the gRPC services, beside them.
     "gateway": {"server", "allocator", "common", "proto"},
+    # The E2B-compatible front: a client of sbx's public gRPC API (through a channel the
+    # server gives it), so it needs neither the allocator nor the server's internals.
+    "e2b": {"common", "proto", "e2b_proto"},
     # Store replication between replicas: the store's replication interface and its own
     # generated service (proto/sbx/replication/v1).
     "replication": {"common", "store:interface", "proto"},
@@ -154,11 +157,12 @@ THIRD_PARTY = {
     "openssl/": ["src/k8s/http_socket.cc", "src/common/sandbox_secret.cc",
                  "src/replication/service.cc", "src/images/digest.cc",
                  "src/server/port_token.cc"],
-    "boost/": ["src/k8s/conversion_webhook.cc", "src/gateway/port_proxy.cc"],
-    "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/replication/"],
-    "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/replication/"],
+    "boost/": ["src/k8s/conversion_webhook.cc", "src/gateway/port_proxy.cc",
+               "src/e2b/http_server.cc"],
+    "grpcpp/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/replication/", "src/e2b/"],
+    "grpc/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/replication/", "src/e2b/"],
     "google/protobuf/": ["src/server/", "src/sandboxd/", "src/cmd/", "src/store/rocksdb_store.cc",
-                         "src/runtime/", "src/replication/"],
+                         "src/runtime/", "src/replication/", "src/e2b/"],
     "prometheus/": ["src/server/", "src/cmd/", "src/k8s/"],
     "seccomp.h": ["src/runtime/seccomp_filter.cc"],
 }
@@ -206,6 +210,8 @@ def component_of_include(path):
             return parts[1], "src"
     if path.startswith("sbx/v1/") or path.startswith("sbx/replication/"):
         return "proto", "proto"
+    if path.startswith("e2b/envd/"):  # envd's messages (proto/e2b), for the E2B front only
+        return "e2b_proto", "proto"
     if path.startswith("tests/") or path.startswith("bench/"):
         return path.split("/")[0], "outside"
     return None, None

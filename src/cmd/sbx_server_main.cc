@@ -32,6 +32,7 @@
 #include "src/allocator/snapshots.h"
 #include "src/cmd/config.h"
 #include "src/cmd/conversion_wiring.h"
+#include "src/cmd/e2b_wiring.h"
 #include "src/cmd/kube_wiring.h"
 #include "src/cmd/proxy_wiring.h"
 #include "src/cmd/replication_wiring.h"
@@ -211,6 +212,7 @@ int main(int argc, char** argv) {
   sbx::cmd::KubeFlags kube_flags;
   sbx::cmd::ConversionFlags conversion_flags;
   sbx::cmd::ProxyFlags proxy_flags;
+  sbx::cmd::E2bFlags e2b_flags;  // the E2B-compatible API (src/e2b)
   // Outlives the proxy and the metrics endpoint that reads it.
   sbx::gateway::ProxyCounters proxy_counters;
 
@@ -379,6 +381,7 @@ int main(int argc, char** argv) {
   sbx::cmd::AddKubeFlags(app, &kube_flags);
   sbx::cmd::AddConversionFlags(app, &conversion_flags);
   sbx::cmd::AddProxyFlags(app, &proxy_flags);
+  sbx::cmd::AddE2bFlags(app, &e2b_flags);
   CLI11_PARSE(app, argc, argv);
 
   if (absl::Status s = sbx::InitLogging(log_options); !s.ok()) return Fail(s);
@@ -721,6 +724,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<sbx::allocator::Snapshots> snapshots;  // outlives the server
   std::unique_ptr<sbx::server::Server> server;
   sbx::cmd::RunningProxy port_proxy;
+  sbx::cmd::RunningE2b e2b_front;  // after `server`: it calls the server's services
   auto activate = [&]() -> absl::Status {
     if (active_runtime != nullptr) {
       RETURN_IF_ERROR(
@@ -743,8 +747,13 @@ int main(int argc, char** argv) {
                                                       *sandbox_secrets, allocator.get(),
                                                       &server_options.port_urls, &proxy_counters));
     ASSIGN_OR_RETURN(auto started, sbx::server::Server::Start(server_options));
+    // The E2B front: a translation onto the services just started, through their
+    // in-process channel.
+    ASSIGN_OR_RETURN(auto front,
+                     sbx::cmd::StartE2b(e2b_flags, server_options, *started, *sandbox_secrets));
     absl::MutexLock lock(&server_mu);
     server = std::move(started);
+    e2b_front = std::move(front);
     return absl::OkStatus();
   };
   std::thread promotion;
@@ -792,6 +801,7 @@ int main(int argc, char** argv) {
     }
     absl::Status s = server->ReloadAuth();
     if (s.ok() && port_proxy.auth != nullptr) s = port_proxy.auth->Reload();
+    if (s.ok() && e2b_front.auth != nullptr) s = e2b_front.auth->Reload();
     if (s.ok()) {
       spdlog::info("SIGHUP: tokens reloaded");
     } else {
@@ -811,6 +821,9 @@ int main(int argc, char** argv) {
   {
     absl::MutexLock lock(&server_mu);
     if (server != nullptr) server->Shutdown(absl::Seconds(shutdown_grace_s));
+    // After the server: its shutdown ends the calls the front's handlers wait on (a process
+    // stream may wait for output for long), so that they finish before the front's wait.
+    if (e2b_front.front != nullptr) e2b_front.front->Shutdown();
   }
   if (port_proxy.proxy != nullptr) port_proxy.proxy->Shutdown();
   {

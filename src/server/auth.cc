@@ -230,6 +230,23 @@ absl::StatusOr<Caller> Authenticator::Authenticate(
   return absl::UnauthenticatedError("unknown bearer token");
 }
 
+std::optional<std::string> Authenticator::BearerOf(absl::string_view tenant) const {
+  if (options_.insecure_no_auth) return std::string();
+  std::shared_ptr<const Table> table;
+  {
+    absl::MutexLock lock(&mu_);
+    table = table_;
+  }
+  const std::string* best = nullptr;
+  if (table != nullptr) {
+    for (const auto& [token, caller] : *table) {
+      if (caller.tenant == tenant && (best == nullptr || token < *best)) best = &token;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  return absl::StrCat("Bearer ", *best);
+}
+
 absl::Status Authenticator::Reload() {
   if (options_.insecure_no_auth) return absl::OkStatus();
   absl::StatusOr<std::shared_ptr<const Table>> table = Load(options_.tokens_file);

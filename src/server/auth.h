@@ -125,6 +125,14 @@ class Authenticator {
   [[nodiscard]] absl::StatusOr<Caller> Authenticate(
       std::optional<absl::string_view> authorization) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The bearer value ("Bearer <token>") with which a call acts as `tenant`: one of the
+  // tenant's tokens (the smallest, so the same one every time), or "" with
+  // insecure_no_auth (calls need none). nullopt when the tenant has no token (any more).
+  // For sbx-server's own fronts that act for a tenant they authenticated otherwise (the
+  // E2B front's envd access tokens, src/e2b); never sent back to a client. Linear in the
+  // number of tokens.
+  std::optional<std::string> BearerOf(absl::string_view tenant) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Reads the tokens file again and, if it parses, replaces the table. On error the old
   // table stays in force and the error (as for Create) is returned. A no-op (OK) with
   // insecure_no_auth.

@@ -120,6 +120,13 @@ class GrpcServer final : public Server {
 
   int port() const override { return port_; }
 
+  std::shared_ptr<grpc::Channel> InProcessChannel() override {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    return server_->InProcessChannel(args);
+  }
+
   absl::Status ReloadAuth() override {
     if (services_->auth == nullptr) {
       return absl::FailedPreconditionError(

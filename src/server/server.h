@@ -118,6 +118,11 @@ class Server {
   // The bound port (useful with port 0).
   virtual int port() const = 0;
 
+  // A channel to this server's own services that never leaves the process (no socket, no
+  // TLS): callers in sbx-server (the E2B front, src/e2b) use the public API through it,
+  // authenticated by the same bearer tokens as any client. Valid until Shutdown.
+  virtual std::shared_ptr<grpc::Channel> InProcessChannel() = 0;
+
   // Reads the tokens file again (e.g. on SIGHUP); on error the old tokens stay in force and
   // the error is returned (INVALID_ARGUMENT naming file:line, NOT_FOUND, ...). OK and a
   // no-op with insecure_no_auth; FAILED_PRECONDITION on a server without an allocator.

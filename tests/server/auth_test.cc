@@ -225,6 +225,24 @@ TEST_F(AuthTest, ReloadSwapsOrKeepsTheOldTable) {
   EXPECT_TRUE((*auth)->Authenticate("Bearer t2").ok()) << "a failed reload dropped the tokens";
 }
 
+// BearerOf: the E2B front's envd calls act for a tenant with one of its tokens; the same
+// one every time, none once the tenant has none, "" without auth.
+TEST_F(AuthTest, BearerOfNamesOneTokenOfTheTenant) {
+  Write("t9 alice\nt2 alice\nt5 bob admin\n");
+  auto auth = Make();
+  ASSERT_TRUE(auth.ok()) << auth.status();
+  EXPECT_EQ((*auth)->BearerOf("alice"), std::optional<std::string>("Bearer t2"));
+  EXPECT_EQ((*auth)->BearerOf("bob"), std::optional<std::string>("Bearer t5"));
+  EXPECT_EQ((*auth)->BearerOf("carol"), std::nullopt);
+  EXPECT_EQ((*auth)->BearerOf(""), std::nullopt);
+  Write("t5 bob\n");
+  ASSERT_TRUE((*auth)->Reload().ok());
+  EXPECT_EQ((*auth)->BearerOf("alice"), std::nullopt) << "a revoked tenant keeps acting";
+  auto open = Authenticator::Create(AuthOptions{"", true});
+  ASSERT_TRUE(open.ok());
+  EXPECT_EQ((*open)->BearerOf("anyone"), std::optional<std::string>(""));
+}
+
 TEST(AuthOptionsTest, ExactlyOneMode) {
   EXPECT_EQ(AuthOptions{}.Validate().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE((AuthOptions{"", true}).Validate().ok());
