@@ -179,11 +179,13 @@ absl::Duration KeepaliveOf(const HttpRequest& req) {
 
 }  // namespace
 
-// E2B clients name absolute paths; sbx's process and file RPCs take paths relative to the
-// sandbox's workspace (which is $HOME inside, /run/sbx/workspace). E2B's home of its
-// default user, /home/user, and the workspace's own path map onto the workspace; a
-// relative path is relative to it in both. Other absolute paths cannot be reached
-// through these RPCs (INVALID_ARGUMENT naming the path).
+// E2B clients name absolute paths. sbx's process and file RPCs take a path relative to
+// the sandbox's workspace (which is $HOME inside, /run/sbx/workspace), or an absolute path
+// resolved in the sandbox's own root as its processes see it, never outside it
+// (docs/api.md "Files"). E2B's home of its default user, /home/user, and the workspace's
+// own path map onto the workspace (so that E2B programs find their files in the
+// workspace that sbx's own calls and tar transfers use); every other absolute path goes
+// on as it is.
 static constexpr absl::string_view kWorkspaceAliases[] = {"/home/user", "/run/sbx/workspace"};
 
 absl::StatusOr<std::string> WorkspacePath(absl::string_view what, absl::string_view path) {
@@ -196,10 +198,10 @@ absl::StatusOr<std::string> WorkspacePath(absl::string_view what, absl::string_v
       return std::string(rest);
     }
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " \"", path,
-                   "\" is outside the sandbox's workspace: sbx's E2B front reaches paths under "
-                   "/home/user (the workspace) or relative to it"));
+  if (path.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " holds a NUL byte"));
+  }
+  return std::string(path);
 }
 
 grpc::Status ToGrpc(const absl::Status& s) {
@@ -207,6 +209,7 @@ grpc::Status ToGrpc(const absl::Status& s) {
 }
 
 std::string E2bPath(absl::string_view relative) {
+  if (!relative.empty() && relative.front() == '/') return std::string(relative);
   return relative.empty() ? std::string("/home/user") : absl::StrCat("/home/user/", relative);
 }
 

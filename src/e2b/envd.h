@@ -22,12 +22,14 @@
 
 namespace sbx::e2b {
 
-// An E2B path as a path relative to the sandbox's workspace: /home/user/... and
-// /run/sbx/workspace/... map onto it, relative paths are relative to it; other absolute
-// paths are INVALID_ARGUMENT naming `what` and the path.
+// An E2B path as sbx's RPCs take it: /home/user/... and /run/sbx/workspace/... become
+// paths relative to the sandbox's workspace, relative paths stay relative to it, other
+// absolute paths stay absolute (resolved by sbx in the sandbox's own root). A NUL byte is
+// INVALID_ARGUMENT naming `what`.
 [[nodiscard]] absl::StatusOr<std::string> WorkspacePath(absl::string_view what,
                                                         absl::string_view path);
-// A workspace-relative path as E2B shows it: under /home/user.
+// A path sbx answered as E2B shows it: a workspace-relative one under /home/user, an
+// absolute one as it is.
 std::string E2bPath(absl::string_view relative);
 grpc::Status ToGrpc(const absl::Status& s);
 

@@ -490,7 +490,7 @@ absl::StatusOr<ExecSpec> SandboxdService::MakeSpec(const v1::ExecStart& start) c
     spec.argv.push_back(start.argv(i));
   }
   if (absl::Status s = ValidateEnv("env", start.env()); !s.ok()) return s;
-  if (auto parts = Workspace::SplitPath("cwd", start.cwd(), true); !parts.ok()) {
+  if (auto parts = workspace_->ParsePath("cwd", start.cwd(), true); !parts.ok()) {
     return parts.status();
   }
   spec.cwd = start.cwd();
@@ -524,7 +524,7 @@ absl::StatusOr<ProcessSpec> SandboxdService::MakeProcessSpec(
     spec.argv.push_back(request.argv(i));
   }
   if (absl::Status s = ValidateEnv("env", request.env()); !s.ok()) return s;
-  if (auto parts = Workspace::SplitPath("cwd", request.cwd(), true); !parts.ok()) {
+  if (auto parts = workspace_->ParsePath("cwd", request.cwd(), true); !parts.ok()) {
     return parts.status();
   }
   spec.cwd = request.cwd();

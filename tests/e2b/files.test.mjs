@@ -76,8 +76,16 @@ test('write, read, list, exists, makeDir, rename, remove', async () => {
 
   await assert.rejects(sbx.files.read('/home/user/missing.txt'), FileNotFoundError);
   await assert.rejects(sbx.files.list('/home/user/missing'), FileNotFoundError);
-  await assert.rejects(sbx.files.read('/etc/passwd'), InvalidArgumentError);
-  await assert.rejects(sbx.files.write('/etc/evil', 'x'), InvalidArgumentError);
+  // Other absolute paths are the sandbox's own, as its processes see them: /tmp is
+  // writable, /etc is what the sandbox sees (read-only), never the host's files.
+  await sbx.files.write('/tmp/e2b-abs.txt', 'in the sandbox\n');
+  assert.equal((await sbx.commands.run('cat /tmp/e2b-abs.txt')).stdout, 'in the sandbox\n');
+  assert.equal(await sbx.files.read('/tmp/e2b-abs.txt'), 'in the sandbox\n');
+  assert.equal(fs.existsSync('/tmp/e2b-abs.txt'), false, 'written inside, not on the host');
+  assert.equal(await sbx.files.read('/etc/passwd'),
+               (await sbx.commands.run('cat /etc/passwd')).stdout);
+  await assert.rejects(sbx.files.write('/etc/evil', 'x'));
+  assert.equal(fs.existsSync('/etc/evil'), false);
   await assert.rejects(sbx.files.read('/home/user/../../etc/passwd'), InvalidArgumentError);
 });
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -270,6 +271,44 @@ TEST_F(SandboxdTest, EchoThroughShell) {
   EXPECT_EQ(r.exit->stdout_bytes(), 14);
   EXPECT_FALSE(r.exit->truncated());
   EXPECT_FALSE(r.exit->timed_out());
+}
+
+// With a sandbox root (the local runtime and pods pass "/"), a cwd may be absolute: a
+// folder of that root, resolved as file paths are (a link cannot lead out of it, ".." is
+// refused); without one it is refused, naming the cwd.
+TEST_F(SandboxdTest, AnAbsoluteCwdIsAFolderOfTheSandboxsRoot) {
+  namespace fs = std::filesystem;
+  const std::string root = dir_ + "/root";
+  fs::create_directories(root + "/srv/app");
+  fs::create_symlink(dir_ + "/outside", root + "/srv/out");  // the host's path, absolute
+  std::ofstream(dir_ + "/outside/secret") << "host";
+  options_.sandbox_root = root;
+  Start();
+  ExecOutcome r = Exec(Sh("pwd"));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  pb::ExecStart in_root = Sh("pwd");
+  in_root.set_cwd("/srv/app");
+  r = Exec(in_root);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.out, root + "/srv/app\n");
+  // The absolute link is read inside the root, where that host path does not exist.
+  pb::ExecStart through_link = Sh("cat secret");
+  through_link.set_cwd("/srv/out");
+  r = Exec(through_link);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::NOT_FOUND) << r.out;
+  pb::ExecStart dotdot = Sh("pwd");
+  dotdot.set_cwd("/srv/../..");
+  r = Exec(dotdot);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(SandboxdTest, AnAbsoluteCwdIsRefusedWithoutASandboxRoot) {
+  Start();
+  pb::ExecStart start = Sh("pwd");
+  start.set_cwd("/tmp");
+  ExecOutcome r = Exec(start);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("\"/tmp\" is absolute"));
 }
 
 TEST_F(SandboxdTest, ArgvZeroIsResolvedViaPath) {
