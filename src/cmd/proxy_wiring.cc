@@ -43,6 +43,10 @@ void AddProxyFlags(CLI::App& app, ProxyFlags* flags) {
   app.add_option("--proxy_max_connections", flags->proxy.max_connections,
                  "client connections the proxy holds at once (more are closed at accept)")
       ->capture_default_str();
+  app.add_option("--proxy_max_bytes_per_second", flags->proxy.max_bytes_per_second,
+                 "bytes per second one proxied connection may move in each direction, with a "
+                 "burst of one second's worth; slowed, not closed (0: no limit)")
+      ->capture_default_str();
 }
 
 absl::StatusOr<RunningProxy> StartProxy(const ProxyFlags& flags, const server::AuthOptions& auth,

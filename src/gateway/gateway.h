@@ -71,6 +71,10 @@ struct ProxyOptions {
   int max_connections_per_sandbox = 1024;
   int max_connections_per_tenant = 4096;
   int max_connections = 20000;
+  // Bytes per second one client connection may move in each direction (request bodies
+  // and tunnel bytes towards the sandbox; responses and tunnel bytes from it), with a
+  // burst of one second's worth; the connection is slowed, not closed. 0: no limit.
+  int64_t max_bytes_per_second = 0;
 
   // INVALID_ARGUMENT naming the bad field.
   [[nodiscard]] absl::Status Validate() const;

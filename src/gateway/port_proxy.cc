@@ -25,6 +25,7 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -72,6 +73,10 @@ absl::Status ProxyOptions::Validate() const {
         absl::StrCat("proxy connection limits must be at least 1 (max_connections ",
                      max_connections, ", per sandbox ", max_connections_per_sandbox,
                      ", per tenant ", max_connections_per_tenant, ")"));
+  }
+  if (max_bytes_per_second < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("proxy max_bytes_per_second ", max_bytes_per_second, " is negative"));
   }
   if (absl::StrContains(domain, "/") || absl::StartsWith(domain, ".")) {
     return absl::InvalidArgumentError(
@@ -312,6 +317,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // false when none can be made).
   void Splice(bool down);
   bool OpenPipe(bool down);
+  // The per-connection rate limit (ProxyOptions::max_bytes_per_second), per direction: the
+  // bytes `down` may move now (SIZE_MAX without a limit), what moved, and, when nothing may
+  // move, a wait for the bucket before `then` (true when waiting).
+  size_t Allowance(bool down);
+  void Spend(bool down, size_t n);
+  bool Throttle(bool down, std::function<void()> then);
   // The source of one direction read EOF.
   void SourceEnded(bool down);
   void Reply(int code, const std::string& message, bool linger = true);
@@ -354,6 +365,12 @@ class Session : public std::enable_shared_from_this<Session> {
     size_t held = 0;  // bytes in it
   };
   Pipe pipes_[2];  // [down]: only for bulk transfers
+  struct Bucket {
+    double tokens = -1;  // bytes that may move now; < 0 until first used (then full)
+    Clock::time_point at;
+    std::optional<asio::steady_timer> wait;  // made only when a connection is slowed
+  };
+  Bucket buckets_[2];  // [down], with a rate limit only
 };
 
 class ProxyImpl final : public PortProxy {
@@ -526,9 +543,14 @@ void Session::ArmTimer() {
 void Session::OnTimer() {
   if (closed_) return;
   if (lingering_) return Close();
-  const Clock::time_point deadline =
-      in_header_ ? header_deadline_
-                 : last_active_ + absl::ToChronoNanoseconds(proxy_->options().idle_timeout);
+  const Clock::time_point idle =
+      last_active_ + absl::ToChronoNanoseconds(proxy_->options().idle_timeout);
+  // Waiting for the next request on a kept-alive connection, the previous response may
+  // still be flowing (a slow client, a rate limit): idle only once nothing has moved for
+  // the idle timeout, whatever the time since that request ended.
+  const Clock::time_point deadline = !in_header_ ? idle
+                                     : pinned_   ? std::max(header_deadline_, idle)
+                                                 : header_deadline_;
   if (Clock::now() < deadline) return ArmTimer();
   if (in_header_ && !pinned_) {
     // Slowloris, or a dial that did not finish: nothing reached the sandbox.
@@ -818,20 +840,24 @@ void Session::BodyStep() {
         upstream_, *serializer_,
         [self = shared_from_this()](error_code ec, size_t) { self->OnBodyWritten(ec); });
   }
+  if (Throttle(false, [self = shared_from_this()] { self->BodyStep(); })) return;
+  const size_t piece = std::min(kBodyPieceBytes, Allowance(false));
   req.body().data = body_piece_.get();
-  req.body().size = kBodyPieceBytes;
-  http::async_read(client_, *inbuf_, *parser_, [self = shared_from_this()](error_code ec, size_t) {
-    if (self->closed_) return;
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) return self->Close();
-    self->Touch();
-    http::request<http::buffer_body>& req = self->parser_->get();
-    req.body().size = kBodyPieceBytes - req.body().size;
-    req.body().data = self->body_piece_.get();
-    req.body().more = !self->parser_->is_done();
-    http::async_write(self->upstream_, *self->serializer_,
-                      [self](error_code ec, size_t) { self->OnBodyWritten(ec); });
-  });
+  req.body().size = piece;
+  http::async_read(client_, *inbuf_, *parser_,
+                   [self = shared_from_this(), piece](error_code ec, size_t) {
+                     if (self->closed_) return;
+                     if (ec == http::error::need_buffer) ec = {};
+                     if (ec) return self->Close();
+                     self->Touch();
+                     http::request<http::buffer_body>& req = self->parser_->get();
+                     req.body().size = piece - req.body().size;
+                     self->Spend(false, req.body().size);
+                     req.body().data = self->body_piece_.get();
+                     req.body().more = !self->parser_->is_done();
+                     http::async_write(self->upstream_, *self->serializer_,
+                                       [self](error_code ec, size_t) { self->OnBodyWritten(ec); });
+                   });
 }
 
 void Session::OnBodyWritten(error_code ec) {
@@ -885,7 +911,46 @@ void Session::EnterTunnel() {
                     });
 }
 
+size_t Session::Allowance(bool down) {
+  const int64_t rate = proxy_->options().max_bytes_per_second;
+  if (rate <= 0) return SIZE_MAX;
+  Bucket& b = buckets_[down ? 1 : 0];
+  const auto now = Clock::now();
+  const double burst = static_cast<double>(rate);
+  if (b.tokens < 0) {
+    b.tokens = burst;
+  } else {
+    b.tokens = std::min(burst, b.tokens + std::chrono::duration<double>(now - b.at).count() *
+                                              static_cast<double>(rate));
+  }
+  b.at = now;
+  return b.tokens < 1 ? 0 : static_cast<size_t>(b.tokens);
+}
+
+void Session::Spend(bool down, size_t n) {
+  if (proxy_->options().max_bytes_per_second <= 0) return;
+  buckets_[down ? 1 : 0].tokens -= static_cast<double>(n);
+}
+
+bool Session::Throttle(bool down, std::function<void()> then) {
+  if (Allowance(down) > 0) return false;
+  Bucket& b = buckets_[down ? 1 : 0];
+  const double rate = static_cast<double>(proxy_->options().max_bytes_per_second);
+  // Until one whole byte's worth (at least a millisecond: no busy loop at high rates).
+  const double seconds = std::max((1 - b.tokens) / rate, 0.001);
+  if (!b.wait) b.wait.emplace(proxy_->io());
+  b.wait->expires_after(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds)));
+  b.wait->async_wait([self = shared_from_this(), then = std::move(then)](error_code ec) {
+    if (self->closed_ || ec) return;
+    self->Touch();  // slowed by us, not idle
+    then();
+  });
+  return true;
+}
+
 void Session::Pump(bool down) {
+  if (Throttle(down, [self = shared_from_this(), down] { self->Pump(down); })) return;
   tcp::socket& from = down ? upstream_ : client_;
   from.async_wait(tcp::socket::wait_read, [self = shared_from_this(), down](error_code ec) {
     if (self->closed_) return;
@@ -902,12 +967,15 @@ void Session::Move(bool down) {
   // Several reads per wake-up while the source has more (a download), so that a busy
   // stream does not pay a poll per piece; bounded so that one stream cannot hold the thread.
   for (int round = 0; round < kMovesPerWake; ++round) {
+    const size_t want = std::min(kPumpBytes, Allowance(down));
+    if (want == 0) break;  // Pump waits for the rate limit
     error_code ec;
-    const size_t n = from.read_some(asio::buffer(scratch, kPumpBytes), ec);
+    const size_t n = from.read_some(asio::buffer(scratch, want), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) break;
     if (ec == asio::error::eof) return SourceEnded(down);
     if (ec) return Close();
     Touch();
+    Spend(down, n);
     size_t written = to.write_some(asio::buffer(scratch, n), ec);
     if (ec == asio::error::would_block || ec == asio::error::try_again) {
       written = 0;
@@ -927,7 +995,7 @@ void Session::Move(bool down) {
                         });
       return;
     }
-    if (n < kPumpBytes) break;  // the source is most likely empty now
+    if (n < want) break;  // the source is most likely empty now
     // A bulk transfer: from here on the kernel moves its pages (splice), without copies.
     if (OpenPipe(down)) return Splice(down);
   }
@@ -959,13 +1027,16 @@ void Session::Splice(bool down) {
   tcp::socket& to = down ? client_ : upstream_;
   for (int round = 0; round < kMovesPerWake; ++round) {
     if (p.held == 0) {
+      const size_t want = std::min(kSpliceBytes, Allowance(down));
+      if (want == 0) break;  // Pump waits for the rate limit
       const ssize_t n =
-          ::splice(in, nullptr, p.w, nullptr, kSpliceBytes, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+          ::splice(in, nullptr, p.w, nullptr, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
       if (n == 0) return SourceEnded(down);
       if (n < 0) return Close();
       p.held = static_cast<size_t>(n);
       Touch();
+      Spend(down, p.held);
     }
     while (p.held > 0) {
       const ssize_t m = ::splice(p.r, nullptr, to.native_handle(), nullptr, p.held,
@@ -1054,6 +1125,9 @@ void Session::Close() {
   upstream_.close(ignored);
   if (dial_) dial_->close(ignored);
   timer_.cancel();
+  for (Bucket& b : buckets_) {
+    if (b.wait) b.wait->cancel();
+  }
 }
 
 }  // namespace

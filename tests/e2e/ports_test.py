@@ -606,7 +606,8 @@ class PortLimits(unittest.TestCase):
             "--proxy_listen=127.0.0.1:0", f"--proxy_port_file={port_file}",
             f"--metrics_port_file={cls.metrics_file}",
             "--proxy_max_connections_per_sandbox=2", "--proxy_max_connections_per_tenant=3",
-            "--proxy_idle_timeout_s=1"), auth_tokens=tokens)
+            "--proxy_idle_timeout_s=1", f"--proxy_max_bytes_per_second={RATE}"),
+            auth_tokens=tokens)
         with open(port_file) as f:
             cls.proxy_port = int(f.read())
         from sbx.v1 import claims_pb2_grpc, sandboxes_pb2_grpc
@@ -663,6 +664,58 @@ class PortLimits(unittest.TestCase):
         self.assertGreaterEqual(metrics.get("sbx_proxy_forwarded_total", 0), 4, metrics)
         self.assertGreaterEqual(metrics.get("sbx_proxy_accepted_total", 0), 6, metrics)
 
+
+    def test_bytes_per_second_slow_a_connection_each_way(self):
+        """--proxy_max_bytes_per_second: a download and a tunnel's upload through one
+        connection each cannot beat the limit (a burst of one second's worth, then the rate),
+        arrive byte-exact, and are slowed, not cut by the 1 s idle timeout. The bound is a
+        lower one only: a loaded machine makes them slower, never faster."""
+        code, out = Ports.exec(self.c2, ["python3", "-c",
+                                         "open('mib.bin','wb').write(bytes(range(256))*4096)"],
+                               TENANT_A)
+        self.assertEqual(code, 0, out)
+        floor = (len(bytes(range(256)) * 4096) - RATE) / RATE  # 3 s for 1 MiB at 256 KiB/s
+        start = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", self.proxy_port, timeout=30)
+        conn.request("GET", f"/_sbx/{self.c2}/{HTTP_PORT}/mib.bin",
+                     headers={"Authorization": "Bearer tok-a"})
+        r = conn.getresponse()
+        body = r.read()
+        conn.close()
+        took = time.monotonic() - start
+        self.assertEqual(r.status, 200)
+        self.assertEqual(body, bytes(range(256)) * 4096)
+        self.assertGreaterEqual(took, floor * 0.9, "1 MiB in %.2f s: faster than the limit" % took)
+        # Upwards: 768 KiB into a tunnel to the echo server (the echo comes back slowed too).
+        data = os.urandom(3 * RATE)
+        s = socket.create_connection(("127.0.0.1", self.proxy_port), timeout=30)
+        try:
+            s.sendall((f"CONNECT {self.c2}:{ECHO_PORT} HTTP/1.1\r\nHost: x\r\n"
+                       "Proxy-Authorization: Bearer tok-a\r\n\r\n").encode())
+            self.assertTrue(recv_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 200"))
+            got = bytearray()
+            import threading
+
+            def reader():
+                while len(got) < len(data):
+                    chunk = s.recv(1 << 16)
+                    if not chunk:
+                        break
+                    got.extend(chunk)
+            t = threading.Thread(target=reader)
+            start = time.monotonic()
+            t.start()
+            s.sendall(data)
+            t.join(60)
+            took = time.monotonic() - start
+        finally:
+            s.close()
+        self.assertEqual(bytes(got), data)
+        self.assertGreaterEqual(took, (len(data) - RATE) / RATE * 0.9,
+                                "768 KiB up in %.2f s: faster than the limit" % took)
+
+
+RATE = 256 * 1024  # --proxy_max_bytes_per_second of the Limits server
 
 if __name__ == "__main__":
     SERVER, PROTO, CONFIG, CLI = sys.argv[1:5]
