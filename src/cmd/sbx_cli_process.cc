@@ -262,7 +262,7 @@ SessionEnd RunSession(Context& ctx, Client& client, const std::string& claim_id,
       break;
     }
     if ((fds[0].revents & POLLIN) != 0) {
-      char sigs[64];
+      unsigned char sigs[64];  // signal numbers (1..64), one byte each
       const ssize_t n = ::read(signals.read_fd(), sigs, sizeof(sigs));
       for (ssize_t i = 0; i < n; ++i) {
         if (sigs[i] == kStreamEnded) {

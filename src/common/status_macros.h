@@ -20,7 +20,10 @@
 #define ASSIGN_OR_RETURN(lhs, expr) \
   SBX_ASSIGN_OR_RETURN_IMPL(SBX_STATUS_CONCAT(sbx_statusor_, __LINE__), lhs, expr)
 
+// `lhs` may be a declaration (`auto x`): it cannot be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define SBX_ASSIGN_OR_RETURN_IMPL(statusor, lhs, expr)     \
   auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
+// NOLINTEND(bugprone-macro-parentheses)

@@ -276,7 +276,9 @@ void Serve(const std::shared_ptr<Shared>& shared, asio::io_context& ioc, Stream&
     serving = !ec;
   }
   beast::flat_buffer buffer;
-  while (serving) {
+  // Request after request on the connection; each way out is a break.
+  for (;;) {
+    if (!serving) break;
     http::request_parser<http::empty_body> head;
     head.header_limit(shared->options.max_header_bytes);
     head.body_limit(std::numeric_limits<uint64_t>::max());  // checked below, per kind
