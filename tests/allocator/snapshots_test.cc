@@ -124,6 +124,9 @@ store::MemoryStoreOptions Inline() {
 class SnapshotsTest : public ::testing::Test {
  protected:
   SnapshotsTest() : store_(std::make_unique<store::MemoryStore>(Inline())) {}
+  // A reset a failed assertion left unanswered is answered, so that ~Snapshots (which
+  // waits for its callbacks) does not wait for ever.
+  void TearDown() override { runtime_.FinishResets(absl::CancelledError("the test ended")); }
 
   void SetUp() override {
     Start();
