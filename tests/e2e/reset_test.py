@@ -385,6 +385,30 @@ class Reset(unittest.TestCase):
         finally:
             self.release(c)
 
+    # A release racing a reset: the release waits for the reset (or the reset finds the
+    # claim ended); either way no process of the sandbox is left behind and its host
+    # folder goes.
+    def test_a_release_racing_a_reset_leaves_nothing_behind(self):
+        from sbx.v1 import claims_pb2, snapshots_pb2
+        for _ in range(3):
+            c = self.claim()
+            snap = self.snapshot(c)
+            future = self.snaps.Reset.future(
+                snapshots_pb2.ResetRequest(claim_id=c.claim_id, snapshot_id=snap.id),
+                metadata=A, timeout=60)
+            self.claims.Release(claims_pb2.ReleaseRequest(claim_id=c.claim_id), metadata=A,
+                                timeout=60)
+            try:
+                future.result()
+            except grpc.RpcError as e:
+                self.assertIn(e.code(), (grpc.StatusCode.FAILED_PRECONDITION,
+                                         grpc.StatusCode.NOT_FOUND), e.details())
+            sb = os.path.join(self.dir, "sb", c.sandbox.id)
+            sbx_e2e.wait_for(lambda: not os.path.exists(sb) and
+                             not sbx_e2e.processes_with(sb), 30,
+                             f"sandbox {c.sandbox.id} to be gone")
+            self.delete(snap.id)
+
     def test_bad_requests_and_an_ended_claim(self):
         self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, self.reset, "", "sn-x")
         self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, self.reset, "c", "")
