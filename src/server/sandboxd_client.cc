@@ -188,7 +188,10 @@ void SandboxdClients::Configure(const store::ClaimRecord& claim, const v1::Sandb
           if (configs_.size() >= max_channels_ && !configs_.contains(owned->claim.sandbox_id)) {
             configs_.clear();  // as the channel cache: a reset then re-applies none
           }
-          configs_.insert_or_assign(owned->claim.sandbox_id, config);
+          // Only the env is kept (Reset gives it again); the files, up to 64 MiB, are not.
+          v1::SandboxConfig kept;
+          *kept.mutable_env() = config.env();
+          configs_.insert_or_assign(owned->claim.sandbox_id, std::move(kept));
         }
         std::move(owned->done)(FromDaemon(s, owned->claim));
       });

@@ -63,13 +63,14 @@ class SandboxdClients {
   // Applies `config` to the claim's sandbox (sandboxd Configure); `done` runs on a gRPC
   // thread. Errors: the daemon's (naming the file), UNAVAILABLE when it cannot be reached
   // within `timeout`.
-  // Applied configs are kept in memory (by sandbox id, at most max_channels of them) for
-  // Reset to apply again to the sandbox's new daemon.
+  // The env of applied configs is kept in memory (by sandbox id, at most max_channels of
+  // them) for Reset to give again to the sandbox's new daemon.
   void Configure(const store::ClaimRecord& claim, const v1::SandboxConfig& config,
                  absl::Duration timeout, absl::AnyInvocable<void(absl::Status) &&> done);
 
   // --- Reset (issue 37) ---
-  // The config last applied to sandbox `sandbox_id` by this server, if it kept one.
+  // The env of the config last applied to sandbox `sandbox_id` by this server (files
+  // left out), if it kept one.
   std::optional<v1::SandboxConfig> AppliedConfig(const std::string& sandbox_id)
       ABSL_LOCKS_EXCLUDED(mu_);
   // How many resets of claim `claim_id` have begun; a daemon call notes it at its start.
