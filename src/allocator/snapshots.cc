@@ -299,6 +299,46 @@ void Snapshots::Delete(const std::string& owner, const std::string& id,
   });
 }
 
+void Snapshots::Reset(const std::string& owner, const std::string& claim_id,
+                      const std::string& snapshot_id,
+                      absl::AnyInvocable<void(const store::ClaimRecord&) &&> starting,
+                      absl::AnyInvocable<void(absl::StatusOr<store::ClaimRecord>) &&> done) {
+  // Ownership of both first, each NOT_FOUND as if it did not exist.
+  absl::StatusOr<store::ClaimRecord> claim = allocator_->GetClaim(owner, claim_id);
+  if (!claim.ok()) return std::move(done)(claim.status());
+  absl::StatusOr<store::SnapshotRecord> snapshot = Get(owner, snapshot_id);
+  if (!snapshot.ok()) return std::move(done)(snapshot.status());
+  if (claim->state != store::ClaimState::kActive) {
+    return std::move(done)(absl::FailedPreconditionError(
+        absl::StrCat("claim \"", claim_id, "\" has ended: its sandbox is gone")));
+  }
+  if (runtime_ == nullptr) return std::move(done)(runtime::NoSnapshots());
+  // Held while the reset copies it: its deletion is refused until the reset is done.
+  const std::string user = absl::StrCat("the reset of claim \"", claim_id, "\"");
+  if (absl::Status s = Hold(snapshot_id, user); !s.ok()) return std::move(done)(s);
+  done = Tracked(std::move(done));
+  std::move(starting)(*claim);
+  runtime_->Reset(claim->sandbox_id, snapshot_id, snapshot->parent_image_digest,
+                  [this, snapshot_id, user, claim_id, claim = *claim,
+                   done = std::move(done)](absl::Status s) mutable {
+                    Unhold(snapshot_id, user);
+                    {
+                      absl::MutexLock lock(&mu_);
+                      if (s.ok()) {
+                        ++stats_.resets;
+                      } else {
+                        ++stats_.reset_failures;
+                      }
+                    }
+                    if (!s.ok()) {
+                      return std::move(done)(absl::Status(
+                          s.code(), absl::StrCat("reset of claim \"", claim_id, "\" to snapshot ",
+                                                 snapshot_id, ": ", s.message())));
+                    }
+                    std::move(done)(std::move(claim));
+                  });
+}
+
 absl::Status Snapshots::Hold(const std::string& id, const std::string& user) {
   absl::MutexLock lock(&mu_);
   if (!records_.contains(id) || deleting_.contains(id)) return NotFound(id);

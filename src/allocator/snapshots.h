@@ -83,6 +83,8 @@ struct SnapshotStats {
   uint64_t failed = 0;
   uint64_t deleted = 0;
   uint64_t quota_refusals = 0;
+  uint64_t resets = 0;          // sandboxes reset to a snapshot
+  uint64_t reset_failures = 0;  // resets that failed
   // How long successful snapshots took, from the request to the durable record (seconds).
   HistogramSnapshot seconds;
 };
@@ -114,6 +116,18 @@ class Snapshots {
   // the store's error (nothing deleted).
   void Delete(const std::string& owner, const std::string& id,
               absl::AnyInvocable<void(absl::Status) &&> done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Rewinds the sandbox of the owner's claim to the owner's snapshot (Runtime::Reset),
+  // holding the snapshot while it runs (its deletion is refused meanwhile). Errors:
+  // NOT_FOUND (the claim or the snapshot is not the owner's), FAILED_PRECONDITION (claim
+  // ended; the snapshot is of another image, naming both), the runtime's errors.
+  // `starting` runs once both are found to be the owner's, just before the sandbox's
+  // processes are killed (the server notes the reset there, so that the calls the kill
+  // ends say why); `done` gets the claim on success.
+  void Reset(const std::string& owner, const std::string& claim_id, const std::string& snapshot_id,
+             absl::AnyInvocable<void(const store::ClaimRecord&) &&> starting,
+             absl::AnyInvocable<void(absl::StatusOr<store::ClaimRecord>) &&> done)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // `user` (e.g. `template "py"`, `sandbox lb-...`) uses snapshot `id` from now on, until
   // Unhold. NOT_FOUND for an unknown id.

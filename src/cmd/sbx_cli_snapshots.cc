@@ -1,4 +1,4 @@
-// `sbx snapshot`, `sbx snapshots [list|get|delete]`: sbx.v1.Snapshots (issue 37).
+// `sbx snapshot`, `sbx snapshots [list|get|delete]`, `sbx reset`: sbx.v1.Snapshots (issue 37).
 
 #include <cstdio>
 #include <memory>
@@ -115,6 +115,25 @@ absl::StatusOr<int> RunDelete(Context& ctx, const std::string& id) {
   return 0;
 }
 
+absl::StatusOr<int> RunReset(Context& ctx, const std::string& claim_id,
+                             const std::string& snapshot_id) {
+  ASSIGN_OR_RETURN(Client * client, ctx.Connect());
+  v1::ResetRequest req;
+  req.set_claim_id(claim_id);
+  req.set_snapshot_id(snapshot_id);
+  v1::ResetResponse resp;
+  // A reset restarts the sandbox and copies the snapshot's files: as long as a snapshot.
+  RETURN_IF_ERROR(client->Call(client->timeout() + absl::Minutes(10), [&](grpc::ClientContext* c) {
+    return client->snapshots().Reset(c, req, &resp);
+  }));
+  if (ctx.json()) {
+    PrintJson(resp);
+  } else {
+    std::printf("claim %s reset to snapshot %s\n", claim_id.c_str(), snapshot_id.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 void AddSnapshotCommands(CLI::App& app, Context& ctx, Actions& actions) {
@@ -130,6 +149,17 @@ void AddSnapshotCommands(CLI::App& app, Context& ctx, Actions& actions) {
         ->allow_extra_args(false)
         ->check(KeyValueCheck());
     actions[sub] = [&ctx, a] { return RunSnapshot(ctx, *a); };
+  }
+  {
+    auto claim = std::make_shared<std::string>();
+    auto snapshot = std::make_shared<std::string>();
+    CLI::App* sub = app.add_subcommand(
+        "reset",
+        "Rewind a claimed sandbox to one of your snapshots: its processes are killed and it "
+        "starts again with the snapshot's files, keeping its claim id and endpoint");
+    sub->add_option("claim", *claim, "Claim id")->required();
+    sub->add_option("snapshot", *snapshot, "Snapshot id")->required();
+    actions[sub] = [&ctx, claim, snapshot] { return RunReset(ctx, *claim, *snapshot); };
   }
   CLI::App* snaps =
       app.add_subcommand("snapshots", "Your snapshots: list them (the default), get or delete one");

@@ -61,6 +61,11 @@ class LocalSpecTranslator final : public runtime::Runtime {
   absl::StatusOr<std::vector<std::string>> ListSnapshots() override {
     return local_->ListSnapshots();
   }
+  void Reset(std::string sandbox_id, std::string snapshot_id, std::string image_digest,
+             runtime::DoneCallback done) override {
+    local_->Reset(std::move(sandbox_id), std::move(snapshot_id), std::move(image_digest),
+                  std::move(done));
+  }
 
  private:
   runtime::Runtime* const local_;

@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -67,6 +68,9 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         root_(std::move(root)),
         lock_(std::move(lock)),
         snapshots_(std::move(snapshots)),
+        snapshots_path_(options_.snapshots_dir.empty()
+                            ? std::string()
+                            : fs::absolute(options_.snapshots_dir).lexically_normal().string()),
         iso_(std::move(isolation)),
         isolated_(iso_.isolated),
         cgroups_(std::move(cgroups)),
@@ -166,6 +170,9 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       SandboxPtr sb;
       {
         absl::MutexLock lock(&mu_);
+        auto idle = [this, &id]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !resetting_.contains(id); };
+        mu_.Await(absl::Condition(&idle));
         auto it = running_.find(id);
         if (it == running_.end()) return std::move(done)(NotHere(id));
         sb = std::move(it->second);
@@ -204,6 +211,16 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
              charge = std::move(charge), done = std::move(done)](bool cancelled) mutable {
       if (cancelled) return std::move(done)(absl::CancelledError("the runtime is stopping"));
       std::move(done)(Capture(sandbox_id, snapshot_id, charge));
+    });
+  }
+
+  void Reset(std::string sandbox_id, std::string snapshot_id, std::string image_digest,
+             DoneCallback done) override {
+    Enqueue([this, sandbox_id = std::move(sandbox_id), snapshot_id = std::move(snapshot_id),
+             image_digest = std::move(image_digest),
+             done = std::move(done)](bool cancelled) mutable {
+      if (cancelled) return std::move(done)(absl::CancelledError("the runtime is stopping"));
+      std::move(done)(ResetTo(sandbox_id, snapshot_id, image_digest));
     });
   }
 
@@ -271,6 +288,17 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     return run;
   }
 
+  // Sandbox `id` from the table, once no reset of it is under way; null when it is not
+  // there.
+  SandboxPtr Find(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this, &id]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !resetting_.contains(id); };
+    mu_.Await(absl::Condition(&idle));
+    auto it = running_.find(id);
+    return it == running_.end() ? nullptr : it->second;
+  }
+
   static absl::Status NotHere(const std::string& id) {
     return absl::NotFoundError(absl::StrCat("sandbox \"", id, "\" is not running here"));
   }
@@ -324,13 +352,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   absl::StatusOr<SnapshotCapture> Capture(const std::string& id, const std::string& snapshot_id,
                                           const SnapshotCharge& charge) {
     if (!snapshots_.valid()) return NoSnapshotsDir();
-    SandboxPtr sb;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = running_.find(id);
-      if (it == running_.end()) return NotHere(id);
-      sb = it->second;
-    }
+    SandboxPtr sb = Find(id);
+    if (sb == nullptr) return NotHere(id);
     absl::MutexLock lock(&sb->op_mu);
     if (sb->ended) return NotHere(id);
     const bool was_suspended = sb->suspended.load(std::memory_order_relaxed);
@@ -352,6 +375,127 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     out.image_digest = sb->image_digest;
     out.dropped = stats.dropped;
     return out;
+  }
+
+  // Reset (issue 37). The old processes are killed and a new sandbox is started under
+  // the same id, host folder and socket path: overlayfs does not allow its upper layer to
+  // change under a mounted overlay, and the sandbox's root is that overlay, so the layer
+  // is made anew, filled by sbx-rootfs (--seed) before it mounts the overlay. The
+  // workspace, a tmpfs of the sandbox's own, is filled from the server while the new
+  // sandbox is frozen, before anything but its daemon has run. While this runs the id is in
+  // resetting_: the reaper does not see the old processes' end as the sandbox's, and
+  // Delete, Suspend, Resume and Snapshot wait for the reset to finish.
+  absl::Status ResetTo(const std::string& id, const std::string& snapshot_id,
+                       const std::string& image_digest) {
+    if (!snapshots_.valid()) return NoSnapshotsDir();
+    RETURN_IF_ERROR(local::CheckSnapshotId(snapshot_id));
+    SandboxPtr old = Find(id);
+    if (old == nullptr) return NotHere(id);
+    if (old->image_digest != image_digest) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("snapshot ", snapshot_id, " was taken on ",
+                       image_digest.empty() ? std::string("the host's root")
+                                            : absl::StrCat("image ", image_digest),
+                       " and sandbox ", id, " runs on ",
+                       old->image_digest.empty() ? std::string("the host's root")
+                                                 : absl::StrCat("image ", old->image_digest),
+                       ": a sandbox is reset only to a snapshot of its own image"));
+    }
+    if (!old->has_template) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sandbox ", id,
+          " was adopted from an earlier run of the server, which did not keep its template: "
+          "it cannot be reset (claim a new sandbox)"));
+    }
+    const Fd snap(openat(snapshots_.get(), snapshot_id.c_str(),
+                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!snap.valid()) {
+      return absl::NotFoundError(
+          absl::StrCat("snapshot ", snapshot_id, " has no files on this server"));
+    }
+    LocalSpec spec;
+    if (!old->template_spec.empty()) {
+      ASSIGN_OR_RETURN(spec, ParseLocalSpec(old->template_spec));
+    }
+    std::optional<local::ImageRun> image;
+    if (!old->image_digest.empty()) {
+      absl::MutexLock lock(&mu_);
+      auto it = image_runs_.find(old->image_digest);
+      if (it == image_runs_.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("sandbox ", id, ": its image ", old->image_digest, " is not known"));
+      }
+      image = it->second;
+    }
+    auto sb = std::make_shared<Sandbox>();
+    sb->id = id;
+    sb->pool = old->pool;
+    sb->dir = old->dir;
+    sb->child = true;
+    sb->template_name = old->template_name;
+    sb->template_spec = old->template_spec;
+    sb->has_template = true;
+    sb->host_uid = old->host_uid;
+    sb->image_digest = old->image_digest;
+    ASSIGN_OR_RETURN(std::vector<std::string> argv,
+                     local::SandboxArgv(id, sb->dir, spec, options_, iso_, system_args_,
+                                        image ? &*image : nullptr, sb->host_uid));
+    if (image) {
+      // The snapshot's copy of the layer, for sbx-rootfs to fill the new layer with.
+      if (argv.empty() || argv[0] != options_.rootfs_helper_path) {
+        return absl::InternalError(
+            "an image sandbox's command line does not start with sbx-rootfs");
+      }
+      argv.insert(argv.begin() + 1, {"--seed", absl::StrCat(snapshots_path_, "/", snapshot_id, "/",
+                                                            local::kSnapshotRootName)});
+    }
+    {
+      absl::MutexLock old_lock(&old->op_mu);
+      if (old->ended) return NotHere(id);
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = running_.find(id);
+        if (it == running_.end() || it->second != old) return NotHere(id);
+        running_.erase(it);
+        resetting_.insert(id);
+      }
+      WakeReaper();
+      old->ended = true;
+      local::KillSandbox(*old);
+    }
+    absl::Status s =
+        local::SpawnSandbox(*sb, spec, argv, options_, iso_, cgroups_, &output_dropped_);
+    if (s.ok()) {
+      absl::MutexLock lock(&sb->op_mu);
+      s = Freeze(*sb);
+      if (s.ok()) {
+        s = local::RestoreWorkspace(*sb, isolated_, snapshots_.get(), snapshot_id,
+                                    iso_.own_uids ? int64_t{sb->host_uid} : int64_t{-1});
+        Thaw(*sb);
+      }
+      if (!s.ok()) {
+        sb->ended = true;
+        local::KillSandbox(*sb);
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      resetting_.erase(id);
+      if (s.ok()) running_.emplace(id, sb);
+    }
+    WakeReaper();
+    if (!s.ok()) {
+      spdlog::error("sandbox {}: reset to snapshot {} failed, the sandbox is gone: {}", id,
+                    snapshot_id, std::string(s.message()));
+      uids_.GiveBack(sb->host_uid);
+      ReleaseImage(*sb);
+      if (options_.on_gone) options_.on_gone(id);
+      return absl::Status(s.code(),
+                          absl::StrCat("sandbox ", id, ": reset to snapshot ", snapshot_id,
+                                       " failed and the sandbox is gone: ", s.message()));
+    }
+    spdlog::info("sandbox {} reset to snapshot {}", id, snapshot_id);
+    return absl::OkStatus();
   }
 
   static absl::Status Freeze(Sandbox& sb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sb.op_mu) {
@@ -377,13 +521,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   }
 
   absl::Status SetSuspended(const std::string& id, bool suspend) {
-    SandboxPtr sb;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = running_.find(id);
-      if (it == running_.end()) return NotHere(id);
-      sb = it->second;
-    }
+    SandboxPtr sb = Find(id);
+    if (sb == nullptr) return NotHere(id);
     absl::MutexLock lock(&sb->op_mu);
     if (sb->ended) return NotHere(id);
     if (sb->suspended.load(std::memory_order_relaxed) == suspend) return absl::OkStatus();
@@ -420,6 +559,9 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     sb->pool = request.pool;
     sb->dir = absl::StrCat(root_, "/", sb->id);
     sb->child = true;
+    sb->template_name = request.template_name;
+    sb->template_spec = request.template_spec;
+    sb->has_template = true;
     const std::string& id = sb->id;
     std::optional<local::ImageRun> image;
     if (!spec.image.empty()) {
@@ -498,8 +640,10 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   const std::string root_;  // options_.root_dir, absolute
   // Held (flock) while the runtime exists.
   const Fd lock_;
-  // The snapshots folder (options_.snapshots_dir), or invalid without one.
+  // The snapshots folder (options_.snapshots_dir), or invalid without one, and its
+  // absolute path (for sbx-rootfs's --seed).
   const Fd snapshots_;
+  const std::string snapshots_path_;
   const Isolation iso_;
   const bool isolated_;
   const Cgroups cgroups_;
@@ -520,6 +664,8 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, SandboxPtr> running_ ABSL_GUARDED_BY(mu_);
+  // Sandboxes being reset (ResetTo): out of running_ until their new start is done.
+  absl::flat_hash_set<std::string> resetting_ ABSL_GUARDED_BY(mu_);
   // What each image gives its sandboxes, by digest (an image's files never change).
   absl::flat_hash_map<std::string, local::ImageRun> image_runs_ ABSL_GUARDED_BY(mu_);
   // Whether the daemon's libraries were found (image sandboxes need them).

@@ -1,11 +1,14 @@
 #include "src/runtime/image_root_helper.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -208,10 +211,91 @@ Layer MountLayer(long long bytes, bool user_xattrs) {
   return Layer{"layer/", true};
 }
 
+// Reset (issue 37): fills the sandbox's new layer (`dst`, its upper folder, before the
+// overlay exists) with a snapshot's copy of a layer (`src`, written by the server: regular
+// files, folders, links, FIFOs and whiteouts, owned by the server). Links are made from
+// their text, never followed; every entry is opened relative to its folder with O_NOFOLLOW.
+// What is made belongs to uid:gid when `own` (idmapped: the sandbox's host uid), and a
+// folder's opaque marker is set under the name this overlay reads (`opaque_xattr`).
+void Seed(int src, int dst, bool own, uid_t uid, gid_t gid, const char* opaque_xattr, int depth) {
+  if (depth > 256) Refuse("the snapshot's layer is nested too deep");
+  const int list_fd = openat(src, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (list_fd < 0) Die("open a snapshot folder");
+  DIR* d = fdopendir(list_fd);
+  if (d == nullptr) Die("list a snapshot folder");
+  std::vector<std::string> names;
+  while (struct dirent* e = readdir(d)) {
+    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+      names.emplace_back(e->d_name);
+    }
+  }
+  closedir(d);
+  for (const std::string& n : names) {
+    const char* name = n.c_str();
+    struct stat st;
+    if (fstatat(src, name, &st, AT_SYMLINK_NOFOLLOW) != 0) Die("stat " + n + " in the snapshot");
+    const mode_t mode = st.st_mode & 01777;
+    if (S_ISDIR(st.st_mode)) {
+      if (mkdirat(dst, name, 0700) != 0 && errno != EEXIST) Die("mkdir " + n);
+      const int in = openat(src, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      const int out = openat(dst, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (in < 0 || out < 0) Die("open folder " + n);
+      for (const char* x : {"trusted.overlay.opaque", "user.overlay.opaque"}) {
+        char v[8];
+        const ssize_t len = fgetxattr(in, x, v, sizeof(v));
+        if (len > 0 && fsetxattr(out, opaque_xattr, v, static_cast<size_t>(len), 0) != 0) {
+          Die("mark " + n + " opaque");
+        }
+      }
+      Seed(in, out, own, uid, gid, opaque_xattr, depth + 1);
+      if (fchmod(out, mode) != 0) Die("chmod " + n);
+      if (own && fchown(out, uid, gid) != 0) Die("chown " + n);
+      const struct timespec dir_times[2] = {st.st_atim, st.st_mtim};
+      futimens(out, dir_times);
+      close(in);
+      close(out);
+      continue;
+    }
+    if (S_ISREG(st.st_mode)) {
+      const int in = openat(src, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+      if (in < 0) Die("open " + n + " in the snapshot");
+      const int out = openat(dst, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+      if (out < 0) Die("create " + n);
+      for (off_t left = st.st_size; left > 0;) {
+        const ssize_t w = sendfile(out, in, nullptr, static_cast<size_t>(left));
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) Die("copy " + n);
+        left -= w;
+      }
+      if (fchmod(out, mode) != 0) Die("chmod " + n);
+      if (own && fchown(out, uid, gid) != 0) Die("chown " + n);
+      const struct timespec times[2] = {st.st_atim, st.st_mtim};
+      futimens(out, times);
+      close(in);
+      close(out);
+      continue;
+    }
+    if (S_ISLNK(st.st_mode)) {
+      std::vector<char> target(static_cast<size_t>(st.st_size) + 2);
+      const ssize_t len = readlinkat(src, name, target.data(), target.size());
+      if (len < 0 || static_cast<size_t>(len) >= target.size() - 1) Die("read link " + n);
+      target[static_cast<size_t>(len)] = '\0';
+      if (symlinkat(target.data(), dst, name) != 0) Die("make link " + n);
+    } else if (S_ISFIFO(st.st_mode)) {
+      if (mkfifoat(dst, name, mode & 0777) != 0) Die("make FIFO " + n);
+    } else if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0)) {
+      if (mknodat(dst, name, S_IFCHR | 0000, makedev(0, 0)) != 0) Die("make whiteout " + n);
+    } else {
+      continue;  // a snapshot holds nothing else; never carried over
+    }
+    if (own && fchownat(dst, name, uid, gid, AT_SYMLINK_NOFOLLOW) != 0) Die("chown " + n);
+  }
+}
+
 }  // namespace
 
 int ImageRootHelperMain(int argc, char** argv) {
-  std::string lower_image, dir;
+  std::string lower_image, dir, seed;
   long long layer_bytes = 1LL << 30;
   Layer layer;
   std::vector<std::string> reset_targets, strict_targets;
@@ -241,6 +325,8 @@ int ImageRootHelperMain(int argc, char** argv) {
       if (errno != 0 || end == v || *end != '\0' || layer_bytes <= 0) {
         Refuse("--layer_bytes takes a positive number of bytes");
       }
+    } else if (a == "--seed") {
+      seed = v;
     } else if (a == "--reset_target") {
       reset_targets.emplace_back(v);
     } else if (a == "--strict_target") {
@@ -249,10 +335,11 @@ int ImageRootHelperMain(int argc, char** argv) {
       Refuse("unknown option " + a);
     }
   }
-  if (lower_image.empty() || lower_image[0] != '/' || dir.empty() || dir[0] != '/' || i >= argc) {
+  if (lower_image.empty() || lower_image[0] != '/' || dir.empty() || dir[0] != '/' || i >= argc ||
+      (!seed.empty() && seed[0] != '/')) {
     Refuse(
         "usage: sbx-rootfs --lower IMAGE_ROOTFS --dir HOST_FOLDER [--idmap UID:GID] "
-        "[--layer_bytes N] "
+        "[--layer_bytes N] [--seed SNAPSHOT_LAYER] "
         "[--reset_target PATH]... [--strict_target PATH]... -- BWRAP ARGS...");
   }
   if (chdir(dir.c_str()) != 0) Die("chdir " + dir);
@@ -293,6 +380,16 @@ int ImageRootHelperMain(int argc, char** argv) {
   if (stat("lower", &lower_st) != 0) Die("stat the image's root");
   if (chmod(upper.c_str(), idmap ? 0700 : lower_st.st_mode & 07777) != 0) Die("chmod " + upper);
   if (idmap && chown(upper.c_str(), uid, gid) != 0) Die("chown " + upper);
+  if (!seed.empty()) {
+    // Opened before this process's own mount namespace could differ: the host's path.
+    const int from = open(seed.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int to = open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (from < 0) Die("open the snapshot's layer " + seed);
+    if (to < 0) Die("open " + upper);
+    Seed(from, to, idmap, uid, gid, idmap ? "trusted.overlay.opaque" : "user.overlay.opaque", 0);
+    close(from);
+    close(to);
+  }
   // The folders bubblewrap mounts on, made in the sandbox's layer before the overlay
   // exists: a plain mkdir here costs less than one through the overlay, and a folder of
   // the upper layer hides whatever the image has at that path (a link, a file).

@@ -79,6 +79,11 @@ struct Sandbox {
   // The digest of its image (held in the image cache while it lives); empty: the host's
   // root.
   std::string image_digest;
+  // The template it was started from (CreateRequest's name and spec), kept so that Reset
+  // can start it again; empty spec for a sandbox adopted from an earlier run.
+  std::string template_name;
+  std::string template_spec;
+  bool has_template = false;
   // Every cgroup made for it (limits and freezer), and the freezer one (or empty).
   std::vector<std::string> cgroup_dirs;
   std::string freezer;

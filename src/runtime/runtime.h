@@ -133,6 +133,19 @@ class Runtime {
   [[nodiscard]] virtual absl::Status DeleteSnapshot(const std::string& snapshot_id) {
     return NoSnapshots();
   }
+  // Rewinds sandbox `sandbox_id` to snapshot `snapshot_id` (issue 37): every process of
+  // the sandbox is killed and it starts again under the same id and endpoint, its root's own
+  // layer and its workspace filled with the snapshot's. `image_digest` is the image the
+  // snapshot was taken on (empty: the host's root); a sandbox of another image is refused.
+  // The sandbox runs afterwards (not suspended). Errors: NOT_FOUND (no such sandbox, or the
+  // snapshot has no files), FAILED_PRECONDITION (another image, naming both; a sandbox this
+  // runtime adopted from an earlier run), UNIMPLEMENTED. When the new start fails after the
+  // old processes were killed, the sandbox is gone (reported as gone) and the error says
+  // why.
+  virtual void Reset(std::string sandbox_id, std::string snapshot_id, std::string image_digest,
+                     DoneCallback done) {
+    std::move(done)(NoSnapshots());
+  }
   // The snapshots whose files exist (whole ones: a snapshot interrupted by a crash is
   // removed when the runtime starts, never listed). Empty for runtimes without snapshots.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ListSnapshots() {

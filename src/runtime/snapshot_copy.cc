@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/fsuid.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -42,10 +43,37 @@ bool SameInode(const struct stat& a, const struct stat& b) {
 // Modes without set-user-id and set-group-id (the sticky bit of a folder stays).
 mode_t SafeMode(mode_t mode) { return mode & 01777; }
 
+// Makes this thread create files as uid and gid `owner` (its fsuid and fsgid) while it
+// lives, when owner >= 0: what is made then belongs to the owner from its creation, and a
+// file system mounted in a user namespace that maps the owner but not root (a sandbox's
+// workspace tmpfs) accepts it, where a creation as root fails with EOVERFLOW. Reads stay
+// root's (the fsuid goes back to what it was, and with it the capabilities it dropped).
+class AsOwner {
+ public:
+  explicit AsOwner(int64_t owner) : owner_(owner) {
+    if (owner_ < 0) return;
+    old_gid_ = static_cast<gid_t>(setfsgid(static_cast<gid_t>(owner_)));
+    old_uid_ = static_cast<uid_t>(setfsuid(static_cast<uid_t>(owner_)));
+  }
+  ~AsOwner() {
+    if (owner_ < 0) return;
+    setfsuid(old_uid_);
+    setfsgid(old_gid_);
+  }
+  AsOwner(const AsOwner&) = delete;
+  AsOwner& operator=(const AsOwner&) = delete;
+
+ private:
+  const int64_t owner_;
+  uid_t old_uid_ = 0;
+  gid_t old_gid_ = 0;
+};
+
 class Copier {
  public:
-  Copier(bool overlay, const CopyCharge& charge, SyncList* sync, int64_t max_entries)
-      : overlay_(overlay), charge_(charge), sync_(sync), max_entries_(max_entries) {}
+  Copier(bool overlay, const CopyCharge& charge, SyncList* sync, int64_t max_entries,
+         int64_t owner = -1)
+      : overlay_(overlay), charge_(charge), sync_(sync), max_entries_(max_entries), owner_(owner) {}
 
   absl::Status Folder(int src, int dst, const std::string& path, int depth) {
     if (depth > kMaxCopyDepth) {
@@ -109,6 +137,7 @@ class Copier {
     if (type == S_IFREG) return File(src, dst, name, path, st);
     if (type == S_IFLNK) return Link(src, dst, name, path, st);
     if (type == S_IFIFO) {
+      const AsOwner as(owner_);
       if (mkfifoat(dst, name.c_str(), SafeMode(st.st_mode) & 0777) != 0) {
         return IoError("make FIFO", path);
       }
@@ -136,7 +165,10 @@ class Copier {
     struct stat now;
     if (fstat(in.get(), &now) != 0) return IoError("stat", path);
     if (!SameInode(st, now)) return Changed(path);
-    if (mkdirat(dst, name.c_str(), 0700) != 0) return IoError("make folder", path);
+    {
+      const AsOwner as(owner_);
+      if (mkdirat(dst, name.c_str(), 0700) != 0) return IoError("make folder", path);
+    }
     Fd out(openat(dst, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!out.valid()) return IoError("open copied folder", path);
     ++stats.folders;
@@ -170,7 +202,12 @@ class Copier {
     struct stat now;
     if (fstat(in.get(), &now) != 0) return IoError("stat", path);
     if (!SameInode(st, now)) return Changed(path);
-    Fd out(openat(dst, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    Fd out;
+    {
+      const AsOwner as(owner_);
+      out.Reset(
+          openat(dst, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    }
     if (!out.valid()) return IoError("create copy of", path);
     ++stats.files;
     std::vector<char> buf(std::min<size_t>(kChunk, std::max<off_t>(now.st_size, 1)));
@@ -205,6 +242,7 @@ class Copier {
     if (static_cast<size_t>(n) >= target.size() - 1) return Changed(path);  // grew
     target[static_cast<size_t>(n)] = '\0';
     if (absl::Status s = Charge(n); !s.ok()) return s;
+    const AsOwner as(owner_);
     if (symlinkat(target.data(), dst, name.c_str()) != 0) return IoError("make link", path);
     ++stats.links;
     return absl::OkStatus();
@@ -214,6 +252,7 @@ class Copier {
   const CopyCharge& charge_;
   SyncList* const sync_;
   const int64_t max_entries_;
+  const int64_t owner_;
   int64_t entries_ = 0;
 };
 
@@ -265,6 +304,13 @@ absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& n
   if (absl::Status s = copier.Folder(src, out.get(), name, 0); !s.ok()) return s;
   if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", name);
   if (sync != nullptr) sync->Keep(std::move(out));
+  return copier.stats;
+}
+
+absl::StatusOr<CopyStats> CopyInto(int src, int dst, int64_t owner, int64_t max_entries) {
+  const CopyCharge no_charge;  // the Copier keeps a reference: it must outlive it
+  Copier copier(/*overlay=*/false, no_charge, nullptr, max_entries, owner);
+  if (absl::Status s = copier.Folder(src, dst, ".", 0); !s.ok()) return s;
   return copier.stats;
 }
 

@@ -80,6 +80,16 @@ using CopyCharge = std::function<absl::Status(int64_t bytes)>;
                                                  SyncList* sync = nullptr,
                                                  int64_t max_entries = kMaxCopyEntries);
 
+// Copies the content of the folder open at `src` into the existing folder open at `dst`
+// (neither consumed), as CopyTree does with overlay false and no charge. When owner >= 0
+// every entry is created as uid and gid `owner` (the thread's fsuid and fsgid, switched
+// around each creation only), so it is the owner's from the start and `dst` must let the
+// owner create in it. Reset fills a sandbox's fresh workspace (a tmpfs of the sandbox's
+// user namespace, where root cannot create) with it. Errors as CopyTree's; what was copied
+// before an error stays.
+[[nodiscard]] absl::StatusOr<CopyStats> CopyInto(int src, int dst, int64_t owner,
+                                                 int64_t max_entries = kMaxCopyEntries);
+
 // Removes the folder `name` in `parent` and everything below it, without following links.
 // OK when it does not exist.
 [[nodiscard]] absl::Status RemoveTree(int parent, const std::string& name);

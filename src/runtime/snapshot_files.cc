@@ -212,3 +212,39 @@ absl::StatusOr<CopyStats> CaptureSandbox(const Sandbox& sb, bool isolated, int d
 }
 
 }  // namespace sbx::runtime::local
+
+namespace sbx::runtime::local {
+
+absl::Status RestoreWorkspace(const Sandbox& sb, bool isolated, int dir, const std::string& id,
+                              int64_t owner) {
+  if (absl::Status s = CheckSnapshotId(id); !s.ok()) return s;
+  const Fd snap(openat(dir, id.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!snap.valid()) {
+    return absl::NotFoundError(absl::StrCat("snapshot ", id, " has no files on this server"));
+  }
+  const Fd from(
+      openat(snap.get(), kSnapshotWorkspaceName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!from.valid()) return Errno(absl::StrCat("open the workspace of snapshot ", id));
+  // The sandbox is new (only its daemon runs, frozen), but its workspace is still opened
+  // as a path the sandbox could change: beneath its root, no link on the way.
+  absl::StatusOr<Fd> to =
+      isolated ? OpenInProcessRoot(sb.init_pid, sb.init_start_time, kWorkspaceInSandbox,
+                                   /*no_symlinks=*/true)
+               : absl::StatusOr<Fd>(
+                     Fd(OpenInDir(sb.dir, "workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+  if (to.ok() && !to->valid()) to = Errno("open the workspace");
+  if (!to.ok()) {
+    return absl::Status(
+        to.status().code(),
+        absl::StrCat("sandbox ", sb.id, ": its workspace: ", to.status().message()));
+  }
+  absl::StatusOr<CopyStats> copied = CopyInto(from.get(), to->get(), owner);
+  if (!copied.ok()) {
+    return absl::Status(copied.status().code(),
+                        absl::StrCat("sandbox ", sb.id, ": restoring the workspace of snapshot ",
+                                     id, ": ", copied.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace sbx::runtime::local

@@ -43,4 +43,10 @@ int SweepPartialSnapshots(int dir);
                                                        const std::string& id,
                                                        const CopyCharge& charge);
 
+// Reset: copies snapshot `id`'s workspace into the workspace of `sb` (a sandbox just
+// started, frozen by the caller), each entry given to uid and gid `owner` when owner >= 0.
+// NOT_FOUND when the snapshot has no files; CopyInto's errors, naming the sandbox.
+[[nodiscard]] absl::Status RestoreWorkspace(const Sandbox& sb, bool isolated, int dir,
+                                            const std::string& id, int64_t owner);
+
 }  // namespace sbx::runtime::local

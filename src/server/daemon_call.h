@@ -87,13 +87,18 @@ class ReadRelay final : public grpc::ServerWriteReactor<ClientMsg> {
                                      grpc::ClientReadReactor<DaemonMsg>*)>;
   using TranslateFn = std::function<void(DaemonMsg&, ClientMsg*)>;
 
+  // `daemons` (optional): a reset of the claim that begins while the relay runs ends it
+  // with ABORTED naming the snapshot (SandboxdClients::FromDaemonSince).
   ReadRelay(grpc::CallbackServerContext* ctx, std::shared_ptr<Stub> stub, store::ClaimRecord claim,
-            DaemonRequest request, const StartFn& start, TranslateFn translate)
+            DaemonRequest request, const StartFn& start, TranslateFn translate,
+            SandboxdClients* daemons = nullptr)
       : ctx_(ctx),
         stub_(std::move(stub)),
         claim_(std::move(claim)),
         request_(std::move(request)),
         translate_(std::move(translate)),
+        daemons_(daemons),
+        reset_generation_(daemons != nullptr ? daemons->ResetGeneration(claim_.id) : 0),
         daemon_ctx_(DaemonContext(ctx, std::nullopt)),
         daemon_(this) {
     start(stub_.get(), daemon_ctx_.get(), &request_, &daemon_);
@@ -136,7 +141,9 @@ class ReadRelay final : public grpc::ServerWriteReactor<ClientMsg> {
   }
 
   void DaemonDone(const grpc::Status& s) {
-    absl::Status status = FromDaemon(s, claim_);
+    absl::Status status = daemons_ != nullptr
+                              ? daemons_->FromDaemonSince(s, claim_, reset_generation_)
+                              : FromDaemon(s, claim_);
     AddErrorMetadata(ctx_, status);
     this->Finish(ToGrpcStatus(status));
     Unref();
@@ -156,6 +163,8 @@ class ReadRelay final : public grpc::ServerWriteReactor<ClientMsg> {
   const store::ClaimRecord claim_;
   const DaemonRequest request_;
   const TranslateFn translate_;
+  SandboxdClients* const daemons_;
+  const uint64_t reset_generation_;
   const std::unique_ptr<grpc::ClientContext> daemon_ctx_;
   Daemon daemon_;
   DaemonMsg in_;

@@ -249,6 +249,7 @@ class ExecCall final : public grpc::ServerBidiReactor<v1::ExecRequest, v1::ExecR
   v1::ExecResponse out_;
   // Set by Begin (on the first read, before any daemon callback); then constant.
   std::unique_ptr<Daemon> daemon_;
+  uint64_t reset_generation_ = 0;  // SandboxdClients::ResetGeneration at Begin
   store::ClaimRecord claim_;
   bool attach_stdin_ = false;
   // Touched only by the client-read chain.
@@ -274,6 +275,8 @@ absl::Status ExecCall::Begin() {
   const v1::ExecStart& start = in_.start();
   ASSIGN_OR_RETURN(Caller caller, Authorize(*service_->auth_, ctx_, false, "Exec"));
   ASSIGN_OR_RETURN(claim_, service_->ActiveClaim(caller, start.claim_id()));
+  // Noted before the daemon call starts: a reset that begins later ends it with ABORTED.
+  reset_generation_ = service_->daemons_->ResetGeneration(claim_.id);
   auto daemon = std::make_unique<Daemon>(this);
   RETURN_IF_ERROR(ToDaemonStart(start, service_->limits_, daemon->out.mutable_start()));
   ASSIGN_OR_RETURN(std::shared_ptr<Stub> stub, service_->daemons_->Stub(claim_));
@@ -410,7 +413,7 @@ void ExecCall::DaemonDone(const grpc::Status& s) {
     holds_slot_ = false;
   }
   if (release_slot) service_->slots_.Release(claim_.sandbox_id);
-  FinishWith(FromDaemon(s, claim_));
+  FinishWith(service_->daemons_->FromDaemonSince(s, claim_, reset_generation_));
   Unref();
 }
 
@@ -787,7 +790,7 @@ grpc::ServerWriteReactor<v1::ProcessEvent>* SandboxService::StartProcess(
       ctx, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
       [](Stub* s, grpc::ClientContext* c, const sd::StartProcessRequest* q,
          grpc::ClientReadReactor<sd::ProcessEvent>* r) { s->async()->StartProcess(c, q, r); },
-      ProcessToClient);
+      ProcessToClient, daemons_);
 }
 
 grpc::ServerWriteReactor<v1::ProcessEvent>* SandboxService::ConnectProcess(
@@ -802,7 +805,7 @@ grpc::ServerWriteReactor<v1::ProcessEvent>* SandboxService::ConnectProcess(
       ctx, std::move(sandbox->second), std::move(sandbox->first), std::move(r),
       [](Stub* s, grpc::ClientContext* c, const sd::ConnectProcessRequest* q,
          grpc::ClientReadReactor<sd::ProcessEvent>* r) { s->async()->ConnectProcess(c, q, r); },
-      ProcessToClient);
+      ProcessToClient, daemons_);
 }
 
 grpc::ServerUnaryReactor* SandboxService::ListProcesses(grpc::CallbackServerContext* ctx,

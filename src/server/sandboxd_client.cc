@@ -180,11 +180,68 @@ void SandboxdClients::Configure(const store::ClaimRecord& claim, const v1::Sandb
     out->set_content(f.content());
     out->set_mode(f.mode());
   }
-  call->stub->async()->Configure(&call->ctx, &call->request, &call->response,
-                                 [call](grpc::Status s) {
-                                   std::unique_ptr<Call> owned(call);
-                                   std::move(owned->done)(FromDaemon(s, owned->claim));
-                                 });
+  call->stub->async()->Configure(
+      &call->ctx, &call->request, &call->response, [this, call, config](grpc::Status s) {
+        std::unique_ptr<Call> owned(call);
+        if (s.ok()) {
+          absl::MutexLock lock(&mu_);
+          if (configs_.size() >= max_channels_ && !configs_.contains(owned->claim.sandbox_id)) {
+            configs_.clear();  // as the channel cache: a reset then re-applies none
+          }
+          // Only the env is kept (Reset gives it again); the files, up to 64 MiB, are not.
+          v1::SandboxConfig kept;
+          *kept.mutable_env() = config.env();
+          configs_.insert_or_assign(owned->claim.sandbox_id, std::move(kept));
+        }
+        std::move(owned->done)(FromDaemon(s, owned->claim));
+      });
+}
+
+std::optional<v1::SandboxConfig> SandboxdClients::AppliedConfig(const std::string& sandbox_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = configs_.find(sandbox_id);
+  if (it == configs_.end()) return std::nullopt;
+  return it->second;
+}
+
+uint64_t SandboxdClients::ResetGeneration(const std::string& claim_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = resets_.find(claim_id);
+  return it == resets_.end() ? 0 : it->second.generation;
+}
+
+void SandboxdClients::BeginReset(const std::string& claim_id, const std::string& snapshot_id) {
+  absl::MutexLock lock(&mu_);
+  ResetNote& n = resets_[claim_id];
+  ++n.generation;
+  n.snapshot_id = snapshot_id;
+}
+
+void SandboxdClients::ForgetChannel(const std::string& sandbox_id) {
+  const std::string prefix = absl::StrCat(sandbox_id, "@");
+  absl::MutexLock lock(&mu_);
+  for (auto it = stubs_.begin(); it != stubs_.end();) {
+    if (absl::StartsWith(it->first, prefix)) {
+      stubs_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::Status SandboxdClients::FromDaemonSince(const grpc::Status& status,
+                                              const store::ClaimRecord& claim,
+                                              uint64_t generation) {
+  if (!status.ok()) {
+    absl::MutexLock lock(&mu_);
+    auto it = resets_.find(claim.id);
+    if (it != resets_.end() && it->second.generation != generation) {
+      return absl::AbortedError(absl::StrCat(
+          "the sandbox of claim \"", claim.id, "\" was reset to snapshot ", it->second.snapshot_id,
+          ": what ran in it was killed (daemon: ", status.error_message(), ")"));
+    }
+  }
+  return FromDaemon(status, claim);
 }
 
 absl::Status FromDaemon(const grpc::Status& status, const store::ClaimRecord& claim) {

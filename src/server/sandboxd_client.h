@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -62,15 +63,43 @@ class SandboxdClients {
   // Applies `config` to the claim's sandbox (sandboxd Configure); `done` runs on a gRPC
   // thread. Errors: the daemon's (naming the file), UNAVAILABLE when it cannot be reached
   // within `timeout`.
+  // The env of applied configs is kept in memory (by sandbox id, at most max_channels of
+  // them) for Reset to give again to the sandbox's new daemon.
   void Configure(const store::ClaimRecord& claim, const v1::SandboxConfig& config,
                  absl::Duration timeout, absl::AnyInvocable<void(absl::Status) &&> done);
 
+  // --- Reset (issue 37) ---
+  // The env of the config last applied to sandbox `sandbox_id` by this server (files
+  // left out), if it kept one.
+  std::optional<v1::SandboxConfig> AppliedConfig(const std::string& sandbox_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // How many resets of claim `claim_id` have begun; a daemon call notes it at its start.
+  uint64_t ResetGeneration(const std::string& claim_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A reset of the claim to `snapshot_id` begins (before its sandbox's processes die).
+  void BeginReset(const std::string& claim_id, const std::string& snapshot_id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The claim's sandbox was restarted: its cached channel (connected to the old daemon)
+  // goes, so the next call connects to the new daemon at once.
+  void ForgetChannel(const std::string& sandbox_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // A daemon call that ended with `status` after starting at `generation`: ABORTED naming
+  // the snapshot when a reset of the claim began since and the call failed; else
+  // FromDaemon's status.
+  [[nodiscard]] absl::Status FromDaemonSince(const grpc::Status& status,
+                                             const store::ClaimRecord& claim, uint64_t generation)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
+  struct ResetNote {
+    uint64_t generation = 0;
+    std::string snapshot_id;
+  };
   const SecretFn secret_;
   const size_t max_channels_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, v1::SandboxConfig> configs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, ResetNote> resets_ ABSL_GUARDED_BY(mu_);
 };
 
 // A daemon's error as the client of SandboxService sees it: UNAVAILABLE and

@@ -237,8 +237,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
         options.allocator, services->auth.get(), options.check_template, options.images));
     services->services.push_back(
         std::make_unique<ImageService>(options.images, services->auth.get()));
-    services->services.push_back(
-        std::make_unique<SnapshotService>(options.snapshots, services->auth.get()));
+    services->services.push_back(std::make_unique<SnapshotService>(
+        options.snapshots, services->auth.get(), services->daemons.get()));
   } else if (options.forward.has_value()) {
     ForwardOptions forward = *options.forward;
     if (!options.tls_cert_file.empty() && forward.credentials == nullptr) {

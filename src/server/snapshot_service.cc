@@ -1,6 +1,7 @@
 #include "src/server/snapshot_service.h"
 
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,9 @@
 
 namespace sbx::server {
 namespace {
+
+// How long the new daemon may take to take the claim's config again after a reset.
+constexpr absl::Duration kResetConfigureTimeout = absl::Seconds(10);
 
 void ToProto(const store::SnapshotRecord& r, v1::Snapshot* out) {
   out->set_id(r.id);
@@ -98,6 +102,45 @@ grpc::ServerUnaryReactor* SnapshotService::DeleteSnapshot(grpc::CallbackServerCo
   }
   auto call = AsyncUnary<v1::DeleteSnapshotResponse>::Create(ctx, resp);
   snapshots_->Delete(caller->tenant, req->snapshot_id(), [call](absl::Status s) { call->Fail(s); });
+  return call->reactor();
+}
+
+grpc::ServerUnaryReactor* SnapshotService::Reset(grpc::CallbackServerContext* ctx,
+                                                 const v1::ResetRequest* req,
+                                                 v1::ResetResponse* resp) {
+  absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, false, "Reset");
+  if (!caller.ok()) return FinishNow(ctx, caller.status());
+  if (snapshots_ == nullptr) return FinishNow(ctx, runtime::NoSnapshots());
+  if (absl::Status s = RequireId("claim_id", req->claim_id()); !s.ok()) return FinishNow(ctx, s);
+  if (absl::Status s = RequireId("snapshot_id", req->snapshot_id()); !s.ok()) {
+    return FinishNow(ctx, s);
+  }
+  auto call = AsyncUnary<v1::ResetResponse>::Create(ctx, resp);
+  snapshots_->Reset(
+      caller->tenant, req->claim_id(), req->snapshot_id(),
+      [this, snapshot_id = req->snapshot_id()](const store::ClaimRecord& claim) {
+        daemons_->BeginReset(claim.id, snapshot_id);
+      },
+      [this, call](absl::StatusOr<store::ClaimRecord> claim) {
+        if (!claim.ok()) return call->Fail(claim.status());
+        daemons_->ForgetChannel(claim->sandbox_id);
+        std::optional<v1::SandboxConfig> config = daemons_->AppliedConfig(claim->sandbox_id);
+        if (!config.has_value() || config->env().empty()) return call->Fail(absl::OkStatus());
+        // The claim's late-bound env, given again to the new daemon (it lives in the old
+        // daemon's memory). Its files are not written again: the workspace is the
+        // snapshot's, which is what a reset asks for.
+        config->clear_files();
+        daemons_->Configure(
+            *claim, *config, kResetConfigureTimeout, [call, id = claim->id](absl::Status s) {
+              if (!s.ok()) {
+                s = absl::Status(s.code(), absl::StrCat("claim \"", id,
+                                                        "\" was reset but its late-bound env "
+                                                        "could not be given again: ",
+                                                        s.message()));
+              }
+              call->Fail(s);
+            });
+      });
   return call->reactor();
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // sbx.v1.Snapshots over allocator::Snapshots (issue 37): CreateSnapshot, GetSnapshot,
-// ListSnapshots, DeleteSnapshot. The owner is always the authenticated tenant, never a
+// ListSnapshots, DeleteSnapshot, Reset. The owner is always the authenticated tenant, never a
 // request field; another tenant's snapshot is NOT_FOUND (admins included). Handlers never
-// block: CreateSnapshot and DeleteSnapshot finish from the manager's callbacks.
+// block: CreateSnapshot, DeleteSnapshot and Reset finish from the manager's callbacks.
 //
 // Thread-safety: handlers run concurrently on gRPC's threads.
 // Lifetime: the Snapshots manager and the Authenticator must outlive the service and every
@@ -12,13 +12,17 @@
 #include "sbx/v1/snapshots.grpc.pb.h"
 #include "src/allocator/snapshots.h"
 #include "src/server/auth.h"
+#include "src/server/sandboxd_client.h"
 
 namespace sbx::server {
 
 class SnapshotService final : public sbx::v1::Snapshots::CallbackService {
  public:
-  SnapshotService(allocator::Snapshots* snapshots, const Authenticator* auth)
-      : snapshots_(snapshots), auth_(auth) {}
+  // `daemons` (the SandboxService's): Reset notes there that the claim's calls end, drops
+  // the channel to the old daemon and applies the claim's late-bound config again.
+  SnapshotService(allocator::Snapshots* snapshots, const Authenticator* auth,
+                  SandboxdClients* daemons)
+      : snapshots_(snapshots), auth_(auth), daemons_(daemons) {}
 
   grpc::ServerUnaryReactor* CreateSnapshot(grpc::CallbackServerContext* ctx,
                                            const v1::CreateSnapshotRequest* req,
@@ -32,10 +36,13 @@ class SnapshotService final : public sbx::v1::Snapshots::CallbackService {
   grpc::ServerUnaryReactor* DeleteSnapshot(grpc::CallbackServerContext* ctx,
                                            const v1::DeleteSnapshotRequest* req,
                                            v1::DeleteSnapshotResponse* resp) override;
+  grpc::ServerUnaryReactor* Reset(grpc::CallbackServerContext* ctx, const v1::ResetRequest* req,
+                                  v1::ResetResponse* resp) override;
 
  private:
   allocator::Snapshots* const snapshots_;
   const Authenticator* const auth_;
+  SandboxdClients* const daemons_;
 };
 
 }  // namespace sbx::server

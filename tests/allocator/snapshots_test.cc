@@ -50,6 +50,25 @@ class SnapshotRuntime : public testing::ManualRuntime {
     }
     std::move(done)(c);
   }
+  // Resets are recorded and answered when FinishResets() is called.
+  void Reset(std::string sandbox_id, std::string snapshot_id, std::string image_digest,
+             runtime::DoneCallback done) override {
+    absl::MutexLock lock(&mu_);
+    resets_.push_back(absl::StrCat(sandbox_id, " ", snapshot_id, " ", image_digest));
+    pending_resets_.push_back(std::move(done));
+  }
+  void FinishResets(absl::Status s) {
+    std::vector<runtime::DoneCallback> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      pending.swap(pending_resets_);
+    }
+    for (auto& d : pending) std::move(d)(s);
+  }
+  std::vector<std::string> resets() const {
+    absl::MutexLock lock(&mu_);
+    return resets_;
+  }
   absl::Status DeleteSnapshot(const std::string& id) override {
     absl::MutexLock lock(&mu_);
     files_.erase(id);
@@ -92,6 +111,8 @@ class SnapshotRuntime : public testing::ManualRuntime {
   std::set<std::string> files_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> captured_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::AnyInvocable<void() &&>> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> resets_ ABSL_GUARDED_BY(mu_);
+  std::vector<runtime::DoneCallback> pending_resets_ ABSL_GUARDED_BY(mu_);
 };
 
 store::MemoryStoreOptions Inline() {
@@ -103,6 +124,9 @@ store::MemoryStoreOptions Inline() {
 class SnapshotsTest : public ::testing::Test {
  protected:
   SnapshotsTest() : store_(std::make_unique<store::MemoryStore>(Inline())) {}
+  // A reset a failed assertion left unanswered is answered, so that ~Snapshots (which
+  // waits for its callbacks) does not wait for ever.
+  void TearDown() override { runtime_.FinishResets(absl::CancelledError("the test ended")); }
 
   void SetUp() override {
     Start();
@@ -179,6 +203,21 @@ class SnapshotsTest : public ::testing::Test {
     std::optional<absl::Status> out;
     snapshots_->Delete(owner, id, [&](absl::Status s) { out = s; });
     return out.value_or(absl::InternalError("no answer"));
+  }
+
+  // Starts a reset; its answer lands in the returned slot (empty until the runtime
+  // answers), `started` says whether the starting hook ran.
+  std::shared_ptr<std::optional<absl::StatusOr<store::ClaimRecord>>> Reset(
+      const std::string& owner, const std::string& claim, const std::string& snapshot,
+      bool* started = nullptr) {
+    auto out = std::make_shared<std::optional<absl::StatusOr<store::ClaimRecord>>>();
+    snapshots_->Reset(
+        owner, claim, snapshot,
+        [started](const store::ClaimRecord&) {
+          if (started != nullptr) *started = true;
+        },
+        [out](absl::StatusOr<store::ClaimRecord> c) { *out = std::move(c); });
+    return out;
   }
 
   std::unique_ptr<store::MemoryStore> store_;
@@ -289,6 +328,59 @@ TEST_F(SnapshotsTest, AnEndedClaimCannotBeSnapshotted) {
   allocator_->Release("alice", c, [&](absl::StatusOr<store::ClaimRecord> r) { out = r; });
   ASSERT_TRUE(out.has_value() && out->ok());
   EXPECT_EQ(Create("alice", c).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace sbx::allocator
+
+namespace sbx::allocator {
+namespace {
+
+// Another tenant's claim or snapshot is NOT_FOUND, and nothing reaches the runtime; the
+// owner's reset passes the sandbox, the snapshot and its image to the runtime, holds the
+// snapshot until the runtime answers, and gives the claim back.
+TEST_F(SnapshotsTest, ResetChecksBothOwnersAndHoldsTheSnapshotWhileItRuns) {
+  const std::string a = ClaimFor("alice");
+  const std::string b = ClaimFor("bob");
+  absl::StatusOr<SnapshotCreated> sa = Create("alice", a);
+  absl::StatusOr<SnapshotCreated> sb = Create("bob", b);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  bool started = false;
+  auto r = Reset("bob", a, sb->snapshot.id, &started);  // alice's claim
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ(r->value().status().code(), absl::StatusCode::kNotFound);
+  r = Reset("bob", b, sa->snapshot.id, &started);  // alice's snapshot
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ(r->value().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r->value().status().message(),
+            absl::StrCat("snapshot \"", sa->snapshot.id, "\" not found"));
+  EXPECT_FALSE(started);
+  EXPECT_TRUE(runtime_.resets().empty());
+
+  r = Reset("alice", a, sa->snapshot.id, &started);
+  EXPECT_TRUE(started);
+  EXPECT_FALSE(r->has_value());  // the runtime has not answered
+  ASSERT_EQ(runtime_.resets().size(), 1u);
+  EXPECT_EQ(runtime_.resets()[0], absl::StrCat("sb-1 ", sa->snapshot.id, " sha256:img"));
+  absl::Status d = Delete("alice", sa->snapshot.id);
+  EXPECT_EQ(d.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(d.message(), HasSubstr(absl::StrCat("the reset of claim \"", a, "\"")));
+  runtime_.FinishResets(absl::OkStatus());
+  ASSERT_TRUE(r->has_value());
+  ASSERT_TRUE(r->value().ok()) << r->value().status();
+  EXPECT_EQ(r->value()->id, a);
+  EXPECT_EQ(snapshots_->stats().resets, 1u);
+  EXPECT_TRUE(Delete("alice", sa->snapshot.id).ok());
+
+  // A runtime error is passed on with the claim and the snapshot named, and the hold goes.
+  r = Reset("bob", b, sb->snapshot.id);
+  runtime_.FinishResets(absl::FailedPreconditionError("another image"));
+  ASSERT_TRUE(r->has_value());
+  EXPECT_EQ(r->value().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r->value().status().message(), HasSubstr(sb->snapshot.id));
+  EXPECT_THAT(r->value().status().message(), HasSubstr("another image"));
+  EXPECT_EQ(snapshots_->stats().reset_failures, 1u);
+  EXPECT_TRUE(Delete("bob", sb->snapshot.id).ok());
 }
 
 }  // namespace

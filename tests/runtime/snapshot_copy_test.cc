@@ -183,3 +183,41 @@ TEST_F(SnapshotCopyTest, TooDeepATreeIsRefused) {
 
 }  // namespace
 }  // namespace sbx::runtime::local
+
+namespace sbx::runtime::local {
+namespace {
+
+// Reset's workspace copy: into an existing folder of the owner's, from a source only root
+// can read, every entry (links included) made as the owner, no link followed.
+TEST_F(SnapshotCopyTest, CopyIntoFillsAnExistingFolderAndGivesEverythingToTheOwner) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown to another uid needs root";
+  Write(dir_ + "/host-file", "HOST\n");
+  fs::create_directories(src_ + "/d/e");
+  Write(src_ + "/d/e/f", "mine");
+  fs::create_symlink(dir_ + "/host-file", src_ + "/link");
+  ASSERT_EQ(mkfifo((src_ + "/fifo").c_str(), 0644), 0);
+  ASSERT_EQ(chmod(src_.c_str(), 0700), 0);        // readable by root only, as a snapshot is
+  ASSERT_EQ(chown(out_.c_str(), 4242, 4242), 0);  // the owner's, as a sandbox's workspace
+  const int s = open(src_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int o = open(out_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  absl::StatusOr<CopyStats> r = CopyInto(s, o, 4242);
+  close(s);
+  close(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Read(out_ + "/d/e/f"), "mine");
+  EXPECT_EQ(fs::read_symlink(out_ + "/link"), dir_ + "/host-file");
+  for (const char* p : {"/d", "/d/e", "/d/e/f", "/link", "/fifo"}) {
+    struct stat st;
+    ASSERT_EQ(lstat((out_ + p).c_str(), &st), 0) << p;
+    EXPECT_EQ(st.st_uid, 4242u) << p;
+    EXPECT_EQ(st.st_gid, 4242u) << p;
+  }
+  // The link's target is untouched.
+  struct stat host;
+  ASSERT_EQ(stat((dir_ + "/host-file").c_str(), &host), 0);
+  EXPECT_EQ(host.st_uid, 0u);
+  EXPECT_EQ(Read(dir_ + "/host-file"), "HOST\n");
+}
+
+}  // namespace
+}  // namespace sbx::runtime::local
