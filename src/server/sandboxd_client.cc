@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "src/common/dropped.h"
 #include "src/common/sandbox_secret.h"
 
 namespace sbx::server {
@@ -186,7 +187,15 @@ void SandboxdClients::Configure(const store::ClaimRecord& claim, const v1::Sandb
         if (s.ok()) {
           absl::MutexLock lock(&mu_);
           if (configs_.size() >= max_channels_ && !configs_.contains(owned->claim.sandbox_id)) {
-            configs_.clear();  // as the channel cache: a reset then re-applies none
+            // Full: one kept env goes (not all of them), and not silently: a reset of that
+            // sandbox would give its new daemon no late-bound env.
+            auto victim = configs_.begin();
+            ReportDropped("server.reset_env_cache",
+                          absl::ResourceExhaustedError(absl::StrCat(
+                              "the late-bound env kept for a reset of sandbox \"", victim->first,
+                              "\" was dropped: more than ", max_channels_,
+                              " sandboxes are configured; a reset of it gives no env")));
+            configs_.erase(victim);
           }
           // Only the env is kept (Reset gives it again); the files, up to 64 MiB, are not.
           v1::SandboxConfig kept;
@@ -212,6 +221,11 @@ uint64_t SandboxdClients::ResetGeneration(const std::string& claim_id) {
 
 void SandboxdClients::BeginReset(const std::string& claim_id, const std::string& snapshot_id) {
   absl::MutexLock lock(&mu_);
+  if (resets_.size() >= max_channels_ && !resets_.contains(claim_id)) {
+    // Bounded like the caches above: a claim whose note goes only loses the ABORTED label
+    // of a call that was in flight across its reset (FromDaemonSince).
+    resets_.erase(resets_.begin());
+  }
   ResetNote& n = resets_[claim_id];
   ++n.generation;
   n.snapshot_id = snapshot_id;

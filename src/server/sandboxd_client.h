@@ -64,7 +64,8 @@ class SandboxdClients {
   // thread. Errors: the daemon's (naming the file), UNAVAILABLE when it cannot be reached
   // within `timeout`.
   // The env of applied configs is kept in memory (by sandbox id, at most max_channels of
-  // them) for Reset to give again to the sandbox's new daemon.
+  // them: beyond, one goes per new one, reported as sbx_dropped_errors_total
+  // {site="server.reset_env_cache"}) for Reset to give again to the sandbox's new daemon.
   void Configure(const store::ClaimRecord& claim, const v1::SandboxConfig& config,
                  absl::Duration timeout, absl::AnyInvocable<void(absl::Status) &&> done);
 
