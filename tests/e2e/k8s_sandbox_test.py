@@ -815,6 +815,13 @@ class SandboxControllerTest(unittest.TestCase):
         # The leader goes; the other replica, which read the same Secret, makes the next pod.
         leader = c.servers[0 if first == "replica-a" else 1]["proc"]
         other = "replica-b" if first == "replica-a" else "replica-a"
+        # Only once the Lease names the other replica the in-sync standby: stopped before
+        # that, the leader's store would be the only complete copy and the other replica
+        # rightly refuses to lead (as test_09; a clean-clone CI run stopped it 0.2 s after
+        # it began to lead, and replica-b waited for the lost copy).
+        c.wait_for(lambda: ((c.get(lease_path) or {}).get("metadata", {}).get("annotations")
+                            or {}).get("sbx.dev/sync-replica") == other, 20,
+                   "%s to be the in-sync standby" % other, state=lambda: c.get(lease_path))
         proc_stop(leader)
         self.assertEqual(leader.returncode, 0, c.logs_tail())
         c.wait_for(lambda: holder() == other, 20, "%s to take the lease" % other,
