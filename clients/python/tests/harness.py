@@ -234,7 +234,8 @@ pools:
 
 
 def image_pool_server(min_warm: int = 2, max_warm: int = 4, auth: bool = True,
-                      extra: Optional[List[str]] = None) -> Server:
+                      extra: Optional[List[str]] = None,
+                      durability: str = "buffered") -> Server:
     """A server (needs root: image sandboxes run as uids of their own) with the pool "img"
     of a busybox image built here offline (tests/images/test_images.py), for snapshots,
     reset and fork. The image folder lives in the server's dir and goes with stop()."""
@@ -245,7 +246,7 @@ def image_pool_server(min_warm: int = 2, max_warm: int = 4, auth: bool = True,
     ref = test_images.busybox_image(os.path.join(images, "env"), "v1",
                                     config={"Env": ["PATH=/bin"]})
     config = IMAGE_POOL_CONFIG.format(ref=ref, min_warm=min_warm, max_warm=max_warm)
-    srv = Server(config=config, auth=auth,
+    srv = Server(config=config, auth=auth, durability=durability,
                  extra=["--image_cache_bytes=1000000000", f"--image_import_dir={images}",
                         *(extra or [])])
     os.chmod(srv.dir, 0o755)
