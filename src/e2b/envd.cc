@@ -250,11 +250,108 @@ std::optional<SandboxAddress> AddressOf(const HttpRequest& req, absl::string_vie
   return a;
 }
 
-void Envd::PortRedirect(const Target& t, int port, const HttpRequest& req, HttpResponder& out) {
-  if (port < 1 || port > 65535) {
-    RespondError(out, 400, absl::StrCat("port ", port, " is not 1..65535"));
+namespace {
+
+std::optional<std::string> TenantOfToken(const FrontDeps& deps, absl::string_view id,
+                                         absl::string_view token) {
+  const size_t sep = token.rfind('~');
+  if (token.empty() || sep == absl::string_view::npos) return std::nullopt;
+  const absl::string_view tenant = token.substr(0, sep);
+  if (!ConstantTimeEqual(token, EnvdAccessToken(deps, id, tenant))) return std::nullopt;
+  return std::string(tenant);
+}
+
+// The tenant whose right to a port of sandbox `id` the request's credential proves: the
+// sandbox's access token (X-Access-Token), or else an API key (X-API-Key; the proxy then
+// checks that this tenant owns the claim). UNAUTHENTICATED naming what is wrong.
+absl::StatusOr<std::string> PortCaller(const FrontDeps& deps, const HttpRequest& req,
+                                       absl::string_view id, int port) {
+  if (auto token = req.Header("x-access-token"); token.has_value()) {
+    std::optional<std::string> t = TenantOfToken(deps, id, *token);
+    if (!t.has_value()) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("X-Access-Token is not the access token of sandbox \"", id, "\""));
+    }
+    return *std::move(t);
+  }
+  if (auto key = req.Header("x-api-key"); key.has_value()) {
+    std::optional<std::string> t = deps.tenant_of(*key);
+    if (!t.has_value()) return absl::UnauthenticatedError("X-API-Key is not a valid API key");
+    return *std::move(t);
+  }
+  return absl::UnauthenticatedError(
+      absl::StrCat("port ", port, " of sandbox \"", id,
+                   "\" needs the sandbox's X-Access-Token (its envdAccessToken) or its owner's "
+                   "X-API-Key"));
+}
+
+}  // namespace
+
+std::optional<std::string> Envd::TenantOfAccessToken(absl::string_view id,
+                                                     absl::string_view token) const {
+  return TenantOfToken(deps_, id, token);
+}
+
+void Envd::PortTraffic(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr) {
+  if (addr.port < 1 || addr.port > 65535) {
+    RespondError(out, 400, absl::StrCat("port ", addr.port, " is not 1..65535"));
     return;
   }
+  if (!ValidateKey("sandbox id", addr.id).ok()) {
+    RespondError(out, 404, absl::StrCat("sandbox \"", addr.id, "\" not found"));
+    return;
+  }
+  // Who asks: the holder of the sandbox's access token, or a tenant by its API key (the
+  // proxy then checks that this tenant owns the claim: another's is a 404).
+  absl::StatusOr<std::string> caller = PortCaller(deps_, req, addr.id, addr.port);
+  if (!caller.ok()) {
+    RespondError(out, 401, caller.status().message());
+    return;
+  }
+  std::string tenant = *std::move(caller);
+  if (!req.take_connection) {
+    // A TLS listener cannot hand its connection on: redirect to the proxy instead.
+    std::optional<std::string> bearer = deps_.bearer_of(tenant);
+    if (!bearer.has_value()) {
+      RespondError(out, 401, "the sandbox's tenant has no API key any more");
+      return;
+    }
+    return PortRedirect(Target{addr.id, *std::move(bearer)}, addr.port, req, out);
+  }
+  if (!deps_.hand_port) {
+    RespondError(out, 409,
+                 "port traffic goes through sbx's port proxy, which is off: start sbx-server "
+                 "with --proxy_listen");
+    return;
+  }
+  TakenConnection taken = req.take_connection();
+  if (taken.fd < 0) {
+    RespondError(out, 500, "the connection could not be handed to the port proxy");
+    return;
+  }
+  PortConnection c;
+  c.fd = taken.fd;
+  c.read = std::move(taken.read);
+  c.sandbox_id = addr.id;
+  c.port = addr.port;
+  c.tenant = std::move(tenant);
+  c.strip_headers = {"x-access-token", "x-api-key"};
+  // A later request on the connection must be for this port and prove the same tenant's
+  // right to it: a kept-alive connection may carry requests of several callers (a shared
+  // client pool), and none may ride on another's credential.
+  c.admit_later = [deps = deps_, domain = options_.domain, addr,
+                   tenant = c.tenant](const HttpHeaders& fields) {
+    HttpRequest next;
+    next.headers = fields;
+    std::optional<SandboxAddress> a = AddressOf(next, domain);
+    if (!a.has_value() || a->id != addr.id || a->port != addr.port) return false;
+    absl::StatusOr<std::string> caller = PortCaller(deps, next, addr.id, addr.port);
+    return caller.ok() && *caller == tenant;
+  };
+  deps_.hand_port(std::move(c));
+}
+
+void Envd::PortRedirect(const Target& t, int port, const HttpRequest& req, HttpResponder& out) {
   grpc::ClientContext ctx;
   Prepare(t, options_.call_timeout, &ctx);
   v1::GetPortUrlRequest get;
@@ -291,21 +388,20 @@ std::optional<Envd::Target> Envd::Authorize(const HttpRequest& req, const std::s
     return std::nullopt;
   }
   const absl::string_view token = req.Header("x-access-token").value_or("");
-  const size_t sep = token.rfind('~');
-  if (token.empty() || sep == absl::string_view::npos) {
+  if (token.empty() || token.rfind('~') == absl::string_view::npos) {
     RespondConnectError(out, Unauthenticated("missing or malformed X-Access-Token (the sandbox's "
                                              "envdAccessToken)"));
     return std::nullopt;
   }
-  const absl::string_view tenant = token.substr(0, sep);
-  if (!ConstantTimeEqual(token, EnvdAccessToken(deps_, id, tenant))) {
+  const std::optional<std::string> tenant = TenantOfAccessToken(id, token);
+  if (!tenant.has_value()) {
     RespondConnectError(out,
                         Unauthenticated(absl::StrCat("X-Access-Token is not the access token of "
                                                      "sandbox \"",
                                                      id, "\"")));
     return std::nullopt;
   }
-  std::optional<std::string> bearer = deps_.bearer_of(tenant);
+  std::optional<std::string> bearer = deps_.bearer_of(*tenant);
   if (!bearer.has_value()) {
     RespondConnectError(out, Unauthenticated("the sandbox's tenant has no API key any more"));
     return std::nullopt;
@@ -319,9 +415,9 @@ void Envd::Prepare(const Target& t, absl::Duration timeout, grpc::ClientContext*
 }
 
 void Envd::Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr) {
+  if (addr.port != kEnvdPortNumber) return PortTraffic(req, out, addr);
   std::optional<Target> t = Authorize(req, addr.id, out);
   if (!t.has_value()) return;
-  if (addr.port != kEnvdPortNumber) return PortRedirect(*t, addr.port, req, out);
   const std::string& p = req.path;
   if (p == "/health") {
     out.Respond(204, "", "");

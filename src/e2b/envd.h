@@ -50,8 +50,9 @@ class Envd {
  public:
   Envd(FrontOptions options, FrontDeps deps);
 
-  // Answers a request for a sandbox: envd's API on its port, else a redirect to the port
-  // proxy (the sandbox's port through a URL token, SandboxService.GetPortUrl).
+  // Answers a request for a sandbox: envd's API on its port; for another port, hands the
+  // connection to the port proxy (FrontDeps::hand_port), or on a TLS listener redirects
+  // to it (the sandbox's port through a URL token, SandboxService.GetPortUrl).
   void Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr);
 
  private:
@@ -63,6 +64,10 @@ class Envd {
   // (unauthenticated) and returns nullopt.
   std::optional<Target> Authorize(const HttpRequest& req, const std::string& id,
                                   HttpResponder& out);
+  // The tenant whose access token of sandbox `id` `token` is; nullopt when it is none.
+  std::optional<std::string> TenantOfAccessToken(absl::string_view id,
+                                                 absl::string_view token) const;
+  void PortTraffic(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr);
   void PortRedirect(const Target& t, int port, const HttpRequest& req, HttpResponder& out);
   void Prepare(const Target& t, absl::Duration timeout, grpc::ClientContext* ctx) const;
 
