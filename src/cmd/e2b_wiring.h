@@ -1,5 +1,5 @@
 #pragma once
-// The E2B front of sbx-server (src/e2b/e2b.h): its flags and starting it. Off unless
+// The E2B front of sbx-server (src/gateway/e2b/e2b.h): its flags and starting it. Off unless
 // --e2b_listen is given.
 
 #include <memory>
@@ -8,7 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "src/common/sandbox_secret.h"
-#include "src/e2b/e2b.h"
+#include "src/gateway/e2b/e2b.h"
 #include "src/gateway/gateway.h"
 #include "src/server/auth.h"
 #include "src/server/server.h"

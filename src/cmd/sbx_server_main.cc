@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   sbx::cmd::KubeFlags kube_flags;
   sbx::cmd::ConversionFlags conversion_flags;
   sbx::cmd::ProxyFlags proxy_flags;
-  sbx::cmd::E2bFlags e2b_flags;  // the E2B-compatible API (src/e2b)
+  sbx::cmd::E2bFlags e2b_flags;  // the E2B-compatible API (src/gateway/e2b)
   // Outlives the proxy and the metrics endpoint that reads it.
   sbx::gateway::ProxyCounters proxy_counters;
 

@@ -119,7 +119,7 @@ struct ProxyDeps {
   ProxyCounters* counters = nullptr;
 };
 
-// A client connection accepted elsewhere in sbx-server (the E2B front, src/e2b) whose
+// A client connection accepted elsewhere in sbx-server (the E2B front, src/gateway/e2b) whose
 // first request is for a port inside a sandbox, given to the proxy with the target and
 // tenant that front resolved and authenticated (PortProxy::Adopt). From there on it is
 // served as one of the proxy's own: the request is parsed again (framing refusals, header

@@ -1,6 +1,6 @@
-// src/e2b/multipart.cc: the strict multipart/form-data parser of the E2B front's uploads,
+// src/gateway/e2b/multipart.cc: the strict multipart/form-data parser of the E2B front's uploads,
 // against what the E2B SDK sends (FormData) and against bad input.
-#include "src/e2b/multipart.h"
+#include "src/gateway/e2b/multipart.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "src/e2b/control_plane.h"
+#include "src/gateway/e2b/control_plane.h"
 
 #include <algorithm>
 #include <string>
@@ -13,7 +13,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "nlohmann/json.hpp"
 #include "src/common/ids.h"
-#include "src/e2b/envd.h"
+#include "src/gateway/e2b/envd.h"
 
 namespace sbx::e2b {
 

@@ -1,5 +1,5 @@
 #pragma once
-// envd, E2B's in-sandbox API, on sbx's SandboxService. Internal to src/e2b.
+// envd, E2B's in-sandbox API, on sbx's SandboxService. Internal to src/gateway/e2b.
 //
 // A request for a sandbox names it by the header E2b-Sandbox-Id and proves the right to
 // it by X-Access-Token, the envdAccessToken the control plane issued for it:
@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "sbx/v1/sandboxes.grpc.pb.h"
-#include "src/e2b/e2b.h"
-#include "src/e2b/http.h"
+#include "src/gateway/e2b/e2b.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 

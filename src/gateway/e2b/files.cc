@@ -12,10 +12,10 @@
 #include "absl/strings/str_split.h"
 #include "e2b/envd/filesystem.pb.h"
 #include "nlohmann/json.hpp"
-#include "src/e2b/connect.h"
-#include "src/e2b/control_plane.h"
-#include "src/e2b/envd.h"
-#include "src/e2b/multipart.h"
+#include "src/gateway/e2b/connect.h"
+#include "src/gateway/e2b/control_plane.h"
+#include "src/gateway/e2b/envd.h"
+#include "src/gateway/e2b/multipart.h"
 
 namespace sbx::e2b {
 

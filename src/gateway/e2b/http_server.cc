@@ -1,5 +1,5 @@
 // The Boost.Beast adapter of the E2B front's HTTP server (http.h). The only file of
-// src/e2b that sees Boost.
+// src/gateway/e2b that sees Boost.
 //
 // Each connection runs on a thread of its own with an io_context of its own: every read
 // and write is an asynchronous Beast operation with a tcp_stream deadline, run to
@@ -32,7 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
-#include "src/e2b/http.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 

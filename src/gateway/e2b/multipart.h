@@ -1,6 +1,6 @@
 #pragma once
 // A strict parser of multipart/form-data bodies (RFC 7578 over RFC 2046's multipart
-// syntax), for the E2B SDK's file uploads. Internal to src/e2b. Beast has none; the body
+// syntax), for the E2B SDK's file uploads. Internal to src/gateway/e2b. Beast has none; the body
 // is held whole (the caller bounds its size), and the parts are views into it.
 //
 // Strict: CRLF line ends only; the body starts with the first delimiter (no preamble

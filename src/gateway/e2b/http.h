@@ -1,5 +1,5 @@
 #pragma once
-// The HTTP/1.1 server under the E2B front (src/e2b/e2b.h): requests in, answers out, with
+// The HTTP/1.1 server under the E2B front (src/gateway/e2b/e2b.h): requests in, answers out, with
 // no Boost type in sight (only http_server.cc includes Beast).
 //
 // Each client connection is served by a thread of its own, which reads a request, calls

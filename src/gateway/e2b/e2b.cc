@@ -1,12 +1,12 @@
-#include "src/e2b/e2b.h"
+#include "src/gateway/e2b/e2b.h"
 
 #include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "src/e2b/control_plane.h"
-#include "src/e2b/envd.h"
-#include "src/e2b/http.h"
+#include "src/gateway/e2b/control_plane.h"
+#include "src/gateway/e2b/envd.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 

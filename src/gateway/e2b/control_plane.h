@@ -1,6 +1,6 @@
 #pragma once
 // E2B's control plane (REST, spec/openapi.yml of e2b-dev/infra) on sbx's ClaimService and
-// SandboxService. Internal to src/e2b; e2b.h says what maps onto what.
+// SandboxService. Internal to src/gateway/e2b; e2b.h says what maps onto what.
 //
 // Thread-safety: Handle may be called concurrently (the stubs are thread-safe).
 
@@ -12,8 +12,8 @@
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/claims.grpc.pb.h"
 #include "sbx/v1/sandboxes.grpc.pb.h"
-#include "src/e2b/e2b.h"
-#include "src/e2b/http.h"
+#include "src/gateway/e2b/e2b.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 

@@ -1,4 +1,4 @@
-#include "src/e2b/multipart.h"
+#include "src/gateway/e2b/multipart.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"

@@ -1,4 +1,4 @@
-#include "src/e2b/envd.h"
+#include "src/gateway/e2b/envd.h"
 
 #include <deque>
 #include <string>
@@ -13,8 +13,8 @@
 #include "e2b/envd/filesystem.pb.h"
 #include "e2b/envd/process.pb.h"
 #include "src/common/ids.h"
-#include "src/e2b/connect.h"
-#include "src/e2b/control_plane.h"
+#include "src/gateway/e2b/connect.h"
+#include "src/gateway/e2b/control_plane.h"
 
 namespace sbx::e2b {
 
