@@ -123,6 +123,22 @@ bool StringMap(const json& body, const char* name, Map* out_map, HttpResponder& 
   return true;
 }
 
+// The id sbx gives a snapshot: "sn-" and 16 of [a-z0-9] (snapshots.proto).
+bool IsSnapshotId(absl::string_view id) {
+  if (id.size() != 19 || !absl::StartsWith(id, "sn-")) return false;
+  return std::all_of(id.begin() + 3, id.end(),
+                     [](char c) { return absl::ascii_isdigit(c) || absl::ascii_islower(c); });
+}
+
+// E2B's SnapshotInfo: the id (used as a template id by Sandbox.create) and its names.
+json SnapshotJson(const v1::Snapshot& snap) {
+  json j;
+  j["snapshotID"] = snap.id();
+  j["names"] = json::array();
+  if (!snap.name().empty()) j["names"].push_back(snap.name());
+  return j;
+}
+
 // A sandbox id as it may appear in a path: a claim id. Anything else cannot be one of the
 // caller's sandboxes, so it is not found (as E2B answers for unknown ids).
 bool ValidSandboxId(absl::string_view id) { return ValidateKey("sandbox id", id).ok(); }
@@ -218,13 +234,23 @@ ControlPlane::ControlPlane(FrontOptions options, FrontDeps deps)
     : options_(std::move(options)),
       deps_(std::move(deps)),
       claims_(v1::ClaimService::NewStub(deps_.channel)),
-      sandboxes_(v1::SandboxService::NewStub(deps_.channel)) {}
+      sandboxes_(v1::SandboxService::NewStub(deps_.channel)),
+      snapshots_(v1::Snapshots::NewStub(deps_.channel)) {}
 
 void ControlPlane::Handle(const HttpRequest& req, HttpResponder& out) {
   std::vector<absl::string_view> parts = absl::StrSplit(req.path, '/', absl::SkipEmpty());
   const std::string& m = req.method;
   const bool v2 = !parts.empty() && parts[0] == "v2";
   if (v2) parts.erase(parts.begin());
+  if (!v2 && parts.size() == 1 && parts[0] == "snapshots" && m == "GET") {
+    return ListSnapshots(req, out);
+  }
+  // Sandbox.deleteSnapshot deletes a "template" by the snapshot's id; other templates are
+  // sbx's pools, not served here.
+  if (!v2 && parts.size() == 2 && parts[0] == "templates" && m == "DELETE" &&
+      IsSnapshotId(parts[1])) {
+    return DeleteSnapshot(req, out, std::string(parts[1]));
+  }
   if (parts.empty() || parts[0] != "sandboxes") {
     RespondError(
         out,
@@ -262,8 +288,9 @@ void ControlPlane::Handle(const HttpRequest& req, HttpResponder& out) {
         // Keep-alive of the old SDKs: extend by the given duration (default 15 s).
         return SetTimeout(req, out, id);
       }
-      if (parts[2] == "snapshots" || parts[2] == "fork" || parts[2] == "metrics" ||
-          parts[2] == "logs" || parts[2] == "network") {
+      if (parts[2] == "snapshots" && m == "POST") return CreateSnapshot(req, out, id);
+      if (parts[2] == "fork" || parts[2] == "metrics" || parts[2] == "logs" ||
+          parts[2] == "network") {
         RespondError(out, 501,
                      absl::StrCat(m, " ", req.path, ": sandbox ", parts[2],
                                   " are not served by sbx's E2B front yet (docs/e2b.md)"));
@@ -297,6 +324,10 @@ void ControlPlane::Create(const HttpRequest& req, HttpResponder& out) {
   }
   if (auto it = body->find("mcp"); it != body->end() && !it->is_null()) {
     RespondError(out, 400, "\"mcp\" is not supported by sbx's E2B front");
+    return;
+  }
+  if (IsSnapshotId(tmpl->get<std::string>()) &&
+      CreateFromSnapshot(req, out, tmpl->get<std::string>())) {
     return;
   }
   v1::ClaimRequest claim;
@@ -517,6 +548,106 @@ void ControlPlane::Connect(const HttpRequest& req, HttpResponder& out, const std
     }
   }
   RespondJson(out, was_paused ? 201 : 200, NewSandboxJson(*claim, options_, deps_));
+}
+
+}  // namespace sbx::e2b
+
+namespace sbx::e2b {
+
+void ControlPlane::CreateSnapshot(const HttpRequest& req, HttpResponder& out,
+                                  const std::string& id) {
+  std::optional<json> body = ObjectBody(req, out);
+  if (!body.has_value()) return;
+  v1::CreateSnapshotRequest create;
+  create.set_claim_id(id);
+  if (auto it = body->find("name"); it != body->end() && !it->is_null()) {
+    if (!it->is_string()) {
+      RespondError(out, 400, absl::StrCat("\"name\" must be a string, not ", it->dump()));
+      return;
+    }
+    create.set_name(it->get<std::string>());
+  }
+  grpc::ClientContext ctx;
+  PrepareContext(req, options_.call_timeout, &ctx);
+  v1::CreateSnapshotResponse res;
+  grpc::Status s = snapshots_->CreateSnapshot(&ctx, create, &res);
+  if (!s.ok()) return RespondGrpcError(out, s);
+  RespondJson(out, 201, SnapshotJson(res.snapshot()));
+}
+
+void ControlPlane::ListSnapshots(const HttpRequest& req, HttpResponder& out) {
+  if (!PercentDecode(req.query, true).has_value()) {
+    RespondError(out, 400, absl::StrCat("malformed %-escape in the query \"", req.query, "\""));
+    return;
+  }
+  const std::string sandbox = QueryParam(req.query, "sandboxID").value_or("");
+  const std::string name = QueryParam(req.query, "name").value_or("");
+  const std::string after = QueryParam(req.query, "nextToken").value_or("");
+  int limit = 100;
+  if (std::optional<std::string> l = QueryParam(req.query, "limit"); l.has_value()) {
+    if (!absl::SimpleAtoi(*l, &limit) || limit < 1 || limit > 100) {
+      RespondError(out, 400, absl::StrCat("bad limit \"", *l, "\" (1 to 100)"));
+      return;
+    }
+  }
+  grpc::ClientContext ctx;
+  PrepareContext(req, options_.call_timeout, &ctx);
+  v1::ListSnapshotsResponse res;
+  grpc::Status s = snapshots_->ListSnapshots(&ctx, v1::ListSnapshotsRequest(), &res);
+  if (!s.ok()) return RespondGrpcError(out, s);
+  // sbx lists the tenant's snapshots oldest first, whole; a page starts after the id in
+  // nextToken (one that is gone: from the start of what follows it is unknown, so empty).
+  json items = json::array();
+  std::string next;
+  bool started = after.empty();
+  for (const v1::Snapshot& snap : res.snapshots()) {
+    if (!started) {
+      started = snap.id() == after;
+      continue;
+    }
+    if (!sandbox.empty() && snap.source_claim_id() != sandbox) continue;
+    if (!name.empty() && snap.name() != name && snap.id() != name) continue;
+    if (static_cast<int>(items.size()) == limit) {
+      next = items.back()["snapshotID"].get<std::string>();
+      break;
+    }
+    items.push_back(SnapshotJson(snap));
+  }
+  HttpHeaders headers;
+  if (!next.empty()) headers.emplace_back("X-Next-Token", next);
+  RespondJson(out, 200, items, headers);
+}
+
+void ControlPlane::DeleteSnapshot(const HttpRequest& req, HttpResponder& out,
+                                  const std::string& id) {
+  grpc::ClientContext ctx;
+  PrepareContext(req, options_.call_timeout, &ctx);
+  v1::DeleteSnapshotRequest del;
+  del.set_snapshot_id(id);
+  v1::DeleteSnapshotResponse res;
+  grpc::Status s = snapshots_->DeleteSnapshot(&ctx, del, &res);
+  if (!s.ok()) return RespondGrpcError(out, s);
+  out.Respond(204, "", "");
+}
+
+bool ControlPlane::CreateFromSnapshot(const HttpRequest& req, HttpResponder& out,
+                                      const std::string& template_id) {
+  grpc::ClientContext ctx;
+  PrepareContext(req, options_.call_timeout, &ctx);
+  v1::GetSnapshotRequest get;
+  get.set_snapshot_id(template_id);
+  v1::GetSnapshotResponse res;
+  grpc::Status s = snapshots_->GetSnapshot(&ctx, get, &res);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return false;  // a pool, perhaps
+  if (!s.ok()) {
+    RespondGrpcError(out, s);
+    return true;
+  }
+  RespondError(out, 501,
+               absl::StrCat("creating a sandbox from snapshot \"", template_id,
+                            "\" is not served by sbx's E2B front yet: it needs sbx's Fork, "
+                            "which this server does not have (docs/e2b.md)"));
+  return true;
 }
 
 }  // namespace sbx::e2b

@@ -1,6 +1,6 @@
 #pragma once
-// E2B's control plane (REST, spec/openapi.yml of e2b-dev/infra) on sbx's ClaimService and
-// SandboxService. Internal to src/gateway/e2b; e2b.h says what maps onto what.
+// E2B's control plane (REST, spec/openapi.yml of e2b-dev/infra) on sbx's ClaimService,
+// SandboxService and Snapshots. Internal to src/gateway/e2b; e2b.h says what maps onto what.
 //
 // Thread-safety: Handle may be called concurrently (the stubs are thread-safe).
 
@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/claims.grpc.pb.h"
 #include "sbx/v1/sandboxes.grpc.pb.h"
+#include "sbx/v1/snapshots.grpc.pb.h"
 #include "src/gateway/e2b/e2b.h"
 #include "src/gateway/e2b/http.h"
 
@@ -50,6 +51,16 @@ class ControlPlane {
   void SetTimeout(const HttpRequest& req, HttpResponder& out, const std::string& id);
   void Pause(const HttpRequest& req, HttpResponder& out, const std::string& id);
   void Connect(const HttpRequest& req, HttpResponder& out, const std::string& id);
+  // Snapshots: POST /sandboxes/{id}/snapshots, GET /snapshots, DELETE /templates/{id} of a
+  // snapshot id.
+  void CreateSnapshot(const HttpRequest& req, HttpResponder& out, const std::string& id);
+  void ListSnapshots(const HttpRequest& req, HttpResponder& out);
+  void DeleteSnapshot(const HttpRequest& req, HttpResponder& out, const std::string& id);
+  // Whether `template_id` names one of the caller's snapshots (Sandbox.create(snapshotId)):
+  // answers (and returns true) when it does, or when asking failed; false to go on with a
+  // pool of that name.
+  bool CreateFromSnapshot(const HttpRequest& req, HttpResponder& out,
+                          const std::string& template_id);
 
   // GetClaim of an ACTIVE claim; else answers 404 (or the error) and returns nullopt.
   std::optional<v1::Claim> ActiveClaim(const HttpRequest& req, HttpResponder& out,
@@ -59,6 +70,7 @@ class ControlPlane {
   const FrontDeps deps_;
   std::unique_ptr<v1::ClaimService::Stub> claims_;
   std::unique_ptr<v1::SandboxService::Stub> sandboxes_;
+  std::unique_ptr<v1::Snapshots::Stub> snapshots_;
 };
 
 }  // namespace sbx::e2b
