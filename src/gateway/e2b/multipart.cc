@@ -1,5 +1,9 @@
 #include "src/gateway/e2b/multipart.h"
 
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -83,37 +87,12 @@ absl::StatusOr<std::string> MultipartBoundary(absl::string_view content_type) {
   return boundary;
 }
 
-absl::StatusOr<std::vector<FormPart>> ParseMultipart(absl::string_view body,
-                                                     absl::string_view boundary) {
-  const std::string first = absl::StrCat("--", boundary);
-  const std::string delimiter = absl::StrCat("\r\n--", boundary);
-  // Empty lines may come before the first delimiter.
-  while (absl::StartsWith(body, "\r\n")) body.remove_prefix(2);
-  if (!absl::StartsWith(body, first)) return Bad("it does not start with the boundary");
-  body.remove_prefix(first.size());
-  std::vector<FormPart> parts;
-  while (true) {
-    if (absl::StartsWith(body, "--")) return parts;  // the close delimiter
-    // Transport padding after a delimiter, then CRLF.
-    while (!body.empty() && (body.front() == ' ' || body.front() == '\t')) body.remove_prefix(1);
-    if (!absl::StartsWith(body, "\r\n")) return Bad("a boundary is not followed by CRLF");
-    body.remove_prefix(2);
-    if (static_cast<int>(parts.size()) >= kMaxParts) {
-      return Bad(absl::StrCat("more than ", kMaxParts, " parts"));
-    }
-    const size_t header_end = body.find("\r\n\r\n");
-    const size_t empty_headers = absl::StartsWith(body, "\r\n") ? 0 : absl::string_view::npos;
-    if (header_end == absl::string_view::npos && empty_headers == absl::string_view::npos) {
-      return Bad("a part's headers do not end");
-    }
-    absl::string_view headers =
-        empty_headers == 0 ? absl::string_view() : body.substr(0, header_end);
-    if (headers.size() > kMaxPartHeaderBytes) {
-      return Bad(absl::StrCat("a part's headers exceed ", kMaxPartHeaderBytes, " bytes"));
-    }
-    body.remove_prefix(empty_headers == 0 ? 2 : header_end + 4);
-    FormPart part;
-    bool disposition = false;
+namespace {
+
+// A part's headers (without the blank line that ends them) into `part`.
+absl::Status ParsePartHeaders(absl::string_view headers, FormPart* part) {
+  bool disposition = false;
+  if (!headers.empty()) {
     for (absl::string_view line : absl::StrSplit(headers, "\r\n")) {
       const size_t colon = line.find(':');
       if (colon == absl::string_view::npos || colon == 0) {
@@ -130,18 +109,171 @@ absl::StatusOr<std::vector<FormPart>> ParseMultipart(absl::string_view body,
       }
       absl::string_view params =
           semi == absl::string_view::npos ? absl::string_view() : value.substr(semi);
-      absl::StatusOr<bool> has_name = Param(params, "name", &part.name);
+      absl::StatusOr<bool> has_name = Param(params, "name", &part->name);
       if (!has_name.ok()) return has_name.status();
       if (!*has_name) return Bad("a part's Content-Disposition has no name");
-      absl::StatusOr<bool> has_file = Param(params, "filename", &part.filename);
+      absl::StatusOr<bool> has_file = Param(params, "filename", &part->filename);
       if (!has_file.ok()) return has_file.status();
     }
-    if (!disposition) return Bad("a part has no Content-Disposition");
-    const size_t end = body.find(delimiter);
-    if (end == absl::string_view::npos) return Bad("a part does not end with the boundary");
-    part.data = body.substr(0, end);
-    parts.push_back(std::move(part));
-    body.remove_prefix(end + delimiter.size());
+  }
+  if (!disposition) return Bad("a part has no Content-Disposition");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<size_t> WholeBodyReader::Read(char* buf, size_t n) {
+  n = std::min(n, rest_.size());
+  std::memcpy(buf, rest_.data(), n);
+  rest_.remove_prefix(n);
+  return n;
+}
+
+MultipartReader::MultipartReader(BodyReader* body, absl::string_view boundary)
+    : body_(body),
+      first_(absl::StrCat("--", boundary)),
+      delimiter_(absl::StrCat("\r\n--", boundary)) {}
+
+absl::StatusOr<bool> MultipartReader::Fill(size_t n) {
+  while (buf_.size() - pos_ < n) {
+    if (body_ended_) return false;
+    // Drop what was read, then read at most a buffer's worth more.
+    consumed_ += pos_;
+    buf_.erase(0, pos_);
+    pos_ = 0;
+    const size_t old = buf_.size();
+    const size_t room = std::max(n, kMultipartBufferBytes) - old;
+    buf_.resize(old + room);
+    absl::StatusOr<size_t> got = body_->Read(buf_.data() + old, room);
+    buf_.resize(old + (got.ok() ? *got : 0));
+    if (!got.ok()) return got.status();
+    if (*got == 0) body_ended_ = true;
+  }
+  return true;
+}
+
+absl::StatusOr<size_t> MultipartReader::ReadData(char* out, size_t n) {
+  if (!in_part_ || n == 0) return 0;
+  while (true) {
+    const absl::string_view unread = Unread();
+    const size_t at = unread.find(delimiter_);
+    if (at == 0) {
+      pos_ += delimiter_.size();
+      in_part_ = false;
+      return 0;
+    }
+    // Bytes surely before the delimiter: up to it, or all but a tail that may begin one.
+    const size_t safe = at != absl::string_view::npos ? at
+                        : unread.size() >= delimiter_.size()
+                            ? unread.size() - (delimiter_.size() - 1)
+                            : 0;
+    if (safe > 0) {
+      const size_t k = std::min(n, safe);
+      std::memcpy(out, unread.data(), k);
+      pos_ += k;
+      return k;
+    }
+    absl::StatusOr<bool> more = Fill(unread.size() + 1);
+    if (!more.ok()) return more.status();
+    if (!*more) return Bad("a part does not end with the boundary");
+  }
+}
+
+absl::StatusOr<std::optional<FormPart>> MultipartReader::NextPart() {
+  if (finished_) return std::nullopt;
+  if (in_part_) {  // skip the rest of the current part
+    char scratch[4096];
+    while (in_part_) {
+      absl::StatusOr<size_t> n = ReadData(scratch, sizeof(scratch));
+      if (!n.ok()) return n.status();
+    }
+  }
+  absl::StatusOr<bool> ok;
+  if (!started_) {
+    // Empty lines may come before the first delimiter.
+    while (true) {
+      ok = Fill(2);
+      if (!ok.ok()) return ok.status();
+      if (!absl::StartsWith(Unread(), "\r\n")) break;
+      pos_ += 2;
+    }
+    ok = Fill(first_.size());
+    if (!ok.ok()) return ok.status();
+    if (!absl::StartsWith(Unread(), first_)) return Bad("it does not start with the boundary");
+    pos_ += first_.size();
+    started_ = true;
+  }
+  // After a delimiter: "--" closes; else transport padding, then CRLF.
+  ok = Fill(2);
+  if (!ok.ok()) return ok.status();
+  if (absl::StartsWith(Unread(), "--")) {
+    finished_ = true;
+    return std::nullopt;
+  }
+  while (true) {
+    while (!Unread().empty() && (Unread().front() == ' ' || Unread().front() == '\t')) ++pos_;
+    if (!Unread().empty() || body_ended_) break;
+    ok = Fill(1);
+    if (!ok.ok()) return ok.status();
+  }
+  ok = Fill(2);
+  if (!ok.ok()) return ok.status();
+  if (!absl::StartsWith(Unread(), "\r\n")) return Bad("a boundary is not followed by CRLF");
+  pos_ += 2;
+  if (parts_ >= kMaxParts) return Bad(absl::StrCat("more than ", kMaxParts, " parts"));
+  // The headers end at an empty line, within kMaxPartHeaderBytes.
+  size_t header_end = absl::string_view::npos;
+  size_t skip = 0;
+  while (true) {
+    const absl::string_view unread = Unread();
+    if (absl::StartsWith(unread, "\r\n")) {
+      header_end = 0;
+      skip = 2;
+      break;
+    }
+    header_end = unread.find("\r\n\r\n");
+    if (header_end != absl::string_view::npos) {
+      skip = header_end + 4;
+      break;
+    }
+    if (unread.size() > kMaxPartHeaderBytes + 4) {
+      return Bad(absl::StrCat("a part's headers exceed ", kMaxPartHeaderBytes, " bytes"));
+    }
+    ok = Fill(unread.size() + 1);
+    if (!ok.ok()) return ok.status();
+    if (!*ok) return Bad("a part's headers do not end");
+  }
+  if (header_end > kMaxPartHeaderBytes) {
+    return Bad(absl::StrCat("a part's headers exceed ", kMaxPartHeaderBytes, " bytes"));
+  }
+  FormPart part;
+  if (absl::Status s = ParsePartHeaders(Unread().substr(0, header_end), &part); !s.ok()) return s;
+  pos_ += skip;
+  ++parts_;
+  in_part_ = true;
+  return part;
+}
+
+absl::StatusOr<std::vector<FormPart>> ParseMultipart(absl::string_view body,
+                                                     absl::string_view boundary) {
+  WholeBodyReader whole(body);
+  MultipartReader reader(&whole, boundary);
+  std::vector<FormPart> parts;
+  char scratch[4096];
+  while (true) {
+    absl::StatusOr<std::optional<FormPart>> part = reader.NextPart();
+    if (!part.ok()) return part.status();
+    if (!part->has_value()) return parts;
+    const uint64_t start = reader.offset();
+    uint64_t end = start;
+    while (true) {
+      absl::StatusOr<size_t> n = reader.data()->Read(scratch, sizeof(scratch));
+      if (!n.ok()) return n.status();
+      if (*n == 0) break;
+      end = reader.offset();
+    }
+    (*part)->data = body.substr(start, end - start);
+    parts.push_back(**std::move(part));
   }
 }
 
