@@ -394,3 +394,64 @@ test('ports: refused without the right to the sandbox, and smuggling refused', a
     await sbx.commands.kill(web.pid);
   }
 });
+
+// A connection handed to the proxy counts against the proxy's limits and its idle timeout
+// (a server of its own: one proxied connection per sandbox, 1 s idle).
+test('ports: the proxy\'s connection limit and idle timeout apply to handed connections', async () => {
+  const own = new TestServer({extraArgs: ['--proxy_listen=127.0.0.1:0', '--e2b_domain=sbx.localhost',
+                                          '--proxy_max_connections_per_sandbox=1', '--proxy_idle_timeout_s=1']});
+  await own.start();
+  // The SDK reads its URLs from the environment at each call: point it at this server.
+  const saved = {api: process.env.E2B_API_URL, sandbox: process.env.E2B_SANDBOX_URL};
+  process.env.E2B_API_URL = own.url;
+  process.env.E2B_SANDBOX_URL = own.url;
+  try {
+    const s = await Sandbox.create('default', {timeoutMs: 60_000});
+    await s.files.write('/home/user/web/server.py', WEB_SERVER);
+    await s.commands.run('cd web && exec python3 server.py', {background: true});
+    const get = (p) => new Promise((resolve, reject) => {
+      const req = http.request({host: '127.0.0.1', port: own.e2bPort, path: p, agent: false,
+                                headers: {'Host': s.getHost(8000), 'X-Access-Token': s.envdAccessToken}}, (res) => {
+        let body = '';
+        res.on('data', (d) => { body += d; });
+        res.on('end', () => resolve({status: res.statusCode, body}));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+    const deadline = Date.now() + 20_000;
+    while ((await get('/ready')).status !== 200) {  // 502 until the web server listens
+      if (Date.now() > deadline) throw new Error('the web server never answered');
+      await sleep(100);
+    }
+    // One kept-alive connection, answered, then held open and idle (retried while the
+    // connection of /ready may still count: its close reaches the proxy asynchronously).
+    let held;
+    let heldText;
+    let heldClosed;
+    for (;;) {
+      held = net.connect(own.e2bPort, '127.0.0.1');
+      heldText = '';
+      heldClosed = new Promise((resolve) => held.on('close', resolve));
+      held.on('data', (d) => { heldText += d; });
+      held.on('error', () => {});
+      held.write(`GET /held HTTP/1.1\r\nHost: ${s.getHost(8000)}\r\nX-Access-Token: ${s.envdAccessToken}\r\n\r\n`);
+      await until('an answer on the held connection', () => /hello \/held|\r\n\r\n[\s\S]*\n$/.test(heldText));
+      if (!/^HTTP\/1\.1 429/.test(heldText) || Date.now() > deadline) break;
+      held.destroy();
+      await sleep(50);
+    }
+    assert.match(heldText, /^HTTP\/1\.1 200[\s\S]*hello \/held/);
+    // A second connection to the same sandbox is over the limit: 429, named.
+    const over = await get('/second');
+    assert.equal(over.status, 429, over.body);
+    assert.match(over.body, /proxy_max_connections_per_sandbox/);
+    // The held connection is closed once idle for the idle timeout.
+    await Promise.race([heldClosed, sleep(20_000).then(() => { throw new Error('the idle connection stayed open'); })]);
+    await s.kill();
+  } finally {
+    process.env.E2B_API_URL = saved.api;
+    process.env.E2B_SANDBOX_URL = saved.sandbox;
+    await own.cleanUp();
+  }
+});
