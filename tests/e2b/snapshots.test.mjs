@@ -1,8 +1,8 @@
 // Snapshots through sbx's E2B front with the unmodified `e2b` SDK against a real local
 // sbx-server: createSnapshot (sbx's CreateSnapshot of the sandbox's workspace),
 // listSnapshots (all, by sandbox, by name, paged), deleteSnapshot (true, then false), and
-// tenants: bob neither sees nor deletes alice's snapshot. Sandbox.create(snapshotId) needs
-// sbx's Fork: until this server has it, a 501 naming it.
+// tenants: bob neither sees nor deletes alice's snapshot; Sandbox.create(snapshotId) and
+// sandbox.fork through sbx's Fork.
 import assert from 'node:assert/strict';
 import {after, before, test} from 'node:test';
 
@@ -80,12 +80,54 @@ test('tenants: bob neither sees nor deletes alice\'s snapshot', async () => {
   }
 });
 
-test('Sandbox.create(snapshotId) without sbx\'s Fork is a 501 naming it', async () => {
-  const snap = await sbx.createSnapshot();
+test('Sandbox.create(snapshotId) starts a sandbox from the snapshot (sbx\'s Fork)', async () => {
+  await sbx.files.write('/home/user/from-snapshot.txt', 'taken before the snapshot\n');
+  const snap = await sbx.createSnapshot({name: 'to-fork'});
+  await sbx.files.write('/home/user/from-snapshot.txt', 'changed after it\n');
+  const child = await Sandbox.create(snap.snapshotId, {timeoutMs: 60_000, metadata: {from: 'snapshot'}});
   try {
-    await assert.rejects(Sandbox.create(snap.snapshotId, {timeoutMs: 60_000}),
-                         (e) => e instanceof SandboxError && /Fork/.test(e.message));
+    // A fork's claim is "<batch>#0"; E2B sees "<batch>-0", a DNS label getHost can use.
+    assert.match(child.sandboxId, /^[0-9a-f]{32}-0$/);
+    assert.equal(await child.files.read('/home/user/from-snapshot.txt'), 'taken before the snapshot\n');
+    assert.equal((await child.commands.run('cat from-snapshot.txt')).stdout, 'taken before the snapshot\n');
+    const info = await child.getInfo();
+    assert.equal(info.sandboxId, child.sandboxId);
+    assert.deepEqual(info.metadata, {from: 'snapshot'});
+    assert.ok((await listAll(Sandbox.list())).some((s) => s.sandboxId === child.sandboxId));
+    // Writes of the fork stay its own.
+    await child.files.write('/home/user/from-snapshot.txt', 'the fork\'s\n');
+    assert.equal(await sbx.files.read('/home/user/from-snapshot.txt'), 'changed after it\n');
+    // A snapshot with a live fork cannot be deleted (sbx keeps its fork pool): a 409.
+    await assert.rejects(Sandbox.deleteSnapshot(snap.snapshotId), (e) => e instanceof SandboxError);
   } finally {
-    await Sandbox.deleteSnapshot(snap.snapshotId);
+    assert.equal(await child.kill(), true);
   }
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true);
+});
+
+test('sandbox.fork: count forks of a running sandbox, each with its files', async () => {
+  await sbx.files.write('/home/user/forked.txt', 'state at the fork\n');
+  const before = new Set((await listAll(Sandbox.listSnapshots())).map((s) => s.snapshotId));
+  const forks = await sbx.fork({count: 2, timeoutMs: 60_000});
+  try {
+    assert.equal(forks.length, 2);
+    const ids = forks.map((f) => f.sandboxId);
+    assert.equal(new Set(ids).size, 2);
+    for (const f of forks) {
+      assert.ok(!(f instanceof Error), String(f));
+      assert.match(f.sandboxId, /^[0-9a-f]{32}-[01]$/);
+      assert.equal(await f.files.read('/home/user/forked.txt'), 'state at the fork\n');
+    }
+    // The source runs on.
+    assert.equal((await sbx.commands.run('cat forked.txt')).stdout, 'state at the fork\n');
+    // Bob cannot fork alice's sandbox.
+    await assert.rejects(Sandbox.fork(sbx.sandboxId, {apiKey: BOB}), (e) => e.name === 'SandboxNotFoundError');
+  } finally {
+    for (const f of forks) if (!(f instanceof Error)) await f.kill();
+  }
+  // sbx's Fork of a sandbox keeps the snapshot it took (and counts it): it is listed, and
+  // can be deleted once its forks are gone.
+  const made = (await listAll(sbx.listSnapshots())).filter((s) => !before.has(s.snapshotId));
+  assert.equal(made.length, 1);
+  assert.equal(await Sandbox.deleteSnapshot(made[0].snapshotId), true);
 });

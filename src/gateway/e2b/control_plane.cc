@@ -28,6 +28,8 @@ constexpr absl::string_view kJson = "application/json";
 constexpr int64_t kMaxTimeoutS = 2147483647;
 // GET /sandboxes (v1) returns every sandbox at once: at most this many pages of 1000.
 constexpr int kMaxListPages = 100;
+// Forks of one /fork call: E2B's bound (SandboxForkRequest.count).
+constexpr int64_t kMaxForks = 100;
 
 void RespondJson(HttpResponder& out, int status, const json& body,
                  const HttpHeaders& headers = {}) {
@@ -44,7 +46,7 @@ std::string Rfc3339(const google::protobuf::Timestamp& t) { return TimeUtil::ToS
 json SandboxJson(const v1::Claim& c, const FrontOptions& options) {
   json j;
   j["templateID"] = c.pool();
-  j["sandboxID"] = c.claim_id();
+  j["sandboxID"] = E2bSandboxId(c.claim_id());
   j["clientID"] = "sbx";
   j["startedAt"] = Rfc3339(c.created_at());
   // A claim without a TTL never expires: the end of Timestamp's range says so.
@@ -66,7 +68,7 @@ json SandboxJson(const v1::Claim& c, const FrontOptions& options) {
 json NewSandboxJson(const v1::Claim& c, const FrontOptions& options, const FrontDeps& deps) {
   json j;
   j["templateID"] = c.pool();
-  j["sandboxID"] = c.claim_id();
+  j["sandboxID"] = E2bSandboxId(c.claim_id());
   j["clientID"] = "sbx";
   j["envdVersion"] = options.envd_version;
   j["envdAccessToken"] = EnvdAccessToken(deps, c.claim_id(), c.owner());
@@ -270,11 +272,11 @@ void ControlPlane::Handle(const HttpRequest& req, HttpResponder& out) {
     if (m == "POST") return Create(req, out);
     if (m == "GET") return List(req, out, v2);
   } else {
-    const std::string id(parts[1]);
-    if (!ValidSandboxId(id)) {
-      RespondError(out, 404, absl::StrCat("sandbox \"", id, "\" not found"));
+    if (!ValidSandboxId(parts[1])) {
+      RespondError(out, 404, absl::StrCat("sandbox \"", parts[1], "\" not found"));
       return;
     }
+    const std::string id = ClaimIdOf(parts[1]);  // a fork's id as E2B shows it
     if (parts.size() == 2) {
       if (m == "GET") return Get(req, out, id);
       if (m == "DELETE") return Kill(req, out, id);
@@ -289,8 +291,8 @@ void ControlPlane::Handle(const HttpRequest& req, HttpResponder& out) {
         return SetTimeout(req, out, id);
       }
       if (parts[2] == "snapshots" && m == "POST") return CreateSnapshot(req, out, id);
-      if (parts[2] == "fork" || parts[2] == "metrics" || parts[2] == "logs" ||
-          parts[2] == "network") {
+      if (parts[2] == "fork" && m == "POST") return Fork(req, out, id);
+      if (parts[2] == "metrics" || parts[2] == "logs" || parts[2] == "network") {
         RespondError(out, 501,
                      absl::StrCat(m, " ", req.path, ": sandbox ", parts[2],
                                   " are not served by sbx's E2B front yet (docs/e2b.md)"));
@@ -326,15 +328,12 @@ void ControlPlane::Create(const HttpRequest& req, HttpResponder& out) {
     RespondError(out, 400, "\"mcp\" is not supported by sbx's E2B front");
     return;
   }
-  if (IsSnapshotId(tmpl->get<std::string>()) &&
-      CreateFromSnapshot(req, out, tmpl->get<std::string>())) {
-    return;
-  }
   v1::ClaimRequest claim;
   claim.set_pool(tmpl->get<std::string>());
   claim.mutable_ttl()->set_seconds(*timeout);
   if (!StringMap(*body, "metadata", claim.mutable_labels(), out)) return;
   if (!StringMap(*body, "envVars", claim.mutable_config()->mutable_env(), out)) return;
+  if (IsSnapshotId(claim.pool()) && CreateFromSnapshot(req, out, claim)) return;
   grpc::ClientContext ctx;
   PrepareContext(req, options_.call_timeout, &ctx);
   v1::ClaimResponse res;
@@ -580,7 +579,7 @@ void ControlPlane::ListSnapshots(const HttpRequest& req, HttpResponder& out) {
     RespondError(out, 400, absl::StrCat("malformed %-escape in the query \"", req.query, "\""));
     return;
   }
-  const std::string sandbox = QueryParam(req.query, "sandboxID").value_or("");
+  const std::string sandbox = ClaimIdOf(QueryParam(req.query, "sandboxID").value_or(""));
   const std::string name = QueryParam(req.query, "name").value_or("");
   const std::string after = QueryParam(req.query, "nextToken").value_or("");
   int limit = 100;
@@ -631,22 +630,76 @@ void ControlPlane::DeleteSnapshot(const HttpRequest& req, HttpResponder& out,
 }
 
 bool ControlPlane::CreateFromSnapshot(const HttpRequest& req, HttpResponder& out,
-                                      const std::string& template_id) {
+                                      const v1::ClaimRequest& claim) {
+  {
+    grpc::ClientContext ctx;
+    PrepareContext(req, options_.call_timeout, &ctx);
+    v1::GetSnapshotRequest get;
+    get.set_snapshot_id(claim.pool());
+    v1::GetSnapshotResponse res;
+    grpc::Status s = snapshots_->GetSnapshot(&ctx, get, &res);
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) return false;  // a pool, perhaps
+    if (!s.ok()) {
+      RespondGrpcError(out, s);
+      return true;
+    }
+  }
+  v1::ForkRequest fork;
+  fork.set_snapshot_id(claim.pool());
+  fork.set_count(1);
+  *fork.mutable_ttl() = claim.ttl();
+  *fork.mutable_labels() = claim.labels();
+  *fork.mutable_config() = claim.config();
+  std::vector<v1::Claim> forks;
+  if (!RunFork(req, out, std::move(fork), &forks)) return true;
+  RespondJson(out, 201, NewSandboxJson(forks.front(), options_, deps_));
+  return true;
+}
+
+void ControlPlane::Fork(const HttpRequest& req, HttpResponder& out, const std::string& id) {
+  std::optional<json> body = ObjectBody(req, out);
+  if (!body.has_value()) return;
+  std::optional<int64_t> timeout =
+      IntField(*body, "timeout", 1, kMaxTimeoutS, options_.default_timeout_s, out);
+  if (!timeout.has_value()) return;
+  std::optional<int64_t> count = IntField(*body, "count", 1, kMaxForks, 1, out);
+  if (!count.has_value()) return;
+  v1::ForkRequest fork;
+  fork.set_claim_id(id);
+  fork.set_count(static_cast<int32_t>(*count));
+  fork.mutable_ttl()->set_seconds(*timeout);
+  std::vector<v1::Claim> forks;
+  if (!RunFork(req, out, std::move(fork), &forks)) return;
+  // All or nothing (sbx's Fork): every entry holds its sandbox.
+  json results = json::array();
+  for (const v1::Claim& c : forks) {
+    json r;
+    r["sandbox"] = NewSandboxJson(c, options_, deps_);
+    results.push_back(std::move(r));
+  }
+  RespondJson(out, 201, results);
+}
+
+bool ControlPlane::RunFork(const HttpRequest& req, HttpResponder& out, v1::ForkRequest fork,
+                           std::vector<v1::Claim>* forks) {
+  // The forks' claims are "<batch_id>#<i>"; a batch id of 32 hex digits lets E2B clients
+  // address them as "<batch_id>-<i>" (E2bSandboxId).
+  fork.set_batch_id(IdGenerator::Random().Next());
   grpc::ClientContext ctx;
+  // Forks start cold (a sandbox each from the snapshot's files): the wait is Fork's own
+  // (5 minutes by default), within the call's deadline.
   PrepareContext(req, options_.call_timeout, &ctx);
-  v1::GetSnapshotRequest get;
-  get.set_snapshot_id(template_id);
-  v1::GetSnapshotResponse res;
-  grpc::Status s = snapshots_->GetSnapshot(&ctx, get, &res);
-  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return false;  // a pool, perhaps
+  v1::ForkResponse res;
+  grpc::Status s = snapshots_->Fork(&ctx, fork, &res);
   if (!s.ok()) {
     RespondGrpcError(out, s);
-    return true;
+    return false;
   }
-  RespondError(out, 501,
-               absl::StrCat("creating a sandbox from snapshot \"", template_id,
-                            "\" is not served by sbx's E2B front yet: it needs sbx's Fork, "
-                            "which this server does not have (docs/e2b.md)"));
+  if (res.claims().empty()) {
+    RespondError(out, 500, "sbx's Fork answered no sandbox");
+    return false;
+  }
+  forks->assign(res.claims().begin(), res.claims().end());
   return true;
 }
 

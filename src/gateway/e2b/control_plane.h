@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
@@ -56,11 +57,17 @@ class ControlPlane {
   void CreateSnapshot(const HttpRequest& req, HttpResponder& out, const std::string& id);
   void ListSnapshots(const HttpRequest& req, HttpResponder& out);
   void DeleteSnapshot(const HttpRequest& req, HttpResponder& out, const std::string& id);
-  // Whether `template_id` names one of the caller's snapshots (Sandbox.create(snapshotId)):
-  // answers (and returns true) when it does, or when asking failed; false to go on with a
-  // pool of that name.
+  // Whether `claim`'s pool names one of the caller's snapshots (Sandbox.create(snapshotId)):
+  // then answers with a fork of it (sbx's Fork, count 1, with the claim's ttl, labels and
+  // env) and returns true, as when asking failed; false to go on with a pool of that name.
   bool CreateFromSnapshot(const HttpRequest& req, HttpResponder& out,
-                          const std::string& template_id);
+                          const v1::ClaimRequest& claim);
+  // POST /sandboxes/{id}/fork: sbx's Fork of the claim, `count` forks.
+  void Fork(const HttpRequest& req, HttpResponder& out, const std::string& id);
+  // Calls Fork with a batch id of the front's (E2bSandboxId); on failure answers the
+  // error and returns false.
+  bool RunFork(const HttpRequest& req, HttpResponder& out, v1::ForkRequest fork,
+               std::vector<v1::Claim>* forks);
 
   // GetClaim of an ACTIVE claim; else answers 404 (or the error) and returns nullopt.
   std::optional<v1::Claim> ActiveClaim(const HttpRequest& req, HttpResponder& out,

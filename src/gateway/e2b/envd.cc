@@ -1,11 +1,13 @@
 #include "src/gateway/e2b/envd.h"
 
+#include <algorithm>
 #include <deque>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -213,6 +215,39 @@ std::string E2bPath(absl::string_view relative) {
   return relative.empty() ? std::string("/home/user") : absl::StrCat("/home/user/", relative);
 }
 
+namespace {
+
+// 32 lower-case hex digits: a batch id the front made (or a claim id the server made).
+bool IsHex32(absl::string_view s) {
+  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) {
+           return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
+         });
+}
+
+// "<hex32><sep><digits>" split at `sep`; false for anything else.
+bool SplitBatchMember(absl::string_view id, char sep, absl::string_view* batch,
+                      absl::string_view* index) {
+  if (id.size() < 34 || id[32] != sep) return false;
+  *batch = id.substr(0, 32);
+  *index = id.substr(33);
+  return IsHex32(*batch) && !index->empty() && index->size() <= 9 &&
+         std::all_of(index->begin(), index->end(), absl::ascii_isdigit);
+}
+
+}  // namespace
+
+std::string E2bSandboxId(absl::string_view claim_id) {
+  absl::string_view batch, index;
+  if (!SplitBatchMember(claim_id, '#', &batch, &index)) return std::string(claim_id);
+  return absl::StrCat(batch, "-", index);
+}
+
+std::string ClaimIdOf(absl::string_view sandbox_id) {
+  absl::string_view batch, index;
+  if (!SplitBatchMember(sandbox_id, '-', &batch, &index)) return std::string(sandbox_id);
+  return absl::StrCat(batch, "#", index);
+}
+
 std::string EnvdAccessToken(const FrontDeps& deps, absl::string_view id, absl::string_view tenant) {
   return absl::StrCat(tenant, "~", deps.access_token(id, tenant));
 }
@@ -297,7 +332,7 @@ void Envd::PortTraffic(const HttpRequest& req, HttpResponder& out, const Sandbox
     RespondError(out, 400, absl::StrCat("port ", addr.port, " is not 1..65535"));
     return;
   }
-  if (!ValidateKey("sandbox id", addr.id).ok()) {
+  if (!ValidateKey("sandbox id", E2bSandboxId(addr.id)).ok()) {
     RespondError(out, 404, absl::StrCat("sandbox \"", addr.id, "\" not found"));
     return;
   }
@@ -344,7 +379,7 @@ void Envd::PortTraffic(const HttpRequest& req, HttpResponder& out, const Sandbox
     HttpRequest next;
     next.headers = fields;
     std::optional<SandboxAddress> a = AddressOf(next, domain);
-    if (!a.has_value() || a->id != addr.id || a->port != addr.port) return false;
+    if (!a.has_value() || ClaimIdOf(a->id) != addr.id || a->port != addr.port) return false;
     absl::StatusOr<std::string> caller = PortCaller(deps, next, addr.id, addr.port);
     return caller.ok() && *caller == tenant;
   };
@@ -382,7 +417,7 @@ void Envd::PortRedirect(const Target& t, int port, const HttpRequest& req, HttpR
 
 std::optional<Envd::Target> Envd::Authorize(const HttpRequest& req, const std::string& id,
                                             HttpResponder& out) {
-  if (!ValidateKey("sandbox id", id).ok()) {
+  if (!ValidateKey("sandbox id", E2bSandboxId(id)).ok()) {
     RespondConnectError(out, grpc::Status(grpc::StatusCode::NOT_FOUND,
                                           absl::StrCat("sandbox \"", id, "\" not found")));
     return std::nullopt;
@@ -414,7 +449,10 @@ void Envd::Prepare(const Target& t, absl::Duration timeout, grpc::ClientContext*
   if (!t.bearer.empty()) ctx->AddMetadata("authorization", t.bearer);
 }
 
-void Envd::Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr) {
+void Envd::Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& shown) {
+  // From here on the sandbox is named by its claim id (E2bSandboxId).
+  SandboxAddress addr = shown;
+  addr.id = ClaimIdOf(shown.id);
   if (addr.port != kEnvdPortNumber) return PortTraffic(req, out, addr);
   std::optional<Target> t = Authorize(req, addr.id, out);
   if (!t.has_value()) return;

@@ -33,6 +33,13 @@ namespace sbx::e2b {
 std::string E2bPath(absl::string_view relative);
 grpc::Status ToGrpc(const absl::Status& s);
 
+// E2B sandbox ids of sbx claims. A claim of a batch, "<batch_id>#<i>" (Fork's forks),
+// is neither a DNS label (the host form PORT-ID.DOMAIN) nor a plain path segment: when
+// its batch id is 32 lower-case hex digits (the front's own forks) it is shown to E2B
+// clients as "<batch_id>-<i>". ClaimIdOf is the inverse; other ids are the same both ways.
+std::string E2bSandboxId(absl::string_view claim_id);
+std::string ClaimIdOf(absl::string_view sandbox_id);
+
 // The envd access token of sandbox `id` owned by `tenant`.
 std::string EnvdAccessToken(const FrontDeps& deps, absl::string_view id, absl::string_view tenant);
 
