@@ -4,13 +4,16 @@
 // tenants: bob neither sees nor deletes alice's snapshot; Sandbox.create(snapshotId) and
 // sandbox.fork through sbx's Fork.
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import {after, before, test} from 'node:test';
+import {setTimeout as sleep} from 'node:timers/promises';
 
 import {Sandbox, SandboxError} from 'e2b';
 
 import {BOB, TestServer, listAll} from './harness.mjs';
 
-const server = new TestServer();
+// With the port proxy and the E2B domain: a fork's port is reached by getHost too.
+const server = new TestServer({extraArgs: ['--proxy_listen=127.0.0.1:0', '--e2b_domain=sbx.localhost']});
 let sbx;
 
 before(async () => {
@@ -94,6 +97,28 @@ test('Sandbox.create(snapshotId) starts a sandbox from the snapshot (sbx\'s Fork
     assert.equal(info.sandboxId, child.sandboxId);
     assert.deepEqual(info.metadata, {from: 'snapshot'});
     assert.ok((await listAll(Sandbox.list())).some((s) => s.sandboxId === child.sandboxId));
+    // Its ports, by getHost (PORT-<batch>-0.DOMAIN), resolved to the E2B listener here.
+    await child.commands.run('exec python3 -m http.server 8000 --bind 127.0.0.1', {background: true});
+    const get = () => new Promise((resolve, reject) => {
+      const req = http.request(`http://${child.getHost(8000)}:${server.e2bPort}/from-snapshot.txt`, {
+        agent: false, headers: {'X-Access-Token': child.envdAccessToken},
+        lookup: (h, o, cb) => (o && o.all ? cb(null, [{address: '127.0.0.1', family: 4}]) : cb(null, '127.0.0.1', 4)),
+      }, (res) => {
+        let body = '';
+        res.on('data', (d) => { body += d; });
+        res.on('end', () => resolve({status: res.statusCode, body}));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+    const deadline = Date.now() + 20_000;
+    let page = await get();
+    while (page.status !== 200 && Date.now() < deadline) {
+      await sleep(100);
+      page = await get();
+    }
+    assert.equal(page.status, 200, page.body);
+    assert.equal(page.body, 'taken before the snapshot\n');
     // Writes of the fork stay its own.
     await child.files.write('/home/user/from-snapshot.txt', 'the fork\'s\n');
     assert.equal(await sbx.files.read('/home/user/from-snapshot.txt'), 'changed after it\n');
