@@ -447,7 +447,9 @@ test('ports: the proxy\'s connection limit and idle timeout apply to handed conn
     assert.equal(over.status, 429, over.body);
     assert.match(over.body, /proxy_max_connections_per_sandbox/);
     // The held connection is closed once idle for the idle timeout.
-    await Promise.race([heldClosed, sleep(20_000).then(() => { throw new Error('the idle connection stayed open'); })]);
+    let closed = false;
+    heldClosed.then(() => { closed = true; });
+    await until('the idle connection to be closed', () => closed, 20_000);
     await s.kill();
   } finally {
     process.env.E2B_API_URL = saved.api;
