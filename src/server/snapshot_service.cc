@@ -203,6 +203,10 @@ grpc::ServerUnaryReactor* SnapshotService::Fork(grpc::CallbackServerContext* ctx
   *batch.mutable_labels() = req->labels();
   if (req->has_config()) *batch.mutable_config() = req->config();
   auto call = AsyncUnary<v1::ForkResponse>::Create(ctx, resp);
+  call->set_on_finish(
+      [snapshots = snapshots_, start = absl::Now(), count = req->count()](const absl::Status& s) {
+        snapshots->RecordFork(s.ok(), count, absl::Now() - start);
+      });
   auto cancellation = std::make_shared<allocator::WaitCancellation>();
   call->set_on_cancel([cancellation] { cancellation->Cancel(); });
   auto fork = [this, call, caller = *caller, batch = std::move(batch),
