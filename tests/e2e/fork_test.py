@@ -378,13 +378,24 @@ class Fork(unittest.TestCase):
             name="golden", template="golden", min_warm=1, max_warm=2,
             empty_pool_policy=1)), metadata=ADMIN, timeout=30)
         g = self.claim("golden")
+        g2 = None
         try:
             self.assertEqual(self.sh(g.claim_id, f"cat {WS}/state /opt/app/f"),
                              (0, "prepared\napp\n"))
+            # The pool refills at the snapshot's state: the next warm member starts there too.
+            sbx_e2e.wait_for(lambda: self.admin.GetPool(admin_pb2.GetPoolRequest(name="golden"),
+                                                        metadata=ADMIN,
+                                                        timeout=10).pool.status.warm >= 1,
+                             60, "the golden pool to refill")
+            g2 = self.claim("golden")
+            self.assertEqual(g2.launch_type, 1)  # WARM
+            self.assertEqual(self.sh(g2.claim_id, f"cat {WS}/state"), (0, "prepared\n"))
             detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.delete, snap.id)
             self.assertIn('template "golden"', detail)
         finally:
             self.release(g.claim_id)
+            if g2 is not None:
+                self.release(g2.claim_id)
         self.admin.DeletePool(admin_pb2.DeletePoolRequest(name="golden"), metadata=ADMIN,
                               timeout=30)
         self.admin.DeleteTemplate(admin_pb2.DeleteTemplateRequest(name="golden"), metadata=ADMIN,
