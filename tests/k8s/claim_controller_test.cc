@@ -375,7 +375,7 @@ TEST_F(ClaimControllerTest, AStatusIsWrittenOnceWhileTheInformersCopyLagsBehindT
   ASSERT_NO_FATAL_FAILURE(Create(kNamespaces, {{"metadata", {{"name", "side"}}}}));
   absl::StatusOr<Json> made = client_->Create(kSandboxClaims, "side", Claim("solo", "py"));
   ASSERT_TRUE(made.ok()) << made.status();
-  const Json before_echo = *made;
+  const types::SandboxClaim before_echo = *types::DecodeSandboxClaim(*made);
   const Json ready = {{"conditions",
                        {{{"type", "Ready"},
                          {"status", "True"},
@@ -390,9 +390,10 @@ TEST_F(ClaimControllerTest, AStatusIsWrittenOnceWhileTheInformersCopyLagsBehindT
   EXPECT_EQ(writer.LastStatus(before_echo), ready);
 
   // The echo: a copy of another version, which shows the write itself.
-  absl::StatusOr<Json> echo = client_->Get(kSandboxClaims, "side", "solo");
+  absl::StatusOr<types::SandboxClaim> echo =
+      types::DecodeSandboxClaim(*client_->Get(kSandboxClaims, "side", "solo"));
   ASSERT_TRUE(echo.ok()) << echo.status();
-  ASSERT_NE((*echo)["metadata"]["resourceVersion"], before_echo["metadata"]["resourceVersion"]);
+  ASSERT_NE(echo->metadata.resource_version, before_echo.metadata.resource_version);
   ASSERT_TRUE(writer.WriteStatus(*echo, ready).ok());
   EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 1);
   // A change is written.
