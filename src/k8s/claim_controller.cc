@@ -218,6 +218,7 @@ ClaimController::ClaimController(Client* client, WriteScheduler* writes, Informe
       metrics_(std::make_unique<ClaimControllerMetrics>(options_.registry)),
       queue_(QueueOptions(clock_)),
       claims_(client, NamespaceInformer(kSandboxClaims, options_.namespaces.watch)),
+      typed_claims_(&claims_, &types::DecodeSandboxClaim),
       writer_(client, writes, sandboxes),
       mirror_(&writer_, &claims_, sandboxes, options_.namespaces, clock_,
               [this](const std::string& ns, const std::string& owner, const std::string& id) {
@@ -475,19 +476,18 @@ absl::Status ClaimController::Reconcile(const std::string& key) {
 // reconcile status when it ends the reconcile.
 absl::Status ClaimController::ReconcileKube(const std::string& ns, const std::string& name) {
   if (!options_.namespaces.Serves(ns)) return absl::OkStatus();
-  ObjectPtr found = claims_.Get(ns, name);
-  if (found == nullptr || json_fields::BeingDeleted(*found)) {
-    return absl::OkStatus();  // on_delete releases
-  }
-  // The edge: the cached object becomes a typed claim once per reconcile. The API server
-  // validates claims against the CRD's schema, so a claim that does not decode can only
-  // come from a store that skips it; it waits for its next change.
-  absl::StatusOr<types::SandboxClaim> decoded = types::DecodeSandboxClaim(*found);
-  if (!decoded.ok()) {
-    spdlog::warn("SandboxClaim {}/{} not reconciled: {}", ns, name, decoded.status().ToString());
+  // The informer's copy, typed (decoded once per version). The API server validates claims
+  // against the CRD's schema, so a claim that does not decode can only come from a store
+  // that skips it; it waits for its next change.
+  absl::StatusOr<TypedCache<types::SandboxClaim>::Ptr> found = typed_claims_.Get(ns, name);
+  if (!found.ok()) {
+    spdlog::warn("SandboxClaim {}/{} not reconciled: {}", ns, name, found.status().ToString());
     return absl::OkStatus();
   }
-  const types::SandboxClaim& seen = *decoded;
+  if (*found == nullptr || (*found)->metadata.BeingDeleted()) {
+    return absl::OkStatus();  // on_delete releases
+  }
+  const types::SandboxClaim& seen = **found;
   const Json status = writer_.LastStatus(seen);
   const absl::Time now = clock_->Now();
   // Lifecycle first: an expired claim is not (re)bound.

@@ -169,6 +169,8 @@ class ClaimController {
   std::unique_ptr<ClaimControllerMetrics> metrics_;
   WorkQueue queue_;
   Informer claims_;
+  // The claims typed, as claims_ holds them (what the reconcile reads).
+  TypedCache<types::SandboxClaim> typed_claims_;
   ClaimWriter writer_;
   GrpcClaimMirror mirror_;
   // Set by Start before the workers run; read by informer handlers, which may run before.
