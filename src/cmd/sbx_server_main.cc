@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
   sbx::cmd::KubeFlags kube_flags;
   sbx::cmd::ConversionFlags conversion_flags;
   sbx::cmd::ProxyFlags proxy_flags;
-  sbx::cmd::E2bFlags e2b_flags;  // the E2B-compatible API (src/e2b)
+  sbx::cmd::E2bFlags e2b_flags;  // the E2B-compatible API (src/gateway/e2b)
   // Outlives the proxy and the metrics endpoint that reads it.
   sbx::gateway::ProxyCounters proxy_counters;
 
@@ -749,8 +749,8 @@ int main(int argc, char** argv) {
     ASSIGN_OR_RETURN(auto started, sbx::server::Server::Start(server_options));
     // The E2B front: a translation onto the services just started, through their
     // in-process channel.
-    ASSIGN_OR_RETURN(auto front,
-                     sbx::cmd::StartE2b(e2b_flags, server_options, *started, *sandbox_secrets));
+    ASSIGN_OR_RETURN(auto front, sbx::cmd::StartE2b(e2b_flags, server_options, *started,
+                                                    *sandbox_secrets, port_proxy.proxy.get()));
     absl::MutexLock lock(&server_mu);
     server = std::move(started);
     e2b_front = std::move(front);
