@@ -103,12 +103,8 @@ void ForkPools::Resolve(const Caller& caller, const store::SnapshotRecord& snaps
     std::move(done)(name);
   };
   if (allocator_->GetPool(name).ok()) return answer(absl::OkStatus());
-  {
-    absl::MutexLock lock(&mu_);
-    auto [it, first] = flights_.try_emplace(name);
-    it->second.push_back(std::move(answer));
-    if (!first) return;  // another Fork is making it: its writes answer this one too
-  }
+  // Another Fork making it: its writes answer this one too.
+  if (!writes_->Join(name, std::move(answer))) return;
   Make(name, snapshot);
 }
 
@@ -128,15 +124,23 @@ absl::Status ForkPools::CheckOwn(const std::string& name, const std::string& sna
 }
 
 void ForkPools::Make(const std::string& name, const store::SnapshotRecord& snapshot) {
-  if (absl::Status s = CheckOwn(name, snapshot.id); !s.ok()) return Finish(name, s);
-  if (allocator_->GetTemplate(name).ok()) return MakePool(name);
+  if (absl::Status s = CheckOwn(name, snapshot.id); !s.ok()) return writes_->Finish(name, s);
+  store::PoolRecord p;
+  p.name = name;
+  p.template_name = name;
+  p.min_warm = 0;
+  p.max_warm = kMaxForkWarm;
+  p.empty_pool_policy = store::EmptyPoolPolicy::kCold;
+  p.default_wait = kForkWait;
+  if (allocator_->GetTemplate(name).ok()) return writes_->Write(std::nullopt, std::move(p));
   v1::Template api;
   api.set_name(name);
   api.set_runtime("local");
   if (!api.mutable_local()->ParseFromString(snapshot.template_spec)) {
-    return Finish(name, absl::FailedPreconditionError(absl::StrCat(
-                            "snapshot ", snapshot.id, ": the recorded local spec of template \"",
-                            snapshot.template_name, "\" does not parse")));
+    return writes_->Finish(
+        name, absl::FailedPreconditionError(
+                  absl::StrCat("snapshot ", snapshot.id, ": the recorded local spec of template \"",
+                               snapshot.template_name, "\" does not parse")));
   }
   api.mutable_local()->set_snapshot(snapshot.id);
   // Checked as PutTemplate checks a template (the runtime's view may have changed since the
@@ -145,40 +149,8 @@ void ForkPools::Make(const std::string& name, const store::SnapshotRecord& snaps
   if (t.ok() && check_) {
     if (absl::Status s = check_(api); !s.ok()) t = s;
   }
-  if (!t.ok()) return Finish(name, t.status());
-  allocator_->PutTemplate(*std::move(t), [self = shared_from_this(), name](absl::Status s) {
-    if (!s.ok()) return self->Finish(name, s);
-    self->MakePool(name);
-  });
-}
-
-void ForkPools::MakePool(const std::string& name) {
-  if (allocator_->GetPool(name).ok()) return Finish(name, absl::OkStatus());
-  store::PoolRecord p;
-  p.name = name;
-  p.template_name = name;
-  p.min_warm = 0;
-  p.max_warm = kMaxForkWarm;
-  p.empty_pool_policy = store::EmptyPoolPolicy::kCold;
-  p.default_wait = kForkWait;
-  allocator_->PutPool(std::move(p),
-                      [self = shared_from_this(), name](absl::Status s) { self->Finish(name, s); });
-}
-
-void ForkPools::Finish(const std::string& name, const absl::Status& result) {
-  std::vector<StatusCallback> waiting;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = flights_.find(name);
-    if (it == flights_.end()) return;
-    waiting = std::move(it->second);
-    flights_.erase(it);
-  }
-  absl::Status s = result;
-  if (!s.ok()) {
-    s = absl::Status(s.code(), absl::StrCat("making fork pool \"", name, "\": ", s.message()));
-  }
-  for (auto& done : waiting) std::move(done)(s);
+  if (!t.ok()) return writes_->Finish(name, t.status());
+  writes_->Write(*std::move(t), std::move(p));
 }
 
 void ForkPools::Retire(const std::string& snapshot_id, StatusCallback done) {

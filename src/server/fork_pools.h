@@ -40,6 +40,7 @@
 #include "src/allocator/allocator.h"
 #include "src/allocator/snapshots.h"
 #include "src/server/auth.h"
+#include "src/server/pool_writes.h"
 
 namespace sbx::server {
 
@@ -77,8 +78,7 @@ class ForkPools : public std::enable_shared_from_this<ForkPools> {
   // caller), made first when missing. Errors: FAILED_PRECONDITION (the snapshot has no
   // recorded template, or not a local one; a pool or template of the name that is not
   // the snapshot's), the template check's and the allocator's errors.
-  void Resolve(const Caller& caller, const store::SnapshotRecord& snapshot, Callback done)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void Resolve(const Caller& caller, const store::SnapshotRecord& snapshot, Callback done);
 
   // Removes the fork pool of `snapshot_id` and its template, wherever they are; OK when
   // there is none. FAILED_PRECONDITION (from the allocator) while forks are claimed.
@@ -86,23 +86,22 @@ class ForkPools : public std::enable_shared_from_this<ForkPools> {
 
  private:
   ForkPools(allocator::Allocator* allocator, TemplateCheck check)
-      : allocator_(allocator), check_(std::move(check)) {}
+      : allocator_(allocator),
+        check_(std::move(check)),
+        writes_(PoolWrites::Create(allocator, "fork pool")) {}
 
   // OK when template `name` is missing or names `snapshot_id`.
   [[nodiscard]] absl::Status CheckOwn(const std::string& name,
                                       const std::string& snapshot_id) const;
+  // Makes the template and pool `name` (those missing), finishing the flight.
   void Make(const std::string& name, const store::SnapshotRecord& snapshot);
-  void MakePool(const std::string& name);
   // Deletes the pools (or templates) `names`, one after the other; stops at an error.
   void DeleteAll(std::vector<std::string> names, bool pools, StatusCallback done);
-  void Finish(const std::string& name, const absl::Status& result) ABSL_LOCKS_EXCLUDED(mu_);
 
   allocator::Allocator* const allocator_;
   const TemplateCheck check_;
-
-  absl::Mutex mu_;
-  // Forks waiting for the writes of a fork pool, by its name (the single flight).
-  absl::flat_hash_map<std::string, std::vector<StatusCallback>> flights_ ABSL_GUARDED_BY(mu_);
+  // The writes of fork pools, one flight per name.
+  const std::shared_ptr<PoolWrites> writes_;
 };
 
 }  // namespace sbx::server

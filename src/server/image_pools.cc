@@ -71,7 +71,11 @@ std::shared_ptr<ImagePools> ImagePools::Create(allocator::Allocator* allocator,
 
 ImagePools::ImagePools(allocator::Allocator* allocator, images::Images* images,
                        TenantLimiter* limiter, ImageClaimOptions options)
-    : allocator_(allocator), images_(images), limiter_(limiter), options_(std::move(options)) {}
+    : allocator_(allocator),
+      images_(images),
+      limiter_(limiter),
+      options_(std::move(options)),
+      writes_(PoolWrites::Create(allocator, "on-demand pool")) {}
 
 std::string ImagePools::OnDemandName(absl::string_view ref) {
   const std::string hex = absl::StrFormat("%016x", Fnv1a64(ref));
@@ -157,12 +161,8 @@ void ImagePools::Resolve(const Caller& caller, const std::string& ref, int claim
     std::move(done)(ImagePool{name, ImageRoute::kOnDemandPool});
   };
   if (allocator_->GetPool(name).ok()) return answer(absl::OkStatus());
-  {
-    absl::MutexLock lock(&mu_);
-    auto [it, first] = flights_.try_emplace(name);
-    it->second.push_back(std::move(answer));
-    if (!first) return;  // another claim is making it: its writes answer this one too
-  }
+  // Another claim making it: its writes answer this one too.
+  if (!writes_->Join(name, std::move(answer))) return;
   Make(name, ref);
 }
 
@@ -216,21 +216,30 @@ absl::Status ImagePools::CheckOwn(const std::string& name, const std::string& re
 }
 
 void ImagePools::Make(const std::string& name, const std::string& ref) {
-  if (absl::Status s = CheckOwn(name, ref); !s.ok()) return Finish(name, s);
-  if (allocator_->GetTemplate(name).ok()) return MakePool(name);
+  if (absl::Status s = CheckOwn(name, ref); !s.ok()) return writes_->Finish(name, s);
+  store::PoolRecord p;
+  p.name = name;
+  p.template_name = name;
+  p.min_warm = 0;
+  p.max_warm = options_.max_warm;
+  p.empty_pool_policy = store::EmptyPoolPolicy::kCold;
+  p.default_wait = options_.default_wait;
+  if (allocator_->GetTemplate(name).ok()) return writes_->Write(std::nullopt, std::move(p));
   v1::LocalSpec spec = DefaultImageClaimSpec();
   if (!options_.base_template.empty()) {
     absl::StatusOr<store::TemplateRecord> base = allocator_->GetTemplate(options_.base_template);
     const std::string what = absl::StrCat("the base template of on-demand image pools, \"",
                                           options_.base_template, "\" (--image_claim_template),");
     if (!base.ok()) {
-      return Finish(name, absl::FailedPreconditionError(absl::StrCat(
-                              what, " does not exist; cannot make a pool of image ", Quoted(ref))));
+      return writes_->Finish(
+          name, absl::FailedPreconditionError(absl::StrCat(
+                    what, " does not exist; cannot make a pool of image ", Quoted(ref))));
     }
     if (base->runtime != "local" || !spec.ParseFromString(base->spec)) {
-      return Finish(name, absl::FailedPreconditionError(absl::StrCat(
-                              what, " has runtime \"", base->runtime,
-                              "\", not a local spec; cannot make a pool of image ", Quoted(ref))));
+      return writes_->Finish(
+          name, absl::FailedPreconditionError(absl::StrCat(
+                    what, " has runtime \"", base->runtime,
+                    "\", not a local spec; cannot make a pool of image ", Quoted(ref))));
     }
   }
   spec.set_image(ref);
@@ -244,40 +253,8 @@ void ImagePools::Make(const std::string& name, const std::string& ref) {
   if (t.ok() && options_.check_template) {
     if (absl::Status s = options_.check_template(api); !s.ok()) t = s;
   }
-  if (!t.ok()) return Finish(name, t.status());
-  allocator_->PutTemplate(*std::move(t), [self = shared_from_this(), name](absl::Status s) {
-    if (!s.ok()) return self->Finish(name, s);
-    self->MakePool(name);
-  });
-}
-
-void ImagePools::MakePool(const std::string& name) {
-  if (allocator_->GetPool(name).ok()) return Finish(name, absl::OkStatus());
-  store::PoolRecord p;
-  p.name = name;
-  p.template_name = name;
-  p.min_warm = 0;
-  p.max_warm = options_.max_warm;
-  p.empty_pool_policy = store::EmptyPoolPolicy::kCold;
-  p.default_wait = options_.default_wait;
-  allocator_->PutPool(std::move(p),
-                      [self = shared_from_this(), name](absl::Status s) { self->Finish(name, s); });
-}
-
-void ImagePools::Finish(const std::string& name, const absl::Status& result) {
-  std::vector<absl::AnyInvocable<void(absl::Status) &&>> waiting;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = flights_.find(name);
-    if (it == flights_.end()) return;
-    waiting = std::move(it->second);
-    flights_.erase(it);
-  }
-  absl::Status s = result;
-  if (!s.ok()) {
-    s = absl::Status(s.code(), absl::StrCat("making on-demand pool \"", name, "\": ", s.message()));
-  }
-  for (auto& done : waiting) std::move(done)(s);
+  if (!t.ok()) return writes_->Finish(name, t.status());
+  writes_->Write(*std::move(t), std::move(p));
 }
 
 }  // namespace sbx::server

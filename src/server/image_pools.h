@@ -81,6 +81,7 @@
 #include "src/allocator/allocator.h"
 #include "src/images/images.h"
 #include "src/server/auth.h"
+#include "src/server/pool_writes.h"
 #include "src/server/tenant_limits.h"
 
 namespace sbx::server {
@@ -161,21 +162,18 @@ class ImagePools : public std::enable_shared_from_this<ImagePools> {
       ABSL_LOCKS_EXCLUDED(mu_);
   // OK when existing pool or template `name` is the on-demand one of `ref`.
   [[nodiscard]] absl::Status CheckOwn(const std::string& name, const std::string& ref) const;
-  // Makes the template and pool `name` of `ref` (those missing); then Finish.
+  // Makes the template and pool `name` of `ref` (those missing), finishing the flight.
   void Make(const std::string& name, const std::string& ref);
-  void MakePool(const std::string& name);
-  // Answers every claim waiting for `name` with `result`.
-  void Finish(const std::string& name, const absl::Status& result) ABSL_LOCKS_EXCLUDED(mu_);
 
   allocator::Allocator* const allocator_;
   images::Images* const images_;
   TenantLimiter* const limiter_;
   const ImageClaimOptions options_;
 
+  // The writes of on-demand pools, one flight per name.
+  const std::shared_ptr<PoolWrites> writes_;
+
   absl::Mutex mu_;
-  // Claims waiting for the writes of an on-demand pool, by its name (the single flight).
-  absl::flat_hash_map<std::string, std::vector<absl::AnyInvocable<void(absl::Status) &&>>> flights_
-      ABSL_GUARDED_BY(mu_);
   // Who pulled the images of references claimed from on-demand pools (see above): the
   // tenant, and whether an image of the reference has been seen in the cache since.
   struct Attribution {
