@@ -146,6 +146,15 @@ void Snapshots::Create(SnapshotCreateRequest request,
         absl::StrCat("claim \"", request.claim_id, "\" has ended: its sandbox is gone")));
   }
   if (runtime_ == nullptr) return std::move(done)(runtime::NoSnapshots());
+  // The template the sandbox was started from, for forks (none when its pool or template
+  // has been deleted since: the snapshot then cannot be forked).
+  store::TemplateRecord source_template;
+  if (absl::StatusOr<store::PoolRecord> pool = allocator_->GetPool(claim->pool); pool.ok()) {
+    if (absl::StatusOr<store::TemplateRecord> t = allocator_->GetTemplate(pool->template_name);
+        t.ok()) {
+      source_template = *std::move(t);
+    }
+  }
   const std::string id = absl::StrCat("sn-", ids_->Next().substr(0, 16));
   const absl::Time start = clock_->Now();
   auto capture = std::make_shared<Capture>();
@@ -159,6 +168,7 @@ void Snapshots::Create(SnapshotCreateRequest request,
   runtime_->Snapshot(
       claim->sandbox_id, id, std::move(charge),
       [this, id, start, capture, request = std::move(request),
+       source_template = std::move(source_template),
        done = std::move(done)](absl::StatusOr<runtime::SnapshotCapture> taken) mutable {
         if (!taken.ok()) {
           EndCapture(capture);
@@ -179,6 +189,9 @@ void Snapshots::Create(SnapshotCreateRequest request,
         r.parent_image_digest = taken->image_digest;
         r.size_bytes = taken->bytes;
         r.created = clock_->Now();
+        r.template_name = std::move(source_template.name);
+        r.template_runtime = std::move(source_template.runtime);
+        r.template_spec = std::move(source_template.spec);
         const int64_t dropped = taken->dropped;
         store::WriteBatch batch;
         batch.Put(r);
@@ -224,6 +237,13 @@ absl::StatusOr<store::SnapshotRecord> Snapshots::Get(const std::string& owner,
   if (it == records_.end() || it->second.owner != owner || deleting_.contains(id)) {
     return NotFound(id);
   }
+  return it->second;
+}
+
+absl::StatusOr<store::SnapshotRecord> Snapshots::Find(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(id);
+  if (it == records_.end() || deleting_.contains(id)) return NotFound(id);
   return it->second;
 }
 

@@ -108,6 +108,10 @@ class Snapshots {
   [[nodiscard]] absl::StatusOr<store::SnapshotRecord> Get(const std::string& owner,
                                                           const std::string& id) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Snapshot `id` whoever owns it: for what the server itself checks (a template naming
+  // it), never to answer a tenant. NOT_FOUND for an unknown id.
+  [[nodiscard]] absl::StatusOr<store::SnapshotRecord> Find(const std::string& id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The owner's snapshots carrying all of `labels`, oldest first.
   std::vector<store::SnapshotRecord> List(const std::string& owner,
                                           const std::map<std::string, std::string>& labels) const

@@ -49,7 +49,7 @@ sbx::v1::Template ParseTemplate(const YAML::Node& n, const std::string& where) {
     const std::string lw = where + ".local";
     CheckKeys(local,
               {"image", "network", "env", "mounts", "memory_limit_bytes", "pids_limit",
-               "workspace_size_bytes", "layer_size_bytes", "command"},
+               "workspace_size_bytes", "layer_size_bytes", "command", "snapshot"},
               lw);
     sbx::v1::LocalSpec* spec = t.mutable_local();
     spec->set_image(local["image"].as<std::string>(""));
@@ -76,6 +76,7 @@ sbx::v1::Template ParseTemplate(const YAML::Node& n, const std::string& where) {
     spec->set_pids_limit(local["pids_limit"].as<int64_t>(0));
     spec->set_workspace_size_bytes(local["workspace_size_bytes"].as<int64_t>(0));
     spec->set_layer_size_bytes(local["layer_size_bytes"].as<int64_t>(0));
+    spec->set_snapshot(local["snapshot"].as<std::string>(""));
   }
   return t;
 }

@@ -68,7 +68,7 @@ void AddProcessCommands(CLI::App& app, Context& ctx, Actions& actions);
 void AddWatchCommands(CLI::App& app, Context& ctx, Actions& actions);
 // url (a signed URL of a port, through the port proxy).
 void AddPortCommands(CLI::App& app, Context& ctx, Actions& actions);
-// snapshot, snapshots (list, get, delete), reset: snapshots of claimed sandboxes (issue 37).
+// snapshot, snapshots (list, get, delete), reset, fork: snapshots of claimed sandboxes (issue 37).
 void AddSnapshotCommands(CLI::App& app, Context& ctx, Actions& actions);
 
 // ---- Helpers shared by the command files ------------------------------------------------

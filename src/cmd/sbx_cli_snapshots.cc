@@ -1,10 +1,12 @@
-// `sbx snapshot`, `sbx snapshots [list|get|delete]`, `sbx reset`: sbx.v1.Snapshots (issue 37).
+// `sbx snapshot`, `sbx snapshots [list|get|delete]`, `sbx reset`, `sbx fork`: sbx.v1.Snapshots
+// (issue 37).
 
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "src/cmd/sbx_cli_commands.h"
 #include "src/common/status_macros.h"
@@ -134,6 +136,53 @@ absl::StatusOr<int> RunReset(Context& ctx, const std::string& claim_id,
   return 0;
 }
 
+struct ForkArgs {
+  std::string source;
+  int count = 1;
+  std::string batch_id;
+  std::string ttl;
+  std::string wait;
+  std::vector<std::string> labels;
+  std::vector<std::string> env;
+};
+
+absl::StatusOr<int> RunFork(Context& ctx, const ForkArgs& a) {
+  ASSIGN_OR_RETURN(Client * client, ctx.Connect());
+  v1::ForkRequest req;
+  // Snapshot ids are "sn-..."; anything else is a claim to snapshot first.
+  if (absl::StartsWith(a.source, "sn-")) {
+    req.set_snapshot_id(a.source);
+  } else {
+    req.set_claim_id(a.source);
+  }
+  req.set_count(a.count);
+  req.set_batch_id(a.batch_id);
+  if (!a.ttl.empty()) ToProto(ParseDurationFlag(a.ttl), req.mutable_ttl());
+  if (!a.wait.empty()) ToProto(ParseDurationFlag(a.wait), req.mutable_wait_timeout());
+  *req.mutable_labels() = Labels(a.labels);
+  if (!a.env.empty()) *req.mutable_config()->mutable_env() = Labels(a.env);
+  v1::ForkResponse resp;
+  // Forks are created (cold) before the answer: give it the wait the server gives them.
+  RETURN_IF_ERROR(client->Call(client->timeout() + absl::Minutes(10), [&](grpc::ClientContext* c) {
+    return client->snapshots().Fork(c, req, &resp);
+  }));
+  if (ctx.json()) {
+    PrintJson(resp);
+    return 0;
+  }
+  if (resp.replayed()) {
+    std::fprintf(stderr, "sbx: note: forks \"%s\" already existed; returned unchanged\n",
+                 EscapeForTerminal(resp.batch_id()).c_str());
+  }
+  std::printf("%d forks of snapshot %s\n", resp.claims_size(), resp.snapshot_id().c_str());
+  Table table({"CLAIM", "SANDBOX", "POOL"});
+  for (const v1::Claim& c : resp.claims()) {
+    table.AddRow({c.claim_id(), c.sandbox().id(), c.pool()});
+  }
+  table.Print(stdout);
+  return 0;
+}
+
 }  // namespace
 
 void AddSnapshotCommands(CLI::App& app, Context& ctx, Actions& actions) {
@@ -160,6 +209,28 @@ void AddSnapshotCommands(CLI::App& app, Context& ctx, Actions& actions) {
     sub->add_option("claim", *claim, "Claim id")->required();
     sub->add_option("snapshot", *snapshot, "Snapshot id")->required();
     actions[sub] = [&ctx, claim, snapshot] { return RunReset(ctx, *claim, *snapshot); };
+  }
+  {
+    auto a = std::make_shared<ForkArgs>();
+    CLI::App* sub = app.add_subcommand(
+        "fork",
+        "Claim N new sandboxes that start at a snapshot (or at a claim's files now: it is "
+        "snapshotted first); each writes only its own copy");
+    sub->add_option("source", a->source, "A snapshot id (sn-...) or a claim id (snapshotted first)")
+        ->required();
+    sub->add_option("-n,--count", a->count, "How many forks (1 to the server's max batch)")
+        ->check(CLI::PositiveNumber);
+    sub->add_option("--id", a->batch_id,
+                    "Batch id: a retry with it answers the same forks (claims ID#0..ID#N-1)");
+    sub->add_option("--ttl", a->ttl, "Each fork's lifetime without a renew (e.g. 30m)");
+    sub->add_option("--wait", a->wait, "How long to wait for every fork (default 5m)");
+    sub->add_option("--label", a->labels, "Label k=v on every fork (repeatable)")
+        ->allow_extra_args(false)
+        ->check(KeyValueCheck());
+    sub->add_option("--env", a->env, "Late-bound env K=V for every fork (repeatable)")
+        ->allow_extra_args(false)
+        ->check(KeyValueCheck());
+    actions[sub] = [&ctx, a] { return RunFork(ctx, *a); };
   }
   CLI::App* snaps =
       app.add_subcommand("snapshots", "Your snapshots: list them (the default), get or delete one");

@@ -23,6 +23,7 @@ runtime::LocalSpec FromApi(const sbx::v1::LocalSpec& api) {
   spec.pids_limit = api.pids_limit();
   spec.workspace_size_bytes = api.workspace_size_bytes();
   spec.layer_size_bytes = api.layer_size_bytes();
+  spec.snapshot = api.snapshot();
   return spec;
 }
 

@@ -407,12 +407,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
           " was adopted from an earlier run of the server, which did not keep its template: "
           "it cannot be reset (claim a new sandbox)"));
     }
-    const Fd snap(openat(snapshots_.get(), snapshot_id.c_str(),
-                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!snap.valid()) {
-      return absl::NotFoundError(
-          absl::StrCat("snapshot ", snapshot_id, " has no files on this server"));
-    }
+    RETURN_IF_ERROR(CheckSnapshotFiles(snapshot_id));
     LocalSpec spec;
     if (!old->template_spec.empty()) {
       ASSIGN_OR_RETURN(spec, ParseLocalSpec(old->template_spec));
@@ -441,13 +436,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
                      local::SandboxArgv(id, sb->dir, spec, options_, iso_, system_args_,
                                         image ? &*image : nullptr, sb->host_uid));
     if (image) {
-      // The snapshot's copy of the layer, for sbx-rootfs to fill the new layer with.
-      if (argv.empty() || argv[0] != options_.rootfs_helper_path) {
-        return absl::InternalError(
-            "an image sandbox's command line does not start with sbx-rootfs");
-      }
-      argv.insert(argv.begin() + 1, {"--seed", absl::StrCat(snapshots_path_, "/", snapshot_id, "/",
-                                                            local::kSnapshotRootName)});
+      ASSIGN_OR_RETURN(argv, SeedArgv(std::move(argv), snapshot_id));
     }
     {
       absl::MutexLock old_lock(&old->op_mu);
@@ -467,12 +456,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         local::SpawnSandbox(*sb, spec, argv, options_, iso_, cgroups_, &output_dropped_);
     if (s.ok()) {
       absl::MutexLock lock(&sb->op_mu);
-      s = Freeze(*sb);
-      if (s.ok()) {
-        s = local::RestoreWorkspace(*sb, isolated_, snapshots_.get(), snapshot_id,
-                                    iso_.own_uids ? int64_t{sb->host_uid} : int64_t{-1});
-        Thaw(*sb);
-      }
+      s = FillWorkspace(*sb, snapshot_id);
       if (!s.ok()) {
         sb->ended = true;
         local::KillSandbox(*sb);
@@ -496,6 +480,43 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     }
     spdlog::info("sandbox {} reset to snapshot {}", id, snapshot_id);
     return absl::OkStatus();
+  }
+
+  // NOT_FOUND unless snapshot `snapshot_id` has files here; FAILED_PRECONDITION without a
+  // snapshots folder.
+  absl::Status CheckSnapshotFiles(const std::string& snapshot_id) const {
+    if (!snapshots_.valid()) return NoSnapshotsDir();
+    RETURN_IF_ERROR(local::CheckSnapshotId(snapshot_id));
+    const Fd snap(openat(snapshots_.get(), snapshot_id.c_str(),
+                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!snap.valid()) {
+      return absl::NotFoundError(
+          absl::StrCat("snapshot ", snapshot_id, " has no files on this server"));
+    }
+    return absl::OkStatus();
+  }
+
+  // An image sandbox's command line with the snapshot's copy of the layer given to
+  // sbx-rootfs (--seed), which fills the new layer with it before it mounts the overlay.
+  absl::StatusOr<std::vector<std::string>> SeedArgv(std::vector<std::string> argv,
+                                                    const std::string& snapshot_id) const {
+    if (argv.empty() || argv[0] != options_.rootfs_helper_path) {
+      return absl::InternalError("an image sandbox's command line does not start with sbx-rootfs");
+    }
+    argv.insert(argv.begin() + 1, {"--seed", absl::StrCat(snapshots_path_, "/", snapshot_id, "/",
+                                                          local::kSnapshotRootName)});
+    return argv;
+  }
+
+  // Fills the workspace of `sb`, just started, with snapshot `snapshot_id`'s, frozen so
+  // that nothing but its daemon has run before.
+  absl::Status FillWorkspace(Sandbox& sb, const std::string& snapshot_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sb.op_mu) {
+    RETURN_IF_ERROR(Freeze(sb));
+    absl::Status s = local::RestoreWorkspace(sb, isolated_, snapshots_.get(), snapshot_id,
+                                             iso_.own_uids ? int64_t{sb.host_uid} : int64_t{-1});
+    Thaw(sb);
+    return s;
   }
 
   static absl::Status Freeze(Sandbox& sb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(sb.op_mu) {
@@ -574,12 +595,21 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       sb->image_digest = image->digest;
     }
     absl::Cleanup release = [&] { ReleaseImage(*sb); };
+    if (!spec.snapshot.empty()) {
+      if (absl::Status s = CheckSnapshotFiles(spec.snapshot); !s.ok()) {
+        return absl::Status(
+            s.code(), absl::StrCat("template \"", request.template_name, "\": ", s.message()));
+      }
+    }
     sb->host_uid = geteuid();
     if (iso_.own_uids) {
       ASSIGN_OR_RETURN(sb->host_uid, uids_.Take());
     }
     absl::StatusOr<std::vector<std::string>> argv = local::SandboxArgv(
         id, sb->dir, spec, options_, iso_, system_args_, image ? &*image : nullptr, sb->host_uid);
+    if (argv.ok() && image && !spec.snapshot.empty()) {
+      argv = SeedArgv(*std::move(argv), spec.snapshot);
+    }
     if (!argv.ok()) {
       uids_.GiveBack(sb->host_uid);
       return absl::Status(argv.status().code(), absl::StrCat("template \"", request.template_name,
@@ -590,6 +620,16 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         !s.ok()) {
       uids_.GiveBack(sb->host_uid);
       return s;
+    }
+    if (!spec.snapshot.empty()) {
+      absl::MutexLock lock(&sb->op_mu);
+      if (absl::Status s = FillWorkspace(*sb, spec.snapshot); !s.ok()) {
+        sb->ended = true;
+        local::KillSandbox(*sb);
+        uids_.GiveBack(sb->host_uid);
+        return absl::Status(
+            s.code(), absl::StrCat("template \"", request.template_name, "\": ", s.message()));
+      }
     }
     std::move(release).Cancel();
     SandboxInfo out;
@@ -687,6 +727,7 @@ std::string EncodeLocalSpec(const LocalSpec& spec) {
   j["pids_limit"] = spec.pids_limit;
   j["workspace_size_bytes"] = spec.workspace_size_bytes;
   j["layer_size_bytes"] = spec.layer_size_bytes;
+  if (!spec.snapshot.empty()) j["snapshot"] = spec.snapshot;
   return j.dump();
 }
 
@@ -714,6 +755,8 @@ absl::StatusOr<LocalSpec> ParseLocalSpec(const std::string& json) {
     s.pids_limit = j.value("pids_limit", int64_t{0});
     s.workspace_size_bytes = j.value("workspace_size_bytes", int64_t{0});
     s.layer_size_bytes = j.value("layer_size_bytes", int64_t{0});
+    s.snapshot = j.value("snapshot", std::string());
+    if (!s.snapshot.empty()) RETURN_IF_ERROR(local::CheckSnapshotId(s.snapshot));
     if (s.memory_limit_bytes < 0 || s.pids_limit < 0 || s.workspace_size_bytes < 0 ||
         s.layer_size_bytes < 0) {
       return absl::InvalidArgumentError("local spec limits must not be negative");

@@ -92,6 +92,9 @@ struct LocalSpec {
   int64_t pids_limit = 0;            // 0: no limit
   int64_t workspace_size_bytes = 0;  // 0: 256 MiB
   int64_t layer_size_bytes = 0;      // with an image: its own layer (a tmpfs); 0: 1 GiB
+  // A snapshot (issue 37) the sandbox starts from: its layer and workspace begin as copies
+  // of the snapshot's files. Empty: none.
+  std::string snapshot;
 };
 
 // JSON encoding of a LocalSpec. Parse errors are INVALID_ARGUMENT naming the field; so are

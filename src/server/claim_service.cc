@@ -16,6 +16,7 @@
 #include "src/common/status_macros.h"
 #include "src/server/call.h"
 #include "src/server/convert.h"
+#include "src/server/fork_pools.h"
 #include "src/server/request_id.h"
 #include "src/server/sandboxd_client.h"
 #include "src/server/watch_service.h"
@@ -103,7 +104,16 @@ absl::StatusOr<std::string> ClaimablePool(const allocator::Allocator& a, const s
                                           const Caller& caller) {
   ASSIGN_OR_RETURN(std::string canonical,
                    CanonicalQualifiedName("pool", pool, a.default_namespace()));
-  const std::string ns = SplitQualifiedName(canonical, a.default_namespace()).ns;
+  const NamespacedName where = SplitQualifiedName(canonical, a.default_namespace());
+  const std::string& ns = where.ns;
+  if (ForkPools::IsForkName(where.name)) {
+    // Whether or not it exists: only Snapshots.Fork, which checks the snapshot's owner,
+    // takes from a fork pool.
+    return absl::NotFoundError(
+        absl::StrCat("pool \"", pool,
+                     "\" is not claimable: names \"fork-\" and 16 hex digits are the fork pools of "
+                     "snapshots, claimed only through Snapshots.Fork by the snapshot's owner"));
+  }
   if (!MayClaimFrom(caller, ns)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "tenant \"", caller.tenant, "\" may not claim from namespace \"", ns, "\" (pool \"", pool,
@@ -154,9 +164,12 @@ absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocato
   return r;
 }
 
+// `resolved_pool`: the pool chosen by the server (a fork pool), which neither the
+// request's pool nor its image then names.
 absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocator& a,
                                                        const v1::ClaimBatchRequest& req,
-                                                       const Caller& caller) {
+                                                       const Caller& caller,
+                                                       const std::string* resolved_pool = nullptr) {
   allocator::BatchRequest r;
   r.owner = caller.tenant;
   if (!req.batch_id().empty()) {
@@ -168,9 +181,13 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
     }
   }
   r.batch_id = req.batch_id();
-  RETURN_IF_ERROR(CheckPoolOrImage(req.pool(), req.image()));
-  if (req.image().empty()) {
-    ASSIGN_OR_RETURN(r.pool, ClaimablePool(a, req.pool(), caller));
+  if (resolved_pool != nullptr) {
+    r.pool = *resolved_pool;
+  } else {
+    RETURN_IF_ERROR(CheckPoolOrImage(req.pool(), req.image()));
+    if (req.image().empty()) {
+      ASSIGN_OR_RETURN(r.pool, ClaimablePool(a, req.pool(), caller));
+    }
   }
   // The allocator owns the limit (AllocatorOptions::max_batch).
   if (req.count() < 1 || req.count() > a.max_batch()) {
@@ -353,21 +370,12 @@ grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* 
       return absl::OkStatus();
     });
   };
-  auto claim = [call, reply, a = allocator_, daemons = daemons_,
+  auto claim = [this, call, reply,
                 config = HasConfig(req->config()) ? std::optional<v1::SandboxConfig>(req->config())
                                                   : std::nullopt](allocator::BatchRequest r) {
-    a->ClaimBatch(std::move(r), [call, reply, a, daemons,
-                                 config](absl::StatusOr<std::vector<ClaimResult>> results) {
+    RunBatch(std::move(r), config, [call, reply](absl::StatusOr<std::vector<ClaimResult>> results) {
       if (!results.ok()) return call->Fail(results.status());
-      if (!config.has_value()) return reply(*results);
-      // Late binding for every member; if one fails, the whole batch is released.
-      std::vector<store::ClaimRecord> claims;
-      for (const ClaimResult& r : *results) claims.push_back(r.claim);
-      ConfigureAll(
-          daemons, claims, *config, [call, reply, a, claims, results = *results](absl::Status s) {
-            if (s.ok()) return reply(results);
-            ReleaseAfterConfigError(a, claims, s, [call](absl::Status e) { call->Fail(e); });
-          });
+      reply(*results);
     });
   };
   if (req->image().empty()) {
@@ -386,6 +394,43 @@ grpc::ServerUnaryReactor* ClaimService::ClaimBatch(grpc::CallbackServerContext* 
                  claim(std::move(r));
                });
   return call->reactor();
+}
+
+void ClaimService::RunBatch(allocator::BatchRequest r, std::optional<v1::SandboxConfig> config,
+                            allocator::BatchCallback done) {
+  allocator_->ClaimBatch(
+      std::move(r),
+      [a = allocator_, daemons = daemons_, config = std::move(config),
+       done = std::move(done)](absl::StatusOr<std::vector<ClaimResult>> results) mutable {
+        if (!results.ok() || !config.has_value()) return std::move(done)(std::move(results));
+        // Late binding for every member; if one fails, the whole batch is released.
+        std::vector<store::ClaimRecord> claims;
+        for (const ClaimResult& r : *results) claims.push_back(r.claim);
+        auto shared_done = std::make_shared<allocator::BatchCallback>(std::move(done));
+        ConfigureAll(daemons, claims, *config,
+                     [a, claims, shared_done, results = *std::move(results)](absl::Status s) {
+                       if (s.ok()) return std::move(*shared_done)(results);
+                       ReleaseAfterConfigError(a, claims, s, [shared_done](absl::Status e) {
+                         std::move (*shared_done)(e);
+                       });
+                     });
+      });
+}
+
+void ClaimService::ForkBatch(const Caller& caller, const v1::ClaimBatchRequest& req,
+                             const std::string& pool,
+                             std::shared_ptr<allocator::WaitCancellation> cancellation,
+                             allocator::BatchCallback done) {
+  absl::StatusOr<allocator::BatchRequest> r = ToBatchRequest(*allocator_, req, caller, &pool);
+  if (!r.ok()) return std::move(done)(r.status());
+  const std::string first_of_batch = req.batch_id().empty() ? "" : req.batch_id() + "#0";
+  if (absl::Status s = TakeFromRate(caller, first_of_batch, req.count()); !s.ok()) {
+    return std::move(done)(s);
+  }
+  r->cancellation = std::move(cancellation);
+  RunBatch(*std::move(r),
+           HasConfig(req.config()) ? std::optional<v1::SandboxConfig>(req.config()) : std::nullopt,
+           std::move(done));
 }
 
 grpc::ServerUnaryReactor* ClaimService::Release(grpc::CallbackServerContext* ctx,

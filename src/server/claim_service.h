@@ -1,6 +1,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
 // sbx.v1.ClaimService over the allocator: Claim, ClaimBatch, Release, Renew, GetClaim and
 // ListClaims. The owner of every claim is the authenticated tenant, never a request field.
 // Handlers never block: allocator calls complete through callbacks, which finish the call.
@@ -68,7 +70,19 @@ class ClaimService final : public sbx::v1::ClaimService::CallbackService {
   grpc::ServerWriteReactor<v1::ClaimEvent>* WatchClaims(grpc::CallbackServerContext* ctx,
                                                         const v1::WatchClaimsRequest* req) override;
 
+  // A batch of `caller` from `pool`, chosen by the server (Snapshots.Fork: the snapshot's
+  // fork pool, which no claim may name), as ClaimBatch runs one: the request's fields are
+  // checked (but pool and image, which it must leave empty), the tenant's claim rate is
+  // taken, the allocator grants the batch and its config is applied to every member.
+  // `done` runs on an allocator or daemon thread.
+  void ForkBatch(const Caller& caller, const v1::ClaimBatchRequest& req, const std::string& pool,
+                 std::shared_ptr<allocator::WaitCancellation> cancellation,
+                 allocator::BatchCallback done);
+
  private:
+  // The allocator's batch, then late binding (released as a whole if it fails).
+  void RunBatch(allocator::BatchRequest r, std::optional<v1::SandboxConfig> config,
+                allocator::BatchCallback done);
   // `claims` claims of `caller` from its claim rate (TenantLimiter), unless `existing_id`
   // names a claim of the caller that exists (a retry, answered from it).
   [[nodiscard]] absl::Status TakeFromRate(const Caller& caller, const std::string& existing_id,

@@ -111,6 +111,12 @@ absl::Status ValidateLocalSpec(absl::string_view name, const v1::LocalSpec& s) {
         "layer_size_bytes is set without an image (the host's root has no layer of "
         "the sandbox's own)");
   }
+  if (!s.snapshot().empty()) {
+    bool ok = s.snapshot().size() <= 64;
+    for (char c : s.snapshot())
+      ok = ok && (absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-');
+    if (!ok) return bad("snapshot ", Quote(s.snapshot()), " is not a snapshot id (sn-...)");
+  }
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -18,10 +19,12 @@
 #include "grpcpp/security/tls_credentials_options.h"
 #include "spdlog/spdlog.h"
 #include "src/allocator/allocator.h"
+#include "src/common/status_macros.h"
 #include "src/server/admin_service.h"
 #include "src/server/auth.h"
 #include "src/server/claim_service.h"
 #include "src/server/diagnostics_service.h"
+#include "src/server/fork_pools.h"
 #include "src/server/forward.h"
 #include "src/server/image_service.h"
 #include "src/server/pending_services.h"
@@ -225,20 +228,31 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
       services->limiter = std::make_unique<TenantLimiter>();
       limiter = services->limiter.get();
     }
+    // What PutTemplate (and the server's own pools) check: the runtimes' view, and that a
+    // template's local.snapshot is a snapshot of its image.
+    std::function<absl::Status(const v1::Template&)> check_template =
+        [inner = options.check_template,
+         snapshots = options.snapshots](const v1::Template& t) -> absl::Status {
+      if (inner) RETURN_IF_ERROR(inner(t));
+      return CheckTemplateSnapshot(snapshots, t);
+    };
     ImageClaimOptions image_claims = options.image_claims;
-    if (!image_claims.check_template) image_claims.check_template = options.check_template;
-    services->services.push_back(std::make_unique<ClaimService>(
+    if (!image_claims.check_template) image_claims.check_template = check_template;
+    auto claims = std::make_unique<ClaimService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.request_counters,
-        limiter, ImagePools::Create(options.allocator, options.images, limiter, image_claims)));
+        limiter, ImagePools::Create(options.allocator, options.images, limiter, image_claims));
+    ClaimService* claim_service = claims.get();
+    services->services.push_back(std::move(claims));
     services->services.push_back(std::make_unique<SandboxService>(
         options.allocator, services->auth.get(), services->daemons.get(), options.sandbox_limits,
         options.request_counters, options.port_urls));
     services->services.push_back(std::make_unique<AdminService>(
-        options.allocator, services->auth.get(), options.check_template, options.images));
+        options.allocator, services->auth.get(), check_template, options.images));
     services->services.push_back(
         std::make_unique<ImageService>(options.images, services->auth.get()));
     services->services.push_back(std::make_unique<SnapshotService>(
-        options.snapshots, services->auth.get(), services->daemons.get()));
+        options.snapshots, services->auth.get(), services->daemons.get(), options.allocator,
+        claim_service, ForkPools::Create(options.allocator, check_template)));
   } else if (options.forward.has_value()) {
     ForwardOptions forward = *options.forward;
     if (!options.tls_cert_file.empty() && forward.credentials == nullptr) {

@@ -100,8 +100,41 @@ grpc::ServerUnaryReactor* SnapshotService::DeleteSnapshot(grpc::CallbackServerCo
   if (absl::Status s = RequireId("snapshot_id", req->snapshot_id()); !s.ok()) {
     return FinishNow(ctx, s);
   }
+  const std::string id = req->snapshot_id();
+  // The owner's, before anything is retired: another tenant's is NOT_FOUND.
+  if (absl::StatusOr<store::SnapshotRecord> r = snapshots_->Get(caller->tenant, id); !r.ok()) {
+    return FinishNow(ctx, r.status());
+  }
   auto call = AsyncUnary<v1::DeleteSnapshotResponse>::Create(ctx, resp);
-  snapshots_->Delete(caller->tenant, req->snapshot_id(), [call](absl::Status s) { call->Fail(s); });
+  auto remove = [this, call, tenant = caller->tenant, id](absl::Status s) {
+    if (!s.ok()) return call->Fail(s);
+    snapshots_->Delete(tenant, id, [call](absl::Status s) { call->Fail(s); });
+  };
+  if (allocator_ == nullptr || fork_pools_ == nullptr) {
+    remove(absl::OkStatus());
+    return call->reactor();
+  }
+  // A template of an admin's that starts sandboxes from it keeps it.
+  const std::string fork_pool = ForkPools::PoolName(id);
+  for (const store::TemplateRecord& t : allocator_->ListTemplates()) {
+    v1::LocalSpec spec;
+    if (t.runtime != "local" || !spec.ParseFromString(t.spec) || spec.snapshot() != id ||
+        SplitQualifiedName(t.name, allocator_->default_namespace()).name == fork_pool) {
+      continue;
+    }
+    call->Fail(absl::FailedPreconditionError(
+        absl::StrCat("snapshot ", id, " is used by template \"", t.name,
+                     "\" (local.snapshot): an admin must change or delete it first")));
+    return call->reactor();
+  }
+  // Its fork pool goes first (refused while forks of it are claimed: they came from it).
+  fork_pools_->Retire(id, [remove, id](absl::Status s) mutable {
+    if (!s.ok()) {
+      s = absl::Status(s.code(), absl::StrCat("snapshot ", id, ": its fork pool cannot go (",
+                                              s.message(), "); release its forks first"));
+    }
+    remove(s);
+  });
   return call->reactor();
 }
 
@@ -141,6 +174,94 @@ grpc::ServerUnaryReactor* SnapshotService::Reset(grpc::CallbackServerContext* ct
               call->Fail(s);
             });
       });
+  return call->reactor();
+}
+
+grpc::ServerUnaryReactor* SnapshotService::Fork(grpc::CallbackServerContext* ctx,
+                                                const v1::ForkRequest* req,
+                                                v1::ForkResponse* resp) {
+  absl::StatusOr<Caller> caller = Authorize(*auth_, ctx, false, "Fork");
+  if (!caller.ok()) return FinishNow(ctx, caller.status());
+  if (snapshots_ == nullptr || claims_ == nullptr || fork_pools_ == nullptr ||
+      allocator_ == nullptr) {
+    return FinishNow(ctx, runtime::NoSnapshots());
+  }
+  if (req->snapshot_id().empty() == req->claim_id().empty()) {
+    return FinishNow(
+        ctx, absl::InvalidArgumentError(absl::StrCat(
+                 "snapshot_id \"", req->snapshot_id(), "\" and claim_id \"", req->claim_id(),
+                 "\": a fork names exactly one source (a snapshot, or a claim to "
+                 "snapshot first)")));
+  }
+  v1::ClaimBatchRequest batch;
+  batch.set_batch_id(req->batch_id());
+  batch.set_count(req->count());
+  batch.set_mode(v1::BATCH_MODE_ALL_OR_NOTHING);
+  batch.set_empty_pool_policy(v1::EMPTY_POOL_POLICY_COLD);
+  if (req->has_ttl()) *batch.mutable_ttl() = req->ttl();
+  if (req->has_wait_timeout()) *batch.mutable_wait_timeout() = req->wait_timeout();
+  *batch.mutable_labels() = req->labels();
+  if (req->has_config()) *batch.mutable_config() = req->config();
+  auto call = AsyncUnary<v1::ForkResponse>::Create(ctx, resp);
+  auto cancellation = std::make_shared<allocator::WaitCancellation>();
+  call->set_on_cancel([cancellation] { cancellation->Cancel(); });
+  auto fork = [this, call, caller = *caller, batch = std::move(batch),
+               cancellation](const std::string& snapshot_id) {
+    absl::StatusOr<store::SnapshotRecord> snapshot = snapshots_->Get(caller.tenant, snapshot_id);
+    if (!snapshot.ok()) return call->Fail(snapshot.status());
+    fork_pools_->Resolve(
+        caller, *snapshot,
+        [this, call, caller, batch, cancellation,
+         snapshot_id](absl::StatusOr<std::string> pool) mutable {
+          if (!pool.ok()) return call->Fail(pool.status());
+          claims_->ForkBatch(
+              caller, batch, *pool, std::move(cancellation),
+              [call, snapshot_id](absl::StatusOr<std::vector<allocator::ClaimResult>> results) {
+                call->Complete(results.status(), [&](v1::ForkResponse* out) {
+                  out->set_snapshot_id(snapshot_id);
+                  bool replayed = !results->empty();
+                  for (const allocator::ClaimResult& r : *results) {
+                    ToProto(r.claim, out->add_claims());
+                    replayed = replayed && r.replayed;
+                  }
+                  if (!out->claims().empty()) out->set_batch_id(out->claims(0).batch_id());
+                  out->set_replayed(replayed);
+                  return absl::OkStatus();
+                });
+              });
+        });
+  };
+  // A retry of an earlier Fork goes to the snapshot its forks came from, with no new
+  // snapshot of a claim source.
+  if (!req->batch_id().empty()) {
+    if (absl::StatusOr<store::ClaimRecord> first =
+            allocator_->GetClaim(caller->tenant, req->batch_id() + "#0");
+        first.ok()) {
+      const std::string snapshot_id = ForkPools::SnapshotOf(first->pool);
+      if (snapshot_id.empty()) {
+        call->Fail(absl::AlreadyExistsError(
+            absl::StrCat("batch_id \"", req->batch_id(), "\" names claims of pool \"", first->pool,
+                         "\" (a ClaimBatch), not forks: choose another")));
+      } else {
+        fork(snapshot_id);
+      }
+      return call->reactor();
+    }
+  }
+  if (!req->snapshot_id().empty()) {
+    fork(req->snapshot_id());
+    return call->reactor();
+  }
+  allocator::SnapshotCreateRequest r;
+  r.owner = caller->tenant;
+  r.claim_id = req->claim_id();
+  r.name = absl::StrCat("fork of ", req->claim_id());
+  if (r.name.size() > allocator::kMaxSnapshotName) r.name.resize(allocator::kMaxSnapshotName);
+  snapshots_->Create(std::move(r),
+                     [call, fork](absl::StatusOr<allocator::SnapshotCreated> made) mutable {
+                       if (!made.ok()) return call->Fail(made.status());
+                       fork(made->snapshot.id);
+                     });
   return call->reactor();
 }
 

@@ -275,6 +275,9 @@ void EncodeValue(const Mutation& m, std::string* out) {
           EncodeTime(
               r.created, [&](int64_t s) { msg.set_created_s(s); },
               [&](int32_t ns) { msg.set_created_ns(ns); });
+          msg.set_template_name(r.template_name);
+          msg.set_template_runtime(r.template_runtime);
+          msg.set_template_spec(r.template_spec);
           Serialize(msg, out);
         } else {
           static_assert(std::is_same_v<R, RevisionRecord>);
@@ -393,6 +396,9 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
     r.parent_image = std::move(*msg.mutable_parent_image());
     r.parent_snapshot = std::move(*msg.mutable_parent_snapshot());
     r.size_bytes = msg.size_bytes();
+    r.template_name = std::move(*msg.mutable_template_name());
+    r.template_runtime = std::move(*msg.mutable_template_runtime());
+    r.template_spec = std::move(*msg.mutable_template_spec());
     absl::Status s = DecodeTime(key, "created", msg.created_s(), msg.created_ns(), &r.created);
     if (!s.ok()) out->snapshots.pop_back();
     return s;

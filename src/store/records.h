@@ -151,6 +151,12 @@ struct SnapshotRecord {
   // Bytes of its files (regular file contents and link targets), what the quota counts.
   int64_t size_bytes = 0;
   absl::Time created = absl::UnixEpoch();
+  // The template the source sandbox was started from, as stored when the snapshot was
+  // taken (TemplateRecord's name, runtime and opaque spec): what a fork of it starts as.
+  // Empty in snapshots taken before forks existed.
+  std::string template_name;
+  std::string template_runtime;
+  std::string template_spec;
 };
 
 }  // namespace sbx::store

@@ -45,6 +45,9 @@ TEST(RecordCodecTest, SnapshotsRoundTrip) {
   r.parent_snapshot = "sn-parent";
   r.size_bytes = int64_t{5} << 40;
   r.created = absl::FromUnixNanos(1700000000123456789);
+  r.template_name = "py";
+  r.template_runtime = "local";
+  r.template_spec = std::string("\x0a\x00spec", 6);
   WriteBatch b;
   b.Put(r);
   ASSERT_EQ(b.mutations()[0].kind, Mutation::Kind::kSnapshot);
@@ -66,6 +69,9 @@ TEST(RecordCodecTest, SnapshotsRoundTrip) {
   EXPECT_EQ(got.parent_snapshot, r.parent_snapshot);
   EXPECT_EQ(got.size_bytes, r.size_bytes);
   EXPECT_EQ(got.created, r.created);
+  EXPECT_EQ(got.template_name, r.template_name);
+  EXPECT_EQ(got.template_runtime, r.template_runtime);
+  EXPECT_EQ(got.template_spec, r.template_spec);
   absl::Status bad = decoder.Decode(key, Bytes("\x01\xff\xff"), &out);
   EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(bad.message(), HasSubstr("n/sn-0123456789abcdef"));

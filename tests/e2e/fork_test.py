@@ -1,0 +1,422 @@
+#!/usr/bin/python3
+"""Fork (issue 37, slice 3) and templates of a snapshot (slice 4) on the local runtime, with
+a real sbx-server as root, real bubblewrap, a real RocksDB and an image built here offline
+(busybox-static): forks of a snapshot and of a live claim start at its files and write only
+their own; a retry answers the same forks without a new snapshot; tenants (another tenant
+cannot fork, claim the fork pool by name or delete); a hostile tree (a link to a host path,
+a FIFO) forked and then read through the file RPCs; deleting a snapshot with claimed forks;
+an admin's template of a snapshot and its checks; forks after a kill -9 of the server.
+
+Usage: fork_test.py PATH_TO_SBX_SERVER PROTO_DIR PATH_TO_SBX_CLI
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import grpc
+
+import sbx_e2e
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "images"))
+import test_images  # noqa: E402
+
+SERVER = PROTO = CLI = None
+
+CONFIG = """
+templates:
+  - name: img
+    runtime: local
+    local:
+      image: "{plain}"
+      workspace_size_bytes: 268435456
+      layer_size_bytes: 268435456
+  - name: host
+    runtime: local
+    local:
+      network: false
+pools:
+  - name: img
+    template: img
+    min_warm: 2
+    max_warm: 4
+    empty_pool_policy: wait
+    default_wait: 30s
+  - name: host
+    template: host
+    min_warm: 1
+    max_warm: 2
+    empty_pool_policy: wait
+    default_wait: 30s
+"""
+
+TOKENS = "token-a tenant-a\ntoken-b tenant-b\ntoken-admin ops admin\n"
+A = [("authorization", "Bearer token-a")]
+B = [("authorization", "Bearer token-b")]
+ADMIN = [("authorization", "Bearer token-admin")]
+WS = "/run/sbx/workspace"
+
+
+class Fork(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="sbx-fork-", dir="/tmp")
+        os.chmod(cls.dir, 0o755)
+        cls.plain_ref = test_images.busybox_image(os.path.join(cls.dir, "images", "plain"),
+                                                  config={"Env": ["PATH=/bin"]})
+        cls.config = os.path.join(cls.dir, "config.yaml")
+        with open(cls.config, "w") as f:
+            f.write(CONFIG.format(plain=cls.plain_ref))
+        cls.tokens = os.path.join(cls.dir, "tokens")
+        with open(cls.tokens, "w") as f:
+            f.write(TOKENS)
+        cls.host_dir = os.path.join(cls.dir, "host-dir")
+        os.makedirs(cls.host_dir)
+        with open(os.path.join(cls.host_dir, "canary"), "w") as f:
+            f.write("CANARY\n")
+        cls.start()
+
+    @classmethod
+    def start(cls):
+        cls.server = sbx_e2e.Server(
+            SERVER, cls.dir, cls.config, auth_tokens=cls.tokens,
+            extra=["--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
+        from sbx.v1 import admin_pb2_grpc, claims_pb2_grpc, sandboxes_pb2_grpc, snapshots_pb2_grpc
+        ch = cls.server.channel
+        cls.claims = claims_pb2_grpc.ClaimServiceStub(ch)
+        cls.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(ch)
+        cls.snaps = snapshots_pb2_grpc.SnapshotsStub(ch)
+        cls.admin = admin_pb2_grpc.AdminServiceStub(ch)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop(signal.SIGTERM)
+        sbx_e2e.kill_all_with(cls.dir)
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    # --- helpers ---
+
+    def claim(self, pool="img", md=A):
+        from sbx.v1 import claims_pb2
+        return self.claims.Claim(claims_pb2.ClaimRequest(pool=pool), metadata=md,
+                                 timeout=60).claim
+
+    def get_claim(self, claim_id, md=A):
+        from sbx.v1 import claims_pb2
+        return self.claims.GetClaim(claims_pb2.GetClaimRequest(claim_id=claim_id), metadata=md,
+                                    timeout=10).claim
+
+    def release(self, claim_id, md=A):
+        from sbx.v1 import claims_pb2
+        self.claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id), metadata=md, timeout=30)
+
+    def sh(self, claim_id, script, md=A, timeout=60):
+        return sbx_e2e.sh(self.sandboxes, claim_id, script, metadata=md, timeout=timeout)
+
+    def snapshot(self, claim_id, md=A):
+        from sbx.v1 import snapshots_pb2
+        return self.snaps.CreateSnapshot(snapshots_pb2.CreateSnapshotRequest(claim_id=claim_id),
+                                         metadata=md, timeout=120).snapshot
+
+    def list_snapshots(self, md=A):
+        from sbx.v1 import snapshots_pb2
+        return self.snaps.ListSnapshots(snapshots_pb2.ListSnapshotsRequest(), metadata=md,
+                                        timeout=10).snapshots
+
+    def delete(self, snap_id, md=A):
+        from sbx.v1 import snapshots_pb2
+        self.snaps.DeleteSnapshot(snapshots_pb2.DeleteSnapshotRequest(snapshot_id=snap_id),
+                                  metadata=md, timeout=30)
+
+    def fork(self, count, snapshot_id="", claim_id="", md=A, batch_id="", env=None,
+             labels=None):
+        from sbx.v1 import snapshots_pb2, types_pb2
+        req = snapshots_pb2.ForkRequest(snapshot_id=snapshot_id, claim_id=claim_id, count=count,
+                                        batch_id=batch_id, labels=labels or {})
+        if env:
+            req.config.CopyFrom(types_pb2.SandboxConfig(env=env))
+        return self.snaps.Fork(req, metadata=md, timeout=180)
+
+    def download(self, claim_id, path, md=A):
+        from sbx.v1 import sandboxes_pb2
+        return b"".join(c.data for c in self.sandboxes.DownloadFile(
+            sandboxes_pb2.DownloadRequest(claim_id=claim_id, path=path), metadata=md,
+            timeout=30))
+
+    def assert_code(self, code, fn, *args, **kwargs):
+        with self.assertRaises(grpc.RpcError) as cm:
+            fn(*args, **kwargs)
+        self.assertEqual(cm.exception.code(), code, cm.exception.details())
+        return cm.exception.details()
+
+    def prepared(self, pool="img"):
+        """A claim with files in its workspace and its root, and a snapshot of it."""
+        c = self.claim(pool)
+        root = "/opt/app" if pool == "img" else f"{WS}/app"
+        extra = " && rm /bin/vi" if pool == "img" else ""
+        code, out = self.sh(c.claim_id, f"echo prepared > {WS}/state && mkdir -p {root} && "
+                                        f"echo app > {root}/f{extra} && echo OK")
+        self.assertEqual((code, out), (0, "OK\n"))
+        return c, self.snapshot(c.claim_id)
+
+    # --- tests ---
+
+    def test_forks_start_at_the_snapshot_and_write_only_their_own(self):
+        c, snap = self.prepared()
+        forks = []
+        try:
+            resp = self.fork(3, snapshot_id=snap.id, env={"LATE": "bound"},
+                             labels={"episode": "7"})
+            forks = [f.claim_id for f in resp.claims]
+            self.assertEqual(resp.snapshot_id, snap.id)
+            self.assertEqual(len(forks), 3)
+            self.assertEqual(len({f.sandbox.id for f in resp.claims} | {c.sandbox.id}), 4)
+            for f in resp.claims:
+                self.assertTrue(f.pool.endswith("fork-" + snap.id[3:]), f.pool)
+                self.assertEqual(dict(f.labels), {"episode": "7"})
+                code, out = self.sh(f.claim_id, f"cat {WS}/state /opt/app/f; "
+                                                f"test -e /bin/vi || echo no-vi; echo LATE=$LATE")
+                self.assertEqual((code, out), (0, "prepared\napp\nno-vi\nLATE=bound\n"))
+            # Each writes only its own: nothing crosses to the other forks or the source.
+            code, out = self.sh(forks[0], f"echo mine > {WS}/state && echo x > /opt/app/f && "
+                                          f"echo new > /new && echo OK")
+            self.assertEqual((code, out), (0, "OK\n"))
+            for other in (forks[1], c.claim_id):
+                code, out = self.sh(other, f"cat {WS}/state /opt/app/f; "
+                                           f"test -e /new || echo no-new")
+                self.assertEqual((code, out), (0, "prepared\napp\nno-new\n"))
+            # The forks' files are their own user's.
+            code, out = self.sh(forks[1], f"test $(stat -c %u {WS}/state) = $(id -u) && "
+                                          f"test $(stat -c %u /opt/app/f) = $(id -u) && echo OK")
+            self.assertEqual((code, out), (0, "OK\n"))
+        finally:
+            for f in forks:
+                self.release(f)
+            self.release(c.claim_id)
+        self.delete(snap.id)
+
+    def test_a_fork_of_a_live_claim_snapshots_it_and_a_retry_answers_the_same_forks(self):
+        c = self.claim()
+        forks = []
+        try:
+            code, out = self.sh(c.claim_id, f"echo live > {WS}/state && echo OK")
+            self.assertEqual((code, out), (0, "OK\n"))
+            before = {s.id for s in self.list_snapshots()}
+            resp = self.fork(2, claim_id=c.claim_id, batch_id="episode-1")
+            forks = [f.claim_id for f in resp.claims]
+            self.assertEqual(forks, ["episode-1#0", "episode-1#1"])
+            self.assertFalse(resp.replayed)
+            made = {s.id for s in self.list_snapshots()} - before
+            self.assertEqual(made, {resp.snapshot_id})
+            for f in forks:
+                self.assertEqual(self.sh(f, f"cat {WS}/state"), (0, "live\n"))
+            # The source runs on, untouched.
+            self.assertEqual(self.sh(c.claim_id, f"cat {WS}/state"), (0, "live\n"))
+            again = self.fork(2, claim_id=c.claim_id, batch_id="episode-1")
+            self.assertTrue(again.replayed)
+            self.assertEqual([f.claim_id for f in again.claims], forks)
+            self.assertEqual(again.snapshot_id, resp.snapshot_id)
+            self.assertEqual({s.id for s in self.list_snapshots()} - before, made)
+            # A batch id of ordinary claims is not taken for forks.
+            from sbx.v1 import claims_pb2
+            self.claims.ClaimBatch(claims_pb2.ClaimBatchRequest(pool="img", count=1,
+                                                                batch_id="plain-1"),
+                                   metadata=A, timeout=60)
+            self.assert_code(grpc.StatusCode.ALREADY_EXISTS, self.fork, 1,
+                             snapshot_id=resp.snapshot_id, batch_id="plain-1")
+            self.release("plain-1#0")
+        finally:
+            for f in forks:
+                self.release(f)
+            self.release(c.claim_id)
+        self.delete(resp.snapshot_id)
+
+    def test_a_host_root_sandbox_forks_its_workspace(self):
+        c, snap = self.prepared(pool="host")
+        resp = self.fork(1, snapshot_id=snap.id)
+        f = resp.claims[0].claim_id
+        try:
+            self.assertEqual(self.sh(f, f"cat {WS}/state {WS}/app/f"), (0, "prepared\napp\n"))
+        finally:
+            self.release(f)
+            self.release(c.claim_id)
+        self.delete(snap.id)
+
+    # Attack: tenant B reaches A's snapshot through Fork, through the fork pool's name (the
+    # pool sits in the namespace both may claim from), or by deleting it.
+    def test_another_tenant_cannot_fork_claim_the_fork_pool_or_delete(self):
+        c, snap = self.prepared()
+        resp = self.fork(1, snapshot_id=snap.id)
+        mine = resp.claims[0]
+        try:
+            pool = mine.pool
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.fork, 1, snapshot_id=snap.id, md=B)
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.fork, 1, claim_id=c.claim_id, md=B)
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.delete, snap.id, md=B)
+            from sbx.v1 import claims_pb2
+            for md in (B, A):
+                self.assert_code(grpc.StatusCode.NOT_FOUND, self.claims.Claim,
+                                 claims_pb2.ClaimRequest(pool=pool,
+                                                         empty_pool_policy=2),
+                                 metadata=md, timeout=60)
+                self.assert_code(grpc.StatusCode.NOT_FOUND, self.claims.ClaimBatch,
+                                 claims_pb2.ClaimBatchRequest(pool=pool, count=1,
+                                                              empty_pool_policy=2),
+                                 metadata=md, timeout=60)
+            # B's retry of A's batch id is B's own (nothing of A's is answered).
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.fork, 1, snapshot_id=snap.id,
+                             batch_id=mine.batch_id, md=B)
+            # Still A's to fork after all that.
+            again = self.fork(1, snapshot_id=snap.id)
+            self.release(again.claims[0].claim_id)
+        finally:
+            self.release(mine.claim_id)
+            self.release(c.claim_id)
+        self.delete(snap.id)
+
+    # Attack: a sandbox plants a link to a host path and a FIFO, is snapshotted and forked;
+    # the fork's files are then read through the file RPCs, which must neither follow the
+    # link out of the sandbox's root nor hang on the FIFO.
+    def test_a_hostile_tree_forked_then_read_through_the_file_rpcs(self):
+        c = self.claim()
+        forks = []
+        try:
+            canary = os.path.join(self.host_dir, "canary")
+            code, out = self.sh(c.claim_id, f"ln -s {canary} {WS}/link && "
+                                            f"ln -s {canary} /etc/link && "
+                                            f"mkfifo {WS}/fifo && echo OK")
+            self.assertEqual((code, out), (0, "OK\n"))
+            snap = self.snapshot(c.claim_id)
+            resp = self.fork(1, snapshot_id=snap.id)
+            forks = [f.claim_id for f in resp.claims]
+            f = forks[0]
+            code, out = self.sh(f, f"readlink {WS}/link; test -p {WS}/fifo && echo fifo")
+            self.assertEqual((code, out), (0, f"{canary}\nfifo\n"))
+            for path in (f"{WS}/link", "link", "/etc/link"):
+                try:
+                    data = self.download(f, path)
+                except grpc.RpcError as e:
+                    self.assertIn(e.code(), (grpc.StatusCode.NOT_FOUND,
+                                             grpc.StatusCode.FAILED_PRECONDITION,
+                                             grpc.StatusCode.INVALID_ARGUMENT), e.details())
+                    continue
+                self.assertNotIn(b"CANARY", data, path)
+            try:
+                data = self.download(f, f"{WS}/fifo")
+                self.assertEqual(data, b"")
+            except grpc.RpcError as e:
+                self.assertNotEqual(e.code(), grpc.StatusCode.DEADLINE_EXCEEDED, e.details())
+            with open(canary) as fh:
+                self.assertEqual(fh.read(), "CANARY\n")
+        finally:
+            for f in forks:
+                self.release(f)
+            self.release(c.claim_id)
+        self.delete(snap.id)
+
+    def test_a_snapshot_with_claimed_forks_is_kept_until_they_are_released(self):
+        c, snap = self.prepared()
+        self.release(c.claim_id)
+        resp = self.fork(2, snapshot_id=snap.id)
+        detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.delete, snap.id)
+        self.assertIn("release its forks", detail)
+        self.assertEqual(self.sh(resp.claims[0].claim_id, f"cat {WS}/state"), (0, "prepared\n"))
+        for f in resp.claims:
+            self.release(f.claim_id)
+        self.delete(snap.id)
+        self.assert_code(grpc.StatusCode.NOT_FOUND, self.fork, 1, snapshot_id=snap.id)
+        from sbx.v1 import admin_pb2
+        pools = [p.name for p in self.admin.ListPools(admin_pb2.ListPoolsRequest(),
+                                                      metadata=ADMIN, timeout=10).pools]
+        self.assertNotIn(resp.claims[0].pool, pools)
+
+    def test_an_admin_template_of_a_snapshot_is_checked_and_keeps_it(self):
+        from sbx.v1 import admin_pb2
+        c, snap = self.prepared()
+        self.release(c.claim_id)
+
+        def put(name, image, snapshot):
+            t = admin_pb2.Template(name=name, runtime="local",
+                                   local=admin_pb2.LocalSpec(image=image, snapshot=snapshot))
+            return self.admin.PutTemplate(admin_pb2.PutTemplateRequest(template=t),
+                                          metadata=ADMIN, timeout=30)
+
+        self.assert_code(grpc.StatusCode.NOT_FOUND, put, "golden-x", self.plain_ref,
+                         "sn-0000000000000000")
+        detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, put, "golden-x", "",
+                                  snap.id)
+        self.assertIn("own image", detail)
+        self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, put, "golden-x", self.plain_ref,
+                         "../../etc")
+        put("golden", self.plain_ref, snap.id)
+        self.admin.PutPool(admin_pb2.PutPoolRequest(pool=admin_pb2.Pool(
+            name="golden", template="golden", min_warm=1, max_warm=2,
+            empty_pool_policy=1)), metadata=ADMIN, timeout=30)
+        g = self.claim("golden")
+        try:
+            self.assertEqual(self.sh(g.claim_id, f"cat {WS}/state /opt/app/f"),
+                             (0, "prepared\napp\n"))
+            detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.delete, snap.id)
+            self.assertIn('template "golden"', detail)
+        finally:
+            self.release(g.claim_id)
+        self.admin.DeletePool(admin_pb2.DeletePoolRequest(name="golden"), metadata=ADMIN,
+                              timeout=30)
+        self.admin.DeleteTemplate(admin_pb2.DeleteTemplateRequest(name="golden"), metadata=ADMIN,
+                                  timeout=30)
+        self.delete(snap.id)
+
+    def test_cli_fork(self):
+        c, snap = self.prepared()
+        env = dict(os.environ, SBX_TOKEN="token-a")
+        try:
+            r = subprocess.run([CLI, f"--server={self.server.target}", "fork", snap.id, "-n", "2"],
+                               capture_output=True, text=True, timeout=120, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            ids = [line.split()[0] for line in r.stdout.splitlines() if "#" in line]
+            self.assertEqual(len(ids), 2, r.stdout)
+            for f in ids:
+                self.assertEqual(self.sh(f, f"cat {WS}/state"), (0, "prepared\n"))
+                self.release(f)
+            r = subprocess.run([CLI, f"--server={self.server.target}", "fork", "sn-nope"],
+                               capture_output=True, text=True, timeout=60, env=env)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("sn-nope", r.stderr)
+        finally:
+            self.release(c.claim_id)
+        self.delete(snap.id)
+
+    # Forks are claims like any other: durable before the answer, adopted with their
+    # sandboxes after a kill -9, and a retry of the Fork still answers them.
+    def test_zz_forks_survive_a_kill_9_of_the_server(self):
+        c, snap = self.prepared()
+        self.release(c.claim_id)
+        resp = self.fork(2, snapshot_id=snap.id, batch_id="durable")
+        self.server.stop(signal.SIGKILL)
+        type(self).start()
+        for f in resp.claims:
+            got = self.get_claim(f.claim_id)
+            self.assertEqual(got.sandbox.id, f.sandbox.id)
+            self.assertEqual(self.sh(f.claim_id, f"cat {WS}/state"), (0, "prepared\n"))
+        again = self.fork(2, snapshot_id=snap.id, batch_id="durable")
+        self.assertTrue(again.replayed)
+        for f in resp.claims:
+            self.release(f.claim_id)
+        self.delete(snap.id)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    SERVER, PROTO, CLI = sys.argv[1], sys.argv[2], sys.argv[3]
+    del sys.argv[1:4]
+    if os.geteuid() != 0:
+        print("SKIP: forks of image sandboxes need a root server (idmapped layers)")
+        sys.exit(0)
+    sbx_e2e.generate_stubs(PROTO)
+    unittest.main(verbosity=2)
