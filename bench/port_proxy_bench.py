@@ -16,7 +16,15 @@ One more line measures the proxy to a sandbox without network (the default). The
 in the sandbox are small Python programs (a fixed response per request; a stream of a
 preallocated 1 MiB block; tests/e2e/port_echo_server.py for WebSockets); the client is
 Python on raw sockets, the same code for both paths, so the difference is the proxy's.
+
+The same server also runs the E2B listener (--e2b_listen), and "e2b" rows send the same
+requests there, addressed as E2B clients address a sandbox port (E2b-Sandbox-Id,
+E2b-Sandbox-Port, X-Access-Token: the envdAccessToken of GET /sandboxes/{id}): the
+listener parses the header and hands the connection to the proxy (docs/e2b.md), so
+"e2b" minus "proxy" is what that hand-off costs.
 """
+import json
+import urllib.request
 import argparse
 import base64
 import os
@@ -227,14 +235,19 @@ def main():
     sbx_e2e.generate_stubs(os.path.join(SOURCE, "proto"))
     from sbx.v1 import claims_pb2, claims_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc
     port_file = os.path.join(work, "proxy_port")
+    e2b_port_file = os.path.join(work, "e2b_port")
     server = sbx_e2e.Server(args.server, work, os.path.join(work, "config.yaml"), (
         "--proxy_listen=127.0.0.1:0", f"--proxy_port_file={port_file}",
+        "--e2b_listen=127.0.0.1:0", f"--e2b_port_file={e2b_port_file}",
         f"--proxy_max_connections_per_sandbox={args.websockets + 100}",
         f"--proxy_max_connections_per_tenant={args.websockets + 100}",
         f"--proxy_max_connections={args.websockets + 100}"))
     try:
         with open(port_file) as f:
             proxy = ("127.0.0.1", int(f.read()))
+        sbx_e2e.wait_for(lambda: os.path.exists(e2b_port_file), 30, "the E2B port file")
+        with open(e2b_port_file) as f:
+            e2b = ("127.0.0.1", int(f.read()))
         claims = claims_pb2_grpc.ClaimServiceStub(server.channel)
         sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(server.channel)
         with open(os.path.join(SOURCE, "tests", "e2e", "port_echo_server.py"), "rb") as f:
@@ -265,22 +278,35 @@ def main():
         ncid, nhp, nwp = setups["nonet"]
         nph = f"/_sbx/{ncid}/{nhp}/"
         sbx_e2e.wait_for(lambda: gets_kept_alive(proxy, ph, "", 1), 30, "the proxied server")
+        # The sandbox's envd access token, from E2B's GET /sandboxes/{id} (no auth here: any
+        # key is the anonymous tenant's).
+        with urllib.request.urlopen(urllib.request.Request(
+                f"http://{e2b[0]}:{e2b[1]}/sandboxes/{cid}", headers={"X-API-Key": "bench"}),
+                timeout=30) as r:
+            token = json.load(r)["envdAccessToken"]
+        eh = f"E2b-Sandbox-Id: {cid}\r\nE2b-Sandbox-Port: {hp}\r\nX-Access-Token: {token}\r\n"
+        ew = f"E2b-Sandbox-Id: {cid}\r\nE2b-Sandbox-Port: {wp}\r\nX-Access-Token: {token}\r\n"
+        sbx_e2e.wait_for(lambda: gets_kept_alive(e2b, "/", eh, 1), 30, "the server through E2B")
 
         print(f"# port proxy bench: {args.gets} GETs per path and round, {args.rounds} rounds, "
               f"alternating; microseconds")
         print(f"{'what':46} {'p50':>8} {'p99':>8}")
         res = {}
         for r in range(args.rounds):
-            for name, fn, addr, path in (
-                    ("GET kept-alive, direct", gets_kept_alive, direct_h, "/"),
-                    ("GET kept-alive, proxy", gets_kept_alive, proxy, ph),
-                    ("GET kept-alive, proxy (sandbox w/o network)", gets_kept_alive, proxy, nph),
-                    ("GET new connection, direct", gets_new_connection, direct_h, "/"),
-                    ("GET new connection, proxy", gets_new_connection, proxy, ph),
-                    ("WebSocket echo RTT, direct", ws_rtt, direct_w, "/"),
-                    ("WebSocket echo RTT, proxy", ws_rtt, proxy, pw)):
+            for name, fn, addr, path, headers in (
+                    ("GET kept-alive, direct", gets_kept_alive, direct_h, "/", ""),
+                    ("GET kept-alive, proxy", gets_kept_alive, proxy, ph, ""),
+                    ("GET kept-alive, e2b", gets_kept_alive, e2b, "/", eh),
+                    ("GET kept-alive, proxy (sandbox w/o network)", gets_kept_alive, proxy, nph,
+                     ""),
+                    ("GET new connection, direct", gets_new_connection, direct_h, "/", ""),
+                    ("GET new connection, proxy", gets_new_connection, proxy, ph, ""),
+                    ("GET new connection, e2b", gets_new_connection, e2b, "/", eh),
+                    ("WebSocket echo RTT, direct", ws_rtt, direct_w, "/", ""),
+                    ("WebSocket echo RTT, proxy", ws_rtt, proxy, pw, ""),
+                    ("WebSocket echo RTT, e2b", ws_rtt, e2b, "/", ew)):
                 n = args.gets if "new" not in name else args.gets // 5
-                res.setdefault(name, []).extend(fn(addr, path, "", n))
+                res.setdefault(name, []).extend(fn(addr, path, headers, n))
         for name, lat in res.items():
             print(f"{name:46} {us(pct(lat, 0.5))} {us(pct(lat, 0.99))}")
         for what, a, b in (("GET kept-alive", "GET kept-alive, direct", "GET kept-alive, proxy"),
@@ -290,6 +316,10 @@ def main():
                             "WebSocket echo RTT, proxy")):
             print(f"added by the proxy, {what}: p50 {us(pct(res[b], .5) - pct(res[a], .5)).strip()} us, "
                   f"p99 {us(pct(res[b], .99) - pct(res[a], .99)).strip()} us")
+            e = b.replace("proxy", "e2b")
+            print(f"added by the E2B listener's hand-off, {what}: p50 "
+                  f"{us(pct(res[e], .5) - pct(res[b], .5)).strip()} us, "
+                  f"p99 {us(pct(res[e], .99) - pct(res[b], .99)).strip()} us")
 
         nbytes = args.download_mib << 20
         print(f"\n# download of {args.download_mib} MiB, MiB/s ({args.rounds} rounds, alternating)")

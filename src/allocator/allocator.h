@@ -162,6 +162,8 @@ struct ClaimRequest {
   // kMaxTtl.
   absl::Duration ttl = absl::ZeroDuration();
   std::map<std::string, std::string> labels;
+  // The late-bound env, recorded with the claim (store::ClaimRecord::env).
+  std::map<std::string, std::string> env;
   // Soft preference: a sandbox whose node has all these labels (such as
   // topology.kubernetes.io/zone or kubernetes.io/hostname) if one is warm, any sandbox
   // otherwise. Honoured by the spread and pack policies (ready_set.h) when taking a warm
@@ -206,6 +208,8 @@ struct BatchRequest {
   BatchMode mode = BatchMode::kAllOrNothing;
   absl::Duration ttl = absl::ZeroDuration();
   std::map<std::string, std::string> labels;
+  // As ClaimRequest::env, for every claim of the batch.
+  std::map<std::string, std::string> env;
   // As ClaimRequest::node_preference, for every sandbox of the batch.
   std::map<std::string, std::string> node_preference;
   // When too few sandboxes are warm: FAIL answers RESOURCE_EXHAUSTED at once; WAIT and

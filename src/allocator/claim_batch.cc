@@ -239,6 +239,7 @@ void AllocatorImpl::GrantBatch(const BatchRequest& req, Pool* pool, absl::Durati
       r.owner = req.owner;
       r.pool = req.pool;
       r.labels = req.labels;
+      r.env = req.env;
       r.created = now;
       r.expires = ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : now + ttl;
       r.launch_type = LaunchType::kWarm;

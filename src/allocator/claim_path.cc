@@ -24,6 +24,7 @@ void AllocatorImpl::Claim(ClaimRequest req, ClaimCallback done) {
     r.owner = std::move(req.owner);
     r.pool = std::move(req.pool);
     r.labels = std::move(req.labels);
+    r.env = std::move(req.env);
     r.created = clock_->Now();
     // Expiry counts from the request; InfiniteFuture when the claim has no TTL.
     r.expires = *ttl == absl::ZeroDuration() ? absl::InfiniteFuture() : r.created + *ttl;

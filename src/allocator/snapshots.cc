@@ -338,10 +338,13 @@ void Snapshots::Reset(const std::string& owner, const std::string& claim_id,
   if (absl::Status s = Hold(snapshot_id, user); !s.ok()) return std::move(done)(s);
   done = Tracked(std::move(done));
   std::move(starting)(*claim);
+  const absl::Time start = clock_->Now();
   runtime_->Reset(claim->sandbox_id, snapshot_id, snapshot->parent_image_digest,
-                  [this, snapshot_id, user, claim_id, claim = *claim,
+                  [this, snapshot_id, user, claim_id, claim = *claim, start,
                    done = std::move(done)](absl::Status s) mutable {
                     Unhold(snapshot_id, user);
+                    if (s.ok())
+                      reset_seconds_.Observe(absl::ToDoubleSeconds(clock_->Now() - start));
                     {
                       absl::MutexLock lock(&mu_);
                       if (s.ok()) {
@@ -381,6 +384,17 @@ int64_t Snapshots::used_bytes(const std::string& owner) const {
   return it == tenants_.end() ? 0 : it->second.used;
 }
 
+void Snapshots::RecordFork(bool ok, int claims, absl::Duration took) {
+  if (ok) fork_seconds_.Observe(absl::ToDoubleSeconds(took));
+  absl::MutexLock lock(&mu_);
+  if (ok) {
+    ++stats_.forks;
+    stats_.forked += static_cast<uint64_t>(claims);
+  } else {
+    ++stats_.fork_failures;
+  }
+}
+
 SnapshotStats Snapshots::stats() const {
   SnapshotStats out;
   {
@@ -388,6 +402,8 @@ SnapshotStats Snapshots::stats() const {
     out = stats_;
   }
   out.seconds = seconds_.Snapshot();
+  out.reset_seconds = reset_seconds_.Snapshot();
+  out.fork_seconds = fork_seconds_.Snapshot();
   return out;
 }
 

@@ -85,8 +85,15 @@ struct SnapshotStats {
   uint64_t quota_refusals = 0;
   uint64_t resets = 0;          // sandboxes reset to a snapshot
   uint64_t reset_failures = 0;  // resets that failed
+  uint64_t forks = 0;           // Fork calls answered with their claims (RecordFork)
+  uint64_t fork_failures = 0;   // Fork calls that failed
+  uint64_t forked = 0;          // claims those Forks answered
   // How long successful snapshots took, from the request to the durable record (seconds).
   HistogramSnapshot seconds;
+  // How long successful resets took, from the request to the new sandbox serving.
+  HistogramSnapshot reset_seconds;
+  // How long successful Fork calls took, until every fork was up (RecordFork).
+  HistogramSnapshot fork_seconds;
 };
 
 class Snapshots {
@@ -139,6 +146,10 @@ class Snapshots {
       ABSL_LOCKS_EXCLUDED(mu_);
   void Unhold(const std::string& id, const std::string& user) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A Fork call (served by the server, which runs it as a batch of claims) ended: `claims`
+  // forks answered after `took`, or `ok` false.
+  void RecordFork(bool ok, int claims, absl::Duration took) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Waits for the captures and commits in flight (their callbacks use this object).
   ~Snapshots() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -187,6 +198,8 @@ class Snapshots {
   // Creates and deletes whose callbacks have not run yet.
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   AtomicHistogram seconds_{{0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60}};
+  AtomicHistogram reset_seconds_{{0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30}};
+  AtomicHistogram fork_seconds_{{0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 300}};
 };
 
 }  // namespace sbx::allocator

@@ -2,6 +2,9 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
@@ -32,7 +35,8 @@ void AddE2bFlags(CLI::App& app, E2bFlags* flags) {
 
 absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags,
                                     const server::ServerOptions& server_options,
-                                    server::Server& server, const SandboxSecrets& secrets) {
+                                    server::Server& server, const SandboxSecrets& secrets,
+                                    gateway::PortProxy* proxy) {
   const server::AuthOptions& auth = server_options.auth;
   RunningE2b out;
   if (flags.front.listen.empty()) return out;
@@ -54,6 +58,25 @@ absl::StatusOr<RunningE2b> StartE2b(const E2bFlags& flags,
                    server::Authenticator::Create(auth));
   out.auth = std::move(authenticator);
   deps.bearer_of = [a = out.auth](absl::string_view tenant) { return a->BearerOf(tenant); };
+  deps.tenant_of = [a = out.auth](absl::string_view key) -> std::optional<std::string> {
+    absl::StatusOr<server::Caller> caller = a->Authenticate(absl::StrCat("Bearer ", key));
+    if (!caller.ok()) return std::nullopt;
+    return caller->tenant;
+  };
+  if (proxy != nullptr) {
+    // Port traffic at the E2B listener is served in place by the port proxy.
+    deps.hand_port = [proxy](e2b::PortConnection c) {
+      gateway::HandOff h;
+      h.fd = c.fd;
+      h.read = std::move(c.read);
+      h.claim_id = std::move(c.sandbox_id);
+      h.port = c.port;
+      h.tenant = std::move(c.tenant);
+      h.strip_headers = std::move(c.strip_headers);
+      h.admit_later = std::move(c.admit_later);
+      proxy->Adopt(std::move(h));
+    };
+  }
   ASSIGN_OR_RETURN(out.front, e2b::Front::Start(options, std::move(deps)));
   e2b::Front* front = out.front.get();
   if (!flags.port_file.empty()) {

@@ -414,7 +414,8 @@ absl::Status ServerApp::Activate() {
   ASSIGN_OR_RETURN(auto started, server::Server::Start(server_options));
   // The E2B front: a translation onto the services just started, through their
   // in-process channel.
-  ASSIGN_OR_RETURN(auto front, StartE2b(flags_.e2b, server_options, *started, *sandbox_secrets_));
+  ASSIGN_OR_RETURN(auto front, StartE2b(flags_.e2b, server_options, *started, *sandbox_secrets_,
+                                        port_proxy_.proxy.get()));
   absl::MutexLock lock(&server_mu_);
   server_ = std::move(started);
   e2b_front_ = std::move(front);

@@ -54,7 +54,7 @@ struct ServerFlags {
   KubeFlags kube;
   ConversionFlags conversion;
   ProxyFlags proxy;
-  E2bFlags e2b;  // the E2B-compatible API (src/e2b)
+  E2bFlags e2b;  // the E2B-compatible API (src/gateway/e2b)
   std::string advertise_address;
   std::string sandbox_key_file;
   double replication_ack_timeout_s = 2;

@@ -39,6 +39,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -117,6 +119,28 @@ struct ProxyDeps {
   ProxyCounters* counters = nullptr;
 };
 
+// A client connection accepted elsewhere in sbx-server (the E2B front, src/gateway/e2b) whose
+// first request is for a port inside a sandbox, given to the proxy with the target and
+// tenant that front resolved and authenticated (PortProxy::Adopt). From there on it is
+// served as one of the proxy's own: the request is parsed again (framing refusals, header
+// limit), the tenant must own the claim (404 otherwise, as for a stranger), the claim must
+// be active, the connection limits and timeouts apply, and every later request on the
+// connection must be admitted by the adopting front (HandOff::admit_later).
+struct HandOff {
+  int fd = -1;       // the client's socket (plaintext); the proxy closes it
+  std::string read;  // bytes already read from it, from the first request's first byte
+  std::string claim_id;
+  int port = 0;
+  std::string tenant;
+  // Header fields (lower-case names) removed from every request: the other front's
+  // credentials.
+  std::vector<std::string> strip_headers;
+  // Whether a later request on the connection (its fields, names lower-case) may go on:
+  // for the same target, with a credential of the same tenant (the adopting front's rules).
+  // One that may not ends the connection. Required.
+  std::function<bool(const std::vector<std::pair<std::string, std::string>>& fields)> admit_later;
+};
+
 class PortProxy {
  public:
   // Binds options.listen and starts serving on a thread of its own. Errors:
@@ -128,6 +152,9 @@ class PortProxy {
   virtual int port() const = 0;
   // Client connections open now.
   virtual int connections() const = 0;
+  // Serves a connection accepted elsewhere (HandOff); never blocks. The fd is the proxy's
+  // from here on, closed at once when the proxy is over its connection limit or shut down.
+  virtual void Adopt(HandOff connection) = 0;
   // Stops listening and closes every connection. Idempotent.
   virtual void Shutdown() = 0;
 };

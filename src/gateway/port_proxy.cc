@@ -290,7 +290,9 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(ProxyImpl* proxy, tcp::socket client);
   ~Session();
-  void Start();
+  // `handoff`: a connection adopted from another front (PortProxy::Adopt); its bytes
+  // already read are parsed first.
+  void Start(std::optional<HandOff> handoff = std::nullopt);
 
  private:
   void ArmTimer();
@@ -299,6 +301,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadHeader();
   void OnHeader(error_code ec);
   absl::StatusOr<std::string> Authorize(const Target& t, std::string* new_target);
+  // Address of a request on an adopted connection: the target it was handed with; a
+  // later request must be admitted (HandOff::admit_later).
+  absl::StatusOr<Target> HandOffAddress(std::string* new_target);
+  // Removes HandOff::strip_headers from the request.
+  void StripHandOffHeaders();
   void Dial(const store::ClaimRecord& claim);
   void DialDaemon(const std::string& path, const std::string& sandbox_id);
   void OnDaemonAnswer();
@@ -352,6 +359,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool up_done_ = false, down_done_ = false;  // half-closes in a tunnel
   Target target_;
   std::string new_target_;
+  std::optional<HandOff> handoff_;   // set for an adopted connection
   std::string sandbox_id_, tenant_;  // set once counted against the limits
   bool counted_ = false;
   std::optional<beast::flat_buffer> inbuf_;
@@ -419,6 +427,37 @@ class ProxyImpl final : public PortProxy {
   int port() const override { return port_; }
   int connections() const override {
     return static_cast<int>(counters_->open.load(std::memory_order_relaxed));
+  }
+
+  void Adopt(HandOff connection) override {
+    // Owns the fd until a session does: a handler the io_context destroys unrun (the proxy
+    // shutting down) closes it.
+    auto owned = std::make_shared<HandOff>(std::move(connection));
+    std::shared_ptr<int> fd(new int(owned->fd), [](int* p) {
+      if (*p >= 0) ::close(*p);
+      delete p;
+    });
+    asio::post(io_, [this, owned, fd] {
+      counters_->accepted.fetch_add(1, std::memory_order_relaxed);
+      if (counters_->open.load(std::memory_order_relaxed) >= options_.max_connections) {
+        counters_->refused[static_cast<int>(ProxyRefusal::kLimit)].fetch_add(
+            1, std::memory_order_relaxed);
+        return;  // closed with `fd`
+      }
+      int domain = 0;
+      socklen_t len = sizeof(domain);
+      if (::getsockopt(*fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0 ||
+          (domain != AF_INET && domain != AF_INET6)) {
+        return;
+      }
+      tcp::socket socket(io_);
+      error_code ec;
+      socket.assign(domain == AF_INET ? tcp::v4() : tcp::v6(), *fd, ec);
+      if (ec) return;
+      *fd = -1;  // the socket's now
+      socket.non_blocking(false, ec);
+      std::make_shared<Session>(this, std::move(socket))->Start(std::move(*owned));
+    });
   }
   ProxyCounters& counters() { return *counters_; }
 
@@ -521,12 +560,22 @@ Session::~Session() {
   proxy_->counters().open.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void Session::Start() {
+void Session::Start(std::optional<HandOff> handoff) {
   error_code ec;
   client_.set_option(tcp::no_delay(true), ec);
   Touch();
   header_deadline_ = Clock::now() + absl::ToChronoNanoseconds(proxy_->options().header_timeout);
   inbuf_.emplace();
+  if (handoff.has_value()) {
+    handoff_ = std::move(handoff);
+    const std::string& read = handoff_->read;
+    if (!read.empty()) {
+      const auto room = inbuf_->prepare(read.size());
+      std::memcpy(room.data(), read.data(), read.size());
+      inbuf_->commit(read.size());
+    }
+    handoff_->read = std::string();
+  }
   ArmTimer();
   ReadHeader();
 }
@@ -599,12 +648,15 @@ void Session::OnHeader(error_code ec) {
     return Reply(400, "a Transfer-Encoding other than a single \"chunked\"");
   }
   std::string new_target;
-  absl::StatusOr<Target> t = Address(req, proxy_->options().domain, &new_target);
+  absl::StatusOr<Target> t = handoff_.has_value()
+                                 ? HandOffAddress(&new_target)
+                                 : Address(req, proxy_->options().domain, &new_target);
   if (!t.ok()) return pinned_ ? Close() : Fail(t.status());
   if (pinned_) {
     // A kept-alive connection stays with its claim and port; credentials are stripped as
     // on the first request.
     if (!(*t == target_)) return Close();
+    if (handoff_.has_value()) StripHandOffHeaders();
     TakeQueryToken(&new_target);
     req.erase("X-Sbx-Token");
     req.erase(http::field::proxy_authorization);
@@ -637,8 +689,35 @@ void Session::OnHeader(error_code ec) {
   Dial(*claim);
 }
 
+absl::StatusOr<Target> Session::HandOffAddress(std::string* new_target) {
+  const http::request<http::buffer_body>& req = parser_->get();
+  *new_target = std::string(req.target());
+  const Target handed{handoff_->claim_id, handoff_->port};
+  if (!pinned_) return handed;
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const auto& f : req) {
+    fields.emplace_back(absl::AsciiStrToLower(std::string(f.name_string())),
+                        std::string(f.value()));
+  }
+  if (!handoff_->admit_later || !handoff_->admit_later(fields)) {
+    return absl::PermissionDeniedError(
+        "a later request on the connection is for another target or caller");
+  }
+  return handed;
+}
+
+void Session::StripHandOffHeaders() {
+  http::request<http::buffer_body>& req = parser_->get();
+  for (const std::string& name : handoff_->strip_headers) req.erase(name);
+}
+
 absl::StatusOr<std::string> Session::Authorize(const Target& t, std::string* new_target) {
   http::request<http::buffer_body>& req = parser_->get();
+  if (handoff_.has_value()) {
+    // Authenticated by the front that accepted the connection; ownership is checked next.
+    StripHandOffHeaders();
+    return handoff_->tenant;
+  }
   std::string url_token = TakeQueryToken(new_target);
   if (auto it = req.find("X-Sbx-Token"); it != req.end()) {
     if (url_token.empty()) url_token = std::string(it->value());

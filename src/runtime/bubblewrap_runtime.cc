@@ -414,13 +414,34 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     }
     std::optional<local::ImageRun> image;
     if (!old->image_digest.empty()) {
-      absl::MutexLock lock(&mu_);
-      auto it = image_runs_.find(old->image_digest);
-      if (it == image_runs_.end()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (auto it = image_runs_.find(old->image_digest); it != image_runs_.end()) {
+          image = it->second;
+        }
+      }
+      if (!image && !spec.image.empty()) {
+        // A sandbox adopted from an earlier run: its image is held in the cache (since the
+        // adoption) but not resolved here yet. Resolved by its reference, which must still
+        // name the same digest; the reference taken here is given back (the sandbox keeps
+        // the one it holds).
+        absl::StatusOr<local::ImageRun> run = AcquireImage(spec.image);
+        if (!run.ok()) {
+          return absl::Status(run.status().code(),
+                              absl::StrCat("sandbox ", id, ": ", run.status().message()));
+        }
+        options_.images->Release(run->digest);
+        if (run->digest != old->image_digest) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "sandbox ", id, " runs image ", old->image_digest, " and its template's image \"",
+              spec.image, "\" is ", run->digest, " now: it cannot be started again as it was"));
+        }
+        image = *std::move(run);
+      }
+      if (!image) {
         return absl::FailedPreconditionError(
             absl::StrCat("sandbox ", id, ": its image ", old->image_digest, " is not known"));
       }
-      image = it->second;
     }
     auto sb = std::make_shared<Sandbox>();
     sb->id = id;

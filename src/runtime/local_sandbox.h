@@ -80,7 +80,8 @@ struct Sandbox {
   // root.
   std::string image_digest;
   // The template it was started from (CreateRequest's name and spec), kept so that Reset
-  // can start it again; empty spec for a sandbox adopted from an earlier run.
+  // can start it again, also in the state file (a sandbox adopted from a run that did not
+  // keep it, or whose spec was too long to keep, has none).
   std::string template_name;
   std::string template_spec;
   bool has_template = false;

@@ -14,6 +14,9 @@ namespace {
 // The state file's version; files of other versions are not trusted (version 1 lived in a
 // folder the sandbox could write).
 constexpr int kStateVersion = 2;
+// The largest template spec kept in the state file (what a Reset after a restart needs): the
+// file must stay well under ReadOwnFile's 1 MiB, or the sandbox would not be adopted.
+constexpr size_t kMaxKeptSpec = 256 * 1024;
 
 }  // namespace
 
@@ -28,6 +31,9 @@ std::string EncodeState(const Sandbox& sb) {
   j["init_start_time"] = sb.init_start_time;
   j["suspended"] = sb.suspended.load(std::memory_order_relaxed);
   if (!sb.image_digest.empty()) j["image"] = sb.image_digest;
+  if (sb.has_template && sb.template_spec.size() <= kMaxKeptSpec) {
+    j["template"] = {{"name", sb.template_name}, {"spec", sb.template_spec}};
+  }
   return j.dump();
 }
 
@@ -43,6 +49,11 @@ bool DecodeState(const std::string& text, Sandbox* sb) {
     sb->init_start_time = j.value("init_start_time", uint64_t{0});
     sb->suspended.store(j.value("suspended", false), std::memory_order_relaxed);
     sb->image_digest = j.value("image", std::string());
+    if (const auto t = j.find("template"); t != j.end() && t->is_object()) {
+      sb->template_name = t->value("name", std::string());
+      sb->template_spec = t->value("spec", std::string());
+      sb->has_template = true;
+    }
     return sb->pid > 0;
   } catch (const nlohmann::json::exception&) {
     return false;

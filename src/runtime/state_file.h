@@ -1,9 +1,10 @@
 #pragma once
 // The state file of a sandbox (root_dir/<id>/state.json): what a later runtime needs to
 // adopt the sandbox or clean it up (id, pool, its top process and the pid 1 of its
-// namespace with their start times, whether it is suspended). Paths (socket, cgroups) are
-// not in it: they follow from the id. It lies in the sandbox's host folder, which no
-// sandbox reaches, and is written and read without following symbolic links; a file that
+// namespace with their start times, whether it is suspended), and the template it was
+// started from (name and spec, up to 256 KiB of spec) so that a later runtime can Reset it. Paths
+// (socket, cgroups) are not in it: they follow from the id. It lies in the sandbox's host folder,
+// which no sandbox reaches, and is written and read without following symbolic links; a file that
 // is not a regular file of this process's user, or of another version, is not believed.
 //
 // Thread-safety: the functions may run on any thread; the caller serializes writes of one

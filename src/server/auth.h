@@ -129,7 +129,7 @@ class Authenticator {
   // tenant's tokens (the smallest, so the same one every time), or "" with
   // insecure_no_auth (calls need none). nullopt when the tenant has no token (any more).
   // For sbx-server's own fronts that act for a tenant they authenticated otherwise (the
-  // E2B front's envd access tokens, src/e2b); never sent back to a client. Linear in the
+  // E2B front's envd access tokens, src/gateway/e2b); never sent back to a client. Linear in the
   // number of tokens.
   std::optional<std::string> BearerOf(absl::string_view tenant) const ABSL_LOCKS_EXCLUDED(mu_);
 

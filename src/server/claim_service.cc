@@ -158,6 +158,7 @@ absl::StatusOr<allocator::ClaimRequest> ToClaimRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.node_preference, LabelsFromProto("node_preference", req.node_preference()));
   if (!r.pool.empty()) RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
+  r.env.insert(req.config().env().begin(), req.config().env().end());
   ASSIGN_OR_RETURN(r.priority, FromProto("priority", req.priority()));
   r.weight = caller.limits.weight;
   r.max_claims = caller.limits.max_claims;
@@ -214,6 +215,7 @@ absl::StatusOr<allocator::BatchRequest> ToBatchRequest(const allocator::Allocato
   ASSIGN_OR_RETURN(r.node_preference, LabelsFromProto("node_preference", req.node_preference()));
   if (!r.pool.empty()) RETURN_IF_ERROR(CheckTtl(a, r.pool, r.ttl));
   RETURN_IF_ERROR(ValidateSandboxConfig("config", req.config()));
+  r.env.insert(req.config().env().begin(), req.config().env().end());
   ASSIGN_OR_RETURN(r.priority, FromProto("priority", req.priority()));
   r.weight = caller.limits.weight;
   r.max_claims = caller.limits.max_claims;

@@ -130,6 +130,29 @@ void CollectSnapshots(const allocator::SnapshotStats& st, std::vector<MetricFami
                   MetricType::Histogram);
   AddHistogram(&f, {}, st.seconds);
   out->push_back(std::move(f));
+  auto results = [&](const char* name, const char* help, uint64_t ok, uint64_t failed) {
+    auto r = Family(name, help, MetricType::Counter);
+    AddValue(&r, {{"result", "ok"}}, static_cast<double>(ok));
+    AddValue(&r, {{"result", "error"}}, static_cast<double>(failed));
+    out->push_back(std::move(r));
+  };
+  results("sbx_snapshot_resets_total", "Resets of a sandbox to a snapshot, by result", st.resets,
+          st.reset_failures);
+  results("sbx_snapshot_forks_total", "Fork calls, by result", st.forks, st.fork_failures);
+  counter("sbx_snapshot_forked_claims_total", "Claims answered by Fork calls",
+          static_cast<double>(st.forked));
+  auto reset = Family("sbx_snapshot_reset_seconds",
+                      "Time of a successful reset, from the request to the sandbox serving "
+                      "again from the snapshot's files",
+                      MetricType::Histogram);
+  AddHistogram(&reset, {}, st.reset_seconds);
+  out->push_back(std::move(reset));
+  auto fork = Family("sbx_snapshot_fork_seconds",
+                     "Time of a successful Fork call, until every fork is up (a claim source's "
+                     "snapshot included)",
+                     MetricType::Histogram);
+  AddHistogram(&fork, {}, st.fork_seconds);
+  out->push_back(std::move(fork));
 }
 
 class ServerCollector final : public prometheus::Collectable {

@@ -181,36 +181,11 @@ void SandboxdClients::Configure(const store::ClaimRecord& claim, const v1::Sandb
     out->set_content(f.content());
     out->set_mode(f.mode());
   }
-  call->stub->async()->Configure(
-      &call->ctx, &call->request, &call->response, [this, call, config](grpc::Status s) {
-        std::unique_ptr<Call> owned(call);
-        if (s.ok()) {
-          absl::MutexLock lock(&mu_);
-          if (configs_.size() >= max_channels_ && !configs_.contains(owned->claim.sandbox_id)) {
-            // Full: one kept env goes (not all of them), and not silently: a reset of that
-            // sandbox would give its new daemon no late-bound env.
-            auto victim = configs_.begin();
-            ReportDropped("server.reset_env_cache",
-                          absl::ResourceExhaustedError(absl::StrCat(
-                              "the late-bound env kept for a reset of sandbox \"", victim->first,
-                              "\" was dropped: more than ", max_channels_,
-                              " sandboxes are configured; a reset of it gives no env")));
-            configs_.erase(victim);
-          }
-          // Only the env is kept (Reset gives it again); the files, up to 64 MiB, are not.
-          v1::SandboxConfig kept;
-          *kept.mutable_env() = config.env();
-          configs_.insert_or_assign(owned->claim.sandbox_id, std::move(kept));
-        }
-        std::move(owned->done)(FromDaemon(s, owned->claim));
-      });
-}
-
-std::optional<v1::SandboxConfig> SandboxdClients::AppliedConfig(const std::string& sandbox_id) {
-  absl::MutexLock lock(&mu_);
-  auto it = configs_.find(sandbox_id);
-  if (it == configs_.end()) return std::nullopt;
-  return it->second;
+  call->stub->async()->Configure(&call->ctx, &call->request, &call->response,
+                                 [call](grpc::Status s) {
+                                   std::unique_ptr<Call> owned(call);
+                                   std::move(owned->done)(FromDaemon(s, owned->claim));
+                                 });
 }
 
 uint64_t SandboxdClients::ResetGeneration(const std::string& claim_id) {

@@ -63,17 +63,11 @@ class SandboxdClients {
   // Applies `config` to the claim's sandbox (sandboxd Configure); `done` runs on a gRPC
   // thread. Errors: the daemon's (naming the file), UNAVAILABLE when it cannot be reached
   // within `timeout`.
-  // The env of applied configs is kept in memory (by sandbox id, at most max_channels of
-  // them: beyond, one goes per new one, reported as sbx_dropped_errors_total
-  // {site="server.reset_env_cache"}) for Reset to give again to the sandbox's new daemon.
+  // (The env is kept with the claim, store::ClaimRecord::env, for Reset to give again.)
   void Configure(const store::ClaimRecord& claim, const v1::SandboxConfig& config,
                  absl::Duration timeout, absl::AnyInvocable<void(absl::Status) &&> done);
 
   // --- Reset (issue 37) ---
-  // The env of the config last applied to sandbox `sandbox_id` by this server (files
-  // left out), if it kept one.
-  std::optional<v1::SandboxConfig> AppliedConfig(const std::string& sandbox_id)
-      ABSL_LOCKS_EXCLUDED(mu_);
   // How many resets of claim `claim_id` have begun; a daemon call notes it at its start.
   uint64_t ResetGeneration(const std::string& claim_id) ABSL_LOCKS_EXCLUDED(mu_);
   // A reset of the claim to `snapshot_id` begins (before its sandbox's processes die).
@@ -99,7 +93,6 @@ class SandboxdClients {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<sandboxd::v1::Sandboxd::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, v1::SandboxConfig> configs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, ResetNote> resets_ ABSL_GUARDED_BY(mu_);
 };
 

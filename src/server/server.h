@@ -119,7 +119,7 @@ class Server {
   virtual int port() const = 0;
 
   // A channel to this server's own services that never leaves the process (no socket, no
-  // TLS): callers in sbx-server (the E2B front, src/e2b) use the public API through it,
+  // TLS): callers in sbx-server (the E2B front, src/gateway/e2b) use the public API through it,
   // authenticated by the same bearer tokens as any client. Valid until Shutdown.
   virtual std::shared_ptr<grpc::Channel> InProcessChannel() = 0;
 

@@ -157,14 +157,14 @@ grpc::ServerUnaryReactor* SnapshotService::Reset(grpc::CallbackServerContext* ct
       [this, call](absl::StatusOr<store::ClaimRecord> claim) {
         if (!claim.ok()) return call->Fail(claim.status());
         daemons_->ForgetChannel(claim->sandbox_id);
-        std::optional<v1::SandboxConfig> config = daemons_->AppliedConfig(claim->sandbox_id);
-        if (!config.has_value() || config->env().empty()) return call->Fail(absl::OkStatus());
-        // The claim's late-bound env, given again to the new daemon (it lives in the old
-        // daemon's memory). Its files are not written again: the workspace is the
-        // snapshot's, which is what a reset asks for.
-        config->clear_files();
+        if (claim->env.empty()) return call->Fail(absl::OkStatus());
+        // The claim's late-bound env (recorded with the claim), given again to the new
+        // daemon: it lived in the old daemon's memory. Its files are not written again: the
+        // workspace is the snapshot's, which is what a reset asks for.
+        v1::SandboxConfig config;
+        config.mutable_env()->insert(claim->env.begin(), claim->env.end());
         daemons_->Configure(
-            *claim, *config, kResetConfigureTimeout, [call, id = claim->id](absl::Status s) {
+            *claim, config, kResetConfigureTimeout, [call, id = claim->id](absl::Status s) {
               if (!s.ok()) {
                 s = absl::Status(s.code(), absl::StrCat("claim \"", id,
                                                         "\" was reset but its late-bound env "
@@ -203,6 +203,10 @@ grpc::ServerUnaryReactor* SnapshotService::Fork(grpc::CallbackServerContext* ctx
   *batch.mutable_labels() = req->labels();
   if (req->has_config()) *batch.mutable_config() = req->config();
   auto call = AsyncUnary<v1::ForkResponse>::Create(ctx, resp);
+  call->set_on_finish(
+      [snapshots = snapshots_, start = absl::Now(), count = req->count()](const absl::Status& s) {
+        snapshots->RecordFork(s.ok(), count, absl::Now() - start);
+      });
   auto cancellation = std::make_shared<allocator::WaitCancellation>();
   call->set_on_cancel([cancellation] { cancellation->Cancel(); });
   auto fork = [this, call, caller = *caller, batch = std::move(batch),

@@ -257,6 +257,11 @@ void EncodeValue(const Mutation& m, std::string* out) {
           msg.set_revision(r.revision);
           msg.set_suspended(r.suspended);
           msg.set_batch_count(r.batch_count);
+          for (const auto& [k, v] : r.env) {
+            Label* label = msg.add_env();
+            label->set_key(k);
+            label->set_value(v);
+          }
           Serialize(msg, out);
         } else if constexpr (std::is_same_v<R, SnapshotRecord>) {
           Snapshot msg;
@@ -378,6 +383,9 @@ absl::Status RecordDecoder::Decode(absl::string_view key, absl::string_view valu
     r.revision = msg.revision();
     r.suspended = msg.suspended();
     r.batch_count = msg.batch_count();
+    for (Label& label : *msg.mutable_env()) {
+      r.env.insert_or_assign(std::move(*label.mutable_key()), std::move(*label.mutable_value()));
+    }
     if (!s.ok()) out->claims.pop_back();
     return s;
   }

@@ -116,6 +116,10 @@ struct ClaimRecord {
   // and also when a BEST_EFFORT batch got fewer. 0 for a claim made alone, and in records
   // from before batch counts were stored.
   int32_t batch_count = 0;
+  // The late-bound env of the claim (sbx.v1.SandboxConfig.env), given to its sandbox again
+  // when it starts anew (Snapshots.Reset), also after a restart. Empty: none. Never answered
+  // to clients (it may hold secrets).
+  std::map<std::string, std::string> env;
 };
 
 // The claim revision mark: at least the revision of every claim change whose record is no

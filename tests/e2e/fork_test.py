@@ -11,12 +11,14 @@ Usage: fork_test.py PATH_TO_SBX_SERVER PROTO_DIR PATH_TO_SBX_CLI
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.request
 
 import grpc
 
@@ -148,6 +150,20 @@ class Fork(unittest.TestCase):
             sandboxes_pb2.DownloadRequest(claim_id=claim_id, path=path), metadata=md,
             timeout=30))
 
+    def metric(self, name, **labels):
+        """The value of series `name` with exactly `labels` (0 when absent)."""
+        self.server.log.flush()
+        with open(os.path.join(self.dir, "server.log")) as f:
+            port = re.findall(r"metrics: serving /metrics on port (\d+)", f.read())[-1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            m = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
+            if m and m.group(1) == name and \
+                    dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")) == labels:
+                return float(m.group(3))
+        return 0.0
+
     def assert_code(self, code, fn, *args, **kwargs):
         with self.assertRaises(grpc.RpcError) as cm:
             fn(*args, **kwargs)
@@ -170,8 +186,12 @@ class Fork(unittest.TestCase):
         c, snap = self.prepared()
         forks = []
         try:
+            calls, claims = (self.metric("sbx_snapshot_forks_total", result="ok"),
+                             self.metric("sbx_snapshot_forked_claims_total"))
             resp = self.fork(3, snapshot_id=snap.id, env={"LATE": "bound"},
                              labels={"episode": "7"})
+            self.assertEqual(self.metric("sbx_snapshot_forks_total", result="ok"), calls + 1)
+            self.assertEqual(self.metric("sbx_snapshot_forked_claims_total"), claims + 3)
             forks = [f.claim_id for f in resp.claims]
             self.assertEqual(resp.snapshot_id, snap.id)
             self.assertEqual(len(forks), 3)

@@ -442,6 +442,39 @@ class Reset(unittest.TestCase):
         finally:
             self.release(c)
 
+    # The late-bound env is recorded with the claim and the template in the sandbox's state
+    # file, so a sandbox the server adopted after a kill -9 is reset like any other, env and
+    # all (before, the env lived in the server's memory and an adopted sandbox was refused).
+    def test_zz_a_sandbox_adopted_after_a_kill_9_is_reset_with_its_env(self):
+        cls = type(self)
+        c = self.claim(env={"LATE": "kept"})
+        h = self.claim(pool="host", env={"LATE": "host"})
+        code, out = self.sh(c, f"echo one > {WS}/keep && echo app > /opt-f && echo OK")
+        self.assertEqual((code, out), (0, "OK\n"))
+        self.assertEqual(self.sh(h, f"echo h1 > {WS}/keep && echo OK"), (0, "OK\n"))
+        snap, hsnap = self.snapshot(c), self.snapshot(h)
+        self.assertEqual(self.sh(c, f"echo two > {WS}/keep && rm /opt-f && echo OK"),
+                         (0, "OK\n"))
+        self.assertEqual(self.sh(h, f"echo h2 > {WS}/keep && echo OK"), (0, "OK\n"))
+        cls.server.stop(signal.SIGKILL)
+        cls.server = sbx_e2e.Server(
+            SERVER, cls.dir, cls.config, auth_tokens=cls.tokens,
+            extra=["--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
+        from sbx.v1 import claims_pb2_grpc, sandboxes_pb2_grpc, snapshots_pb2_grpc
+        cls.claims = claims_pb2_grpc.ClaimServiceStub(cls.server.channel)
+        cls.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(cls.server.channel)
+        cls.snaps = snapshots_pb2_grpc.SnapshotsStub(cls.server.channel)
+        self.assertEqual(self.get_claim(c.claim_id).sandbox.id, c.sandbox.id)
+        self.reset(c.claim_id, snap.id)
+        self.assertEqual(self.sh(c, f"cat {WS}/keep /opt-f; echo LATE=$LATE"),
+                         (0, "one\napp\nLATE=kept\n"))
+        self.reset(h.claim_id, hsnap.id)
+        self.assertEqual(self.sh(h, f"cat {WS}/keep; echo LATE=$LATE"), (0, "h1\nLATE=host\n"))
+        self.release(c)
+        self.release(h)
+        self.delete(snap.id)
+        self.delete(hsnap.id)
+
 
 if __name__ == "__main__":
     if len(sys.argv) < 4:

@@ -42,6 +42,26 @@ class LayeringTest(unittest.TestCase):
         self.assertIn("clients/typescript/src/x.ts:1", out)
         self.assertIn("leads into src/", out)
 
+    def test_gateway_e2b_is_a_client_of_the_api_only(self):
+        rc, out = run({"src/gateway/e2b/envd.cc": '#include "src/gateway/e2b/envd.h"\n'
+                                                  '#include "src/common/ids.h"\n'
+                                                  '#include "sbx/v1/sandboxes.grpc.pb.h"\n'
+                                                  '#include "e2b/envd/process.pb.h"\n'
+                                                  '#include "grpcpp/grpcpp.h"\n',
+                       "src/gateway/e2b/http_server.cc": '#include "boost/beast/http.hpp"\n'})
+        self.assertEqual(rc, 0, out)
+        rc, out = run({"src/gateway/e2b/envd.cc": '#include "src/gateway/gateway.h"\n'
+                                                  '#include "src/server/auth.h"\n',
+                       "src/gateway/port_proxy.cc": '#include "src/gateway/e2b/e2b.h"\n'
+                                                    '#include "e2b/envd/process.pb.h"\n',
+                       "src/gateway/e2b/files.cc": '#include "boost/beast/http.hpp"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn('src/gateway/e2b/envd.cc:1: gateway_e2b may not include "src/gateway/gateway.h"', out)
+        self.assertIn('src/gateway/e2b/envd.cc:2: gateway_e2b may not include "src/server/auth.h"', out)
+        self.assertIn('src/gateway/port_proxy.cc:1: gateway may not include "src/gateway/e2b/e2b.h"', out)
+        self.assertIn('src/gateway/port_proxy.cc:2: gateway may not include "e2b/envd/process.pb.h"', out)
+        self.assertIn("src/gateway/e2b/files.cc:1: includes <boost/beast/http.hpp>", out)
+
     def test_allocator_may_not_see_store_implementation(self):
         rc, out = run({"src/allocator/pool.cc": '#include "src/store/rocksdb_store.h"\n'})
         self.assertEqual(rc, 1, out)

@@ -72,6 +72,7 @@ inline ClaimRecord FullClaim(const std::string& id) {
   r.revision = 0xFFFF'FFFF'FFFF'FFF1ULL;
   r.suspended = true;
   r.batch_count = 1000;
+  r.env = {{"API_KEY", "secret"}, {"EMPTY", ""}};
   return r;
 }
 
@@ -144,6 +145,7 @@ inline ::testing::AssertionResult Same(const ClaimRecord& a, const ClaimRecord& 
   SBX_CMP_FIELD(revision);
   SBX_CMP_FIELD(suspended);
   SBX_CMP_FIELD(batch_count);
+  SBX_CMP_FIELD(env);
   return ::testing::AssertionSuccess();
 }
 

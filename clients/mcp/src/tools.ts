@@ -3,7 +3,10 @@
 // tool errors (isError: true) whose text names the problem.
 import {McpServer} from '@modelcontextprotocol/sdk/server/mcp.js';
 import type {CallToolResult, ServerNotification} from '@modelcontextprotocol/sdk/types.js';
-import {FailedPrecondition, PoolExhausted, SbxError, type FileInfo, type ProcessExit, type ProcessRef, type SandboxProcess} from '@sbx/client';
+import {
+  FailedPrecondition, PoolExhausted, SbxError, type FileInfo, type ProcessExit, type ProcessRef, type SandboxProcess,
+  type Snapshot,
+} from '@sbx/client';
 import {z} from 'zod';
 
 import {base64Bytes, boundLines, boundOutput, HeadTail, utf8PrefixBytes} from './limits.js';
@@ -61,6 +64,10 @@ function describe(o: OwnedSandbox): Record<string, unknown> {
   };
 }
 
+function describeSnapshot(s: Snapshot): Record<string, unknown> {
+  return {snapshot: s.id, name: s.name || null, size_bytes: s.sizeBytes, created_at: s.createdAt?.toISOString() ?? null};
+}
+
 function fileLine(f: FileInfo): string {
   const type = {file: 'f', directory: 'd', symlink: 'l', other: '?'}[f.type];
   return `${type} ${f.size} ${f.path}${f.type === 'directory' ? '/' : ''}`;
@@ -79,6 +86,7 @@ export function createMcpServer(session: SandboxSession, options: Options): McpS
     instructions: 'Sandboxes from sbx warm pools: claim_sandbox gives a sandbox id; run_command, write_file, ' +
         'read_file and list_files use it (paths are relative to the sandbox workspace); start_process, ' +
         'read_process_output and stop_process run background processes, get_port_url reaches their ports; ' +
+        'snapshot_sandbox saves a sandbox\'s files, reset_sandbox rewinds it to them, fork_sandbox makes copies; ' +
         `release_sandbox when done. Tool results are cut at ${limit} characters.`,
   });
 
@@ -404,12 +412,69 @@ export function createMcpServer(session: SandboxSession, options: Options): McpS
     return describe(owned);
   }));
 
+  server.registerTool('snapshot_sandbox', {
+    title: 'Snapshot a sandbox',
+    description: 'Saves the files of one of this session\'s sandboxes (its whole file system: the workspace and ' +
+        'what commands changed outside it; not its running processes) as a snapshot, and returns the snapshot id. ' +
+        'Use it as a checkpoint before risky steps: reset_sandbox rewinds the sandbox to it, fork_sandbox starts ' +
+        'copies from it. The sandbox keeps running. Snapshots are this session\'s and are deleted when it ends.',
+    inputSchema: {
+      sandbox: kSandboxArg,
+      name: z.string().max(128).optional().describe('A name to remember it by, e.g. "deps-installed".'),
+    },
+    annotations: {destructiveHint: false, openWorldHint: false},
+  }, run('snapshot_sandbox', async (a: {sandbox: string; name?: string}) => {
+    const snap = await session.snapshot(a.sandbox, a.name);
+    return {...describeSnapshot(snap), sandbox: a.sandbox};
+  }));
+
+  server.registerTool('reset_sandbox', {
+    title: 'Reset a sandbox to a snapshot',
+    description: 'Rewinds one of this session\'s sandboxes to a snapshot of this session (snapshot_sandbox): its ' +
+        'files become the snapshot\'s again and every process in it is killed (background processes too). The ' +
+        'sandbox id stays the same. Use it to undo changes or to start a new attempt from a checkpoint. The ' +
+        'snapshot must come from a sandbox of the same pool image.',
+    inputSchema: {
+      sandbox: kSandboxArg,
+      snapshot: z.string().min(1).describe('The snapshot id that snapshot_sandbox or fork_sandbox returned ("sn-...").'),
+    },
+    annotations: {destructiveHint: true, idempotentHint: true, openWorldHint: false},
+  }, run('reset_sandbox', async (a: {sandbox: string; snapshot: string}) => {
+    await session.reset(a.sandbox, a.snapshot);
+    return {sandbox: a.sandbox, snapshot: a.snapshot, reset: true};
+  }));
+
+  server.registerTool('fork_sandbox', {
+    title: 'Fork sandboxes from a snapshot',
+    description: 'Makes `count` new sandboxes that start with the files of a snapshot of this session, or of one ' +
+        'of this session\'s sandboxes as it is now (then snapshotted first; the snapshot id is returned). Each fork ' +
+        'then changes only its own files. Use it to try several approaches from the same state in parallel. ' +
+        'The forks are this session\'s sandboxes (they count against its limit): release them when done.',
+    inputSchema: {
+      snapshot: z.string().min(1).optional().describe('Fork this snapshot of the session ("sn-..."). Give this or sandbox.'),
+      sandbox: z.string().min(1).optional().describe('Or fork this sandbox of the session as it is now.'),
+      count: z.number().int().min(1).max(options.maxSandboxesPerSession)
+          .describe(`How many forks, 1 to ${options.maxSandboxesPerSession} (the session's limit, with the sandboxes it holds).`),
+      ttl: z.string().regex(kDuration).optional()
+          .describe(`How long each fork lives without renew_sandbox, e.g. "30m". Default "${options.defaultTtl}".`),
+    },
+    annotations: {destructiveHint: false, openWorldHint: false},
+  }, run('fork_sandbox', async (a: {snapshot?: string; sandbox?: string; count: number; ttl?: string}) => {
+    if ((a.snapshot === undefined) === (a.sandbox === undefined)) {
+      throw new ToolError('INVALID_ARGUMENT', 'give either snapshot or sandbox (the source of the forks), not both or neither');
+    }
+    const r = await session.fork({snapshot: a.snapshot, sandbox: a.sandbox}, a.count, {ttl: a.ttl ?? options.defaultTtl});
+    return {snapshot: r.snapshotId, sandboxes: r.forks.map(describe)};
+  }));
+
   server.registerTool('list_sandboxes', {
     title: 'List this session\'s sandboxes',
-    description: 'The sandboxes this session holds (as the sbx://sandboxes resource).',
+    description: 'The sandboxes this session holds (as the sbx://sandboxes resource), and its snapshots.',
     inputSchema: {},
     annotations: {readOnlyHint: true, openWorldHint: false},
-  }, run('list_sandboxes', async () => ({sandboxes: session.list().map(describe)})));
+  }, run('list_sandboxes', async () => ({
+    sandboxes: session.list().map(describe), snapshots: session.listSnapshots().map(describeSnapshot),
+  })));
 
   server.registerResource('sandboxes', 'sbx://sandboxes', {
     title: 'This session\'s sandboxes',

@@ -53,14 +53,22 @@ export class World {
   private readonly procs: ChildProcess[] = [];
   private readonly logs = new Map<ChildProcess, string>();
 
-  /** Starts sbx-server; `serverArgs` are added to its flags (e.g. its port proxy). */
-  async start(serverArgs: string[] = []): Promise<this> {
+  /**
+   * Starts sbx-server; `serverArgs` are added to its flags (e.g. its port proxy). `config`
+   * replaces $SBX_TEST_CONFIG; `tokens` (lines '<token> <tenant> [admin]') turn on auth.
+   */
+  async start(serverArgs: string[] = [], opts: {config?: string; tokens?: string[]} = {}): Promise<this> {
     const portFile = path.join(this.dir, 'sbx-port');
+    let auth = '--insecure_no_auth';
+    if (opts.tokens) {
+      fs.writeFileSync(path.join(this.dir, 'tokens'), opts.tokens.join('\n') + '\n');
+      auth = '--auth_tokens_file=tokens';
+    }
     const proc = this.spawn(requireEnv('SBX_TEST_SERVER_BIN'), [
       '--listen=127.0.0.1:0', '--metrics_listen=off', `--port_file=${portFile}`, '--data_dir=data',
-      '--log_level=warn', `--config=${requireEnv('SBX_TEST_CONFIG')}`,
+      '--log_level=warn', `--config=${opts.config ?? requireEnv('SBX_TEST_CONFIG')}`,
       `--sandboxd=${requireEnv('SBX_TEST_SANDBOXD_BIN')}`, '--sandbox_root=sb', '--delete_sandboxes_on_exit',
-      '--shutdown_grace_seconds=2', '--insecure_no_auth', ...serverArgs]);
+      '--shutdown_grace_seconds=2', auth, ...serverArgs]);
     this.sbxTarget = `127.0.0.1:${await waitForFile(portFile, proc, () => this.logs.get(proc) ?? '')}`;
     return this;
   }
@@ -87,10 +95,10 @@ export class World {
   }
 
   /** Starts `sbx-mcp --http` on port 0; resolves with its /mcp URL and process. */
-  async startHttp(token: string, extraArgs: string[] = []): Promise<{url: URL; proc: ChildProcess}> {
+  async startHttp(token: string, extraArgs: string[] = [], env: Record<string, string> = {}): Promise<{url: URL; proc: ChildProcess}> {
     const portFile = path.join(this.dir, `mcp-port-${this.procs.length}`);
     const proc = this.spawn(process.execPath, [kCli, '--http', '--listen', '127.0.0.1:0', '--port-file', portFile, ...extraArgs],
-                            {...this.sbxEnv, SBX_MCP_TOKEN: token});
+                            {...this.sbxEnv, SBX_MCP_TOKEN: token, ...env});
     const port = await waitForFile(portFile, proc, () => this.log(proc));
     return {url: new URL(`http://127.0.0.1:${port}/mcp`), proc};
   }
@@ -140,10 +148,10 @@ function killProcessesNaming(dir: string): void {
 }
 
 /** An MCP client on `sbx-mcp --stdio` (started by the transport, stderr collected). */
-export async function stdioClient(world: World, extraArgs: string[] = []): Promise<{client: McpClient; transport: StdioClientTransport; stderr: () => string}> {
+export async function stdioClient(world: World, extraArgs: string[] = [], env: Record<string, string> = {}): Promise<{client: McpClient; transport: StdioClientTransport; stderr: () => string}> {
   const transport = new StdioClientTransport({
     command: process.execPath, args: [kCli, '--stdio', ...extraArgs], cwd: world.dir,
-    env: {...(process.env as Record<string, string>), ...world.sbxEnv}, stderr: 'pipe',
+    env: {...(process.env as Record<string, string>), ...world.sbxEnv, ...env}, stderr: 'pipe',
   });
   let stderr = '';
   transport.stderr?.on('data', (d: Buffer) => { stderr += d.toString(); });

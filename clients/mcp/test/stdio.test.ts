@@ -36,10 +36,10 @@ describe('stdio', () => {
   it('lists the tools with their input schemas, and the sandboxes resource', async () => {
     const {tools} = await mcp.client.listTools();
     const byName = new Map(tools.map((t) => [t.name, t]));
-    assert.deepEqual([...byName.keys()].sort(), ['claim_sandbox', 'get_port_url', 'list_files', 'list_processes',
-                                                 'list_sandboxes', 'read_file', 'read_process_output', 'release_sandbox',
-                                                 'renew_sandbox', 'run_command', 'start_process', 'stop_process',
-                                                 'write_file']);
+    assert.deepEqual([...byName.keys()].sort(), ['claim_sandbox', 'fork_sandbox', 'get_port_url', 'list_files',
+                                                 'list_processes', 'list_sandboxes', 'read_file', 'read_process_output',
+                                                 'release_sandbox', 'renew_sandbox', 'reset_sandbox', 'run_command',
+                                                 'snapshot_sandbox', 'start_process', 'stop_process', 'write_file']);
     const props = (name: string): string[] => Object.keys(byName.get(name)!.inputSchema.properties ?? {}).sort();
     assert.deepEqual(props('claim_sandbox'), ['env', 'files', 'pool', 'ttl']);
     assert.deepEqual(props('run_command'), ['command', 'cwd', 'env', 'sandbox', 'stdin', 'timeout']);

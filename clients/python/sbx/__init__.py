@@ -11,12 +11,12 @@ See docs/sdk-python.md.
 """
 
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
-                         PoolInfo, PoolStatus, RetryPolicy, new_claim_id)
+                         PoolInfo, PoolStatus, RetryPolicy, Snapshot, new_claim_id)
 from sbx._process import PortUrl, ProcessExit, ProcessInfo, ProcessOutput
 from sbx.aio import (AsyncClaimWatch, AsyncFileWatch, AsyncClient, AsyncExecStream, AsyncFiles, AsyncSandbox,
-                     AsyncSandboxGroup)
+                     AsyncSandboxGroup, AsyncSnapshots)
 from sbx.client import (ClaimWatch, Client, ExecStream, FileEvent, Files, FileWatch, Sandbox,
-                        SandboxGroup)
+                        SandboxGroup, Snapshots)
 from sbx.aio_process import AsyncProcess, AsyncProcesses, AsyncPty
 from sbx.process import Process, Processes, Pty
 from sbx.errors import (Aborted, AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition,
@@ -28,9 +28,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "Sandbox", "SandboxGroup", "Files", "FileWatch", "FileEvent", "ExecStream",
-    "ClaimWatch",
+    "ClaimWatch", "Snapshots", "Snapshot",
     "AsyncClient", "AsyncSandbox", "AsyncSandboxGroup", "AsyncFiles", "AsyncExecStream",
-    "AsyncClaimWatch", "AsyncFileWatch",
+    "AsyncClaimWatch", "AsyncFileWatch", "AsyncSnapshots",
     "Processes", "Process", "Pty", "AsyncProcesses", "AsyncProcess", "AsyncPty",
     "ProcessInfo", "ProcessExit", "ProcessOutput", "PortUrl",
     "ExecResult", "ExecChunk", "FileInfo", "ClaimInfo", "ClaimEvent", "PoolInfo", "PoolStatus",

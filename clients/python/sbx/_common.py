@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import grpc
 
-from sbx.v1 import admin_pb2, claims_pb2, sandboxes_pb2, types_pb2
+from sbx.v1 import admin_pb2, claims_pb2, sandboxes_pb2, snapshots_pb2, types_pb2
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 DEFAULT_TIMEOUT = 30.0  # seconds per call, like the CLI's --timeout
@@ -373,6 +373,86 @@ class FileInfo:
                 sandboxes_pb2.FILE_TYPE_SYMLINK: "symlink"}.get(f.type, "other")
         return FileInfo(path=f.path, type=kind, size=f.size, mode=f.mode,
                         modified_at=_ts(f.modified_at))
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """A snapshot (Snapshots service): the file system of a claimed sandbox captured as a
+    read-only layer, owned by the tenant that made it. `id` is "sn-" and 16 characters;
+    `parent_image_digest` is empty for a sandbox of the host's root (its snapshot holds
+    only the workspace); `size_bytes` is what the tenant's quota counts; `created` is
+    timezone-aware (UTC). `dropped_entries` (sockets and device nodes left out) is known
+    only on the result of Sandbox.snapshot(), else 0."""
+
+    id: str
+    name: str
+    labels: Dict[str, str]
+    owner: str
+    source_claim_id: str
+    parent_image_digest: str
+    parent_snapshot_id: str
+    size_bytes: int
+    created: Optional[datetime.datetime]
+    dropped_entries: int = 0
+
+    def __str__(self) -> str:
+        return self.id
+
+    @staticmethod
+    def from_proto(s: snapshots_pb2.Snapshot, dropped_entries: int = 0) -> "Snapshot":
+        return Snapshot(id=s.id, name=s.name, labels=dict(s.labels), owner=s.owner,
+                        source_claim_id=s.source_claim_id,
+                        parent_image_digest=s.parent_image_digest,
+                        parent_snapshot_id=s.parent_snapshot_id, size_bytes=s.size_bytes,
+                        created=_ts(s.create_time) if s.HasField("create_time") else None,
+                        dropped_entries=dropped_entries)
+
+
+FORK_DEFAULT_WAIT = 300.0  # the server's default ForkRequest.wait_timeout
+
+
+def snapshot_id_of(snapshot: Any, what: str = "snapshot") -> str:
+    """The id of a Snapshot or a snapshot id string; a TypeError or ValueError naming
+    `what` otherwise, before any call."""
+    if isinstance(snapshot, Snapshot):
+        return snapshot.id
+    if isinstance(snapshot, str):
+        if not snapshot:
+            raise ValueError(f"{what}: an empty snapshot id")
+        return snapshot
+    raise TypeError(f"{what}: a Snapshot or a snapshot id (str), not {type(snapshot).__name__}")
+
+
+def create_snapshot_request(claim_id: str, name: Optional[str],
+                            labels: Optional[Mapping[str, str]]
+                            ) -> snapshots_pb2.CreateSnapshotRequest:
+    return snapshots_pb2.CreateSnapshotRequest(claim_id=claim_id, name=name or "",
+                                               labels=dict(labels or {}))
+
+
+def fork_request(source: Any, count: int, batch_id: str, ttl, labels, env, files,
+                 wait) -> snapshots_pb2.ForkRequest:
+    """ForkRequest of a Snapshot, a snapshot id or a sandbox (anything with a claim_id:
+    its live state is snapshotted first by the server). `count` is checked by the server
+    (1 to its max batch); here only its type."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"fork() count: an int, not {type(count).__name__}")
+    req = snapshots_pb2.ForkRequest(count=count, batch_id=batch_id, labels=dict(labels or {}),
+                                    config=sandbox_config(env, files))
+    if isinstance(source, SandboxView):
+        req.claim_id = source.claim_id
+    else:
+        req.snapshot_id = snapshot_id_of(source, "fork() source")
+    set_duration(req.ttl, ttl)
+    set_duration(req.wait_timeout, wait)
+    return req
+
+
+def fork_deadline(wait: Optional[float], call_timeout: float) -> float:
+    """The gRPC deadline of a Fork, retries included: the server's wait for every fork to
+    be up (`wait`, else its default 5 minutes) plus the call timeout; a claim as source
+    is snapshotted first, within the same allowance."""
+    return (FORK_DEFAULT_WAIT if wait is None else float(wait)) + call_timeout
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ import grpc.aio
 
 from sbx import _common as c
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
-                         PoolInfo, RetryPolicy)
+                         PoolInfo, RetryPolicy, Snapshot)
 from sbx.client import _exists_from_error, _extract_plain, _upload_messages
 from sbx import _process as _proc
 from sbx._process import PortUrl
@@ -32,7 +32,8 @@ from sbx.aio_process import url as _process_url
 from sbx.client import FileEvent
 from sbx.errors import FailedPrecondition, NotFound, SbxError, from_rpc_error
 from sbx.v1 import (admin_pb2, admin_pb2_grpc, claims_pb2, claims_pb2_grpc, diagnostics_pb2,
-                    diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc)
+                    diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc, snapshots_pb2,
+                    snapshots_pb2_grpc)
 
 log = logging.getLogger("sbx")
 Content = Union[str, bytes]
@@ -62,6 +63,9 @@ class AsyncClient:
         self._sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
         self._diag = diagnostics_pb2_grpc.DiagnosticsServiceStub(channel)
+        self._snapshots = snapshots_pb2_grpc.SnapshotsStub(channel)
+        self.snapshots = AsyncSnapshots(self)
+        """The tenant's snapshots: list(), get(), delete(), awaited."""
 
     @property
     def target(self) -> str:
@@ -199,6 +203,35 @@ class AsyncClient:
                  for x in resp.claims], replayed=resp.replayed)
         return _Pending(run)
 
+    def fork(self, source: Union[Snapshot, str, "AsyncSandbox"], count: int, *,
+             batch_id: Optional[str] = None, ttl: Optional[float] = None,
+             labels: Optional[Mapping[str, str]] = None,
+             env: Optional[Mapping[str, str]] = None,
+             files: Optional[Mapping[str, Content]] = None, wait: Optional[float] = None,
+             timeout: Optional[float] = None) -> "_Pending[AsyncSandboxGroup]":
+        """Snapshots.Fork, as sbx.Client.fork (a Snapshot, a snapshot id or an
+        AsyncSandbox as source; the batch id generated here when not given and reused by
+        every retry); `async with` (released at the end) or await."""
+        batch_id = c.check_id(batch_id, "batch_id") if batch_id else c.new_claim_id("pyf")
+        req = c.fork_request(source, count, batch_id, ttl, labels, env, files, wait)
+
+        async def run() -> AsyncSandboxGroup:
+            try:
+                resp = await self._call(
+                    self._snapshots.Fork, req, claim_id=batch_id,
+                    timeout=c.fork_deadline(wait, self.timeout if timeout is None else timeout))
+            except SbxError:
+                raise
+            except BaseException:  # Cancelled while the forks were on their way.
+                await asyncio.shield(asyncio.gather(
+                    *(self._release_quietly(f"{batch_id}#{i}") for i in range(count))))
+                raise
+            return AsyncSandboxGroup(
+                self, resp.batch_id,
+                [AsyncSandbox(self, ClaimInfo.from_proto(x), replayed=resp.replayed)
+                 for x in resp.claims], replayed=resp.replayed, snapshot_id=resp.snapshot_id)
+        return _Pending(run)
+
     async def attach(self, claim_id: str) -> "AsyncSandbox":
         """A handle on an existing claim."""
         return AsyncSandbox(self, await self.get_claim(claim_id))
@@ -298,6 +331,26 @@ class AsyncSandbox(c.SandboxView):
     async def refresh(self) -> ClaimInfo:
         self.info = await self._client.get_claim(self.claim_id)
         return self.info
+
+    async def snapshot(self, name: Optional[str] = None,
+                       labels: Optional[Mapping[str, str]] = None, *,
+                       timeout: Optional[float] = None) -> Snapshot:
+        """CreateSnapshot, as sbx.Sandbox.snapshot (not retried automatically)."""
+        cl = self._client
+        r = await cl._call(cl._snapshots.CreateSnapshot,
+                           c.create_snapshot_request(self.claim_id, name, labels),
+                           retry=False, timeout=timeout)
+        return Snapshot.from_proto(r.snapshot, r.dropped_entries)
+
+    async def reset(self, snapshot: Union[Snapshot, str], *,
+                    timeout: Optional[float] = None) -> None:
+        """Reset to `snapshot`, as sbx.Sandbox.reset (not retried automatically)."""
+        cl = self._client
+        sid = c.snapshot_id_of(snapshot, "reset()")
+        await cl._call(cl._snapshots.Reset,
+                       snapshots_pb2.ResetRequest(claim_id=self.claim_id, snapshot_id=sid),
+                       retry=False, timeout=timeout)
+        self.info = dataclasses.replace(self.info, suspended=False)
 
     async def renew(self, ttl: Optional[float] = None) -> ClaimInfo:
         req = claims_pb2.RenewRequest(claim_id=self.claim_id)
@@ -493,11 +546,12 @@ class AsyncSandboxGroup(Sequence[AsyncSandbox]):
     """The sandboxes of one claim_batch() (asyncio); `await release()` ends them all."""
 
     def __init__(self, client: AsyncClient, batch_id: str, sandboxes: List[AsyncSandbox],
-                 replayed: bool = False) -> None:
+                 replayed: bool = False, snapshot_id: str = "") -> None:
         self._client = client
         self.batch_id = batch_id
         self.sandboxes = sandboxes
         self.replayed = replayed
+        self.snapshot_id = snapshot_id
 
     @overload
     def __getitem__(self, i: int) -> AsyncSandbox: ...
@@ -538,6 +592,38 @@ class AsyncSandboxGroup(Sequence[AsyncSandbox]):
             await asyncio.shield(self.release())
         except BaseException as e:
             log.warning("sbx: releasing batch %s failed: %s", self.batch_id, e)
+
+
+class AsyncSnapshots:
+    """The tenant's snapshots (`client.snapshots`, asyncio); as sbx.Snapshots."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"<sbx.AsyncSnapshots of {self._client.target!r}>"
+
+    async def list(self, labels: Optional[Mapping[str, str]] = None) -> List[Snapshot]:
+        cl = self._client
+        r = await cl._call(cl._snapshots.ListSnapshots,
+                           snapshots_pb2.ListSnapshotsRequest(label_selector=dict(labels or {})))
+        return [Snapshot.from_proto(s) for s in r.snapshots]
+
+    async def usage(self) -> "tuple[int, int]":
+        cl = self._client
+        r = await cl._call(cl._snapshots.ListSnapshots, snapshots_pb2.ListSnapshotsRequest())
+        return r.used_bytes, r.quota_bytes
+
+    async def get(self, snapshot: Union[Snapshot, str]) -> Snapshot:
+        cl = self._client
+        r = await cl._call(cl._snapshots.GetSnapshot, snapshots_pb2.GetSnapshotRequest(
+            snapshot_id=c.snapshot_id_of(snapshot, "snapshots.get()")))
+        return Snapshot.from_proto(r.snapshot)
+
+    async def delete(self, snapshot: Union[Snapshot, str]) -> None:
+        cl = self._client
+        await cl._call(cl._snapshots.DeleteSnapshot, snapshots_pb2.DeleteSnapshotRequest(
+            snapshot_id=c.snapshot_id_of(snapshot, "snapshots.delete()")), retry=False)
 
 
 class AsyncFiles:

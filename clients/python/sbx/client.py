@@ -24,7 +24,7 @@ import grpc
 
 from sbx import _common as c
 from sbx._common import (ClaimEvent, ClaimInfo, ExecChunk, ExecResult, FileInfo, PingResult,
-                         PoolInfo, RetryPolicy)
+                         PoolInfo, RetryPolicy, Snapshot)
 from sbx import _process as _proc
 from sbx._process import PortUrl
 from sbx.errors import (FailedPrecondition, InvalidArgument, NotFound, SbxError,
@@ -32,7 +32,8 @@ from sbx.errors import (FailedPrecondition, InvalidArgument, NotFound, SbxError,
 from sbx.process import Processes, Pty
 from sbx.process import url as _process_url
 from sbx.v1 import (admin_pb2, admin_pb2_grpc, claims_pb2, claims_pb2_grpc, diagnostics_pb2,
-                    diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc)
+                    diagnostics_pb2_grpc, sandboxes_pb2, sandboxes_pb2_grpc, snapshots_pb2,
+                    snapshots_pb2_grpc)
 
 log = logging.getLogger("sbx")
 Content = Union[str, bytes]
@@ -76,6 +77,9 @@ class Client:
         self._sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(channel)
         self._diag = diagnostics_pb2_grpc.DiagnosticsServiceStub(channel)
+        self._snapshots = snapshots_pb2_grpc.SnapshotsStub(channel)
+        self.snapshots = Snapshots(self)
+        """The tenant's snapshots: list(), get(), delete() (see Snapshots)."""
 
     @property
     def target(self) -> str:
@@ -272,6 +276,53 @@ class Client:
                             [Sandbox(self, ClaimInfo.from_proto(x), replayed=resp.replayed)
                              for x in resp.claims], replayed=resp.replayed)
 
+    def fork(self, source: Union[Snapshot, str, "Sandbox"], count: int, *,
+             batch_id: Optional[str] = None, ttl: Optional[float] = None,
+             labels: Optional[Mapping[str, str]] = None,
+             env: Optional[Mapping[str, str]] = None,
+             files: Optional[Mapping[str, Content]] = None, wait: Optional[float] = None,
+             timeout: Optional[float] = None) -> "SandboxGroup":
+        """Snapshots.Fork: `count` new sandboxes (1 to the server's max batch, 1000 by
+        default) whose root layer and workspace start as copies of `source`'s, each then
+        writing only its own. `source` is a Snapshot or a snapshot id, or a Sandbox (an
+        active claim of this tenant), whose live state the server snapshots first (that
+        snapshot is kept and counted against the quota; its id is the result's
+        `snapshot_id`).
+
+        Returns a SandboxGroup (a sequence of Sandbox, in fork order) that releases them
+        all at the end of a `with` block or on release(); `snapshot_id` names the snapshot
+        they start from, `replayed` says the server answered an earlier Fork of the same
+        batch_id. All or nothing: nothing is held when it fails.
+
+        batch_id: the idempotency key (1-120 characters of [A-Za-z0-9._:-]; the claims are
+        `<batch_id>#<i>`); default a fresh one generated here, reused by every automatic
+        retry (UNAVAILABLE, ABORTED), so a retry answers the same forks and makes no new
+        snapshot. ttl, labels, env, files: as for claim_batch(), for every fork. wait:
+        seconds the server may take to bring every fork up (None: its default 5 minutes;
+        the call's deadline allows for it plus `timeout`).
+
+        Raises NotFound (the snapshot or the sandbox is not this tenant's),
+        FailedPrecondition (the source claim has ended, a snapshot that cannot be
+        forked), PoolExhausted (a tenant limit, the snapshot quota, or the wait ran out),
+        InvalidArgument (count, batch_id, ttl, labels), Unimplemented (Kubernetes). An
+        error carries `claim_id` = the batch id."""
+        batch_id = c.check_id(batch_id, "batch_id") if batch_id else c.new_claim_id("pyf")
+        req = c.fork_request(source, count, batch_id, ttl, labels, env, files, wait)
+        try:
+            resp = self._call(self._snapshots.Fork, req, claim_id=batch_id,
+                              timeout=c.fork_deadline(wait, self.timeout if timeout is None
+                                                      else timeout))
+        except SbxError:
+            raise
+        except BaseException:
+            # Ctrl-C while the forks were on their way: the server may have made them.
+            self._release_quietly_batch(batch_id, count)
+            raise
+        return SandboxGroup(self, resp.batch_id,
+                            [Sandbox(self, ClaimInfo.from_proto(x), replayed=resp.replayed)
+                             for x in resp.claims], replayed=resp.replayed,
+                            snapshot_id=resp.snapshot_id)
+
     def _release_quietly_batch(self, batch_id: str, n: int) -> None:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(self._release_quietly, [f"{batch_id}#{i}" for i in range(n)]))
@@ -381,6 +432,45 @@ class Sandbox(c.SandboxView):
         """Thaws a suspended sandbox."""
         self._client._call(self._client._sandboxes.Resume,
                            sandboxes_pb2.ResumeRequest(claim_id=self.claim_id))
+        self.info = _with_suspended(self.info, False)
+
+    def snapshot(self, name: Optional[str] = None,
+                 labels: Optional[Mapping[str, str]] = None, *,
+                 timeout: Optional[float] = None) -> Snapshot:
+        """Snapshots.CreateSnapshot: captures the sandbox's file system (its root's own
+        layer for a sandbox of an image, and its workspace) as a new snapshot of this
+        tenant, durable when this returns. The sandbox is frozen meanwhile and then runs
+        on (a suspended one stays suspended). `name` (at most 128 bytes, not unique) and
+        `labels` are the caller's. Use the result with reset() and Client.fork().
+
+        Raises FailedPrecondition (the claim has ended; the server has no snapshots
+        folder; folders nested deeper than 128), PoolExhausted (the tenant's snapshot
+        quota, naming it; a full disk; more than 1,000,000 entries), NotFound,
+        Unimplemented (Kubernetes). Not retried automatically: a retry after a lost
+        answer would make a second snapshot."""
+        cl = self._client
+        r = cl._call(cl._snapshots.CreateSnapshot,
+                     c.create_snapshot_request(self.claim_id, name, labels), retry=False,
+                     timeout=timeout)
+        return Snapshot.from_proto(r.snapshot, r.dropped_entries)
+
+    def reset(self, snapshot: Union[Snapshot, str], *, timeout: Optional[float] = None) -> None:
+        """Snapshots.Reset: rewinds this sandbox to `snapshot` (a Snapshot or its id, of
+        this tenant, taken on the sandbox's image). Every process is killed and the
+        sandbox starts again with the same claim, sandbox id and endpoint, its root layer
+        and workspace replaced by the snapshot's; execs and processes in flight end. A
+        suspended sandbox runs afterwards. Returns once it serves again.
+
+        Raises NotFound (the claim or the snapshot is not this tenant's),
+        FailedPrecondition (the claim has ended; a snapshot of another image, naming
+        both; a sandbox adopted from an earlier run of the server), Unavailable /
+        DeadlineExceeded / Internal (the new start failed after the old processes were
+        killed: the claim is then LOST). Not retried automatically."""
+        cl = self._client
+        sid = c.snapshot_id_of(snapshot, "reset()")
+        cl._call(cl._snapshots.Reset,
+                 snapshots_pb2.ResetRequest(claim_id=self.claim_id, snapshot_id=sid),
+                 retry=False, timeout=timeout)
         self.info = _with_suspended(self.info, False)
 
     def exec(self, cmd: Union[str, Sequence[str]], *, env: Optional[Mapping[str, str]] = None,
@@ -594,11 +684,13 @@ class SandboxGroup(Sequence[Sandbox]):
     a `with` block or on release()."""
 
     def __init__(self, client: Client, batch_id: str, sandboxes: List[Sandbox],
-                 replayed: bool = False) -> None:
+                 replayed: bool = False, snapshot_id: str = "") -> None:
         self._client = client
         self.batch_id = batch_id
         self.sandboxes = sandboxes
         self.replayed = replayed
+        self.snapshot_id = snapshot_id
+        """For Client.fork(): the snapshot the sandboxes start from; else ""."""
 
     @overload
     def __getitem__(self, i: int) -> Sandbox: ...
@@ -644,6 +736,47 @@ class SandboxGroup(Sequence[Sandbox]):
             self.release()
         except BaseException as e:
             log.warning("sbx: releasing batch %s failed: %s", self.batch_id, e)
+
+
+class Snapshots:
+    """The tenant's snapshots (`client.snapshots`). Make one with Sandbox.snapshot();
+    another tenant's snapshot is NotFound, as an unknown id."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def __repr__(self) -> str:
+        return f"<sbx.Snapshots of {self._client.target!r}>"
+
+    def list(self, labels: Optional[Mapping[str, str]] = None) -> List[Snapshot]:
+        """The tenant's snapshots, oldest first; `labels`: only those carrying all of
+        them."""
+        cl = self._client
+        r = cl._call(cl._snapshots.ListSnapshots,
+                     snapshots_pb2.ListSnapshotsRequest(label_selector=dict(labels or {})))
+        return [Snapshot.from_proto(s) for s in r.snapshots]
+
+    def usage(self) -> "tuple[int, int]":
+        """(bytes of all the tenant's snapshots, its quota in bytes or 0 for none)."""
+        cl = self._client
+        r = cl._call(cl._snapshots.ListSnapshots, snapshots_pb2.ListSnapshotsRequest())
+        return r.used_bytes, r.quota_bytes
+
+    def get(self, snapshot: Union[Snapshot, str]) -> Snapshot:
+        """One snapshot of the tenant (NotFound for an unknown id or another tenant's)."""
+        cl = self._client
+        r = cl._call(cl._snapshots.GetSnapshot, snapshots_pb2.GetSnapshotRequest(
+            snapshot_id=c.snapshot_id_of(snapshot, "snapshots.get()")))
+        return Snapshot.from_proto(r.snapshot)
+
+    def delete(self, snapshot: Union[Snapshot, str]) -> None:
+        """Deletes a snapshot (record, then files). NotFound for an unknown id or another
+        tenant's; FailedPrecondition naming the user while a template, a pool of such a
+        template, a claimed fork or a live sandbox started from it still uses it. Not
+        retried automatically (a retry after a lost answer would say NotFound)."""
+        cl = self._client
+        cl._call(cl._snapshots.DeleteSnapshot, snapshots_pb2.DeleteSnapshotRequest(
+            snapshot_id=c.snapshot_id_of(snapshot, "snapshots.delete()")), retry=False)
 
 
 class Files:

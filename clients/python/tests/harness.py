@@ -183,6 +183,8 @@ class Server:
                     pass
             time.sleep(0.05)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if getattr(self, "images", None):
+            shutil.rmtree(self.images, ignore_errors=True)
         self.log.close()
         if self in _LIVE:
             _LIVE.remove(self)
@@ -208,6 +210,48 @@ class Server:
                     raise RuntimeError(f"pool {pool!r} has {warm} warm, not {n}, after "
                                        f"{timeout} s:\n{self.log_tail()}")
                 time.sleep(0.1)
+
+
+IMAGE_POOL_CONFIG = """
+templates:
+  - name: img
+    runtime: local
+    local:
+      image: "{ref}"
+      network: false
+      workspace_size_bytes: 268435456
+      layer_size_bytes: 268435456
+pools:
+  - name: img
+    template: img
+    min_warm: {min_warm}
+    max_warm: {max_warm}
+    empty_pool_policy: wait
+    default_wait: 60s
+    default_ttl: 1h
+    max_ttl: 24h
+"""
+
+
+def image_pool_server(min_warm: int = 2, max_warm: int = 4, auth: bool = True,
+                      extra: Optional[List[str]] = None,
+                      durability: str = "buffered") -> Server:
+    """A server (needs root: image sandboxes run as uids of their own) with the pool "img"
+    of a busybox image built here offline (tests/images/test_images.py), for snapshots,
+    reset and fork. The image folder lives in the server's dir and goes with stop()."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "images"))
+    import test_images
+    images = os.path.realpath(tempfile.mkdtemp(prefix="sbxpy-img-", dir="/tmp"))
+    os.chmod(images, 0o755)
+    ref = test_images.busybox_image(os.path.join(images, "env"), "v1",
+                                    config={"Env": ["PATH=/bin"]})
+    config = IMAGE_POOL_CONFIG.format(ref=ref, min_warm=min_warm, max_warm=max_warm)
+    srv = Server(config=config, auth=auth, durability=durability,
+                 extra=["--image_cache_bytes=1000000000", f"--image_import_dir={images}",
+                        *(extra or [])])
+    os.chmod(srv.dir, 0o755)
+    srv.images = images
+    return srv
 
 
 def _stop_all() -> None:

@@ -46,7 +46,8 @@ class ExamplesTest(unittest.TestCase):
         self.assertEqual(sorted(os.path.basename(p) for p in
                                 glob.glob(os.path.join(PKG, "examples", "*.py"))),
                          ["async_fanout.py", "background_server.py", "files_and_streams.py",
-                          "quickstart.py", "upstream_compat.py"])
+                          "quickstart.py", "rl_fork.py", "upstream_compat.py"])
+        # rl_fork.py needs an image pool (root): tests/test_rl_fork_example.py runs it.
 
     def test_quickstart(self):
         with open(os.path.join(PKG, "examples", "quickstart.py")) as f:

@@ -7,11 +7,12 @@ import {randomUUID} from 'node:crypto';
 import fs from 'node:fs';
 
 import {InvalidArgument} from './errors.js';
-import {Sandbox, SandboxGroup, deadlineOf, type Context} from './sandbox.js';
+import {Sandbox, SandboxGroup, deadlineOf, snapshotIdOf, type Context} from './sandbox.js';
 import {iterateStream, Transport, type CallOptions, type RetryOptions} from './transport.js';
 import {
-  durationMs, toClaim, toClaimEvent, toPool, toProtoDuration, type Claim, type ClaimEvent,
+  durationMs, toClaim, toClaimEvent, toPool, toProtoDuration, toSnapshot, type Claim, type ClaimEvent,
   type ClaimPriority, type ClaimState, type Duration, type EmptyPoolPolicy, type PingResult, type Pool,
+  type Snapshot,
 } from './types.js';
 
 /** Default server, as the CLI's. */
@@ -103,6 +104,69 @@ export interface ClaimBatchOptions extends Omit<ClaimOptions, 'id'> {
   id?: string;
   /** Accept between 1 and `count` sandboxes instead of all or nothing. Default false. */
   bestEffort?: boolean;
+}
+
+/** Options of {@link Client.fork}. */
+export interface ForkOptions extends CallOptions {
+  /**
+   * The batch id (1-120 of `[A-Za-z0-9._:-]`), the idempotency key: the forks are
+   * `<id>#<i>`, and a retry with it answers the same forks without a new snapshot.
+   * Default: a new UUID, made here and reused by every automatic retry.
+   */
+  id?: string;
+  /** Every fork's lifetime without a renew. Default: none. */
+  ttl?: Duration;
+  /** Every fork's labels. */
+  labels?: Record<string, string>;
+  /** Environment for every command run in every fork. */
+  env?: Record<string, string>;
+  /** Files written in every fork's workspace before the call returns (1 MiB in total). */
+  files?: FileSpec[] | Record<string, string | Uint8Array>;
+  /** How long the server may take to bring every fork up. Default: its 5 minutes (the deadline allows for it). */
+  wait?: Duration;
+}
+
+// The server's default ForkRequest.wait_timeout, added to a fork's deadline when no wait is given.
+const kDefaultForkWaitMs = 300000;
+
+/**
+ * The tenant's snapshots (`client.snapshots`). Another tenant's snapshot is NotFound,
+ * as an unknown id.
+ */
+export class Snapshots {
+  /** @internal */
+  constructor(private readonly ctx: Context) {}
+
+  /** The tenant's snapshots, oldest first; with `labels`, only those carrying all of them. */
+  async list(options: CallOptions & {labels?: Record<string, string>} = {}): Promise<Snapshot[]> {
+    const res = await this.ctx.transport.unary({
+      stub: 'snapshots', method: 'ListSnapshots', deadline: deadlineOf(this.ctx, options), signal: options.signal,
+      idempotent: true, request: {label_selector: options.labels ?? {}},
+    });
+    return (res.snapshots as unknown[]).map((s) => toSnapshot(s));
+  }
+
+  /** One snapshot of the tenant. Rejects with NotFound for an unknown id or another tenant's. */
+  async get(snapshot: Snapshot | string, options: CallOptions = {}): Promise<Snapshot> {
+    const res = await this.ctx.transport.unary({
+      stub: 'snapshots', method: 'GetSnapshot', deadline: deadlineOf(this.ctx, options), signal: options.signal,
+      idempotent: true, request: {snapshot_id: snapshotIdOf(snapshot, 'snapshots.get')},
+    });
+    return toSnapshot(res.snapshot);
+  }
+
+  /**
+   * Deletes a snapshot. Rejects with NotFound (unknown id or another tenant's),
+   * FailedPrecondition naming the user while a template, a claimed fork or a live sandbox
+   * started from it still uses it. Not retried automatically (a retry after a lost answer
+   * would say NotFound).
+   */
+  async delete(snapshot: Snapshot | string, options: CallOptions = {}): Promise<void> {
+    await this.ctx.transport.unary({
+      stub: 'snapshots', method: 'DeleteSnapshot', deadline: deadlineOf(this.ctx, options), signal: options.signal,
+      idempotent: false, request: {snapshot_id: snapshotIdOf(snapshot, 'snapshots.delete')},
+    });
+  }
 }
 
 /** Which claims {@link Client.listClaims} and {@link Client.watchClaims} return. */
@@ -221,6 +285,8 @@ function claimDeadline(ctx: Context, opts: ClaimOptions | ClaimBatchOptions, byI
 export class Client implements Disposable {
   /** The server's host:port. */
   readonly server: string;
+  /** The tenant's snapshots: list, get, delete. */
+  readonly snapshots: Snapshots;
   private readonly ctx: Context;
 
   constructor(options: ClientOptions = {}) {
@@ -246,6 +312,7 @@ export class Client implements Disposable {
       transport: new Transport(this.server, credentials, channelOptions, token, options.retry),
       timeoutMs: options.timeoutMs ?? 30000,
     };
+    this.snapshots = new Snapshots(this.ctx);
   }
 
   /**
@@ -298,6 +365,40 @@ export class Client implements Disposable {
     });
     const sandboxes = (res.claims as unknown[]).map((c) => new Sandbox(this.ctx, (c as {claim_id: string}).claim_id, toClaim(c), !!res.replayed));
     return new SandboxGroup(res.batch_id, sandboxes, !!res.replayed);
+  }
+
+  /**
+   * `count` new sandboxes (1 to the server's max batch, 1000 by default) whose root layer
+   * and workspace start as copies of `source`'s, each then writing only its own. `source`
+   * is a {@link Snapshot} or a snapshot id, or a {@link Sandbox} (an active claim of this
+   * tenant), whose live state the server snapshots first (kept, counted against the
+   * quota; its id is the result's `snapshotId`). All or nothing. Retried after
+   * UNAVAILABLE or ABORTED with the same batch id (made here when not given), so a retry
+   * answers the same forks and makes no new snapshot.
+   *
+   * Rejects with NotFound (the snapshot or the sandbox is not this tenant's),
+   * FailedPrecondition (the source claim has ended), PoolExhausted (a tenant limit, the
+   * snapshot quota, or the wait ran out), InvalidArgument (count, id, ttl, labels),
+   * Unimplemented (Kubernetes).
+   */
+  async fork(source: Snapshot | string | Sandbox, count: number, options: ForkOptions = {}): Promise<SandboxGroup> {
+    const from = source instanceof Sandbox ? {claim_id: source.claimId} :
+      {snapshot_id: snapshotIdOf(source, 'fork')};
+    if (!Number.isInteger(count)) {
+      throw new InvalidArgument(grpc.status.INVALID_ARGUMENT, `fork count ${JSON.stringify(count)} must be an integer`);
+    }
+    const batchId = options.id ?? randomUUID();
+    const fields = claimFields(options);
+    const res = await this.ctx.transport.unary({
+      stub: 'snapshots', method: 'Fork', signal: options.signal, idempotent: true, claimCall: true,
+      deadline: deadlineOf(this.ctx, options, options.wait !== undefined ? durationMs(options.wait, 'wait') : kDefaultForkWaitMs),
+      request: {
+        ...from, count, batch_id: batchId, ttl: fields.ttl, labels: fields.labels, wait_timeout: fields.wait_timeout,
+        config: fields.config,
+      },
+    });
+    const sandboxes = (res.claims as unknown[]).map((c) => new Sandbox(this.ctx, (c as {claim_id: string}).claim_id, toClaim(c), !!res.replayed));
+    return new SandboxGroup(res.batch_id, sandboxes, !!res.replayed, res.snapshot_id);
   }
 
   /**

@@ -4,12 +4,12 @@
  */
 import './polyfill.js';
 
-export {Client, DEFAULT_SERVER} from './client.js';
+export {Client, DEFAULT_SERVER, Snapshots} from './client.js';
 export type {
-  ClaimBatchOptions, ClaimFilter, ClaimOptions, ClaimSource, ClientOptions, FileSpec, WatchClaimsOptions,
+  ClaimBatchOptions, ClaimFilter, ClaimOptions, ClaimSource, ClientOptions, FileSpec, ForkOptions, WatchClaimsOptions,
 } from './client.js';
 export {Sandbox, SandboxFiles, SandboxGroup} from './sandbox.js';
-export type {ExecCollectOptions, ExecOptions, ExecStreamOptions, PortUrl, WriteFileOptions} from './sandbox.js';
+export type {ExecCollectOptions, ExecOptions, ExecStreamOptions, PortUrl, SnapshotOptions, WriteFileOptions} from './sandbox.js';
 export {DEFAULT_PTY_CMD, SandboxProcess, SandboxProcesses, SandboxPty} from './process.js';
 export type {
   OpenPtyOptions, ProcessExit, ProcessInfo, ProcessOutput, ProcessRef, PtyOptions, StartProcessOptions,
@@ -21,7 +21,7 @@ export type {ExecChunk, ExecExit, ExecResult} from './exec.js';
 export type {CallOptions, RetryOptions} from './transport.js';
 export type {
   Claim, ClaimEvent, ClaimPriority, ClaimState, Duration, EmptyPoolPolicy, FileInfo, PingResult, Pool,
-  PoolStatus, SandboxInfo, SignalName,
+  PoolStatus, SandboxInfo, SignalName, Snapshot,
 } from './types.js';
 export {
   Aborted, AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument,

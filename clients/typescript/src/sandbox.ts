@@ -16,9 +16,26 @@ import {
 } from './streams.js';
 import {type CallOptions, type Transport} from './transport.js';
 import {
-  durationMs, fromTimestamp, toClaim, toFileInfo, toProtoDuration, toSandboxInfo, type Claim, type Duration,
-  type FileInfo, type Raw, type SandboxInfo,
+  durationMs, fromTimestamp, toClaim, toFileInfo, toProtoDuration, toSandboxInfo, toSnapshot, type Claim,
+  type Duration, type FileInfo, type Raw, type SandboxInfo, type Snapshot,
 } from './types.js';
+
+/** Options of {@link Sandbox.snapshot}. */
+export interface SnapshotOptions extends CallOptions {
+  /** At most 128 bytes; not unique. */
+  name?: string;
+  /** At most 64, as claim labels. */
+  labels?: Record<string, string>;
+}
+
+/** @internal The id of a Snapshot or a snapshot id; InvalidArgument before any call otherwise. */
+export function snapshotIdOf(s: Snapshot | string, what: string): string {
+  const id = typeof s === 'string' ? s : s?.id;
+  if (typeof id !== 'string' || id === '') {
+    throw new InvalidArgument(grpc.status.INVALID_ARGUMENT, `${what}: a Snapshot or a snapshot id, not ${JSON.stringify(s)}`);
+  }
+  return id;
+}
 
 /** What {@link Sandbox.url} resolves with. */
 export interface PortUrl {
@@ -333,6 +350,40 @@ export class Sandbox implements AsyncDisposable {
     return {url: r.url, hostUrl: r.host_url ?? '', token: r.token, expiresAt: fromTimestamp(r.expires_at)};
   }
 
+  /**
+   * Captures the sandbox's file system (its root's own layer for a sandbox of an image, and
+   * its workspace) as a new snapshot of this tenant, durable when this resolves. The
+   * sandbox is frozen meanwhile and runs on afterwards (a suspended one stays suspended).
+   * Rejects with FailedPrecondition (claim ended; no snapshots folder on the server),
+   * ResourceExhausted (the tenant's snapshot quota, naming it; a full disk), NotFound,
+   * Unimplemented (Kubernetes). Not retried automatically (a retry would make a second
+   * snapshot).
+   */
+  async snapshot(opts: SnapshotOptions = {}): Promise<Snapshot> {
+    const r = await this.ctx.transport.unary({
+      stub: 'snapshots', method: 'CreateSnapshot', deadline: deadlineOf(this.ctx, opts), signal: opts.signal,
+      idempotent: false, request: {claim_id: this.claimId, name: opts.name ?? '', labels: opts.labels ?? {}},
+    });
+    return toSnapshot(r.snapshot, r.dropped_entries);
+  }
+
+  /**
+   * Rewinds the sandbox to `snapshot` (a Snapshot or its id, of this tenant, taken on the
+   * sandbox's image): every process is killed and it starts again with the same claim,
+   * sandbox id and endpoint, its root layer and workspace replaced by the snapshot's.
+   * Resolves once it serves again. Rejects with NotFound (the claim or the snapshot is not
+   * this tenant's), FailedPrecondition (claim ended; a snapshot of another image, naming
+   * both), Unavailable / DeadlineExceeded / Internal (the new start failed after the old
+   * processes were killed: the claim is then lost). Not retried automatically.
+   */
+  async reset(snapshot: Snapshot | string, opts: CallOptions = {}): Promise<void> {
+    const id = snapshotIdOf(snapshot, 'reset');
+    await this.ctx.transport.unary({
+      stub: 'snapshots', method: 'Reset', deadline: deadlineOf(this.ctx, opts), signal: opts.signal,
+      idempotent: false, request: {claim_id: this.claimId, snapshot_id: id},
+    });
+  }
+
   /** The claim as last returned by the server (undefined for a handle made from an id). */
   get claim(): Claim | undefined {
     return this.claimValue;
@@ -459,12 +510,15 @@ export class SandboxGroup implements AsyncDisposable, Iterable<Sandbox> {
   readonly sandboxes: readonly Sandbox[];
   /** True when the call answered a retry of an earlier, completed batch. */
   readonly replayed: boolean;
+  /** For {@link Client.fork}: the snapshot the sandboxes start from; else ''. */
+  readonly snapshotId: string;
 
   /** @internal */
-  constructor(batchId: string, sandboxes: Sandbox[], replayed: boolean) {
+  constructor(batchId: string, sandboxes: Sandbox[], replayed: boolean, snapshotId = '') {
     this.batchId = batchId;
     this.sandboxes = sandboxes;
     this.replayed = replayed;
+    this.snapshotId = snapshotId;
   }
 
   get length(): number {

@@ -26,6 +26,7 @@ export interface Stubs {
   sandboxes: Stub;
   admin: Stub;
   diagnostics: Stub;
+  snapshots: Stub;
 }
 
 // Protos: the copy the build placed in dist/proto (beside this file's directory).
@@ -83,7 +84,7 @@ export class Transport {
     };
     this.stubs = {
       claims: make('ClaimService'), sandboxes: make('SandboxService'), admin: make('AdminService'),
-      diagnostics: make('DiagnosticsService'),
+      diagnostics: make('DiagnosticsService'), snapshots: make('Snapshots'),
     };
     this.token = token;
     this.retry = {

@@ -176,6 +176,41 @@ function lowerEnum(value: unknown, prefix: string): string {
   return s.startsWith(prefix) ? s.slice(prefix.length).toLowerCase() : 'unspecified';
 }
 
+/**
+ * A snapshot (the Snapshots service): the file system of a claimed sandbox captured as a
+ * read-only layer, owned by the tenant that made it. Make one with
+ * {@link Sandbox.snapshot}; use it with {@link Sandbox.reset} and {@link Client.fork}.
+ */
+export interface Snapshot {
+  /** The server's id: "sn-" and 16 characters of [a-z0-9]. */
+  id: string;
+  /** The caller's name (not unique). */
+  name: string;
+  labels: Record<string, string>;
+  /** The tenant that made it. */
+  owner: string;
+  /** The claim it was taken from. */
+  sourceClaimId: string;
+  /** The digest of the image the sandbox's root lies on; '' for a sandbox of the host's root (only its workspace is kept). */
+  parentImageDigest: string;
+  /** The snapshot the sandbox itself started from; '' when none. */
+  parentSnapshotId: string;
+  /** Bytes of its files (what the tenant's quota counts). */
+  sizeBytes: number;
+  createdAt: Date | null;
+  /** Sockets and device nodes left out; known only on the result of {@link Sandbox.snapshot}, else 0. */
+  droppedEntries: number;
+}
+
+export function toSnapshot(s: Raw, droppedEntries: unknown = 0): Snapshot {
+  return {
+    id: s?.id ?? '', name: s?.name ?? '', labels: {...(s?.labels ?? {})}, owner: s?.owner ?? '',
+    sourceClaimId: s?.source_claim_id ?? '', parentImageDigest: s?.parent_image_digest ?? '',
+    parentSnapshotId: s?.parent_snapshot_id ?? '', sizeBytes: Number(s?.size_bytes ?? 0),
+    createdAt: fromTimestamp(s?.create_time), droppedEntries: Number(droppedEntries ?? 0),
+  };
+}
+
 export function toSandboxInfo(s: Raw): SandboxInfo {
   return {id: s?.id ?? '', endpoint: s?.endpoint ?? '', node: s?.node ?? '', suspended: !!s?.suspended};
 }

@@ -1,11 +1,13 @@
-#include "src/e2b/envd.h"
+#include "src/gateway/e2b/envd.h"
 
+#include <algorithm>
 #include <deque>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -13,8 +15,8 @@
 #include "e2b/envd/filesystem.pb.h"
 #include "e2b/envd/process.pb.h"
 #include "src/common/ids.h"
-#include "src/e2b/connect.h"
-#include "src/e2b/control_plane.h"
+#include "src/gateway/e2b/connect.h"
+#include "src/gateway/e2b/control_plane.h"
 
 namespace sbx::e2b {
 
@@ -213,6 +215,39 @@ std::string E2bPath(absl::string_view relative) {
   return relative.empty() ? std::string("/home/user") : absl::StrCat("/home/user/", relative);
 }
 
+namespace {
+
+// 32 lower-case hex digits: a batch id the front made (or a claim id the server made).
+bool IsHex32(absl::string_view s) {
+  return s.size() == 32 && std::all_of(s.begin(), s.end(), [](char c) {
+           return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f');
+         });
+}
+
+// "<hex32><sep><digits>" split at `sep`; false for anything else.
+bool SplitBatchMember(absl::string_view id, char sep, absl::string_view* batch,
+                      absl::string_view* index) {
+  if (id.size() < 34 || id[32] != sep) return false;
+  *batch = id.substr(0, 32);
+  *index = id.substr(33);
+  return IsHex32(*batch) && !index->empty() && index->size() <= 9 &&
+         std::all_of(index->begin(), index->end(), absl::ascii_isdigit);
+}
+
+}  // namespace
+
+std::string E2bSandboxId(absl::string_view claim_id) {
+  absl::string_view batch, index;
+  if (!SplitBatchMember(claim_id, '#', &batch, &index)) return std::string(claim_id);
+  return absl::StrCat(batch, "-", index);
+}
+
+std::string ClaimIdOf(absl::string_view sandbox_id) {
+  absl::string_view batch, index;
+  if (!SplitBatchMember(sandbox_id, '-', &batch, &index)) return std::string(sandbox_id);
+  return absl::StrCat(batch, "#", index);
+}
+
 std::string EnvdAccessToken(const FrontDeps& deps, absl::string_view id, absl::string_view tenant) {
   return absl::StrCat(tenant, "~", deps.access_token(id, tenant));
 }
@@ -250,11 +285,108 @@ std::optional<SandboxAddress> AddressOf(const HttpRequest& req, absl::string_vie
   return a;
 }
 
-void Envd::PortRedirect(const Target& t, int port, const HttpRequest& req, HttpResponder& out) {
-  if (port < 1 || port > 65535) {
-    RespondError(out, 400, absl::StrCat("port ", port, " is not 1..65535"));
+namespace {
+
+std::optional<std::string> TenantOfToken(const FrontDeps& deps, absl::string_view id,
+                                         absl::string_view token) {
+  const size_t sep = token.rfind('~');
+  if (token.empty() || sep == absl::string_view::npos) return std::nullopt;
+  const absl::string_view tenant = token.substr(0, sep);
+  if (!ConstantTimeEqual(token, EnvdAccessToken(deps, id, tenant))) return std::nullopt;
+  return std::string(tenant);
+}
+
+// The tenant whose right to a port of sandbox `id` the request's credential proves: the
+// sandbox's access token (X-Access-Token), or else an API key (X-API-Key; the proxy then
+// checks that this tenant owns the claim). UNAUTHENTICATED naming what is wrong.
+absl::StatusOr<std::string> PortCaller(const FrontDeps& deps, const HttpRequest& req,
+                                       absl::string_view id, int port) {
+  if (auto token = req.Header("x-access-token"); token.has_value()) {
+    std::optional<std::string> t = TenantOfToken(deps, id, *token);
+    if (!t.has_value()) {
+      return absl::UnauthenticatedError(
+          absl::StrCat("X-Access-Token is not the access token of sandbox \"", id, "\""));
+    }
+    return *std::move(t);
+  }
+  if (auto key = req.Header("x-api-key"); key.has_value()) {
+    std::optional<std::string> t = deps.tenant_of(*key);
+    if (!t.has_value()) return absl::UnauthenticatedError("X-API-Key is not a valid API key");
+    return *std::move(t);
+  }
+  return absl::UnauthenticatedError(
+      absl::StrCat("port ", port, " of sandbox \"", id,
+                   "\" needs the sandbox's X-Access-Token (its envdAccessToken) or its owner's "
+                   "X-API-Key"));
+}
+
+}  // namespace
+
+std::optional<std::string> Envd::TenantOfAccessToken(absl::string_view id,
+                                                     absl::string_view token) const {
+  return TenantOfToken(deps_, id, token);
+}
+
+void Envd::PortTraffic(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr) {
+  if (addr.port < 1 || addr.port > 65535) {
+    RespondError(out, 400, absl::StrCat("port ", addr.port, " is not 1..65535"));
     return;
   }
+  if (!ValidateKey("sandbox id", E2bSandboxId(addr.id)).ok()) {
+    RespondError(out, 404, absl::StrCat("sandbox \"", addr.id, "\" not found"));
+    return;
+  }
+  // Who asks: the holder of the sandbox's access token, or a tenant by its API key (the
+  // proxy then checks that this tenant owns the claim: another's is a 404).
+  absl::StatusOr<std::string> caller = PortCaller(deps_, req, addr.id, addr.port);
+  if (!caller.ok()) {
+    RespondError(out, 401, caller.status().message());
+    return;
+  }
+  std::string tenant = *std::move(caller);
+  if (!req.take_connection) {
+    // A TLS listener cannot hand its connection on: redirect to the proxy instead.
+    std::optional<std::string> bearer = deps_.bearer_of(tenant);
+    if (!bearer.has_value()) {
+      RespondError(out, 401, "the sandbox's tenant has no API key any more");
+      return;
+    }
+    return PortRedirect(Target{addr.id, *std::move(bearer)}, addr.port, req, out);
+  }
+  if (!deps_.hand_port) {
+    RespondError(out, 409,
+                 "port traffic goes through sbx's port proxy, which is off: start sbx-server "
+                 "with --proxy_listen");
+    return;
+  }
+  TakenConnection taken = req.take_connection();
+  if (taken.fd < 0) {
+    RespondError(out, 500, "the connection could not be handed to the port proxy");
+    return;
+  }
+  PortConnection c;
+  c.fd = taken.fd;
+  c.read = std::move(taken.read);
+  c.sandbox_id = addr.id;
+  c.port = addr.port;
+  c.tenant = std::move(tenant);
+  c.strip_headers = {"x-access-token", "x-api-key"};
+  // A later request on the connection must be for this port and prove the same tenant's
+  // right to it: a kept-alive connection may carry requests of several callers (a shared
+  // client pool), and none may ride on another's credential.
+  c.admit_later = [deps = deps_, domain = options_.domain, addr,
+                   tenant = c.tenant](const HttpHeaders& fields) {
+    HttpRequest next;
+    next.headers = fields;
+    std::optional<SandboxAddress> a = AddressOf(next, domain);
+    if (!a.has_value() || ClaimIdOf(a->id) != addr.id || a->port != addr.port) return false;
+    absl::StatusOr<std::string> caller = PortCaller(deps, next, addr.id, addr.port);
+    return caller.ok() && *caller == tenant;
+  };
+  deps_.hand_port(std::move(c));
+}
+
+void Envd::PortRedirect(const Target& t, int port, const HttpRequest& req, HttpResponder& out) {
   grpc::ClientContext ctx;
   Prepare(t, options_.call_timeout, &ctx);
   v1::GetPortUrlRequest get;
@@ -285,27 +417,26 @@ void Envd::PortRedirect(const Target& t, int port, const HttpRequest& req, HttpR
 
 std::optional<Envd::Target> Envd::Authorize(const HttpRequest& req, const std::string& id,
                                             HttpResponder& out) {
-  if (!ValidateKey("sandbox id", id).ok()) {
+  if (!ValidateKey("sandbox id", E2bSandboxId(id)).ok()) {
     RespondConnectError(out, grpc::Status(grpc::StatusCode::NOT_FOUND,
                                           absl::StrCat("sandbox \"", id, "\" not found")));
     return std::nullopt;
   }
   const absl::string_view token = req.Header("x-access-token").value_or("");
-  const size_t sep = token.rfind('~');
-  if (token.empty() || sep == absl::string_view::npos) {
+  if (token.empty() || token.rfind('~') == absl::string_view::npos) {
     RespondConnectError(out, Unauthenticated("missing or malformed X-Access-Token (the sandbox's "
                                              "envdAccessToken)"));
     return std::nullopt;
   }
-  const absl::string_view tenant = token.substr(0, sep);
-  if (!ConstantTimeEqual(token, EnvdAccessToken(deps_, id, tenant))) {
+  const std::optional<std::string> tenant = TenantOfAccessToken(id, token);
+  if (!tenant.has_value()) {
     RespondConnectError(out,
                         Unauthenticated(absl::StrCat("X-Access-Token is not the access token of "
                                                      "sandbox \"",
                                                      id, "\"")));
     return std::nullopt;
   }
-  std::optional<std::string> bearer = deps_.bearer_of(tenant);
+  std::optional<std::string> bearer = deps_.bearer_of(*tenant);
   if (!bearer.has_value()) {
     RespondConnectError(out, Unauthenticated("the sandbox's tenant has no API key any more"));
     return std::nullopt;
@@ -318,10 +449,13 @@ void Envd::Prepare(const Target& t, absl::Duration timeout, grpc::ClientContext*
   if (!t.bearer.empty()) ctx->AddMetadata("authorization", t.bearer);
 }
 
-void Envd::Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr) {
+void Envd::Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& shown) {
+  // From here on the sandbox is named by its claim id (E2bSandboxId).
+  SandboxAddress addr = shown;
+  addr.id = ClaimIdOf(shown.id);
+  if (addr.port != kEnvdPortNumber) return PortTraffic(req, out, addr);
   std::optional<Target> t = Authorize(req, addr.id, out);
   if (!t.has_value()) return;
-  if (addr.port != kEnvdPortNumber) return PortRedirect(*t, addr.port, req, out);
   const std::string& p = req.path;
   if (p == "/health") {
     out.Respond(204, "", "");

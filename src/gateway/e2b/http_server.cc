@@ -1,5 +1,5 @@
 // The Boost.Beast adapter of the E2B front's HTTP server (http.h). The only file of
-// src/e2b that sees Boost.
+// src/gateway/e2b that sees Boost.
 //
 // Each connection runs on a thread of its own with an io_context of its own: every read
 // and write is an asynchronous Beast operation with a tcp_stream deadline, run to
@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -31,7 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
-#include "src/e2b/http.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 
@@ -315,8 +316,13 @@ void Serve(const std::shared_ptr<Shared>& shared, asio::io_context& ioc, Stream&
                                  std::string(f.value()));
       }
     }
-    const bool keep_alive = head.get().keep_alive();
-    const bool streamed = shared->options.stream_body && shared->options.stream_body(req);
+    // A request the handler may take with its connection (plaintext only: a TLS session
+    // cannot be handed on as a socket) is answered, if at all, with the connection closed:
+    // its body stays unread.
+    const bool handed = !kTls && shared->options.hand_off && shared->options.hand_off(req);
+    const bool keep_alive = head.get().keep_alive() && !handed;
+    const bool streamed =
+        !handed && shared->options.stream_body && shared->options.stream_body(req);
     const uint64_t limit =
         streamed ? shared->options.max_streamed_body_bytes : shared->options.max_body_bytes;
     if (head.content_length() && *head.content_length() > limit) {
@@ -325,7 +331,26 @@ void Serve(const std::shared_ptr<Shared>& shared, asio::io_context& ioc, Stream&
     }
     std::optional<http::request_parser<http::buffer_body>> body_parser;
     std::optional<BeastBodyReader<Stream>> reader;
-    if (streamed) {
+    bool taken = false;
+    if (handed) {
+      req.take_connection = [&]() -> TakenConnection {
+        TakenConnection c;
+        if constexpr (!kTls) {
+          if (taken) return c;
+          taken = true;
+          std::ostringstream os;
+          os << head.get().base();
+          c.read = os.str();
+          const auto rest = buffer.data();
+          c.read.append(static_cast<const char*>(rest.data()), rest.size());
+          buffer.consume(buffer.size());
+          error_code e;
+          c.fd = tcp_layer.socket().release(e);
+          if (e) c.fd = -1;
+        }
+        return c;
+      };
+    } else if (streamed) {
       body_parser.emplace(std::move(head));
       body_parser->body_limit(limit);
       reader.emplace(ioc, stream, buffer, *body_parser, *shared);
@@ -359,9 +384,18 @@ void Serve(const std::shared_ptr<Shared>& shared, asio::io_context& ioc, Stream&
     } catch (const std::exception& e) {
       spdlog::error("e2b http: handler of {} {} threw: {}", req.method, req.path, e.what());
     }
+    if (taken) {
+      // The connection is the taker's now: neither answered nor closed here.
+      {
+        absl::MutexLock lock(&shared->mu);
+        shared->closers.erase(id);
+      }
+      shared->open.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
     if (!answer.answered()) SimpleAnswer(answer, 500, "no answer");
     answer.FinishStream();
-    if (!answer.reusable()) break;
+    if (!answer.reusable() || handed) break;
     if (body_parser.has_value() && !body_parser->is_done()) break;
     {
       absl::MutexLock lock(&shared->mu);

@@ -1,5 +1,5 @@
 #pragma once
-// The HTTP/1.1 server under the E2B front (src/e2b/e2b.h): requests in, answers out, with
+// The HTTP/1.1 server under the E2B front (src/gateway/e2b/e2b.h): requests in, answers out, with
 // no Boost type in sight (only http_server.cc includes Beast).
 //
 // Each client connection is served by a thread of its own, which reads a request, calls
@@ -30,6 +30,15 @@ namespace sbx::e2b {
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
+// A client connection taken from the server (HttpRequest::take_connection): its socket,
+// now the taker's to close, and the bytes the server read from it and did not consume:
+// the request's header (as parsed: request line and fields, in order) and whatever
+// followed it (a body's start, pipelined requests).
+struct TakenConnection {
+  int fd = -1;
+  std::string read;
+};
+
 // A request body read as it arrives (HttpServerOptions::stream_body), at constant memory.
 class BodyReader {
  public:
@@ -50,6 +59,11 @@ struct HttpRequest {
   // Set instead of `body` for the requests HttpServerOptions::stream_body selects; valid
   // during the handler's call. What the handler leaves unread closes the connection.
   BodyReader* body_reader = nullptr;
+  // Set for the requests HttpServerOptions::hand_off selects on a plaintext listener (their
+  // body is left unread): takes the connection away from the server, which then neither
+  // answers nor closes it. Valid during the handler's call, at most once, and only before
+  // the handler answers; null on a TLS listener.
+  std::function<TakenConnection()> take_connection;
 
   // The value of the first header named `name` (lower-case), if any.
   std::optional<absl::string_view> Header(absl::string_view name) const;
@@ -87,6 +101,10 @@ struct HttpServerOptions {
   // Which requests the handler reads as they arrive (HttpRequest::body_reader), judged by
   // the request line and headers (`body` is empty then). Unset: none.
   std::function<bool(const HttpRequest& head)> stream_body;
+  // Which requests the handler may take with their connection (HttpRequest::
+  // take_connection), judged by the request line and headers; their body is not read.
+  // Unset: none. A selected request the handler answers instead closes the connection.
+  std::function<bool(const HttpRequest& head)> hand_off;
   // Largest streamed body.
   uint64_t max_streamed_body_bytes = uint64_t{1} << 40;
   // Connections open at once; more are closed at accept.

@@ -1,12 +1,12 @@
-#include "src/e2b/e2b.h"
+#include "src/gateway/e2b/e2b.h"
 
 #include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "src/e2b/control_plane.h"
-#include "src/e2b/envd.h"
-#include "src/e2b/http.h"
+#include "src/gateway/e2b/control_plane.h"
+#include "src/gateway/e2b/envd.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 
@@ -41,8 +41,8 @@ class FrontImpl final : public Front {
 absl::StatusOr<std::unique_ptr<Front>> Front::Start(const FrontOptions& options, FrontDeps deps) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
   if (deps.channel == nullptr) return absl::InvalidArgumentError("the E2B front needs a channel");
-  if (!deps.access_token || !deps.bearer_of) {
-    return absl::InvalidArgumentError("the E2B front needs access_token and bearer_of");
+  if (!deps.access_token || !deps.bearer_of || !deps.tenant_of) {
+    return absl::InvalidArgumentError("the E2B front needs access_token, bearer_of and tenant_of");
   }
   auto control = std::make_shared<ControlPlane>(options, deps);
   auto envd = std::make_shared<Envd>(options, deps);
@@ -61,6 +61,11 @@ absl::StatusOr<std::unique_ptr<Front>> Front::Start(const FrontOptions& options,
     if (head.method != "POST" || head.path != "/files") return false;
     std::optional<SandboxAddress> addr = AddressOf(head, domain);
     return addr.has_value() && addr->port == kEnvdPortNumber;
+  };
+  // Port traffic is taken whole, before its body, to the port proxy.
+  http.hand_off = [domain](const HttpRequest& head) {
+    std::optional<SandboxAddress> addr = AddressOf(head, domain);
+    return addr.has_value() && addr->port != kEnvdPortNumber;
   };
   auto handler = [control, envd, domain](const HttpRequest& req, HttpResponder& out) {
     // Requests for a sandbox (envd, or a port inside it) carry E2b-Sandbox-Id, or come to

@@ -1,6 +1,6 @@
 #pragma once
 // The Connect protocol (connectrpc.com/docs/protocol) with JSON, as the E2B SDK speaks it
-// to envd (`useBinaryFormat: false`), over the front's HTTP server. Internal to src/e2b.
+// to envd (`useBinaryFormat: false`), over the front's HTTP server. Internal to src/gateway/e2b.
 //
 // Unary: POST /<package>.<Service>/<Method>, Content-Type application/json, the request
 // message as Protobuf JSON; the answer 200 with the response message, or an error status
@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
-#include "src/e2b/http.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 

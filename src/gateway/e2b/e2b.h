@@ -31,6 +31,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -69,6 +71,25 @@ struct FrontOptions {
   [[nodiscard]] absl::Status Validate() const;
 };
 
+// A client connection whose request is for a port inside a sandbox (not envd's), handed
+// whole to sbx's port proxy (FrontDeps::hand_port) once the front has authenticated it.
+struct PortConnection {
+  int fd = -1;       // the client's socket (plaintext), now the receiver's to close
+  std::string read;  // bytes already read from it: the request's header and what followed
+  std::string sandbox_id;
+  int port = 0;
+  // The tenant the credential (the sandbox's access token, or an API key) proves; the
+  // proxy checks that it owns the claim.
+  std::string tenant;
+  // Header fields (lower-case) removed from every request before it reaches the sandbox:
+  // the front's credentials.
+  std::vector<std::string> strip_headers;
+  // Whether a later request on the connection (its fields, names lower-case) is for the
+  // same sandbox and port, with a credential of the same tenant; one that is not ends the
+  // connection.
+  std::function<bool(const std::vector<std::pair<std::string, std::string>>& fields)> admit_later;
+};
+
 struct FrontDeps {
   // A channel to sbx-server's own services (Server::InProcessChannel). Required.
   std::shared_ptr<grpc::Channel> channel;
@@ -79,6 +100,11 @@ struct FrontDeps {
   // front acts for a tenant on envd calls, which carry the access token and no API key;
   // nullopt once the tenant has no token. Required.
   std::function<std::optional<std::string>(absl::string_view tenant)> bearer_of;
+  // The tenant of an API key (X-API-Key), nullopt for a key that is not one. Required.
+  std::function<std::optional<std::string>(absl::string_view api_key)> tenant_of;
+  // Takes port traffic (PortConnection) to the port proxy. Unset: port traffic is answered
+  // 409 naming --proxy_listen.
+  std::function<void(PortConnection)> hand_port;
 };
 
 class Front {

@@ -1,8 +1,9 @@
-// envd's files: REST GET/POST /files (streamed both ways, at constant memory, except
-// multipart uploads, which are held whole up to kMaxMultipartBytes) and the Filesystem
+// envd's files: REST GET/POST /files (streamed both ways, at constant memory, multipart
+// uploads part by part through MultipartReader) and the Filesystem
 // service (Stat, MakeDir, Move, ListDir, Remove), on sbx's file RPCs.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,10 +13,10 @@
 #include "absl/strings/str_split.h"
 #include "e2b/envd/filesystem.pb.h"
 #include "nlohmann/json.hpp"
-#include "src/e2b/connect.h"
-#include "src/e2b/control_plane.h"
-#include "src/e2b/envd.h"
-#include "src/e2b/multipart.h"
+#include "src/gateway/e2b/connect.h"
+#include "src/gateway/e2b/control_plane.h"
+#include "src/gateway/e2b/envd.h"
+#include "src/gateway/e2b/multipart.h"
 
 namespace sbx::e2b {
 
@@ -26,8 +27,9 @@ namespace {
 // sbx's UploadFile takes chunks of up to 4 MiB; 1 MiB keeps the front's memory per upload
 // small and the calls few.
 constexpr size_t kUploadChunk = 1024 * 1024;
-// A multipart upload is parsed whole: at most this much.
-constexpr size_t kMaxMultipartBytes = 64 * 1024 * 1024;
+// Bytes after a multipart body's close delimiter read to keep the connection (more: it is
+// closed after the answer).
+constexpr size_t kMaxEpilogueBytes = 64 * 1024;
 // ListDir reads every page: at most this many entries.
 constexpr int kMaxListEntries = 100000;
 
@@ -195,41 +197,48 @@ void Envd::FilesPost(const Target& t, const HttpRequest& req, HttpResponder& out
   if (absl::StartsWithIgnoreCase(type, "multipart/form-data")) {
     absl::StatusOr<std::string> boundary = MultipartBoundary(type);
     if (!boundary.ok()) return RespondError(out, 400, boundary.status().message());
-    std::string body;
-    if (req.body_reader != nullptr) {
-      std::string buf(64 * 1024, '\0');
-      while (true) {
-        absl::StatusOr<size_t> n = req.body_reader->Read(buf.data(), buf.size());
-        if (!n.ok()) return RespondFileError(out, ToGrpc(n.status()));
-        if (*n == 0) break;
-        if (body.size() + *n > kMaxMultipartBytes) {
-          RespondError(out, 413,
-                       absl::StrCat("a multipart upload is limited to ", kMaxMultipartBytes,
-                                    " bytes; send larger files as application/octet-stream "
-                                    "(the SDK does for a stream)"));
-          return;
+    // Each part is streamed into its file as it arrives (constant memory; the socket is
+    // read only as fast as the upload drains). A part's file appears whole or not at all;
+    // the parts before a malformed one are written.
+    WholeBodyReader whole(req.body);
+    MultipartReader reader(req.body_reader != nullptr ? req.body_reader : &whole, *boundary);
+    while (true) {
+      absl::StatusOr<std::optional<FormPart>> part = reader.NextPart();
+      if (!part.ok()) {
+        if (part.status().code() == absl::StatusCode::kInvalidArgument) {
+          return RespondError(out, 400, part.status().message());
         }
-        body.append(buf.data(), *n);
+        return RespondFileError(out, ToGrpc(part.status()));
       }
-    } else {
-      body = req.body;
-    }
-    absl::StatusOr<std::vector<FormPart>> parts = ParseMultipart(body, *boundary);
-    if (!parts.ok()) return RespondError(out, 400, parts.status().message());
-    for (const FormPart& part : *parts) {
-      if (part.name != "file") continue;
-      const std::string& target = path.has_value() && !path->empty() ? *path : part.filename;
+      if (!part->has_value()) break;
+      if ((*part)->name != "file") continue;  // skipped by the next NextPart
+      const std::string& target = path.has_value() && !path->empty() ? *path : (*part)->filename;
       if (target.empty()) {
         RespondError(out, 400, "a file part has no path (?path=... or its filename)");
         return;
       }
       absl::StatusOr<std::string> rel = WorkspacePath("path", target);
       if (!rel.ok()) return RespondFileError(out, ToGrpc(rel.status()));
-      grpc::Status s = Upload(t, *rel, nullptr, part.data);
-      if (!s.ok()) return RespondFileError(out, s);
+      grpc::Status s = Upload(t, *rel, reader.data(), "");
+      if (!s.ok()) {
+        if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+          return RespondError(out, 400, s.error_message());
+        }
+        return RespondFileError(out, s);
+      }
       answer.push_back(entry(*rel));
     }
     if (answer.empty()) return RespondError(out, 400, "the multipart body has no \"file\" part");
+    // What follows the close delimiter (the SDK's final CRLF, an epilogue) is read, up to a
+    // bound, so that the connection stays usable for the next request.
+    if (req.body_reader != nullptr) {
+      char rest[4096];
+      for (size_t total = 0; total < kMaxEpilogueBytes;) {
+        absl::StatusOr<size_t> n = req.body_reader->Read(rest, sizeof(rest));
+        if (!n.ok() || *n == 0) break;
+        total += *n;
+      }
+    }
   } else {
     if (!path.has_value() || path->empty()) {
       RespondError(out, 400, "the query names no path (?path=...)");

@@ -1,5 +1,5 @@
 #pragma once
-// envd, E2B's in-sandbox API, on sbx's SandboxService. Internal to src/e2b.
+// envd, E2B's in-sandbox API, on sbx's SandboxService. Internal to src/gateway/e2b.
 //
 // A request for a sandbox names it by the header E2b-Sandbox-Id and proves the right to
 // it by X-Access-Token, the envdAccessToken the control plane issued for it:
@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "sbx/v1/sandboxes.grpc.pb.h"
-#include "src/e2b/e2b.h"
-#include "src/e2b/http.h"
+#include "src/gateway/e2b/e2b.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 
@@ -32,6 +32,13 @@ namespace sbx::e2b {
 // absolute one as it is.
 std::string E2bPath(absl::string_view relative);
 grpc::Status ToGrpc(const absl::Status& s);
+
+// E2B sandbox ids of sbx claims. A claim of a batch, "<batch_id>#<i>" (Fork's forks),
+// is neither a DNS label (the host form PORT-ID.DOMAIN) nor a plain path segment: when
+// its batch id is 32 lower-case hex digits (the front's own forks) it is shown to E2B
+// clients as "<batch_id>-<i>". ClaimIdOf is the inverse; other ids are the same both ways.
+std::string E2bSandboxId(absl::string_view claim_id);
+std::string ClaimIdOf(absl::string_view sandbox_id);
 
 // The envd access token of sandbox `id` owned by `tenant`.
 std::string EnvdAccessToken(const FrontDeps& deps, absl::string_view id, absl::string_view tenant);
@@ -50,8 +57,9 @@ class Envd {
  public:
   Envd(FrontOptions options, FrontDeps deps);
 
-  // Answers a request for a sandbox: envd's API on its port, else a redirect to the port
-  // proxy (the sandbox's port through a URL token, SandboxService.GetPortUrl).
+  // Answers a request for a sandbox: envd's API on its port; for another port, hands the
+  // connection to the port proxy (FrontDeps::hand_port), or on a TLS listener redirects
+  // to it (the sandbox's port through a URL token, SandboxService.GetPortUrl).
   void Handle(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr);
 
  private:
@@ -63,6 +71,10 @@ class Envd {
   // (unauthenticated) and returns nullopt.
   std::optional<Target> Authorize(const HttpRequest& req, const std::string& id,
                                   HttpResponder& out);
+  // The tenant whose access token of sandbox `id` `token` is; nullopt when it is none.
+  std::optional<std::string> TenantOfAccessToken(absl::string_view id,
+                                                 absl::string_view token) const;
+  void PortTraffic(const HttpRequest& req, HttpResponder& out, const SandboxAddress& addr);
   void PortRedirect(const Target& t, int port, const HttpRequest& req, HttpResponder& out);
   void Prepare(const Target& t, absl::Duration timeout, grpc::ClientContext* ctx) const;
 

@@ -1,4 +1,4 @@
-#include "src/e2b/control_plane.h"
+#include "src/gateway/e2b/control_plane.h"
 
 #include <algorithm>
 #include <string>
@@ -13,7 +13,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "nlohmann/json.hpp"
 #include "src/common/ids.h"
-#include "src/e2b/envd.h"
+#include "src/gateway/e2b/envd.h"
 
 namespace sbx::e2b {
 
@@ -28,6 +28,8 @@ constexpr absl::string_view kJson = "application/json";
 constexpr int64_t kMaxTimeoutS = 2147483647;
 // GET /sandboxes (v1) returns every sandbox at once: at most this many pages of 1000.
 constexpr int kMaxListPages = 100;
+// Forks of one /fork call: E2B's bound (SandboxForkRequest.count).
+constexpr int64_t kMaxForks = 100;
 
 void RespondJson(HttpResponder& out, int status, const json& body,
                  const HttpHeaders& headers = {}) {
@@ -44,7 +46,7 @@ std::string Rfc3339(const google::protobuf::Timestamp& t) { return TimeUtil::ToS
 json SandboxJson(const v1::Claim& c, const FrontOptions& options) {
   json j;
   j["templateID"] = c.pool();
-  j["sandboxID"] = c.claim_id();
+  j["sandboxID"] = E2bSandboxId(c.claim_id());
   j["clientID"] = "sbx";
   j["startedAt"] = Rfc3339(c.created_at());
   // A claim without a TTL never expires: the end of Timestamp's range says so.
@@ -66,7 +68,7 @@ json SandboxJson(const v1::Claim& c, const FrontOptions& options) {
 json NewSandboxJson(const v1::Claim& c, const FrontOptions& options, const FrontDeps& deps) {
   json j;
   j["templateID"] = c.pool();
-  j["sandboxID"] = c.claim_id();
+  j["sandboxID"] = E2bSandboxId(c.claim_id());
   j["clientID"] = "sbx";
   j["envdVersion"] = options.envd_version;
   j["envdAccessToken"] = EnvdAccessToken(deps, c.claim_id(), c.owner());
@@ -121,6 +123,22 @@ bool StringMap(const json& body, const char* name, Map* out_map, HttpResponder& 
     (*out_map)[k] = v.get<std::string>();
   }
   return true;
+}
+
+// The id sbx gives a snapshot: "sn-" and 16 of [a-z0-9] (snapshots.proto).
+bool IsSnapshotId(absl::string_view id) {
+  if (id.size() != 19 || !absl::StartsWith(id, "sn-")) return false;
+  return std::all_of(id.begin() + 3, id.end(),
+                     [](char c) { return absl::ascii_isdigit(c) || absl::ascii_islower(c); });
+}
+
+// E2B's SnapshotInfo: the id (used as a template id by Sandbox.create) and its names.
+json SnapshotJson(const v1::Snapshot& snap) {
+  json j;
+  j["snapshotID"] = snap.id();
+  j["names"] = json::array();
+  if (!snap.name().empty()) j["names"].push_back(snap.name());
+  return j;
 }
 
 // A sandbox id as it may appear in a path: a claim id. Anything else cannot be one of the
@@ -218,13 +236,23 @@ ControlPlane::ControlPlane(FrontOptions options, FrontDeps deps)
     : options_(std::move(options)),
       deps_(std::move(deps)),
       claims_(v1::ClaimService::NewStub(deps_.channel)),
-      sandboxes_(v1::SandboxService::NewStub(deps_.channel)) {}
+      sandboxes_(v1::SandboxService::NewStub(deps_.channel)),
+      snapshots_(v1::Snapshots::NewStub(deps_.channel)) {}
 
 void ControlPlane::Handle(const HttpRequest& req, HttpResponder& out) {
   std::vector<absl::string_view> parts = absl::StrSplit(req.path, '/', absl::SkipEmpty());
   const std::string& m = req.method;
   const bool v2 = !parts.empty() && parts[0] == "v2";
   if (v2) parts.erase(parts.begin());
+  if (!v2 && parts.size() == 1 && parts[0] == "snapshots" && m == "GET") {
+    return ListSnapshots(req, out);
+  }
+  // Sandbox.deleteSnapshot deletes a "template" by the snapshot's id; other templates are
+  // sbx's pools, not served here.
+  if (!v2 && parts.size() == 2 && parts[0] == "templates" && m == "DELETE" &&
+      IsSnapshotId(parts[1])) {
+    return DeleteSnapshot(req, out, std::string(parts[1]));
+  }
   if (parts.empty() || parts[0] != "sandboxes") {
     RespondError(
         out,
@@ -244,11 +272,11 @@ void ControlPlane::Handle(const HttpRequest& req, HttpResponder& out) {
     if (m == "POST") return Create(req, out);
     if (m == "GET") return List(req, out, v2);
   } else {
-    const std::string id(parts[1]);
-    if (!ValidSandboxId(id)) {
-      RespondError(out, 404, absl::StrCat("sandbox \"", id, "\" not found"));
+    if (!ValidSandboxId(parts[1])) {
+      RespondError(out, 404, absl::StrCat("sandbox \"", parts[1], "\" not found"));
       return;
     }
+    const std::string id = ClaimIdOf(parts[1]);  // a fork's id as E2B shows it
     if (parts.size() == 2) {
       if (m == "GET") return Get(req, out, id);
       if (m == "DELETE") return Kill(req, out, id);
@@ -262,8 +290,9 @@ void ControlPlane::Handle(const HttpRequest& req, HttpResponder& out) {
         // Keep-alive of the old SDKs: extend by the given duration (default 15 s).
         return SetTimeout(req, out, id);
       }
-      if (parts[2] == "snapshots" || parts[2] == "fork" || parts[2] == "metrics" ||
-          parts[2] == "logs" || parts[2] == "network") {
+      if (parts[2] == "snapshots" && m == "POST") return CreateSnapshot(req, out, id);
+      if (parts[2] == "fork" && m == "POST") return Fork(req, out, id);
+      if (parts[2] == "metrics" || parts[2] == "logs" || parts[2] == "network") {
         RespondError(out, 501,
                      absl::StrCat(m, " ", req.path, ": sandbox ", parts[2],
                                   " are not served by sbx's E2B front yet (docs/e2b.md)"));
@@ -304,6 +333,7 @@ void ControlPlane::Create(const HttpRequest& req, HttpResponder& out) {
   claim.mutable_ttl()->set_seconds(*timeout);
   if (!StringMap(*body, "metadata", claim.mutable_labels(), out)) return;
   if (!StringMap(*body, "envVars", claim.mutable_config()->mutable_env(), out)) return;
+  if (IsSnapshotId(claim.pool()) && CreateFromSnapshot(req, out, claim)) return;
   grpc::ClientContext ctx;
   PrepareContext(req, options_.call_timeout, &ctx);
   v1::ClaimResponse res;
@@ -517,6 +547,160 @@ void ControlPlane::Connect(const HttpRequest& req, HttpResponder& out, const std
     }
   }
   RespondJson(out, was_paused ? 201 : 200, NewSandboxJson(*claim, options_, deps_));
+}
+
+}  // namespace sbx::e2b
+
+namespace sbx::e2b {
+
+void ControlPlane::CreateSnapshot(const HttpRequest& req, HttpResponder& out,
+                                  const std::string& id) {
+  std::optional<json> body = ObjectBody(req, out);
+  if (!body.has_value()) return;
+  v1::CreateSnapshotRequest create;
+  create.set_claim_id(id);
+  if (auto it = body->find("name"); it != body->end() && !it->is_null()) {
+    if (!it->is_string()) {
+      RespondError(out, 400, absl::StrCat("\"name\" must be a string, not ", it->dump()));
+      return;
+    }
+    create.set_name(it->get<std::string>());
+  }
+  grpc::ClientContext ctx;
+  PrepareContext(req, options_.call_timeout, &ctx);
+  v1::CreateSnapshotResponse res;
+  grpc::Status s = snapshots_->CreateSnapshot(&ctx, create, &res);
+  if (!s.ok()) return RespondGrpcError(out, s);
+  RespondJson(out, 201, SnapshotJson(res.snapshot()));
+}
+
+void ControlPlane::ListSnapshots(const HttpRequest& req, HttpResponder& out) {
+  if (!PercentDecode(req.query, true).has_value()) {
+    RespondError(out, 400, absl::StrCat("malformed %-escape in the query \"", req.query, "\""));
+    return;
+  }
+  const std::string sandbox = ClaimIdOf(QueryParam(req.query, "sandboxID").value_or(""));
+  const std::string name = QueryParam(req.query, "name").value_or("");
+  const std::string after = QueryParam(req.query, "nextToken").value_or("");
+  int limit = 100;
+  if (std::optional<std::string> l = QueryParam(req.query, "limit"); l.has_value()) {
+    if (!absl::SimpleAtoi(*l, &limit) || limit < 1 || limit > 100) {
+      RespondError(out, 400, absl::StrCat("bad limit \"", *l, "\" (1 to 100)"));
+      return;
+    }
+  }
+  grpc::ClientContext ctx;
+  PrepareContext(req, options_.call_timeout, &ctx);
+  v1::ListSnapshotsResponse res;
+  grpc::Status s = snapshots_->ListSnapshots(&ctx, v1::ListSnapshotsRequest(), &res);
+  if (!s.ok()) return RespondGrpcError(out, s);
+  // sbx lists the tenant's snapshots oldest first, whole; a page starts after the id in
+  // nextToken (one that is gone: from the start of what follows it is unknown, so empty).
+  json items = json::array();
+  std::string next;
+  bool started = after.empty();
+  for (const v1::Snapshot& snap : res.snapshots()) {
+    if (!started) {
+      started = snap.id() == after;
+      continue;
+    }
+    if (!sandbox.empty() && snap.source_claim_id() != sandbox) continue;
+    if (!name.empty() && snap.name() != name && snap.id() != name) continue;
+    if (static_cast<int>(items.size()) == limit) {
+      next = items.back()["snapshotID"].get<std::string>();
+      break;
+    }
+    items.push_back(SnapshotJson(snap));
+  }
+  HttpHeaders headers;
+  if (!next.empty()) headers.emplace_back("X-Next-Token", next);
+  RespondJson(out, 200, items, headers);
+}
+
+void ControlPlane::DeleteSnapshot(const HttpRequest& req, HttpResponder& out,
+                                  const std::string& id) {
+  grpc::ClientContext ctx;
+  PrepareContext(req, options_.call_timeout, &ctx);
+  v1::DeleteSnapshotRequest del;
+  del.set_snapshot_id(id);
+  v1::DeleteSnapshotResponse res;
+  grpc::Status s = snapshots_->DeleteSnapshot(&ctx, del, &res);
+  if (!s.ok()) return RespondGrpcError(out, s);
+  out.Respond(204, "", "");
+}
+
+bool ControlPlane::CreateFromSnapshot(const HttpRequest& req, HttpResponder& out,
+                                      const v1::ClaimRequest& claim) {
+  {
+    grpc::ClientContext ctx;
+    PrepareContext(req, options_.call_timeout, &ctx);
+    v1::GetSnapshotRequest get;
+    get.set_snapshot_id(claim.pool());
+    v1::GetSnapshotResponse res;
+    grpc::Status s = snapshots_->GetSnapshot(&ctx, get, &res);
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND) return false;  // a pool, perhaps
+    if (!s.ok()) {
+      RespondGrpcError(out, s);
+      return true;
+    }
+  }
+  v1::ForkRequest fork;
+  fork.set_snapshot_id(claim.pool());
+  fork.set_count(1);
+  *fork.mutable_ttl() = claim.ttl();
+  *fork.mutable_labels() = claim.labels();
+  *fork.mutable_config() = claim.config();
+  std::vector<v1::Claim> forks;
+  if (!RunFork(req, out, std::move(fork), &forks)) return true;
+  RespondJson(out, 201, NewSandboxJson(forks.front(), options_, deps_));
+  return true;
+}
+
+void ControlPlane::Fork(const HttpRequest& req, HttpResponder& out, const std::string& id) {
+  std::optional<json> body = ObjectBody(req, out);
+  if (!body.has_value()) return;
+  std::optional<int64_t> timeout =
+      IntField(*body, "timeout", 1, kMaxTimeoutS, options_.default_timeout_s, out);
+  if (!timeout.has_value()) return;
+  std::optional<int64_t> count = IntField(*body, "count", 1, kMaxForks, 1, out);
+  if (!count.has_value()) return;
+  v1::ForkRequest fork;
+  fork.set_claim_id(id);
+  fork.set_count(static_cast<int32_t>(*count));
+  fork.mutable_ttl()->set_seconds(*timeout);
+  std::vector<v1::Claim> forks;
+  if (!RunFork(req, out, std::move(fork), &forks)) return;
+  // All or nothing (sbx's Fork): every entry holds its sandbox.
+  json results = json::array();
+  for (const v1::Claim& c : forks) {
+    json r;
+    r["sandbox"] = NewSandboxJson(c, options_, deps_);
+    results.push_back(std::move(r));
+  }
+  RespondJson(out, 201, results);
+}
+
+bool ControlPlane::RunFork(const HttpRequest& req, HttpResponder& out, v1::ForkRequest fork,
+                           std::vector<v1::Claim>* forks) {
+  // The forks' claims are "<batch_id>#<i>"; a batch id of 32 hex digits lets E2B clients
+  // address them as "<batch_id>-<i>" (E2bSandboxId).
+  fork.set_batch_id(IdGenerator::Random().Next());
+  grpc::ClientContext ctx;
+  // Forks start cold (a sandbox each from the snapshot's files): the wait is Fork's own
+  // (5 minutes by default), within the call's deadline.
+  PrepareContext(req, options_.call_timeout, &ctx);
+  v1::ForkResponse res;
+  grpc::Status s = snapshots_->Fork(&ctx, fork, &res);
+  if (!s.ok()) {
+    RespondGrpcError(out, s);
+    return false;
+  }
+  if (res.claims().empty()) {
+    RespondError(out, 500, "sbx's Fork answered no sandbox");
+    return false;
+  }
+  forks->assign(res.claims().begin(), res.claims().end());
+  return true;
 }
 
 }  // namespace sbx::e2b

@@ -1,4 +1,4 @@
-#include "src/e2b/connect.h"
+#include "src/gateway/e2b/connect.h"
 
 #include <cstdint>
 #include <string>

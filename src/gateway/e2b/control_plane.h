@@ -1,19 +1,21 @@
 #pragma once
-// E2B's control plane (REST, spec/openapi.yml of e2b-dev/infra) on sbx's ClaimService and
-// SandboxService. Internal to src/e2b; e2b.h says what maps onto what.
+// E2B's control plane (REST, spec/openapi.yml of e2b-dev/infra) on sbx's ClaimService,
+// SandboxService and Snapshots. Internal to src/gateway/e2b; e2b.h says what maps onto what.
 //
 // Thread-safety: Handle may be called concurrently (the stubs are thread-safe).
 
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 #include "sbx/v1/claims.grpc.pb.h"
 #include "sbx/v1/sandboxes.grpc.pb.h"
-#include "src/e2b/e2b.h"
-#include "src/e2b/http.h"
+#include "sbx/v1/snapshots.grpc.pb.h"
+#include "src/gateway/e2b/e2b.h"
+#include "src/gateway/e2b/http.h"
 
 namespace sbx::e2b {
 
@@ -50,6 +52,22 @@ class ControlPlane {
   void SetTimeout(const HttpRequest& req, HttpResponder& out, const std::string& id);
   void Pause(const HttpRequest& req, HttpResponder& out, const std::string& id);
   void Connect(const HttpRequest& req, HttpResponder& out, const std::string& id);
+  // Snapshots: POST /sandboxes/{id}/snapshots, GET /snapshots, DELETE /templates/{id} of a
+  // snapshot id.
+  void CreateSnapshot(const HttpRequest& req, HttpResponder& out, const std::string& id);
+  void ListSnapshots(const HttpRequest& req, HttpResponder& out);
+  void DeleteSnapshot(const HttpRequest& req, HttpResponder& out, const std::string& id);
+  // Whether `claim`'s pool names one of the caller's snapshots (Sandbox.create(snapshotId)):
+  // then answers with a fork of it (sbx's Fork, count 1, with the claim's ttl, labels and
+  // env) and returns true, as when asking failed; false to go on with a pool of that name.
+  bool CreateFromSnapshot(const HttpRequest& req, HttpResponder& out,
+                          const v1::ClaimRequest& claim);
+  // POST /sandboxes/{id}/fork: sbx's Fork of the claim, `count` forks.
+  void Fork(const HttpRequest& req, HttpResponder& out, const std::string& id);
+  // Calls Fork with a batch id of the front's (E2bSandboxId); on failure answers the
+  // error and returns false.
+  bool RunFork(const HttpRequest& req, HttpResponder& out, v1::ForkRequest fork,
+               std::vector<v1::Claim>* forks);
 
   // GetClaim of an ACTIVE claim; else answers 404 (or the error) and returns nullopt.
   std::optional<v1::Claim> ActiveClaim(const HttpRequest& req, HttpResponder& out,
@@ -59,6 +77,7 @@ class ControlPlane {
   const FrontDeps deps_;
   std::unique_ptr<v1::ClaimService::Stub> claims_;
   std::unique_ptr<v1::SandboxService::Stub> sandboxes_;
+  std::unique_ptr<v1::Snapshots::Stub> snapshots_;
 };
 
 }  // namespace sbx::e2b
