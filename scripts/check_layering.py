@@ -46,7 +46,7 @@ K8S_ROOMS = {
     "transports": {"http", "http_lines", "http_socket", "http_cpprest"},
     "client": {"client", "config", "informer", "work_queue", "controller_metrics", "leader_election", "write_scheduler",
                "sandbox_key", "rate_limiter", "resources", "json_fields", "thread_priority",
-               "namespaces"},
+               "namespaces", "objects_types"},
     "sandbox_controller": {"sandbox_objects", "sandbox_controller", "template_objects",
                            "template_controller"},
     "conversion": {"conversion", "conversion_webhook", "crd_conversion"},

@@ -186,6 +186,7 @@ void Snapshots::Create(SnapshotCreateRequest request,
         r.name = std::move(request.name);
         r.labels = std::move(request.labels);
         r.source_claim = request.claim_id;
+        r.parent_snapshot = std::move(request.parent_snapshot);
         r.parent_image_digest = taken->image_digest;
         r.size_bytes = taken->bytes;
         r.created = clock_->Now();

@@ -68,6 +68,9 @@ struct SnapshotCreateRequest {
   std::string claim_id;
   std::string name;
   std::map<std::string, std::string> labels;
+  // The snapshot the claim's sandbox started from (its template's, which only the server
+  // reads), recorded as the new snapshot's parent. Empty: none.
+  std::string parent_snapshot;
 };
 
 struct SnapshotCreated {

@@ -218,6 +218,7 @@ ClaimController::ClaimController(Client* client, WriteScheduler* writes, Informe
       metrics_(std::make_unique<ClaimControllerMetrics>(options_.registry)),
       queue_(QueueOptions(clock_)),
       claims_(client, NamespaceInformer(kSandboxClaims, options_.namespaces.watch)),
+      typed_claims_(&claims_, &types::DecodeSandboxClaim),
       writer_(client, writes, sandboxes),
       mirror_(&writer_, &claims_, sandboxes, options_.namespaces, clock_,
               [this](const std::string& ns, const std::string& owner, const std::string& id) {
@@ -374,9 +375,9 @@ void ClaimController::Enqueue(const std::string& key, absl::Duration delay) {
   }
 }
 
-void ClaimController::LookAgainAt(const Json& claim, absl::Time at, absl::Time now) {
+void ClaimController::LookAgainAt(const types::SandboxClaim& claim, absl::Time at, absl::Time now) {
   if (at == absl::InfiniteFuture()) return;
-  Enqueue(KubectlKey(claim), at - now);
+  Enqueue(absl::StrCat("c/", claim.metadata.Namespace(), "/", claim.metadata.Name()), at - now);
 }
 
 absl::Status ClaimController::StartInformers(absl::Duration sync_timeout) {
@@ -475,11 +476,18 @@ absl::Status ClaimController::Reconcile(const std::string& key) {
 // reconcile status when it ends the reconcile.
 absl::Status ClaimController::ReconcileKube(const std::string& ns, const std::string& name) {
   if (!options_.namespaces.Serves(ns)) return absl::OkStatus();
-  ObjectPtr found = claims_.Get(ns, name);
-  if (found == nullptr || json_fields::BeingDeleted(*found)) {
+  // The informer's copy, typed (decoded once per version). The API server validates claims
+  // against the CRD's schema, so a claim that does not decode can only come from a store
+  // that skips it; it waits for its next change.
+  absl::StatusOr<TypedCache<types::SandboxClaim>::Ptr> found = typed_claims_.Get(ns, name);
+  if (!found.ok()) {
+    spdlog::warn("SandboxClaim {}/{} not reconciled: {}", ns, name, found.status().ToString());
+    return absl::OkStatus();
+  }
+  if (*found == nullptr || (*found)->metadata.BeingDeleted()) {
     return absl::OkStatus();  // on_delete releases
   }
-  const Json& seen = *found;
+  const types::SandboxClaim& seen = **found;
   const Json status = writer_.LastStatus(seen);
   const absl::Time now = clock_->Now();
   // Lifecycle first: an expired claim is not (re)bound.
@@ -494,29 +502,29 @@ absl::Status ClaimController::ReconcileKube(const std::string& ns, const std::st
   // The annotations' write gives the claim a new version: the rest goes on with the
   // claim as that write answered, so that the status written below is remembered against
   // it and its echo is not taken for a change (which wrote the status a second time).
-  Json annotated;
+  std::optional<types::SandboxClaim> annotated;
   if (options_.claim_annotations) RETURN_IF_ERROR(Annotate(seen, placement, &annotated));
-  const Json& claim = annotated.is_null() ? seen : annotated;
+  const types::SandboxClaim& claim = annotated.has_value() ? *annotated : seen;
   if (placement.refusal) return Refuse(claim, status, *placement.refusal);
   if (!placement.cold) {
     RETURN_IF_ERROR(writer_.Bind(claim, placement.sandbox, "warm"));
-    RETURN_IF_ERROR(writer_.PatchPodMetadata(ns, placement.sandbox,
-                                             Field(Field(claim, "spec"), "additionalPodMetadata")));
+    const types::LabelsAndAnnotations& pod_metadata = claim.spec.additional_pod_metadata;
+    RETURN_IF_ERROR(writer_.PatchPodMetadata(
+        ns, placement.sandbox, pod_metadata.present ? types::Encode(pod_metadata) : Json()));
   }
   return FollowSandbox(claim, status, placement, now);
 }
 
-absl::Status ClaimController::Annotate(const Json& claim, const Placement& placement,
-                                       Json* patched) {
-  const Json& meta = Field(claim, "metadata");
+absl::Status ClaimController::Annotate(const types::SandboxClaim& claim, const Placement& placement,
+                                       std::optional<types::SandboxClaim>* patched) {
   Json annotations = Json::object();
   // When this controller first saw the claim; one written before (by an earlier run or
   // another controller) stays.
-  if (Str(Field(meta, "annotations"), kControllerFirstObservedAnnotation).empty()) {
+  if (claim.metadata.Annotation(kControllerFirstObservedAnnotation).empty()) {
     absl::Time seen = clock_->Now();
     {
       absl::MutexLock lock(&mu_);
-      if (auto it = first_seen_.find(Str(meta, "uid")); it != first_seen_.end()) {
+      if (auto it = first_seen_.find(claim.metadata.Uid()); it != first_seen_.end()) {
         seen = it->second;
       }
     }
@@ -527,7 +535,8 @@ absl::Status ClaimController::Annotate(const Json& claim, const Placement& place
   return writer_.Annotate(claim, annotations, patched);
 }
 
-absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, ClaimEnd end) {
+absl::Status ClaimController::EndClaim(const types::SandboxClaim& claim, const Json& status,
+                                       ClaimEnd end) {
   switch (end) {
     case ClaimEnd::kNone:
       return absl::OkStatus();
@@ -542,8 +551,8 @@ absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, Cl
   }
   // Retain: the claim stays, its sandbox goes.
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
-  const std::string ns = Str(Field(claim, "metadata"), "namespace");
-  allocator->Release(KubeClaimOwner(ns), Str(Field(claim, "metadata"), "uid"),
+  const std::string& ns = claim.metadata.Namespace();
+  allocator->Release(KubeClaimOwner(ns), claim.metadata.Uid(),
                      DropTo{"k8s.retained_claim_release", absl::StatusCode::kFailedPrecondition,
                             absl::StatusCode::kNotFound});
   if (const std::string sandbox = Str(Field(status, "sandbox"), "name"); !sandbox.empty()) {
@@ -552,11 +561,12 @@ absl::Status ClaimController::EndClaim(const Json& claim, const Json& status, Cl
   return Refuse(claim, status, {"ClaimExpired", "the claim's shutdownTime has passed"});
 }
 
-ClaimController::Placement ClaimController::PlacedBefore(const Json& claim, const Json& status) {
+ClaimController::Placement ClaimController::PlacedBefore(const types::SandboxClaim& claim,
+                                                         const Json& status) {
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
-  const std::string ns = Str(Field(claim, "metadata"), "namespace");
-  const std::string name = Str(Field(claim, "metadata"), "name");
-  const std::string uid = Str(Field(claim, "metadata"), "uid");
+  const std::string& ns = claim.metadata.Namespace();
+  const std::string& name = claim.metadata.Name();
+  const std::string& uid = claim.metadata.Uid();
   auto gone = [](const std::string& sandbox) {
     return Placement{.refusal = ClaimRefusal{"SandboxMissing",
                                              absl::StrCat("sandbox \"", sandbox, "\" is gone")}};
@@ -590,9 +600,10 @@ ClaimController::Placement ClaimController::PlacedBefore(const Json& claim, cons
   return Placement{};
 }
 
-absl::StatusOr<ClaimController::Placement> ClaimController::PlaceNew(const Json& claim) {
-  const std::string ns = Str(Field(claim, "metadata"), "namespace");
-  const std::string pool_name = PoolOf(claim);
+absl::StatusOr<ClaimController::Placement> ClaimController::PlaceNew(
+    const types::SandboxClaim& claim) {
+  const std::string& ns = claim.metadata.Namespace();
+  const std::string pool_name = claim.spec.warm_pool_ref.name.value_or("");
   ObjectPtr pool = pools_->Get(ns, pool_name);
   if (pool == nullptr) {
     return Placement{
@@ -616,21 +627,25 @@ absl::StatusOr<ClaimController::Placement> ClaimController::PlaceNew(const Json&
     if (!warm.empty()) {
       ObjectPtr member = sandboxes_->Get(ns, warm);
       metrics_->Created(ns, template_name, "warm", pool_name,
-                        member != nullptr && IsReady(Field(*member, "status")), CreatedBy(claim));
+                        member != nullptr && IsReady(Field(*member, "status")),
+                        CreatedBy(claim.metadata));
       return Placement{.sandbox = std::move(warm)};
     }
   }
   ASSIGN_OR_RETURN(const bool made,
                    writer_.CreateSandbox(ColdSandbox(claim, *sandbox_template, ns)));
-  if (made) metrics_->Created(ns, template_name, "cold", pool_name, false, CreatedBy(claim));
-  return Placement{.sandbox = Str(Field(claim, "metadata"), "name"), .cold = true};
+  if (made) {
+    metrics_->Created(ns, template_name, "cold", pool_name, false, CreatedBy(claim.metadata));
+  }
+  return Placement{.sandbox = claim.metadata.Name(), .cold = true};
 }
 
-absl::StatusOr<std::string> ClaimController::ClaimWarm(const Json& claim, const std::string& pool) {
+absl::StatusOr<std::string> ClaimController::ClaimWarm(const types::SandboxClaim& claim,
+                                                       const std::string& pool) {
   allocator::Allocator* allocator = allocator_.load(std::memory_order_acquire);
   allocator::ClaimRequest request;
-  request.owner = KubeClaimOwner(Str(Field(claim, "metadata"), "namespace"));
-  request.claim_id = Str(Field(claim, "metadata"), "uid");
+  request.owner = KubeClaimOwner(claim.metadata.Namespace());
+  request.claim_id = claim.metadata.Uid();
   request.pool = pool;
   request.policy = store::EmptyPoolPolicy::kFail;
   absl::StatusOr<allocator::ClaimResult> got =
@@ -643,9 +658,9 @@ absl::StatusOr<std::string> ClaimController::ClaimWarm(const Json& claim, const 
   return got.status();
 }
 
-absl::Status ClaimController::FollowSandbox(const Json& claim, const Json& status,
+absl::Status ClaimController::FollowSandbox(const types::SandboxClaim& claim, const Json& status,
                                             const Placement& placement, absl::Time now) {
-  const std::string ns = Str(Field(claim, "metadata"), "namespace");
+  const std::string& ns = claim.metadata.Namespace();
   ObjectPtr sandbox = sandboxes_->Get(ns, placement.sandbox);
   Json next = BoundClaimStatus(status, placement.sandbox, placement.cold, sandbox.get(), now);
   if (sandbox != nullptr) {
@@ -657,7 +672,7 @@ absl::Status ClaimController::FollowSandbox(const Json& claim, const Json& statu
   return writer_.WriteStatus(claim, std::move(next));
 }
 
-absl::Status ClaimController::Refuse(const Json& claim, const Json& status,
+absl::Status ClaimController::Refuse(const types::SandboxClaim& claim, const Json& status,
                                      const ClaimRefusal& refusal) {
   // Judged from this replica's caches and allocator: guarded by the claim's version, so a
   // refusal that lands late (a deposed leader's) cannot overwrite what changed since.
@@ -665,18 +680,20 @@ absl::Status ClaimController::Refuse(const Json& claim, const Json& status,
                              /*guarded=*/true);
 }
 
-void ClaimController::RecordReady(const Json& claim, const Placement& placement, absl::Time now) {
+void ClaimController::RecordReady(const types::SandboxClaim& claim, const Placement& placement,
+                                  absl::Time now) {
   absl::Time seen = now;
   {
     absl::MutexLock lock(&mu_);
-    auto it = first_seen_.find(Str(Field(claim, "metadata"), "uid"));
+    auto it = first_seen_.find(claim.metadata.Uid());
     if (it != first_seen_.end()) seen = it->second;
   }
   std::optional<double> client_ms;
   if (std::optional<absl::Time> asked = ClientRequestedAt(claim)) {
     client_ms = absl::ToDoubleMilliseconds(now - *asked);
   }
-  ObjectPtr pool = pools_->Get(Str(Field(claim, "metadata"), "namespace"), PoolOf(claim));
+  ObjectPtr pool =
+      pools_->Get(claim.metadata.Namespace(), claim.spec.warm_pool_ref.name.value_or(""));
   const std::string template_name =
       pool ? Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") : "";
   metrics_->Ready(placement.cold ? "cold" : "warm", template_name,

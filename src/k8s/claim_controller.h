@@ -130,29 +130,32 @@ class ClaimController {
   void Worker();
   [[nodiscard]] absl::Status ReconcileKube(const std::string& ns, const std::string& name);
   // Carries out `end` (from ShutdownVerdict) for `claim` whose status is `status`.
-  [[nodiscard]] absl::Status EndClaim(const Json& claim, const Json& status, ClaimEnd end);
+  [[nodiscard]] absl::Status EndClaim(const types::SandboxClaim& claim, const Json& status,
+                                      ClaimEnd end);
   // The sandbox chosen before: the allocator's (durable), else the claim's cold Sandbox.
   // A refusal when the claim was bound and its sandbox is gone.
-  Placement PlacedBefore(const Json& claim, const Json& status);
+  Placement PlacedBefore(const types::SandboxClaim& claim, const Json& status);
   // A sandbox for a claim that has none: a warm member of its pool when the template's
   // policies allow the claim and none of its own is needed, else a new cold Sandbox.
-  [[nodiscard]] absl::StatusOr<Placement> PlaceNew(const Json& claim);
+  [[nodiscard]] absl::StatusOr<Placement> PlaceNew(const types::SandboxClaim& claim);
   // Writes upstream's claim annotations (options.claim_annotations) for `placement`.
-  [[nodiscard]] absl::Status Annotate(const Json& claim, const Placement& placement, Json* patched)
+  [[nodiscard]] absl::Status Annotate(const types::SandboxClaim& claim, const Placement& placement,
+                                      std::optional<types::SandboxClaim>* patched)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Claims a warm member of `pool` for `claim`; "" when the pool has none warm.
-  [[nodiscard]] absl::StatusOr<std::string> ClaimWarm(const Json& claim, const std::string& pool);
+  [[nodiscard]] absl::StatusOr<std::string> ClaimWarm(const types::SandboxClaim& claim,
+                                                      const std::string& pool);
   // The claim's status for its placed sandbox, the ttlSecondsAfterFinished deletion, and
   // the startup metrics when it turns Ready.
-  [[nodiscard]] absl::Status FollowSandbox(const Json& claim, const Json& status,
+  [[nodiscard]] absl::Status FollowSandbox(const types::SandboxClaim& claim, const Json& status,
                                            const Placement& placement, absl::Time now);
   // Ready=False for `refusal` (claim errors the user must fix).
-  [[nodiscard]] absl::Status Refuse(const Json& claim, const Json& status,
+  [[nodiscard]] absl::Status Refuse(const types::SandboxClaim& claim, const Json& status,
                                     const ClaimRefusal& refusal);
-  void RecordReady(const Json& claim, const Placement& placement, absl::Time now)
+  void RecordReady(const types::SandboxClaim& claim, const Placement& placement, absl::Time now)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Looks at kubectl claim `claim` again at `at` (nothing when it is InfiniteFuture).
-  void LookAgainAt(const Json& claim, absl::Time at, absl::Time now);
+  void LookAgainAt(const types::SandboxClaim& claim, absl::Time at, absl::Time now);
   void Enqueue(const std::string& key, absl::Duration delay = absl::ZeroDuration());
   // Re-queues the kubectl claims of namespace `ns` not yet bound (no status.sandbox.name,
   // not being deleted) whose spec.warmPoolRef.name is one of `pools`.
@@ -166,6 +169,8 @@ class ClaimController {
   std::unique_ptr<ClaimControllerMetrics> metrics_;
   WorkQueue queue_;
   Informer claims_;
+  // The claims typed, as claims_ holds them (what the reconcile reads).
+  TypedCache<types::SandboxClaim> typed_claims_;
   ClaimWriter writer_;
   GrpcClaimMirror mirror_;
   // Set by Start before the workers run; read by informer handlers, which may run before.

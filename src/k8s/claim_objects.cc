@@ -17,8 +17,8 @@ namespace {
 
 // The claim's agents.x-k8s.io/created-by label as written ("" without one): upstream
 // copies it onto the claim's Sandbox.
-std::string ClaimCreatedBy(const Json& claim) {
-  return Str(Field(Field(claim, "metadata"), "labels"), kCreatedByLabel);
+const std::string& ClaimCreatedBy(const types::SandboxClaim& claim) {
+  return claim.metadata.Label(kCreatedByLabel);
 }
 
 absl::Time ParseRfc3339(const std::string& s, absl::Time fallback) {
@@ -31,10 +31,19 @@ std::string Rfc3339Seconds(absl::Time t) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", t, absl::UTCTimeZone());
 }
 
-bool NonEmptyArray(const Json& value) { return value.is_array() && !value.empty(); }
+template <class T>
+bool NonEmpty(const std::optional<std::vector<T>>& list) {
+  return list.has_value() && !list->empty();
+}
+
+const std::string& NameOr(const std::optional<std::string>& name) {
+  static const std::string* const kEmpty = new std::string();
+  return name ? *name : *kEmpty;
+}
 
 // The env policy's verdict (envVarsInjectionPolicy; upstream's default is Disallowed).
-std::optional<ClaimRefusal> CheckEnv(const Json& env, const Json& sandbox_template) {
+std::optional<ClaimRefusal> CheckEnv(const std::vector<types::ClaimEnvVar>& env,
+                                     const Json& sandbox_template) {
   const std::string template_name = Str(Field(sandbox_template, "metadata"), "name");
   const Json& tspec = Field(sandbox_template, "spec");
   std::string policy = Str(tspec, "envVarsInjectionPolicy");
@@ -48,14 +57,14 @@ std::optional<ClaimRefusal> CheckEnv(const Json& env, const Json& sandbox_templa
   if (policy != "Allowed") return std::nullopt;  // Overrides may replace the template's
   const Json& containers = Field(Field(Field(tspec, "podTemplate"), "spec"), "containers");
   if (!containers.is_array()) return std::nullopt;
-  for (const Json& e : env) {
+  for (const types::ClaimEnvVar& e : env) {
     for (const Json& c : containers) {
       const Json& have = Field(c, "env");
       if (!have.is_array()) continue;
       for (const Json& h : have) {
-        if (Str(h, "name") != Str(e, "name")) continue;
+        if (Str(h, "name") != NameOr(e.name)) continue;
         return ClaimRefusal{"EnvVarsInjectionRejected",
-                            absl::StrCat("env \"", Str(e, "name"),
+                            absl::StrCat("env \"", NameOr(e.name),
                                          "\" is set by the template; its "
                                          "envVarsInjectionPolicy Allowed forbids overriding")};
       }
@@ -66,50 +75,50 @@ std::optional<ClaimRefusal> CheckEnv(const Json& env, const Json& sandbox_templa
 
 // Appends `env` (the claim's) to every container it targets, replacing a variable of the
 // same name.
-void InjectEnv(const Json& env, Json* pod_spec) {
-  if (!env.is_array() || !Field(*pod_spec, "containers").is_array()) return;
+void InjectEnv(const std::optional<std::vector<types::ClaimEnvVar>>& env, Json* pod_spec) {
+  if (!env.has_value() || !Field(*pod_spec, "containers").is_array()) return;
   for (Json& c : (*pod_spec)["containers"]) {
-    for (const Json& e : env) {
-      const std::string target = Str(e, "containerName");
+    for (const types::ClaimEnvVar& e : *env) {
+      const std::string& target = NameOr(e.container_name);
       if (!target.empty() && target != Str(c, "name")) continue;
       Json& list = c["env"];
       if (!list.is_array()) list = Json::array();
+      const Json var = {{"name", NameOr(e.name)}, {"value", NameOr(e.value)}};
       bool replaced = false;
       for (Json& have : list) {
-        if (Str(have, "name") == Str(e, "name")) {
-          have = {{"name", Str(e, "name")}, {"value", Str(e, "value")}};
+        if (Str(have, "name") == NameOr(e.name)) {
+          have = var;
           replaced = true;
         }
       }
-      if (!replaced) list.push_back({{"name", Str(e, "name")}, {"value", Str(e, "value")}});
+      if (!replaced) list.push_back(var);
     }
   }
 }
 
 }  // namespace
 
-Json ClaimRef(const Json& claim) {
-  const Json& meta = Field(claim, "metadata");
+Json ClaimRef(const types::SandboxClaim& claim) {
   return {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
           {"kind", "SandboxClaim"},
-          {"name", Str(meta, "name")},
-          {"uid", Str(meta, "uid")},
+          {"name", claim.metadata.Name()},
+          {"uid", claim.metadata.Uid()},
           {"controller", true},
           {"blockOwnerDeletion", true}};
 }
 
-bool NeedsOwnSandbox(const Json& claim) {
-  const Json& spec = Field(claim, "spec");
-  return NonEmptyArray(Field(spec, "env")) || NonEmptyArray(Field(spec, "volumeClaimTemplates"));
+bool NeedsOwnSandbox(const types::SandboxClaim& claim) {
+  return NonEmpty(claim.spec.env) || NonEmpty(claim.spec.volume_claim_templates);
 }
 
-std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const Json& claim,
+std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const types::SandboxClaim& claim,
                                                       const Json& sandbox_template) {
-  const Json& spec = Field(claim, "spec");
-  if (const Json& env = Field(spec, "env"); NonEmptyArray(env)) {
-    if (std::optional<ClaimRefusal> refused = CheckEnv(env, sandbox_template)) return refused;
+  if (NonEmpty(claim.spec.env)) {
+    if (std::optional<ClaimRefusal> refused = CheckEnv(*claim.spec.env, sandbox_template)) {
+      return refused;
+    }
   }
-  if (NonEmptyArray(Field(spec, "volumeClaimTemplates"))) {
+  if (NonEmpty(claim.spec.volume_claim_templates)) {
     const std::string policy = Str(Field(sandbox_template, "spec"), "volumeClaimTemplatesPolicy");
     if (policy.empty() || policy == "Disallowed") {
       return ClaimRefusal{
@@ -121,40 +130,47 @@ std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const Json& claim,
   return std::nullopt;
 }
 
-Json ColdSandbox(const Json& claim, const Json& sandbox_template, const std::string& ns) {
-  const Json& meta = Field(claim, "metadata");
-  const Json& spec = Field(claim, "spec");
+Json ColdSandbox(const types::SandboxClaim& claim, const Json& sandbox_template,
+                 const std::string& ns) {
+  const types::SandboxClaimSpec& spec = claim.spec;
   const Json& tspec = Field(sandbox_template, "spec");
   const std::string template_name = Str(Field(sandbox_template, "metadata"), "name");
   Json sb_spec = {{"podTemplate", Field(tspec, "podTemplate")}};
   if (Field(tspec, "service").is_boolean()) sb_spec["service"] = tspec["service"];
-  const Json& vct = Field(spec, "volumeClaimTemplates").is_array()
-                        ? spec["volumeClaimTemplates"]
-                        : Field(tspec, "volumeClaimTemplates");
-  if (vct.is_array()) sb_spec["volumeClaimTemplates"] = vct;
+  if (spec.volume_claim_templates.has_value()) {
+    // The claim's entries, each as it was written (unknown fields included).
+    Json vct = Json::array();
+    for (const types::VolumeClaimTemplate& entry : *spec.volume_claim_templates) {
+      vct.push_back(types::Encode(entry));
+    }
+    sb_spec["volumeClaimTemplates"] = std::move(vct);
+  } else if (const Json& vct = Field(tspec, "volumeClaimTemplates"); vct.is_array()) {
+    sb_spec["volumeClaimTemplates"] = vct;
+  }
   Json& pod = sb_spec["podTemplate"];
   if (!pod.is_object()) pod = Json::object();
   Json& pod_spec = pod["spec"];
   if (!pod_spec.is_object()) pod_spec = Json::object();
   ApplyPodSecureDefaults(sandbox_template, &pod_spec);
-  InjectEnv(Field(spec, "env"), &pod_spec);
-  const Json& extra = Field(spec, "additionalPodMetadata");
-  for (const char* part : {"labels", "annotations"}) {
-    if (!Field(extra, part).is_object()) continue;
+  InjectEnv(spec.env, &pod_spec);
+  const types::LabelsAndAnnotations& extra = spec.additional_pod_metadata;
+  for (const auto& [part, values] :
+       {std::pair{"labels", &extra.labels}, std::pair{"annotations", &extra.annotations}}) {
+    if (!values->has_value()) continue;
     Json& into = pod["metadata"][part];
     if (!into.is_object()) into = Json::object();
-    into.update(extra[part]);
+    into.update(Json(**values));
   }
-  Json labels = {{kClaimUidLabel, Str(meta, "uid")},
+  Json labels = {{kClaimUidLabel, claim.metadata.Uid()},
                  {kLaunchTypeLabel, "cold"},
                  {kTemplateRefHashLabel, NameHash(template_name)},
                  {"sbx.dev/template", template_name}};
   // As upstream: the claim's created-by (a client library's), when it has one.
-  if (const std::string by = ClaimCreatedBy(claim); !by.empty()) labels[kCreatedByLabel] = by;
+  if (const std::string& by = ClaimCreatedBy(claim); !by.empty()) labels[kCreatedByLabel] = by;
   return {{"apiVersion", "agents.x-k8s.io/v1beta1"},
           {"kind", "Sandbox"},
           {"metadata",
-           {{"name", Str(meta, "name")},
+           {{"name", claim.metadata.Name()},
             {"namespace", ns},
             {"labels", std::move(labels)},
             {"annotations", {{kTemplateRefAnnotation, template_name}}},
@@ -167,15 +183,16 @@ bool BoundTo(const Json& sandbox, const std::string& claim_uid) {
          ControllerUid(sandbox) == claim_uid;
 }
 
-Json BindingPatch(const Json& claim, const std::string& sandbox, const std::string& launch_type) {
-  const std::string created_by = ClaimCreatedBy(claim);
+Json BindingPatch(const types::SandboxClaim& claim, const std::string& sandbox,
+                  const std::string& launch_type) {
+  const std::string& created_by = ClaimCreatedBy(claim);
   return {{"metadata",
            {{"ownerReferences", Json::array({ClaimRef(claim)})},
             // The pod keeps its name (the member's): upstream records it on adoption.
             {"annotations", {{kPodNameAnnotation, sandbox}}},
             {"labels",
              {{kWarmPoolLabel, nullptr},
-              {kClaimUidLabel, Str(Field(claim, "metadata"), "uid")},
+              {kClaimUidLabel, claim.metadata.Uid()},
               {kLaunchTypeLabel, launch_type},
               // As upstream: the claim's, or none (not the member's "controller").
               {kCreatedByLabel, created_by.empty() ? Json(nullptr) : Json(created_by)}}}}}};
@@ -270,55 +287,55 @@ bool SandboxChangeConcernsClaim(const Json& before, const Json& after) {
          Field(before, "status") != Field(after, "status");
 }
 
-LifecycleVerdict ShutdownVerdict(const Json& claim, absl::Time now) {
-  const Json& lifecycle = Field(Field(claim, "spec"), "lifecycle");
-  const std::string shutdown = Str(lifecycle, "shutdownTime");
+LifecycleVerdict ShutdownVerdict(const types::SandboxClaim& claim, absl::Time now) {
+  const types::ClaimLifecycle& lifecycle = claim.spec.lifecycle;
+  const std::string& shutdown = NameOr(lifecycle.shutdown_time);
   if (shutdown.empty()) return {};
   const absl::Time at = ParseRfc3339(shutdown, absl::InfiniteFuture());
   if (now < at) return {ClaimEnd::kNone, at};
-  const std::string policy = Str(lifecycle, "shutdownPolicy");
+  const std::string& policy = NameOr(lifecycle.shutdown_policy);
   if (policy == "Delete") return {ClaimEnd::kDeleteBackground};
   if (policy == "DeleteForeground") return {ClaimEnd::kDeleteForeground};
   return {ClaimEnd::kRetain};
 }
 
-LifecycleVerdict TtlVerdict(const Json& claim, const Json& sandbox_status, absl::Time now) {
-  const Json& ttl = Field(Field(Field(claim, "spec"), "lifecycle"), "ttlSecondsAfterFinished");
+LifecycleVerdict TtlVerdict(const types::SandboxClaim& claim, const Json& sandbox_status,
+                            absl::Time now) {
+  const std::optional<int64_t>& ttl = claim.spec.lifecycle.ttl_seconds_after_finished;
   const Json* finished = json_fields::FindCondition(sandbox_status, "Finished");
-  if (finished == nullptr || Str(*finished, "status") != "True" || !ttl.is_number_integer()) {
+  if (finished == nullptr || Str(*finished, "status") != "True" || !ttl.has_value()) {
     return {};
   }
   const absl::Time at =
-      ParseRfc3339(Str(*finished, "lastTransitionTime"), now) + absl::Seconds(ttl.get<int64_t>());
+      ParseRfc3339(Str(*finished, "lastTransitionTime"), now) + absl::Seconds(*ttl);
   if (now < at) return {ClaimEnd::kNone, at};
   return {ClaimEnd::kDelete};
 }
 
-absl::Time ClaimCreatedAt(const Json& claim, absl::Time fallback) {
-  return ParseRfc3339(Str(Field(claim, "metadata"), "creationTimestamp"), fallback);
+absl::Time ClaimCreatedAt(const types::SandboxClaim& claim, absl::Time fallback) {
+  return ParseRfc3339(NameOr(claim.metadata.creation_timestamp), fallback);
 }
 
-std::optional<absl::Time> ClientRequestedAt(const Json& claim) {
-  const std::string asked =
-      Str(Field(Field(claim, "metadata"), "annotations"), kClientRequestedAtAnnotation);
+std::optional<absl::Time> ClientRequestedAt(const types::SandboxClaim& claim) {
+  const std::string& asked = claim.metadata.Annotation(kClientRequestedAtAnnotation);
   const absl::Time at = ParseRfc3339(asked, absl::InfinitePast());
   if (at == absl::InfinitePast()) return std::nullopt;
   return at;
 }
 
-Json GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
-                      const NamespacedName& where, const std::string& sandbox) {
-  return {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
-          {"kind", "SandboxClaim"},
-          {"metadata",
-           {{"name", name},
-            {"namespace", where.ns},
-            {"labels", {{"sbx.dev/source", "grpc"}}},
-            {"annotations",
-             {{kSbxOwnerAnnotation, claim.owner},
-              {kSbxClaimIdAnnotation, claim.id},
-              {kSandboxNameAnnotation, sandbox}}}}},
-          {"spec", {{"warmPoolRef", {{"name", where.name}}}}}};
+types::SandboxClaim GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
+                                     const NamespacedName& where, const std::string& sandbox) {
+  types::SandboxClaim out;
+  out.api_version = "extensions.agents.x-k8s.io/v1beta1";
+  out.kind = "SandboxClaim";
+  out.metadata.name = name;
+  out.metadata.ns = where.ns;
+  out.metadata.labels = types::StringMap{{"sbx.dev/source", "grpc"}};
+  out.metadata.annotations = types::StringMap{{kSbxOwnerAnnotation, claim.owner},
+                                              {kSbxClaimIdAnnotation, claim.id},
+                                              {kSandboxNameAnnotation, sandbox}};
+  out.spec.warm_pool_ref.name = where.name;
+  return out;
 }
 
 Json GrpcClaimStatus(const std::string& sandbox_name, const Json* sandbox, const Json& old_status,

@@ -4,7 +4,9 @@
 // a claim, the status a claim shows for its Sandbox, when its lifecycle ends it, and the
 // SandboxClaim that makes a gRPC claim visible. Pure functions of their inputs (time is
 // passed in), used by the ClaimController and the GrpcClaimMirror and tested on their
-// own. Facts from upstream-api.md.
+// own. Facts from upstream-api.md. Claims are typed (objects_types.h: decoded once, at the
+// edge, from the informer's copy); what they build (Sandboxes, patches, statuses) and the
+// Sandboxes and templates they read are still JSON (issue 39's next kinds).
 
 #include <optional>
 #include <string>
@@ -12,6 +14,7 @@
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "src/common/ids.h"
+#include "src/k8s/objects_types.h"
 #include "src/store/records.h"
 
 namespace sbx::k8s {
@@ -35,11 +38,11 @@ struct ClaimRefusal {
 };
 
 // The controller owner reference of a SandboxClaim `claim` (blockOwnerDeletion set).
-Json ClaimRef(const Json& claim);
+Json ClaimRef(const types::SandboxClaim& claim);
 
 // Whether `claim` must get a Sandbox of its own (a cold one) rather than a warm member:
 // env or volumeClaimTemplates of its own, which a running pod cannot take.
-bool NeedsOwnSandbox(const Json& claim);
+bool NeedsOwnSandbox(const types::SandboxClaim& claim);
 
 // What `sandbox_template` (the SandboxTemplate of the claim's pool) says of `claim`'s env
 // and volumeClaimTemplates: nothing (nullopt) when it allows them, else the refusal.
@@ -47,7 +50,7 @@ bool NeedsOwnSandbox(const Json& claim);
 // that a container of the template already sets; Overrides allows all.
 // volumeClaimTemplatesPolicy: Disallowed (the default) refuses any. Messages name the
 // template, and for Allowed the variable.
-std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const Json& claim,
+std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const types::SandboxClaim& claim,
                                                       const Json& sandbox_template);
 
 // The cold Sandbox of `claim` in namespace `ns`: named like the claim, controlled by it,
@@ -57,7 +60,8 @@ std::optional<ClaimRefusal> CheckClaimAgainstTemplate(const Json& claim,
 // volumeClaimTemplates (else the template's), the claim's env appended to each container
 // it targets (replacing a template variable of the same name) and its
 // additionalPodMetadata merged into the pod's metadata.
-Json ColdSandbox(const Json& claim, const Json& sandbox_template, const std::string& ns);
+Json ColdSandbox(const types::SandboxClaim& claim, const Json& sandbox_template,
+                 const std::string& ns);
 
 // Whether Sandbox `sandbox` is bound to the claim with uid `claim_uid`: the claim is its
 // controller and its claim-uid label says so.
@@ -68,7 +72,8 @@ bool BoundTo(const Json& sandbox, const std::string& claim_uid);
 // sandbox-template-ref-hash label stays (the template's NetworkPolicy selects by it); the
 // pod-name annotation records the pod the claim gets (named like Sandbox `sandbox`). The
 // created-by label becomes the claim's, or is removed when the claim has none (upstream).
-Json BindingPatch(const Json& claim, const std::string& sandbox, const std::string& launch_type);
+Json BindingPatch(const types::SandboxClaim& claim, const std::string& sandbox,
+                  const std::string& launch_type);
 
 // The merge patch of a Sandbox's pod for a claim's spec.additionalPodMetadata (its labels
 // and annotations), or null when it has none.
@@ -126,25 +131,26 @@ struct LifecycleVerdict {
 
 // spec.lifecycle.shutdownTime of `claim` at `now`: its shutdownPolicy once the time has
 // come, else kNone until then. A shutdownTime that is not RFC 3339 never comes.
-LifecycleVerdict ShutdownVerdict(const Json& claim, absl::Time now);
+LifecycleVerdict ShutdownVerdict(const types::SandboxClaim& claim, absl::Time now);
 
 // spec.lifecycle.ttlSecondsAfterFinished of `claim` whose Sandbox's status is
 // `sandbox_status`, at `now`: kDelete that long after the Sandbox's Finished condition
 // turned True (from `now` when its time is unreadable), else kNone until then.
-LifecycleVerdict TtlVerdict(const Json& claim, const Json& sandbox_status, absl::Time now);
+LifecycleVerdict TtlVerdict(const types::SandboxClaim& claim, const Json& sandbox_status,
+                            absl::Time now);
 
 // When `claim` was made (its creationTimestamp), else `fallback`.
-absl::Time ClaimCreatedAt(const Json& claim, absl::Time fallback);
+absl::Time ClaimCreatedAt(const types::SandboxClaim& claim, absl::Time fallback);
 // When the claim's client first asked for it (the client-first-requested-at annotation
 // that upstream's client libraries set), when it says so in RFC 3339.
-std::optional<absl::Time> ClientRequestedAt(const Json& claim);
+std::optional<absl::Time> ClientRequestedAt(const types::SandboxClaim& claim);
 
 // The SandboxClaim named `name` in `where.ns` that shows active gRPC claim `claim` of
 // pool `where.name` (the SandboxWarmPool's own name): label sbx.dev/source grpc,
 // annotations naming its owner, id and Sandbox `sandbox` (its object name),
 // spec.warmPoolRef the pool.
-Json GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
-                      const NamespacedName& where, const std::string& sandbox);
+types::SandboxClaim GrpcSandboxClaim(const store::ClaimRecord& claim, const std::string& name,
+                                     const NamespacedName& where, const std::string& sandbox);
 
 // The status of a gRPC claim's SandboxClaim: Ready=True DependenciesReady, the name of its
 // Sandbox and, when `sandbox` (that object, or null) has them, its podIPs.

@@ -20,6 +20,11 @@ std::string Version(const Json& object) {
   return Str(Field(object, "metadata"), "resourceVersion");
 }
 
+const std::string& Version(const types::SandboxClaim& claim) {
+  static const std::string* const kNone = new std::string();
+  return claim.metadata.resource_version ? *claim.metadata.resource_version : *kNone;
+}
+
 absl::Status OkIfNotFound(absl::Status s) {
   return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
@@ -29,10 +34,10 @@ absl::Status OkIfNotFound(absl::Status s) {
 ClaimWriter::ClaimWriter(Client* client, WriteScheduler* writes, const Informer* sandboxes)
     : client_(client), writes_(writes), sandboxes_(sandboxes) {}
 
-absl::Status ClaimWriter::Bind(const Json& claim, const std::string& sandbox,
+absl::Status ClaimWriter::Bind(const types::SandboxClaim& claim, const std::string& sandbox,
                                const std::string& launch_type) {
-  const std::string uid = Str(Field(claim, "metadata"), "uid");
-  const std::string ns = Str(Field(claim, "metadata"), "namespace");
+  const std::string& uid = claim.metadata.Uid();
+  const std::string& ns = claim.metadata.Namespace();
   const std::string key = absl::StrCat(ns, "/", sandbox);
   std::string seen_version;
   if (ObjectPtr seen = sandboxes_->Get(ns, sandbox)) {
@@ -89,9 +94,9 @@ absl::Status ClaimWriter::PatchPodMetadata(const std::string& ns, const std::str
   return s;
 }
 
-Json ClaimWriter::LastStatus(const Json& claim) {
+Json ClaimWriter::LastStatus(const types::SandboxClaim& claim) {
   absl::MutexLock lock(&mu_);
-  auto it = status_.find(Str(Field(claim, "metadata"), "uid"));
+  auto it = status_.find(claim.metadata.Uid());
   if (it != status_.end()) {
     if (it->second.version == Version(claim)) return it->second.status;
     // Another version is our write's echo or a later change: the copy shows at least what
@@ -102,36 +107,38 @@ Json ClaimWriter::LastStatus(const Json& claim) {
     // same status once more: only on the gRPC path's retry of a create.)
     status_.erase(it);
   }
-  return Field(claim, "status");
+  // The copy's own status as it was read (null when it has none).
+  return claim.status.present ? types::Encode(claim.status) : Json();
 }
 
-absl::Status ClaimWriter::WriteStatus(const Json& claim, Json status, bool guarded) {
+absl::Status ClaimWriter::WriteStatus(const types::SandboxClaim& claim, Json status, bool guarded) {
   if (StatusShows(LastStatus(claim), status)) return absl::OkStatus();
-  const Json& meta = Field(claim, "metadata");
-  const std::string name = Str(meta, "name");
+  const types::ObjectMeta& meta = claim.metadata;
   Json patch = {{"status", status}};
-  if (guarded) patch["metadata"] = {{"resourceVersion", Str(meta, "resourceVersion")}};
+  if (guarded) patch["metadata"] = {{"resourceVersion", Version(claim)}};
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
-    return client_->PatchNoResult(kSandboxClaims, Str(meta, "namespace"), name, PatchType::kMerge,
+    return client_->PatchNoResult(kSandboxClaims, meta.Namespace(), meta.Name(), PatchType::kMerge,
                                   patch, "status");
   });
   if (s.ok()) {
     absl::MutexLock lock(&mu_);
     if (status_.size() >= kMaxMemos) status_.clear();
-    status_[Str(meta, "uid")] = Written{Version(claim), std::move(status)};
+    status_[meta.Uid()] = Written{Version(claim), std::move(status)};
   }
   return OkIfNotFound(s);
 }
 
-absl::Status ClaimWriter::Annotate(const Json& claim, const Json& annotations, Json* patched) {
-  const Json& meta = Field(claim, "metadata");
-  const Json& have = Field(meta, "annotations");
+absl::Status ClaimWriter::Annotate(const types::SandboxClaim& claim, const Json& annotations,
+                                   std::optional<types::SandboxClaim>* patched) {
+  const types::ObjectMeta& meta = claim.metadata;
   Json missing = Json::object();
   for (const auto& [key, value] : annotations.items()) {
-    if (Field(have, key.c_str()) != value) missing[key] = value;
+    const bool have = meta.annotations.has_value() && meta.annotations->contains(key) &&
+                      value.is_string() && meta.Annotation(key) == value.get<std::string>();
+    if (!have) missing[key] = value;
   }
   if (missing.empty()) return absl::OkStatus();
-  const std::string uid = Str(meta, "uid");
+  const std::string& uid = meta.Uid();
   const std::string memo = absl::StrCat(Version(claim), " ", missing.dump());
   {
     absl::MutexLock lock(&mu_);
@@ -140,10 +147,12 @@ absl::Status ClaimWriter::Annotate(const Json& claim, const Json& annotations, J
   }
   absl::Status s = writes_->Run(WritePriority::kClaim, [&]() -> absl::Status {
     absl::StatusOr<Json> out =
-        client_->Patch(kSandboxClaims, Str(meta, "namespace"), Str(meta, "name"), PatchType::kMerge,
+        client_->Patch(kSandboxClaims, meta.Namespace(), meta.Name(), PatchType::kMerge,
                        Json{{"metadata", {{"annotations", missing}}}});
     if (!out.ok()) return out.status();
-    *patched = *std::move(out);
+    absl::StatusOr<types::SandboxClaim> decoded = types::DecodeSandboxClaim(*out);
+    if (!decoded.ok()) return decoded.status();
+    *patched = *std::move(decoded);
     return absl::OkStatus();
   });
   if (s.ok()) {
@@ -161,19 +170,20 @@ void ClaimWriter::ForgetClaim(const std::string& claim_uid) {
   deleted_.erase(claim_uid);
 }
 
-absl::StatusOr<Json> ClaimWriter::CreateClaim(const Json& claim) {
-  const std::string ns = Str(Field(claim, "metadata"), "namespace");
-  const std::string name = Str(Field(claim, "metadata"), "name");
+absl::StatusOr<types::SandboxClaim> ClaimWriter::CreateClaim(const types::SandboxClaim& claim) {
+  const std::string& ns = claim.metadata.Namespace();
+  const std::string& name = claim.metadata.Name();
+  const Json object = types::Encode(claim);
   absl::StatusOr<Json> created;
   absl::Status s = writes_->Run(WritePriority::kClaim, [&] {
-    created = client_->Create(kSandboxClaims, ns, claim);
+    created = client_->Create(kSandboxClaims, ns, object);
     if (absl::IsAlreadyExists(created.status())) {
       created = client_->Get(kSandboxClaims, ns, name);
     }
     return created.status();
   });
   if (!s.ok()) return s;
-  return created;
+  return types::DecodeSandboxClaim(*created);
 }
 
 absl::StatusOr<bool> ClaimWriter::CreateSandbox(const Json& sandbox) {
@@ -190,10 +200,11 @@ absl::Status ClaimWriter::DeleteSandbox(const std::string& ns, const std::string
                                    [&] { return client_->Delete(kSandboxes, ns, name, {}); }));
 }
 
-absl::Status ClaimWriter::DeleteClaim(const Json& claim, const std::string& propagation) {
-  const Json& meta = Field(claim, "metadata");
-  const std::string uid = Str(meta, "uid");
-  if (uid.empty() || Str(meta, "name").empty()) {
+absl::Status ClaimWriter::DeleteClaim(const types::SandboxClaim& claim,
+                                      const std::string& propagation) {
+  const types::ObjectMeta& meta = claim.metadata;
+  const std::string& uid = meta.Uid();
+  if (uid.empty() || meta.Name().empty()) {
     return absl::InvalidArgumentError("DeleteClaim: the claim object has no name or uid");
   }
   {
@@ -204,7 +215,7 @@ absl::Status ClaimWriter::DeleteClaim(const Json& claim, const std::string& prop
   options.propagation_policy = propagation;
   options.precondition_uid = uid;
   absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
-    return client_->Delete(kSandboxClaims, Str(meta, "namespace"), Str(meta, "name"), options);
+    return client_->Delete(kSandboxClaims, meta.Namespace(), meta.Name(), options);
   });
   // A 409 Conflict of the precondition: the name holds another claim now; this one is gone.
   if (s.ok() || absl::IsNotFound(s) || absl::IsAborted(s)) {

@@ -17,6 +17,7 @@
 // one claim is written by one caller at a time (the work queue sees to it).
 // Lifetime: the client, the write scheduler and the Sandbox informer outlive the writer.
 
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -27,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
+#include "src/k8s/objects_types.h"
 #include "src/k8s/write_scheduler.h"
 
 namespace sbx::k8s {
@@ -40,7 +42,7 @@ class ClaimWriter {
   // Binds Sandbox `sandbox` to `claim` (BindingPatch) unless the informer shows it bound
   // already or the same patch went out while the informer still shows the version it was
   // sent against. Errors: the API's.
-  [[nodiscard]] absl::Status Bind(const Json& claim, const std::string& sandbox,
+  [[nodiscard]] absl::Status Bind(const types::SandboxClaim& claim, const std::string& sandbox,
                                   const std::string& launch_type) ABSL_LOCKS_EXCLUDED(mu_);
   // Applies a claim's spec.additionalPodMetadata to the pod of Sandbox `ns/sandbox`; sent
   // again only when the patch or the Sandbox changed. OK when the pod does not exist yet
@@ -52,26 +54,28 @@ class ClaimWriter {
   // The status of `claim` (the informer's copy, or the API server's answer) as last
   // written: what this writer wrote while the copy still has the version it was written
   // against, else the copy's own (and what was written is forgotten).
-  Json LastStatus(const Json& claim) ABSL_LOCKS_EXCLUDED(mu_);
+  Json LastStatus(const types::SandboxClaim& claim) ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `status` to `claim` (a merge patch of the status subresource) unless
   // LastStatus(claim) shows it already. OK when the claim is gone. Errors: the API's.
   // `guarded`: the patch names the copy's resourceVersion, so that it fails (ABORTED) when
   // the claim changed since (a status that ends or refuses a claim, judged from the copy).
-  [[nodiscard]] absl::Status WriteStatus(const Json& claim, Json status, bool guarded = false)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status WriteStatus(const types::SandboxClaim& claim, Json status,
+                                         bool guarded = false) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds `annotations` to `claim`'s metadata (a merge patch) unless its copy has them all
   // already or the same patch went out against the copy's version. OK when the claim is
   // gone. Errors: the API's. When it wrote, `*patched` is the claim as the API answered (its
   // new resourceVersion: the reconcile goes on with it, so that the status it writes next
-  // is remembered against the version the annotations made); else it is left null.
-  [[nodiscard]] absl::Status Annotate(const Json& claim, const Json& annotations, Json* patched)
+  // is remembered against the version the annotations made); else it is left empty.
+  [[nodiscard]] absl::Status Annotate(const types::SandboxClaim& claim, const Json& annotations,
+                                      std::optional<types::SandboxClaim>* patched)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The claim with uid `claim_uid` is gone.
   void ForgetClaim(const std::string& claim_uid) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Makes SandboxClaim `claim` and answers the object made; when one of its name exists
-  // (ours, made by an earlier try), answers that one. Errors: the API's.
-  [[nodiscard]] absl::StatusOr<Json> CreateClaim(const Json& claim);
+  // (ours, made by an earlier try), answers that one. Errors: the API's, and
+  // INVALID_ARGUMENT when the answer is not a SandboxClaim.
+  [[nodiscard]] absl::StatusOr<types::SandboxClaim> CreateClaim(const types::SandboxClaim& claim);
   // Makes `sandbox` (a claim's cold Sandbox) and answers true; false when it exists.
   // Errors: the API's.
   [[nodiscard]] absl::StatusOr<bool> CreateSandbox(const Json& sandbox);
@@ -81,8 +85,8 @@ class ClaimWriter {
   // with `propagation` ("Background", "Foreground", or "" for the API server's default);
   // sent once until ForgetClaim, however often a lagging informer copy asks again. OK
   // when it is gone. Errors: the API's.
-  [[nodiscard]] absl::Status DeleteClaim(const Json& claim, const std::string& propagation)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  [[nodiscard]] absl::Status DeleteClaim(const types::SandboxClaim& claim,
+                                         const std::string& propagation) ABSL_LOCKS_EXCLUDED(mu_);
   // A name would become a JSON string without a name or uid: pass the claim object.
   [[nodiscard]] absl::Status DeleteClaim(const std::string& name,
                                          const std::string& propagation) = delete;

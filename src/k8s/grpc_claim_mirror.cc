@@ -119,7 +119,8 @@ absl::Status GrpcClaimMirror::Reconcile(const std::string& ns, const std::string
   if (!c.ok() || c->state != store::ClaimState::kActive) {
     ObjectPtr shown = claims_->Get(ns, name);
     if (shown == nullptr) return absl::OkStatus();
-    return writer_->DeleteClaim(*shown, "Background");
+    ASSIGN_OR_RETURN(const types::SandboxClaim typed, types::DecodeSandboxClaim(*shown));
+    return writer_->DeleteClaim(typed, "Background");
   }
   const NamespacedName pool = namespaces_.Split(c->pool);
   const NamespacedName sandbox_name = namespaces_.Split(c->sandbox_id);
@@ -131,10 +132,9 @@ absl::Status GrpcClaimMirror::Reconcile(const std::string& ns, const std::string
                                             c->pool, "\" and sandbox \"", c->sandbox_id,
                                             "\" is not of namespace \"", ns, "\""));
   }
-  ASSIGN_OR_RETURN(const Json claim, ShownClaim(*c, name, pool, sandbox_name.name));
+  ASSIGN_OR_RETURN(const types::SandboxClaim claim, ShownClaim(*c, name, pool, sandbox_name.name));
   // The object names the sandbox the allocator chose; it never changes.
-  const std::string recorded =
-      Str(Field(Field(claim, "metadata"), "annotations"), kSandboxNameAnnotation);
+  const std::string& recorded = claim.metadata.Annotation(kSandboxNameAnnotation);
   if (recorded != sandbox_name.name) {
     return absl::InternalError(absl::StrCat("SandboxClaim \"", ns, "/", name, "\" names sandbox \"",
                                             recorded, "\", the allocator \"", c->sandbox_id,
@@ -146,11 +146,11 @@ absl::Status GrpcClaimMirror::Reconcile(const std::string& ns, const std::string
                                                      writer_->LastStatus(claim), clock_->Now()));
 }
 
-absl::StatusOr<Json> GrpcClaimMirror::ShownClaim(const store::ClaimRecord& c,
-                                                 const std::string& name,
-                                                 const NamespacedName& pool,
-                                                 const std::string& sandbox) {
-  if (ObjectPtr cached = claims_->Get(pool.ns, name)) return *cached;
+absl::StatusOr<types::SandboxClaim> GrpcClaimMirror::ShownClaim(const store::ClaimRecord& c,
+                                                                const std::string& name,
+                                                                const NamespacedName& pool,
+                                                                const std::string& sandbox) {
+  if (ObjectPtr cached = claims_->Get(pool.ns, name)) return types::DecodeSandboxClaim(*cached);
   return writer_->CreateClaim(GrpcSandboxClaim(c, name, pool, sandbox));
 }
 

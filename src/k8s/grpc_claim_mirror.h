@@ -66,9 +66,10 @@ class GrpcClaimMirror {
   void WatchLoop();
   // The SandboxClaim of active claim `c` named `name`: the informer's copy, else the
   // one made now (or, after a retry, the one made before).
-  [[nodiscard]] absl::StatusOr<Json> ShownClaim(const store::ClaimRecord& c,
-                                                const std::string& name, const NamespacedName& pool,
-                                                const std::string& sandbox);
+  [[nodiscard]] absl::StatusOr<types::SandboxClaim> ShownClaim(const store::ClaimRecord& c,
+                                                               const std::string& name,
+                                                               const NamespacedName& pool,
+                                                               const std::string& sandbox);
   void WakeWatcher() ABSL_LOCKS_EXCLUDED(mu_);
 
   ClaimWriter* const writer_;

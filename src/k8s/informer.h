@@ -150,4 +150,65 @@ inline InformerOptions NamespaceInformer(const Resource& resource, const std::st
 // "namespace/name" (or "name" for cluster-scoped objects): the cache key of an object.
 std::string KeyOf(const Json& object);
 
+// The typed objects of an informer's cache (T as `decode` makes them; objects_types.h):
+// each object is decoded once per version that someone reads, and the copy answered is
+// always of the version the informer's cache holds (an entry is valid while the cache
+// holds the very object it was decoded from). Entries go with the informer's deletes.
+// Thread-safety: Get may be called from any thread. Lifetime: the informer must outlive
+// it; construct it before the informer starts (it adds a handler).
+template <class T>
+class TypedCache {
+ public:
+  using Ptr = std::shared_ptr<const T>;
+  using DecodeFn = absl::StatusOr<T> (*)(const Json&);
+
+  TypedCache(Informer* informer, DecodeFn decode) : informer_(informer), decode_(decode) {
+    InformerHandler forget;
+    forget.on_delete = [this](const ObjectPtr& o) {
+      absl::MutexLock lock(&mu_);
+      entries_.erase(KeyOf(*o));
+    };
+    informer->AddHandler(std::move(forget));
+  }
+  TypedCache(const TypedCache&) = delete;
+  TypedCache& operator=(const TypedCache&) = delete;
+
+  // The object `ns/name` as the informer's cache holds it, typed; null when the cache does
+  // not hold it. INVALID_ARGUMENT (naming the object and field) when it does not decode.
+  [[nodiscard]] absl::StatusOr<Ptr> Get(const std::string& ns, const std::string& name) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    ObjectPtr source = informer_->Get(ns, name);
+    if (source == nullptr) return Ptr();
+    const std::string key = ns.empty() ? name : ns + "/" + name;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = entries_.find(key);
+      if (it != entries_.end() && it->second.source == source) return it->second.typed;
+    }
+    absl::StatusOr<T> decoded = decode_(*source);  // outside the lock: may take a while
+    if (!decoded.ok()) return decoded.status();
+    Ptr typed = std::make_shared<const T>(*std::move(decoded));
+    // Kept only while the informer still holds that version (an object deleted meanwhile
+    // must not leave an entry behind; one deleted between this check and the store can, so
+    // the map also starts over past a bound, which costs a decode each).
+    if (informer_->Get(ns, name) != source) return typed;
+    absl::MutexLock lock(&mu_);
+    if (entries_.size() >= kMaxEntries) entries_.clear();
+    entries_[key] = Entry{std::move(source), typed};
+    return typed;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 1 << 20;
+  struct Entry {
+    ObjectPtr source;  // the informer's object it was decoded from
+    Ptr typed;
+  };
+
+  Informer* const informer_;
+  const DecodeFn decode_;
+  mutable absl::Mutex mu_;
+  mutable absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace sbx::k8s

@@ -95,6 +95,12 @@ std::string CreatedBy(const Json& object) {
   return "unknown";
 }
 
+std::string CreatedBy(const types::ObjectMeta& metadata) {
+  const std::string& by = metadata.Label(kCreatedByLabel);
+  if (by == "go-client" || by == "python-client" || by == "controller") return by;
+  return "unknown";
+}
+
 std::string ExtensionsControllerKind(const Json& object) {
   const Json& refs = Field(Field(object, "metadata"), "ownerReferences");
   if (!refs.is_array()) return "None";

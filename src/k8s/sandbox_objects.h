@@ -10,6 +10,7 @@
 
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
+#include "src/k8s/objects_types.h"
 
 namespace sbx::k8s {
 
@@ -39,6 +40,7 @@ inline constexpr char kCreatedByLabel[] = "agents.x-k8s.io/created-by";
 // The created-by label of `object` as upstream's metrics show it: go-client,
 // python-client, controller, or unknown (anything else, to bound the series).
 std::string CreatedBy(const Json& object);
+std::string CreatedBy(const types::ObjectMeta& metadata);
 // The kind of the extensions.agents.x-k8s.io object that controls `object`
 // (SandboxClaim or SandboxWarmPool), else "None": agent_sandboxes' owned_by.
 std::string ExtensionsControllerKind(const Json& object);

@@ -26,6 +26,21 @@ void ToProto(const store::SnapshotRecord& r, v1::Snapshot* out) {
   server::ToProto(r.created, out->mutable_create_time());
 }
 
+// The snapshot the sandbox of the owner's claim started from (its template's
+// local.snapshot: a fork, or a member of a pool of a snapshot); empty when none or unknown.
+std::string StartedFrom(const allocator::Allocator* allocator, const std::string& owner,
+                        const std::string& claim_id) {
+  if (allocator == nullptr) return "";
+  absl::StatusOr<store::ClaimRecord> claim = allocator->GetClaim(owner, claim_id);
+  if (!claim.ok()) return "";
+  absl::StatusOr<store::PoolRecord> pool = allocator->GetPool(claim->pool);
+  if (!pool.ok()) return "";
+  absl::StatusOr<store::TemplateRecord> t = allocator->GetTemplate(pool->template_name);
+  v1::LocalSpec spec;
+  if (!t.ok() || t->runtime != "local" || !spec.ParseFromString(t->spec)) return "";
+  return spec.snapshot();
+}
+
 absl::Status RequireId(absl::string_view field, const std::string& id) {
   if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is required"));
   return absl::OkStatus();
@@ -48,6 +63,7 @@ grpc::ServerUnaryReactor* SnapshotService::CreateSnapshot(grpc::CallbackServerCo
   r.claim_id = req->claim_id();
   r.name = req->name();
   r.labels = *std::move(labels);
+  r.parent_snapshot = StartedFrom(allocator_, r.owner, r.claim_id);
   auto call = AsyncUnary<v1::CreateSnapshotResponse>::Create(ctx, resp);
   snapshots_->Create(std::move(r), [call](absl::StatusOr<allocator::SnapshotCreated> made) {
     call->Complete(made.status(), [&](v1::CreateSnapshotResponse* out) {
@@ -260,6 +276,7 @@ grpc::ServerUnaryReactor* SnapshotService::Fork(grpc::CallbackServerContext* ctx
   r.owner = caller->tenant;
   r.claim_id = req->claim_id();
   r.name = absl::StrCat("fork of ", req->claim_id());
+  r.parent_snapshot = StartedFrom(allocator_, r.owner, r.claim_id);
   if (r.name.size() > allocator::kMaxSnapshotName) r.name.resize(allocator::kMaxSnapshotName);
   snapshots_->Create(std::move(r),
                      [call, fork](absl::StatusOr<allocator::SnapshotCreated> made) mutable {

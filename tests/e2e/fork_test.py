@@ -184,7 +184,7 @@ class Fork(unittest.TestCase):
 
     def test_forks_start_at_the_snapshot_and_write_only_their_own(self):
         c, snap = self.prepared()
-        forks = []
+        forks, children = [], []
         try:
             calls, claims = (self.metric("sbx_snapshot_forks_total", result="ok"),
                              self.metric("sbx_snapshot_forked_claims_total"))
@@ -210,6 +210,16 @@ class Fork(unittest.TestCase):
                 code, out = self.sh(other, f"cat {WS}/state /opt/app/f; "
                                            f"test -e /new || echo no-new")
                 self.assertEqual((code, out), (0, "prepared\napp\nno-new\n"))
+            # A snapshot of a fork names the snapshot the fork started from.
+            child = self.snapshot(forks[0])
+            children.append(child.id)
+            self.assertEqual(child.parent_snapshot_id, snap.id)
+            grandchild = self.fork(1, snapshot_id=child.id).claims[0].claim_id
+            forks.append(grandchild)
+            self.assertEqual(self.sh(grandchild, f"cat {WS}/state /opt/app/f; "
+                                                 f"test -e /new && echo new"),
+                             (0, "mine\nx\nnew\n"))
+            self.assertEqual(snap.parent_snapshot_id, "")
             # The forks' files are their own user's.
             code, out = self.sh(forks[1], f"test $(stat -c %u {WS}/state) = $(id -u) && "
                                           f"test $(stat -c %u /opt/app/f) = $(id -u) && echo OK")
@@ -218,6 +228,8 @@ class Fork(unittest.TestCase):
             for f in forks:
                 self.release(f)
             self.release(c.claim_id)
+        for child in children:
+            self.delete(child)
         self.delete(snap.id)
 
     def test_a_fork_of_a_live_claim_snapshots_it_and_a_retry_answers_the_same_forks(self):
@@ -378,13 +390,24 @@ class Fork(unittest.TestCase):
             name="golden", template="golden", min_warm=1, max_warm=2,
             empty_pool_policy=1)), metadata=ADMIN, timeout=30)
         g = self.claim("golden")
+        g2 = None
         try:
             self.assertEqual(self.sh(g.claim_id, f"cat {WS}/state /opt/app/f"),
                              (0, "prepared\napp\n"))
+            # The pool refills at the snapshot's state: the next warm member starts there too.
+            sbx_e2e.wait_for(lambda: self.admin.GetPool(admin_pb2.GetPoolRequest(name="golden"),
+                                                        metadata=ADMIN,
+                                                        timeout=10).pool.status.warm >= 1,
+                             60, "the golden pool to refill")
+            g2 = self.claim("golden")
+            self.assertEqual(g2.launch_type, 1)  # WARM
+            self.assertEqual(self.sh(g2.claim_id, f"cat {WS}/state"), (0, "prepared\n"))
             detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.delete, snap.id)
             self.assertIn('template "golden"', detail)
         finally:
             self.release(g.claim_id)
+            if g2 is not None:
+                self.release(g2.claim_id)
         self.admin.DeletePool(admin_pb2.DeletePoolRequest(name="golden"), metadata=ADMIN,
                               timeout=30)
         self.admin.DeleteTemplate(admin_pb2.DeleteTemplateRequest(name="golden"), metadata=ADMIN,

@@ -69,6 +69,12 @@ TOKENS = "token-a tenant-a\ntoken-b tenant-b\n"
 A = [("authorization", "Bearer token-a")]
 B = [("authorization", "Bearer token-b")]
 WS = "/run/sbx/workspace"
+# Starts `sleep 1000` in the background and answers once ps shows it as such: a forked child
+# shows its parent's command line until it has exec'd, which on a busy machine can outlast
+# the next few calls (a count right after the start then saw 0).
+START_SLEEP = ("(sleep 1000 > /dev/null 2>&1 &); i=0; "
+               "until ps -o args | grep -q '^sleep 1000'; do i=$((i+1)); "
+               "[ $i -gt 100000 ] && break; done; echo OK")
 
 
 class Reset(unittest.TestCase):
@@ -169,7 +175,7 @@ class Reset(unittest.TestCase):
             code, out = self.sh(c, f"echo two > {WS}/keep && echo new > {WS}/new && "
                                    f"rm -r /opt/app && echo root > /new-root && "
                                    f"echo back > /bin/vi && "
-                                   f"(sleep 1000 > /dev/null 2>&1 &) && echo OK")
+                                   f"{START_SLEEP}")
             self.assertEqual((code, out), (0, "OK\n"))
             code, out = self.sh(c, "ps -o args | grep -c '^sleep 1000'")
             self.assertEqual(out.strip(), "1", out)
@@ -228,7 +234,7 @@ class Reset(unittest.TestCase):
             self.assertEqual((code, out), (0, "OK\n"))
             snap_a = self.snapshot(a)
             snap_b = self.snapshot(b, md=B)
-            code, out = self.sh(a, "sleep 1000 > /dev/null 2>&1 & echo OK")
+            code, out = self.sh(a, START_SLEEP)
             self.assertEqual((code, out), (0, "OK\n"))
             self.assert_code(grpc.StatusCode.NOT_FOUND, self.reset, a.claim_id, snap_b.id, B)
             self.assert_code(grpc.StatusCode.NOT_FOUND, self.reset, b.claim_id, snap_a.id, B)

@@ -375,7 +375,9 @@ TEST_F(ClaimControllerTest, AStatusIsWrittenOnceWhileTheInformersCopyLagsBehindT
   ASSERT_NO_FATAL_FAILURE(Create(kNamespaces, {{"metadata", {{"name", "side"}}}}));
   absl::StatusOr<Json> made = client_->Create(kSandboxClaims, "side", Claim("solo", "py"));
   ASSERT_TRUE(made.ok()) << made.status();
-  const Json before_echo = *made;
+  absl::StatusOr<types::SandboxClaim> decoded = types::DecodeSandboxClaim(*made);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  const types::SandboxClaim& before_echo = *decoded;
   const Json ready = {{"conditions",
                        {{{"type", "Ready"},
                          {"status", "True"},
@@ -390,9 +392,11 @@ TEST_F(ClaimControllerTest, AStatusIsWrittenOnceWhileTheInformersCopyLagsBehindT
   EXPECT_EQ(writer.LastStatus(before_echo), ready);
 
   // The echo: a copy of another version, which shows the write itself.
-  absl::StatusOr<Json> echo = client_->Get(kSandboxClaims, "side", "solo");
+  absl::StatusOr<Json> echo_json = client_->Get(kSandboxClaims, "side", "solo");
+  ASSERT_TRUE(echo_json.ok()) << echo_json.status();
+  absl::StatusOr<types::SandboxClaim> echo = types::DecodeSandboxClaim(*echo_json);
   ASSERT_TRUE(echo.ok()) << echo.status();
-  ASSERT_NE((*echo)["metadata"]["resourceVersion"], before_echo["metadata"]["resourceVersion"]);
+  ASSERT_NE(echo->metadata.resource_version, before_echo.metadata.resource_version);
   ASSERT_TRUE(writer.WriteStatus(*echo, ready).ok());
   EXPECT_EQ(emulator_.Requests("patch sandboxclaims/status"), 1);
   // A change is written.

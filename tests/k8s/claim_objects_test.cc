@@ -64,6 +64,13 @@ Json Sandbox(const std::string& ready, const std::string& reason = "Dependencies
             {"podIPs", {"10.0.0.9"}}}}};
 }
 
+// The claim as the controller gets it: decoded at the edge.
+types::SandboxClaim Typed(const Json& claim) {
+  absl::StatusOr<types::SandboxClaim> typed = types::DecodeSandboxClaim(claim);
+  EXPECT_TRUE(typed.ok()) << typed.status();
+  return typed.ok() ? *std::move(typed) : types::SandboxClaim();
+}
+
 const Json* Condition(const Json& status, const std::string& type) {
   return json_fields::FindCondition(status, type);
 }
@@ -71,7 +78,7 @@ const Json* Condition(const Json& status, const std::string& type) {
 // --- The cold Sandbox ---
 
 TEST(ClaimObjectsTest, AColdSandboxIsNamedLikeItsClaimAndControlledByIt) {
-  const Json sandbox = ColdSandbox(Claim(), Template(), "team");
+  const Json sandbox = ColdSandbox(Typed(Claim()), Template(), "team");
   EXPECT_EQ(sandbox["kind"], "Sandbox");
   EXPECT_EQ(sandbox["metadata"]["name"], "job-42");
   EXPECT_EQ(sandbox["metadata"]["namespace"], "team");
@@ -82,13 +89,13 @@ TEST(ClaimObjectsTest, AColdSandboxIsNamedLikeItsClaimAndControlledByIt) {
   EXPECT_EQ(labels["sbx.dev/template"], "python");
   EXPECT_EQ(sandbox["metadata"]["annotations"][kTemplateRefAnnotation], "python");  // upstream's
   EXPECT_EQ(ControllerUid(sandbox), "claim-uid-1");
-  EXPECT_EQ(sandbox["metadata"]["ownerReferences"][0], ClaimRef(Claim()));
-  EXPECT_EQ(ClaimRef(Claim())["kind"], "SandboxClaim");
-  EXPECT_EQ(ClaimRef(Claim())["blockOwnerDeletion"], true);
+  EXPECT_EQ(sandbox["metadata"]["ownerReferences"][0], ClaimRef(Typed(Claim())));
+  EXPECT_EQ(ClaimRef(Typed(Claim()))["kind"], "SandboxClaim");
+  EXPECT_EQ(ClaimRef(Typed(Claim()))["blockOwnerDeletion"], true);
 }
 
 TEST(ClaimObjectsTest, AColdSandboxRunsTheTemplatesPodWithItsSecureDefaultsAndService) {
-  const Json sandbox = ColdSandbox(Claim(), Template(), "team");
+  const Json sandbox = ColdSandbox(Typed(Claim()), Template(), "team");
   const Json& spec = sandbox["spec"];
   EXPECT_EQ(spec["service"], true);
   EXPECT_EQ(spec["podTemplate"]["metadata"]["labels"]["app"], "py");
@@ -101,7 +108,7 @@ TEST(ClaimObjectsTest, AColdSandboxRunsTheTemplatesPodWithItsSecureDefaultsAndSe
 TEST(ClaimObjectsTest, AClaimsOwnVolumeClaimTemplatesReplaceTheTemplates) {
   Json claim = Claim();
   claim["spec"]["volumeClaimTemplates"] = {{{"metadata", {{"name", "scratch"}}}, {"spec", {}}}};
-  const Json sandbox = ColdSandbox(claim, Template(), "team");
+  const Json sandbox = ColdSandbox(Typed(claim), Template(), "team");
   ASSERT_EQ(sandbox["spec"]["volumeClaimTemplates"].size(), 1u);
   EXPECT_EQ(sandbox["spec"]["volumeClaimTemplates"][0]["metadata"]["name"], "scratch");
 }
@@ -110,7 +117,7 @@ TEST(ClaimObjectsTest, AClaimsEnvReplacesATemplateVariableOfTheSameNameAndTarget
   const Json claim =
       WithEnv(Claim(), {{{"name", "B"}, {"value", "3"}},
                         {{"name", "C"}, {"value", "4"}, {"containerName", "sidecar"}}});
-  const Json sandbox = ColdSandbox(claim, Template(), "team");
+  const Json sandbox = ColdSandbox(Typed(claim), Template(), "team");
   const Json& containers = sandbox["spec"]["podTemplate"]["spec"]["containers"];
   EXPECT_EQ(containers[0]["env"], Json::parse(R"([{"name": "A", "value": "1"},
                                                   {"name": "B", "value": "3"}])"));
@@ -122,7 +129,7 @@ TEST(ClaimObjectsTest, AdditionalPodMetadataIsMergedIntoTheColdSandboxsPod) {
   Json claim = Claim();
   claim["spec"]["additionalPodMetadata"] = {{"labels", {{"team", "ml"}}},
                                             {"annotations", {{"note", "x"}}}};
-  const Json pod = ColdSandbox(claim, Template(), "team")["spec"]["podTemplate"];
+  const Json pod = ColdSandbox(Typed(claim), Template(), "team")["spec"]["podTemplate"];
   EXPECT_EQ(pod["metadata"]["labels"], Json({{"app", "py"}, {"team", "ml"}}));
   EXPECT_EQ(pod["metadata"]["annotations"], Json({{"note", "x"}}));
 }
@@ -130,31 +137,31 @@ TEST(ClaimObjectsTest, AdditionalPodMetadataIsMergedIntoTheColdSandboxsPod) {
 // --- What the template allows ---
 
 TEST(ClaimObjectsTest, AClaimWithoutEnvOrVolumesIsAllowedAndCanTakeAWarmMember) {
-  EXPECT_EQ(CheckClaimAgainstTemplate(Claim(), Template()), std::nullopt);
-  EXPECT_FALSE(NeedsOwnSandbox(Claim()));
-  EXPECT_FALSE(NeedsOwnSandbox(WithEnv(Claim(), Json::array())));
+  EXPECT_EQ(CheckClaimAgainstTemplate(Typed(Claim()), Template()), std::nullopt);
+  EXPECT_FALSE(NeedsOwnSandbox(Typed(Claim())));
+  EXPECT_FALSE(NeedsOwnSandbox(Typed(WithEnv(Claim(), Json::array()))));
 }
 
 TEST(ClaimObjectsTest, EnvIsRefusedWhenTheTemplateSaysNothingNamingTheTemplate) {
   const Json claim = WithEnv(Claim(), {{{"name", "TASK"}, {"value", "42"}}});
-  EXPECT_TRUE(NeedsOwnSandbox(claim));
-  std::optional<ClaimRefusal> refused = CheckClaimAgainstTemplate(claim, Template());
+  EXPECT_TRUE(NeedsOwnSandbox(Typed(claim)));
+  std::optional<ClaimRefusal> refused = CheckClaimAgainstTemplate(Typed(claim), Template());
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->reason, "EnvVarsInjectionRejected");
   EXPECT_THAT(refused->message, HasSubstr("SandboxTemplate \"python\""));
   EXPECT_THAT(refused->message, HasSubstr("envVarsInjectionPolicy: Disallowed"));
   EXPECT_EQ(CheckClaimAgainstTemplate(
-                claim, WithPolicy(Template(), "envVarsInjectionPolicy", "Disallowed")),
+                Typed(claim), WithPolicy(Template(), "envVarsInjectionPolicy", "Disallowed")),
             refused);
 }
 
 TEST(ClaimObjectsTest, AllowedEnvTakesNewNamesButRefusesOverridingNamingTheVariable) {
   const Json sandbox_template = WithPolicy(Template(), "envVarsInjectionPolicy", "Allowed");
-  EXPECT_EQ(CheckClaimAgainstTemplate(WithEnv(Claim(), {{{"name", "NEW"}, {"value", "1"}}}),
+  EXPECT_EQ(CheckClaimAgainstTemplate(Typed(WithEnv(Claim(), {{{"name", "NEW"}, {"value", "1"}}})),
                                       sandbox_template),
             std::nullopt);
   std::optional<ClaimRefusal> refused = CheckClaimAgainstTemplate(
-      WithEnv(Claim(), {{{"name", "NEW"}, {"value", "1"}}, {{"name", "B"}, {"value", "9"}}}),
+      Typed(WithEnv(Claim(), {{{"name", "NEW"}, {"value", "1"}}, {{"name", "B"}, {"value", "9"}}})),
       sandbox_template);
   ASSERT_TRUE(refused.has_value());
   EXPECT_EQ(refused->reason, "EnvVarsInjectionRejected");
@@ -163,7 +170,7 @@ TEST(ClaimObjectsTest, AllowedEnvTakesNewNamesButRefusesOverridingNamingTheVaria
 
 TEST(ClaimObjectsTest, OverridesEnvMayReplaceTemplateVariables) {
   EXPECT_EQ(
-      CheckClaimAgainstTemplate(WithEnv(Claim(), {{{"name", "B"}, {"value", "9"}}}),
+      CheckClaimAgainstTemplate(Typed(WithEnv(Claim(), {{{"name", "B"}, {"value", "9"}}})),
                                 WithPolicy(Template(), "envVarsInjectionPolicy", "Overrides")),
       std::nullopt);
 }
@@ -171,10 +178,10 @@ TEST(ClaimObjectsTest, OverridesEnvMayReplaceTemplateVariables) {
 TEST(ClaimObjectsTest, VolumeClaimTemplatesAreRefusedUnlessTheTemplateAllowsThem) {
   Json claim = Claim();
   claim["spec"]["volumeClaimTemplates"] = {{{"metadata", {{"name", "scratch"}}}}};
-  EXPECT_TRUE(NeedsOwnSandbox(claim));
+  EXPECT_TRUE(NeedsOwnSandbox(Typed(claim)));
   for (const std::string policy : {"", "Disallowed"}) {
     std::optional<ClaimRefusal> refused = CheckClaimAgainstTemplate(
-        claim,
+        Typed(claim),
         policy.empty() ? Template() : WithPolicy(Template(), "volumeClaimTemplatesPolicy", policy));
     ASSERT_TRUE(refused.has_value()) << "policy \"" << policy << "\"";
     EXPECT_EQ(refused->reason, "VolumeClaimTemplatesError");  // upstream's reason
@@ -182,7 +189,7 @@ TEST(ClaimObjectsTest, VolumeClaimTemplatesAreRefusedUnlessTheTemplateAllowsThem
               "SandboxTemplate \"python\" does not allow volumeClaimTemplates in claims");
   }
   EXPECT_EQ(CheckClaimAgainstTemplate(
-                claim, WithPolicy(Template(), "volumeClaimTemplatesPolicy", "Allowed")),
+                Typed(claim), WithPolicy(Template(), "volumeClaimTemplatesPolicy", "Allowed")),
             std::nullopt);
 }
 
@@ -196,7 +203,7 @@ TEST(ClaimObjectsTest, TheBindingPatchMakesTheClaimTheSandboxsControllerAndDrops
         {"ownerReferences",
          {{{"kind", "SandboxWarmPool"}, {"uid", "pool-uid"}, {"controller", true}}}}}}};
   EXPECT_FALSE(BoundTo(sandbox, "claim-uid-1"));
-  sandbox.merge_patch(BindingPatch(Claim(), "sb-1", "warm"));
+  sandbox.merge_patch(BindingPatch(Typed(Claim()), "sb-1", "warm"));
   EXPECT_TRUE(BoundTo(sandbox, "claim-uid-1"));
   EXPECT_FALSE(BoundTo(sandbox, "another-claim"));
   const Json& labels = sandbox["metadata"]["labels"];
@@ -217,21 +224,21 @@ TEST(ClaimObjectsTest, TheBindingPatchCopiesTheClaimsCreatedByOrRemovesIt) {
   Json claim = Claim();
   claim["metadata"]["labels"] = {{kCreatedByLabel, "python-sdk"}};
   Json bound = member;
-  bound.merge_patch(BindingPatch(claim, "sb-1", "warm"));
+  bound.merge_patch(BindingPatch(Typed(claim), "sb-1", "warm"));
   EXPECT_EQ(bound["metadata"]["labels"][kCreatedByLabel], "python-sdk");
 
   Json unlabelled = member;
-  unlabelled.merge_patch(BindingPatch(Claim(), "sb-1", "warm"));
+  unlabelled.merge_patch(BindingPatch(Typed(Claim()), "sb-1", "warm"));
   EXPECT_FALSE(unlabelled["metadata"]["labels"].contains(kCreatedByLabel)) << unlabelled.dump();
 }
 
 TEST(ClaimObjectsTest, AColdSandboxCarriesTheClaimsCreatedByOnlyWhenTheClaimHasIt) {
   Json claim = Claim();
   claim["metadata"]["labels"] = {{kCreatedByLabel, "python-sdk"}};
-  EXPECT_EQ(ColdSandbox(claim, Template(), "team")["metadata"]["labels"][kCreatedByLabel],
+  EXPECT_EQ(ColdSandbox(Typed(claim), Template(), "team")["metadata"]["labels"][kCreatedByLabel],
             "python-sdk");
-  EXPECT_FALSE(
-      ColdSandbox(Claim(), Template(), "team")["metadata"]["labels"].contains(kCreatedByLabel));
+  EXPECT_FALSE(ColdSandbox(Typed(Claim()), Template(), "team")["metadata"]["labels"].contains(
+      kCreatedByLabel));
 }
 
 TEST(ClaimObjectsTest, ASandboxLabelledForTheClaimButControlledByAnotherIsNotBound) {
@@ -270,7 +277,7 @@ TEST(ClaimObjectsTest, TheEchoOfABindingConcernsNotItsClaimButTheSandboxsStatusD
   const Json warm = Sandbox("True");
   Json bound = warm;
   bound["metadata"]["resourceVersion"] = "13";
-  bound.merge_patch(BindingPatch(Claim(), "sb-1", "warm"));
+  bound.merge_patch(BindingPatch(Typed(Claim()), "sb-1", "warm"));
   EXPECT_FALSE(SandboxChangeConcernsClaim(warm, bound));
 
   Json not_ready = bound;
@@ -380,14 +387,15 @@ Json WithLifecycle(Json lifecycle) {
 }
 
 TEST(ClaimObjectsTest, AClaimWithoutShutdownTimeNeverEnds) {
-  const LifecycleVerdict v = ShutdownVerdict(Claim(), kNow);
+  const LifecycleVerdict v = ShutdownVerdict(Typed(Claim()), kNow);
   EXPECT_EQ(v.end, ClaimEnd::kNone);
   EXPECT_EQ(v.look_again, absl::InfiniteFuture());
 }
 
 TEST(ClaimObjectsTest, BeforeItsShutdownTimeAClaimIsLookedAtAgainThen) {
   const LifecycleVerdict v = ShutdownVerdict(
-      WithLifecycle({{"shutdownTime", "2027-01-15T09:00:00Z"}, {"shutdownPolicy", "Delete"}}),
+      Typed(
+          WithLifecycle({{"shutdownTime", "2027-01-15T09:00:00Z"}, {"shutdownPolicy", "Delete"}})),
       kNow);
   EXPECT_EQ(v.end, ClaimEnd::kNone);
   EXPECT_EQ(v.look_again, kNow + absl::Hours(1));
@@ -397,7 +405,7 @@ TEST(ClaimObjectsTest, AtItsShutdownTimeAClaimEndsByItsPolicy) {
   auto end = [](const std::string& policy) {
     Json lifecycle = {{"shutdownTime", kNowText}};
     if (!policy.empty()) lifecycle["shutdownPolicy"] = policy;
-    return ShutdownVerdict(WithLifecycle(lifecycle), kNow).end;
+    return ShutdownVerdict(Typed(WithLifecycle(lifecycle)), kNow).end;
   };
   EXPECT_EQ(end("Delete"), ClaimEnd::kDeleteBackground);
   EXPECT_EQ(end("DeleteForeground"), ClaimEnd::kDeleteForeground);
@@ -407,7 +415,7 @@ TEST(ClaimObjectsTest, AtItsShutdownTimeAClaimEndsByItsPolicy) {
 
 TEST(ClaimObjectsTest, AShutdownTimeThatIsNotRfc3339NeverComes) {
   const LifecycleVerdict v = ShutdownVerdict(
-      WithLifecycle({{"shutdownTime", "tomorrow"}, {"shutdownPolicy", "Delete"}}), kNow);
+      Typed(WithLifecycle({{"shutdownTime", "tomorrow"}, {"shutdownPolicy", "Delete"}})), kNow);
   EXPECT_EQ(v.end, ClaimEnd::kNone);
   EXPECT_EQ(v.look_again, absl::InfiniteFuture());
 }
@@ -418,27 +426,27 @@ TEST(ClaimObjectsTest, TtlAfterFinishedDeletesTheClaimThatLongAfterItsSandboxFin
                           {{{"type", "Finished"},
                             {"status", "True"},
                             {"lastTransitionTime", "2027-01-15T07:59:30Z"}}}}};
-  const LifecycleVerdict waiting = TtlVerdict(claim, finished, kNow);
+  const LifecycleVerdict waiting = TtlVerdict(Typed(claim), finished, kNow);
   EXPECT_EQ(waiting.end, ClaimEnd::kNone);
   EXPECT_EQ(waiting.look_again, kNow + absl::Seconds(30));
-  EXPECT_EQ(TtlVerdict(claim, finished, kNow + absl::Seconds(30)).end, ClaimEnd::kDelete);
+  EXPECT_EQ(TtlVerdict(Typed(claim), finished, kNow + absl::Seconds(30)).end, ClaimEnd::kDelete);
   // Not finished, finished False, or no ttl: nothing to wait for.
-  EXPECT_EQ(TtlVerdict(claim, Json::object(), kNow).look_again, absl::InfiniteFuture());
+  EXPECT_EQ(TtlVerdict(Typed(claim), Json::object(), kNow).look_again, absl::InfiniteFuture());
   Json running = finished;
   running["conditions"][0]["status"] = "False";
-  EXPECT_EQ(TtlVerdict(claim, running, kNow).look_again, absl::InfiniteFuture());
-  EXPECT_EQ(TtlVerdict(Claim(), finished, kNow).look_again, absl::InfiniteFuture());
+  EXPECT_EQ(TtlVerdict(Typed(claim), running, kNow).look_again, absl::InfiniteFuture());
+  EXPECT_EQ(TtlVerdict(Typed(Claim()), finished, kNow).look_again, absl::InfiniteFuture());
 }
 
 TEST(ClaimObjectsTest, AClaimWasMadeAtItsCreationAndRequestedWhenItsClientSays) {
   Json claim = Claim();
-  EXPECT_EQ(ClaimCreatedAt(claim, kNow), kNow - absl::Minutes(1));
-  EXPECT_EQ(ClaimCreatedAt(Json::object(), kNow), kNow);
-  EXPECT_EQ(ClientRequestedAt(claim), std::nullopt);
+  EXPECT_EQ(ClaimCreatedAt(Typed(claim), kNow), kNow - absl::Minutes(1));
+  EXPECT_EQ(ClaimCreatedAt(Typed(Json::object()), kNow), kNow);
+  EXPECT_EQ(ClientRequestedAt(Typed(claim)), std::nullopt);
   claim["metadata"]["annotations"][kClientRequestedAtAnnotation] = "2027-01-15T07:58:00.5Z";
-  EXPECT_EQ(ClientRequestedAt(claim), kNow - absl::Minutes(2) + absl::Milliseconds(500));
+  EXPECT_EQ(ClientRequestedAt(Typed(claim)), kNow - absl::Minutes(2) + absl::Milliseconds(500));
   claim["metadata"]["annotations"][kClientRequestedAtAnnotation] = "yesterday";
-  EXPECT_EQ(ClientRequestedAt(claim), std::nullopt);
+  EXPECT_EQ(ClientRequestedAt(Typed(claim)), std::nullopt);
 }
 
 TEST(ClaimObjectsTest, CreatedByIsOneOfUpstreamsValuesOrUnknown) {  // sandbox_objects.h
@@ -464,7 +472,8 @@ store::ClaimRecord GrpcClaim() {
 }
 
 TEST(ClaimObjectsTest, AGrpcClaimsSandboxClaimNamesItsOwnerIdSandboxAndPool) {
-  const Json claim = GrpcSandboxClaim(GrpcClaim(), "grpc-622bb74485987482", {"team", "py"}, "sb-1");
+  const Json claim =
+      types::Encode(GrpcSandboxClaim(GrpcClaim(), "grpc-622bb74485987482", {"team", "py"}, "sb-1"));
   EXPECT_EQ(claim["metadata"]["name"], "grpc-622bb74485987482");
   EXPECT_EQ(claim["metadata"]["namespace"], "team");
   EXPECT_EQ(claim["metadata"]["labels"]["sbx.dev/source"], "grpc");

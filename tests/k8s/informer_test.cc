@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "src/common/clock.h"
+#include "src/k8s/objects_types.h"
 #include "tests/k8s/test_emulator.h"
 
 namespace sbx::k8s {
@@ -140,6 +141,61 @@ TEST(InformerTest, SyncsHandlesEventsAndIndexes) {
   EXPECT_EQ(informer.Get("default", "pre2"), nullptr);
   EXPECT_EQ(mirror.adds_of_known(), 0);
   EXPECT_EQ(mirror.deletes_of_unknown(), 0);
+  informer.Stop();
+}
+
+// The typed copy follows the cache: one decode per version read, a new version decoded
+// when read, an undecodable one answered as INVALID_ARGUMENT naming the field, a deleted
+// one gone.
+TEST(InformerTest, TypedCacheFollowsTheCacheDecodingEachVersionOnce) {
+  TestEmulator emulator;
+  ASSERT_TRUE(emulator.ok());
+  auto client = *Client::Create(emulator.Cluster());
+  ASSERT_TRUE(client->Create(kLeases, "default", Lease("a", "x")).ok());
+  Informer informer(client.get(), NamespaceInformer(kLeases, "default"));
+  TypedCache<types::Lease> typed(&informer, &types::DecodeLease);
+  informer.Start();
+  ASSERT_TRUE(informer.WaitForSync(absl::Seconds(10)));
+  auto holder_is = [&](const std::string& holder) {
+    ObjectPtr o = informer.Get("default", "a");
+    return o != nullptr && (*o)["spec"].value("holderIdentity", "") == holder;
+  };
+
+  absl::StatusOr<TypedCache<types::Lease>::Ptr> first = typed.Get("default", "a");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_NE(*first, nullptr);
+  EXPECT_EQ((*first)->spec.holder_identity, "x");
+  EXPECT_EQ(typed.Get("default", "a")->get(), first->get()) << "the same version decoded again";
+  EXPECT_EQ(*typed.Get("default", "absent"), nullptr);
+
+  ASSERT_TRUE(
+      client
+          ->Patch(kLeases, "default", "a", PatchType::kMerge, {{"spec", {{"holderIdentity", "y"}}}})
+          .ok());
+  ASSERT_TRUE(testing::Eventually([&] { return holder_is("y"); }, absl::Seconds(10)));
+  absl::StatusOr<TypedCache<types::Lease>::Ptr> second = typed.Get("default", "a");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->spec.holder_identity, "y");
+  EXPECT_EQ((*first)->spec.holder_identity, "x") << "a reader's copy does not change under it";
+
+  ASSERT_TRUE(client
+                  ->Patch(kLeases, "default", "a", PatchType::kMerge,
+                          {{"spec", {{"holderIdentity", "z"}, {"leaseDurationSeconds", "soon"}}}})
+                  .ok());
+  ASSERT_TRUE(testing::Eventually([&] { return holder_is("z"); }, absl::Seconds(10)));
+  absl::StatusOr<TypedCache<types::Lease>::Ptr> bad = typed.Get("default", "a");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(
+      bad.status().message().find("Lease \"default/a\": spec.leaseDurationSeconds is a string"),
+      std::string::npos)
+      << bad.status();
+
+  ASSERT_TRUE(client->Delete(kLeases, "default", "a").ok());
+  ASSERT_TRUE(testing::Eventually([&] { return informer.Get("default", "a") == nullptr; },
+                                  absl::Seconds(10)));
+  absl::StatusOr<TypedCache<types::Lease>::Ptr> gone = typed.Get("default", "a");
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(*gone, nullptr);
   informer.Stop();
 }
 
