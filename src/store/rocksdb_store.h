@@ -27,6 +27,8 @@
 // unreadable database, and LoadAll() refuses a record it cannot decode, each with a
 // message naming the path.
 //
+// The implementation, in rooms, and the full-disk story: docs/architecture.md ("The store").
+//
 // This header names no RocksDB or protobuf type; link sbx::store_rocksdb and use the
 // returned sbx::store::Store.
 //
