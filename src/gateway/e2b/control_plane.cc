@@ -120,7 +120,7 @@ bool StringMap(const json& body, const char* name, Map* out_map, HttpResponder& 
                    absl::StrCat("\"", name, "\".\"", k, "\" must be a string, not ", v.dump()));
       return false;
     }
-    (*out_map)[k] = v.get<std::string>();
+    (*out_map)[k] = v.template get<std::string>();
   }
   return true;
 }
