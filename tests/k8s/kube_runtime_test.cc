@@ -361,11 +361,15 @@ class KubeRuntimeResumeTest : public KubeRuntimeListTest {
     absl::Notification done;
     absl::StatusOr<runtime::SandboxInfo> info = absl::UnknownError("not answered");
   };
-  void Resume(const std::string& name, Answer* answer) {
+  // Shared with the callback: a test that stops at a failed assertion returns before the
+  // runtime (destroyed after the test body) answers, and the answer must still be there.
+  std::shared_ptr<Answer> Resume(const std::string& name) {
+    auto answer = std::make_shared<Answer>();
     runtime_->Resume(name, [answer](absl::StatusOr<runtime::SandboxInfo> info) {
       answer->info = std::move(info);
       answer->done.Notify();
     });
+    return answer;
   }
 };
 
@@ -373,40 +377,37 @@ TEST_F(KubeRuntimeResumeTest, ResumeAnswersWhenReadyForItsWriteWithTheNewPodsEnd
   ASSERT_NO_FATAL_FAILURE(StartWithReadyMember("py-a", "10.0.0.7"));
   ASSERT_NO_FATAL_FAILURE(SuspendNow("py-a"));
 
-  Answer answer;
-  Resume("py-a", &answer);
+  std::shared_ptr<Answer> answer = Resume("py-a");
   ASSERT_NO_FATAL_FAILURE(WaitForWrite("py-a"));
   // The informer has seen the write, and the Sandbox still says Ready for the generation
   // before it (the old pod): that is not an answer.
   ASSERT_NO_FATAL_FAILURE(WaitHandled("py-a"));
-  EXPECT_FALSE(answer.done.HasBeenNotified()) << "answered from a Ready of the old pod";
+  EXPECT_FALSE(answer->done.HasBeenNotified()) << "answered from a Ready of the old pod";
 
   ASSERT_NO_FATAL_FAILURE(MarkReady("py-a", "10.0.0.9"));  // the new pod
-  ASSERT_TRUE(answer.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  ASSERT_TRUE(answer.info.ok()) << answer.info.status();
-  EXPECT_EQ(answer.info->id, "py-a");
-  EXPECT_EQ(answer.info->pool, "py");
-  EXPECT_EQ(answer.info->endpoint, "10.0.0.9");
+  ASSERT_TRUE(answer->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(answer->info.ok()) << answer->info.status();
+  EXPECT_EQ(answer->info->id, "py-a");
+  EXPECT_EQ(answer->info->pool, "py");
+  EXPECT_EQ(answer->info->endpoint, "10.0.0.9");
 
   // Resuming a Sandbox that runs changes nothing (operatingMode defaults to Running, the
   // generation stays) and answers at once with where it is.
-  Answer again;
-  Resume("py-a", &again);
-  ASSERT_TRUE(again.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  ASSERT_TRUE(again.info.ok()) << again.info.status();
-  EXPECT_EQ(again.info->endpoint, "10.0.0.9");
+  std::shared_ptr<Answer> again = Resume("py-a");
+  ASSERT_TRUE(again->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(again->info.ok()) << again->info.status();
+  EXPECT_EQ(again->info->endpoint, "10.0.0.9");
 }
 
 TEST_F(KubeRuntimeResumeTest, ASandboxDeletedWhileItResumesIsNotFound) {
   ASSERT_NO_FATAL_FAILURE(StartWithReadyMember("py-b", "10.0.0.7"));
   ASSERT_NO_FATAL_FAILURE(SuspendNow("py-b"));
-  Answer answer;
-  Resume("py-b", &answer);
+  std::shared_ptr<Answer> answer = Resume("py-b");
   ASSERT_NO_FATAL_FAILURE(WaitForWrite("py-b"));
   ASSERT_TRUE(client_->Delete(kSandboxes, "default", "py-b").ok());
-  ASSERT_TRUE(answer.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(answer.info.status().code(), absl::StatusCode::kNotFound) << answer.info.status();
-  EXPECT_NE(answer.info.status().message().find("py-b"), absl::string_view::npos);
+  ASSERT_TRUE(answer->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(answer->info.status().code(), absl::StatusCode::kNotFound) << answer->info.status();
+  EXPECT_NE(answer->info.status().message().find("py-b"), absl::string_view::npos);
 }
 
 TEST_F(KubeRuntimeResumeTest, ResumeNotReadyWithinItsTimeoutIsDeadlineExceeded) {
@@ -414,17 +415,15 @@ TEST_F(KubeRuntimeResumeTest, ResumeNotReadyWithinItsTimeoutIsDeadlineExceeded) 
   options_.check_interval = absl::Milliseconds(20);
   ASSERT_NO_FATAL_FAILURE(StartWithReadyMember("py-c", "10.0.0.7"));
   ASSERT_NO_FATAL_FAILURE(SuspendNow("py-c"));
-  Answer answer;
-  Resume("py-c", &answer);  // and no new Ready comes
-  ASSERT_TRUE(answer.done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  EXPECT_EQ(answer.info.status().code(), absl::StatusCode::kDeadlineExceeded)
-      << answer.info.status();
+  std::shared_ptr<Answer> answer = Resume("py-c");  // and no new Ready comes
+  ASSERT_TRUE(answer->done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  EXPECT_EQ(answer->info.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << answer->info.status();
   EXPECT_EQ(OperatingMode("py-c"), "Running") << "the Sandbox stays as written";
   // A resume of a Sandbox that does not exist is NOT_FOUND from the write.
-  Answer missing;
-  Resume("py-none", &missing);
-  ASSERT_TRUE(missing.done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(missing.info.status().code(), absl::StatusCode::kNotFound) << missing.info.status();
+  std::shared_ptr<Answer> missing = Resume("py-none");
+  ASSERT_TRUE(missing->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(missing->info.status().code(), absl::StatusCode::kNotFound) << missing->info.status();
 }
 
 TEST(KubeRuntimeTest, MemberReadyWhileTheWatchBreaksIsHandedOverSoon) {
