@@ -102,7 +102,7 @@ RUNTIME_ROOM_USES = {
               "bubblewrap_runtime"},
     # Snapshots (issue 37): the copy of a hostile tree, and the snapshots' folder.
     "snapshot_copy": {"proc"},
-    "snapshot_files": {"proc", "local_sandbox", "snapshot_copy"},
+    "snapshot_files": {"proc", "local_sandbox", "snapshot_copy", "image_root"},
     "bubblewrap_runtime": {"runtime", "proc", "local_sandbox", "seccomp_filter", "state_file",
                            "cgroups", "bwrap_args", "reaper", "spawn", "adoption", "probe",
                            "image_root", "snapshot_files", "snapshot_copy"},

@@ -89,6 +89,10 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
               "cache may evict the image's files under it)",
               sb->id, sb->image_digest);
         }
+        // Its snapshot's files are kept while it runs (whether or not the snapshot's
+        // record still exists: the server's start removes the files of a snapshot without
+        // one, which waits for the sandboxes that share them).
+        if (!sb->snapshot.empty()) ++snapshot_users_[sb->snapshot];
         running_.emplace(sb->id, std::move(sb));
       }
     }
@@ -224,15 +228,34 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     });
   }
 
+  // The snapshot's files are removed now, or, while sandboxes started at it share them,
+  // when the last of those ends (ReleaseSnapshot); no sandbox starts at it from now on.
   absl::Status DeleteSnapshot(const std::string& snapshot_id) override {
     if (!snapshots_.valid()) return NoSnapshotsDir();
     RETURN_IF_ERROR(local::CheckSnapshotId(snapshot_id));
-    return local::RemoveTree(snapshots_.get(), snapshot_id);
+    {
+      absl::MutexLock lock(&mu_);
+      if (!deleted_snapshots_.insert(snapshot_id).second) return absl::OkStatus();
+      if (auto it = snapshot_users_.find(snapshot_id); it != snapshot_users_.end()) {
+        spdlog::info("snapshot {}: its files are removed when the {} sandboxes sharing them end",
+                     snapshot_id, it->second);
+        return absl::OkStatus();
+      }
+    }
+    absl::Status s = local::RemoveTree(snapshots_.get(), snapshot_id);
+    absl::MutexLock lock(&mu_);
+    deleted_snapshots_.erase(snapshot_id);
+    return s;
   }
 
   absl::StatusOr<std::vector<std::string>> ListSnapshots() override {
     if (!snapshots_.valid()) return std::vector<std::string>{};
-    return local::ListSnapshotIds(snapshots_.get());
+    ASSIGN_OR_RETURN(std::vector<std::string> ids, local::ListSnapshotIds(snapshots_.get()));
+    absl::MutexLock lock(&mu_);
+    std::erase_if(ids, [this](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return deleted_snapshots_.contains(id);
+    });
+    return ids;
   }
 
   absl::StatusOr<std::vector<SandboxInfo>> List() override {
@@ -258,10 +281,50 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         "image \"", ref, "\": this server has no image cache (start it with --image_cache_bytes)"));
   }
 
+  // Gives back what a sandbox held: its image in the cache, its snapshot's files.
   void ReleaseImage(const Sandbox& sb) {
     if (!sb.image_digest.empty() && options_.images != nullptr) {
       options_.images->Release(sb.image_digest);
     }
+    ReleaseSnapshot(sb.snapshot);
+  }
+
+  // Holds snapshot `id`'s files for a sandbox about to start at it: NOT_FOUND when it has
+  // none here or is being deleted.
+  absl::Status AcquireSnapshot(const std::string& id) {
+    RETURN_IF_ERROR(CheckSnapshotFiles(id));
+    absl::MutexLock lock(&mu_);
+    if (deleted_snapshots_.contains(id)) {
+      return absl::NotFoundError(absl::StrCat("snapshot ", id, " is being deleted"));
+    }
+    ++snapshot_users_[id];
+    return absl::OkStatus();
+  }
+
+  // Gives back a hold of AcquireSnapshot (or of an adopted sandbox); the last one of a
+  // deleted snapshot removes its files.
+  void ReleaseSnapshot(const std::string& id) {
+    if (id.empty()) return;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = snapshot_users_.find(id);
+      if (it == snapshot_users_.end()) return;
+      if (--it->second > 0) return;
+      snapshot_users_.erase(it);
+      if (!deleted_snapshots_.contains(id)) return;
+    }
+    if (absl::Status s = local::RemoveTree(snapshots_.get(), id); !s.ok()) {
+      spdlog::warn("snapshot {}: cannot remove its files: {}", id, std::string(s.message()));
+    } else {
+      spdlog::info("snapshot {}: its last sandbox ended: files removed", id);
+    }
+    absl::MutexLock lock(&mu_);
+    deleted_snapshots_.erase(id);
+  }
+
+  // The absolute path of snapshot `id`'s folder (sbx-rootfs's --snapshot).
+  std::string SnapshotPath(const std::string& id) const {
+    return absl::StrCat(snapshots_path_, "/", id);
   }
 
   // The image's ImageRun, held in the cache for the sandbox (Release when it ends).
@@ -342,6 +405,34 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     return info;
   }
 
+  // The ImageRun of the image `sb` runs (its template's spec: `spec`): the one resolved at
+  // its start or, for a sandbox adopted from an earlier run (its image held in the cache
+  // since the adoption but not resolved here yet), by its template's reference, which must
+  // still name the same digest (the reference taken here is given back: the sandbox keeps
+  // the one it holds).
+  absl::StatusOr<local::ImageRun> ImageRunOf(const Sandbox& sb, const LocalSpec& spec) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = image_runs_.find(sb.image_digest); it != image_runs_.end()) return it->second;
+    }
+    if (spec.image.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sandbox ", sb.id, ": its image ", sb.image_digest, " is not known"));
+    }
+    absl::StatusOr<local::ImageRun> run = AcquireImage(spec.image);
+    if (!run.ok()) {
+      return absl::Status(run.status().code(),
+                          absl::StrCat("sandbox ", sb.id, ": ", run.status().message()));
+    }
+    options_.images->Release(run->digest);
+    if (run->digest != sb.image_digest) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sandbox ", sb.id, " runs image ", sb.image_digest, " and its template's image \"",
+          spec.image, "\" is ", run->digest, " now: it cannot be started again as it was"));
+    }
+    return run;
+  }
+
   static absl::Status NoSnapshotsDir() {
     return absl::FailedPreconditionError(
         "this local runtime has no snapshots folder (BubblewrapRuntimeOptions::snapshots_dir)");
@@ -354,13 +445,24 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     if (!snapshots_.valid()) return NoSnapshotsDir();
     SandboxPtr sb = Find(id);
     if (sb == nullptr) return NotHere(id);
+    // A sandbox that started at a snapshot: the new one is that snapshot's files with the
+    // sandbox's layers over them, whose whiteouts are checked against its image's root.
+    std::string image_rootfs;
+    if (!sb->snapshot.empty()) {
+      LocalSpec spec;
+      if (!sb->template_spec.empty()) {
+        ASSIGN_OR_RETURN(spec, ParseLocalSpec(sb->template_spec));
+      }
+      ASSIGN_OR_RETURN(local::ImageRun run, ImageRunOf(*sb, spec));
+      image_rootfs = run.rootfs;
+    }
     absl::MutexLock lock(&sb->op_mu);
     if (sb->ended) return NotHere(id);
     const bool was_suspended = sb->suspended.load(std::memory_order_relaxed);
     if (!was_suspended) RETURN_IF_ERROR(Freeze(*sb));
     const absl::Time start = absl::Now();
-    absl::StatusOr<local::CopyStats> copied =
-        local::CaptureSandbox(*sb, isolated_, snapshots_.get(), snapshot_id, charge);
+    absl::StatusOr<local::CopyStats> copied = local::CaptureSandbox(
+        *sb, isolated_, snapshots_.get(), snapshot_id, charge, sb->snapshot, image_rootfs);
     // Thawed whatever happened (a sandbox the caller suspended stays frozen).
     if (!was_suspended) Thaw(*sb);
     if (!copied.ok()) return copied.status();
@@ -379,12 +481,13 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
 
   // Reset (issue 37). The old processes are killed and a new sandbox is started under
   // the same id, host folder and socket path: overlayfs does not allow its upper layer to
-  // change under a mounted overlay, and the sandbox's root is that overlay, so the layer
-  // is made anew, filled by sbx-rootfs (--seed) before it mounts the overlay. The
-  // workspace, a tmpfs of the sandbox's own, is filled from the server while the new
-  // sandbox is frozen, before anything but its daemon has run. While this runs the id is in
-  // resetting_: the reaper does not see the old processes' end as the sandbox's, and
-  // Delete, Suspend, Resume and Snapshot wait for the reset to finish.
+  // change under a mounted overlay, and the sandbox's root is that overlay, so the sandbox
+  // starts again at the snapshot, as a fork does: for an image sandbox, sbx-rootfs shares
+  // the snapshot's layer and workspace read-only under new layers of its own (nothing
+  // copied); the workspace of a host-root sandbox, a tmpfs of its own, is filled from the
+  // server while the new sandbox is frozen, before anything but its daemon has run. While
+  // this runs the id is in resetting_: the reaper does not see the old processes' end as
+  // the sandbox's, and Delete, Suspend, Resume and Snapshot wait for the reset to finish.
   absl::Status ResetTo(const std::string& id, const std::string& snapshot_id,
                        const std::string& image_digest) {
     if (!snapshots_.valid()) return NoSnapshotsDir();
@@ -414,34 +517,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     }
     std::optional<local::ImageRun> image;
     if (!old->image_digest.empty()) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (auto it = image_runs_.find(old->image_digest); it != image_runs_.end()) {
-          image = it->second;
-        }
-      }
-      if (!image && !spec.image.empty()) {
-        // A sandbox adopted from an earlier run: its image is held in the cache (since the
-        // adoption) but not resolved here yet. Resolved by its reference, which must still
-        // name the same digest; the reference taken here is given back (the sandbox keeps
-        // the one it holds).
-        absl::StatusOr<local::ImageRun> run = AcquireImage(spec.image);
-        if (!run.ok()) {
-          return absl::Status(run.status().code(),
-                              absl::StrCat("sandbox ", id, ": ", run.status().message()));
-        }
-        options_.images->Release(run->digest);
-        if (run->digest != old->image_digest) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "sandbox ", id, " runs image ", old->image_digest, " and its template's image \"",
-              spec.image, "\" is ", run->digest, " now: it cannot be started again as it was"));
-        }
-        image = *std::move(run);
-      }
-      if (!image) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("sandbox ", id, ": its image ", old->image_digest, " is not known"));
-      }
+      ASSIGN_OR_RETURN(image, ImageRunOf(*old, spec));
     }
     auto sb = std::make_shared<Sandbox>();
     sb->id = id;
@@ -455,17 +531,26 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     sb->image_digest = old->image_digest;
     ASSIGN_OR_RETURN(std::vector<std::string> argv,
                      local::SandboxArgv(id, sb->dir, spec, options_, iso_, system_args_,
-                                        image ? &*image : nullptr, sb->host_uid));
+                                        image ? &*image : nullptr, sb->host_uid,
+                                        image ? SnapshotPath(snapshot_id) : std::string()));
     if (image) {
-      ASSIGN_OR_RETURN(argv, SeedArgv(std::move(argv), snapshot_id));
+      RETURN_IF_ERROR(AcquireSnapshot(snapshot_id));
+      sb->snapshot = snapshot_id;
     }
     {
       absl::MutexLock old_lock(&old->op_mu);
-      if (old->ended) return NotHere(id);
+      if (old->ended) {
+        ReleaseSnapshot(sb->snapshot);
+        return NotHere(id);
+      }
       {
-        absl::MutexLock lock(&mu_);
+        absl::ReleasableMutexLock lock(&mu_);
         auto it = running_.find(id);
-        if (it == running_.end() || it->second != old) return NotHere(id);
+        if (it == running_.end() || it->second != old) {
+          lock.Release();
+          ReleaseSnapshot(sb->snapshot);
+          return NotHere(id);
+        }
         running_.erase(it);
         resetting_.insert(id);
       }
@@ -473,9 +558,10 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       old->ended = true;
       local::KillSandbox(*old);
     }
+    ReleaseSnapshot(old->snapshot);  // what the old sandbox shared (the new one holds its own)
     absl::Status s =
         local::SpawnSandbox(*sb, spec, argv, options_, iso_, cgroups_, &output_dropped_);
-    if (s.ok()) {
+    if (s.ok() && !image) {
       absl::MutexLock lock(&sb->op_mu);
       s = FillWorkspace(*sb, snapshot_id);
       if (!s.ok()) {
@@ -515,18 +601,6 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
           absl::StrCat("snapshot ", snapshot_id, " has no files on this server"));
     }
     return absl::OkStatus();
-  }
-
-  // An image sandbox's command line with the snapshot's copy of the layer given to
-  // sbx-rootfs (--seed), which fills the new layer with it before it mounts the overlay.
-  absl::StatusOr<std::vector<std::string>> SeedArgv(std::vector<std::string> argv,
-                                                    const std::string& snapshot_id) const {
-    if (argv.empty() || argv[0] != options_.rootfs_helper_path) {
-      return absl::InternalError("an image sandbox's command line does not start with sbx-rootfs");
-    }
-    argv.insert(argv.begin() + 1, {"--seed", absl::StrCat(snapshots_path_, "/", snapshot_id, "/",
-                                                          local::kSnapshotRootName)});
-    return argv;
   }
 
   // Fills the workspace of `sb`, just started, with snapshot `snapshot_id`'s, frozen so
@@ -617,20 +691,23 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
     }
     absl::Cleanup release = [&] { ReleaseImage(*sb); };
     if (!spec.snapshot.empty()) {
-      if (absl::Status s = CheckSnapshotFiles(spec.snapshot); !s.ok()) {
+      // An image sandbox shares the snapshot's files while it lives (held); a host-root
+      // one gets a copy of its workspace.
+      if (absl::Status s =
+              image ? AcquireSnapshot(spec.snapshot) : CheckSnapshotFiles(spec.snapshot);
+          !s.ok()) {
         return absl::Status(
             s.code(), absl::StrCat("template \"", request.template_name, "\": ", s.message()));
       }
+      if (image) sb->snapshot = spec.snapshot;
     }
     sb->host_uid = geteuid();
     if (iso_.own_uids) {
       ASSIGN_OR_RETURN(sb->host_uid, uids_.Take());
     }
     absl::StatusOr<std::vector<std::string>> argv = local::SandboxArgv(
-        id, sb->dir, spec, options_, iso_, system_args_, image ? &*image : nullptr, sb->host_uid);
-    if (argv.ok() && image && !spec.snapshot.empty()) {
-      argv = SeedArgv(*std::move(argv), spec.snapshot);
-    }
+        id, sb->dir, spec, options_, iso_, system_args_, image ? &*image : nullptr, sb->host_uid,
+        sb->snapshot.empty() ? std::string() : SnapshotPath(sb->snapshot));
     if (!argv.ok()) {
       uids_.GiveBack(sb->host_uid);
       return absl::Status(argv.status().code(), absl::StrCat("template \"", request.template_name,
@@ -642,7 +719,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       uids_.GiveBack(sb->host_uid);
       return s;
     }
-    if (!spec.snapshot.empty()) {
+    if (!spec.snapshot.empty() && !image) {
       absl::MutexLock lock(&sb->op_mu);
       if (absl::Status s = FillWorkspace(*sb, spec.snapshot); !s.ok()) {
         sb->ended = true;
@@ -702,7 +779,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   // Held (flock) while the runtime exists.
   const Fd lock_;
   // The snapshots folder (options_.snapshots_dir), or invalid without one, and its
-  // absolute path (for sbx-rootfs's --seed).
+  // absolute path (for sbx-rootfs's --snapshot).
   const Fd snapshots_;
   const std::string snapshots_path_;
   const Isolation iso_;
@@ -731,6 +808,10 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   absl::flat_hash_map<std::string, local::ImageRun> image_runs_ ABSL_GUARDED_BY(mu_);
   // Whether the daemon's libraries were found (image sandboxes need them).
   absl::Status daemon_libs_;
+  // How many sandboxes (running, being started or reset) share each snapshot's files, and
+  // the snapshots deleted (or being deleted) whose files wait for them.
+  absl::flat_hash_map<std::string, int> snapshot_users_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<std::string> deleted_snapshots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

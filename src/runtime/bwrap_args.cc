@@ -87,12 +87,10 @@ absl::StatusOr<std::vector<std::string>> MountArgs(const LocalSpec& spec,
 }
 
 // SandboxArgv for a sandbox of an image.
-absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
-                                                          const std::string& dir,
-                                                          const LocalSpec& spec,
-                                                          const BubblewrapRuntimeOptions& options,
-                                                          const Isolation& iso,
-                                                          const ImageRun& image, uid_t host_uid) {
+absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(
+    const std::string& id, const std::string& dir, const LocalSpec& spec,
+    const BubblewrapRuntimeOptions& options, const Isolation& iso, const ImageRun& image,
+    uid_t host_uid, const std::string& snapshot_dir) {
   if (!iso.isolated) {
     return absl::FailedPreconditionError(
         "a sandbox of an image needs bubblewrap's isolation (this runtime runs plain processes)");
@@ -101,9 +99,12 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
   std::vector<std::string> strict;
   for (const auto& m : spec.mounts) strict.push_back(m.target);
   if (!image.working_dir.empty()) strict.push_back(image.working_dir);
-  std::vector<std::string> a = ImageRootPrefix(
-      options.rootfs_helper_path, image, dir, iso.own_uids, host_uid,
-      spec.layer_size_bytes > 0 ? spec.layer_size_bytes : kDefaultLayerBytes, strict);
+  const int64_t ws =
+      spec.workspace_size_bytes > 0 ? spec.workspace_size_bytes : kDefaultWorkspaceBytes;
+  std::vector<std::string> a =
+      ImageRootPrefix(options.rootfs_helper_path, image, dir, iso.own_uids, host_uid,
+                      spec.layer_size_bytes > 0 ? spec.layer_size_bytes : kDefaultLayerBytes,
+                      strict, snapshot_dir, ws);
   for (std::string& x : IsolationArgs(options.bwrap_path, image.uid, image.gid)) {
     a.push_back(std::move(x));
   }
@@ -112,9 +113,12 @@ absl::StatusOr<std::vector<std::string>> ImageSandboxArgv(const std::string& id,
   // The image's root (sbx-rootfs's overlay), then what the runtime owns.
   a.insert(a.end(), {"--bind", dir + "/root", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs",
                      "/tmp", "--tmpfs", "/run"});
-  const int64_t ws =
-      spec.workspace_size_bytes > 0 ? spec.workspace_size_bytes : kDefaultWorkspaceBytes;
-  a.insert(a.end(), {"--size", std::to_string(ws), "--tmpfs", kWorkspaceInside});
+  if (snapshot_dir.empty()) {
+    a.insert(a.end(), {"--size", std::to_string(ws), "--tmpfs", kWorkspaceInside});
+  } else {
+    // sbx-rootfs's overlay of the snapshot's workspace (its own layer a tmpfs of `ws`).
+    a.insert(a.end(), {"--bind", WorkspaceMount(dir), kWorkspaceInside});
+  }
   a.insert(a.end(), {"--ro-bind-fd", std::to_string(kSandboxdFd), kSandboxdInside});
   if (!iso.daemon_libs.empty()) a.insert(a.end(), {"--ro-bind", iso.daemon_lib_dir, kDaemonLibDir});
   a.insert(a.end(), mounts.begin(), mounts.end());
@@ -269,8 +273,11 @@ absl::StatusOr<std::vector<std::string>> SandboxArgv(const std::string& id, cons
                                                      const BubblewrapRuntimeOptions& options,
                                                      const Isolation& iso,
                                                      const std::vector<std::string>& system_args,
-                                                     const ImageRun* image, uid_t host_uid) {
-  if (image != nullptr) return ImageSandboxArgv(id, dir, spec, options, iso, *image, host_uid);
+                                                     const ImageRun* image, uid_t host_uid,
+                                                     const std::string& snapshot_dir) {
+  if (image != nullptr) {
+    return ImageSandboxArgv(id, dir, spec, options, iso, *image, host_uid, snapshot_dir);
+  }
   if (!iso.isolated) {
     std::vector<std::string> a = {options.sandboxd_path};
     for (std::string& x : DaemonArgs(id, dir + "/workspace")) a.push_back(std::move(x));

@@ -59,12 +59,14 @@ std::vector<std::string> IsolationArgs(const std::string& bwrap, uid_t uid = kUi
 // and /run, the daemon run by the host's loader with its own libraries (/run/sbx/lib), the
 // image's user, environment and working folder (the template's env wins). host_uid is the
 // sandbox's host uid. INVALID_ARGUMENT when a template mount would show the server's files
-// (CheckMounts); FAILED_PRECONDITION for an image without isolation.
+// (CheckMounts); FAILED_PRECONDITION for an image without isolation. `snapshot_dir`
+// (with an image only): the sandbox starts at that snapshot, its files shared read-only
+// under the sandbox's own layers (ImageRootPrefix).
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> SandboxArgv(
     const std::string& id, const std::string& dir, const LocalSpec& spec,
     const BubblewrapRuntimeOptions& options, const Isolation& iso,
     const std::vector<std::string>& system_args, const ImageRun* image = nullptr,
-    uid_t host_uid = 0);
+    uid_t host_uid = 0, const std::string& snapshot_dir = "");
 
 // The probe's command line: a sandbox made as the real ones are (network namespace, the
 // system folders with `masks`, the daemon by descriptor) running `sbx-sandboxd --version`.

@@ -254,15 +254,22 @@ absl::Status MakeDaemonLibDir(const std::string& dir,
 std::vector<std::string> ImageRootPrefix(const std::string& helper, const ImageRun& image,
                                          const std::string& dir, bool own_uids, uid_t host_uid,
                                          int64_t layer_bytes,
-                                         const std::vector<std::string>& strict_targets) {
+                                         const std::vector<std::string>& strict_targets,
+                                         const std::string& snapshot_dir, int64_t workspace_bytes) {
   std::vector<std::string> a = {
       helper, "--lower", image.rootfs, "--dir", dir, "--layer_bytes", absl::StrCat(layer_bytes)};
+  if (!snapshot_dir.empty()) {
+    a.insert(a.end(),
+             {"--snapshot", snapshot_dir, "--workspace_bytes", absl::StrCat(workspace_bytes)});
+  }
   if (own_uids) a.insert(a.end(), {"--idmap", absl::StrCat(host_uid, ":", host_uid)});
   for (const char* t : {"/dev", "/proc", "/tmp", "/run"}) a.insert(a.end(), {"--reset_target", t});
   for (const std::string& t : strict_targets) a.insert(a.end(), {"--strict_target", t});
   a.emplace_back("--");
   return a;
 }
+
+std::string WorkspaceMount(const std::string& dir) { return dir + "/ws"; }
 
 namespace {
 

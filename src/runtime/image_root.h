@@ -69,11 +69,21 @@ struct ImageRun {
 // The sbx-rootfs command line that comes before bubblewrap's for a sandbox of `image` with
 // host folder `dir`: idmapped to host_uid when sbx is root (own_uids), the runtime's own
 // mount points reset, its own layer a tmpfs of `layer_bytes`, `strict_targets` (the
-// template's mount targets, the working folder) checked for links.
+// template's mount targets, the working folder) checked for links. With `snapshot_dir`
+// (absolute: a snapshot's folder), the sandbox starts at that snapshot: its layer and
+// workspace shared read-only under the sandbox's own (the workspace's own layer a tmpfs
+// of `workspace_bytes`), and bubblewrap must bind WorkspaceMount(dir) as the workspace.
 std::vector<std::string> ImageRootPrefix(const std::string& helper, const ImageRun& image,
                                          const std::string& dir, bool own_uids, uid_t host_uid,
                                          int64_t layer_bytes,
-                                         const std::vector<std::string>& strict_targets);
+                                         const std::vector<std::string>& strict_targets,
+                                         const std::string& snapshot_dir = "",
+                                         int64_t workspace_bytes = 0);
+
+// Where sbx-rootfs mounts the workspace of a sandbox that starts at a snapshot, in its
+// host folder `dir`; and where the workspace's own layer (overlayfs's upper folder) is.
+std::string WorkspaceMount(const std::string& dir);
+inline constexpr char kWorkspaceUpper[] = "wslayer/upper";
 
 // Removes `path` and everything in it, making folders of its owner searchable and writable
 // first where the sandbox left them otherwise (as overlayfs leaves work/work). Never

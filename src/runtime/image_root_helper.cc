@@ -5,7 +5,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -101,11 +100,12 @@ void ReapIdmapChild() {
   g_idmap_child = -1;
 }
 
-// Mounts the image at `lower`, read-only, nosuid, nodev, idmapped with `userns` when it
-// is >= 0.
-void MountLower(const std::string& image, int userns) {
-  const int tree = open_tree(AT_FDCWD, image.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-  if (tree < 0) Die("open_tree " + image);
+// Mounts the folder `source` at `target`, read-only, nosuid, nodev, idmapped with `userns`
+// when it is >= 0. `what` names it in errors.
+void MountReadOnly(const std::string& source, const char* target, int userns,
+                   const std::string& what) {
+  const int tree = open_tree(AT_FDCWD, source.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (tree < 0) Die("open_tree " + what + " " + source);
   struct mount_attr attr;
   std::memset(&attr, 0, sizeof(attr));
   attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
@@ -114,12 +114,13 @@ void MountLower(const std::string& image, int userns) {
     attr.userns_fd = static_cast<uint64_t>(userns);
   }
   if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) != 0) {
-    Die(userns >= 0 ? "idmap the image's mount (the image cache's file system must support "
-                      "idmapped mounts: ext4, xfs, btrfs, tmpfs)"
-                    : "make the image's mount read-only");
+    Die(userns >= 0 ? "idmap the mount of " + what +
+                          " (its file system must support idmapped mounts: ext4, xfs, btrfs, "
+                          "tmpfs)"
+                    : "make the mount of " + what + " read-only");
   }
-  if (move_mount(tree, "", AT_FDCWD, "lower", MOVE_MOUNT_F_EMPTY_PATH) != 0) {
-    Die("move_mount the image");
+  if (move_mount(tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) != 0) {
+    Die("move_mount " + what);
   }
   close(tree);
 }
@@ -179,125 +180,70 @@ void CheckTarget(int root, const std::string& path, bool reset) {
   close(dir);
 }
 
-// Where the sandbox's own layer (overlayfs's upper and work folders) lives.
+// Where one of the sandbox's own layers (overlayfs's upper and work folders) lives.
 struct Layer {
-  std::string prefix;  // "layer/" (the tmpfs) or "" (the host folder, on disk)
+  std::string prefix;  // "<at>/" (the tmpfs, or a plain folder on disk) or "" (the host folder)
   bool tmpfs = false;
 };
 
-// The sandbox's own layer: a tmpfs of `bytes` at "layer", in this private mount namespace
+// A layer of the sandbox's own: a tmpfs of `bytes` at `at`, in this private mount namespace
 // (it ends with the sandbox's processes: nothing to remove at delete). Overlayfs checks
 // its work folder at every mount (a whiteout, a rename, xattrs), which on the data disk's
 // ext4 cost more than the rest of the start, and its deletes are a tree to remove;
 // on a tmpfs both are memory operations, charged to the sandbox's memory cgroup as it
 // writes (this helper already runs in it). user_xattrs: the overlay will use user.overlay.*
 // xattrs (a user namespace's mount), which tmpfs has only since Linux 6.6: without them
-// the layer stays in the host folder, as before.
-Layer MountLayer(long long bytes, bool user_xattrs) {
-  MakeDir("layer", 0700);
+// the layer stays on disk in the host folder (`fallback`), as before.
+Layer MountLayer(const std::string& at, long long bytes, bool user_xattrs,
+                 const std::string& fallback) {
+  MakeDir(at.c_str(), 0700);
   const std::string options = "mode=0700,size=" + std::to_string(bytes);
-  if (mount("tmpfs", "layer", "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
-    Die("mount the sandbox's layer (tmpfs " + options + ")");
+  if (mount("tmpfs", at.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
+    Die("mount the sandbox's layer " + at + " (tmpfs " + options + ")");
   }
-  if (user_xattrs && setxattr("layer", "user.sbx", "1", 1, 0) != 0) {
-    if (errno != EOPNOTSUPP) Die("set a user xattr on the sandbox's layer");
-    if (umount2("layer", MNT_DETACH) != 0) Die("unmount the sandbox's layer");
+  if (user_xattrs && setxattr(at.c_str(), "user.sbx", "1", 1, 0) != 0) {
+    if (errno != EOPNOTSUPP) Die("set a user xattr on the sandbox's layer " + at);
+    if (umount2(at.c_str(), MNT_DETACH) != 0) Die("unmount the sandbox's layer " + at);
     std::fprintf(stderr,
                  "sbx-rootfs: this kernel's tmpfs has no user xattrs (Linux < 6.6): the "
-                 "sandbox's layer is on disk in its host folder\n");
-    return Layer{"", false};
+                 "sandbox's layer %s is on disk in its host folder\n",
+                 at.c_str());
+    return Layer{fallback, false};
   }
-  if (user_xattrs) removexattr("layer", "user.sbx");
-  return Layer{"layer/", true};
+  if (user_xattrs) removexattr(at.c_str(), "user.sbx");
+  return Layer{at + "/", true};
 }
 
-// Reset (issue 37): fills the sandbox's new layer (`dst`, its upper folder, before the
-// overlay exists) with a snapshot's copy of a layer (`src`, written by the server: regular
-// files, folders, links, FIFOs and whiteouts, owned by the server). Links are made from
-// their text, never followed; every entry is opened relative to its folder with O_NOFOLLOW.
-// What is made belongs to uid:gid when `own` (idmapped: the sandbox's host uid), and a
-// folder's opaque marker is set under the name this overlay reads (`opaque_xattr`).
-void Seed(int src, int dst, bool own, uid_t uid, gid_t gid, const char* opaque_xattr, int depth) {
-  if (depth > 256) Refuse("the snapshot's layer is nested too deep");
-  const int list_fd = openat(src, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (list_fd < 0) Die("open a snapshot folder");
-  DIR* d = fdopendir(list_fd);
-  if (d == nullptr) Die("list a snapshot folder");
-  std::vector<std::string> names;
-  while (struct dirent* e = readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-      names.emplace_back(e->d_name);
-    }
-  }
-  closedir(d);
-  for (const std::string& n : names) {
-    const char* name = n.c_str();
-    struct stat st;
-    if (fstatat(src, name, &st, AT_SYMLINK_NOFOLLOW) != 0) Die("stat " + n + " in the snapshot");
-    const mode_t mode = st.st_mode & 01777;
-    if (S_ISDIR(st.st_mode)) {
-      if (mkdirat(dst, name, 0700) != 0 && errno != EEXIST) Die("mkdir " + n);
-      const int in = openat(src, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      const int out = openat(dst, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      if (in < 0 || out < 0) Die("open folder " + n);
-      for (const char* x : {"trusted.overlay.opaque", "user.overlay.opaque"}) {
-        char v[8];
-        const ssize_t len = fgetxattr(in, x, v, sizeof(v));
-        if (len > 0 && fsetxattr(out, opaque_xattr, v, static_cast<size_t>(len), 0) != 0) {
-          Die("mark " + n + " opaque");
-        }
-      }
-      Seed(in, out, own, uid, gid, opaque_xattr, depth + 1);
-      if (fchmod(out, mode) != 0) Die("chmod " + n);
-      if (own && fchown(out, uid, gid) != 0) Die("chown " + n);
-      const struct timespec dir_times[2] = {st.st_atim, st.st_mtim};
-      futimens(out, dir_times);
-      close(in);
-      close(out);
-      continue;
-    }
-    if (S_ISREG(st.st_mode)) {
-      const int in = openat(src, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-      if (in < 0) Die("open " + n + " in the snapshot");
-      const int out = openat(dst, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-      if (out < 0) Die("create " + n);
-      for (off_t left = st.st_size; left > 0;) {
-        const ssize_t w = sendfile(out, in, nullptr, static_cast<size_t>(left));
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) Die("copy " + n);
-        left -= w;
-      }
-      if (fchmod(out, mode) != 0) Die("chmod " + n);
-      if (own && fchown(out, uid, gid) != 0) Die("chown " + n);
-      const struct timespec times[2] = {st.st_atim, st.st_mtim};
-      futimens(out, times);
-      close(in);
-      close(out);
-      continue;
-    }
-    if (S_ISLNK(st.st_mode)) {
-      std::vector<char> target(static_cast<size_t>(st.st_size) + 2);
-      const ssize_t len = readlinkat(src, name, target.data(), target.size());
-      if (len < 0 || static_cast<size_t>(len) >= target.size() - 1) Die("read link " + n);
-      target[static_cast<size_t>(len)] = '\0';
-      if (symlinkat(target.data(), dst, name) != 0) Die("make link " + n);
-    } else if (S_ISFIFO(st.st_mode)) {
-      if (mkfifoat(dst, name, mode & 0777) != 0) Die("make FIFO " + n);
-    } else if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0)) {
-      if (mknodat(dst, name, S_IFCHR | 0000, makedev(0, 0)) != 0) Die("make whiteout " + n);
-    } else {
-      continue;  // a snapshot holds nothing else; never carried over
-    }
-    if (own && fchownat(dst, name, uid, gid, AT_SYMLINK_NOFOLLOW) != 0) Die("chown " + n);
+// Makes the upper and work folders of `layer`; the upper one (the merged folder's own
+// attributes) with `mode`, owned by uid:gid when `own`.
+void MakeUpperAndWork(const Layer& layer, mode_t mode, bool own, uid_t uid, gid_t gid) {
+  const std::string upper = layer.prefix + "upper";
+  if (mkdir(upper.c_str(), 0755) != 0 && errno != EEXIST) Die("mkdir " + upper);
+  const std::string work = layer.prefix + "work";
+  if (mkdir(work.c_str(), 0700) != 0 && errno != EEXIST) Die("mkdir " + work);
+  if (chmod(upper.c_str(), mode) != 0) Die("chmod " + upper);
+  if (own && chown(upper.c_str(), uid, gid) != 0) Die("chown " + upper);
+}
+
+// Mounts the overlay of `lowers` (overlayfs's lowerdir: top first, ':'-separated) under
+// `layer` at `at`.
+void MountOverlay(const std::string& lowers, const Layer& layer, bool user_xattrs, const char* at) {
+  std::string options =
+      "lowerdir=" + lowers + ",upperdir=" + layer.prefix + "upper,workdir=" + layer.prefix + "work";
+  // On disk, volatile: the sandbox's layer dies with it, so the overlay need not sync it.
+  if (!layer.tmpfs) options += ",volatile";
+  if (user_xattrs) options += ",userxattr";
+  if (mount("overlay", at, "overlay", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
+    Die("mount the overlay at " + std::string(at) + " (" + options + ")");
   }
 }
 
 }  // namespace
 
 int ImageRootHelperMain(int argc, char** argv) {
-  std::string lower_image, dir, seed;
+  std::string lower_image, dir, snapshot;
   long long layer_bytes = 1LL << 30;
-  Layer layer;
+  long long workspace_bytes = 0;
   std::vector<std::string> reset_targets, strict_targets;
   bool idmap = false;
   uid_t uid = 0;
@@ -318,15 +264,16 @@ int ImageRootHelperMain(int argc, char** argv) {
     } else if (a == "--idmap") {
       if (!ParseIds(v, &uid, &gid)) Refuse("--idmap takes UID:GID of a non-root user");
       idmap = true;
-    } else if (a == "--layer_bytes") {
+    } else if (a == "--layer_bytes" || a == "--workspace_bytes") {
       char* end = nullptr;
       errno = 0;
-      layer_bytes = std::strtoll(v, &end, 10);
-      if (errno != 0 || end == v || *end != '\0' || layer_bytes <= 0) {
-        Refuse("--layer_bytes takes a positive number of bytes");
+      const long long n = std::strtoll(v, &end, 10);
+      if (errno != 0 || end == v || *end != '\0' || n <= 0) {
+        Refuse(a + " takes a positive number of bytes");
       }
-    } else if (a == "--seed") {
-      seed = v;
+      (a == "--layer_bytes" ? layer_bytes : workspace_bytes) = n;
+    } else if (a == "--snapshot") {
+      snapshot = v;
     } else if (a == "--reset_target") {
       reset_targets.emplace_back(v);
     } else if (a == "--strict_target") {
@@ -336,25 +283,20 @@ int ImageRootHelperMain(int argc, char** argv) {
     }
   }
   if (lower_image.empty() || lower_image[0] != '/' || dir.empty() || dir[0] != '/' || i >= argc ||
-      (!seed.empty() && seed[0] != '/')) {
+      (!snapshot.empty() && (snapshot[0] != '/' || workspace_bytes <= 0))) {
     Refuse(
         "usage: sbx-rootfs --lower IMAGE_ROOTFS --dir HOST_FOLDER [--idmap UID:GID] "
-        "[--layer_bytes N] [--seed SNAPSHOT_LAYER] "
+        "[--layer_bytes N] [--snapshot SNAPSHOT_FOLDER --workspace_bytes N] "
         "[--reset_target PATH]... [--strict_target PATH]... -- BWRAP ARGS...");
   }
   if (chdir(dir.c_str()) != 0) Die("chdir " + dir);
   const uid_t self_uid = geteuid();
   const gid_t self_gid = getegid();
+  int userns = -1;
   if (idmap) {
     if (self_uid != 0) Refuse("--idmap needs root");
-    const int userns = IdmapUserns(uid, gid);
+    userns = IdmapUserns(uid, gid);
     if (unshare(CLONE_NEWNS) != 0) Die("unshare a mount namespace");
-    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Die("make / private");
-    MakeDir("lower", 0700);
-    MakeDir("root", 0755);
-    layer = MountLayer(layer_bytes, /*user_xattrs=*/false);
-    MountLower(lower_image, userns);
-    close(userns);
   } else {
     if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
       Die("unshare a user and mount namespace");
@@ -362,33 +304,39 @@ int ImageRootHelperMain(int argc, char** argv) {
     WriteFile("/proc/self/setgroups", "deny\n");
     WriteFile("/proc/self/uid_map", "0 " + std::to_string(self_uid) + " 1\n");
     WriteFile("/proc/self/gid_map", "0 " + std::to_string(self_gid) + " 1\n");
-    if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Die("make / private");
-    MakeDir("lower", 0700);
-    MakeDir("root", 0755);
-    layer = MountLayer(layer_bytes, /*user_xattrs=*/true);
-    MountLower(lower_image, -1);
   }
-  const std::string upper = layer.prefix + "upper";
-  if (mkdir(upper.c_str(), 0755) != 0 && errno != EEXIST) Die("mkdir " + upper);
-  const std::string work = layer.prefix + "work";
-  if (mkdir(work.c_str(), 0700) != 0 && errno != EEXIST) Die("mkdir " + work);
+  if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) Die("make / private");
+  MakeDir("lower", 0700);
+  MakeDir("root", 0755);
+  const Layer layer = MountLayer("layer", layer_bytes, /*user_xattrs=*/!idmap, "");
+  MountReadOnly(lower_image, "lower", userns, "the image");
+  // A sandbox that starts at a snapshot (a fork, a reset, a member of a snapshot's pool):
+  // the snapshot's layer is a read-only layer between the image and the sandbox's own, and
+  // its workspace the read-only layer under an overlay of the sandbox's own at "ws", which
+  // bubblewrap binds as the workspace. Nothing of the snapshot is copied: the sandbox
+  // writes only its own layers, and every sandbox of the snapshot shares its files.
+  Layer ws_layer;
+  if (!snapshot.empty()) {
+    MakeDir("snap", 0700);
+    MakeDir("snapws", 0700);
+    MakeDir("ws", 0755);
+    MountReadOnly(snapshot + "/root", "snap", userns, "the snapshot's layer");
+    MountReadOnly(snapshot + "/workspace", "snapws", userns, "the snapshot's workspace");
+    ws_layer = MountLayer("wslayer", workspace_bytes, /*user_xattrs=*/!idmap, "wslayer/");
+  }
+  if (userns >= 0) close(userns);
   // The sandbox's root belongs to the sandbox's user. Run as root, the host folder is
   // searchable by the sandbox's host uid (bubblewrap, run as it, resolves the root's path),
   // so its layer is closed to everyone else (mode 0700); otherwise it takes the image
   // root's mode.
   struct stat lower_st;
   if (stat("lower", &lower_st) != 0) Die("stat the image's root");
-  if (chmod(upper.c_str(), idmap ? 0700 : lower_st.st_mode & 07777) != 0) Die("chmod " + upper);
-  if (idmap && chown(upper.c_str(), uid, gid) != 0) Die("chown " + upper);
-  if (!seed.empty()) {
-    // Opened before this process's own mount namespace could differ: the host's path.
-    const int from = open(seed.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    const int to = open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (from < 0) Die("open the snapshot's layer " + seed);
-    if (to < 0) Die("open " + upper);
-    Seed(from, to, idmap, uid, gid, idmap ? "trusted.overlay.opaque" : "user.overlay.opaque", 0);
-    close(from);
-    close(to);
+  MakeUpperAndWork(layer, idmap ? 0700 : lower_st.st_mode & 07777, idmap, uid, gid);
+  const std::string upper = layer.prefix + "upper";
+  if (!snapshot.empty()) {
+    // The workspace as bubblewrap's tmpfs would make it: mode 0755, the sandbox's.
+    MakeUpperAndWork(ws_layer, 0755, idmap, uid, gid);
+    MountOverlay("snapws", ws_layer, /*user_xattrs=*/!idmap, "ws");
   }
   // The folders bubblewrap mounts on, made in the sandbox's layer before the overlay
   // exists: a plain mkdir here costs less than one through the overlay, and a folder of
@@ -400,13 +348,7 @@ int ImageRootHelperMain(int argc, char** argv) {
     if (mkdir(at.c_str(), 0755) != 0 && errno != EEXIST) Die("mkdir " + at);
     if (idmap && chown(at.c_str(), uid, gid) != 0) Die("chown " + at);
   }
-  std::string options = "lowerdir=lower,upperdir=" + upper + ",workdir=" + work;
-  // On disk, volatile: the sandbox's layer dies with it, so the overlay need not sync it.
-  if (!layer.tmpfs) options += ",volatile";
-  if (!idmap) options += ",userxattr";
-  if (mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, options.c_str()) != 0) {
-    Die("mount the overlay (" + options + ")");
-  }
+  MountOverlay(snapshot.empty() ? "lower" : "snap:lower", layer, /*user_xattrs=*/!idmap, "root");
   const int root = open("root", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (root < 0) Die("open the sandbox's root");
   if (idmap) {

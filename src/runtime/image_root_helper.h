@@ -4,7 +4,8 @@
 // copy-on-write root and then becomes bubblewrap (exec: same pid, so the sandbox's top
 // process and its state file are what they are for a host-root sandbox):
 //
-//   sbx-rootfs --lower IMAGE_ROOTFS --dir HOST_FOLDER [--idmap UID:GID]
+//   sbx-rootfs --lower IMAGE_ROOTFS --dir HOST_FOLDER [--idmap UID:GID] [--layer_bytes N]
+//              [--snapshot SNAPSHOT_FOLDER --workspace_bytes N]
 //              [--reset_target PATH]... [--strict_target PATH]... -- BWRAP ARGS...
 //
 // In HOST_FOLDER (the sandbox's, 0700, never seen by the sandbox) it makes `lower` (the
@@ -12,6 +13,12 @@
 // layer) and `root`, where the overlay of the two is mounted; the mounts live in a mount
 // namespace of the sandbox's own and end with it (nothing to unmount, nothing left on
 // the host's mount table, a server restart changes nothing).
+// With --snapshot (a sandbox that starts at a snapshot: a fork, a reset, a member of a
+// snapshot's pool), the snapshot's `root` is mounted read-only (`snap`) as a layer between
+// the image and the sandbox's own, and its `workspace` read-only (`snapws`) under an
+// overlay at `ws` whose upper layer is a tmpfs of --workspace_bytes (`wslayer`), which
+// bubblewrap binds as the sandbox's workspace: the snapshot's files are shared by every
+// sandbox of it, never copied, and each sandbox writes only its own layers.
 // - Run as root (--idmap UID:GID, the sandbox's host uid and gid): a new mount namespace;
 //   the image, owned by root in the cache, is mounted idmapped so that its files belong
 //   to UID:GID; the overlay is the kernel's, mounted by root; then the helper becomes

@@ -79,6 +79,10 @@ struct Sandbox {
   // The digest of its image (held in the image cache while it lives); empty: the host's
   // root.
   std::string image_digest;
+  // The snapshot it started at (a fork, a reset, a member of a snapshot's pool), whose files
+  // it shares read-only under its own layers (an image sandbox only; held by the runtime
+  // while it lives); empty: none. In the state file.
+  std::string snapshot;
   // The template it was started from (CreateRequest's name and spec), kept so that Reset
   // can start it again, also in the state file (a sandbox adopted from a run that did not
   // keep it, or whose spec was too long to keep, has none).

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "src/common/status_macros.h"
 #include "src/runtime/proc.h"
 
 namespace sbx::runtime::local {
@@ -108,9 +110,185 @@ class Copier {
     return absl::OkStatus();
   }
 
+  // Fills `dst` with the content of the snapshot folder `base`: folders made anew (mode,
+  // times and opaque markers as the base's), everything else hard-linked.
+  absl::Status LinkFolder(int base, int dst, const std::string& path, int depth) {
+    if (depth > kMaxCopyDepth) {
+      return absl::FailedPreconditionError(absl::StrCat("\"", path, "\" is nested deeper than ",
+                                                        kMaxCopyDepth, " folders: not linked"));
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> names, List(base, path));
+    for (const std::string& name : names) {
+      const std::string at = path + "/" + name;
+      if (++entries_ > max_entries_) return TooMany(at);
+      struct stat st;
+      if (fstatat(base, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return IoError("stat", at);
+      if (S_ISDIR(st.st_mode)) {
+        const Fd in(openat(base, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!in.valid()) return IoError("open folder", at);
+        if (mkdirat(dst, name.c_str(), 0700) != 0) return IoError("make folder", at);
+        Fd out(openat(dst, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!out.valid()) return IoError("open made folder", at);
+        ++stats.folders;
+        RETURN_IF_ERROR(CopyOpaque(in.get(), out.get(), at));
+        RETURN_IF_ERROR(LinkFolder(in.get(), out.get(), at, depth + 1));
+        RETURN_IF_ERROR(Finish(out, st, at));
+        continue;
+      }
+      if (linkat(base, name.c_str(), dst, name.c_str(), 0) == 0) continue;
+      if (errno != EMLINK) return IoError("link", at);
+      // The file has as many links as its file system allows: a copy of its own.
+      --entries_;
+      RETURN_IF_ERROR(Entry(base, dst, name, at, depth));
+    }
+    return absl::OkStatus();
+  }
+
+  // Applies the upper layer open at `upper` to `dst` (LinkFolder's result), as overlayfs
+  // shows the one over the other (MergeTree).
+  // `below`: the folder of the layers under the base at this path (the image's), or -1
+  // when nothing of them shows here (none, an opaque folder on the way, a flat tree): a
+  // whiteout is kept only where it hides something of theirs (elsewhere overlayfs would
+  // list it as a name that cannot be opened).
+  absl::Status Apply(int upper, int dst, int below, const std::string& path, int depth) {
+    if (depth > kMaxCopyDepth) {
+      return absl::FailedPreconditionError(absl::StrCat("\"", path, "\" is nested deeper than ",
+                                                        kMaxCopyDepth, " folders: not copied"));
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> names, List(upper, path));
+    for (const std::string& name : names) {
+      const std::string at = path + "/" + name;
+      struct stat st;
+      if (fstatat(upper, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) return Changed(at);
+        return IoError("stat", at);
+      }
+      struct stat in_base;
+      const bool exists = fstatat(dst, name.c_str(), &in_base, AT_SYMLINK_NOFOLLOW) == 0;
+      if (!exists && errno != ENOENT) return IoError("stat the snapshot's", at);
+      if (S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0)) {
+        if (++entries_ > max_entries_) return TooMany(at);
+        if (exists) RETURN_IF_ERROR(RemoveTree(dst, name));
+        struct stat hidden;
+        if (overlay_ && below >= 0 &&
+            fstatat(below, name.c_str(), &hidden, AT_SYMLINK_NOFOLLOW) == 0) {
+          if (mknodat(dst, name.c_str(), S_IFCHR | 0000, makedev(0, 0)) != 0) {
+            return IoError("make whiteout", at);
+          }
+          ++stats.whiteouts;
+        }
+        continue;
+      }
+      if (S_ISDIR(st.st_mode)) {
+        const Fd in(openat(upper, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!in.valid()) {
+          if (errno == ELOOP || errno == ENOTDIR || errno == ENOENT) return Changed(at);
+          return IoError("open folder", at);
+        }
+        struct stat now;
+        if (fstat(in.get(), &now) != 0) return IoError("stat", at);
+        if (!SameInode(st, now)) return Changed(at);
+        if (!IsOpaque(in.get()) && exists && S_ISDIR(in_base.st_mode)) {
+          if (++entries_ > max_entries_) return TooMany(at);
+          Fd out(openat(dst, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+          if (!out.valid()) return IoError("open the snapshot's folder", at);
+          const Fd under(
+              below >= 0 && !IsOpaque(out.get())
+                  ? openat(below, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                  : -1);
+          RETURN_IF_ERROR(
+              Apply(in.get(), out.get(), under.valid() ? under.get() : -1, at, depth + 1));
+          RETURN_IF_ERROR(Finish(out, st, at));
+          continue;
+        }
+        if (exists) RETURN_IF_ERROR(RemoveTree(dst, name));
+        RETURN_IF_ERROR(Entry(upper, dst, name, at, depth));
+        if (overlay_ && exists && !IsOpaque(in.get())) {
+          // A folder over the base's non-folder shows nothing of what lies under the base.
+          const Fd out(openat(dst, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+          if (!out.valid()) return IoError("open copied folder", at);
+          RETURN_IF_ERROR(MarkOpaque(out.get(), at));
+        }
+        continue;
+      }
+      if (exists) RETURN_IF_ERROR(RemoveTree(dst, name));
+      RETURN_IF_ERROR(Entry(upper, dst, name, at, depth));
+    }
+    return absl::OkStatus();
+  }
+
   CopyStats stats;
 
  private:
+  absl::Status TooMany(const std::string& path) const {
+    return absl::ResourceExhaustedError(absl::StrCat("more than ", max_entries_,
+                                                     " files, folders and links to copy (at \"",
+                                                     path, "\"): refused"));
+  }
+
+  // The names in the folder open at `fd` (not consumed).
+  static absl::StatusOr<std::vector<std::string>> List(int fd, const std::string& path) {
+    const int list_fd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (list_fd < 0) return IoError("open folder", path);
+    DIR* dir = fdopendir(list_fd);
+    if (dir == nullptr) {
+      close(list_fd);
+      return IoError("list folder", path);
+    }
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* e = readdir(dir)) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      names.emplace_back(e->d_name);
+    }
+    const int list_errno = errno;
+    closedir(dir);
+    if (list_errno != 0) {
+      errno = list_errno;
+      return IoError("list folder", path);
+    }
+    return names;
+  }
+
+  static bool IsOpaque(int fd) {
+    for (const char* x : kOpaqueXattrs) {
+      char v[8];
+      const ssize_t n = fgetxattr(fd, x, v, sizeof(v));
+      if (n == 1 && v[0] == 'y') return true;
+    }
+    return false;
+  }
+
+  // Marks a folder opaque under the names an overlay of this server reads: user.* always,
+  // trusted.* too when it runs as root (whose overlays are idmapped ones, which read it).
+  static absl::Status MarkOpaque(int fd, const std::string& path) {
+    for (const char* x : kOpaqueXattrs) {
+      if (absl::string_view(x).substr(0, 8) == "trusted." && geteuid() != 0) continue;
+      if (fsetxattr(fd, x, "y", 1, 0) != 0) return IoError(absl::StrCat("set ", x, " on"), path);
+    }
+    return absl::OkStatus();
+  }
+
+  static absl::Status CopyOpaque(int in, int out, const std::string& path) {
+    for (const char* x : kOpaqueXattrs) {
+      char v[8];
+      const ssize_t n = fgetxattr(in, x, v, sizeof(v));
+      if (n > 0 && fsetxattr(out, x, v, static_cast<size_t>(n), 0) != 0) {
+        return IoError(absl::StrCat("set ", x, " on"), path);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // A folder's mode and times as `st` gives them, then kept for the sync.
+  absl::Status Finish(Fd& out, const struct stat& st, const std::string& path) {
+    if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", path);
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    futimens(out.get(), times);
+    if (sync_ != nullptr) sync_->Keep(std::move(out));
+    return absl::OkStatus();
+  }
+
   absl::Status Charge(int64_t n) {
     if (n <= 0) return absl::OkStatus();
     if (charge_) {
@@ -302,6 +480,26 @@ absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& n
   if (!out.valid()) return IoError("open folder", name);
   Copier copier(overlay, charge, sync, max_entries);
   if (absl::Status s = copier.Folder(src, out.get(), name, 0); !s.ok()) return s;
+  if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", name);
+  if (sync != nullptr) sync->Keep(std::move(out));
+  return copier.stats;
+}
+
+absl::StatusOr<CopyStats> MergeTree(int base, int upper, int below, int dst_parent,
+                                    const std::string& name, bool flat, const CopyCharge& charge,
+                                    SyncList* sync, int64_t max_entries) {
+  struct stat st;
+  if (fstat(upper, &st) != 0) return IoError("stat", name);
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the source of \"", name, "\" is not a folder"));
+  }
+  if (mkdirat(dst_parent, name.c_str(), 0700) != 0) return IoError("make folder", name);
+  Fd out(openat(dst_parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!out.valid()) return IoError("open folder", name);
+  Copier copier(/*overlay=*/!flat, charge, sync, max_entries);
+  RETURN_IF_ERROR(copier.LinkFolder(base, out.get(), name, 0));
+  RETURN_IF_ERROR(copier.Apply(upper, out.get(), flat ? -1 : below, name, 0));
   if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", name);
   if (sync != nullptr) sync->Keep(std::move(out));
   return copier.stats;

@@ -90,6 +90,25 @@ using CopyCharge = std::function<absl::Status(int64_t bytes)>;
 [[nodiscard]] absl::StatusOr<CopyStats> CopyInto(int src, int dst, int64_t owner,
                                                  int64_t max_entries = kMaxCopyEntries);
 
+// Makes the new folder `name` in `dst_parent` what overlayfs shows of the upper layer open
+// at `upper` (a sandbox's own, hostile: read as CopyTree reads) over the folder open at
+// `base` (a snapshot's, the server's own and never changed: its files are hard-linked into
+// the result, not copied): what the upper layer has replaces what the base has, a whiteout
+// deletes, an opaque folder replaces the whole folder, other folders merge. `flat`: the
+// result is a plain tree (a workspace, under which nothing lies: whiteouts and opaque
+// markers are dropped); otherwise a layer (a root's, over an image: whiteouts and opaque
+// markers kept, and a folder of the upper layer over a base's non-folder marked opaque;
+// `below` is the folder of the layers under the base, the image's root, open, or -1: a
+// whiteout is kept where it hides something of theirs, and dropped where nothing of
+// theirs shows, as overlayfs would list it as a name that cannot be opened).
+// Only what comes from the upper layer is charged and counted in the stats' bytes (a file
+// whose link count is at its limit is copied, and charged). Errors as CopyTree's.
+[[nodiscard]] absl::StatusOr<CopyStats> MergeTree(int base, int upper, int below, int dst_parent,
+                                                  const std::string& name, bool flat,
+                                                  const CopyCharge& charge,
+                                                  SyncList* sync = nullptr,
+                                                  int64_t max_entries = kMaxCopyEntries);
+
 // Removes the folder `name` in `parent` and everything below it, without following links.
 // OK when it does not exist.
 [[nodiscard]] absl::Status RemoveTree(int parent, const std::string& name);

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "src/runtime/image_root.h"
 
 namespace sbx::runtime::local {
 namespace {
@@ -127,7 +128,8 @@ absl::StatusOr<std::vector<std::string>> ListSnapshotIds(int dir) {
 }
 
 absl::StatusOr<CopyStats> CaptureSandbox(const Sandbox& sb, bool isolated, int dir,
-                                         const std::string& id, const CopyCharge& charge) {
+                                         const std::string& id, const CopyCharge& charge,
+                                         const std::string& base, const std::string& image_rootfs) {
   if (absl::Status s = CheckSnapshotId(id); !s.ok()) return s;
   struct stat st;
   if (fstatat(dir, id.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
@@ -154,6 +156,27 @@ absl::StatusOr<CopyStats> CaptureSandbox(const Sandbox& sb, bool isolated, int d
     total.whiteouts += s.whiteouts;
     total.dropped += s.dropped;
   };
+  // The base snapshot's folders, when the sandbox started at one.
+  Fd base_root, base_workspace;
+  if (!base.empty() && !sb.image_digest.empty()) {
+    const Fd b(openat(dir, base.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!b.valid())
+      return Errno(absl::StrCat("open snapshot ", base, ", which sandbox ", sb.id, " started at"));
+    base_root.Reset(
+        openat(b.get(), kSnapshotRootName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    base_workspace.Reset(
+        openat(b.get(), kSnapshotWorkspaceName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!base_root.valid() || !base_workspace.valid()) {
+      return Errno(absl::StrCat("open the files of snapshot ", base));
+    }
+  }
+  // The image's root, under the base: where a whiteout of the sandbox's hides something.
+  const Fd image_root(base_root.valid() && !image_rootfs.empty()
+                          ? open(image_rootfs.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                          : -1);
+  if (base_root.valid() && !image_root.valid()) {
+    return Errno(absl::StrCat("open the root of image ", sb.image_digest));
+  }
   if (!sb.image_digest.empty()) {
     // The layer is a tmpfs in sbx-rootfs's mount namespace, which bwrap (the top process,
     // exec'd by sbx-rootfs) still has; on kernels whose tmpfs has no user xattrs it lies
@@ -171,27 +194,49 @@ absl::StatusOr<CopyStats> CaptureSandbox(const Sandbox& sb, bool isolated, int d
     }
     {
       absl::StatusOr<CopyStats> copied =
-          CopyTree(upper->get(), out.get(), kSnapshotRootName, /*overlay=*/true, charge, &sync);
+          base_root.valid() ? MergeTree(base_root.get(), upper->get(), image_root.get(), out.get(),
+                                        kSnapshotRootName,
+                                        /*flat=*/false, charge, &sync)
+                            : CopyTree(upper->get(), out.get(), kSnapshotRootName, /*overlay=*/true,
+                                       charge, &sync);
       if (!copied.ok()) return copied.status();
       add(*copied);
     }
   }
-  absl::StatusOr<Fd> workspace =
-      isolated ? OpenInProcessRoot(sb.init_pid, sb.init_start_time, kWorkspaceInSandbox,
-                                   /*no_symlinks=*/true)
-               : absl::StatusOr<Fd>(
-                     Fd(OpenInDir(sb.dir, "workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
-  if (workspace.ok() && !workspace->valid()) workspace = Errno("open the workspace");
-  if (!workspace.ok()) {
-    return absl::Status(
-        workspace.status().code(),
-        absl::StrCat("sandbox ", sb.id, ": its workspace: ", workspace.status().message()));
-  }
-  {
-    absl::StatusOr<CopyStats> copied = CopyTree(workspace->get(), out.get(), kSnapshotWorkspaceName,
-                                                /*overlay=*/false, charge, &sync);
+  if (base_workspace.valid()) {
+    // The workspace's own layer, beside the root's in sbx-rootfs's mount namespace.
+    absl::StatusOr<Fd> ws_upper = OpenInProcessRoot(
+        sb.pid, sb.start_time, absl::StrCat(sb.dir.substr(1), "/", kWorkspaceUpper),
+        /*no_symlinks=*/false);
+    if (!ws_upper.ok()) {
+      return absl::Status(ws_upper.status().code(),
+                          absl::StrCat("sandbox ", sb.id,
+                                       ": its workspace's layer: ", ws_upper.status().message()));
+    }
+    absl::StatusOr<CopyStats> copied =
+        MergeTree(base_workspace.get(), ws_upper->get(), -1, out.get(), kSnapshotWorkspaceName,
+                  /*flat=*/true, charge, &sync);
     if (!copied.ok()) return copied.status();
     add(*copied);
+  } else {
+    absl::StatusOr<Fd> workspace =
+        isolated ? OpenInProcessRoot(sb.init_pid, sb.init_start_time, kWorkspaceInSandbox,
+                                     /*no_symlinks=*/true)
+                 : absl::StatusOr<Fd>(
+                       Fd(OpenInDir(sb.dir, "workspace", O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+    if (workspace.ok() && !workspace->valid()) workspace = Errno("open the workspace");
+    if (!workspace.ok()) {
+      return absl::Status(
+          workspace.status().code(),
+          absl::StrCat("sandbox ", sb.id, ": its workspace: ", workspace.status().message()));
+    }
+    {
+      absl::StatusOr<CopyStats> copied =
+          CopyTree(workspace->get(), out.get(), kSnapshotWorkspaceName,
+                   /*overlay=*/false, charge, &sync);
+      if (!copied.ok()) return copied.status();
+      add(*copied);
+    }
   }
   if (sync.overflow) {
     if (syncfs(out.get()) != 0) return Errno("sync " + partial);

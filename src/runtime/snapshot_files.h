@@ -37,11 +37,18 @@ int SweepPartialSnapshots(int dir);
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListSnapshotIds(int dir);
 
 // Copies the file system of `sb` (frozen by the caller) into snapshot `id` of `dir`:
-// its layer when it has an image, its workspace always. Errors as Runtime::Snapshot; on
-// error nothing of the snapshot is left.
+// its layer when it has an image, its workspace always. `base` (a folder name in `dir`,
+// or empty) is the snapshot an image sandbox started at (it shares that snapshot's files
+// read-only, image_root_helper.h): the new snapshot is then the base's files (hard-linked)
+// with the sandbox's own layers applied over them (MergeTree), whole by itself, so that
+// no snapshot ever needs another; `image_rootfs` is then the image's unpacked root (where
+// the sandbox's whiteouts are checked against). Errors as Runtime::Snapshot; on error
+// nothing of the snapshot is left.
 [[nodiscard]] absl::StatusOr<CopyStats> CaptureSandbox(const Sandbox& sb, bool isolated, int dir,
                                                        const std::string& id,
-                                                       const CopyCharge& charge);
+                                                       const CopyCharge& charge,
+                                                       const std::string& base = "",
+                                                       const std::string& image_rootfs = "");
 
 // Reset: copies snapshot `id`'s workspace into the workspace of `sb` (a sandbox just
 // started, frozen by the caller), each entry given to uid and gid `owner` when owner >= 0.

@@ -31,6 +31,7 @@ std::string EncodeState(const Sandbox& sb) {
   j["init_start_time"] = sb.init_start_time;
   j["suspended"] = sb.suspended.load(std::memory_order_relaxed);
   if (!sb.image_digest.empty()) j["image"] = sb.image_digest;
+  if (!sb.snapshot.empty()) j["snapshot"] = sb.snapshot;
   if (sb.has_template && sb.template_spec.size() <= kMaxKeptSpec) {
     j["template"] = {{"name", sb.template_name}, {"spec", sb.template_spec}};
   }
@@ -49,6 +50,7 @@ bool DecodeState(const std::string& text, Sandbox* sb) {
     sb->init_start_time = j.value("init_start_time", uint64_t{0});
     sb->suspended.store(j.value("suspended", false), std::memory_order_relaxed);
     sb->image_digest = j.value("image", std::string());
+    sb->snapshot = j.value("snapshot", std::string());
     if (const auto t = j.find("template"); t != j.end() && t->is_object()) {
       sb->template_name = t->value("name", std::string());
       sb->template_spec = t->value("spec", std::string());

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import urllib.request
 
@@ -231,6 +232,96 @@ class Fork(unittest.TestCase):
         for child in children:
             self.delete(child)
         self.delete(snap.id)
+
+    def used_kib(self, claim_id, path):
+        """What `df` shows used on the file system at `path` in the sandbox: for an overlay,
+        its upper layer (the sandbox's own)."""
+        code, out = self.sh(claim_id, f"df -k {path} | tail -n 1")
+        self.assertEqual(code, 0, out)
+        return int(out.split()[2])
+
+    def snapshot_folder(self, snap_id):
+        return os.path.join(self.dir, "data", "snapshots", snap_id)
+
+    def test_forks_share_the_snapshots_files_and_snapshots_of_forks_stand_alone(self):
+        # 8 MiB in the root's layer and 8 MiB in the workspace, snapshotted and forked: each
+        # fork's own layers hold none of it (before, every fork copied all 16 MiB into its
+        # own tmpfs); what a fork writes is its own (copied up), a sibling still reads the
+        # snapshot's bytes.
+        c = self.claim()
+        forks, snaps = [], []
+        try:
+            code, out = self.sh(c.claim_id, f"mkdir -p /opt/data && "
+                                            f"dd if=/dev/urandom of=/opt/data/big bs=1M count=8 2>/dev/null && "
+                                            f"dd if=/dev/urandom of={WS}/big bs=1M count=8 2>/dev/null && "
+                                            f"echo keep > /opt/data/keep && echo gone > /opt/data/gone && "
+                                            f"rm -r /etc && md5sum /opt/data/big {WS}/big", timeout=120)
+            self.assertEqual(code, 0, out)
+            sums = out
+            snap = self.snapshot(c.claim_id)
+            snaps.append(snap.id)
+            self.assertGreaterEqual(snap.size_bytes, 16 << 20)
+            resp = self.fork(2, snapshot_id=snap.id)
+            forks = [f.claim_id for f in resp.claims]
+            for f in forks:
+                self.assertEqual(self.sh(f, f"md5sum /opt/data/big {WS}/big"), (0, sums))
+                self.assertLess(self.used_kib(f, "/"), 2048)
+                self.assertLess(self.used_kib(f, WS), 2048)
+            code, out = self.sh(forks[0], f"echo changed >> /opt/data/big && echo small > {WS}/small && "
+                                          f"rm /opt/data/gone && mkdir /etc && echo mine > /etc/mine && "
+                                          f"echo OK")
+            self.assertEqual((code, out), (0, "OK\n"))
+            self.assertGreaterEqual(self.used_kib(forks[0], "/"), 8192)  # copied up: its own
+            self.assertEqual(self.sh(forks[1], f"md5sum /opt/data/big {WS}/big"), (0, sums))
+            # A snapshot of a fork: only the fork's own writes are new bytes (the rest is
+            # the parent's files, shared on disk), and it stands alone: the parent deleted,
+            # a fork of it shows everything, with no trace of what was deleted.
+            child = self.snapshot(forks[0])
+            snaps.append(child.id)
+            self.assertEqual(child.parent_snapshot_id, snap.id)
+            self.assertLess(child.size_bytes, 9 << 20)  # the copied-up 8 MiB file, and little more
+            for f in forks:
+                self.release(f)
+            forks = []
+            self.delete(snap.id)
+            snaps.remove(snap.id)
+            g = self.fork(1, snapshot_id=child.id).claims[0].claim_id
+            forks.append(g)
+            code, out = self.sh(g, f"ls -a /opt/data /etc; cat /etc/mine /opt/data/keep {WS}/small; "
+                                   f"tail -c 8 /opt/data/big; md5sum {WS}/big; "
+                                   f"test -e /opt/data/gone || echo no-gone")
+            self.assertEqual(code, 0, out)
+            self.assertEqual(out, "/etc:\n.\n..\nmine\n\n/opt/data:\n.\n..\nbig\nkeep\n"
+                                  "mine\nkeep\nsmall\nchanged\n" + sums.splitlines()[1] +
+                                  "\nno-gone\n")
+            # Deleting a snapshot that a running sandbox shares (the source, reset to it)
+            # keeps its files until that sandbox ends.
+            self.release(g)
+            forks = []
+            code, out = self.sh(c.claim_id, "echo after > /opt/data/keep && echo OK")
+            self.assertEqual((code, out), (0, "OK\n"))
+            self.reset_to(c.claim_id, child.id)
+            self.delete(child.id)
+            snaps.remove(child.id)
+            self.assertTrue(os.path.isdir(self.snapshot_folder(child.id)))
+            self.assertEqual(self.sh(c.claim_id, "cat /opt/data/keep /etc/mine"),
+                             (0, "keep\nmine\n"))
+        finally:
+            for f in forks:
+                self.release(f)
+            self.release(c.claim_id)
+            for s in snaps:
+                self.delete(s)
+        # Its last sandbox gone, the deleted snapshot's files go too.
+        deadline = time.monotonic() + 30
+        while os.path.isdir(self.snapshot_folder(child.id)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertFalse(os.path.isdir(self.snapshot_folder(child.id)))
+
+    def reset_to(self, claim_id, snap_id, md=A):
+        from sbx.v1 import snapshots_pb2
+        self.snaps.Reset(snapshots_pb2.ResetRequest(claim_id=claim_id, snapshot_id=snap_id),
+                         metadata=md, timeout=60)
 
     def test_a_fork_of_a_live_claim_snapshots_it_and_a_retry_answers_the_same_forks(self):
         c = self.claim()

@@ -6,6 +6,7 @@
 #include "src/runtime/snapshot_copy.h"
 
 #include <fcntl.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -13,11 +14,13 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -217,6 +220,165 @@ TEST_F(SnapshotCopyTest, CopyIntoFillsAnExistingFolderAndGivesEverythingToTheOwn
   ASSERT_EQ(stat((dir_ + "/host-file").c_str(), &host), 0);
   EXPECT_EQ(host.st_uid, 0u);
   EXPECT_EQ(Read(dir_ + "/host-file"), "HOST\n");
+}
+
+// MergeTree against the kernel's own overlayfs: a sandbox's changes made through a real
+// overlay (upper over a snapshot's layer over an image), then the merge of the snapshot's
+// layer with that upper layer, mounted over the image, must show exactly what the overlay
+// of the three shows; and the merged workspace (flat) exactly what its overlay shows.
+class MergeTreeTest : public SnapshotCopyTest {
+ protected:
+  void SetUp() override {
+    SnapshotCopyTest::SetUp();
+    if (geteuid() != 0) GTEST_SKIP() << "mounting overlays needs root";
+    for (const char* d : {"image", "base", "up", "work", "m", "ref", "got", "out"}) {
+      fs::create_directories(dir_ + "/" + d);
+    }
+  }
+  void TearDown() override {
+    for (const char* d : {"m", "ref", "got"}) umount2((dir_ + "/" + d).c_str(), MNT_DETACH);
+    SnapshotCopyTest::TearDown();
+  }
+  void Mount(const std::string& options, const std::string& at) {
+    ASSERT_EQ(mount("overlay", at.c_str(), "overlay", 0, options.c_str()), 0)
+        << options << ": " << std::strerror(errno);
+  }
+  // Every entry below `root` as "path type mode [content|target]", sorted.
+  static std::vector<std::string> Describe(const std::string& root) {
+    std::vector<std::string> out;
+    for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator();
+         ++it) {
+      const std::string p = it->path().string();
+      struct stat st;
+      EXPECT_EQ(lstat(p.c_str(), &st), 0) << p;
+      std::string line = p.substr(root.size()) + " " + std::to_string(st.st_mode);
+      if (S_ISREG(st.st_mode)) line += " " + Read(p);
+      if (S_ISLNK(st.st_mode)) line += " -> " + fs::read_symlink(p).string();
+      out.push_back(line);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  absl::StatusOr<CopyStats> Merge(const std::string& base, const std::string& upper, bool flat,
+                                  const CopyCharge& charge = nullptr) {
+    const int b = open(base.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int u = open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int o = open((dir_ + "/out").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const int i = open((dir_ + "/image").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    absl::StatusOr<CopyStats> r = MergeTree(b, u, i, o, "merged", flat, charge);
+    close(i);
+    close(b);
+    close(u);
+    close(o);
+    return r;
+  }
+};
+
+TEST_F(MergeTreeTest, AMergedLayerShowsWhatTheOverlayShowed) {
+  const std::string image = dir_ + "/image", base = dir_ + "/base", m = dir_ + "/m";
+  for (const char* d : {"/etc", "/usr/lib", "/opt/tool", "/var/gone"}) {
+    fs::create_directories(image + d);
+  }
+  Write(image + "/etc/os", "image os\n");
+  Write(image + "/usr/lib/libx", "libx\n");
+  Write(image + "/opt/tool/bin", "tool\n");
+  Write(image + "/var/gone/f", "f\n");
+  // The snapshot's layer: what an earlier sandbox changed over the image.
+  fs::create_directories(base + "/etc");
+  fs::create_directories(base + "/data/deep");
+  Write(base + "/etc/os", "snapshot os\n");
+  Write(base + "/data/a", "a\n");
+  Write(base + "/data/deep/b", "b\n");
+  Write(base + "/file-then-dir", "was a file\n");
+  ASSERT_EQ(mknod((base + "/opt").c_str(), S_IFCHR, makedev(0, 0)), 0);  // the image's /opt: gone
+  fs::create_directories(base + "/rebuilt");
+  ASSERT_EQ(setxattr((base + "/rebuilt").c_str(), "trusted.overlay.opaque", "y", 1, 0), 0);
+  Write(base + "/rebuilt/only", "only\n");
+  // A sandbox started at it changes things through a real overlay.
+  Mount("lowerdir=" + base + ":" + image + ",upperdir=" + dir_ + "/up,workdir=" + dir_ + "/work",
+        m);
+  Write(m + "/data/a", "a changed\n");
+  fs::remove(m + "/data/deep/b");
+  Write(m + "/data/deep/c", "c\n");
+  fs::remove_all(m + "/var/gone");
+  fs::remove(m + "/file-then-dir");
+  fs::create_directories(m + "/file-then-dir");
+  Write(m + "/file-then-dir/inside", "inside\n");
+  fs::create_directories(m + "/opt");  // over the snapshot's whiteout
+  Write(m + "/opt/new", "new\n");
+  fs::remove_all(m + "/usr/lib");
+  fs::create_directories(m + "/usr/lib");
+  Write(m + "/usr/lib/liby", "liby\n");
+  fs::create_symlink("/etc/shadow", m + "/link");
+  fs::permissions(m + "/data", fs::perms(0750));
+  Write(m + "/etc/os", "sandbox os\n");
+  ASSERT_EQ(umount2(m.c_str(), 0), 0);
+  int64_t charged = 0;
+  absl::StatusOr<CopyStats> r = Merge(base, dir_ + "/up", /*flat=*/false, [&](int64_t n) {
+    charged += n;
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(r.ok()) << r.status();
+  // The reference: the sandbox's layer over the snapshot's over the image, read-only.
+  Mount("lowerdir=" + dir_ + "/up:" + base + ":" + image, dir_ + "/ref");
+  Mount("lowerdir=" + dir_ + "/out/merged:" + image, dir_ + "/got");
+  EXPECT_EQ(Describe(dir_ + "/got"), Describe(dir_ + "/ref"));
+  // Only the sandbox's own bytes were charged; the snapshot's unchanged files are shared.
+  EXPECT_EQ(charged, r->bytes);
+  EXPECT_LT(charged, 100);
+  struct stat a, b;
+  ASSERT_EQ(stat((base + "/rebuilt/only").c_str(), &a), 0);
+  ASSERT_EQ(stat((dir_ + "/out/merged/rebuilt/only").c_str(), &b), 0);
+  EXPECT_EQ(a.st_ino, b.st_ino);
+  EXPECT_EQ(Read(base + "/data/a"), "a\n");  // the base is never written
+}
+
+TEST_F(MergeTreeTest, AMergedWorkspaceIsAPlainTreeOfWhatTheOverlayShowed) {
+  const std::string base = dir_ + "/base", m = dir_ + "/m";
+  fs::create_directories(base + "/src/pkg");
+  Write(base + "/src/main.py", "print(1)\n");
+  Write(base + "/src/pkg/util.py", "u\n");
+  Write(base + "/notes", "n\n");
+  Mount("lowerdir=" + base + ",upperdir=" + dir_ + "/up,workdir=" + dir_ + "/work", m);
+  fs::remove(m + "/notes");
+  fs::remove_all(m + "/src/pkg");
+  fs::create_directories(m + "/src/pkg");
+  Write(m + "/src/pkg/other.py", "o\n");
+  Write(m + "/src/main.py", "print(2)\n");
+  ASSERT_EQ(umount2(m.c_str(), 0), 0);
+  absl::StatusOr<CopyStats> r = Merge(base, dir_ + "/up", /*flat=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  Mount("lowerdir=" + dir_ + "/up:" + base, dir_ + "/ref");
+  EXPECT_EQ(Describe(dir_ + "/out/merged"), Describe(dir_ + "/ref"));
+  // Plain: no whiteout and no opaque marker is left in a workspace.
+  struct stat st;
+  EXPECT_NE(lstat((dir_ + "/out/merged/notes").c_str(), &st), 0);
+  char v[8];
+  EXPECT_LT(getxattr((dir_ + "/out/merged/src/pkg").c_str(), "trusted.overlay.opaque", v, 8), 0);
+}
+
+TEST_F(MergeTreeTest, AHostileUpperLayerIsReadAsCopyTreeReadsIt) {
+  const std::string base = dir_ + "/base", up = dir_ + "/up";
+  fs::create_directories(base + "/d");
+  Write(base + "/d/f", "snapshot\n");
+  Write(dir_ + "/host-secret", "HOST\n");
+  // The sandbox swapped its folder for a link to a host folder, and left a FIFO where the
+  // snapshot has a file: neither is followed or opened, and the base is untouched.
+  fs::create_symlink(dir_, up + "/d");
+  fs::create_directories(up + "/e");
+  ASSERT_EQ(mkfifo((up + "/e/pipe").c_str(), 0644), 0);
+  Write(base + "/pipe", "was a file\n");
+  ASSERT_EQ(mkfifo((up + "/pipe").c_str(), 0644), 0);
+  absl::StatusOr<CopyStats> r = Merge(base, up, /*flat=*/false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(fs::read_symlink(dir_ + "/out/merged/d"), dir_);
+  struct stat st;
+  ASSERT_EQ(lstat((dir_ + "/out/merged/pipe").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  EXPECT_EQ(Read(base + "/d/f"), "snapshot\n");
+  EXPECT_EQ(Read(base + "/pipe"), "was a file\n");
+  EXPECT_EQ(Read(dir_ + "/host-secret"), "HOST\n");
+  EXPECT_FALSE(fs::exists(dir_ + "/f"));
 }
 
 }  // namespace
