@@ -4,11 +4,16 @@ of a sandbox of an image with 2 MB written (half in its root's layer, half in it
 workspace), timed until every fork has answered an exec, against N cold creates of the same
 image (a ClaimBatch of N from a pool that keeps none warm, policy COLD: the same refill path
 the fork pool takes) timed the same way. Rounds alternate fork and cold, everything
-released between them. Also: the data dir's bytes before and after the forks (`du`), and
-the host's tmpfs pages (Shmem in /proc/meminfo) per fork, which is what a fork's copied
-layer and workspace cost. Prints a table; asserts nothing.
+released between them. Also: the data dir's bytes before and after the forks (`du`), the
+host's tmpfs pages (Shmem in /proc/meminfo) per fork (a fork's own layers: the snapshot's
+files are shared, not copied), and the CPU time the server and everything it starts
+(sbx-rootfs, bubblewrap, the daemons) spent per sandbox, from a cpuacct cgroup of the
+server's own: on a shared machine that, not the wall time, is what the other jobs cannot
+change, and N times it over the CPUs is the floor under the wall time. Prints a table;
+asserts nothing.
 
   bench/fork_bench.py --server build/clang/src/cmd/sbx-server [--count 100] [--rounds 3]
+                      [--snapshot_mb 2]
 
 Runs as root (sandboxes of an image need a root server) on loopback, with the image written
 offline (tests/images/test_images.py, busybox-static). Bounded: every call has a deadline
@@ -65,6 +70,49 @@ def shmem_bytes():
     return 0
 
 
+CPUACCT = "/sys/fs/cgroup/cpuacct"
+
+
+class CpuAccount:
+    """A cpuacct cgroup (v1) for the server: its processes and what they start stay in it
+    (the runtime moves sandboxes into memory, pids and freezer cgroups only)."""
+
+    def __init__(self, name):
+        self.dir = os.path.join(CPUACCT, name) if os.path.isdir(CPUACCT) else None
+        if self.dir:
+            os.makedirs(self.dir, exist_ok=True)
+
+    def add(self, pid):
+        if self.dir:
+            with open(os.path.join(self.dir, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+
+    def seconds(self):
+        if not self.dir:
+            return float("nan")
+        with open(os.path.join(self.dir, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
+
+    def remove(self):
+        if not self.dir:
+            return
+        deadline = time.monotonic() + 10
+        while True:  # processes that are still ending keep the folder busy for a moment
+            try:
+                with open(os.path.join(self.dir, "cgroup.procs")) as f:
+                    pids = f.read().split()
+                for pid in pids:  # back to the root group, so the folder can go
+                    with open(os.path.join(CPUACCT, "cgroup.procs"), "w") as f:
+                        f.write(pid)
+                os.rmdir(self.dir)
+                return
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    print(f"cpuacct cgroup {self.dir} left: {e}", file=sys.stderr)
+                    return
+                time.sleep(0.1)
+
+
 def du_bytes(path):
     out = subprocess.run(["du", "-sb", path], capture_output=True, text=True, check=True)
     return int(out.stdout.split()[0])
@@ -75,12 +123,16 @@ def main():
     ap.add_argument("--server", required=True)
     ap.add_argument("--count", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--snapshot_mb", type=int, default=2,
+                    help="MiB written before the snapshot, half in the root, half in the workspace")
     args = ap.parse_args()
+    half = max(args.snapshot_mb // 2, 1)
     if os.geteuid() != 0:
         sys.exit("run as root: sandboxes of an image need a root server")
     work = tempfile.mkdtemp(prefix="sbx-forkbench-", dir="/tmp")
     os.chmod(work, 0o755)
     server = None
+    cpu = CpuAccount(f"sbx-forkbench-{os.getpid()}")
     try:
         ref = test_images.busybox_image(os.path.join(work, "images", "plain"),
                                         config={"Env": ["PATH=/bin"]})
@@ -94,13 +146,14 @@ def main():
                                 extra=["--image_cache_bytes=1000000000",
                                        f"--image_import_dir={work}/images",
                                        "--snapshot_quota_bytes=0", "--log_level=warn"])
+        cpu.add(server.proc.pid)
         claims = claims_pb2_grpc.ClaimServiceStub(server.channel)
         sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(server.channel)
         snaps = snapshots_pb2_grpc.SnapshotsStub(server.channel)
         src = claims.Claim(claims_pb2.ClaimRequest(pool="img"), timeout=120).claim
         code, out = sbx_e2e.sh(sandboxes, src.claim_id,
-                               f"dd if=/dev/urandom of=/blob bs=1M count=1 2>/dev/null && "
-                               f"dd if=/dev/urandom of={WS}/blob bs=1M count=1 2>/dev/null && "
+                               f"dd if=/dev/urandom of=/blob bs=1M count={half} 2>/dev/null && "
+                               f"dd if=/dev/urandom of={WS}/blob bs=1M count={half} 2>/dev/null && "
                                f"echo OK", timeout=120)
         assert code == 0, out
         snap = snaps.CreateSnapshot(snapshots_pb2.CreateSnapshotRequest(claim_id=src.claim_id),
@@ -127,11 +180,12 @@ def main():
             sbx_e2e.wait_for(settled, 120, "released sandboxes to go (the warm one stays)")
 
         data = os.path.join(work, "data")
-        fork_t, cold_t, answer_t = [], [], []
+        fork_t, cold_t, answer_t, fork_cpu, cold_cpu = [], [], [], [], []
         disk_per_fork, shm_per_fork = [], []
         for r in range(args.rounds):
             # Fork N.
             du0, shm0 = du_bytes(data), shmem_bytes()
+            c0 = cpu.seconds()
             t = time.perf_counter()
             resp = snaps.Fork(snapshots_pb2.ForkRequest(snapshot_id=snap.id, count=args.count,
                                                         batch_id=f"fork-{r}"), timeout=600)
@@ -139,36 +193,43 @@ def main():
             ids = [c.claim_id for c in resp.claims]
             outs = exec_all(ids)
             fork_t.append(time.perf_counter() - t)
+            fork_cpu.append((cpu.seconds() - c0) / args.count)
             answer_t.append(answered)
             assert all(o == "up\n" for o in outs), outs[:3]
             disk_per_fork.append((du_bytes(data) - du0) / args.count)
             shm_per_fork.append((shmem_bytes() - shm0) / args.count)
             release_all(ids)
             # N cold creates.
+            c0 = cpu.seconds()
             t = time.perf_counter()
             resp = claims.ClaimBatch(claims_pb2.ClaimBatchRequest(
                 pool="cold", count=args.count, batch_id=f"cold-{r}"), timeout=600)
             ids = [c.claim_id for c in resp.claims]
             outs = exec_all(ids)
             cold_t.append(time.perf_counter() - t)
+            cold_cpu.append((cpu.seconds() - c0) / args.count)
             assert all(o == "none\nup\n" for o in outs), outs[:3]
             release_all(ids)
         print(f"{args.count} sandboxes of one image per round, {args.rounds} rounds alternating; "
-              f"snapshot of {snap.size_bytes} bytes (1 MiB layer + 1 MiB workspace)")
+              f"snapshot of {snap.size_bytes} bytes ({half} MiB layer + {half} MiB workspace)")
         print(f"{'':34} {'median':>9} {'min':>9} {'max':>9}")
         for name, v in ((f"Fork {args.count}, until all exec'd (s)", fork_t),
                         ("  of which Fork answered (s)", answer_t),
                         (f"{args.count} cold creates, until all exec'd (s)", cold_t)):
             print(f"{name:34} {statistics.median(v):9.3f} {min(v):9.3f} {max(v):9.3f}")
+        for name, v in (("CPU s per fork (server + sandboxes)", fork_cpu),
+                        ("CPU s per cold create", cold_cpu)):
+            print(f"{name:34} {statistics.median(v):9.4f} {min(v):9.4f} {max(v):9.4f}")
         print(f"data dir bytes per fork: {statistics.median(disk_per_fork):.0f} "
               f"(du -sb before/after; the snapshot itself is {snap.size_bytes})")
         print(f"host tmpfs (Shmem) bytes per fork: {statistics.median(shm_per_fork):.0f} "
-              f"(the copied layer and workspace, plus the sandbox's own tmpfs files)")
+              f"(the fork's own layers and tmpfs files; the snapshot's files are shared)")
         snaps.DeleteSnapshot(snapshots_pb2.DeleteSnapshotRequest(snapshot_id=snap.id), timeout=60)
     finally:
         if server is not None:
             server.stop(signal.SIGTERM)
         sbx_e2e.kill_all_with(work)
+        cpu.remove()
         shutil.rmtree(work, ignore_errors=True)
 
 
