@@ -91,6 +91,7 @@ void PrintPoolDetail(const v1::Pool& p) {
     table.AddRow({"image", s.image()});
     table.AddRow({"image_state", s.image_state().empty() ? "not pulled" : s.image_state()});
   }
+  if (!s.snapshot().empty()) table.AddRow({"snapshot", s.snapshot()});
   table.Print(stdout);
 }
 

@@ -574,10 +574,14 @@ absl::Status FillPool(const allocator::Allocator& a, const std::string& name, v1
     ToProto(*status, t.ok() ? t->generation : 0, absl::Now(), out->mutable_status());
     // A local template's spec is its sbx.v1.LocalSpec, serialized.
     v1::LocalSpec local;
-    if (t.ok() && t->runtime == "local" && local.ParseFromString(t->spec) &&
-        !local.image().empty()) {
-      out->mutable_status()->set_image(local.image());
-      if (images != nullptr) out->mutable_status()->set_image_state(images->State(local.image()));
+    if (t.ok() && t->runtime == "local" && local.ParseFromString(t->spec)) {
+      if (!local.image().empty()) {
+        out->mutable_status()->set_image(local.image());
+        if (images != nullptr) {
+          out->mutable_status()->set_image_state(images->State(local.image()));
+        }
+      }
+      out->mutable_status()->set_snapshot(local.snapshot());
     }
   }
   return absl::OkStatus();

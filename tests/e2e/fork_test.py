@@ -490,6 +490,10 @@ class Fork(unittest.TestCase):
                                                         metadata=ADMIN,
                                                         timeout=10).pool.status.warm >= 1,
                              60, "the golden pool to refill")
+            # Its status names the snapshot its sandboxes start at.
+            self.assertEqual(self.admin.GetPool(admin_pb2.GetPoolRequest(name="golden"),
+                                                metadata=ADMIN, timeout=10).pool.status.snapshot,
+                             snap.id)
             g2 = self.claim("golden")
             self.assertEqual(g2.launch_type, 1)  # WARM
             self.assertEqual(self.sh(g2.claim_id, f"cat {WS}/state"), (0, "prepared\n"))
