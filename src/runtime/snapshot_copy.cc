@@ -82,27 +82,7 @@ class Copier {
       return absl::FailedPreconditionError(absl::StrCat("\"", path, "\" is nested deeper than ",
                                                         kMaxCopyDepth, " folders: not copied"));
     }
-    // fdopendir takes the descriptor: give it its own, opened anew (not a dup, which would
-    // share the offset with `src`).
-    const int list_fd = openat(src, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (list_fd < 0) return IoError("open folder", path);
-    DIR* dir = fdopendir(list_fd);
-    if (dir == nullptr) {
-      close(list_fd);
-      return IoError("list folder", path);
-    }
-    std::vector<std::string> names;
-    errno = 0;
-    while (struct dirent* e = readdir(dir)) {
-      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
-      names.emplace_back(e->d_name);
-    }
-    const int list_errno = errno;
-    closedir(dir);
-    if (list_errno != 0) {
-      errno = list_errno;
-      return IoError("list folder", path);
-    }
+    ASSIGN_OR_RETURN(std::vector<std::string> names, List(src, path));
     for (const std::string& name : names) {
       const std::string at = path + "/" + name;
       if (absl::Status s = Entry(src, dst, name, at, depth); !s.ok()) return s;
@@ -226,7 +206,8 @@ class Copier {
                                                      path, "\"): refused"));
   }
 
-  // The names in the folder open at `fd` (not consumed).
+  // The names in the folder open at `fd` (not consumed). fdopendir takes the descriptor:
+  // it gets its own, opened anew (not a dup, which would share the offset with `fd`).
   static absl::StatusOr<std::vector<std::string>> List(int fd, const std::string& path) {
     const int list_fd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (list_fd < 0) return IoError("open folder", path);
