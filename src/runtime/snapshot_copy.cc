@@ -446,23 +446,36 @@ absl::Status RemoveBelow(int dir_fd, const std::string& path, int depth) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& name, bool overlay,
-                                   const CopyCharge& charge, SyncList* sync, int64_t max_entries) {
-  struct stat st;
-  if (fstat(src, &st) != 0) return IoError("stat", name);
-  if (!S_ISDIR(st.st_mode)) {
+// The new folder `name` in `dst_parent` that a copy of the folder open at `src` (stat'ed
+// into `st`) fills.
+absl::StatusOr<Fd> MakeTop(int src, int dst_parent, const std::string& name, struct stat* st) {
+  if (fstat(src, st) != 0) return IoError("stat", name);
+  if (!S_ISDIR(st->st_mode)) {
     return absl::FailedPreconditionError(
         absl::StrCat("the source of \"", name, "\" is not a folder"));
   }
   if (mkdirat(dst_parent, name.c_str(), 0700) != 0) return IoError("make folder", name);
   Fd out(openat(dst_parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!out.valid()) return IoError("open folder", name);
-  Copier copier(overlay, charge, sync, max_entries);
-  if (absl::Status s = copier.Folder(src, out.get(), name, 0); !s.ok()) return s;
+  return out;
+}
+
+// The filled folder gets its source's mode and is kept for the sync.
+absl::Status FinishTop(Fd out, const struct stat& st, const std::string& name, SyncList* sync) {
   if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", name);
   if (sync != nullptr) sync->Keep(std::move(out));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CopyStats> CopyTree(int src, int dst_parent, const std::string& name, bool overlay,
+                                   const CopyCharge& charge, SyncList* sync, int64_t max_entries) {
+  struct stat st;
+  ASSIGN_OR_RETURN(Fd out, MakeTop(src, dst_parent, name, &st));
+  Copier copier(overlay, charge, sync, max_entries);
+  RETURN_IF_ERROR(copier.Folder(src, out.get(), name, 0));
+  RETURN_IF_ERROR(FinishTop(std::move(out), st, name, sync));
   return copier.stats;
 }
 
@@ -470,19 +483,11 @@ absl::StatusOr<CopyStats> MergeTree(int base, int upper, int below, int dst_pare
                                     const std::string& name, bool flat, const CopyCharge& charge,
                                     SyncList* sync, int64_t max_entries) {
   struct stat st;
-  if (fstat(upper, &st) != 0) return IoError("stat", name);
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the source of \"", name, "\" is not a folder"));
-  }
-  if (mkdirat(dst_parent, name.c_str(), 0700) != 0) return IoError("make folder", name);
-  Fd out(openat(dst_parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!out.valid()) return IoError("open folder", name);
+  ASSIGN_OR_RETURN(Fd out, MakeTop(upper, dst_parent, name, &st));
   Copier copier(/*overlay=*/!flat, charge, sync, max_entries);
   RETURN_IF_ERROR(copier.LinkFolder(base, out.get(), name, 0));
   RETURN_IF_ERROR(copier.Apply(upper, out.get(), flat ? -1 : below, name, 0));
-  if (fchmod(out.get(), SafeMode(st.st_mode)) != 0) return IoError("chmod", name);
-  if (sync != nullptr) sync->Keep(std::move(out));
+  RETURN_IF_ERROR(FinishTop(std::move(out), st, name, sync));
   return copier.stats;
 }
 
