@@ -165,6 +165,10 @@ def main():
             env.release()
         client.snapshots.delete(snap)
         client.close()
+    except BaseException:
+        # What the server said last: why a claim waited, why a create failed.
+        print(srv.log_tail(8000), file=sys.stderr)
+        raise
     finally:
         srv.stop()
 
