@@ -43,8 +43,8 @@ templates:
     runtime: local
     local:
       image: "{ref}"
-      layer_size_bytes: 67108864
-      workspace_size_bytes: 67108864
+      layer_size_bytes: 268435456
+      workspace_size_bytes: 268435456
 pools:
   - name: img
     template: img
