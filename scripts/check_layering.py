@@ -52,7 +52,7 @@ K8S_ROOMS = {
     "conversion": {"conversion", "conversion_webhook", "crd_conversion"},
     "pools": {"kube_runtime", "warm_pool_controller", "claim_objects", "claim_writer",
               "grpc_claim_mirror", "claim_controller"},
-    "fleet": {"fleet_config", "fleet_placement", "fleet_runtime"},
+    "fleet": {"fleet_config", "fleet_health", "fleet_placement", "fleet_runtime"},
 }
 K8S_ROOM_USES = {
     "transports": set(),

@@ -122,6 +122,7 @@ void FleetRuntime::Create(runtime::CreateRequest request, runtime::CreateCallbac
       load.max = c.max;
       load.weight = c.weight;
       load.create_rate = RateLocked(i, now);
+      load.healthy = !c.healthy || c.healthy();
       loads.push_back(std::move(load));
     }
     placed = PlaceCreate(request.pool, loads, options_.placement);
@@ -237,6 +238,19 @@ std::vector<FleetClusterState> FleetRuntime::State() const {
     for (const auto& [pool, n] : counts_[i]) s.members[pool] = n;
     s.create_rate = RateOfLocked(ready_times_[i], now);
     out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace sbx::k8s
+
+namespace sbx::k8s {
+
+std::vector<std::string> FleetRuntime::MembersOf(size_t cluster) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, member] : members_) {
+    if (member.cluster == cluster) out.push_back(id);
   }
   return out;
 }

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -52,6 +53,9 @@ struct FleetCluster {
   int64_t min = 0;
   int64_t max = 0;
   double weight = 1;
+  // Whether the cluster may take creates now (a lost cluster does not: FleetHealth); null:
+  // always. Called under the fleet's lock: it must not block or call into the fleet.
+  std::function<bool()> healthy = nullptr;
 };
 
 struct FleetRuntimeOptions {
@@ -103,6 +107,9 @@ class FleetRuntime final : public runtime::Runtime {
   [[nodiscard]] absl::StatusOr<std::pair<size_t, std::string>> Route(const std::string& id) const;
 
   std::vector<FleetClusterState> State() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The fleet ids of the members of cluster `cluster` (index) reported ready or listed and
+  // not gone since, warm or claimed.
+  std::vector<std::string> MembersOf(size_t cluster) const ABSL_LOCKS_EXCLUDED(mu_);
   const FleetRuntimeOptions& options() const { return options_; }
 
  private:

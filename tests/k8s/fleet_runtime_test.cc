@@ -3,6 +3,7 @@
 // call routed to the cluster its id names, List as the union, member counts kept.
 #include "src/k8s/fleet_runtime.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -209,6 +210,31 @@ TEST_F(FleetRuntimeTest, MaxMinAndFailedCreates) {
   absl::StatusOr<std::vector<runtime::SandboxInfo>> listed = fleet.List();
   ASSERT_EQ(listed.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(listed.status().message().find("\"east\""), std::string::npos) << listed.status();
+}
+
+TEST_F(FleetRuntimeTest, AnUnhealthyClusterTakesNoCreatesAndItsMembersAreListed) {
+  bool west_healthy = true;
+  FleetRuntimeOptions o = Options();
+  o.clusters[2].healthy = [&west_healthy] { return west_healthy; };
+  FleetRuntime fleet(o);
+  std::vector<std::string> west;
+  for (int i = 0; i < 6; ++i) {
+    runtime::SandboxInfo made = *CreateSync(fleet, "py");
+    if (made.node_labels.at(kClusterLabel) == "west") west.push_back(made.id);
+  }
+  ASSERT_EQ(west.size(), 2u);
+  std::vector<std::string> members = fleet.MembersOf(2);
+  std::sort(members.begin(), members.end());
+  std::sort(west.begin(), west.end());
+  EXPECT_EQ(members, west);
+  west_healthy = false;
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NE(CreateSync(fleet, "py")->node_labels.at(kClusterLabel), "west") << i;
+  }
+  EXPECT_EQ(Count(*clusters_[2]), 2u);
+  // Back: it is the emptiest, so it is next.
+  west_healthy = true;
+  EXPECT_EQ(CreateSync(fleet, "py")->node_labels.at(kClusterLabel), "west");
 }
 
 TEST_F(FleetRuntimeTest, WeightedSplitsByWeightWhenRatesAreEqual) {
