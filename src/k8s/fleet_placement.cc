@@ -74,7 +74,7 @@ absl::StatusOr<size_t> PlaceCreate(absl::string_view pool, const std::vector<Clu
   std::vector<std::string> why;
   for (const ClusterLoad& c : clusters) {
     why.push_back(c.healthy ? absl::StrCat(c.name, " at its max of ", c.max)
-                            : absl::StrCat(c.name, " unhealthy"));
+                            : absl::StrCat(c.name, " ", c.unhealthy_reason));
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "pool \"", pool, "\": no cluster of the fleet can take another member (",

@@ -41,8 +41,10 @@ struct ClusterLoad {
   // reads them.
   double weight = 1;
   double create_rate = 0;
-  // False: the cluster takes no creates (excluded, slice 3).
+  // False: the cluster takes no creates now (excluded as lost, or backing off after
+  // failed creates); `unhealthy_reason` says which, for the error message.
   bool healthy = true;
+  std::string unhealthy_reason = "unhealthy";
 };
 
 // The index in `clusters` of the cluster that gets the next member:

@@ -10,6 +10,25 @@
 
 namespace sbx::k8s {
 
+namespace {
+
+// A create that failed for a reason of its cluster's (not of the request, nor a shutdown).
+bool IsClusterTrouble(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kAborted:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 absl::Status FleetRuntimeOptions::Validate() const {
   if (clusters.empty()) return absl::InvalidArgumentError("a fleet needs at least one cluster");
   absl::flat_hash_set<std::string> names;
@@ -33,6 +52,11 @@ absl::Status FleetRuntimeOptions::Validate() const {
                        " must be >= 0 with min <= max (max 0: none)"));
     }
   }
+  if (!(failure_backoff > absl::ZeroDuration()) || max_failure_backoff < failure_backoff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fleet failure backoff ", absl::FormatDuration(failure_backoff),
+                     " must be > 0 and <= ", absl::FormatDuration(max_failure_backoff)));
+  }
   if (!(rate_window > absl::ZeroDuration())) {
     return absl::InvalidArgumentError(
         absl::StrCat("fleet rate window ", absl::FormatDuration(rate_window), " is not > 0"));
@@ -44,7 +68,9 @@ FleetRuntime::FleetRuntime(FleetRuntimeOptions options)
     : options_(std::move(options)),
       clock_(options_.clock != nullptr ? options_.clock : &Clock::Real()),
       counts_(options_.clusters.size()),
-      ready_times_(options_.clusters.size()) {}
+      ready_times_(options_.clusters.size()),
+      failures_(options_.clusters.size(), 0),
+      backoff_until_(options_.clusters.size(), absl::InfinitePast()) {}
 
 std::string FleetRuntime::FleetId(size_t cluster, const std::string& local_id) const {
   if (cluster == 0) return local_id;
@@ -123,6 +149,13 @@ void FleetRuntime::Create(runtime::CreateRequest request, runtime::CreateCallbac
       load.weight = c.weight;
       load.create_rate = RateLocked(i, now);
       load.healthy = !c.healthy || c.healthy();
+      if (!load.healthy) {
+        load.unhealthy_reason = "excluded (its API does not answer)";
+      } else if (now < backoff_until_[i]) {
+        load.healthy = false;
+        load.unhealthy_reason =
+            absl::StrCat("backing off after ", failures_[i], " failed creates in a row");
+      }
       loads.push_back(std::move(load));
     }
     placed = PlaceCreate(request.pool, loads, options_.placement);
@@ -139,6 +172,13 @@ void FleetRuntime::Create(runtime::CreateRequest request, runtime::CreateCallbac
           {
             absl::MutexLock lock(&mu_);
             ReleaseLocked(cluster, pool);
+            if (IsClusterTrouble(made.status())) {
+              const int n = ++failures_[cluster];
+              absl::Duration backoff = options_.failure_backoff;
+              for (int i = 1; i < n && backoff < options_.max_failure_backoff; ++i) backoff *= 2;
+              backoff_until_[cluster] =
+                  clock_->Now() + std::min(backoff, options_.max_failure_backoff);
+            }
           }
           return std::move(done)(absl::Status(
               made.status().code(), absl::StrCat("cluster \"", options_.clusters[cluster].name,
@@ -148,6 +188,8 @@ void FleetRuntime::Create(runtime::CreateRequest request, runtime::CreateCallbac
         {
           absl::MutexLock lock(&mu_);
           members_[info.id] = Member{cluster, pool};
+          failures_[cluster] = 0;
+          backoff_until_[cluster] = absl::InfinitePast();
           const absl::Time now = clock_->Now();
           ready_times_[cluster].push_back(Answered{now, now - asked});
         }
@@ -237,6 +279,8 @@ std::vector<FleetClusterState> FleetRuntime::State() const {
     s.name = options_.clusters[i].name;
     for (const auto& [pool, n] : counts_[i]) s.members[pool] = n;
     s.create_rate = RateOfLocked(ready_times_[i], now);
+    s.failures = failures_[i];
+    s.backoff_until = backoff_until_[i];
     out.push_back(std::move(s));
   }
   return out;

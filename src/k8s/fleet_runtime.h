@@ -64,6 +64,12 @@ struct FleetRuntimeOptions {
   FleetPlacement placement = FleetPlacement::kSpread;
   // The window of the measured create rate.
   absl::Duration rate_window = absl::Minutes(1);
+  // A cluster whose create failed for a reason of its own (UNAVAILABLE, RESOURCE_EXHAUSTED,
+  // DEADLINE_EXCEEDED, INTERNAL, UNKNOWN, ABORTED) takes no creates for this long, doubled
+  // at each failure in a row up to max_failure_backoff, until one succeeds: without it, a
+  // cluster that refuses at once would be placed again at once (it has the fewest members).
+  absl::Duration failure_backoff = absl::Milliseconds(500);
+  absl::Duration max_failure_backoff = absl::Seconds(30);
   // The real clock when null; must outlive the runtime.
   const Clock* clock = nullptr;
 
@@ -80,6 +86,9 @@ struct FleetClusterState {
   // 1 / the mean time from Create to ready of the creates answered over the last
   // rate_window (0: none).
   double create_rate = 0;
+  // Failed creates in a row, and until when the cluster takes none (InfinitePast: now).
+  int failures = 0;
+  absl::Time backoff_until = absl::InfinitePast();
 };
 
 class FleetRuntime final : public runtime::Runtime {
@@ -141,6 +150,9 @@ class FleetRuntime final : public runtime::Runtime {
   // Per cluster: when its creates were answered ready, and how long each took, within
   // rate_window.
   std::vector<std::deque<Answered>> ready_times_ ABSL_GUARDED_BY(mu_);
+  // Per cluster: failed creates in a row, and until when it takes none.
+  std::vector<int> failures_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> backoff_until_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sbx::k8s

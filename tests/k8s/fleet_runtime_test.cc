@@ -204,8 +204,24 @@ TEST_F(FleetRuntimeTest, MaxMinAndFailedCreates) {
   ASSERT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(refused.status().message().find("cluster \"east\""), std::string::npos)
       << refused.status();
-  // A failed create holds no place: east is still first in line.
+  // East backs off: the next create goes to west (its last place)...
+  EXPECT_EQ(CreateSync(fleet, "py")->node_labels.at(kClusterLabel), "west");
+  // ...and then none is left, the message says why of each.
+  absl::StatusOr<runtime::SandboxInfo> none = CreateSync(fleet, "py");
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(none.status().message().find("east backing off after 1 failed creates"),
+            std::string::npos)
+      << none.status();
+  EXPECT_NE(none.status().message().find("west at its max of 1"), std::string::npos)
+      << none.status();
+  // Once the backoff (500 ms) has passed, east is tried again (a failed create holds no
+  // place), fails again and backs off twice as long.
+  clock_.Advance(absl::Milliseconds(500));
   EXPECT_EQ(CreateSync(fleet, "py").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(fleet.State()[1].failures, 2);
+  EXPECT_EQ(fleet.State()[1].backoff_until, clock_.Now() + absl::Seconds(1));
+  clock_.Advance(absl::Milliseconds(999));
+  EXPECT_EQ(CreateSync(fleet, "py").status().code(), absl::StatusCode::kResourceExhausted);
   // List fails while a cluster cannot tell what it holds.
   absl::StatusOr<std::vector<runtime::SandboxInfo>> listed = fleet.List();
   ASSERT_EQ(listed.status().code(), absl::StatusCode::kUnavailable);
