@@ -52,6 +52,7 @@ K8S_ROOMS = {
     "conversion": {"conversion", "conversion_webhook", "crd_conversion"},
     "pools": {"kube_runtime", "warm_pool_controller", "claim_objects", "claim_writer",
               "grpc_claim_mirror", "claim_controller"},
+    "fleet": {"fleet_config", "fleet_health", "fleet_placement", "fleet_runtime"},
 }
 K8S_ROOM_USES = {
     "transports": set(),
@@ -59,10 +60,11 @@ K8S_ROOM_USES = {
     "sandbox_controller": {"client"},
     "conversion": {"client"},
     "pools": {"client", "sandbox_controller"},
+    "fleet": set(),
 }
 # Only the pools room sees the allocator, runtime and store: the REST client and the
 # Sandbox controller build and test without them.
-K8S_ROOM_OUTSIDE = {"pools"}
+K8S_ROOM_OUTSIDE = {"pools", "fleet"}
 
 
 def k8s_room(path):

@@ -2,14 +2,18 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
+#include "src/common/ids.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/config.h"
 #include "src/k8s/json_fields.h"
@@ -93,6 +97,26 @@ void AddKubeFlags(CLI::App& app, KubeFlags* flags) {
   app.add_option("--kube_server_namespace", flags->server_namespace,
                  "namespace of sbx-server's pods, for that rule and for --sandbox_key_secret "
                  "(default: the kubeconfig context's namespace; in-cluster, the pod's own)");
+  app.add_option("--cluster", flags->clusters,
+                 "with --kubeconfig and --runtime kubernetes: also serve this member cluster, "
+                 "NAME=KUBECONFIG[,key=value...] (keys context, qps, burst, write_qps, "
+                 "write_burst, weight, min, max; repeat for more clusters): pools span the "
+                 "home cluster and these (docs/kubernetes.md, \"Fleet\")");
+  app.add_option("--kube_cluster_name", flags->cluster_name,
+                 "with --cluster: the name of the --kubeconfig (home) cluster in the fleet")
+      ->capture_default_str();
+  app.add_option("--fleet_placement", flags->fleet_placement,
+                 "with --cluster: which cluster gets a pool's next member: spread (fewest "
+                 "members), pack (the first below its max, home first), weighted (weight x "
+                 "measured create rate); per-cluster min first")
+      ->check(CLI::IsMember({"spread", "pack", "weighted"}))
+      ->capture_default_str();
+  app.add_option("--fleet_cluster_timeout_seconds", flags->fleet_cluster_timeout_s,
+                 "with --cluster: a cluster whose API has not answered for this long is "
+                 "excluded: it takes no creates and its warm members are retired, never handed "
+                 "out, until it answers again")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
   app.add_option("--sandbox_key_secret", flags->sandbox_key_secret,
                  "with --kubeconfig: keep the key of the sandboxes' daemon secrets in this "
                  "Secret of --kube_server_namespace (made on first start, then shared by every "
@@ -163,11 +187,48 @@ std::string ServerNamespace(const KubeFlags& flags, const k8s::ClusterConfig& cl
   return flags.server_namespace.empty() ? cluster.default_namespace : flags.server_namespace;
 }
 
+// The flags of member cluster `spec`: the home cluster's, with its kubeconfig, context,
+// limits and no election; its own on the Sandboxes' daemon secrets (those of their fleet
+// ids, "NAME:<allocator name>") and no metrics (a registry holds each family once).
+KubeFlags MemberFlags(const KubeFlags& home, const k8s::ClusterSpec& spec) {
+  KubeFlags member = home;
+  member.clusters.clear();
+  member.cluster_name = spec.name;
+  member.kubeconfig = spec.kubeconfig;
+  member.context = spec.context;
+  if (spec.qps) member.qps = *spec.qps;
+  if (spec.burst) member.burst = *spec.burst;
+  if (spec.write_qps) member.write_qps = *spec.write_qps;
+  if (spec.write_burst) member.write_burst = *spec.write_burst;
+  member.leader_election = false;
+  member.sandbox_key_secret.clear();
+  member.registry = nullptr;
+  member.identity =
+      absl::StrCat(home.identity.empty() ? DefaultIdentity() : home.identity, "@", spec.name);
+  if (home.sandboxd_secret) {
+    // home.sandboxd_secret(ns, name) is the secret of allocator name QualifiedName(ns, name,
+    // default namespace); the fleet id of a member's Sandbox is "NAME:" + that name, which
+    // is QualifiedName("NAME:" + ns, name) outside the default namespace and
+    // "NAME:" + name in it.
+    member.sandboxd_secret = [base = home.sandboxd_secret, prefix = spec.name + ":",
+                              default_ns = DefaultNamespace(home)](const std::string& ns,
+                                                                   const std::string& name) {
+      return ns == default_ns ? base(ns, prefix + name) : base(prefix + ns, name);
+    };
+  }
+  return member;
+}
+
 }  // namespace
 
 KubeControllers::~KubeControllers() {
   StopPools();
+  fleet_for_reports_.store(nullptr, std::memory_order_release);
+  fleet_.reset();
+  members_.clear();
   runtime_.reset();
+  member_pools_.reset();
+  member_templates_.reset();
   templates_.reset();
   sandboxes_.reset();
   client_.reset();
@@ -190,13 +251,22 @@ size_t KubeControllers::ClusterSandboxes() const {
 
 absl::Status KubeControllers::StartPools(allocator::Allocator* allocator) {
   if (pools_ == nullptr) return absl::OkStatus();
+  allocator_.store(allocator, std::memory_order_release);
   pools_->Start(allocator, runtime_.get());
-  return claims_->Start(allocator);
+  // In a fleet there is no claim controller yet (docs/kubernetes.md, "Fleet").
+  return claims_ != nullptr ? claims_->Start(allocator) : absl::OkStatus();
 }
 
 void KubeControllers::StopPools() {
+  // The probers first: a lost cluster's report retires members from the allocator.
+  if (health_ != nullptr) health_->Stop();
+  for (auto& member : members_) {
+    if (member->health_ != nullptr) member->health_->Stop();
+  }
+  allocator_.store(nullptr, std::memory_order_release);
   if (claims_ != nullptr) claims_->Stop();
   if (pools_ != nullptr) pools_->Stop();
+  for (auto& member : members_) member->StopPools();
   if (writes_ != nullptr) writes_->Stop();
   if (runtime_ != nullptr) runtime_->Shutdown();
 }
@@ -243,11 +313,138 @@ absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags& fl
     election.registry = nullptr;
     ASSIGN_OR_RETURN(kube->election_client_, k8s::Client::Create(*cluster, election));
   }
+  if (!flags.clusters.empty()) {
+    if (flags.leader_election) {
+      return absl::InvalidArgumentError(
+          "--cluster with --kube_leader_election: not yet (the member clusters' controllers "
+          "are not fenced by the home cluster's Lease); run one replica of a fleet");
+    }
+    if (absl::Status s = ValidateName("--kube_cluster_name", flags.cluster_name); !s.ok()) {
+      return s;
+    }
+    std::set<std::string> names = {flags.cluster_name};
+    for (const std::string& text : flags.clusters) {
+      ASSIGN_OR_RETURN(k8s::ClusterSpec spec, k8s::ParseClusterSpec(text));
+      if (!names.insert(spec.name).second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--cluster \"", text, "\": cluster \"", spec.name, "\" is named twice (",
+            spec.name == flags.cluster_name ? "it is the home cluster's --kube_cluster_name"
+                                            : "by another --cluster",
+            ")"));
+      }
+      KubeFlags member = MemberFlags(flags, spec);
+      absl::StatusOr<std::unique_ptr<KubeControllers>> connected = ConnectKube(member);
+      if (!connected.ok()) {
+        return absl::Status(
+            connected.status().code(),
+            absl::StrCat("--cluster \"", spec.name, "\": ", connected.status().message()));
+      }
+      kube->members_.push_back(*std::move(connected));
+      kube->member_specs_.push_back(std::move(spec));
+    }
+  }
   return kube;
 }
 
 absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve_pools,
                        std::function<void(const std::string&)> on_gone) {
+  if (kube.members_.empty()) {
+    return StartCluster(kube, flags, serve_pools, KubeControllers::Role::kAlone,
+                        std::move(on_gone));
+  }
+  if (!serve_pools) {
+    return absl::InvalidArgumentError(
+        "--cluster needs --runtime kubernetes (a fleet serves warm pools across clusters)");
+  }
+  ASSIGN_OR_RETURN(const k8s::FleetPlacement placement,
+                   k8s::ParseFleetPlacement(flags.fleet_placement));
+  // Each cluster's gone reports, in fleet ids; none come before the fleet exists (a
+  // member is reported gone only after it was reported ready or listed).
+  auto gone_of = [&kube, on_gone](size_t cluster) {
+    return [&kube, on_gone, cluster](const std::string& id) {
+      k8s::FleetRuntime* fleet = kube.fleet_for_reports_.load(std::memory_order_acquire);
+      if (fleet != nullptr && on_gone) on_gone(fleet->Gone(cluster, id));
+    };
+  };
+  RETURN_IF_ERROR(StartCluster(kube, flags, true, KubeControllers::Role::kHome, gone_of(0)));
+  k8s::FleetRuntimeOptions fleet_options;
+  fleet_options.placement = placement;
+  fleet_options.clusters.push_back(k8s::FleetCluster{flags.cluster_name, kube.runtime_.get()});
+  for (size_t i = 0; i < kube.members_.size(); ++i) {
+    const k8s::ClusterSpec& spec = kube.member_specs_[i];
+    absl::Status started = StartCluster(*kube.members_[i], MemberFlags(flags, spec), true,
+                                        KubeControllers::Role::kMember, gone_of(i + 1));
+    if (!started.ok()) {
+      return absl::Status(started.code(),
+                          absl::StrCat("--cluster \"", spec.name, "\": ", started.message()));
+    }
+    fleet_options.clusters.push_back(k8s::FleetCluster{spec.name, kube.members_[i]->runtime_.get(),
+                                                       spec.min, spec.max, spec.weight});
+  }
+  // Each cluster's health: a probe client (short timeout, no retries, no rate limit: its
+  // answer is the cluster's, not the client's queue's) and the prober.
+  const absl::Duration bound = absl::Seconds(flags.fleet_cluster_timeout_s);
+  std::vector<KubeControllers*> all = {&kube};
+  for (auto& member : kube.members_) all.push_back(member.get());
+  for (size_t i = 0; i < all.size(); ++i) {
+    KubeControllers& c = *all[i];
+    k8s::ClientOptions probe;
+    probe.request_timeout = std::min(bound / 2, absl::Seconds(5));
+    probe.max_retries = 0;
+    probe.qps = 0;
+    probe.transport = flags.http_transport;
+    probe.registry = nullptr;
+    ASSIGN_OR_RETURN(c.probe_client_, k8s::Client::Create(c.client_->cluster(), probe));
+    k8s::FleetHealthOptions health;
+    health.bound = bound;
+    health.interval = std::min(absl::Seconds(1), bound / 3);
+    health.probe = [client = c.probe_client_.get(), ns = flags.ns]() -> absl::Status {
+      k8s::ListOptions one;
+      one.limit = 1;
+      return client->List(k8s::kSandboxes, ns, one).status();
+    };
+    const std::string name = fleet_options.clusters[i].name;
+    health.on_change = [&kube, i, name, bound](bool healthy, const absl::Status& error) {
+      if (healthy) {
+        spdlog::warn("fleet: cluster \"{}\" answers again: it takes creates again", name);
+        return;
+      }
+      // Its warm members' state is unknown: none may be handed out. (Claimed ones stay
+      // claimed; their clusters may still run them.)
+      int retired = 0;
+      k8s::FleetRuntime* fleet = kube.fleet_for_reports_.load(std::memory_order_acquire);
+      allocator::Allocator* allocator = kube.allocator_.load(std::memory_order_acquire);
+      if (fleet != nullptr && allocator != nullptr) {
+        for (const std::string& id : fleet->MembersOf(i)) {
+          // FAILED_PRECONDITION: claimed (the claim keeps it); NOT_FOUND: gone already.
+          if (allocator->RetireWarm(id).ok()) ++retired;
+        }
+      }
+      spdlog::error(
+          "fleet: cluster \"{}\" excluded: its API has not answered for {} (last error: {}); "
+          "it takes no creates and {} warm members were retired, never to be handed out",
+          name, absl::FormatDuration(bound), error.ToString(), retired);
+    };
+    RETURN_IF_ERROR(health.Validate());
+    c.health_ = std::make_unique<k8s::FleetHealth>(std::move(health));
+    fleet_options.clusters[i].healthy = [h = c.health_.get()] { return h->Healthy(); };
+  }
+  RETURN_IF_ERROR(fleet_options.Validate());
+  kube.fleet_ = std::make_unique<k8s::FleetRuntime>(std::move(fleet_options));
+  kube.fleet_for_reports_.store(kube.fleet_.get(), std::memory_order_release);
+  for (KubeControllers* c : all) c->health_->Start();
+  std::vector<std::string> names;
+  for (const k8s::FleetCluster& c : kube.fleet_->options().clusters) names.push_back(c.name);
+  spdlog::info(
+      "fleet: {} clusters ({}), placement {}; kubectl SandboxClaims are not served "
+      "in a fleet yet",
+      names.size(), absl::StrJoin(names, ", "), flags.fleet_placement);
+  return absl::OkStatus();
+}
+
+absl::Status StartCluster(KubeControllers& kube, const KubeFlags& flags, bool serve_pools,
+                          KubeControllers::Role role,
+                          std::function<void(const std::string&)> on_gone) {
   ASSIGN_OR_RETURN(auto server_pod_labels,
                    ParseLabels("--kube_server_pod_labels", flags.server_pod_labels));
   k8s::Client* client = kube.client_.get();
@@ -290,21 +487,38 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     RETURN_IF_ERROR(write_options.Validate());
     kube.writes_ = std::make_unique<k8s::WriteScheduler>(write_options);
     auto is_leader = [sandboxes] { return sandboxes->IsLeader(); };
-    k8s::WarmPoolControllerOptions pool_options;
-    pool_options.namespaces = namespaces;
-    pool_options.is_leader = is_leader;
-    pool_options.registry = flags.registry;
-    kube.pools_ = std::make_unique<k8s::WarmPoolController>(
-        client, kube.writes_.get(), &sandboxes->sandbox_informer(), pool_options);
-    k8s::ClaimControllerOptions claim_options;
-    claim_options.namespaces = namespaces;
-    claim_options.workers = flags.claim_workers;
-    claim_options.claim_annotations = flags.claim_annotations;
-    claim_options.is_leader = is_leader;
-    claim_options.registry = flags.registry;
-    kube.claims_ = std::make_unique<k8s::ClaimController>(
-        client, kube.writes_.get(), &sandboxes->sandbox_informer(), &kube.pools_->pools(),
-        &kube.pools_->templates(), claim_options);
+    const k8s::Informer* pools_informer = nullptr;
+    const k8s::Informer* templates_informer = nullptr;
+    if (role != KubeControllers::Role::kMember) {
+      k8s::WarmPoolControllerOptions pool_options;
+      pool_options.namespaces = namespaces;
+      pool_options.is_leader = is_leader;
+      pool_options.registry = flags.registry;
+      kube.pools_ = std::make_unique<k8s::WarmPoolController>(
+          client, kube.writes_.get(), &sandboxes->sandbox_informer(), pool_options);
+      pools_informer = &kube.pools_->pools();
+      templates_informer = &kube.pools_->templates();
+    } else {
+      // A member cluster's copies of the pools and templates, which its members are made
+      // from and owned by; the home cluster's define the pools.
+      kube.member_pools_ = std::make_unique<k8s::Informer>(
+          client, k8s::NamespaceInformer(k8s::kSandboxWarmPools, flags.ns));
+      kube.member_templates_ = std::make_unique<k8s::Informer>(
+          client, k8s::NamespaceInformer(k8s::kSandboxTemplates, flags.ns));
+      pools_informer = kube.member_pools_.get();
+      templates_informer = kube.member_templates_.get();
+    }
+    if (role == KubeControllers::Role::kAlone) {
+      k8s::ClaimControllerOptions claim_options;
+      claim_options.namespaces = namespaces;
+      claim_options.workers = flags.claim_workers;
+      claim_options.claim_annotations = flags.claim_annotations;
+      claim_options.is_leader = is_leader;
+      claim_options.registry = flags.registry;
+      kube.claims_ = std::make_unique<k8s::ClaimController>(
+          client, kube.writes_.get(), &sandboxes->sandbox_informer(), &kube.pools_->pools(),
+          &kube.pools_->templates(), claim_options);
+    }
     k8s::KubeRuntimeOptions runtime_options;
     runtime_options.namespaces = namespaces;
     runtime_options.ready_timeout = absl::Seconds(flags.ready_timeout_s);
@@ -318,8 +532,8 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     }
     RETURN_IF_ERROR(runtime_options.Validate());
     kube.runtime_ = std::make_unique<k8s::KubeRuntime>(
-        client, kube.writes_.get(), &sandboxes->sandbox_informer(), &kube.pools_->pools(),
-        &kube.pools_->templates(), runtime_options);
+        client, kube.writes_.get(), &sandboxes->sandbox_informer(), pools_informer,
+        templates_informer, runtime_options);
     k8s::KubeRuntime* runtime = kube.runtime_.get();
     k8s::InformerHandler feed;
     feed.on_add = [runtime](const k8s::ObjectPtr& o) { runtime->OnSandbox(o); };
@@ -338,9 +552,24 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
   template_options.network_policy.server_namespace = ServerNamespace(flags, cluster);
   kube.templates_ = std::make_unique<k8s::TemplateController>(client, template_options);
   RETURN_IF_ERROR(kube.templates_->Start());
-  if (serve_pools) {
+  if (serve_pools && kube.member_pools_ != nullptr) {
+    kube.member_pools_->Start();
+    kube.member_templates_->Start();
+    for (const k8s::Informer* informer : {kube.member_pools_.get(), kube.member_templates_.get()}) {
+      if (!informer->WaitForSync(absl::Seconds(30))) {
+        return absl::UnavailableError(
+            "the SandboxWarmPool and SandboxTemplate informers did not complete their first "
+            "list within 30 s (are the extensions.agents.x-k8s.io CRDs installed?)");
+      }
+    }
+  }
+  if (serve_pools && kube.pools_ != nullptr) {
     RETURN_IF_ERROR(kube.pools_->StartInformers(absl::Seconds(30)));
+  }
+  if (serve_pools && kube.claims_ != nullptr) {
     RETURN_IF_ERROR(kube.claims_->StartInformers(absl::Seconds(30)));
+  }
+  if (serve_pools) {
     if (kube.nodes_ != nullptr && !kube.nodes_->WaitForSync(absl::Seconds(30))) {
       return absl::UnavailableError(
           "the Node informer did not complete its first list within 30 s (Nodes are listed "
@@ -348,8 +577,11 @@ absl::Status StartKube(KubeControllers& kube, const KubeFlags& flags, bool serve
     }
   }
   spdlog::info(
-      "kubernetes: {} at {}; Sandbox controller running ({} workers{}, namespace {}), "
+      "kubernetes{}: {} at {}; Sandbox controller running ({} workers{}, namespace {}), "
       "SandboxTemplate NetworkPolicies kept{}",
+      role == KubeControllers::Role::kAlone
+          ? std::string()
+          : absl::StrCat(" (cluster \"", flags.cluster_name, "\")"),
       cluster.source, cluster.server, flags.workers,
       flags.leader_election ? ", leader election as " + options.election.identity : "",
       flags.ns.empty() ? "all" : flags.ns,

@@ -7,17 +7,28 @@
 // --sandbox_key_secret it keeps the key of the sandboxes' daemon secrets in a Secret that
 // every replica shares.
 //
+// With --cluster NAME=KUBECONFIG[,key=value...] (repeated) it serves a fleet
+// (docs/kubernetes.md, "Fleet"): the cluster of --kubeconfig is the home cluster (the Lease,
+// the key Secret, the SandboxWarmPool controller), each --cluster a member cluster with its
+// own client, Sandbox and template controllers, informers, write scheduler and
+// KubeRuntime, and runtime() is a k8s::FleetRuntime in front of all of them.
+//
 // Order of use: ConnectKube, then (optionally) LoadSandboxKey, then StartKube.
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "src/allocator/allocator.h"
 #include "src/k8s/claim_controller.h"
 #include "src/k8s/client.h"
+#include "src/k8s/fleet_config.h"
+#include "src/k8s/fleet_health.h"
+#include "src/k8s/fleet_runtime.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/leader_election.h"
@@ -81,6 +92,15 @@ struct KubeFlags {
   // The Secret (in the server's namespace, as for server_namespace above) that holds the
   // key of those secrets; "" = the key file (the flags of sbx_server_main.cc).
   std::string sandbox_key_secret;
+  // The fleet (docs/kubernetes.md, "Fleet"): member clusters (--cluster, each
+  // "NAME=KUBECONFIG[,key=value...]", k8s::ParseClusterSpec), the home cluster's name in
+  // the fleet (--kube_cluster_name) and the placement of creates (--fleet_placement).
+  std::vector<std::string> clusters;
+  std::string cluster_name = "home";
+  std::string fleet_placement = "spread";
+  // A cluster of the fleet whose API has not answered for this long is excluded: no
+  // creates, its warm members retired (never handed out) (--fleet_cluster_timeout_seconds).
+  double fleet_cluster_timeout_s = 15;
 };
 
 void AddKubeFlags(CLI::App& app, KubeFlags* flags);
@@ -108,8 +128,13 @@ class KubeControllers {
 
   // The API client.
   k8s::Client* client() { return client_.get(); }
-  // The runtime of warm-pool members (nullptr unless pools are served).
-  runtime::Runtime* runtime() { return runtime_.get(); }
+  // The runtime of warm-pool members (nullptr unless pools are served): the fleet's when
+  // member clusters are configured, else the cluster's KubeRuntime.
+  runtime::Runtime* runtime() {
+    return fleet_ != nullptr ? static_cast<runtime::Runtime*>(fleet_.get()) : runtime_.get();
+  }
+  // The fleet runtime, or nullptr without --cluster.
+  const k8s::FleetRuntime* fleet() const { return fleet_.get(); }
   // The same as the Kubernetes runtime (its SandboxTemplate lookups), or nullptr.
   const k8s::KubeRuntime* kube_runtime() const { return runtime_.get(); }
   // The leader elector once StartKube has run with --kube_leader_election; else null.
@@ -136,6 +161,10 @@ class KubeControllers {
   friend absl::StatusOr<std::unique_ptr<KubeControllers>> ConnectKube(const KubeFlags&);
   friend absl::Status StartKube(KubeControllers&, const KubeFlags&, bool,
                                 std::function<void(const std::string&)>);
+  // What a KubeControllers is in a fleet: a cluster alone, the home cluster, or a member.
+  enum class Role { kAlone, kHome, kMember };
+  friend absl::Status StartCluster(KubeControllers&, const KubeFlags&, bool, Role,
+                                   std::function<void(const std::string&)>);
   std::unique_ptr<k8s::Client> client_;
   // The elector's: each request bounded by the retry period, none retried.
   std::unique_ptr<k8s::Client> election_client_;
@@ -144,9 +173,27 @@ class KubeControllers {
   std::unique_ptr<k8s::WriteScheduler> writes_;
   std::unique_ptr<k8s::WarmPoolController> pools_;
   std::unique_ptr<k8s::ClaimController> claims_;
+  // A member cluster's SandboxWarmPools and SandboxTemplates (the home cluster's are the
+  // warm-pool controller's); before runtime_, which reads them.
+  std::unique_ptr<k8s::Informer> member_pools_;
+  std::unique_ptr<k8s::Informer> member_templates_;
   // Before runtime_, which reads it.
   std::unique_ptr<k8s::Informer> nodes_;
   std::unique_ptr<k8s::KubeRuntime> runtime_;
+  // The fleet: the member clusters (in --cluster order) and the runtime in front of this
+  // (home) cluster's and theirs; destroyed first.
+  std::vector<k8s::ClusterSpec> member_specs_;
+  std::vector<std::unique_ptr<KubeControllers>> members_;
+  std::unique_ptr<k8s::FleetRuntime> fleet_;
+  // In a fleet, each cluster's (home's and members'): the client of the health probe (one
+  // short request, no retries, no rate limit) and the prober; stopped by StopPools.
+  std::unique_ptr<k8s::Client> probe_client_;
+  std::unique_ptr<k8s::FleetHealth> health_;
+  // The allocator from StartPools (home only): the lost clusters' warm members are retired
+  // from it. Null before StartPools and after StopPools.
+  std::atomic<allocator::Allocator*> allocator_{nullptr};
+  // Read by the clusters' gone reports, which may come from their informers' threads.
+  std::atomic<k8s::FleetRuntime*> fleet_for_reports_{nullptr};
 };
 
 // Reads the cluster's configuration (kubeconfig or in-cluster) and makes the API client;

@@ -41,3 +41,9 @@ set_tests_properties(e2e.k8s_conversion PROPERTIES TIMEOUT 300)
 # emulator's three nodes labelled with zones; gRPC claims with and without node_preference.
 add_test(NAME e2e.k8s_placement COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_placement_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
 set_tests_properties(e2e.k8s_placement PROPERTIES TIMEOUT 300)
+
+# A fleet (issue 40): one sbx-server in front of three kube-emulators as three clusters
+# (--cluster), a pool spread across them, claims with and without a cluster preference,
+# exec into a member of each cluster.
+add_test(NAME e2e.k8s_fleet COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/k8s_fleet_test.py $<TARGET_FILE:sbx-server> $<TARGET_FILE:kube-emulator> ${PROJECT_SOURCE_DIR})
+set_tests_properties(e2e.k8s_fleet PROPERTIES TIMEOUT 300)
