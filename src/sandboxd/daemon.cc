@@ -24,6 +24,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/port_dial.h"
 #include "src/sandboxd/exec.h"
+#include "src/sandboxd/child_reaper.h"
 #include "src/sandboxd/port_dial.h"
 #include "src/sandboxd/process_table.h"
 #include "src/sandboxd/sandboxd.h"

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "src/sandboxd/exec.h"
+#include "src/sandboxd/child_reaper.h"
 
 namespace sbx::sandboxd {
 namespace {
