@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/sandboxd/spawn.h"
 
 namespace sbx::sandboxd {
@@ -258,7 +259,7 @@ ExecResult ExecRunner::Pump() {
           absl::ToInt64Milliseconds(absl::Ceil(next - now, absl::Milliseconds(1))), 0, 1'000'000));
     }
     if (stdin_consumed == 0 && ::poll(fds, nfds, timeout_ms) < 0 && errno != EINTR) {
-      spdlog::error("exec pid {}: poll: {}", pid_, std::strerror(errno));
+      spdlog::error("exec pid {}: poll: {}", pid_, sbx::ErrnoText(errno));
       ::kill(-pid_, SIGKILL);
       killed = true;
     }
