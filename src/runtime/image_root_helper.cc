@@ -27,8 +27,10 @@ namespace {
 
 [[noreturn]] void Die(const std::string& what) {
   const int err = errno;
+  // strerror is not thread-safe, but sbx-rootfs is single-threaded (and links nothing of
+  // sbx's, not even src/common/errno_text.h's ErrnoText).
   std::fprintf(stderr, "sbx-rootfs: %s%s%s\n", what.c_str(), err != 0 ? ": " : "",
-               err != 0 ? std::strerror(err) : "");
+               err != 0 ? std::strerror(err) : "");  // NOLINT(concurrency-mt-unsafe)
   _exit(125);
 }
 
@@ -224,7 +226,7 @@ void Seed(int src, int dst, bool own, uid_t uid, gid_t gid, const char* opaque_x
   DIR* d = fdopendir(list_fd);
   if (d == nullptr) Die("list a snapshot folder");
   std::vector<std::string> names;
-  while (struct dirent* e = readdir(d)) {
+  while (struct dirent* e = readdir(d)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
     if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
       names.emplace_back(e->d_name);
     }
