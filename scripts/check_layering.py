@@ -303,6 +303,144 @@ def check_file(root, rel, component):
     return errors
 
 
+# Cycles inside a component (issue 39). A component's files are grouped by stem (foo.h and
+# foo.cc are one unit, as in Lakos's physical design): stem A uses stem B when a file of A
+# includes src/<folder>/B.h. The units of one folder must form no cycle, or no part of the
+# component can be understood, tested or replaced without the others: a back-arrow (a part
+# including the allocator that sits on it) closes one. Every folder of src/ is checked
+# (src/gateway/e2b apart from src/gateway).
+#
+# The cycles that stood when the check came, each a set of stems that may stay mutually
+# reachable (a cycle among a subset of them passes; one more stem, or a cycle elsewhere,
+# fails). Most are the same shape: the component's public header (the door) declares the
+# options struct the rooms below take, and the door's .cc sits on top of those rooms; the
+# cure is to move the options into a header of their own below the rooms.
+KNOWN_CYCLES = {
+    # e2b.h declares FrontOptions and FrontDeps, which control_plane.h and envd.h take, and
+    # e2b.cc includes both; control_plane.cc uses envd's EnvdAccessToken while envd.cc uses
+    # control_plane's HttpStatusOf, RespondError and PrepareContext (shared helpers that
+    # belong in a room below both).
+    "src/gateway/e2b": {"control_plane", "e2b", "envd"},
+    # bubblewrap_runtime.h declares BubblewrapRuntimeOptions (and LocalSpec), which
+    # bwrap_args, cgroups, probe and spawn take; bubblewrap_runtime.cc includes them all.
+    "src/runtime": {"adoption", "bubblewrap_runtime", "bwrap_args", "cgroups", "probe",
+                    "reaper", "spawn"},
+    # rocksdb_store.h declares RocksDbStoreOptions, which the store's rooms take;
+    # rocksdb_store.cc (the class) includes the rooms.
+    "src/store": {"rocksdb_commit", "rocksdb_replication", "rocksdb_space", "rocksdb_store",
+                  "rocksdb_store_open"},
+}
+
+
+def include_graph(root, folder):
+    """{stem: {used stem: "file:line"}} of the files directly in src folder `folder`."""
+    graph = {}
+    path = os.path.join(root, folder)
+    for name in sorted(os.listdir(path)):
+        if not name.endswith(SOURCE_EXT) or not os.path.isfile(os.path.join(path, name)):
+            continue
+        stem = stem_of(name)
+        uses = graph.setdefault(stem, {})
+        with open(os.path.join(path, name), encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, 1):
+                m = INCLUDE_RE.match(line)
+                if not m or os.path.dirname(m.group(1)) != folder:
+                    continue
+                to = stem_of(m.group(1))
+                if to != stem:
+                    uses.setdefault(to, f"{folder}/{name}:{lineno}")
+    return graph
+
+
+def strongly_connected(graph):
+    """The strongly connected sets of stems with more than one member (Tarjan), sorted."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(v):
+        # Iterative, so a long chain of includes cannot reach Python's recursion limit.
+        work = [(v, iter(sorted(graph.get(v, {}))))]
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        while work:
+            node, edges = work[-1]
+            advanced = False
+            for w in edges:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, {})))))
+                    advanced = True
+                    break
+                if w in on_stack:
+                    low[node] = min(low[node], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                members = set()
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    members.add(w)
+                    if w == node:
+                        break
+                if len(members) > 1:
+                    found.append(members)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found, key=lambda s: sorted(s))
+
+
+def one_cycle(graph, members):
+    """A shortest cycle through the alphabetically first member, inside `members`."""
+    start = min(members)
+    parent, frontier = {start: None}, [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph.get(v, {})):
+                if w not in members:
+                    continue
+                if w == start:
+                    path = [v]
+                    while parent[path[-1]] is not None:
+                        path.append(parent[path[-1]])
+                    return list(reversed(path)) + [start]
+                if w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    return sorted(members)
+
+
+def check_cycles(root):
+    """Errors for include cycles among the stems of each folder of src/."""
+    errors = []
+    src = os.path.join(root, "src")
+    for dirpath, _, _ in sorted(os.walk(src)):
+        folder = os.path.relpath(dirpath, root).replace(os.sep, "/")
+        if folder == "src":
+            continue
+        graph = include_graph(root, folder)
+        for members in strongly_connected(graph):
+            if members <= KNOWN_CYCLES.get(folder, set()):
+                continue
+            cycle = one_cycle(graph, members)
+            steps = "; ".join(f"{graph[a][b]} includes {folder}/{b}.h"
+                              for a, b in zip(cycle, cycle[1:]))
+            extra = sorted(members - set(cycle))
+            errors.append(f"{folder}: include cycle {' -> '.join(cycle)} ({steps})"
+                          + (f"; also in it: {', '.join(extra)}" if extra else "")
+                          + " (a unit of a component may not reach back to one that uses it)")
+    return errors
+
+
 def check_k8s_room(where, rel, inc, target):
     """Errors of one include of a src/k8s file that crosses the rooms of src/k8s."""
     room = k8s_room(rel)
@@ -337,6 +475,7 @@ def main():
             rel = rel.replace(os.sep, "/")
             errors.extend(check_file(root, rel, component_of_path(rel)))
             checked += 1
+    errors.extend(check_cycles(root))
     client_errors, client_files = check_clients(root)
     errors.extend(client_errors)
     checked += client_files

@@ -296,7 +296,7 @@ struct RecoveryStats {
 class Allocator {
  public:
   // Loads everything from `store` and rebuilds pools, warm sandboxes and claims. Turns off
-  // abseil's debug deadlock detection for the process (see allocator.cc for why).
+  // abseil's debug deadlock detection for the process (see allocator_impl.cc for why).
   // Errors: the store's (DATA_LOSS for undecodable records), DATA_LOSS when the stored
   // state is inconsistent (a sandbox bound to two active claims), INVALID_ARGUMENT for
   // bad options.

@@ -1,6 +1,6 @@
 #pragma once
 // The allocator's implementation class, shared by its rooms (the way RocksDB splits
-// DBImpl): allocator.cc (creation, options, renewals), claim_path.cc (a claim from its
+// DBImpl): allocator_impl.cc (creation, options, renewals), claim_path.cc (a claim from its
 // request until it is active), claim_batch.cc (ClaimBatch and waiting batches),
 // claim_changes.cc (release, expiry, loss, suspension, purging), sandbox_events.cc (what
 // the runtime reports), admin.cc (templates and pools), recovery.cc (Recover); the claim

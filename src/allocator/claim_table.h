@@ -1,5 +1,5 @@
 #pragma once
-// ShardedTable: the allocator's claim table (allocator.cc uses it for its ClaimEntry;
+// ShardedTable: the allocator's claim table (allocator_impl.h uses it for its ClaimEntry;
 // owner_claims.h for its per-owner counters), here on its own so that it is tested and
 // measured alone (tests/allocator/claim_table_test.cc, bench/allocator_bench.cc
 // BM_ClaimTable_*).

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "src/common/errno_text.h"
 
 namespace sbx::cli {
 
@@ -358,7 +359,7 @@ void Progress::Run() {
 // ---- Local files ------------------------------------------------------------------------
 
 absl::Status ErrnoStatus(int error, const std::string& what) {
-  std::string reason = error == EPIPE ? "broken pipe" : std::strerror(error);
+  std::string reason = error == EPIPE ? "broken pipe" : sbx::ErrnoText(error);
   absl::StatusCode code = absl::ErrnoToStatusCode(error);
   if (error == EPIPE) code = absl::StatusCode::kFailedPrecondition;
   return absl::Status(code, absl::StrCat(what, ": ", reason));

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "src/cmd/sbx_cli_commands.h"
+#include "src/common/errno_text.h"
 
 namespace sbx::cli {
 namespace {
@@ -192,7 +193,7 @@ absl::StatusOr<int> RunPortForward(Context& ctx, const ForwardArgs& a) {
   if (::inet_pton(AF_INET, a.address.c_str(), &addr.sin_addr) != 1 ||
       ::bind(ls, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(ls, 128) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", a.address, ":", local, ": ", std::strerror(errno)));
+        absl::StrCat("cannot listen on ", a.address, ":", local, ": ", sbx::ErrnoText(errno)));
   }
   socklen_t len = sizeof(addr);
   ::getsockname(ls, reinterpret_cast<sockaddr*>(&addr), &len);
@@ -203,7 +204,7 @@ absl::StatusOr<int> RunPortForward(Context& ctx, const ForwardArgs& a) {
     const int fd = ::accept4(ls, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      return absl::UnavailableError(absl::StrCat("accept: ", std::strerror(errno)));
+      return absl::UnavailableError(absl::StrCat("accept: ", sbx::ErrnoText(errno)));
     }
     std::thread([client, id = a.id, remote, fd] { Forward(client, id, remote, fd); }).detach();
   }

@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "src/cmd/sbx_cli_commands.h"
+#include "src/common/errno_text.h"
 
 namespace sbx::cli {
 namespace {
@@ -375,7 +376,7 @@ absl::StatusOr<int> Conclude(const SessionEnd& end, const std::string& claim_id,
                  static_cast<long long>(end.dropped));
   }
   if (end.signal != 0) {
-    std::fprintf(stderr, "sbx: %s; process %d %s\n", strsignal(end.signal), pid,
+    std::fprintf(stderr, "sbx: %s; process %d %s\n", sbx::SignalText(end.signal).c_str(), pid,
                  hung_up ? "was sent SIGHUP" : "keeps running");
     return 128 + end.signal;
   }
@@ -428,7 +429,9 @@ absl::StatusOr<int> RunShell(Context& ctx, const ShellArgs& a) {
   *req.mutable_pty()->mutable_size() = size;
   std::string term = a.term;
   if (term.empty()) {
-    const char* own = std::getenv("TERM");
+    // getenv races only with a change of the environment, and the CLI changes its own only at the
+    // top of main (sbx_main.cc), before it gets here.
+    const char* own = std::getenv("TERM");  // NOLINT(concurrency-mt-unsafe)
     term = own != nullptr && *own != '\0' ? own : "xterm-256color";
   }
   req.mutable_pty()->set_term(term);

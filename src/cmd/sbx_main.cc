@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   // gRPC's own log lines (e.g. a failed TLS handshake) would repeat, less clearly, the error
   // sbx prints; GRPC_VERBOSITY set by the user still wins.
+  // setenv and getenv are not thread-safe, but this is main: the only other thread, the
+  // signal waiter, calls sigwait alone, and no thread changes the environment later.
+  // NOLINTBEGIN(concurrency-mt-unsafe)
   setenv("GRPC_VERBOSITY", "NONE", /*overwrite=*/0);
 
   sbx::cli::Context ctx;
@@ -34,6 +37,7 @@ int main(int argc, char** argv) {
   if (const char* t = std::getenv("SBX_TOKEN"); t != nullptr && *t != '\0') {
     ctx.client_options.token = t;
   }
+  // NOLINTEND(concurrency-mt-unsafe)
   std::string timeout = "30s";
 
   CLI::App app{"sbx: claim sandboxes from the warm pools of an sbx-server and work in them.",

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 #include "src/common/build_info.h"
+#include "src/common/errno_text.h"
 #include "src/common/logging.h"
 #include "src/common/signals.h"
 #include "src/sandboxd/sandboxd.h"
@@ -45,7 +46,7 @@ absl::Status ReadSecretFd(int fd, std::string* out) {
       const int err = errno;
       close(fd);
       return absl::FailedPreconditionError(
-          std::string("cannot read the secret from --secret_fd: ") + std::strerror(err));
+          std::string("cannot read the secret from --secret_fd: ") + sbx::ErrnoText(err));
     }
     if (n == 0) break;
     out->append(buf, static_cast<size_t>(n));
@@ -81,10 +82,13 @@ int main(int argc, char** argv) {
   // /proc files (memory, descriptors, environment), where the secret lives.
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   std::string secret;
+  // getenv and unsetenv are not thread-safe, but this is main before any thread starts.
+  // NOLINTBEGIN(concurrency-mt-unsafe)
   if (const char* from_env = std::getenv(kSecretEnv); from_env != nullptr) {
     secret = from_env;
     unsetenv(kSecretEnv);
   }
+  // NOLINTEND(concurrency-mt-unsafe)
 
   sbx::sandboxd::DaemonOptions options;
   sbx::LogOptions log_options;

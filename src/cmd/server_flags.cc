@@ -190,7 +190,7 @@ absl::Status CheckServerFlags(const ServerFlags& flags) {
   if (flags.runtime != "local" && flags.runtime != "instant" && flags.runtime != "none" &&
       flags.runtime != "kubernetes") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "runtime \"", flags.runtime, "\" is not one of local, instant, none, kubernetes"));
+        "--runtime \"", flags.runtime, "\" is not one of local, instant, none, kubernetes"));
   }
   if (flags.runtime == "kubernetes" && flags.kube.kubeconfig.empty()) {
     return absl::InvalidArgumentError(
@@ -233,8 +233,21 @@ absl::Status CheckServerFlags(const ServerFlags& flags) {
         "\" is the base of on-demand pools of images, which only a server with --runtime local "
         "and an image cache (--image_cache_bytes) makes"));
   }
+  // The refill's options that are flags, named as flags (RefillOptions::Validate names
+  // its fields); then the rest of its checks.
+  if (!(flags.refill.qps > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--refill_qps must be > 0 (got ", flags.refill.qps, ")"));
+  }
+  if (flags.refill.max_creating_per_pool < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--refill_max_creating must be at least 1 (got ",
+                                                   flags.refill.max_creating_per_pool, ")"));
+  }
   RETURN_IF_ERROR(flags.refill.Validate());
-  return flags.metrics.Validate();
+  if (absl::Status s = flags.metrics.Validate(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--metrics_listen: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace sbx::cmd

@@ -12,6 +12,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "src/common/errno_text.h"
 
 namespace sbx {
 namespace {
@@ -21,7 +22,7 @@ absl::Status KeyError(const std::string& path, absl::string_view what) {
 }
 
 absl::Status Errno(const std::string& path, absl::string_view what) {
-  return KeyError(path, absl::StrCat(what, ": ", std::strerror(errno)));
+  return KeyError(path, absl::StrCat(what, ": ", sbx::ErrnoText(errno)));
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/common/paths.h"
 #include "src/images/digest.h"
 #include "src/images/process.h"
@@ -86,7 +87,9 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, size_t max = size_
 thread_local int64_t g_walk_bytes = 0;
 int64_t DiskBytes(const std::string& path) {
   g_walk_bytes = 0;
-  nftw(
+  // nftw is listed as not thread-safe for FTW_CHDIR, which changes the process's folder; without it
+  // glibc's nftw keeps its state on this thread's stack (and the sums here are thread_local).
+  nftw(  // NOLINT(concurrency-mt-unsafe)
       path.c_str(),
       [](const char*, const struct stat* st, int, FTW*) {
         g_walk_bytes += static_cast<int64_t>(st->st_blocks) * 512;
@@ -121,7 +124,9 @@ void DropKernelAttributes(const char* path) {
 
 int SanitizeTree(const std::string& root) {
   g_sanitize_errors = 0;
-  nftw(
+  // nftw is listed as not thread-safe for FTW_CHDIR, which changes the process's folder; without it
+  // glibc's nftw keeps its state on this thread's stack (and the sums here are thread_local).
+  nftw(  // NOLINT(concurrency-mt-unsafe)
       root.c_str(),
       [](const char* path, const struct stat* st, int type, FTW*) {
         DropKernelAttributes(path);
@@ -270,7 +275,7 @@ absl::StatusOr<std::unique_ptr<ImageCache>> ImageCache::Open(ImageCacheOptions o
     fs::create_directories(d, ec);
     if (ec || chmod(d.c_str(), d == options.dir ? 0700 : 0711) != 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("image cache dir \"", d, "\": ", ec ? ec.message() : std::strerror(errno)));
+          absl::StrCat("image cache dir \"", d, "\": ", ec ? ec.message() : sbx::ErrnoText(errno)));
     }
   }
   fs::remove_all(options.dir + "/" + kTmpDir, ec);  // pulls cut short
@@ -356,7 +361,7 @@ absl::Status ImageCache::CheckReference(const std::string& ref) const {
   char resolved[PATH_MAX];
   if (realpath(path.c_str(), resolved) == nullptr) {
     return absl::NotFoundError(
-        absl::StrCat("image \"", ref, "\": \"", path, "\": ", std::strerror(errno)));
+        absl::StrCat("image \"", ref, "\": \"", path, "\": ", sbx::ErrnoText(errno)));
   }
   for (const std::string& d : options_.import_dirs) {
     if (PathIsWithin(resolved, d)) return absl::OkStatus();
@@ -605,7 +610,7 @@ absl::StatusOr<Image> ImageCache::PullMiss(const std::string& ref, const std::st
   }
   if (rename(staged.c_str(), final_dir.c_str()) != 0) {
     return absl::UnavailableError(absl::StrCat("image \"", ref, "\": publishing it as \"",
-                                               final_dir, "\": ", std::strerror(errno)));
+                                               final_dir, "\": ", sbx::ErrnoText(errno)));
   }
   image.rootfs = final_dir + "/" + kRootfsName;
   image.last_used = absl::Now();

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "src/common/errno_text.h"
 
 extern char** environ;
 
@@ -50,7 +51,7 @@ absl::StatusOr<std::string> RunTool(const ToolRun& run) {
   if (run.argv.empty()) return absl::InvalidArgumentError("RunTool: no program");
   Pipe out, err;
   if (!out.ok() || !err.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat("pipe: ", std::strerror(errno)));
+    return absl::ResourceExhaustedError(absl::StrCat("pipe: ", sbx::ErrnoText(errno)));
   }
   const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   posix_spawn_file_actions_t actions;
@@ -87,7 +88,7 @@ absl::StatusOr<std::string> RunTool(const ToolRun& run) {
   err.Close(1);
   if (spawned != 0) {
     return absl::NotFoundError(
-        absl::StrCat("cannot run \"", run.argv[0], "\": ", std::strerror(spawned)));
+        absl::StrCat("cannot run \"", run.argv[0], "\": ", sbx::ErrnoText(spawned)));
   }
 
   std::string stdout_text, stderr_text;

@@ -44,6 +44,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "src/common/errno_text.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/http.h"
 #include "src/k8s/http_lines.h"
@@ -350,7 +351,7 @@ class Connection {
       const int fd =
           ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) {
-        last = absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+        last = absl::UnavailableError(absl::StrCat("socket: ", sbx::ErrnoText(errno)));
         continue;
       }
       auto conn = std::make_unique<Connection>(fd);
@@ -481,12 +482,12 @@ class Connection {
     int one = 1;
     setsockopt(state_.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     if (::connect(state_.fd, address, length) != 0) {
-      if (errno != EINPROGRESS) return absl::UnavailableError(std::strerror(errno));
+      if (errno != EINPROGRESS) return absl::UnavailableError(sbx::ErrnoText(errno));
       RETURN_IF_ERROR(Wait(POLLOUT, deadline, "connect"));
       int error = 0;
       socklen_t size = sizeof(error);
       getsockopt(state_.fd, SOL_SOCKET, SO_ERROR, &error, &size);
-      if (error != 0) return absl::UnavailableError(std::strerror(error));
+      if (error != 0) return absl::UnavailableError(sbx::ErrnoText(error));
     }
     return absl::OkStatus();
   }
@@ -543,14 +544,14 @@ class Connection {
       const int ready = ::poll(&p, 1, PollTimeoutMs(deadline));
       if (ready > 0) return absl::OkStatus();  // errors show in the next read or write
       if (ready < 0 && errno == EINTR) continue;
-      if (ready < 0) return absl::UnavailableError(absl::StrCat("poll: ", std::strerror(errno)));
+      if (ready < 0) return absl::UnavailableError(absl::StrCat("poll: ", sbx::ErrnoText(errno)));
       return absl::DeadlineExceededError(absl::StrCat(doing, ": timed out"));
     }
   }
 
   absl::Status Broken(absl::string_view doing) const {
     if (state_.error != 0) {
-      return absl::UnavailableError(absl::StrCat(doing, ": ", std::strerror(state_.error)));
+      return absl::UnavailableError(absl::StrCat(doing, ": ", sbx::ErrnoText(state_.error)));
     }
     return absl::UnavailableError(absl::StrCat(doing, ": connection closed by the server"));
   }

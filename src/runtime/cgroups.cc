@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/runtime/proc.h"
 
 namespace sbx::runtime::local {
@@ -72,7 +73,7 @@ std::vector<std::string> MakeCgroups(const Cgroups& cgroups, const std::string& 
     if (mkdir(dir.c_str(), 0755) != 0 ||
         (!file.empty() && !WriteFile(dir + "/" + file, std::to_string(value)))) {
       spdlog::warn("sandbox {}: {} {} not applied: cannot write {}/{}: {}", id, what, value, dir,
-                   file, std::strerror(errno));
+                   file, sbx::ErrnoText(errno));
       rmdir(dir.c_str());
       return false;
     }
@@ -127,7 +128,7 @@ absl::Status SetFreezer(const Sandbox& sb, const std::string& state) {
     // Rewriting FROZEN retries tasks that could not be frozen yet.
     if (i % 16 == 0 && !WriteFile(file, state)) {
       return absl::UnavailableError(absl::StrCat("sandbox ", sb.id, ": cannot write ", state,
-                                                 " to ", file, ": ", std::strerror(errno)));
+                                                 " to ", file, ": ", sbx::ErrnoText(errno)));
     }
     std::string now = ReadSmallFile(file);
     while (!now.empty() && now.back() == '\n') now.pop_back();

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "src/common/errno_text.h"
 #include "src/runtime/proc.h"
 
 extern char** environ;
@@ -168,7 +169,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries
     const std::string& sandboxd_path) {
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("pipe: ", std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat("pipe: ", sbx::ErrnoText(errno)));
   }
   Fd r(out[0]), w(out[1]);
   posix_spawn_file_actions_t actions;
@@ -183,7 +184,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries
   w.Reset();
   if (err != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cannot run ldd (package libc-bin) for the daemon's libraries: ", std::strerror(err)));
+        "cannot run ldd (package libc-bin) for the daemon's libraries: ", sbx::ErrnoText(err)));
   }
   std::string text;
   char buf[4096];
@@ -225,7 +226,7 @@ absl::StatusOr<std::vector<std::pair<std::string, std::string>>> DaemonLibraries
     char real[PATH_MAX];
     if (realpath(path.c_str(), real) == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "the daemon's library \"", path, "\" cannot be resolved: ", std::strerror(errno)));
+          "the daemon's library \"", path, "\" cannot be resolved: ", sbx::ErrnoText(errno)));
     }
     path = real;
   }
@@ -238,14 +239,14 @@ absl::Status MakeDaemonLibDir(const std::string& dir,
   std::filesystem::remove_all(dir, ec);
   if (!std::filesystem::create_directory(dir, ec) || chmod(dir.c_str(), 0755) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "cannot make \"", dir, "\": ", ec ? ec.message() : std::string(std::strerror(errno))));
+        "cannot make \"", dir, "\": ", ec ? ec.message() : std::string(sbx::ErrnoText(errno))));
   }
   for (const auto& [host, name] : libs) {
     const std::string to = absl::StrCat(dir, "/", name);
     if (!std::filesystem::copy_file(host, to, ec) || chmod(to.c_str(), 0755) != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot copy the daemon's library \"", host, "\" to \"", to,
-                       "\": ", ec ? ec.message() : std::string(std::strerror(errno))));
+                       "\": ", ec ? ec.message() : std::string(sbx::ErrnoText(errno))));
     }
   }
   return absl::OkStatus();
@@ -279,7 +280,7 @@ void OpenUp(int dir, int depth) {
   if (depth > 4096) return;
   DIR* d = fdopendir(dup(dir));
   if (d == nullptr) return;
-  while (dirent* e = readdir(d)) {
+  while (dirent* e = readdir(d)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
     const std::string name = e->d_name;
     if (name == "." || name == "..") continue;
     struct stat st;

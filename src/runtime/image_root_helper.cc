@@ -26,8 +26,10 @@ namespace {
 
 [[noreturn]] void Die(const std::string& what) {
   const int err = errno;
+  // strerror is not thread-safe, but sbx-rootfs is single-threaded (and links nothing of
+  // sbx's, not even src/common/errno_text.h's ErrnoText).
   std::fprintf(stderr, "sbx-rootfs: %s%s%s\n", what.c_str(), err != 0 ? ": " : "",
-               err != 0 ? std::strerror(err) : "");
+               err != 0 ? std::strerror(err) : "");  // NOLINT(concurrency-mt-unsafe)
   _exit(125);
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/common/status_macros.h"
 #include "src/runtime/bwrap_args.h"
 #include "src/runtime/proc.h"
@@ -54,7 +55,7 @@ absl::Status Probe(const std::vector<std::string>& argv, const Isolation& iso, u
   plan.gid = uid;
   const pid_t pid = SpawnDetached(plan);
   out_w.Reset();
-  if (pid < 0) return absl::FailedPreconditionError(absl::StrCat("spawn: ", std::strerror(errno)));
+  if (pid < 0) return absl::FailedPreconditionError(absl::StrCat("spawn: ", sbx::ErrnoText(errno)));
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -64,7 +65,7 @@ absl::Status Probe(const std::vector<std::string>& argv, const Isolation& iso, u
   while ((n = read(out_r.get(), buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
   if (plan.error != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat(plan.failed_step, ": ", std::strerror(plan.error)));
+        absl::StrCat(plan.failed_step, ": ", sbx::ErrnoText(plan.error)));
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
   while (!text.empty() && text.back() == '\n') text.pop_back();
@@ -81,7 +82,7 @@ absl::StatusOr<Isolation> FindIsolation(const BubblewrapRuntimeOptions& options,
   iso.sandboxd.Reset(open(options.sandboxd_path.c_str(), O_PATH | O_CLOEXEC));
   if (!iso.sandboxd.valid()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "sandboxd \"", options.sandboxd_path, "\" cannot be opened: ", std::strerror(errno)));
+        "sandboxd \"", options.sandboxd_path, "\" cannot be opened: ", sbx::ErrnoText(errno)));
   }
   for (const std::string& h : options.hidden_paths) {
     iso.hidden.push_back(fs::absolute(h).lexically_normal().string());
@@ -102,7 +103,7 @@ absl::StatusOr<Isolation> FindIsolation(const BubblewrapRuntimeOptions& options,
   if (options.bwrap_path.empty()) {
     why = absl::FailedPreconditionError("no bubblewrap given");
   } else if (access(options.bwrap_path.c_str(), X_OK) != 0) {
-    why = absl::FailedPreconditionError(absl::StrCat("not installed: ", std::strerror(errno)));
+    why = absl::FailedPreconditionError(absl::StrCat("not installed: ", sbx::ErrnoText(errno)));
   } else if (absl::StatusOr<std::string> program = SeccompProgram(); !program.ok()) {
     why = program.status();
   } else {

@@ -17,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/runtime/cgroups.h"
 #include "src/runtime/image_root.h"
 #include "src/runtime/proc.h"
@@ -98,7 +99,7 @@ std::vector<SandboxPtr> WaitForEnds(const std::vector<SandboxPtr>& sandboxes, in
   for (const SandboxPtr& sb : outputs) fds.push_back({sb->output.get(), POLLIN, 0});
   fds.push_back({wake_fd, POLLIN, 0});
   if (poll(fds.data(), fds.size(), scan ? 50 : -1) < 0 && errno != EINTR) {
-    spdlog::error("local runtime reaper: poll: {}", std::strerror(errno));
+    spdlog::error("local runtime reaper: poll: {}", sbx::ErrnoText(errno));
     absl::SleepFor(absl::Milliseconds(50));
   }
   if (fds.back().revents != 0) {

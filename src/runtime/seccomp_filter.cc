@@ -13,6 +13,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "src/common/errno_text.h"
 #include "src/runtime/proc.h"
 
 namespace sbx::runtime::local {
@@ -81,7 +82,7 @@ absl::StatusOr<std::string> SeccompProgram() {
     if (nr == __NR_SCMP_ERROR) continue;  // not a system call of this architecture
     if (int rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0); rc != 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("libseccomp: cannot add a rule for ", name, ": ", std::strerror(-rc)));
+          absl::StrCat("libseccomp: cannot add a rule for ", name, ": ", sbx::ErrnoText(-rc)));
     }
   }
   const uint64_t newuser = CLONE_NEWUSER;
@@ -98,15 +99,15 @@ absl::StatusOr<std::string> SeccompProgram() {
   }
   if (rc != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("libseccomp: cannot add an argument rule: ", std::strerror(-rc)));
+        absl::StrCat("libseccomp: cannot add an argument rule: ", sbx::ErrnoText(-rc)));
   }
   Fd mem(static_cast<int>(syscall(SYS_memfd_create, "sbx-seccomp", MFD_CLOEXEC)));
   if (!mem.valid()) {
-    return absl::FailedPreconditionError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat("memfd_create: ", sbx::ErrnoText(errno)));
   }
   if (rc = seccomp_export_bpf(ctx, mem.get()); rc != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("libseccomp: cannot export the filter: ", std::strerror(-rc)));
+        absl::StrCat("libseccomp: cannot export the filter: ", sbx::ErrnoText(-rc)));
   }
   std::string program;
   char buf[4096];

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "src/common/status_macros.h"
+#include "src/common/errno_text.h"
 #include "src/runtime/proc.h"
 
 namespace sbx::runtime::local {
@@ -27,7 +28,7 @@ constexpr const char* kOpaqueXattrs[] = {"trusted.overlay.opaque", "user.overlay
 
 absl::Status IoError(const std::string& what, const std::string& path) {
   const int err = errno;
-  const std::string msg = absl::StrCat(what, " \"", path, "\": ", std::strerror(err));
+  const std::string msg = absl::StrCat(what, " \"", path, "\": ", sbx::ErrnoText(err));
   if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
@@ -218,7 +219,7 @@ class Copier {
     }
     std::vector<std::string> names;
     errno = 0;
-    while (struct dirent* e = readdir(dir)) {
+    while (struct dirent* e = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
       if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
       names.emplace_back(e->d_name);
     }
@@ -428,7 +429,7 @@ absl::Status RemoveBelow(int dir_fd, const std::string& path, int depth) {
     return IoError("list folder", path);
   }
   std::vector<std::pair<std::string, bool>> entries;
-  while (struct dirent* e = readdir(dir)) {
+  while (struct dirent* e = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
     if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
     entries.emplace_back(e->d_name, e->d_type == DT_DIR);
   }

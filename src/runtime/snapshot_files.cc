@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 #include "src/runtime/image_root.h"
+#include "src/common/errno_text.h"
 
 namespace sbx::runtime::local {
 namespace {
@@ -24,7 +25,7 @@ constexpr char kWorkspaceInSandbox[] = "run/sbx/workspace";
 
 absl::Status Errno(const std::string& what) {
   const int err = errno;
-  const std::string msg = absl::StrCat(what, ": ", std::strerror(err));
+  const std::string msg = absl::StrCat(what, ": ", sbx::ErrnoText(err));
   if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
@@ -71,7 +72,7 @@ absl::Status CheckSnapshotId(const std::string& id) {
 absl::StatusOr<Fd> OpenSnapshotsDir(const std::string& path) {
   if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
     return absl::FailedPreconditionError(
-        absl::StrCat("snapshots folder \"", path, "\" cannot be made: ", std::strerror(errno)));
+        absl::StrCat("snapshots folder \"", path, "\" cannot be made: ", sbx::ErrnoText(errno)));
   }
   Fd dir(open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   struct stat st;
@@ -93,7 +94,7 @@ int SweepPartialSnapshots(int dir) {
     close(list_fd);
     return 0;
   }
-  while (struct dirent* e = readdir(d)) {
+  while (struct dirent* e = readdir(d)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
     if (absl::EndsWith(e->d_name, kPartialSuffix)) partial.emplace_back(e->d_name);
   }
   closedir(d);
@@ -118,7 +119,7 @@ absl::StatusOr<std::vector<std::string>> ListSnapshotIds(int dir) {
     return Errno("list the snapshots folder");
   }
   std::vector<std::string> out;
-  while (struct dirent* e = readdir(d)) {
+  while (struct dirent* e = readdir(d)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
     const std::string name = e->d_name;
     if (name == "." || name == ".." || absl::EndsWith(name, kPartialSuffix)) continue;
     if (CheckSnapshotId(name).ok()) out.push_back(name);

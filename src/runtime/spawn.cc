@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
+#include "src/common/errno_text.h"
 #include "src/runtime/reaper.h"
 #include "src/runtime/state_file.h"
 
@@ -63,7 +64,8 @@ int SpawnChild(void* arg) {
   for (int s = 1; s < NSIG; ++s) sigaction(s, &dfl, nullptr);
   sigset_t none;
   sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // sigprocmask is unspecified with threads, but this is the forked child before exec: one thread.
+  sigprocmask(SIG_SETMASK, &none, nullptr);  // NOLINT(concurrency-mt-unsafe)
   // Out of the way first (a source may be another one's target), then into place.
   int moved[10];
   for (int i = 0; i < plan.nfds; ++i) {
@@ -177,12 +179,12 @@ pid_t SpawnDetached(SpawnPlan& plan) {
 absl::StatusOr<Fd> PipeWith(const std::string& content) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::UnavailableError(absl::StrCat("pipe: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("pipe: ", sbx::ErrnoText(errno)));
   }
   Fd r(fds[0]), w(fds[1]);
   if (content.size() > 65536) return absl::InternalError("pipe content above 64 KiB");
   if (write(w.get(), content.data(), content.size()) != static_cast<ssize_t>(content.size())) {
-    return absl::UnavailableError(absl::StrCat("pipe write: ", std::strerror(errno)));
+    return absl::UnavailableError(absl::StrCat("pipe write: ", sbx::ErrnoText(errno)));
   }
   return r;
 }
@@ -197,7 +199,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
   if (mkdir(sb.dir.c_str(), 0700) != 0 ||
       (!iso.isolated && mkdir((sb.dir + "/workspace").c_str(), 0700) != 0)) {
     return absl::UnavailableError(
-        absl::StrCat("cannot create \"", sb.dir, "\": ", std::strerror(errno)));
+        absl::StrCat("cannot create \"", sb.dir, "\": ", sbx::ErrnoText(errno)));
   }
   auto fail = [&](absl::Status s) {
     KillSandbox(sb);
@@ -208,7 +210,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
   // by others then; its files are each the runtime's alone (the socket included).
   if (iso.own_uids && !sb.image_digest.empty() && chmod(sb.dir.c_str(), 0711) != 0) {
     return fail(absl::UnavailableError(
-        absl::StrCat("cannot chmod \"", sb.dir, "\": ", std::strerror(errno))));
+        absl::StrCat("cannot chmod \"", sb.dir, "\": ", sbx::ErrnoText(errno))));
   }
   // The daemon's socket, bound and listening here, outside the sandbox: connections
   // queue from now on and are served once the daemon runs.
@@ -220,7 +222,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
       bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       chmod(socket_path.c_str(), 0600) != 0 || listen(listener.get(), 128) != 0) {
     return fail(absl::UnavailableError(
-        absl::StrCat("cannot listen on \"", socket_path, "\": ", std::strerror(errno))));
+        absl::StrCat("cannot listen on \"", socket_path, "\": ", sbx::ErrnoText(errno))));
   }
   sb.cgroup_dirs = MakeCgroups(cgroups, id, spec, &sb.freezer);
 
@@ -240,8 +242,8 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
   {
     const Fd dfd(open(sb.dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!dfd.valid() || mkfifoat(dfd.get(), kOutputName, 0600) != 0) {
-      return fail(absl::UnavailableError(
-          absl::StrCat("cannot make the output FIFO in \"", sb.dir, "\": ", std::strerror(errno))));
+      return fail(absl::UnavailableError(absl::StrCat("cannot make the output FIFO in \"", sb.dir,
+                                                      "\": ", sbx::ErrnoText(errno))));
     }
     // Read end first, non-blocking; then the end the sandbox gets.
     sb.output.Reset(OpenInDir(sb.dir, kOutputName, O_RDONLY | O_NONBLOCK));
@@ -249,7 +251,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
     Fd log(OpenInDir(sb.dir, kLogName, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0600));
     if (!sb.output.valid() || !output_w.valid() || !log.valid()) {
       return fail(absl::UnavailableError(absl::StrCat("cannot open the output FIFO or log in \"",
-                                                      sb.dir, "\": ", std::strerror(errno))));
+                                                      sb.dir, "\": ", sbx::ErrnoText(errno))));
     }
     absl::MutexLock lock(&sb.log_mu);
     sb.log = std::move(log);
@@ -261,7 +263,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
   if (!seccomp.ok()) return fail(seccomp.status());
   int info[2] = {-1, -1}, ready[2] = {-1, -1};
   if ((iso.isolated && pipe2(info, O_CLOEXEC) != 0) || pipe2(ready, O_CLOEXEC) != 0) {
-    return fail(absl::UnavailableError(absl::StrCat("pipe failed: ", std::strerror(errno))));
+    return fail(absl::UnavailableError(absl::StrCat("pipe failed: ", sbx::ErrnoText(errno))));
   }
   Fd info_r(info[0]), info_w(info[1]), ready_r(ready[0]), ready_w(ready[1]);
   if (info_r.valid()) fcntl(info_r.get(), F_SETFL, O_NONBLOCK);
@@ -301,7 +303,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
     }
     return fail(
         absl::UnavailableError(absl::StrCat("cannot start \"", argv[0], "\" for sandbox ", id, " (",
-                                            plan.failed_step, "): ", std::strerror(err))));
+                                            plan.failed_step, "): ", sbx::ErrnoText(err))));
   }
   sb.pid = pid;
   sb.start_time = StartTime(pid);
@@ -347,7 +349,7 @@ absl::Status SpawnSandbox(Sandbox& sb, const LocalSpec& spec, const std::vector<
     if (!sb.pidfd.valid()) wait = std::min(wait, absl::Milliseconds(2));
     const timespec ts = absl::ToTimespec(std::max(wait, absl::ZeroDuration()));
     if (ppoll(fds, n, &ts, nullptr) < 0 && errno != EINTR) {
-      failed = absl::InternalError(absl::StrCat("poll: ", std::strerror(errno)));
+      failed = absl::InternalError(absl::StrCat("poll: ", sbx::ErrnoText(errno)));
       break;
     }
     if (info_at >= 0 && fds[info_at].revents != 0) ReadInfo(info_r, &info_text, &sb);

@@ -22,7 +22,9 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/common/port_dial.h"
+#include "src/sandboxd/child_reaper.h"
 #include "src/sandboxd/exec.h"
 #include "src/sandboxd/port_dial.h"
 #include "src/sandboxd/process_table.h"
@@ -105,7 +107,7 @@ class Acceptor {
                                0, absl::ToInt64Milliseconds(next - absl::Now()) + 1));
       if (::poll(fds.data(), fds.size(), ms) < 0) {
         if (errno == EINTR) continue;
-        spdlog::error("accept loop: poll: {}", std::strerror(errno));
+        spdlog::error("accept loop: poll: {}", sbx::ErrnoText(errno));
         return;
       }
       if (fds[1].revents != 0) return;
@@ -126,7 +128,7 @@ class Acceptor {
       const int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED) continue;
-        spdlog::error("accept: {}", std::strerror(errno));
+        spdlog::error("accept: {}", sbx::ErrnoText(errno));
         // EMFILE and the like: do not spin.
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
@@ -300,12 +302,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     }
     if (::unlink(options.socket_path.c_str()) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot remove stale socket \"", options.socket_path, "\": ", std::strerror(errno)));
+          "cannot remove stale socket \"", options.socket_path, "\": ", sbx::ErrnoText(errno)));
     }
   }
   if (options.reap_orphans && ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
     spdlog::warn("cannot become a child subreaper ({}); orphans of commands are not reaped",
-                 std::strerror(errno));
+                 sbx::ErrnoText(errno));
   }
   ChildReaper::Get();
 
@@ -317,7 +319,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     if (::getsockopt(options.listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
         type != SOCK_STREAM) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "listen_fd ", options.listen_fd, " is not a stream socket: ", std::strerror(errno)));
+          "listen_fd ", options.listen_fd, " is not a stream socket: ", sbx::ErrnoText(errno)));
     }
     ::fcntl(options.listen_fd, F_SETFD, FD_CLOEXEC);
   }

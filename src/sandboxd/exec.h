@@ -1,7 +1,7 @@
 #pragma once
-// Running commands: ChildReaper (the one waitpid loop of the process), ExecRunner (one
-// command: spawn, pipes, timeout, signals) and ExecManager (the concurrency limit and the
-// runner threads).
+// Running commands: ExecRunner (one command: spawn, pipes, timeout, signals) and
+// ExecManager (the concurrency limit and the runner threads). Their children are reaped by
+// the ChildReaper (child_reaper.h).
 //
 // Threads: every command gets its own runner thread, which spawns the process and then
 // polls its stdout/stderr/stdin pipes and an eventfd; all I/O with the process happens
@@ -38,32 +38,6 @@
 #include "src/sandboxd/workspace.h"
 
 namespace sbx::sandboxd {
-
-// The process-wide reaper: a thread blocked in waitpid(-1) that hands each child's exit
-// status to the callback registered at its spawn (children nobody registered, i.e.
-// re-parented orphans, are just reaped).
-class ChildReaper {
- public:
-  // The reaper, started on first use; never destroyed.
-  static ChildReaper& Get();
-
-  // Calls `spawn_fn` (which starts a child, with posix_spawn or fork, and returns its pid
-  // or -1) with the reaper's lock held, so the child is registered before it can be
-  // reaped. A forked child must only exec or _exit. `on_exit(wait_status)` runs on the
-  // reaper thread once the child has been reaped; it must be quick.
-  pid_t Spawn(const std::function<pid_t()>& spawn_fn, std::function<void(int)> on_exit)
-      ABSL_LOCKS_EXCLUDED(mu_);
-
- private:
-  ChildReaper();
-  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
-
-  absl::Mutex mu_;
-  absl::CondVar spawned_;
-  absl::flat_hash_map<pid_t, std::function<void(int)>> waiting_ ABSL_GUARDED_BY(mu_);
-  // Bumped by every Spawn so that the loop, finding no children, knows when to retry.
-  uint64_t spawns_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 // What to run. Validated by the caller (the service); the runner checks only what needs
 // the filesystem (cwd, argv[0]).

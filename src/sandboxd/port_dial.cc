@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/common/port_dial.h"
 #include "src/sandboxd/unique_fd.h"
 
@@ -98,7 +99,7 @@ void ServePortDial(int conn_fd, const std::string& secret, absl::Duration timeou
   }
   const UniqueFd up(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (up.get() < 0) {
-    Answer(conn.get(), absl::StrCat("socket: ", std::strerror(errno)));
+    Answer(conn.get(), absl::StrCat("socket: ", sbx::ErrnoText(errno)));
     return;
   }
   sockaddr_in addr{};
@@ -121,7 +122,7 @@ void ServePortDial(int conn_fd, const std::string& secret, absl::Duration timeou
   }
   if (rc != 0) {
     Answer(conn.get(), absl::StrCat("connecting to 127.0.0.1:", port,
-                                    " in the sandbox: ", std::strerror(errno)));
+                                    " in the sandbox: ", sbx::ErrnoText(errno)));
     return;
   }
   const int one = 1;
@@ -141,7 +142,8 @@ void ServePortDial(int conn_fd, const std::string& secret, absl::Duration timeou
   const int sent_fd = up.get();
   std::memcpy(CMSG_DATA(cm), &sent_fd, sizeof(int));
   if (::sendmsg(conn.get(), &msg, MSG_NOSIGNAL) != 1) {
-    spdlog::warn("port dial: passing the socket of port {} failed: {}", port, std::strerror(errno));
+    spdlog::warn("port dial: passing the socket of port {} failed: {}", port,
+                 sbx::ErrnoText(errno));
   }
 }
 

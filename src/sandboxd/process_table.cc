@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/sandboxd/exec.h"
 #include "src/sandboxd/spawn.h"
 
@@ -396,13 +397,13 @@ absl::Status Process::Spawn() {
     master.Reset(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
     if (!master.valid()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("cannot open a pseudo-terminal (/dev/ptmx): ", std::strerror(errno)));
+          absl::StrCat("cannot open a pseudo-terminal (/dev/ptmx): ", sbx::ErrnoText(errno)));
     }
     char name[128];
     if (::grantpt(master.get()) != 0 || ::unlockpt(master.get()) != 0 ||
         ::ptsname_r(master.get(), name, sizeof(name)) != 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("cannot set up a pseudo-terminal: ", std::strerror(errno)));
+          absl::StrCat("cannot set up a pseudo-terminal: ", sbx::ErrnoText(errno)));
     }
     SetWindowSize(master.get(), spec_.cols, spec_.rows);
     // Held open until the child has opened its own: a master whose slave is closed
@@ -410,7 +411,7 @@ absl::Status Process::Spawn() {
     slave.Reset(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
     if (!slave.valid()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("cannot open the pseudo-terminal \"", name, "\": ", std::strerror(errno)));
+          absl::StrCat("cannot open the pseudo-terminal \"", name, "\": ", sbx::ErrnoText(errno)));
     }
     stdio.terminal = name;
   } else {
@@ -564,7 +565,7 @@ ProcessExitInfo Process::Pump() {
           1'000'000));
     }
     if (::poll(fds, nfds, timeout_ms) < 0 && errno != EINTR) {
-      spdlog::error("process {}: poll: {}", pid, std::strerror(errno));
+      spdlog::error("process {}: poll: {}", pid, sbx::ErrnoText(errno));
       ::kill(-pid, SIGKILL);
       killed = true;
       continue;

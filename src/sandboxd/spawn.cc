@@ -12,7 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "src/sandboxd/exec.h"
+#include "src/common/errno_text.h"
+#include "src/sandboxd/child_reaper.h"
 
 namespace sbx::sandboxd {
 namespace {
@@ -39,9 +40,9 @@ struct SpawnActions {
 
 absl::Status OsError(absl::string_view what, int err) {
   if (err == EAGAIN || err == ENOMEM || err == EMFILE || err == ENFILE) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", std::strerror(err)));
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": ", sbx::ErrnoText(err)));
   }
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
+  return absl::InternalError(absl::StrCat(what, ": ", sbx::ErrnoText(err)));
 }
 
 absl::StatusOr<UniqueFd> OpenWorkingDirectory(const Workspace& workspace, const std::string& cwd,
@@ -50,8 +51,8 @@ absl::StatusOr<UniqueFd> OpenWorkingDirectory(const Workspace& workspace, const 
     // The daemon runs in the sandbox: its root is the sandbox's, nothing beyond it.
     UniqueFd fd(::open(default_cwd.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!fd.valid()) {
-      return absl::FailedPreconditionError(absl::StrCat("the sandbox's working folder \"",
-                                                        default_cwd, "\": ", std::strerror(errno)));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the sandbox's working folder \"", default_cwd, "\": ", sbx::ErrnoText(errno)));
     }
     return fd;
   }
@@ -129,7 +130,7 @@ absl::StatusOr<pid_t> SpawnChild(const std::string& program, const std::vector<s
   if (pid < 0) {
     if (spawn_error == EAGAIN || spawn_error == ENOMEM) return OsError("spawn", spawn_error);
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot execute \"", program, "\": ", std::strerror(spawn_error)));
+        absl::StrCat("cannot execute \"", program, "\": ", sbx::ErrnoText(spawn_error)));
   }
   return pid;
 }

@@ -324,7 +324,7 @@ absl::Status WriteDir(struct archive* a, const Sink& sink, int dir_fd, const std
     return PathError(err, prefix);
   }
   std::vector<std::string> names;
-  while (struct dirent* de = ::readdir(dir)) {
+  while (struct dirent* de = ::readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
     const std::string name = de->d_name;
     if (name != "." && name != "..") names.push_back(name);
   }

@@ -143,7 +143,7 @@ class WatchStream final : public grpc::ServerWriteReactor<v1::WatchDirEvent> {
       return absl::OkStatus();
     }
     std::vector<std::string> subdirs;
-    while (struct dirent* de = ::readdir(dir)) {
+    while (struct dirent* de = ::readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
       const std::string n = de->d_name;
       if (n == "." || n == "..") continue;
       if (de->d_type == DT_DIR || de->d_type == DT_UNKNOWN) subdirs.push_back(n);

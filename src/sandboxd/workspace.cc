@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "src/common/errno_text.h"
 #include "src/common/status_macros.h"
 
 namespace sbx::sandboxd {
@@ -81,7 +82,7 @@ void ListInto(int fd, const std::string& prefix, bool recursive,
     return;
   }
   std::vector<std::string> subdirs;
-  while (struct dirent* de = ::readdir(dir)) {
+  while (struct dirent* de = ::readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
     if (out.size() >= kMaxListScan) break;
     const std::string name = de->d_name;
     if (name == "." || name == "..") continue;
@@ -137,12 +138,12 @@ absl::Status PathError(int err, absl::string_view path) {
     case EACCES:
     case EPERM:
       return absl::PermissionDeniedError(
-          absl::StrCat("path ", Quote(path), ": ", std::strerror(err)));
+          absl::StrCat("path ", Quote(path), ": ", sbx::ErrnoText(err)));
     case ENOSPC:
     case EDQUOT:
     case EFBIG:
       return absl::ResourceExhaustedError(
-          absl::StrCat("path ", Quote(path), ": ", std::strerror(err)));
+          absl::StrCat("path ", Quote(path), ": ", sbx::ErrnoText(err)));
     case EROFS:
       return absl::PermissionDeniedError(
           absl::StrCat("path ", Quote(path), " is on a read-only filesystem"));
@@ -155,7 +156,7 @@ absl::Status PathError(int err, absl::string_view path) {
       return absl::UnavailableError(
           absl::StrCat("path ", Quote(path), ": resolution raced with a rename, retry"));
     default:
-      return absl::InternalError(absl::StrCat("path ", Quote(path), ": ", std::strerror(err)));
+      return absl::InternalError(absl::StrCat("path ", Quote(path), ": ", sbx::ErrnoText(err)));
   }
 }
 
@@ -167,7 +168,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> Workspace::Open(const std::string& ro
     sandbox_root_fd.Reset(::open(sandbox_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!sandbox_root_fd.valid()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "cannot open sandbox root ", Quote(sandbox_root), ": ", std::strerror(errno)));
+          "cannot open sandbox root ", Quote(sandbox_root), ": ", sbx::ErrnoText(errno)));
     }
   }
   UniqueFd fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -181,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Workspace>> Workspace::Open(const std::string& ro
           absl::StrCat("workspace ", Quote(root), " is not a directory"));
     }
     return absl::FailedPreconditionError(
-        absl::StrCat("cannot open workspace ", Quote(root), ": ", std::strerror(err)));
+        absl::StrCat("cannot open workspace ", Quote(root), ": ", sbx::ErrnoText(err)));
   }
   if (use_openat2) {
     // Probe once: kernels before 5.6 (or seccomp filters) answer ENOSYS or EPERM.
@@ -600,7 +601,7 @@ int RemoveContents(int fd, int depth) {
     return -err;
   }
   std::vector<std::string> names;
-  while (struct dirent* de = ::readdir(dir)) {
+  while (struct dirent* de = ::readdir(dir)) {  // NOLINT(concurrency-mt-unsafe): own DIR stream
     const std::string name = de->d_name;
     if (name != "." && name != "..") names.push_back(name);
   }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "src/allocator/allocator.h"
+#include "src/common/errno_text.h"
 #include "src/common/ids.h"
 
 namespace sbx::server {
@@ -56,7 +57,7 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Table>> Authenticator::Load(
   if (!in) {
     const int err = errno;
     const std::string why = absl::StrCat("cannot read tokens file \"", path,
-                                         "\": ", err != 0 ? std::strerror(err) : "open failed");
+                                         "\": ", err != 0 ? sbx::ErrnoText(err) : "open failed");
     if (err == ENOENT) return absl::NotFoundError(why);
     if (err == EACCES) return absl::PermissionDeniedError(why);
     return absl::InternalError(why);

@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "rocksdb/db.h"
 #include "spdlog/spdlog.h"
+#include "src/common/errno_text.h"
 #include "src/store/batch_check.h"
 #include "src/store/record_codec.h"
 #include "src/store/rocksdb_common.h"
@@ -103,7 +104,8 @@ class WalSyncer {
 
  private:
   static absl::Status Error(absl::string_view what, const std::string& path) {
-    return absl::UnavailableError(absl::StrCat(what, " ", Quoted(path), ": ", strerror(errno)));
+    return absl::UnavailableError(
+        absl::StrCat(what, " ", Quoted(path), ": ", sbx::ErrnoText(errno)));
   }
   const std::string dir_;
   std::map<std::string, int> fds_;
@@ -126,7 +128,7 @@ absl::Status SyncLogFiles(const std::string& dir) {
       const int err = errno;
       if (fd >= 0) close(fd);
       return absl::UnavailableError(
-          absl::StrCat("syncing ", Quoted(it->path().string()), ": ", strerror(err)));
+          absl::StrCat("syncing ", Quoted(it->path().string()), ": ", sbx::ErrnoText(err)));
     }
     close(fd);
   }

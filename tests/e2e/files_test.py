@@ -12,14 +12,10 @@ Usage: files_test.py PATH_TO_SBX_SERVER PROTO_DIR CONFIG_YAML
 import hashlib
 import io
 import os
-import shutil
-import signal
 import sys
 import tarfile
-import tempfile
 import threading
 import time
-import unittest
 
 import grpc
 
@@ -72,44 +68,20 @@ def pattern(n):
     return bytes(out[:n])
 
 
-class Files(unittest.TestCase):
+class Files(sbx_e2e.ServerTestCase):
+    TOKENS = "tok-a tenant-a\ntok-b tenant-b\n"
+    MD = TENANT_A
+
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="sbx-files-", dir="/tmp")
-        cls.tokens = os.path.join(cls.dir, "tokens")
-        with open(cls.tokens, "w") as f:
-            f.write("tok-a tenant-a\ntok-b tenant-b\n")
-        cls.server = sbx_e2e.Server(SERVER, cls.dir, CONFIG, (), auth_tokens=cls.tokens)
-        from sbx.v1 import claims_pb2_grpc, sandboxes_pb2_grpc
-        cls.claims = claims_pb2_grpc.ClaimServiceStub(cls.server.channel)
-        cls.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(cls.server.channel)
-        cls.seq = 0
-
-    @classmethod
-    def tearDownClass(cls):
-        if cls.server.proc.poll() is not None:
-            print("sbx-server exited:", cls.server.proc.returncode, cls.server.logtext(),
-                  file=sys.stderr)
-        cls.server.stop(signal.SIGTERM)
-        sbx_e2e.kill_all_with(cls.dir)
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        cls.make_workdir("sbx-files-")
+        cls.start_server(CONFIG, ())
 
     def claim(self, md=TENANT_A):
-        from sbx.v1 import claims_pb2
-        type(self).seq += 1
-        c = self.claims.Claim(claims_pb2.ClaimRequest(
-            pool="default", claim_id=f"{self.id().split('.')[-1]}-{self.seq}"),
-            metadata=md, timeout=60).claim
-        self.addCleanup(self.release, c.claim_id, md)
-        return c
+        return self.claim_released_at_cleanup("default", md)
 
-    def release(self, claim_id, md=TENANT_A):
-        from sbx.v1 import claims_pb2
-        try:
-            self.claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id), metadata=md,
-                                timeout=30)
-        except grpc.RpcError:
-            pass
+    def release(self, claim, md=TENANT_A):
+        super().release(claim, md, quiet=True)  # released by the test already
 
     def upload(self, claim_id, path, data, tar=False, md=TENANT_A, **start):
         from sbx.v1 import sandboxes_pb2
@@ -411,7 +383,4 @@ class Files(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    SERVER, PROTO, CONFIG = (os.path.abspath(a) for a in sys.argv[1:4])
-    del sys.argv[1:4]
-    sbx_e2e.generate_stubs(PROTO)
-    unittest.main()
+    sbx_e2e.run(Files, __doc__, ("SERVER", "PROTO", "CONFIG"), verbosity=1)

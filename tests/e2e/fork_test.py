@@ -12,129 +12,39 @@ Usage: fork_test.py PATH_TO_SBX_SERVER PROTO_DIR PATH_TO_SBX_CLI
 
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
-import unittest
 import urllib.request
 
 import grpc
 
 import sbx_e2e
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "images"))
-import test_images  # noqa: E402
+from sbx_e2e import A, B, WS
 
 SERVER = PROTO = CLI = None
 
-CONFIG = """
-templates:
-  - name: img
-    runtime: local
-    local:
-      image: "{plain}"
-      workspace_size_bytes: 268435456
-      layer_size_bytes: 268435456
-  - name: host
-    runtime: local
-    local:
-      network: false
-pools:
-  - name: img
-    template: img
-    min_warm: 2
-    max_warm: 4
-    empty_pool_policy: wait
-    default_wait: 30s
-  - name: host
-    template: host
-    min_warm: 1
-    max_warm: 2
-    empty_pool_policy: wait
-    default_wait: 30s
-"""
+CONFIG = sbx_e2e.pool_config(sbx_e2e.IMG_POOL, sbx_e2e.HOST_POOL)
 
-TOKENS = "token-a tenant-a\ntoken-b tenant-b\ntoken-admin ops admin\n"
-A = [("authorization", "Bearer token-a")]
-B = [("authorization", "Bearer token-b")]
-ADMIN = [("authorization", "Bearer token-admin")]
-WS = "/run/sbx/workspace"
+ADMIN = sbx_e2e.bearer("token-admin")
 
 
-class Fork(unittest.TestCase):
+class Fork(sbx_e2e.ServerTestCase):
+    TOKENS = "token-a tenant-a\ntoken-b tenant-b\ntoken-admin ops admin\n"
+    MD = A
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="sbx-fork-", dir="/tmp")
-        os.chmod(cls.dir, 0o755)
-        cls.plain_ref = test_images.busybox_image(os.path.join(cls.dir, "images", "plain"),
-                                                  config={"Env": ["PATH=/bin"]})
-        cls.config = os.path.join(cls.dir, "config.yaml")
-        with open(cls.config, "w") as f:
-            f.write(CONFIG.format(plain=cls.plain_ref))
-        cls.tokens = os.path.join(cls.dir, "tokens")
-        with open(cls.tokens, "w") as f:
-            f.write(TOKENS)
+        cls.make_workdir("sbx-fork-", 0o755)
+        cls.plain_ref = sbx_e2e.busybox_image(os.path.join(cls.dir, "images", "plain"))
+        cls.config = cls.write_file("config.yaml", CONFIG.replace("{plain}", cls.plain_ref))
         cls.host_dir = os.path.join(cls.dir, "host-dir")
         os.makedirs(cls.host_dir)
-        with open(os.path.join(cls.host_dir, "canary"), "w") as f:
-            f.write("CANARY\n")
-        cls.start()
-
-    @classmethod
-    def start(cls):
-        cls.server = sbx_e2e.Server(
-            SERVER, cls.dir, cls.config, auth_tokens=cls.tokens,
-            extra=["--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
-        from sbx.v1 import admin_pb2_grpc, claims_pb2_grpc, sandboxes_pb2_grpc, snapshots_pb2_grpc
-        ch = cls.server.channel
-        cls.claims = claims_pb2_grpc.ClaimServiceStub(ch)
-        cls.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(ch)
-        cls.snaps = snapshots_pb2_grpc.SnapshotsStub(ch)
-        cls.admin = admin_pb2_grpc.AdminServiceStub(ch)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop(signal.SIGTERM)
-        sbx_e2e.kill_all_with(cls.dir)
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        cls.write_file("host-dir/canary", "CANARY\n")
+        cls.start_server(cls.config, [
+            "--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
 
     # --- helpers ---
-
-    def claim(self, pool="img", md=A):
-        from sbx.v1 import claims_pb2
-        return self.claims.Claim(claims_pb2.ClaimRequest(pool=pool), metadata=md,
-                                 timeout=60).claim
-
-    def get_claim(self, claim_id, md=A):
-        from sbx.v1 import claims_pb2
-        return self.claims.GetClaim(claims_pb2.GetClaimRequest(claim_id=claim_id), metadata=md,
-                                    timeout=10).claim
-
-    def release(self, claim_id, md=A):
-        from sbx.v1 import claims_pb2
-        self.claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id), metadata=md, timeout=30)
-
-    def sh(self, claim_id, script, md=A, timeout=60):
-        return sbx_e2e.sh(self.sandboxes, claim_id, script, metadata=md, timeout=timeout)
-
-    def snapshot(self, claim_id, md=A):
-        from sbx.v1 import snapshots_pb2
-        return self.snaps.CreateSnapshot(snapshots_pb2.CreateSnapshotRequest(claim_id=claim_id),
-                                         metadata=md, timeout=120).snapshot
-
-    def list_snapshots(self, md=A):
-        from sbx.v1 import snapshots_pb2
-        return self.snaps.ListSnapshots(snapshots_pb2.ListSnapshotsRequest(), metadata=md,
-                                        timeout=10).snapshots
-
-    def delete(self, snap_id, md=A):
-        from sbx.v1 import snapshots_pb2
-        self.snaps.DeleteSnapshot(snapshots_pb2.DeleteSnapshotRequest(snapshot_id=snap_id),
-                                  metadata=md, timeout=30)
 
     def fork(self, count, snapshot_id="", claim_id="", md=A, batch_id="", env=None,
              labels=None):
@@ -164,12 +74,6 @@ class Fork(unittest.TestCase):
                     dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or "")) == labels:
                 return float(m.group(3))
         return 0.0
-
-    def assert_code(self, code, fn, *args, **kwargs):
-        with self.assertRaises(grpc.RpcError) as cm:
-            fn(*args, **kwargs)
-        self.assertEqual(cm.exception.code(), code, cm.exception.details())
-        return cm.exception.details()
 
     def prepared(self, pool="img"):
         """A claim with files in its workspace and its root, and a snapshot of it."""
@@ -230,8 +134,8 @@ class Fork(unittest.TestCase):
                 self.release(f)
             self.release(c.claim_id)
         for child in children:
-            self.delete(child)
-        self.delete(snap.id)
+            self.delete_snapshot(child)
+        self.delete_snapshot(snap.id)
 
     def used_kib(self, claim_id, path):
         """What `df` shows used on the file system at `path` in the sandbox: for an overlay,
@@ -283,7 +187,7 @@ class Fork(unittest.TestCase):
             for f in forks:
                 self.release(f)
             forks = []
-            self.delete(snap.id)
+            self.delete_snapshot(snap.id)
             snaps.remove(snap.id)
             g = self.fork(1, snapshot_id=child.id).claims[0].claim_id
             forks.append(g)
@@ -300,8 +204,8 @@ class Fork(unittest.TestCase):
             forks = []
             code, out = self.sh(c.claim_id, "echo after > /opt/data/keep && echo OK")
             self.assertEqual((code, out), (0, "OK\n"))
-            self.reset_to(c.claim_id, child.id)
-            self.delete(child.id)
+            self.reset(c.claim_id, child.id)
+            self.delete_snapshot(child.id)
             snaps.remove(child.id)
             self.assertTrue(os.path.isdir(self.snapshot_folder(child.id)))
             self.assertEqual(self.sh(c.claim_id, "cat /opt/data/keep /etc/mine"),
@@ -311,17 +215,12 @@ class Fork(unittest.TestCase):
                 self.release(f)
             self.release(c.claim_id)
             for s in snaps:
-                self.delete(s)
+                self.delete_snapshot(s)
         # Its last sandbox gone, the deleted snapshot's files go too.
         deadline = time.monotonic() + 30
         while os.path.isdir(self.snapshot_folder(child.id)) and time.monotonic() < deadline:
             time.sleep(0.1)
         self.assertFalse(os.path.isdir(self.snapshot_folder(child.id)))
-
-    def reset_to(self, claim_id, snap_id, md=A):
-        from sbx.v1 import snapshots_pb2
-        self.snaps.Reset(snapshots_pb2.ResetRequest(claim_id=claim_id, snapshot_id=snap_id),
-                         metadata=md, timeout=60)
 
     def test_a_fork_of_a_live_claim_snapshots_it_and_a_retry_answers_the_same_forks(self):
         c = self.claim()
@@ -329,12 +228,12 @@ class Fork(unittest.TestCase):
         try:
             code, out = self.sh(c.claim_id, f"echo live > {WS}/state && echo OK")
             self.assertEqual((code, out), (0, "OK\n"))
-            before = {s.id for s in self.list_snapshots()}
+            before = {s.id for s in self.list_snapshots().snapshots}
             resp = self.fork(2, claim_id=c.claim_id, batch_id="episode-1")
             forks = [f.claim_id for f in resp.claims]
             self.assertEqual(forks, ["episode-1#0", "episode-1#1"])
             self.assertFalse(resp.replayed)
-            made = {s.id for s in self.list_snapshots()} - before
+            made = {s.id for s in self.list_snapshots().snapshots} - before
             self.assertEqual(made, {resp.snapshot_id})
             for f in forks:
                 self.assertEqual(self.sh(f, f"cat {WS}/state"), (0, "live\n"))
@@ -344,7 +243,7 @@ class Fork(unittest.TestCase):
             self.assertTrue(again.replayed)
             self.assertEqual([f.claim_id for f in again.claims], forks)
             self.assertEqual(again.snapshot_id, resp.snapshot_id)
-            self.assertEqual({s.id for s in self.list_snapshots()} - before, made)
+            self.assertEqual({s.id for s in self.list_snapshots().snapshots} - before, made)
             # A batch id of ordinary claims is not taken for forks.
             from sbx.v1 import claims_pb2
             self.claims.ClaimBatch(claims_pb2.ClaimBatchRequest(pool="img", count=1,
@@ -357,7 +256,7 @@ class Fork(unittest.TestCase):
             for f in forks:
                 self.release(f)
             self.release(c.claim_id)
-        self.delete(resp.snapshot_id)
+        self.delete_snapshot(resp.snapshot_id)
 
     def test_a_host_root_sandbox_forks_its_workspace(self):
         c, snap = self.prepared(pool="host")
@@ -368,7 +267,7 @@ class Fork(unittest.TestCase):
         finally:
             self.release(f)
             self.release(c.claim_id)
-        self.delete(snap.id)
+        self.delete_snapshot(snap.id)
 
     # Attack: tenant B reaches A's snapshot through Fork, through the fork pool's name (the
     # pool sits in the namespace both may claim from), or by deleting it.
@@ -380,7 +279,7 @@ class Fork(unittest.TestCase):
             pool = mine.pool
             self.assert_code(grpc.StatusCode.NOT_FOUND, self.fork, 1, snapshot_id=snap.id, md=B)
             self.assert_code(grpc.StatusCode.NOT_FOUND, self.fork, 1, claim_id=c.claim_id, md=B)
-            self.assert_code(grpc.StatusCode.NOT_FOUND, self.delete, snap.id, md=B)
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.delete_snapshot, snap.id, md=B)
             from sbx.v1 import claims_pb2
             for md in (B, A):
                 self.assert_code(grpc.StatusCode.NOT_FOUND, self.claims.Claim,
@@ -400,7 +299,7 @@ class Fork(unittest.TestCase):
         finally:
             self.release(mine.claim_id)
             self.release(c.claim_id)
-        self.delete(snap.id)
+        self.delete_snapshot(snap.id)
 
     # Attack: a sandbox plants a link to a host path and a FIFO, is snapshotted and forked;
     # the fork's files are then read through the file RPCs, which must neither follow the
@@ -440,18 +339,18 @@ class Fork(unittest.TestCase):
             for f in forks:
                 self.release(f)
             self.release(c.claim_id)
-        self.delete(snap.id)
+        self.delete_snapshot(snap.id)
 
     def test_a_snapshot_with_claimed_forks_is_kept_until_they_are_released(self):
         c, snap = self.prepared()
         self.release(c.claim_id)
         resp = self.fork(2, snapshot_id=snap.id)
-        detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.delete, snap.id)
+        detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.delete_snapshot, snap.id)
         self.assertIn("release its forks", detail)
         self.assertEqual(self.sh(resp.claims[0].claim_id, f"cat {WS}/state"), (0, "prepared\n"))
         for f in resp.claims:
             self.release(f.claim_id)
-        self.delete(snap.id)
+        self.delete_snapshot(snap.id)
         self.assert_code(grpc.StatusCode.NOT_FOUND, self.fork, 1, snapshot_id=snap.id)
         from sbx.v1 import admin_pb2
         pools = [p.name for p in self.admin.ListPools(admin_pb2.ListPoolsRequest(),
@@ -497,7 +396,7 @@ class Fork(unittest.TestCase):
             g2 = self.claim("golden")
             self.assertEqual(g2.launch_type, 1)  # WARM
             self.assertEqual(self.sh(g2.claim_id, f"cat {WS}/state"), (0, "prepared\n"))
-            detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.delete, snap.id)
+            detail = self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.delete_snapshot, snap.id)
             self.assertIn('template "golden"', detail)
         finally:
             self.release(g.claim_id)
@@ -507,7 +406,7 @@ class Fork(unittest.TestCase):
                               timeout=30)
         self.admin.DeleteTemplate(admin_pb2.DeleteTemplateRequest(name="golden"), metadata=ADMIN,
                                   timeout=30)
-        self.delete(snap.id)
+        self.delete_snapshot(snap.id)
 
     def test_cli_fork(self):
         c, snap = self.prepared()
@@ -527,7 +426,7 @@ class Fork(unittest.TestCase):
             self.assertIn("sn-nope", r.stderr)
         finally:
             self.release(c.claim_id)
-        self.delete(snap.id)
+        self.delete_snapshot(snap.id)
 
     # Forks are claims like any other: durable before the answer, adopted with their
     # sandboxes after a kill -9, and a retry of the Fork still answers them.
@@ -536,7 +435,7 @@ class Fork(unittest.TestCase):
         self.release(c.claim_id)
         resp = self.fork(2, snapshot_id=snap.id, batch_id="durable")
         self.server.stop(signal.SIGKILL)
-        type(self).start()
+        type(self).start_server(None)
         for f in resp.claims:
             got = self.get_claim(f.claim_id)
             self.assertEqual(got.sandbox.id, f.sandbox.id)
@@ -545,16 +444,9 @@ class Fork(unittest.TestCase):
         self.assertTrue(again.replayed)
         for f in resp.claims:
             self.release(f.claim_id)
-        self.delete(snap.id)
+        self.delete_snapshot(snap.id)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit(__doc__)
-    SERVER, PROTO, CLI = sys.argv[1], sys.argv[2], sys.argv[3]
-    del sys.argv[1:4]
-    if os.geteuid() != 0:
-        print("SKIP: forks of image sandboxes need a root server (idmapped layers)")
-        sys.exit(0)
-    sbx_e2e.generate_stubs(PROTO)
-    unittest.main(verbosity=2)
+    sbx_e2e.run(Fork, __doc__, ("SERVER", "PROTO", "CLI"),
+                root_reason="forks of image sandboxes need a root server (idmapped layers)")

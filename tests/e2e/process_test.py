@@ -10,13 +10,9 @@ Usage: process_test.py PATH_TO_SBX_SERVER PROTO_DIR CONFIG_YAML
 """
 
 import os
-import shutil
 import signal
-import sys
-import tempfile
 import threading
 import time
-import unittest
 
 import grpc
 
@@ -46,25 +42,14 @@ def resident_bytes(pid):
     return 0
 
 
-class Processes(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="sbx-procs-", dir="/tmp")
-        cls.tokens = os.path.join(cls.dir, "tokens")
-        with open(cls.tokens, "w") as f:
-            f.write("tok-a tenant-a\ntok-b tenant-b\n")
-        cls.server = sbx_e2e.Server(SERVER, cls.dir, CONFIG, LIMITS, auth_tokens=cls.tokens)
-        cls.claims, cls.sandboxes = cls.stubs(cls.server.channel)
-        cls.seq = 0
+class Processes(sbx_e2e.ServerTestCase):
+    TOKENS = "tok-a tenant-a\ntok-b tenant-b\n"
+    MD = TENANT_A
 
     @classmethod
-    def tearDownClass(cls):
-        if cls.server.proc.poll() is not None:
-            print("sbx-server exited:", cls.server.proc.returncode, cls.server.logtext(),
-                  file=sys.stderr)
-        cls.server.stop(signal.SIGTERM)
-        sbx_e2e.kill_all_with(cls.dir)
-        shutil.rmtree(cls.dir, ignore_errors=True)
+    def setUpClass(cls):
+        cls.make_workdir("sbx-procs-")
+        cls.start_server(CONFIG, LIMITS)
 
     @staticmethod
     def stubs(channel):
@@ -73,21 +58,10 @@ class Processes(unittest.TestCase):
                 sandboxes_pb2_grpc.SandboxServiceStub(channel))
 
     def claim(self, md=TENANT_A):
-        from sbx.v1 import claims_pb2
-        type(self).seq += 1
-        c = self.claims.Claim(claims_pb2.ClaimRequest(
-            pool="default", claim_id=f"{self.id().split('.')[-1]}-{self.seq}"),
-            metadata=md, timeout=60).claim
-        self.addCleanup(self.release, c.claim_id, md)
-        return c
+        return self.claim_released_at_cleanup("default", md)
 
-    def release(self, claim_id, md=TENANT_A):
-        from sbx.v1 import claims_pb2
-        try:
-            self.claims.Release(claims_pb2.ReleaseRequest(claim_id=claim_id), metadata=md,
-                                timeout=30)
-        except grpc.RpcError:
-            pass  # released by the test already
+    def release(self, claim, md=TENANT_A):
+        super().release(claim, md, quiet=True)  # released by the test already
 
     def start(self, claim_id, argv, md=TENANT_A, detach=True, sandboxes=None, **kw):
         """StartProcess; returns (started, events after it) of a detached start."""
@@ -395,7 +369,4 @@ class Processes(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    SERVER, PROTO, CONFIG = (os.path.abspath(a) for a in sys.argv[1:4])
-    del sys.argv[1:4]
-    sbx_e2e.generate_stubs(PROTO)
-    unittest.main()
+    sbx_e2e.run(Processes, __doc__, ("SERVER", "PROTO", "CONFIG"), verbosity=1)

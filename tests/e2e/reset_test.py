@@ -10,65 +10,24 @@ Usage: reset_test.py PATH_TO_SBX_SERVER PROTO_DIR PATH_TO_SBX_CLI
 """
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import unittest
 
 import grpc
 
 import sbx_e2e
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "images"))
-import test_images  # noqa: E402
+from sbx_e2e import A, B, WS
 
 SERVER = PROTO = CLI = None
 
-CONFIG = """
-templates:
-  - name: img
-    runtime: local
-    local:
-      image: "{plain}"
-      workspace_size_bytes: 268435456
-      layer_size_bytes: 268435456
-  - name: other
-    runtime: local
-    local:
-      image: "{other}"
-  - name: host
-    runtime: local
-    local:
-      network: false
-pools:
-  - name: img
-    template: img
-    min_warm: 2
-    max_warm: 4
-    empty_pool_policy: wait
-    default_wait: 30s
-  - name: other
-    template: other
-    min_warm: 1
-    max_warm: 2
-    empty_pool_policy: wait
-    default_wait: 30s
-  - name: host
-    template: host
-    min_warm: 1
-    max_warm: 2
-    empty_pool_policy: wait
-    default_wait: 30s
-"""
+CONFIG = sbx_e2e.pool_config(
+    sbx_e2e.IMG_POOL,
+    ("other", {"image": "{other}"}, 1, 2),
+    sbx_e2e.HOST_POOL)
 
-TOKENS = "token-a tenant-a\ntoken-b tenant-b\n"
-A = [("authorization", "Bearer token-a")]
-B = [("authorization", "Bearer token-b")]
-WS = "/run/sbx/workspace"
 # Starts `sleep 1000` in the background and answers once ps shows it as such: a forked child
 # shows its parent's command line until it has exec'd, which on a busy machine can outlast
 # the next few calls (a count right after the start then saw 0).
@@ -77,86 +36,27 @@ START_SLEEP = ("(sleep 1000 > /dev/null 2>&1 &); i=0; "
                "[ $i -gt 100000 ] && break; done; echo OK")
 
 
-class Reset(unittest.TestCase):
+class Reset(sbx_e2e.ServerTestCase):
+    TOKENS = sbx_e2e.TWO_TENANTS
+    MD = A
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="sbx-reset-", dir="/tmp")
-        os.chmod(cls.dir, 0o755)
-        cls.plain_ref = test_images.busybox_image(os.path.join(cls.dir, "images", "plain"),
-                                                  config={"Env": ["PATH=/bin"]})
-        cls.other_ref = test_images.busybox_image(os.path.join(cls.dir, "images", "other"),
-                                                  config={"Env": ["PATH=/bin", "OTHER=1"]})
-        cls.config = os.path.join(cls.dir, "config.yaml")
-        with open(cls.config, "w") as f:
-            f.write(CONFIG.format(plain=cls.plain_ref, other=cls.other_ref))
-        cls.tokens = os.path.join(cls.dir, "tokens")
-        with open(cls.tokens, "w") as f:
-            f.write(TOKENS)
+        cls.make_workdir("sbx-reset-", 0o755)
+        cls.plain_ref = sbx_e2e.busybox_image(os.path.join(cls.dir, "images", "plain"))
+        cls.other_ref = sbx_e2e.busybox_image(os.path.join(cls.dir, "images", "other"),
+                                              env=["PATH=/bin", "OTHER=1"])
+        cls.config = cls.write_file("config.yaml", CONFIG.replace("{plain}", cls.plain_ref)
+                                    .replace("{other}", cls.other_ref))
         # A host folder the sandbox links to: nothing may be written into it or removed.
         cls.host_dir = os.path.join(cls.dir, "host-dir")
         os.makedirs(cls.host_dir)
         os.chmod(cls.host_dir, 0o777)
-        with open(os.path.join(cls.host_dir, "canary"), "w") as f:
-            f.write("CANARY\n")
-        cls.server = sbx_e2e.Server(
-            SERVER, cls.dir, cls.config, auth_tokens=cls.tokens,
-            extra=["--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
-        from sbx.v1 import claims_pb2_grpc, sandboxes_pb2_grpc, snapshots_pb2_grpc
-        ch = cls.server.channel
-        cls.claims = claims_pb2_grpc.ClaimServiceStub(ch)
-        cls.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(ch)
-        cls.snaps = snapshots_pb2_grpc.SnapshotsStub(ch)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop(signal.SIGTERM)
-        sbx_e2e.kill_all_with(cls.dir)
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        cls.write_file("host-dir/canary", "CANARY\n")
+        cls.start_server(cls.config, [
+            "--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
 
     # --- helpers ---
-
-    def claim(self, pool="img", md=A, env=None):
-        from sbx.v1 import claims_pb2, types_pb2
-        req = claims_pb2.ClaimRequest(pool=pool)
-        if env:
-            req.config.CopyFrom(types_pb2.SandboxConfig(env=env))
-        return self.claims.Claim(req, metadata=md, timeout=60).claim
-
-    def get_claim(self, claim_id, md=A):
-        from sbx.v1 import claims_pb2
-        return self.claims.GetClaim(claims_pb2.GetClaimRequest(claim_id=claim_id), metadata=md,
-                                    timeout=10).claim
-
-    def release(self, claim, md=A):
-        from sbx.v1 import claims_pb2
-        self.claims.Release(claims_pb2.ReleaseRequest(claim_id=claim.claim_id), metadata=md,
-                            timeout=30)
-
-    def sh(self, claim, script, md=A, timeout=60):
-        return sbx_e2e.sh(self.sandboxes, claim.claim_id, script, metadata=md, timeout=timeout)
-
-    def snapshot(self, claim, md=A):
-        from sbx.v1 import snapshots_pb2
-        return self.snaps.CreateSnapshot(
-            snapshots_pb2.CreateSnapshotRequest(claim_id=claim.claim_id), metadata=md,
-            timeout=120).snapshot
-
-    def delete(self, snap_id, md=A):
-        from sbx.v1 import snapshots_pb2
-        self.snaps.DeleteSnapshot(snapshots_pb2.DeleteSnapshotRequest(snapshot_id=snap_id),
-                                  metadata=md, timeout=30)
-
-    def reset(self, claim_id, snap_id, md=A, timeout=60):
-        from sbx.v1 import snapshots_pb2
-        self.snaps.Reset(snapshots_pb2.ResetRequest(claim_id=claim_id, snapshot_id=snap_id),
-                         metadata=md, timeout=timeout)
-
-    def assert_code(self, code, fn, *args, **kwargs):
-        with self.assertRaises(grpc.RpcError) as cm:
-            fn(*args, **kwargs)
-        self.assertEqual(cm.exception.code(), code, cm.exception.details())
-        return cm.exception.details()
 
     def host_dir_untouched(self):
         self.assertEqual(sorted(os.listdir(self.host_dir)), ["canary"])
@@ -203,7 +103,7 @@ class Reset(unittest.TestCase):
             self.assertEqual((code, out), (0, "one\napp\n"))
             self.assertEqual(self.get_claim(c.claim_id).sandbox.endpoint,
                              before.sandbox.endpoint)
-            self.delete(snap.id)
+            self.delete_snapshot(snap.id)
         finally:
             self.release(c)
 
@@ -218,7 +118,7 @@ class Reset(unittest.TestCase):
             self.reset(c.claim_id, snap.id)
             code, out = self.sh(c, "cat note; ls")
             self.assertEqual((code, out), (0, "hello\nnote\n"))
-            self.delete(snap.id)
+            self.delete_snapshot(snap.id)
         finally:
             self.release(c)
 
@@ -243,8 +143,8 @@ class Reset(unittest.TestCase):
             self.assertEqual((code, out), (0, "a\n1\n"))
             code, out = self.sh(b, f"cat {WS}/theirs; test -e {WS}/mine || echo no", md=B)
             self.assertEqual((code, out), (0, "b\nno\n"))
-            self.delete(snap_a.id)
-            self.delete(snap_b.id, B)
+            self.delete_snapshot(snap_a.id)
+            self.delete_snapshot(snap_b.id, B)
         finally:
             self.release(a)
             self.release(b, B)
@@ -263,7 +163,7 @@ class Reset(unittest.TestCase):
             code, out = self.sh(a, "echo alive")
             self.assertEqual((code, out), (0, "alive\n"))
             self.assertEqual(self.get_claim(a.claim_id).sandbox.endpoint, mine.sandbox.endpoint)
-            self.delete(snap.id)
+            self.delete_snapshot(snap.id)
         finally:
             self.release(a)
             self.release(o)
@@ -310,7 +210,7 @@ class Reset(unittest.TestCase):
             # A call made after the reset is not reported as aborted.
             code, out = self.sh(c, f"test -e {WS}/running || echo clean")
             self.assertEqual((code, out), (0, "clean\n"))
-            self.delete(snap.id)
+            self.delete_snapshot(snap.id)
         finally:
             self.release(c)
 
@@ -345,7 +245,7 @@ class Reset(unittest.TestCase):
                                    f"(echo y > /opt/canary) 2>/dev/null; echo OK")
             self.assertEqual(out, f"{h}\n{h}\n{h}/canary\nno2\nunreadable\nunreadable\nOK\n")
             self.host_dir_untouched()
-            self.delete(snap.id)
+            self.delete_snapshot(snap.id)
         finally:
             self.release(c)
 
@@ -366,7 +266,7 @@ class Reset(unittest.TestCase):
             refused = None
             while not future.done():
                 try:
-                    self.delete(snap.id)
+                    self.delete_snapshot(snap.id)
                     break
                 except grpc.RpcError as e:
                     self.assertEqual(e.code(), grpc.StatusCode.FAILED_PRECONDITION, e.details())
@@ -384,7 +284,7 @@ class Reset(unittest.TestCase):
             code, out = self.sh(c, f"wc -c < {WS}/big")
             self.assertEqual((code, out.strip()), (0, str(64 << 20)))
             try:
-                self.delete(snap.id)
+                self.delete_snapshot(snap.id)
             except grpc.RpcError as e:
                 self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)  # deleted after it
             print(f"deletion refused during the reset: {refused is not None}", file=sys.stderr)
@@ -413,7 +313,7 @@ class Reset(unittest.TestCase):
             sbx_e2e.wait_for(lambda: not os.path.exists(sb) and
                              not sbx_e2e.processes_with(sb), 30,
                              f"sandbox {c.sandbox.id} to be gone")
-            self.delete(snap.id)
+            self.delete_snapshot(snap.id)
 
     def test_bad_requests_and_an_ended_claim(self):
         self.assert_code(grpc.StatusCode.INVALID_ARGUMENT, self.reset, "", "sn-x")
@@ -424,7 +324,7 @@ class Reset(unittest.TestCase):
         self.assert_code(grpc.StatusCode.NOT_FOUND, self.reset, c.claim_id, "sn-nope")
         self.release(c)
         self.assert_code(grpc.StatusCode.FAILED_PRECONDITION, self.reset, c.claim_id, snap.id)
-        self.delete(snap.id)
+        self.delete_snapshot(snap.id)
 
     def test_the_cli(self):
         c = self.claim()
@@ -444,7 +344,7 @@ class Reset(unittest.TestCase):
                                 "sn-nope"], capture_output=True, text=True, timeout=60, env=env)
             self.assertNotEqual(r.returncode, 0)
             self.assertIn("sn-nope", r.stderr)
-            self.delete(snap.id)
+            self.delete_snapshot(snap.id)
         finally:
             self.release(c)
 
@@ -462,14 +362,7 @@ class Reset(unittest.TestCase):
         self.assertEqual(self.sh(c, f"echo two > {WS}/keep && rm /opt-f && echo OK"),
                          (0, "OK\n"))
         self.assertEqual(self.sh(h, f"echo h2 > {WS}/keep && echo OK"), (0, "OK\n"))
-        cls.server.stop(signal.SIGKILL)
-        cls.server = sbx_e2e.Server(
-            SERVER, cls.dir, cls.config, auth_tokens=cls.tokens,
-            extra=["--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images"])
-        from sbx.v1 import claims_pb2_grpc, sandboxes_pb2_grpc, snapshots_pb2_grpc
-        cls.claims = claims_pb2_grpc.ClaimServiceStub(cls.server.channel)
-        cls.sandboxes = sandboxes_pb2_grpc.SandboxServiceStub(cls.server.channel)
-        cls.snaps = snapshots_pb2_grpc.SnapshotsStub(cls.server.channel)
+        cls.restart_server(signal.SIGKILL)
         self.assertEqual(self.get_claim(c.claim_id).sandbox.id, c.sandbox.id)
         self.reset(c.claim_id, snap.id)
         self.assertEqual(self.sh(c, f"cat {WS}/keep /opt-f; echo LATE=$LATE"),
@@ -478,17 +371,10 @@ class Reset(unittest.TestCase):
         self.assertEqual(self.sh(h, f"cat {WS}/keep; echo LATE=$LATE"), (0, "h1\nLATE=host\n"))
         self.release(c)
         self.release(h)
-        self.delete(snap.id)
-        self.delete(hsnap.id)
+        self.delete_snapshot(snap.id)
+        self.delete_snapshot(hsnap.id)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 4:
-        sys.exit(__doc__)
-    SERVER, PROTO, CLI = sys.argv[1], sys.argv[2], sys.argv[3]
-    del sys.argv[1:4]
-    if os.geteuid() != 0:
-        print("SKIP: resets of image sandboxes need a root server (idmapped layers)")
-        sys.exit(0)
-    sbx_e2e.generate_stubs(PROTO)
-    unittest.main(verbosity=2)
+    sbx_e2e.run(Reset, __doc__, ("SERVER", "PROTO", "CLI"),
+                root_reason="resets of image sandboxes need a root server (idmapped layers)")

@@ -23,26 +23,9 @@ import grpc
 
 import sbx_e2e
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "images"))
-import test_images  # noqa: E402
-
 SERVER = PROTO = None
 WS = "/run/sbx/workspace"
-CONFIG = """
-templates:
-  - name: img
-    runtime: local
-    local:
-      image: "{ref}"
-      workspace_size_bytes: 134217728
-pools:
-  - name: img
-    template: img
-    min_warm: 1
-    max_warm: 2
-    empty_pool_policy: wait
-    default_wait: 30s
-"""
+CONFIG = sbx_e2e.pool_config(("img", {"image": "{ref}", "workspace_size_bytes": 134217728}, 1, 2))
 
 
 class FullDisk(unittest.TestCase):
@@ -53,11 +36,10 @@ class FullDisk(unittest.TestCase):
         os.makedirs(self.volume)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", self.volume],
                        check=True)
-        ref = test_images.busybox_image(os.path.join(self.dir, "images", "plain"),
-                                        config={"Env": ["PATH=/bin"]})
+        ref = sbx_e2e.busybox_image(os.path.join(self.dir, "images", "plain"))
         config = os.path.join(self.dir, "config.yaml")
         with open(config, "w") as f:
-            f.write(CONFIG.format(ref=ref))
+            f.write(CONFIG.replace("{ref}", ref))
         self.server = sbx_e2e.Server(
             SERVER, self.dir, config,
             extra=[f"--data_dir={self.volume}/data", "--data_min_free_bytes=1048576",

@@ -14,138 +14,38 @@ import shutil
 import signal
 import socket
 import stat
-import sys
-import tempfile
-import time
-import unittest
 
 import grpc
 
 import sbx_e2e
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "images"))
-import test_images  # noqa: E402
+from sbx_e2e import A, B, WS
 
 SERVER = PROTO = None
 
-CONFIG = """
-templates:
-  - name: img
-    runtime: local
-    local:
-      image: "{plain}"
-      workspace_size_bytes: 268435456
-      layer_size_bytes: 268435456
-  - name: host
-    runtime: local
-    local:
-      network: false
-pools:
-  - name: img
-    template: img
-    min_warm: 2
-    max_warm: 4
-    empty_pool_policy: wait
-    default_wait: 30s
-  - name: host
-    template: host
-    min_warm: 1
-    max_warm: 2
-    empty_pool_policy: wait
-    default_wait: 30s
-"""
-
-TOKENS = "token-a tenant-a\ntoken-b tenant-b\n"
-A = [("authorization", "Bearer token-a")]
-B = [("authorization", "Bearer token-b")]
-WS = "/run/sbx/workspace"
+CONFIG = sbx_e2e.pool_config(sbx_e2e.IMG_POOL, sbx_e2e.HOST_POOL)
 
 
-def stubs(channel):
-    from sbx.v1 import claims_pb2_grpc, sandboxes_pb2_grpc, snapshots_pb2_grpc
-    return (claims_pb2_grpc.ClaimServiceStub(channel),
-            sandboxes_pb2_grpc.SandboxServiceStub(channel),
-            snapshots_pb2_grpc.SnapshotsStub(channel))
 
-
-class Snapshots(unittest.TestCase):
+class Snapshots(sbx_e2e.ServerTestCase):
+    TOKENS = sbx_e2e.TWO_TENANTS
+    MD = A
     quota = 64 << 20
 
     @classmethod
     def setUpClass(cls):
-        cls.dir = tempfile.mkdtemp(prefix="sbx-snap-", dir="/tmp")
-        os.chmod(cls.dir, 0o755)
-        cls.plain_ref = test_images.busybox_image(os.path.join(cls.dir, "images", "plain"),
-                                                  config={"Env": ["PATH=/bin"]})
-        cls.config = os.path.join(cls.dir, "config.yaml")
-        with open(cls.config, "w") as f:
-            f.write(CONFIG.format(plain=cls.plain_ref))
-        cls.tokens = os.path.join(cls.dir, "tokens")
-        with open(cls.tokens, "w") as f:
-            f.write(TOKENS)
+        cls.make_workdir("sbx-snap-", 0o755)
+        cls.plain_ref = sbx_e2e.busybox_image(os.path.join(cls.dir, "images", "plain"))
+        cls.config = cls.write_file("config.yaml", CONFIG.replace("{plain}", cls.plain_ref))
         # A host file no sandbox may ever see, and whose content must never reach a snapshot.
-        cls.secret = os.path.join(cls.dir, "host-secret")
-        with open(cls.secret, "w") as f:
-            f.write("HOST-SECRET-CONTENT\n")
-        cls.start()
-
-    @classmethod
-    def start(cls):
-        cls.server = sbx_e2e.Server(
-            SERVER, cls.dir, cls.config, auth_tokens=cls.tokens,
-            extra=["--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images",
-                   f"--snapshot_quota_bytes={cls.quota}"])
-        cls.claims, cls.sandboxes, cls.snaps = stubs(cls.server.channel)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.server.stop(signal.SIGTERM)
-        sbx_e2e.kill_all_with(cls.dir)
-        shutil.rmtree(cls.dir, ignore_errors=True)
+        cls.secret = cls.write_file("host-secret", "HOST-SECRET-CONTENT\n")
+        cls.start_server(cls.config, [
+            "--image_cache_bytes=1000000000", f"--image_import_dir={cls.dir}/images",
+            f"--snapshot_quota_bytes={cls.quota}"])
 
     # --- helpers ---
 
-    def claim(self, pool="img", md=A):
-        from sbx.v1 import claims_pb2
-        return self.claims.Claim(claims_pb2.ClaimRequest(pool=pool), metadata=md, timeout=60).claim
-
-    def release(self, claim, md=A):
-        from sbx.v1 import claims_pb2
-        self.claims.Release(claims_pb2.ReleaseRequest(claim_id=claim.claim_id), metadata=md,
-                            timeout=30)
-
-    def sh(self, claim, script, md=A, timeout=60):
-        return sbx_e2e.sh(self.sandboxes, claim.claim_id, script, metadata=md, timeout=timeout)
-
-    def snapshot(self, claim, name="", labels=None, md=A, timeout=120):
-        from sbx.v1 import snapshots_pb2
-        return self.snaps.CreateSnapshot(snapshots_pb2.CreateSnapshotRequest(
-            claim_id=claim.claim_id, name=name, labels=labels or {}), metadata=md,
-            timeout=timeout)
-
-    def get(self, snap_id, md=A):
-        from sbx.v1 import snapshots_pb2
-        return self.snaps.GetSnapshot(snapshots_pb2.GetSnapshotRequest(snapshot_id=snap_id),
-                                      metadata=md, timeout=10).snapshot
-
-    def list(self, md=A, **labels):
-        from sbx.v1 import snapshots_pb2
-        return self.snaps.ListSnapshots(snapshots_pb2.ListSnapshotsRequest(label_selector=labels),
-                                        metadata=md, timeout=10)
-
-    def delete(self, snap_id, md=A):
-        from sbx.v1 import snapshots_pb2
-        self.snaps.DeleteSnapshot(snapshots_pb2.DeleteSnapshotRequest(snapshot_id=snap_id),
-                                  metadata=md, timeout=30)
-
     def files(self, snap_id):
         return os.path.join(self.dir, "data", "snapshots", snap_id)
-
-    def assert_code(self, code, fn, *args, **kwargs):
-        with self.assertRaises(grpc.RpcError) as cm:
-            fn(*args, **kwargs)
-        self.assertEqual(cm.exception.code(), code, cm.exception.details())
-        return cm.exception.details()
 
     def sandbox_layer(self, claim):
         """The host path of the claim's sandbox's upper layer (through sbx-rootfs's mount
@@ -173,7 +73,7 @@ class Snapshots(unittest.TestCase):
                                    f"dd if=/dev/zero of={WS}/blob bs=1024 count=2048 2>/dev/null "
                                    f"&& echo OK")
             self.assertEqual(code, 0, out)
-            resp = self.snapshot(c, name="first", labels={"stage": "prepared"})
+            resp = self.create_snapshot(c, name="first", labels={"stage": "prepared"})
             s = resp.snapshot
             self.assertTrue(s.id.startswith("sn-"), s.id)
             self.assertEqual(s.name, "first")
@@ -201,16 +101,16 @@ class Snapshots(unittest.TestCase):
             # The source was thawed and kept everything.
             code, out = self.sh(c, f"cat /etc/os-release {WS}/note")
             self.assertEqual((code, out), (0, "changed\nws\n"))
-            self.assertEqual(self.get(s.id), s)
-            listed = self.list(stage="prepared")
+            self.assertEqual(self.get_snapshot(s.id), s)
+            listed = self.list_snapshots(stage="prepared")
             self.assertIn(s.id, [x.id for x in listed.snapshots])
             self.assertGreaterEqual(listed.used_bytes, s.size_bytes)
             self.assertEqual(listed.quota_bytes, self.quota)
-            self.assertNotIn(s.id, [x.id for x in self.list(stage="other").snapshots])
-            self.delete(s.id)
+            self.assertNotIn(s.id, [x.id for x in self.list_snapshots(stage="other").snapshots])
+            self.delete_snapshot(s.id)
             self.assertFalse(os.path.exists(self.files(s.id)))
-            self.assert_code(grpc.StatusCode.NOT_FOUND, self.get, s.id)
-            self.assert_code(grpc.StatusCode.NOT_FOUND, self.delete, s.id)
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.get_snapshot, s.id)
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.delete_snapshot, s.id)
         finally:
             self.release(c)
 
@@ -219,12 +119,12 @@ class Snapshots(unittest.TestCase):
         try:
             code, out = self.sh(c, "echo hello > note && pwd")
             self.assertEqual(code, 0, out)
-            s = self.snapshot(c).snapshot
+            s = self.snapshot(c)
             self.assertEqual(s.parent_image_digest, "")
             self.assertFalse(os.path.exists(os.path.join(self.files(s.id), "root")))
             with open(os.path.join(self.files(s.id), "workspace", "note")) as f:
                 self.assertEqual(f.read(), "hello\n")
-            self.delete(s.id)
+            self.delete_snapshot(s.id)
         finally:
             self.release(c, A)
 
@@ -253,7 +153,7 @@ class Snapshots(unittest.TestCase):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(os.path.join(layer, "etc", "sock"))
             sock.close()
-            resp = self.snapshot(c, timeout=60)
+            resp = self.create_snapshot(c, timeout=60)
             s = resp.snapshot
             self.assertEqual(resp.dropped_entries, 3)
             root = os.path.join(self.files(s.id), "root")
@@ -284,7 +184,7 @@ class Snapshots(unittest.TestCase):
                         self.assertEqual(st.st_rdev, 0, p)  # whiteouts only
             # Owned by root (the server), not by the sandbox's host uid.
             self.assertEqual(os.lstat(os.path.join(ws, "secret-link")).st_uid, 0)
-            self.delete(s.id)
+            self.delete_snapshot(s.id)
         finally:
             self.release(c)
 
@@ -304,7 +204,7 @@ class Snapshots(unittest.TestCase):
                                    f"echo $i >> {WS}/a.log; echo $i >> {WS}/z.log; "
                                    f"done) >/dev/null 2>&1 & sleep 0.5; echo started")
             self.assertEqual(code, 0, out)
-            snap = self.snapshot(c).snapshot
+            snap = self.snapshot(c)
             ws = os.path.join(self.files(snap.id), "workspace")
 
             def lines(name):
@@ -324,7 +224,7 @@ class Snapshots(unittest.TestCase):
             self.assertIn("RUNS", out)
         finally:
             if snap is not None:
-                self.delete(snap.id)
+                self.delete_snapshot(snap.id)
             self.release(c)
 
     # Tenant B never sees, uses or deletes A's snapshot, nor snapshots A's claim. Seen
@@ -333,14 +233,14 @@ class Snapshots(unittest.TestCase):
     def test_another_tenants_snapshot_is_not_found(self):
         c = self.claim()
         try:
-            s = self.snapshot(c).snapshot
-            self.assert_code(grpc.StatusCode.NOT_FOUND, self.get, s.id, B)
-            self.assert_code(grpc.StatusCode.NOT_FOUND, self.delete, s.id, B)
-            self.assertNotIn(s.id, [x.id for x in self.list(B).snapshots])
+            s = self.snapshot(c)
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.get_snapshot, s.id, B)
+            self.assert_code(grpc.StatusCode.NOT_FOUND, self.delete_snapshot, s.id, B)
+            self.assertNotIn(s.id, [x.id for x in self.list_snapshots(B).snapshots])
             self.assert_code(grpc.StatusCode.NOT_FOUND, self.snapshot, c, md=B)
-            self.assertEqual(self.get(s.id).id, s.id)  # still A's, untouched
+            self.assertEqual(self.get_snapshot(s.id).id, s.id)  # still A's, untouched
             self.assertTrue(os.path.isdir(self.files(s.id)))
-            self.delete(s.id)
+            self.delete_snapshot(s.id)
         finally:
             self.release(c)
 
@@ -353,17 +253,17 @@ class Snapshots(unittest.TestCase):
             code, out = self.sh(c, f"dd if=/dev/urandom of=/big bs=1M count=80 2>/dev/null && "
                                    f"echo OK")
             self.assertEqual(code, 0, out)
-            before = self.list().used_bytes
+            before = self.list_snapshots().used_bytes
             msg = self.assert_code(grpc.StatusCode.RESOURCE_EXHAUSTED, self.snapshot, c)
             self.assertIn("--snapshot_quota_bytes", msg)
             self.assertIn("tenant-a", msg)
             snapdir = os.path.join(self.dir, "data", "snapshots")
             self.assertEqual([n for n in os.listdir(snapdir) if n.endswith(".partial")], [])
-            self.assertEqual(self.list().used_bytes, before)
+            self.assertEqual(self.list_snapshots().used_bytes, before)
             code, out = self.sh(c, "rm /big && echo OK")
             self.assertEqual(code, 0, out)
-            s = self.snapshot(c).snapshot
-            self.delete(s.id)
+            s = self.snapshot(c)
+            self.delete_snapshot(s.id)
         finally:
             self.release(c)
 
@@ -388,8 +288,8 @@ class Snapshots(unittest.TestCase):
         cls = type(self)
         kept_claim = self.claim()
         c = self.claim()
-        kept = self.snapshot(kept_claim, name="kept").snapshot
-        gone = self.snapshot(kept_claim, name="files-lost").snapshot
+        kept = self.snapshot(kept_claim, name="kept")
+        gone = self.snapshot(kept_claim, name="files-lost")
         code, out = self.sh(c, f"dd if=/dev/zero of={WS}/big bs=1M count=48 2>/dev/null && "
                                f"echo OK")
         self.assertEqual(code, 0, out)
@@ -409,32 +309,25 @@ class Snapshots(unittest.TestCase):
         # whose files are gone.
         os.makedirs(os.path.join(snapdir, "sn-norecord0000000", "workspace"))
         shutil.rmtree(os.path.join(snapdir, gone.id))
-        cls.start()
+        cls.start_server(None)
         names = sorted(os.listdir(snapdir))
         self.assertEqual([n for n in names if n.endswith(".partial")], [], (partial, names))
         self.assertNotIn("sn-norecord0000000", names)
         self.assertNotIn(gone.id, names)
         self.assertIn(kept.id, names)
-        listed = [x.id for x in self.list().snapshots]
+        listed = [x.id for x in self.list_snapshots().snapshots]
         self.assertIn(kept.id, listed)
         self.assertNotIn(gone.id, listed)
         self.assertEqual(sorted(listed), names)  # every record has its files, and back
-        self.assertEqual(self.get(kept.id).size_bytes, kept.size_bytes)
+        self.assertEqual(self.get_snapshot(kept.id).size_bytes, kept.size_bytes)
         # The sandbox frozen for the interrupted copy runs again, with its claim.
         code, out = self.sh(c, "echo alive", timeout=30)
         self.assertEqual((code, out), (0, "alive\n"))
-        self.delete(kept.id)
+        self.delete_snapshot(kept.id)
         self.release(c)
         self.release(kept_claim)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    SERVER, PROTO = sys.argv[1], sys.argv[2]
-    del sys.argv[1:3]
-    if os.geteuid() != 0:
-        print("SKIP: snapshots of image sandboxes need a root server (idmapped layers)")
-        sys.exit(0)
-    sbx_e2e.generate_stubs(PROTO)
-    unittest.main(verbosity=2)
+    sbx_e2e.run(Snapshots, __doc__, ("SERVER", "PROTO"),
+                root_reason="snapshots of image sandboxes need a root server (idmapped layers)")

@@ -154,6 +154,64 @@ class LayeringTest(unittest.TestCase):
         self.assertEqual(rc, 1, out)
         self.assertIn("not in a room of src/runtime", out)
 
+    def test_cycle_inside_a_component_is_named(self):
+        # A line of includes with no way back passes.
+        rc, out = run({"src/sandboxd/exec.cc": '#include "src/sandboxd/exec.h"\n'
+                                               '#include "src/sandboxd/spawn.h"\n',
+                       "src/sandboxd/spawn.h": '#pragma once\n#include "src/sandboxd/child_reaper.h"\n',
+                       "src/sandboxd/spawn.cc": '#include "src/sandboxd/spawn.h"\n#include <spawn.h>\n',
+                       "src/sandboxd/child_reaper.cc": '#include "src/sandboxd/child_reaper.h"\n'})
+        self.assertEqual(rc, 0, out)
+        # By stem: spawn.cc reaching back to exec.h closes exec -> spawn -> exec, though no
+        # header includes itself.
+        rc, out = run({"src/sandboxd/exec.cc": '#include "src/sandboxd/exec.h"\n'
+                                               '#include "src/sandboxd/spawn.h"\n',
+                       "src/sandboxd/spawn.cc": '#include "src/sandboxd/spawn.h"\n'
+                                                '#include "src/sandboxd/exec.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("src/sandboxd: include cycle exec -> spawn -> exec "
+                      "(src/sandboxd/exec.cc:2 includes src/sandboxd/spawn.h; "
+                      "src/sandboxd/spawn.cc:2 includes src/sandboxd/exec.h)", out)
+        # A longer cycle is named in order, and the other stems caught in it are listed.
+        rc, out = run({"src/common/a.h": '#pragma once\n#include "src/common/b.h"\n',
+                       "src/common/b.cc": '#include "src/common/c.h"\n',
+                       "src/common/c.h": '#pragma once\n#include "src/common/a.h"\n'
+                                         '#include "src/common/d.h"\n',
+                       "src/common/d.cc": '#include "src/common/c.h"\n',
+                       "src/common/e.cc": '#include "src/common/a.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("src/common: include cycle a -> b -> c -> a (src/common/a.h:2 includes "
+                      "src/common/b.h; src/common/b.cc:1 includes src/common/c.h; "
+                      "src/common/c.h:2 includes src/common/a.h); also in it: d", out)
+        self.assertNotIn("e ->", out)
+        # The gateway's E2B room is a folder of its own: a cycle there names that folder.
+        rc, out = run({"src/gateway/e2b/x.cc": '#include "src/gateway/e2b/y.h"\n',
+                       "src/gateway/e2b/y.cc": '#include "src/gateway/e2b/x.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("src/gateway/e2b: include cycle x -> y -> x", out)
+        # The back-arrow the issue found: a part of the allocator including the allocator.
+        rc, out = run({"src/allocator/allocator_impl.h": '#pragma once\n'
+                                                         '#include "src/allocator/allocator.h"\n'
+                                                         '#include "src/allocator/ready_set.h"\n',
+                       "src/allocator/allocator.cc": '#include "src/allocator/allocator_impl.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("src/allocator: include cycle allocator -> allocator_impl -> allocator", out)
+
+    def test_known_cycles_may_not_grow(self):
+        # The runtime's door cycle (check_layering.KNOWN_CYCLES) passes while it stays
+        # among the stems it had...
+        rc, out = run({"src/runtime/bubblewrap_runtime.cc": '#include "src/runtime/spawn.h"\n',
+                       "src/runtime/spawn.h": '#pragma once\n'
+                                              '#include "src/runtime/bubblewrap_runtime.h"\n'})
+        self.assertEqual(rc, 0, out)
+        # ...and fails when one more stem joins it.
+        rc, out = run({"src/runtime/bubblewrap_runtime.cc": '#include "src/runtime/spawn.h"\n',
+                       "src/runtime/spawn.h": '#pragma once\n#include "src/runtime/proc.h"\n',
+                       "src/runtime/proc.cc": '#include "src/runtime/bubblewrap_runtime.h"\n'})
+        self.assertEqual(rc, 1, out)
+        self.assertIn("src/runtime: include cycle bubblewrap_runtime -> spawn -> proc -> "
+                      "bubblewrap_runtime", out)
+
     def test_server_may_not_use_store_or_runtime(self):
         rc, out = run({"src/server/a.cc": '#include "src/runtime/runtime.h"\n'})
         self.assertEqual(rc, 1, out)

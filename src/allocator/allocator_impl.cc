@@ -1,6 +1,6 @@
-#include "src/allocator/allocator.h"
-
 #include "src/allocator/allocator_impl.h"
+
+#include "src/allocator/allocator.h"
 
 namespace sbx::allocator {
 namespace internal {
