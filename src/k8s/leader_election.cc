@@ -1,7 +1,5 @@
 #include "src/k8s/leader_election.h"
 
-#include "src/k8s/json_fields.h"
-
 #include <algorithm>
 #include <chrono>
 #include <utility>
@@ -22,18 +20,21 @@ absl::Time ParseTime(const std::string& text) {
   return absl::InfinitePast();
 }
 
-LeaseTerm LeaseTermOf(const Json& lease) {
+LeaseTerm LeaseTermOf(const types::Lease& lease) {
   LeaseTerm t;
-  const Json& annotations =
-      json_fields::Field(json_fields::Field(lease, "metadata"), "annotations");
-  t.replicated = annotations.is_object() && annotations.contains(kSyncReplicaAnnotation) &&
-                 annotations.contains(kTermLeaderAnnotation);
-  t.leader = json_fields::Str(annotations, kTermLeaderAnnotation);
-  t.sync_replica = json_fields::Str(annotations, kSyncReplicaAnnotation);
-  t.promote = json_fields::Str(annotations, kPromoteAnnotation);
-  const Json& spec = json_fields::Field(lease, "spec");
-  if (spec.is_object()) t.term = spec.value("leaseTransitions", int64_t{0});
+  const std::optional<types::StringMap>& annotations = lease.metadata.annotations;
+  t.replicated = annotations.has_value() && annotations->contains(kSyncReplicaAnnotation) &&
+                 annotations->contains(kTermLeaderAnnotation);
+  t.leader = lease.metadata.Annotation(kTermLeaderAnnotation);
+  t.sync_replica = lease.metadata.Annotation(kSyncReplicaAnnotation);
+  t.promote = lease.metadata.Annotation(kPromoteAnnotation);
+  t.term = lease.spec.lease_transitions.value_or(0);
   return t;
+}
+
+LeaseTerm LeaseTermOf(const Json& lease) {
+  absl::StatusOr<types::Lease> typed = types::DecodeLease(lease);
+  return typed.ok() ? LeaseTermOf(*typed) : LeaseTerm();
 }
 
 absl::Status LeaderElectionOptions::Validate() const {
@@ -162,14 +163,22 @@ bool LeaderElector::TryAcquireOrRenew(absl::Time attempt_start) {
     return true;
   }
   if (!lease.ok()) return false;
-  Json& spec = (*lease)["spec"];
-  if (!spec.is_object()) spec = Json::object();
-  const std::string holder = spec.value("holderIdentity", std::string());
+  absl::StatusOr<types::Lease> decoded = types::DecodeLease(*lease);
+  if (!decoded.ok()) {
+    // Only a store that skips the API's validation can hold one: nobody acts on it.
+    spdlog::warn("leader election: {} does not use Lease {}/{}: {}", options_.identity,
+                 options_.lease_namespace, options_.lease_name, decoded.status().ToString());
+    return false;
+  }
+  types::Lease& typed = *decoded;
+  types::LeaseSpec& spec = typed.spec;
+  const std::string holder = spec.holder_identity.value_or("");
   const bool mine = holder == options_.identity;
   if (!mine && !holder.empty()) {
-    const absl::Time renewed = ParseTime(spec.value("renewTime", std::string()));
-    const int64_t their_duration = spec.value("leaseDurationSeconds", duration_s);
-    std::string renewal = absl::StrCat(holder, "|", spec.value("renewTime", std::string()));
+    const std::string renew_time = spec.renew_time.value_or("");
+    const absl::Time renewed = ParseTime(renew_time);
+    const int64_t their_duration = spec.lease_duration_seconds.value_or(duration_s);
+    std::string renewal = absl::StrCat(holder, "|", renew_time);
     bool unreachable_and_stale = false;
     {
       absl::MutexLock lock(&mu_);
@@ -185,9 +194,7 @@ bool LeaderElector::TryAcquireOrRenew(absl::Time attempt_start) {
       }
     }
     if (renewed + absl::Seconds(their_duration) > now && !unreachable_and_stale) {
-      std::string observed = json_fields::Str(
-          json_fields::Field(json_fields::Field(*lease, "metadata"), "annotations"),
-          kLeaderAddressAnnotation);
+      std::string observed = typed.metadata.Annotation(kLeaderAddressAnnotation);
       absl::MutexLock lock(&mu_);
       observed_address_ = std::move(observed);
       observed_expiry_ = renewed + absl::Seconds(their_duration);
@@ -206,27 +213,30 @@ bool LeaderElector::TryAcquireOrRenew(absl::Time attempt_start) {
     absl::MutexLock lock(&mu_);
     observed_address_.clear();
   }
-  if (acquiring && options_.may_lead && !options_.may_lead(LeaseTermOf(*lease))) return false;
+  if (acquiring && options_.may_lead && !options_.may_lead(LeaseTermOf(typed))) return false;
   if (!mine) {
-    spec["acquireTime"] = now_text;
-    spec["leaseTransitions"] = spec.value("leaseTransitions", int64_t{0}) + 1;
+    spec.acquire_time = now_text;
+    spec.lease_transitions = spec.lease_transitions.value_or(0) + 1;
   }
-  Json& annotations = (*lease)["metadata"]["annotations"];
+  types::StringMap& annotations = typed.metadata.annotations ? *typed.metadata.annotations
+                                                             : typed.metadata.annotations.emplace();
   annotations[kLeaderAddressAnnotation] = address;
   if (acquiring) {
     // A new term of this replica: its store is the truth, and no standby has it yet.
     annotations[kTermLeaderAnnotation] = options_.identity;
     annotations[kSyncReplicaAnnotation] = "";
     // An operator's promotion is used once.
-    if (annotations.is_object()) annotations.erase(kPromoteAnnotation);
+    annotations.erase(kPromoteAnnotation);
   }
-  spec["holderIdentity"] = options_.identity;
-  spec["leaseDurationSeconds"] = duration_s;
-  spec["renewTime"] = now_text;
+  spec.holder_identity = options_.identity;
+  spec.lease_duration_seconds = duration_s;
+  spec.renew_time = now_text;
   // The lease's resourceVersion makes this a compare-and-swap: a competing replica's
   // write in between turns it into ABORTED.
-  if (!client_->Update(kLeases, options_.lease_namespace, *lease).ok()) return false;
-  if (acquiring) term_.store(spec.value("leaseTransitions", int64_t{0}), std::memory_order_release);
+  if (!client_->Update(kLeases, options_.lease_namespace, types::Encode(typed)).ok()) {
+    return false;
+  }
+  if (acquiring) term_.store(spec.lease_transitions.value_or(0), std::memory_order_release);
   window_end_ns_.store(absl::ToUnixNanos(attempt_start + options_.renew_deadline),
                        std::memory_order_release);
   return true;
@@ -243,17 +253,21 @@ absl::Status LeaderElector::PublishSyncReplica(const std::string& identity) {
     absl::StatusOr<Json> lease =
         client_->Get(kLeases, options_.lease_namespace, options_.lease_name);
     if (!lease.ok()) return absl::UnavailableError(lease.status().message());
-    const Json& spec = json_fields::Field(*lease, "spec");
-    const std::string holder =
-        spec.is_object() ? spec.value("holderIdentity", std::string()) : std::string();
-    const int64_t term = spec.is_object() ? spec.value("leaseTransitions", int64_t{0}) : 0;
+    absl::StatusOr<types::Lease> typed = types::DecodeLease(*lease);
+    if (!typed.ok()) return absl::UnavailableError(typed.status().message());
+    const std::string holder = typed->spec.holder_identity.value_or("");
+    const int64_t term = typed->spec.lease_transitions.value_or(0);
     if (holder != options_.identity || term != Term()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Lease ", options_.lease_namespace, "/", options_.lease_name, " is held by \"", holder,
           "\" in term ", term, ", not by ", options_.identity, " in term ", Term()));
     }
-    (*lease)["metadata"]["annotations"][kSyncReplicaAnnotation] = identity;
-    absl::Status written = client_->Update(kLeases, options_.lease_namespace, *lease).status();
+    types::StringMap& annotations = typed->metadata.annotations
+                                        ? *typed->metadata.annotations
+                                        : typed->metadata.annotations.emplace();
+    annotations[kSyncReplicaAnnotation] = identity;
+    absl::Status written =
+        client_->Update(kLeases, options_.lease_namespace, types::Encode(*typed)).status();
     if (written.ok()) return absl::OkStatus();
     if (!absl::IsAborted(written)) return absl::UnavailableError(written.message());
   }
@@ -262,12 +276,13 @@ absl::Status LeaderElector::PublishSyncReplica(const std::string& identity) {
 
 void LeaderElector::Release() {
   absl::StatusOr<Json> lease = client_->Get(kLeases, options_.lease_namespace, options_.lease_name);
-  if (!lease.ok() || (*lease)["spec"].value("holderIdentity", std::string()) != options_.identity) {
-    return;
-  }
-  (*lease)["spec"]["holderIdentity"] = "";
-  (*lease)["spec"]["renewTime"] = FormatMicroTime(clock_->Now());
-  absl::Status released = client_->Update(kLeases, options_.lease_namespace, *lease).status();
+  if (!lease.ok()) return;
+  absl::StatusOr<types::Lease> typed = types::DecodeLease(*lease);
+  if (!typed.ok() || typed->spec.holder_identity != options_.identity) return;
+  typed->spec.holder_identity = "";
+  typed->spec.renew_time = FormatMicroTime(clock_->Now());
+  absl::Status released =
+      client_->Update(kLeases, options_.lease_namespace, types::Encode(*typed)).status();
   if (!released.ok()) spdlog::warn("leader election: releasing the lease: {}", released.ToString());
 }
 

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "src/common/clock.h"
 #include "src/k8s/client.h"
+#include "src/k8s/objects_types.h"
 
 namespace sbx::k8s {
 
@@ -168,6 +169,9 @@ inline constexpr char kSyncReplicaAnnotation[] = "sbx.dev/sync-replica";
 // replica when it takes the Lease.
 inline constexpr char kPromoteAnnotation[] = "sbx.dev/promote";
 // What `lease` (a coordination.k8s.io/v1 Lease) says of the stores.
+LeaseTerm LeaseTermOf(const types::Lease& lease);
+// The same of a Lease as JSON (decoded first); one that does not decode says nothing of
+// the stores (`replicated` false). The elector itself never acts on such a Lease.
 LeaseTerm LeaseTermOf(const Json& lease);
 
 // RFC 3339 with microseconds, as Kubernetes writes MicroTime.

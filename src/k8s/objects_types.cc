@@ -537,6 +537,21 @@ absl::StatusOr<ObjectMeta> DecodeObjectMeta(const Json& metadata) {
   return out;
 }
 
+absl::StatusOr<ObjectMeta> DecodeMetadataOf(const Json& object) {
+  if (!object.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the object is ", TypeName(object), ", not an object"));
+  }
+  auto metadata = object.find("metadata");
+  if (metadata == object.end() || metadata->is_null()) return ObjectMeta();
+  ObjectMeta out;
+  std::string error;
+  if (!DecodeStruct(*metadata, "metadata", &out, &error)) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(object, "object"), ": ", error));
+  }
+  return out;
+}
+
 Json Encode(const Sandbox& object, EncodeOptions options) { return ToJson(object, options); }
 Json Encode(const SandboxClaim& object, EncodeOptions options) { return ToJson(object, options); }
 Json Encode(const SandboxWarmPool& object, EncodeOptions options) {
@@ -564,5 +579,8 @@ Json Encode(const VolumeClaimTemplate& part, EncodeOptions options) {
 }
 Json Encode(const SandboxClaimStatus& part, EncodeOptions options) { return ToJson(part, options); }
 Json Encode(const SandboxStatus& part, EncodeOptions options) { return ToJson(part, options); }
+Json Encode(const SandboxWarmPoolStatus& part, EncodeOptions options) {
+  return ToJson(part, options);
+}
 
 }  // namespace sbx::k8s::types

@@ -311,6 +311,9 @@ struct EncodeOptions {
 [[nodiscard]] absl::StatusOr<PersistentVolumeClaim> DecodePersistentVolumeClaim(const Json& object);
 [[nodiscard]] absl::StatusOr<NetworkPolicy> DecodeNetworkPolicy(const Json& object);
 [[nodiscard]] absl::StatusOr<ObjectMeta> DecodeObjectMeta(const Json& metadata);
+// The metadata of a whole object of any kind (an informer's event), read alone: an empty
+// ObjectMeta when it has none; INVALID_ARGUMENT naming the object and field as above.
+[[nodiscard]] absl::StatusOr<ObjectMeta> DecodeMetadataOf(const Json& object);
 
 // Encode: the JSON of a typed object (never fails).
 Json Encode(const Sandbox& object, EncodeOptions options = {});
@@ -328,5 +331,6 @@ Json Encode(const LabelsAndAnnotations& part, EncodeOptions options = {});
 Json Encode(const VolumeClaimTemplate& part, EncodeOptions options = {});
 Json Encode(const SandboxClaimStatus& part, EncodeOptions options = {});
 Json Encode(const SandboxStatus& part, EncodeOptions options = {});
+Json Encode(const SandboxWarmPoolStatus& part, EncodeOptions options = {});
 
 }  // namespace sbx::k8s::types

@@ -10,15 +10,11 @@
 #include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
-#include "src/k8s/json_fields.h"
-#include "src/k8s/sandbox_objects.h"
+#include "src/k8s/objects_types.h"
 #include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 namespace {
-
-using json_fields::Field;
-using json_fields::Str;
 
 // How long a written policy may stay unseen by the informer before the cache is trusted.
 constexpr absl::Duration kExpectationTimeout = absl::Seconds(10);
@@ -55,7 +51,8 @@ TemplateController::TemplateController(Client* client, TemplateControllerOptions
         return queue;
       }()),
       templates_(client, InformerOn(kSandboxTemplates)),
-      policies_(client, InformerOn(kNetworkPolicies)) {
+      policies_(client, InformerOn(kNetworkPolicies)),
+      typed_templates_(&templates_, &types::DecodeSandboxTemplate) {
   InformerHandler template_handler;
   template_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(KeyOf(*o)); };
   template_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
@@ -88,18 +85,18 @@ InformerOptions TemplateController::InformerOn(const Resource& resource) const {
 }
 
 void TemplateController::EnqueueFor(const Json& policy) {
-  const Json& meta = Field(policy, "metadata");
-  const std::string ns = Str(meta, "namespace");
-  const std::string name = Str(meta, "name");
+  // Its metadata alone (the API server validates it: one that does not decode is nobody's).
+  absl::StatusOr<types::ObjectMeta> meta = types::DecodeMetadataOf(policy);
+  if (!meta.ok()) return;
+  const std::string& ns = meta->Namespace();
+  const std::string& name = meta->Name();
   if (absl::EndsWith(name, kNetworkPolicySuffix)) {
     queue_.Add(absl::StrCat(ns, "/", name.substr(0, name.size() - strlen(kNetworkPolicySuffix))));
   }
-  const Json& refs = Field(meta, "ownerReferences");
-  if (!refs.is_array()) return;
-  for (const Json& ref : refs) {
-    if (Str(ref, "kind") == "SandboxTemplate" && Field(ref, "controller").is_boolean() &&
-        ref["controller"].get<bool>()) {
-      queue_.Add(absl::StrCat(ns, "/", Str(ref, "name")));
+  if (!meta->owner_references.has_value()) return;
+  for (const types::OwnerReference& ref : *meta->owner_references) {
+    if (ref.kind == "SandboxTemplate" && ref.controller.value_or(false)) {
+      queue_.Add(absl::StrCat(ns, "/", ref.name.value_or("")));
     }
   }
 }
@@ -210,16 +207,34 @@ absl::Status TemplateController::Reconcile(const std::string& key) {
   if (parts.size() != 2) return absl::InvalidArgumentError(absl::StrCat("bad key \"", key, "\""));
   const std::string& ns = parts[0];
   const std::string& name = parts[1];
-  ObjectPtr sandbox_template = templates_.Get(ns, name);
-  // Garbage collection deletes the policy of a deleted template (it owns it).
-  if (sandbox_template == nullptr || json_fields::BeingDeleted(*sandbox_template))
+  // The informer's copy, typed. The API server validates templates against the CRD's
+  // schema: one that does not decode can only come from a store that skips that; it
+  // waits for its next change.
+  absl::StatusOr<TypedCache<types::SandboxTemplate>::Ptr> found = typed_templates_.Get(ns, name);
+  if (!found.ok()) {
+    spdlog::warn("SandboxTemplate \"{}\" not reconciled: {}", key, found.status().ToString());
     return absl::OkStatus();
-  const std::string uid = Str(Field(*sandbox_template, "metadata"), "uid");
+  }
+  // Garbage collection deletes the policy of a deleted template (it owns it).
+  if (*found == nullptr || (*found)->metadata.BeingDeleted()) return absl::OkStatus();
+  const types::SandboxTemplate& sandbox_template = **found;
+  const std::string& uid = sandbox_template.metadata.Uid();
   const std::string policy_name = NetworkPolicyName(name);
   const std::string id = absl::StrCat(ns, "/", policy_name);
-  ObjectPtr existing = Expected(id);
-  if (existing == nullptr) existing = policies_.Get(ns, policy_name);
-  const bool ours = existing != nullptr && ControllerUid(*existing) == uid;
+  ObjectPtr existing_object = Expected(id);
+  if (existing_object == nullptr) existing_object = policies_.Get(ns, policy_name);
+  std::optional<types::NetworkPolicy> existing;
+  if (existing_object != nullptr) {
+    absl::StatusOr<types::NetworkPolicy> decoded = types::DecodeNetworkPolicy(*existing_object);
+    if (!decoded.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "SandboxTemplate \"", key, "\": its NetworkPolicy: ", decoded.status().message()));
+    }
+    existing = *std::move(decoded);
+  }
+  const types::OwnerReference* controller =
+      existing.has_value() ? existing->metadata.Controller() : nullptr;
+  const bool ours = controller != nullptr && controller->uid.value_or("") == uid;
 
   // The API server refusing the template's rules is the template's problem: said, and not
   // retried until the template changes (or the resync).
@@ -230,10 +245,10 @@ absl::Status TemplateController::Reconcile(const std::string& key) {
     return absl::OkStatus();
   };
 
-  if (!NetworkPolicyManaged(*sandbox_template)) {
+  if (!NetworkPolicyManaged(sandbox_template)) {
     if (!ours) return absl::OkStatus();  // none, or someone else's: left alone
     DeleteOptions options;
-    options.precondition_uid = Str(Field(*existing, "metadata"), "uid");
+    options.precondition_uid = existing->metadata.Uid();
     absl::Status deleted = client_->Delete(kNetworkPolicies, ns, policy_name, options);
     if (!deleted.ok() && !absl::IsNotFound(deleted)) return deleted;
     Seen(id);
@@ -242,8 +257,8 @@ absl::Status TemplateController::Reconcile(const std::string& key) {
     return absl::OkStatus();
   }
 
-  Json desired = DesiredNetworkPolicy(*sandbox_template, options_.network_policy);
-  if (existing != nullptr) {
+  types::NetworkPolicy desired = DesiredNetworkPolicy(sandbox_template, options_.network_policy);
+  if (existing.has_value()) {
     if (!ours) {
       return absl::FailedPreconditionError(
           absl::StrCat("NetworkPolicy \"", id,
@@ -251,15 +266,15 @@ absl::Status TemplateController::Reconcile(const std::string& key) {
                        "SandboxTemplate: it is left alone, and the template's pods get no "
                        "policy from sbx until it is deleted"));
     }
-    if (NormalizedNetworkPolicySpec(Field(*existing, "spec")) == desired["spec"]) {
+    if (NormalizedNetworkPolicySpec(existing->spec.value_or(Json())) == desired.spec) {
       return absl::OkStatus();
     }
     // The whole object back with its resourceVersion: a concurrent change is a conflict
     // (ABORTED), retried from the newer cache.
-    Json updated = *existing;
-    updated["spec"] = desired["spec"];
+    types::NetworkPolicy updated = *std::move(existing);
+    updated.spec = std::move(desired.spec);
     BeginWrite(id);
-    absl::StatusOr<Json> written = client_->Update(kNetworkPolicies, ns, updated);
+    absl::StatusOr<Json> written = client_->Update(kNetworkPolicies, ns, types::Encode(updated));
     if (!written.ok()) {
       EndWrite(id, nullptr);
       return refused(written.status());
@@ -269,7 +284,7 @@ absl::Status TemplateController::Reconcile(const std::string& key) {
     return absl::OkStatus();
   }
   BeginWrite(id);
-  absl::StatusOr<Json> created = client_->Create(kNetworkPolicies, ns, desired);
+  absl::StatusOr<Json> created = client_->Create(kNetworkPolicies, ns, types::Encode(desired));
   EndWrite(id, created.ok() ? std::make_shared<const Json>(*created) : nullptr);
   if (created.ok()) {
     spdlog::info("SandboxTemplate \"{}\": NetworkPolicy \"{}\" created", key, policy_name);

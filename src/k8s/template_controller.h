@@ -93,7 +93,8 @@ class TemplateController {
  private:
   void Worker();
   InformerOptions InformerOn(const Resource& resource) const;
-  // Queues the template a NetworkPolicy belongs to (by owner, and by name).
+  // Queues the template a NetworkPolicy belongs to (by owner, and by name); `policy` is
+  // the informer's event.
   void EnqueueFor(const Json& policy);
 
   // Expectations: policies this controller wrote that its informer has not shown yet, by
@@ -118,6 +119,8 @@ class TemplateController {
   WorkQueue queue_;
   Informer templates_;
   Informer policies_;
+  // The templates, typed (each version decoded once, when first read).
+  TypedCache<types::SandboxTemplate> typed_templates_;
   std::vector<std::thread> workers_;
   std::unique_ptr<PeriodicPass> resync_;
   // Set once by Stop (which may run while another thread reads it).

@@ -18,10 +18,12 @@ constexpr char kRouterApp[] = "sandbox-router";
 // Upstream's public resolvers for pods under the default policy.
 constexpr const char* kPublicNameservers[] = {"8.8.8.8", "1.1.1.1"};
 
-// True when a container of the template's pod declares a port named `port_name`.
-bool DeclaresPort(const Json& sandbox_template, const std::string& port_name) {
-  const Json& containers =
-      Field(Field(Field(Field(sandbox_template, "spec"), "podTemplate"), "spec"), "containers");
+// True when a container of the template's pod declares a port named `port_name` (read
+// from the pod template's spec, a PodSpec kept as JSON).
+bool DeclaresPort(const types::SandboxTemplate& sandbox_template, const std::string& port_name) {
+  const std::optional<Json>& pod_spec = sandbox_template.spec.pod_template.spec;
+  if (!pod_spec.has_value()) return false;
+  const Json& containers = Field(*pod_spec, "containers");
   if (!containers.is_array()) return false;
   for (const Json& c : containers) {
     const Json& ports = Field(c, "ports");
@@ -39,7 +41,8 @@ Json NamespaceNamed(const std::string& ns) {
   return MatchLabels({{"kubernetes.io/metadata.name", ns}});
 }
 
-Json DefaultIngress(const Json& sandbox_template, const NetworkPolicyOptions& options) {
+Json DefaultIngress(const types::SandboxTemplate& sandbox_template,
+                    const NetworkPolicyOptions& options) {
   Json router = Json::object();
   router["namespaceSelector"] = NamespaceNamed(kRouterNamespace);
   router["podSelector"] = MatchLabels({{"app", kRouterApp}});
@@ -95,19 +98,24 @@ Json Compact(const Json& value) {
   return out;
 }
 
+// Whether the template gives spec.networkPolicy (an empty one included: it denies all).
+bool Given(const types::TemplateNetworkPolicy& policy) {
+  return policy.present || policy.ingress.has_value() || policy.egress.has_value() ||
+         !policy.unknown.empty();
+}
+
 }  // namespace
 
 std::string NetworkPolicyName(const std::string& template_name) {
   return template_name + kNetworkPolicySuffix;
 }
 
-bool NetworkPolicyManaged(const Json& sandbox_template) {
-  return Str(Field(sandbox_template, "spec"), "networkPolicyManagement") != "Unmanaged";
+bool NetworkPolicyManaged(const types::SandboxTemplate& sandbox_template) {
+  return sandbox_template.spec.network_policy_management != "Unmanaged";
 }
 
-bool SecureByDefault(const Json& sandbox_template) {
-  return NetworkPolicyManaged(sandbox_template) &&
-         Field(Field(sandbox_template, "spec"), "networkPolicy").is_null();
+bool SecureByDefault(const types::SandboxTemplate& sandbox_template) {
+  return NetworkPolicyManaged(sandbox_template) && !Given(sandbox_template.spec.network_policy);
 }
 
 Json NormalizedNetworkPolicySpec(const Json& spec) {
@@ -124,36 +132,43 @@ Json NormalizedNetworkPolicySpec(const Json& spec) {
   return out;
 }
 
-Json DesiredNetworkPolicy(const Json& sandbox_template, const NetworkPolicyOptions& options) {
-  const Json& meta = Field(sandbox_template, "metadata");
-  const std::string name = Str(meta, "name");
+types::NetworkPolicy DesiredNetworkPolicy(const types::SandboxTemplate& sandbox_template,
+                                          const NetworkPolicyOptions& options) {
+  const types::ObjectMeta& meta = sandbox_template.metadata;
+  const std::string& name = meta.Name();
   Json spec = {{"podSelector", {{"matchLabels", {{kTemplateRefHashLabel, NameHash(name)}}}}},
                {"policyTypes", {"Ingress", "Egress"}}};
-  const Json& custom = Field(Field(sandbox_template, "spec"), "networkPolicy");
-  if (custom.is_null()) {
+  const types::TemplateNetworkPolicy& custom = sandbox_template.spec.network_policy;
+  if (!Given(custom)) {
     spec["ingress"] = DefaultIngress(sandbox_template, options);
     spec["egress"] = DefaultEgress();
   } else {
     // The template's rules as they are: a list it leaves out denies that direction.
-    if (Field(custom, "ingress").is_array()) spec["ingress"] = custom["ingress"];
-    if (Field(custom, "egress").is_array()) spec["egress"] = custom["egress"];
+    if (custom.ingress.has_value()) spec["ingress"] = *custom.ingress;
+    if (custom.egress.has_value()) spec["egress"] = *custom.egress;
   }
-  Json owner = {{"apiVersion", "extensions.agents.x-k8s.io/v1beta1"},
-                {"kind", "SandboxTemplate"},
-                {"name", name},
-                {"uid", Str(meta, "uid")},
-                {"controller", true},
-                {"blockOwnerDeletion", true}};
-  return {{"apiVersion", "networking.k8s.io/v1"},
-          {"kind", "NetworkPolicy"},
-          {"metadata",
-           {{"name", NetworkPolicyName(name)},
-            {"namespace", Str(meta, "namespace")},
-            {"ownerReferences", Json::array({std::move(owner)})}}},
-          {"spec", NormalizedNetworkPolicySpec(spec)}};
+  types::NetworkPolicy policy;
+  policy.api_version = "networking.k8s.io/v1";
+  policy.kind = "NetworkPolicy";
+  policy.metadata.name = NetworkPolicyName(name);
+  policy.metadata.ns = meta.Namespace();
+  types::OwnerReference& owner = policy.metadata.owner_references.emplace().emplace_back();
+  owner.api_version = "extensions.agents.x-k8s.io/v1beta1";
+  owner.kind = "SandboxTemplate";
+  owner.name = name;
+  owner.uid = meta.Uid();
+  owner.controller = true;
+  owner.block_owner_deletion = true;
+  policy.spec = NormalizedNetworkPolicySpec(spec);
+  return policy;
 }
 
 void ApplyPodSecureDefaults(const Json& sandbox_template, Json* pod_spec) {
+  absl::StatusOr<types::SandboxTemplate> typed = types::DecodeSandboxTemplate(sandbox_template);
+  ApplyPodSecureDefaults(typed.ok() ? *typed : types::SandboxTemplate(), pod_spec);
+}
+
+void ApplyPodSecureDefaults(const types::SandboxTemplate& sandbox_template, Json* pod_spec) {
   Json& spec = *pod_spec;
   if (Field(spec, "automountServiceAccountToken").is_null()) {
     spec["automountServiceAccountToken"] = false;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "src/k8s/objects_types.h"
 
 namespace sbx::k8s {
 
@@ -34,10 +35,10 @@ struct NetworkPolicyOptions {
 std::string NetworkPolicyName(const std::string& template_name);
 
 // True unless spec.networkPolicyManagement is "Unmanaged" (absent means Managed).
-bool NetworkPolicyManaged(const Json& sandbox_template);
+bool NetworkPolicyManaged(const types::SandboxTemplate& sandbox_template);
 
 // True when the template relies on the secure default: Managed and no spec.networkPolicy.
-bool SecureByDefault(const Json& sandbox_template);
+bool SecureByDefault(const types::SandboxTemplate& sandbox_template);
 
 // The NetworkPolicy of `sandbox_template` (call only when it is Managed): named
 // NetworkPolicyName, in its namespace, owned by it (controller reference), selecting its
@@ -47,7 +48,8 @@ bool SecureByDefault(const Json& sandbox_template);
 // sandboxd port, per `options`), egress to every address but the private, link-local and
 // unique-local ranges (cluster DNS included: pods get public resolvers instead, see
 // ApplyPodSecureDefaults). The spec is in NormalizedNetworkPolicySpec form.
-Json DesiredNetworkPolicy(const Json& sandbox_template, const NetworkPolicyOptions& options);
+types::NetworkPolicy DesiredNetworkPolicy(const types::SandboxTemplate& sandbox_template,
+                                          const NetworkPolicyOptions& options);
 
 // `spec` as the API server keeps it, so that a stored policy compares equal to what was
 // written: nulls and empty lists dropped (Go's omitempty), empty matchLabels dropped, and
@@ -58,6 +60,10 @@ Json NormalizedNetworkPolicySpec(const Json& spec);
 // automountServiceAccountToken false unless set; with SecureByDefault and no dnsPolicy,
 // dnsPolicy None with the public resolvers 8.8.8.8 and 1.1.1.1 (the default policy blocks
 // the cluster DNS). `pod_spec` must be an object.
+void ApplyPodSecureDefaults(const types::SandboxTemplate& sandbox_template, Json* pod_spec);
+// The same for a template still held as JSON (the callers that read templates from the
+// informer's JSON cache), decoded first. A template that does not decode (only a store
+// that skips the CRD's validation can hold one) gets the defaults of the secure default.
 void ApplyPodSecureDefaults(const Json& sandbox_template, Json* pod_spec);
 
 }  // namespace sbx::k8s

@@ -11,15 +11,11 @@
 #include "spdlog/spdlog.h"
 #include "src/common/ids.h"
 #include "src/common/status_macros.h"
-#include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/thread_priority.h"
 
 namespace sbx::k8s {
 namespace {
-
-using json_fields::Field;
-using json_fields::Str;
 
 // Controller workers may wait for the allocator: they are not on the claim path.
 using allocator::Wait;
@@ -29,9 +25,9 @@ using allocator::Wait;
 // there may be one.
 constexpr char kQuickPrefix[] = "~";
 
-int64_t Replicas(const Json& pool) {
-  const Json& r = Field(Field(pool, "spec"), "replicas");
-  return r.is_number_integer() ? std::max<int64_t>(0, r.get<int64_t>()) : 1;
+int64_t Replicas(const types::SandboxWarmPool& pool) {
+  const std::optional<int64_t>& r = pool.spec.replicas;
+  return r.has_value() ? std::max<int64_t>(0, *r) : 1;
 }
 
 // Demand sizing, opted into with annotations (never spec fields: the CRD stays
@@ -43,12 +39,11 @@ struct Sizing {
 
 // `warn`: log annotation values that cannot be read (the full pass does; the member-change
 // fast path, which runs far more often, does not repeat it).
-Sizing SizingOf(const Json& pool, bool warn = false) {
+Sizing SizingOf(const types::SandboxWarmPool& pool, bool warn = false) {
   Sizing out;
-  const Json& annotations = Field(Field(pool, "metadata"), "annotations");
-  const std::string mode = Str(annotations, kSizingAnnotation);
-  const std::string ceiling = Str(annotations, kMaxWarmAnnotation);
-  const std::string name = Str(Field(pool, "metadata"), "name");
+  const std::string& mode = pool.metadata.Annotation(kSizingAnnotation);
+  const std::string& ceiling = pool.metadata.Annotation(kMaxWarmAnnotation);
+  const std::string& name = pool.metadata.Name();
   if (mode == "demand") {
     out.sizing = store::PoolSizing::kDemand;
   } else if (warn && !mode.empty() && mode != "static") {
@@ -69,17 +64,18 @@ Sizing SizingOf(const Json& pool, bool warn = false) {
 // How many members the controller keeps: spec.replicas, or for demand sizing the
 // allocator's target (the refill retires warm surplus then; the controller only unready
 // members beyond what the target still needs).
-int64_t Desired(const Json& pool, const allocator::PoolStatus& st) {
+int64_t Desired(const types::SandboxWarmPool& pool, const allocator::PoolStatus& st) {
   if (SizingOf(pool).sizing == store::PoolSizing::kDemand) return std::max(st.target, st.warm);
   return Replicas(pool);
 }
 
-std::string Created(const Json& object) {
-  return Str(Field(object, "metadata"), "creationTimestamp");
+const std::string& Created(const types::ObjectMeta& meta) {
+  static const std::string* const kNone = new std::string();
+  return meta.creation_timestamp.has_value() ? *meta.creation_timestamp : *kNone;
 }
 
 // How long ago `object` was created; zero when its creationTimestamp cannot be read.
-absl::Duration Age(const Json& object, absl::Time now) {
+absl::Duration Age(const types::ObjectMeta& object, absl::Time now) {
   absl::Time created;
   std::string err;
   if (!absl::ParseTime(absl::RFC3339_full, Created(object), &created, &err)) {
@@ -110,16 +106,19 @@ WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes, I
       reconciles_(*registry_, kWarmPoolControllerName),
       queue_(WorkQueueOptions{.clock = clock_}),
       pools_(client, InformerOn(kSandboxWarmPools)),
-      templates_(client, InformerOn(kSandboxTemplates)) {
+      templates_(client, InformerOn(kSandboxTemplates)),
+      typed_pools_(&pools_, &types::DecodeSandboxWarmPool),
+      typed_members_(sandboxes, &types::DecodeSandbox) {
   InformerHandler pool_handler;
   pool_handler.on_add = [this](const ObjectPtr& o) { queue_.Add(options_.namespaces.Qualify(*o)); };
   pool_handler.on_update = [this](const ObjectPtr& old, const ObjectPtr& o) {
-    // Our own status writes come back as updates: they need no full pass.
-    const Json& before = Field(*old, "metadata");
-    const Json& after = Field(*o, "metadata");
-    const bool changed = Field(before, "generation") != Field(after, "generation") ||
-                         Field(before, "deletionTimestamp") != Field(after, "deletionTimestamp") ||
-                         Field(before, "uid") != Field(after, "uid");
+    // Our own status writes come back as updates: they need no full pass. (Metadata that
+    // does not decode counts as a change: the full pass says why.)
+    const absl::StatusOr<types::ObjectMeta> before = types::DecodeMetadataOf(*old);
+    const absl::StatusOr<types::ObjectMeta> after = types::DecodeMetadataOf(*o);
+    const bool changed = !before.ok() || !after.ok() || before->generation != after->generation ||
+                         before->deletion_timestamp != after->deletion_timestamp ||
+                         before->uid != after->uid;
     const std::string name = options_.namespaces.Qualify(*o);
     queue_.Add(changed ? name : absl::StrCat(kQuickPrefix, name));
   };
@@ -128,12 +127,17 @@ WarmPoolController::WarmPoolController(Client* client, WriteScheduler* writes, I
 
   // A template change concerns the pools of its namespace that use it.
   auto template_changed = [this](const ObjectPtr& o) {
-    const std::string ns = Str(Field(*o, "metadata"), "namespace");
-    const std::string name = Str(Field(*o, "metadata"), "name");
-    for (const ObjectPtr& pool : pools_.List()) {
-      if (Str(Field(*pool, "metadata"), "namespace") == ns &&
-          Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name") == name) {
-        queue_.Add(options_.namespaces.Qualify(*pool));
+    absl::StatusOr<types::ObjectMeta> meta = types::DecodeMetadataOf(*o);
+    if (!meta.ok()) {
+      spdlog::warn("SandboxTemplate not looked at by the warm pool controller: {}",
+                   meta.status().ToString());
+      return;
+    }
+    for (const ObjectPtr& object : pools_.List()) {
+      TypedCache<types::SandboxWarmPool>::Ptr pool = TypedOf(typed_pools_, object);
+      if (pool != nullptr && pool->metadata.Namespace() == meta->Namespace() &&
+          pool->spec.sandbox_template_ref.name == meta->name) {
+        queue_.Add(options_.namespaces.Qualify(pool->metadata.Namespace(), pool->metadata.Name()));
       }
     }
   };
@@ -162,18 +166,38 @@ InformerOptions WarmPoolController::InformerOn(const Resource& resource) const {
   return options;
 }
 
-absl::Status WarmPoolController::DeleteMember(const ObjectPtr& judged) {
+template <class T>
+typename TypedCache<T>::Ptr WarmPoolController::TypedOf(const TypedCache<T>& cache,
+                                                        const ObjectPtr& object) const {
+  // The informer's key: "namespace/name" (object names have no '/').
+  const std::string key = KeyOf(*object);
+  const size_t slash = key.find('/');
+  const NamespacedName where = slash == std::string::npos
+                                   ? NamespacedName{"", key}
+                                   : NamespacedName{key.substr(0, slash), key.substr(slash + 1)};
+  absl::StatusOr<typename TypedCache<T>::Ptr> typed = cache.Get(where.ns, where.name);
+  if (!typed.ok()) {
+    // The API server validates these against their schemas: only a store that skips that
+    // can hold one that does not decode. It is left alone until it changes.
+    spdlog::warn("warm pool controller: {} left alone: {}", Namespaces::Path(where),
+                 typed.status().ToString());
+    return nullptr;
+  }
+  return *std::move(typed);
+}
+
+absl::Status WarmPoolController::DeleteMember(const types::Sandbox& judged) {
   // The member as this pass judged it: the delete holds only while the Sandbox is still
   // that version. One that changed since (a write that lands late, a deposed leader's
   // paused after its fence check, would otherwise delete a member the new leader bound)
   // fails 409 and is judged again at the next pass.
-  const Json& meta = Field(*judged, "metadata");
-  const NamespacedName where{Str(meta, "namespace"), Str(meta, "name")};
+  const types::ObjectMeta& meta = judged.metadata;
+  const NamespacedName where{meta.Namespace(), meta.Name()};
   absl::Status s = writes_->Run(WritePriority::kCleanup, [&] {
     DeleteOptions o;
     o.propagation_policy = "Background";
-    o.precondition_uid = Str(meta, "uid");
-    o.precondition_resource_version = Str(meta, "resourceVersion");
+    o.precondition_uid = meta.Uid();
+    o.precondition_resource_version = meta.resource_version.value_or("");
     return client_->Delete(kSandboxes, where.ns, where.name, o);
   });
   if (absl::IsAborted(s)) {
@@ -186,10 +210,12 @@ absl::Status WarmPoolController::DeleteMember(const ObjectPtr& judged) {
 }
 
 void WarmPoolController::EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay) {
-  const Json& meta = Field(*sandbox, "metadata");
-  const std::string ns = Str(meta, "namespace");
+  // The event's metadata alone (cheap: no spec), at every member change.
+  absl::StatusOr<types::ObjectMeta> meta = types::DecodeMetadataOf(*sandbox);
+  if (!meta.ok()) return;  // not one of ours: sbx writes members' metadata well-formed
+  const std::string& ns = meta->Namespace();
   if (!options_.namespaces.Serves(ns)) return;
-  const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
+  const std::string& pool = meta->Label(kSbxPoolLabel);
   // A member's change needs the pool's status and a surplus check, not a full pass.
   if (!pool.empty()) {
     queue_.AddAfter(absl::StrCat(kQuickPrefix, options_.namespaces.Qualify(ns, pool)), delay);
@@ -254,35 +280,49 @@ void WarmPoolController::Worker() {
   }
 }
 
+absl::Status WarmPoolController::NotDecoded(const NamespacedName& where,
+                                            const absl::Status& status) {
+  // The API server validates SandboxWarmPools against the CRD's schema: only a store that
+  // skips that can hold one that does not decode. It waits for its next change.
+  spdlog::warn("SandboxWarmPool \"{}\" not reconciled: {}", Namespaces::Path(where),
+               status.ToString());
+  return absl::OkStatus();
+}
+
 absl::Status WarmPoolController::Reconcile(const std::string& key) {
   if (options_.is_leader && !options_.is_leader()) return absl::OkStatus();
   if (key.rfind(kQuickPrefix, 0) == 0) {
     const std::string name = key.substr(1);
     const NamespacedName where = options_.namespaces.Split(name);
-    ObjectPtr pool = pools_.Get(where.ns, where.name);
+    absl::StatusOr<TypedCache<types::SandboxWarmPool>::Ptr> pool =
+        typed_pools_.Get(where.ns, where.name);
+    if (!pool.ok()) return NotDecoded(where, pool.status());
     absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
-    if (pool == nullptr || json_fields::BeingDeleted(*pool) || !st.ok()) return absl::OkStatus();
+    if (*pool == nullptr || (*pool)->metadata.BeingDeleted() || !st.ok()) return absl::OkStatus();
     // Maybe a surplus, or members that nobody tracks (creates whose answers were lost):
     // the full pass decides (and writes the status). Members still labelled include the
     // claimed ones not yet bound, so the second count is an upper bound.
-    const int64_t desired = Desired(*pool, *st);
+    const int64_t desired = Desired(**pool, *st);
     if (st->warm + runtime_->PendingIn(name) > desired ||
         static_cast<int64_t>(sandboxes_->ByLabel(kWarmPoolLabel, NameHash(where.name)).size()) >
             desired) {
       queue_.Add(name);
       return absl::OkStatus();
     }
-    return WriteStatus(*pool);
+    return WriteStatus(**pool);
   }
   const std::string& name = key;  // the allocator's
   const NamespacedName where = options_.namespaces.Split(name);
-  ObjectPtr pool =
-      options_.namespaces.Serves(where.ns) ? pools_.Get(where.ns, where.name) : nullptr;
-  if (pool == nullptr || json_fields::BeingDeleted(*pool)) return RemovePool(name);
+  absl::StatusOr<TypedCache<types::SandboxWarmPool>::Ptr> found =
+      options_.namespaces.Serves(where.ns) ? typed_pools_.Get(where.ns, where.name)
+                                           : TypedCache<types::SandboxWarmPool>::Ptr();
+  if (!found.ok()) return NotDecoded(where, found.status());
+  if (*found == nullptr || (*found)->metadata.BeingDeleted()) return RemovePool(name);
+  const types::SandboxWarmPool& pool = **found;
   if (absl::Status valid = ValidateName("SandboxWarmPool name", where.name); !valid.ok()) {
     return absl::OkStatus();  // served by nobody; said once at the informer's add
   }
-  const std::string template_name = Str(Field(Field(*pool, "spec"), "sandboxTemplateRef"), "name");
+  const std::string template_name = pool.spec.sandbox_template_ref.name.value_or("");
   ObjectPtr sandbox_template = templates_.Get(where.ns, template_name);
 
   // The allocator's template names the SandboxTemplate; its pool follows spec.replicas.
@@ -299,9 +339,9 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
   p.name = name;
   p.template_name = name;
   // No member can come while the template is missing: the target is zero until it does.
-  const int64_t replicas = sandbox_template == nullptr ? 0 : Replicas(*pool);
+  const int64_t replicas = sandbox_template == nullptr ? 0 : Replicas(pool);
   p.min_warm = p.max_warm = static_cast<int32_t>(std::min<int64_t>(replicas, 1 << 30));
-  const Sizing sizing = SizingOf(*pool, /*warn=*/true);
+  const Sizing sizing = SizingOf(pool, /*warn=*/true);
   p.sizing = sizing.sizing;
   if (sizing.sizing == store::PoolSizing::kDemand && sandbox_template != nullptr) {
     // The ceiling: sbx.dev/max-warm, never below the floor nor above the allocator's limit.
@@ -313,8 +353,7 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
   if (have_p.ok()) p.selection_policy = have_p->selection_policy;
   // The selection policy comes from an annotation: the CRD stays upstream's. Without it
   // the pool keeps the policy it has (fifo, or what an admin set over gRPC).
-  const std::string policy =
-      Str(Field(Field(*pool, "metadata"), "annotations"), kSelectionPolicyAnnotation);
+  const std::string& policy = pool.metadata.Annotation(kSelectionPolicyAnnotation);
   if (allocator::IsSelectionPolicy(policy) && !policy.empty()) {
     p.selection_policy = policy;
   } else if (!policy.empty()) {
@@ -340,8 +379,8 @@ absl::Status WarmPoolController::Reconcile(const std::string& key) {
     RETURN_IF_ERROR(
         Wait([&](allocator::StatusCallback cb) { allocator_->PutPool(p, std::move(cb)); }));
   }
-  if (sandbox_template != nullptr) RETURN_IF_ERROR(TrimMembers(*pool, *sandbox_template));
-  return WriteStatus(*pool);
+  if (sandbox_template != nullptr) RETURN_IF_ERROR(TrimMembers(pool, *sandbox_template));
+  return WriteStatus(pool);
 }
 
 absl::Status WarmPoolController::RemovePool(const std::string& name) {
@@ -365,13 +404,14 @@ absl::Status WarmPoolController::RemovePool(const std::string& name) {
   return absl::OkStatus();
 }
 
-absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandbox_template) {
-  const std::string ns = Str(Field(pool, "metadata"), "namespace");
-  const std::string object_name = Str(Field(pool, "metadata"), "name");
+absl::Status WarmPoolController::TrimMembers(const types::SandboxWarmPool& pool,
+                                             const Json& sandbox_template) {
+  const std::string& ns = pool.metadata.Namespace();
+  const std::string& object_name = pool.metadata.Name();
   const std::string name = options_.namespaces.Qualify(ns, object_name);  // the allocator's
   const std::string hash = NameHash(object_name);
   const std::string spec_hash = TemplateSpecHash(sandbox_template);
-  const bool recreate = Str(Field(Field(pool, "spec"), "updateStrategy"), "type") == "Recreate";
+  const bool recreate = pool.spec.update_strategy.type == "Recreate";
   // The warm count first, then the tracked ids: a member that turns warm in between is
   // counted once (as tracked), never as warm and unready both.
   absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
@@ -382,20 +422,23 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   if (options_.after_tracked_snapshot) options_.after_tracked_snapshot();
 
   // Members: still labelled as the pool's (a claimed one loses the label when bound).
-  std::vector<ObjectPtr> unready, warm;
-  std::vector<std::pair<ObjectPtr, absl::Duration>> maybe_untracked;  // member, age
+  using Member = TypedCache<types::Sandbox>::Ptr;
+  std::vector<Member> unready, warm;
+  std::vector<std::pair<Member, absl::Duration>> maybe_untracked;  // member, age
   const absl::Time now = clock_->Now();
-  for (const ObjectPtr& member : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
-    const Json& meta = Field(*member, "metadata");
-    if (Str(meta, "namespace") != ns || json_fields::BeingDeleted(*member)) continue;
-    if (Str(Field(meta, "labels"), kSbxPoolLabel) != object_name) continue;
-    const std::string id = options_.namespaces.Qualify(ns, Str(meta, "name"));
+  for (const ObjectPtr& object : sandboxes_->ByLabel(kWarmPoolLabel, hash)) {
+    Member member = TypedOf(typed_members_, object);
+    if (member == nullptr) continue;  // gone since, or left alone (logged)
+    const types::ObjectMeta& meta = member->metadata;
+    if (meta.Namespace() != ns || meta.BeingDeleted()) continue;
+    if (meta.Label(kWarmPoolLabel) != hash || meta.Label(kSbxPoolLabel) != object_name) continue;
+    const std::string id = options_.namespaces.Qualify(ns, meta.Name());
     if (tracked.contains(id)) {
       warm.push_back(member);  // warm, or claimed and not yet bound
     } else if (runtime_->IsPending(id)) {
       unready.push_back(member);
     } else {
-      maybe_untracked.emplace_back(member, Age(*member, now));
+      maybe_untracked.emplace_back(member, Age(meta, now));
     }
   }
   // Neither tracked nor pending may still be in passage: its create has not answered yet,
@@ -407,10 +450,12 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   // creates whose answers faults lost for 30 s after the faults: issue 23. Taking the
   // first snapshot for the answer deleted members that turned warm during the pass.)
   const bool creates_in_flight = runtime_->CreatesInFlight(name) > 0;
-  std::vector<ObjectPtr> untracked;
+  auto id_of = [this](const Member& m) {
+    return options_.namespaces.Qualify(m->metadata.Namespace(), m->metadata.Name());
+  };
+  std::vector<Member> untracked;
   for (auto& [member, age] : maybe_untracked) {
-    if ((creates_in_flight && age < options_.orphan_grace) ||
-        runtime_->InPassage(options_.namespaces.Qualify(*member))) {
+    if ((creates_in_flight && age < options_.orphan_grace) || runtime_->InPassage(id_of(member))) {
       continue;
     }
     untracked.push_back(std::move(member));
@@ -419,20 +464,19 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
     tracked.clear();
     for (std::string& id : allocator_->ListSandboxIds()) tracked.insert(std::move(id));
   }
-  for (const ObjectPtr& member : untracked) {
-    const std::string id = options_.namespaces.Qualify(*member);
+  for (const Member& member : untracked) {
+    const std::string id = id_of(member);
     if (tracked.contains(id)) continue;
     spdlog::info("Sandbox \"{}\" of pool \"{}\" is tracked by nobody: deleting it",
                  Namespaces::Path(options_.namespaces.Split(id)), name);
-    RETURN_IF_ERROR(DeleteMember(member));
+    RETURN_IF_ERROR(DeleteMember(*member));
   }
   // Newest first (by creationTimestamp, then name), keys read once per member.
-  auto newest_first = [](std::vector<ObjectPtr>* members) {
-    std::vector<std::pair<std::string, ObjectPtr>> keyed;
+  auto newest_first = [](std::vector<Member>* members) {
+    std::vector<std::pair<std::string, Member>> keyed;
     keyed.reserve(members->size());
-    for (ObjectPtr& m : *members) {
-      keyed.emplace_back(absl::StrCat(Created(*m), " ", Str(Field(*m, "metadata"), "name")),
-                         std::move(m));
+    for (Member& m : *members) {
+      keyed.emplace_back(absl::StrCat(Created(m->metadata), " ", m->metadata.Name()), std::move(m));
     }
     std::sort(keyed.begin(), keyed.end(),
               [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -442,19 +486,19 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   newest_first(&unready);
   newest_first(&warm);
 
-  auto delete_unready = [&](const ObjectPtr& member) { return DeleteMember(member); };
+  auto delete_unready = [&](const Member& member) { return DeleteMember(*member); };
   // Stale members (Recreate): replaced at once; the reconciler makes new ones.
   if (recreate) {
     for (auto* list : {&unready, &warm}) {
-      std::vector<ObjectPtr> keep;
-      for (const ObjectPtr& m : *list) {
-        if (Str(Field(Field(*m, "metadata"), "labels"), kSbxTemplateHashLabel) == spec_hash) {
+      std::vector<Member> keep;
+      for (const Member& m : *list) {
+        if (m->metadata.Label(kSbxTemplateHashLabel) == spec_hash) {
           keep.push_back(m);
           continue;
         }
         if (list == &unready) {
           RETURN_IF_ERROR(delete_unready(m));
-        } else if (allocator_->RetireWarm(options_.namespaces.Qualify(*m)).ok()) {
+        } else if (allocator_->RetireWarm(id_of(m)).ok()) {
           --warm_count;
         } else {
           keep.push_back(m);  // claimed meanwhile: it is the claim's now
@@ -465,41 +509,42 @@ absl::Status WarmPoolController::TrimMembers(const Json& pool, const Json& sandb
   }
   // Scale-down: unready members first, then the newest warm ones.
   int64_t surplus = warm_count + static_cast<int64_t>(unready.size()) - Desired(pool, *st);
-  for (const ObjectPtr& m : unready) {
+  for (const Member& m : unready) {
     if (surplus <= 0) break;
     RETURN_IF_ERROR(delete_unready(m));
     --surplus;
   }
-  for (const ObjectPtr& m : warm) {
+  for (const Member& m : warm) {
     if (surplus <= 0) break;
-    if (allocator_->RetireWarm(options_.namespaces.Qualify(*m)).ok()) --surplus;
+    if (allocator_->RetireWarm(id_of(m)).ok()) --surplus;
   }
   return absl::OkStatus();
 }
 
-absl::Status WarmPoolController::WriteStatus(const Json& pool) {
-  const Json& meta = Field(pool, "metadata");
-  const std::string object_name = Str(meta, "name");
-  const std::string name = options_.namespaces.Qualify(pool);  // the allocator's
+absl::Status WarmPoolController::WriteStatus(const types::SandboxWarmPool& pool) {
+  const types::ObjectMeta& meta = pool.metadata;
+  const std::string& object_name = meta.Name();
+  const std::string name = options_.namespaces.Qualify(meta.Namespace(), object_name);
   absl::StatusOr<allocator::PoolStatus> st = allocator_->GetPoolStatus(name);
   // Counts, not a scan of the members: ready ones are the allocator's warm sandboxes, the
   // others the runtime's creates that wait for Ready.
   const int64_t ready = st.ok() ? st->warm : 0;
-  const int64_t members = ready + runtime_->PendingIn(name);
-  Json status = {{"replicas", members},
-                 {"readyReplicas", ready},
-                 {"selector", absl::StrCat(kWarmPoolLabel, "=", NameHash(object_name))}};
-  if (Field(meta, "generation").is_number_integer()) {
-    status["observedGeneration"] = meta["generation"];
-  }
-  const Json& old = Field(pool, "status");
-  bool same = old.is_object();
-  for (auto it = status.begin(); same && it != status.end(); ++it) {
-    same = old.contains(it.key()) && old[it.key()] == it.value();
-  }
+  types::SandboxWarmPoolStatus status;
+  status.replicas = ready + runtime_->PendingIn(name);
+  status.ready_replicas = ready;
+  status.selector = absl::StrCat(kWarmPoolLabel, "=", NameHash(object_name));
+  status.observed_generation = meta.generation;
+  // Written only when a field it sets differs (fields it leaves out are not compared).
+  const types::SandboxWarmPoolStatus& old = pool.status;
+  const bool same = old.present && old.replicas == status.replicas &&
+                    old.ready_replicas == status.ready_replicas &&
+                    old.selector == status.selector &&
+                    (!status.observed_generation.has_value() ||
+                     old.observed_generation == status.observed_generation);
   if (same) return absl::OkStatus();
-  absl::Status s = client_->PatchNoResult(kSandboxWarmPools, Str(meta, "namespace"), object_name,
-                                          PatchType::kMerge, Json{{"status", status}}, "status");
+  absl::Status s =
+      client_->PatchNoResult(kSandboxWarmPools, meta.Namespace(), object_name, PatchType::kMerge,
+                             Json{{"status", types::Encode(status)}}, "status");
   return s.ok() || absl::IsNotFound(s) ? absl::OkStatus() : s;
 }
 

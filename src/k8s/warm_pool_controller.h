@@ -44,6 +44,7 @@
 #include "src/k8s/informer.h"
 #include "src/k8s/kube_runtime.h"
 #include "src/k8s/namespaces.h"
+#include "src/k8s/objects_types.h"
 #include "src/k8s/thread_priority.h"
 #include "src/k8s/work_queue.h"
 #include "src/k8s/write_scheduler.h"
@@ -117,12 +118,21 @@ class WarmPoolController {
   void EnqueueMember(const ObjectPtr& sandbox, absl::Duration delay);
   // `pool` is the allocator's name of a pool.
   [[nodiscard]] absl::Status RemovePool(const std::string& pool);
-  [[nodiscard]] absl::Status TrimMembers(const Json& pool, const Json& sandbox_template);
-  [[nodiscard]] absl::Status WriteStatus(const Json& pool);
+  // A SandboxWarmPool that does not decode: logged, OK (it waits for its next change).
+  [[nodiscard]] static absl::Status NotDecoded(const NamespacedName& where,
+                                               const absl::Status& status);
+  // `sandbox_template` as the informer holds it (its spec hash is KubeRuntime's, on JSON).
+  [[nodiscard]] absl::Status TrimMembers(const types::SandboxWarmPool& pool,
+                                         const Json& sandbox_template);
+  [[nodiscard]] absl::Status WriteStatus(const types::SandboxWarmPool& pool);
   // Deletes the member `judged` (as this pass read it from the cache; background
   // propagation) through the scheduler, guarded by its uid and resourceVersion: NOT_FOUND
   // is success, and so is a 409 (it changed since: the next pass judges it again).
-  [[nodiscard]] absl::Status DeleteMember(const ObjectPtr& judged);
+  [[nodiscard]] absl::Status DeleteMember(const types::Sandbox& judged);
+  // The typed copy of `object` from `cache` (the informer's current version of it), or
+  // null when the informer no longer holds it or it does not decode (logged).
+  template <class T>
+  typename TypedCache<T>::Ptr TypedOf(const TypedCache<T>& cache, const ObjectPtr& object) const;
   InformerOptions InformerOn(const Resource& resource) const;
 
   Client* const client_;
@@ -135,6 +145,9 @@ class WarmPoolController {
   WorkQueue queue_;
   Informer pools_;
   Informer templates_;
+  // The pools and the member Sandboxes, typed (each version decoded once, when first read).
+  TypedCache<types::SandboxWarmPool> typed_pools_;
+  TypedCache<types::Sandbox> typed_members_;
   allocator::Allocator* allocator_ = nullptr;  // set by Start, before any worker runs
   KubeRuntime* runtime_ = nullptr;
   std::vector<std::thread> workers_;

@@ -383,6 +383,40 @@ TEST(LeaderElectionTest, AMissingLeaseIsMadeOnlyByAReplicaThatMayLead) {
   a.Stop();
 }
 
+// A Lease with a field of another type (only a store that skips the API server's
+// validation can hold one) is not acted on: the elector decodes it first and leaves it
+// alone (the JSON reads before threw out of the elector's thread), and takes it once it is
+// well-formed again. The extra annotation survives the typed round trip.
+TEST(LeaderElectionTest, ALeaseThatDoesNotDecodeIsLeftAloneUntilItDoes) {
+  testing::TestEmulator emulator;
+  ASSERT_TRUE(emulator.ok());
+  auto client = *Client::Create(emulator.Cluster());
+  Json lease = {{"metadata", {{"name", "test-lease"}, {"annotations", {{"team", "infra"}}}}},
+                {"spec", {{"holderIdentity", 7}}}};
+  ASSERT_TRUE(client->Create(kLeases, "default", lease).ok());
+  FakeClock clock(absl::Now());
+  LeaderElectionOptions options = Options("a");
+  options.clock = &clock;
+  LeaderElector a(client.get(), options, nullptr, nullptr);
+  a.Start();
+  // Three campaign rounds, each seen to end in a wait (the positive marker).
+  for (int i = 0; i < 3; ++i) Round(clock, options.retry_period, {&a});
+  EXPECT_FALSE(a.IsLeader());
+  absl::StatusOr<Json> stored = client->Get(kLeases, "default", "test-lease");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->at("spec").at("holderIdentity"), 7);
+
+  (*stored)["spec"]["holderIdentity"] = "";
+  ASSERT_TRUE(client->Update(kLeases, "default", *stored).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    if (a.IsLeader()) return true;
+    if (a.SleepingUntil() > clock.Now()) clock.Advance(options.retry_period);
+    return false;
+  }));
+  EXPECT_EQ(Annotations(*client).value("team", "?"), "infra");
+  a.Stop();
+}
+
 TEST(LeaderElectionTest, OptionsAreChecked) {
   LeaderElectionOptions options = Options("");
   EXPECT_EQ(options.Validate().code(), absl::StatusCode::kInvalidArgument);

@@ -333,5 +333,46 @@ TEST(ObjectsTypesTest, DecodeErrorsNameTheObjectAndTheField) {
               HasSubstr("spec.replicas is a fractional number (1.5), not an integer"));
 }
 
+// What the controllers' informer handlers read of an event: the metadata alone.
+TEST(ObjectsTypesTest, TheMetadataOfAnyObjectDecodesAlone) {
+  Json pod = {{"kind", "Pod"},
+              {"metadata",
+               {{"name", "p"},
+                {"namespace", "team-a"},
+                {"generation", 3},
+                {"labels", {{"a", "b"}}},
+                {"managedFields", Json::array()}}},
+              {"spec", {{"containers", 7}}}};  // not looked at
+  absl::StatusOr<ObjectMeta> meta = DecodeMetadataOf(pod);
+  ASSERT_TRUE(meta.ok()) << meta.status();
+  EXPECT_EQ(meta->Name(), "p");
+  EXPECT_EQ(meta->Namespace(), "team-a");
+  EXPECT_EQ(meta->generation, 3);
+  EXPECT_EQ(meta->Label("a"), "b");
+  EXPECT_EQ(Encode(*meta), pod["metadata"]);  // managedFields kept
+
+  absl::StatusOr<ObjectMeta> none = DecodeMetadataOf({{"kind", "Pod"}});
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->present);
+  EXPECT_EQ(none->Name(), "");
+
+  pod["metadata"]["uid"] = 12;
+  EXPECT_THAT(DecodeMetadataOf(pod).status().message(),
+              HasSubstr("object \"team-a/p\": metadata.uid is an integer (12), not a string"));
+  EXPECT_THAT(DecodeMetadataOf(Json("x")).status().message(),
+              HasSubstr("the object is a string, not an object"));
+}
+
+TEST(ObjectsTypesTest, AWarmPoolStatusEncodesWhatIsSet) {
+  SandboxWarmPoolStatus status;
+  status.replicas = 3;
+  status.ready_replicas = 2;
+  status.selector = "k=v";
+  EXPECT_EQ(Encode(status),
+            Json::parse(R"({"replicas": 3, "readyReplicas": 2, "selector": "k=v"})"));
+  status.observed_generation = 4;
+  EXPECT_EQ(Encode(status)["observedGeneration"], 4);
+}
+
 }  // namespace
 }  // namespace sbx::k8s::types

@@ -81,6 +81,12 @@ class TemplateControllerTest : public ::testing::Test {
     absl::StatusOr<Json> t = client_->Get(kSandboxTemplates, kNs, name);
     return t.ok() ? *t : Json();
   }
+  // The same, typed (a default one and a test failure when it does not decode).
+  types::SandboxTemplate TypedTemplate(const std::string& name) {
+    absl::StatusOr<types::SandboxTemplate> t = types::DecodeSandboxTemplate(Template(name));
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? *std::move(t) : types::SandboxTemplate();
+  }
   // Patches template `name`; returns the resourceVersion of the write ("" and a test
   // failure when it fails).
   std::string PatchTemplate(const std::string& name, const Json& patch) {
@@ -130,7 +136,8 @@ TEST_F(TemplateControllerTest, PolicyFollowsTheTemplateThroughItsLife) {
   ASSERT_NO_FATAL_FAILURE(StartController());
   ASSERT_TRUE(client_->Create(kSandboxTemplates, kNs, TemplateObject("python")).ok());
   // Managed (the CRD's default) with no rules: the secure default, owned by the template.
-  const Json defaults = DesiredNetworkPolicy(Template("python"), options_.network_policy)["spec"];
+  const Json defaults =
+      *DesiredNetworkPolicy(TypedTemplate("python"), options_.network_policy).spec;
   ASSERT_TRUE(WaitFor([&] { return PolicySpecIs("python", defaults); }))
       << Policy("python").dump(2);
   Json policy = Policy("python");

@@ -28,6 +28,18 @@ Json SandboxdTemplate() {
   return t;
 }
 
+// The template decoded, as the controllers hold it.
+types::SandboxTemplate Typed(const Json& sandbox_template) {
+  absl::StatusOr<types::SandboxTemplate> typed = types::DecodeSandboxTemplate(sandbox_template);
+  EXPECT_TRUE(typed.ok()) << typed.status();
+  return typed.ok() ? *std::move(typed) : types::SandboxTemplate();
+}
+
+// The NetworkPolicy of `sandbox_template` as it is sent.
+Json Desired(const Json& sandbox_template, const NetworkPolicyOptions& options) {
+  return types::Encode(DesiredNetworkPolicy(Typed(sandbox_template), options));
+}
+
 NetworkPolicyOptions ServerOptions() {
   NetworkPolicyOptions o;
   o.server_pod_labels = {{"app.kubernetes.io/name", "sbx"}, {"app.kubernetes.io/instance", "r"}};
@@ -54,7 +66,7 @@ Json UpstreamDefaultSpec() {
 }
 
 TEST(TemplateObjectsTest, DefaultPolicyIsUpstreamsSecureDefault) {
-  Json policy = DesiredNetworkPolicy(Template(), ServerOptions());
+  Json policy = Desired(Template(), ServerOptions());
   EXPECT_EQ(policy["apiVersion"], "networking.k8s.io/v1");
   EXPECT_EQ(policy["kind"], "NetworkPolicy");
   EXPECT_EQ(policy["metadata"]["name"], "python-network-policy");
@@ -69,13 +81,12 @@ TEST(TemplateObjectsTest, DefaultPolicyIsUpstreamsSecureDefault) {
   // The pod runs no sbx-sandboxd: exactly upstream's policy, no DNS egress.
   EXPECT_EQ(policy["spec"], UpstreamDefaultSpec()) << policy["spec"].dump(2);
   // Explicitly Managed is the same.
-  EXPECT_EQ(DesiredNetworkPolicy(Template(R"("networkPolicyManagement": "Managed",)"),
-                                 ServerOptions())["spec"],
+  EXPECT_EQ(Desired(Template(R"("networkPolicyManagement": "Managed",)"), ServerOptions())["spec"],
             UpstreamDefaultSpec());
 }
 
 TEST(TemplateObjectsTest, DefaultPolicyAdmitsSbxServerToEveryPort) {
-  Json spec = DesiredNetworkPolicy(SandboxdTemplate(), ServerOptions())["spec"];
+  Json spec = Desired(SandboxdTemplate(), ServerOptions())["spec"];
   Json expected = UpstreamDefaultSpec();
   expected["ingress"].push_back(Json::parse(R"({
     "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "sbx-system"}},
@@ -85,12 +96,11 @@ TEST(TemplateObjectsTest, DefaultPolicyAdmitsSbxServerToEveryPort) {
   // No server namespace: the peer is in the template's namespace (no namespaceSelector).
   NetworkPolicyOptions same_ns = ServerOptions();
   same_ns.server_namespace.clear();
-  spec = DesiredNetworkPolicy(SandboxdTemplate(), same_ns)["spec"];
+  spec = Desired(SandboxdTemplate(), same_ns)["spec"];
   ASSERT_EQ(spec["ingress"].size(), 2u);
   EXPECT_FALSE(spec["ingress"][1]["from"][0].contains("namespaceSelector"));
   // No server labels: upstream's policy only.
-  EXPECT_EQ(DesiredNetworkPolicy(SandboxdTemplate(), NetworkPolicyOptions())["spec"],
-            UpstreamDefaultSpec());
+  EXPECT_EQ(Desired(SandboxdTemplate(), NetworkPolicyOptions())["spec"], UpstreamDefaultSpec());
 }
 
 TEST(TemplateObjectsTest, CustomRulesReplaceTheDefault) {
@@ -100,7 +110,7 @@ TEST(TemplateObjectsTest, CustomRulesReplaceTheDefault) {
                  "ports": [{"port": 8080}]}],
     "egress": [{"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
                 "ports": [{"port": 443, "protocol": "TCP"}]}]})");
-  Json spec = DesiredNetworkPolicy(t, ServerOptions())["spec"];
+  Json spec = Desired(t, ServerOptions())["spec"];
   // Exactly the template's rules (the port protocol defaulted as the API server does);
   // nothing of the default, not even the sbx-server rule.
   EXPECT_EQ(spec, Json::parse(R"({
@@ -114,19 +124,19 @@ TEST(TemplateObjectsTest, CustomRulesReplaceTheDefault) {
       << spec.dump(2);
   // Rules for one direction only: the other is denied (no rules, both policy types).
   t["spec"]["networkPolicy"] = Json::parse(R"({"egress": []})");
-  spec = DesiredNetworkPolicy(t, ServerOptions())["spec"];
+  spec = Desired(t, ServerOptions())["spec"];
   EXPECT_FALSE(spec.contains("ingress"));
   EXPECT_FALSE(spec.contains("egress"));
   EXPECT_EQ(spec["policyTypes"], Json::parse(R"(["Ingress", "Egress"])"));
 }
 
 TEST(TemplateObjectsTest, ManagementAndSecureByDefault) {
-  EXPECT_TRUE(NetworkPolicyManaged(Template()));
-  EXPECT_TRUE(SecureByDefault(Template()));
-  EXPECT_FALSE(NetworkPolicyManaged(Template(R"("networkPolicyManagement": "Unmanaged",)")));
-  EXPECT_FALSE(SecureByDefault(Template(R"("networkPolicyManagement": "Unmanaged",)")));
-  EXPECT_TRUE(NetworkPolicyManaged(Template(R"("networkPolicy": {},)")));
-  EXPECT_FALSE(SecureByDefault(Template(R"("networkPolicy": {},)")));
+  EXPECT_TRUE(NetworkPolicyManaged(Typed(Template())));
+  EXPECT_TRUE(SecureByDefault(Typed(Template())));
+  EXPECT_FALSE(NetworkPolicyManaged(Typed(Template(R"("networkPolicyManagement": "Unmanaged",)"))));
+  EXPECT_FALSE(SecureByDefault(Typed(Template(R"("networkPolicyManagement": "Unmanaged",)"))));
+  EXPECT_TRUE(NetworkPolicyManaged(Typed(Template(R"("networkPolicy": {},)"))));
+  EXPECT_FALSE(SecureByDefault(Typed(Template(R"("networkPolicy": {},)"))));
 }
 
 TEST(TemplateObjectsTest, NormalizedSpecIsWhatTheApiServerKeeps) {
@@ -144,21 +154,31 @@ TEST(TemplateObjectsTest, NormalizedSpecIsWhatTheApiServerKeeps) {
 TEST(TemplateObjectsTest, PodSecureDefaults) {
   // The default policy: no service-account token, public resolvers (cluster DNS is blocked).
   Json spec = Json::object();
-  ApplyPodSecureDefaults(Template(), &spec);
+  ApplyPodSecureDefaults(Typed(Template()), &spec);
   EXPECT_EQ(spec, Json::parse(R"({"automountServiceAccountToken": false, "dnsPolicy": "None",
                                   "dnsConfig": {"nameservers": ["8.8.8.8", "1.1.1.1"]}})"));
   // What the template sets stays.
   spec = Json::parse(R"({"automountServiceAccountToken": true, "dnsPolicy": "ClusterFirst"})");
-  ApplyPodSecureDefaults(Template(), &spec);
+  ApplyPodSecureDefaults(Typed(Template()), &spec);
   EXPECT_EQ(spec, Json::parse(R"({"automountServiceAccountToken": true,
                                   "dnsPolicy": "ClusterFirst"})"));
   // Custom rules or Unmanaged: DNS left alone (air-gapped or proxied clusters).
   for (const char* extra :
        {R"("networkPolicy": {"egress": []},)", R"("networkPolicyManagement": "Unmanaged",)"}) {
     spec = Json::object();
-    ApplyPodSecureDefaults(Template(extra), &spec);
+    ApplyPodSecureDefaults(Typed(Template(extra)), &spec);
     EXPECT_EQ(spec, Json::parse(R"({"automountServiceAccountToken": false})")) << extra;
   }
+  // A template still held as JSON is decoded first; one that does not decode (a field of
+  // another type) gets the secure default.
+  spec = Json::object();
+  ApplyPodSecureDefaults(Template(R"("networkPolicyManagement": "Unmanaged",)"), &spec);
+  EXPECT_EQ(spec, Json::parse(R"({"automountServiceAccountToken": false})"));
+  spec = Json::object();
+  ApplyPodSecureDefaults(Template(R"("networkPolicyManagement": "Unmanaged", "service": "yes",)"),
+                         &spec);
+  EXPECT_EQ(spec, Json::parse(R"({"automountServiceAccountToken": false, "dnsPolicy": "None",
+                                  "dnsConfig": {"nameservers": ["8.8.8.8", "1.1.1.1"]}})"));
 }
 
 TEST(TemplateObjectsTest, WarmMembersAreMadeWithTheDefaultsAndTheTemplateHash) {
