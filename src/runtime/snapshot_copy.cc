@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "src/common/status_macros.h"
 #include "src/common/errno_text.h"
+#include "src/common/status_macros.h"
 #include "src/runtime/proc.h"
 
 namespace sbx::runtime::local {

@@ -14,8 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
-#include "src/runtime/image_root.h"
 #include "src/common/errno_text.h"
+#include "src/runtime/image_root.h"
 
 namespace sbx::runtime::local {
 namespace {
