@@ -492,7 +492,16 @@ absl::StatusOr<KubeRuntime::SandboxPtr> KubeRuntime::Typed(const ObjectPtr& obje
   return std::make_shared<const types::Sandbox>(std::move(sandbox));
 }
 
+bool KubeRuntime::Concerns(const Json& object) const {
+  const std::string id = options_.namespaces.Qualify(object);
+  absl::MutexLock lock(&mu_);
+  return pending_.contains(id) || resuming_.contains(id) || live_.contains(id);
+}
+
 void KubeRuntime::OnSandbox(const ObjectPtr& object) {
+  // Most events are of Sandboxes the runtime waits for nothing of: told from the event's
+  // JSON (the edge, on the informer's one thread) without decoding them there.
+  if (!Concerns(*object)) return;
   absl::StatusOr<SandboxPtr> typed = Typed(object);
   if (!typed.ok()) {
     // The API server validates Sandboxes against the CRD's schema: only a store that skips
@@ -545,6 +554,7 @@ void KubeRuntime::MaybeReady(const types::Sandbox& sandbox) {
 }
 
 void KubeRuntime::OnSandboxDeleted(const ObjectPtr& object) {
+  if (!Concerns(*object)) return;
   absl::StatusOr<SandboxPtr> typed = Typed(object);
   if (!typed.ok()) {
     spdlog::warn("{} (deleted): {}", KeyOf(*object), typed.status().ToString());

@@ -190,6 +190,9 @@ class KubeRuntime final : public runtime::Runtime {
   // TypedCache over the informer exists, else decoded now. INVALID_ARGUMENT (naming the
   // object and field) when it does not decode.
   [[nodiscard]] absl::StatusOr<SandboxPtr> Typed(const ObjectPtr& object) const;
+  // Whether the runtime waits for anything of Sandbox `object` (a watch event's): a create
+  // or resume pending, or a member reported ready (for on_gone).
+  bool Concerns(const Json& object) const ABSL_LOCKS_EXCLUDED(mu_);
   // The Sandbox ns/name of the informer's cache, typed; null when it is not there or does
   // not decode (logged).
   SandboxPtr Cached(const std::string& ns, const std::string& name) const;

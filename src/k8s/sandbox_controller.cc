@@ -13,6 +13,7 @@
 #include "spdlog/spdlog.h"
 #include "src/common/status_macros.h"
 #include "src/k8s/controller_metrics.h"
+#include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/thread_priority.h"
 
@@ -57,10 +58,10 @@ class SandboxControllerMetrics {
   ReconcileMetrics& reconciles() { return reconciles_; }
 
   prometheus::Histogram& duration() { return duration_; }
-  // Counts Sandbox `key` (namespace/name) in agent_sandboxes under the labels of `sandbox`,
-  // moving it out of the series it was counted in; null counts it out (it is deleted).
-  void CountSandbox(const std::string& key, const types::Sandbox* sandbox)
-      ABSL_LOCKS_EXCLUDED(mu_) {
+  // Counts Sandbox `key` (namespace/name) in agent_sandboxes under the labels of `sandbox`
+  // (a watch event's object), moving it out of the series it was counted in; null counts
+  // it out (it is deleted).
+  void CountSandbox(const std::string& key, const Json* sandbox) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     prometheus::Gauge* now = sandbox != nullptr ? SandboxGaugeLocked(*sandbox) : nullptr;
     auto it = counted_.find(key);
@@ -108,24 +109,31 @@ class SandboxControllerMetrics {
     const std::string& name = sandbox.metadata.Annotation(kTemplateRefAnnotation);
     return name.empty() ? "unknown" : name;
   }
-  // The agent_sandboxes series of `sandbox`'s labels (upstream's), made on first use.
-  prometheus::Gauge* SandboxGaugeLocked(const types::Sandbox& sandbox)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const types::ObjectMeta& meta = sandbox.metadata;
-    const types::Condition* ready = types::FindCondition(sandbox.status.conditions, "Ready");
-    const bool is_ready = ready != nullptr && ready->status == "True";
-    const bool expired = ready != nullptr && ready->reason == "SandboxExpired";
+  // The agent_sandboxes series of `sandbox`'s labels (upstream's), made on first use. The
+  // labels are read from the watch event's JSON (the edge): the informer's one thread runs
+  // this for every event, and decoding each Sandbox there (its pod template included)
+  // slowed the refill (docs/benchmarks.md, "Typed Sandboxes").
+  prometheus::Gauge* SandboxGaugeLocked(const Json& sandbox) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Json& meta = json_fields::Field(sandbox, "metadata");
+    const Json* ready = json_fields::FindCondition(json_fields::Field(sandbox, "status"), "Ready");
+    const bool is_ready = ready != nullptr && json_fields::Str(*ready, "status") == "True";
+    const bool expired = ready != nullptr && json_fields::Str(*ready, "reason") == "SandboxExpired";
+    const std::string ns = json_fields::Str(meta, "namespace");
     const std::string ready_label = is_ready ? "true" : "false";
     const std::string expired_label = expired ? "true" : "false";
-    const std::string launch = meta.Label(kLaunchTypeLabel) == "warm" ? "warm" : "cold";
-    const std::string template_name = TemplateOf(sandbox);
-    const std::string owned_by = ExtensionsControllerKind(meta);
-    const std::string created_by = CreatedBy(meta);
+    const std::string launch =
+        json_fields::Str(json_fields::Field(meta, "labels"), kLaunchTypeLabel) == "warm" ? "warm"
+                                                                                         : "cold";
+    std::string template_name =
+        json_fields::Str(json_fields::Field(meta, "annotations"), kTemplateRefAnnotation);
+    if (template_name.empty()) template_name = "unknown";
+    const std::string owned_by = ExtensionsControllerKind(sandbox);
+    const std::string created_by = CreatedBy(sandbox);
     prometheus::Gauge*& child = sandbox_children_[absl::StrJoin(
-        {meta.Namespace(), ready_label, expired_label, launch, template_name, owned_by, created_by},
+        {ns, ready_label, expired_label, launch, template_name, owned_by, created_by},
         kLabelSeparator)];
     if (child == nullptr) {
-      child = &sandboxes_.Add({{"namespace", meta.Namespace()},
+      child = &sandboxes_.Add({{"namespace", ns},
                                {"ready_condition", ready_label},
                                {"expired", expired_label},
                                {"launch_type", launch},
@@ -206,20 +214,6 @@ bool MayHoldFirstStatus(const types::SandboxStatus& old_status,
   return true;
 }
 
-// The typed object's metadata, sharing its ownership (no copy); null when `typed` is null,
-// or failed (logged: the API server validates what the informers watch, so only a store
-// that skips that can hold an object that does not decode).
-template <class T>
-std::shared_ptr<const types::ObjectMeta> MetadataOf(
-    const absl::StatusOr<std::shared_ptr<const T>>& typed, const ObjectPtr& object) {
-  if (!typed.ok()) {
-    spdlog::warn("{}: {}", KeyOf(*object), typed.status().ToString());
-    return nullptr;
-  }
-  if (*typed == nullptr) return nullptr;
-  return std::shared_ptr<const types::ObjectMeta>(*typed, &(*typed)->metadata);
-}
-
 }  // namespace
 
 absl::Status SandboxControllerOptions::Validate() const {
@@ -250,32 +244,22 @@ SandboxController::SandboxController(Client* client, SandboxControllerOptions op
       typed_pods_(&pods_, &types::DecodePod),
       typed_services_(&services_, &types::DecodeService),
       typed_pvcs_(&pvcs_, &types::DecodePersistentVolumeClaim) {
-  // Each version is decoded here, once: the reconcile and the Kubernetes runtime read the
-  // same typed copy.
-  auto count = [this](const ObjectPtr& o) {
-    absl::StatusOr<TypedCache<types::Sandbox>::Ptr> sandbox = typed_sandboxes_.Of(o);
-    if (!sandbox.ok()) {
-      // The API server validates Sandboxes against the CRD's schema: only a store that skips
-      // that can hold one that does not decode. It is counted out until it decodes.
-      spdlog::warn("{}: {}", KeyOf(*o), sandbox.status().ToString());
-    }
-    metrics_->CountSandbox(KeyOf(*o), sandbox.ok() ? sandbox->get() : nullptr);
-  };
+  // The handlers run on each informer's one thread for every watch event: they read the
+  // few fields they need from the event's JSON (the edge), and the typed copies are made by
+  // the reconciles, on the workers.
   InformerHandler sandbox_handler;
-  sandbox_handler.on_add = [this, count](const ObjectPtr& o) {
-    count(o);
+  sandbox_handler.on_add = [this](const ObjectPtr& o) {
+    metrics_->CountSandbox(KeyOf(*o), o.get());
     queue_.Add(KeyOf(*o));
   };
-  sandbox_handler.on_update = [this, count](const ObjectPtr&, const ObjectPtr& o) {
-    count(o);
+  sandbox_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
+    metrics_->CountSandbox(KeyOf(*o), o.get());
     queue_.Add(KeyOf(*o));
   };
   sandbox_handler.on_delete = [this](const ObjectPtr& o) {
     metrics_->CountSandbox(KeyOf(*o), nullptr);
-    std::shared_ptr<const types::ObjectMeta> meta = MetadataOf(typed_sandboxes_.Of(o), o);
-    if (meta == nullptr) return;
     absl::MutexLock lock(&seen_mu_);
-    counted_ready_.erase(meta->Uid());
+    counted_ready_.erase(json_fields::Str(json_fields::Field(*o, "metadata"), "uid"));
   };
   sandboxes_.AddHandler(std::move(sandbox_handler));
   for (auto [informer, resource] : {std::pair{&pods_, &kPods}, std::pair{&services_, &kServices},
@@ -310,32 +294,26 @@ SandboxController::~SandboxController() {
   }
 }
 
-std::shared_ptr<const types::ObjectMeta> SandboxController::OwnedMetadata(
-    const Resource& resource, const ObjectPtr& object) const {
-  if (&resource == &kPods) return MetadataOf(typed_pods_.Of(object), object);
-  if (&resource == &kServices) return MetadataOf(typed_services_.Of(object), object);
-  return MetadataOf(typed_pvcs_.Of(object), object);
-}
-
 void SandboxController::OnOwned(const Resource& resource, const ObjectPtr& object) {
-  std::shared_ptr<const types::ObjectMeta> meta = OwnedMetadata(resource, object);
-  if (meta == nullptr) return;
-  EndExpectation(resource, *meta);
-  EnqueueOwner(*meta);
-}
-
-void SandboxController::EnqueueOwner(const types::ObjectMeta& metadata) {
+  const Json& meta = json_fields::Field(*object, "metadata");
+  const std::string ns = json_fields::Str(meta, "namespace");
+  const std::string name = json_fields::Str(meta, "name");
+  const std::string controller_uid = ControllerUid(*object);
+  EndExpectation(resource, ns, name, controller_uid);
   // One without a controller (left by `kubectl delete --cascade=orphan`) goes to the Sandbox
   // of its name, which may adopt it: that Sandbox may have looked while this informer still
   // showed the old controller, and nothing else would bring it back.
-  if (ControllerUid(metadata).empty()) {
-    queue_.Add(absl::StrCat(metadata.Namespace(), "/", metadata.Name()));
+  if (controller_uid.empty()) {
+    queue_.Add(absl::StrCat(ns, "/", name));
     return;
   }
-  if (!metadata.owner_references.has_value()) return;
-  for (const types::OwnerReference& ref : *metadata.owner_references) {
-    if (ref.kind == "Sandbox" && ref.controller.value_or(false)) {
-      queue_.Add(absl::StrCat(metadata.Namespace(), "/", ref.name.value_or("")));
+  const Json& refs = json_fields::Field(meta, "ownerReferences");
+  if (!refs.is_array()) return;
+  for (const Json& ref : refs) {
+    const Json& controller = json_fields::Field(ref, "controller");
+    if (json_fields::Str(ref, "kind") == "Sandbox" && controller.is_boolean() &&
+        controller.get<bool>()) {
+      queue_.Add(absl::StrCat(ns, "/", json_fields::Str(ref, "name")));
     }
   }
 }
@@ -458,9 +436,7 @@ void SandboxController::Expect(const Resource& resource, const std::string& ns,
   const Informer& informer =
       &resource == &kPods ? pods_ : (&resource == &kServices ? services_ : pvcs_);
   ObjectPtr cached = informer.Get(ns, name);
-  if (cached == nullptr) return;
-  std::shared_ptr<const types::ObjectMeta> meta = OwnedMetadata(resource, cached);
-  if (meta == nullptr || ControllerUid(*meta) != owner_uid) return;
+  if (cached == nullptr || ControllerUid(*cached) != owner_uid) return;
   absl::MutexLock lock(&expect_mu_);
   auto it = expected_.find(id);
   if (it != expected_.end() && it->second.created == created && it->second.owner_uid == owner_uid) {
@@ -468,14 +444,12 @@ void SandboxController::Expect(const Resource& resource, const std::string& ns,
   }
 }
 
-void SandboxController::EndExpectation(const Resource& resource,
-                                       const types::ObjectMeta& metadata) {
-  const std::string id = ObjectId(resource, metadata.Namespace(), metadata.Name());
+void SandboxController::EndExpectation(const Resource& resource, const std::string& ns,
+                                       const std::string& name, const std::string& controller_uid) {
+  const std::string id = ObjectId(resource, ns, name);
   absl::MutexLock lock(&expect_mu_);
   auto it = expected_.find(id);
-  if (it != expected_.end() && it->second.owner_uid == ControllerUid(metadata)) {
-    expected_.erase(it);
-  }
+  if (it != expected_.end() && it->second.owner_uid == controller_uid) expected_.erase(it);
 }
 
 absl::Status SandboxController::EnsurePvcs(const types::Sandbox& sandbox, Observed* observed) {

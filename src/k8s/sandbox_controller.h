@@ -8,9 +8,11 @@
 //
 // Level-triggered: informers on Sandboxes, pods, Services and PVCs feed a keyed work queue
 // (namespace/name of the Sandbox); workers reconcile a key from the informers' caches, so
-// the hot path never lists. The objects are read typed (objects_types.h) through a
-// TypedCache over each informer: each version is decoded once, by the first handler or
-// reconcile that reads it, and JSON is built only for what is sent (sandbox_objects.h). Errors are
+// the hot path never lists. The reconcile reads the objects typed (objects_types.h)
+// through a TypedCache over each informer (each version decoded once, by the first reader,
+// on a worker), and JSON is built only for what is sent (sandbox_objects.h). The informer
+// handlers, which run on each informer's one thread for every event, read the few fields
+// they need from the event's JSON instead. Errors are
 // retried with per-key backoff. With leader election on, only the replica holding the Lease
 // reconciles (the others keep their caches warm).
 //
@@ -105,14 +107,10 @@ class SandboxController {
 
  private:
   void Worker();
-  // The handlers of the pod, Service and PVC informers: the object's event ends its
-  // expectation and queues its Sandbox.
+  // The handler of the pod, Service and PVC informers: the object's event ends its
+  // expectation and queues its Sandbox (read from the event's JSON, on the informer's
+  // thread).
   void OnOwned(const Resource& resource, const ObjectPtr& object);
-  // The metadata of `object` of `resource` (pods, Services, PVCs) typed, from the typed
-  // cache of its informer; null (logged) when it does not decode.
-  std::shared_ptr<const types::ObjectMeta> OwnedMetadata(const Resource& resource,
-                                                         const ObjectPtr& object) const;
-  void EnqueueOwner(const types::ObjectMeta& metadata);
   [[nodiscard]] absl::Status ReconcileSandbox(const types::Sandbox& sandbox);
   // Creates the PVCs of `sandbox` that do not exist; sets `observed->pvcs_missing` while one
   // is not there for its pod (still to be made, or an old one being deleted) and
@@ -177,8 +175,8 @@ class SandboxController {
   // event for an earlier Sandbox's object of that name (its pod still terminating, say)
   // leaves the new Sandbox's expectation alone, else a reconcile before the watch shows the
   // new object would create it a second time.
-  void EndExpectation(const Resource& resource, const types::ObjectMeta& metadata)
-      ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void EndExpectation(const Resource& resource, const std::string& ns, const std::string& name,
+                      const std::string& controller_uid) ABSL_LOCKS_EXCLUDED(expect_mu_);
   absl::Mutex expect_mu_;
   absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);
 

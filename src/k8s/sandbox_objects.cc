@@ -135,9 +135,13 @@ std::string ControllerUid(const types::ObjectMeta& metadata) {
 }
 
 std::string ControllerUid(const Json& object) {
-  absl::StatusOr<types::ObjectMeta> metadata =
-      types::DecodeObjectMeta(json_fields::Field(object, "metadata"));
-  return metadata.ok() ? ControllerUid(*metadata) : "";
+  const Json& refs = json_fields::Field(json_fields::Field(object, "metadata"), "ownerReferences");
+  if (!refs.is_array()) return "";
+  for (const Json& ref : refs) {
+    const Json& controller = json_fields::Field(ref, "controller");
+    if (controller.is_boolean() && controller.get<bool>()) return json_fields::Str(ref, "uid");
+  }
+  return "";
 }
 
 std::string CreatedBy(const types::ObjectMeta& metadata) {
@@ -147,9 +151,10 @@ std::string CreatedBy(const types::ObjectMeta& metadata) {
 }
 
 std::string CreatedBy(const Json& object) {
-  absl::StatusOr<types::ObjectMeta> metadata =
-      types::DecodeObjectMeta(json_fields::Field(object, "metadata"));
-  return metadata.ok() ? CreatedBy(*metadata) : "unknown";
+  const std::string by = json_fields::Str(
+      json_fields::Field(json_fields::Field(object, "metadata"), "labels"), kCreatedByLabel);
+  if (by == "go-client" || by == "python-client" || by == "controller") return by;
+  return "unknown";
 }
 
 std::string ExtensionsControllerKind(const types::ObjectMeta& metadata) {
@@ -157,6 +162,20 @@ std::string ExtensionsControllerKind(const types::ObjectMeta& metadata) {
   if (ref == nullptr || !ExtensionsGroup(*ref)) return "None";
   const std::string kind = ref->kind.value_or("");
   return kind == "SandboxClaim" || kind == "SandboxWarmPool" ? kind : "None";
+}
+
+std::string ExtensionsControllerKind(const Json& object) {
+  const Json& refs = json_fields::Field(json_fields::Field(object, "metadata"), "ownerReferences");
+  if (!refs.is_array()) return "None";
+  for (const Json& ref : refs) {
+    const Json& controller = json_fields::Field(ref, "controller");
+    if (!controller.is_boolean() || !controller.get<bool>()) continue;
+    const std::string kind = json_fields::Str(ref, "kind");
+    const bool extensions =
+        absl::StartsWith(json_fields::Str(ref, "apiVersion"), absl::StrCat(kExtensionsGroup, "/"));
+    return extensions && (kind == "SandboxClaim" || kind == "SandboxWarmPool") ? kind : "None";
+  }
+  return "None";
 }
 
 Json DesiredPod(const types::Sandbox& sandbox) {

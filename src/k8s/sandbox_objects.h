@@ -44,12 +44,15 @@ inline constexpr char kCreatedByLabel[] = "agents.x-k8s.io/created-by";
 // The created-by label of an object as upstream's metrics show it: go-client,
 // python-client, controller, or unknown (anything else, to bound the series).
 std::string CreatedBy(const types::ObjectMeta& metadata);
-// The same of an object held as JSON (an edge for callers that hold JSON): its metadata
-// decoded; "unknown" when it does not decode.
+// The same of an object held as JSON (an edge: informer handlers, which read a few fields
+// of each watch event on the informer's one thread instead of decoding it there, and
+// callers that hold JSON).
 std::string CreatedBy(const Json& object);
 // The kind of the extensions.agents.x-k8s.io object that controls the object of
 // `metadata` (SandboxClaim or SandboxWarmPool), else "None": agent_sandboxes' owned_by.
 std::string ExtensionsControllerKind(const types::ObjectMeta& metadata);
+// The same of an object held as JSON (an edge, as CreatedBy's).
+std::string ExtensionsControllerKind(const Json& object);
 
 // FNV-1a 32-bit of `name` as 8 lower-case hex digits.
 std::string NameHash(const std::string& name);
@@ -59,8 +62,7 @@ Json ControllerRef(const types::Sandbox& owner);
 // The uid of the controller owner reference of the object of `metadata`, or "" when it has
 // none.
 std::string ControllerUid(const types::ObjectMeta& metadata);
-// The same of an object held as JSON (an edge for callers that hold JSON): its metadata
-// decoded; "" when it does not decode.
+// The same of an object held as JSON (an edge, as CreatedBy's).
 std::string ControllerUid(const Json& object);
 
 // The pod of `sandbox`, as sent to create it: named like it, in its namespace, owned by
