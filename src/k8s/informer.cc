@@ -37,6 +37,27 @@ Informer::~Informer() { Stop(); }
 
 void Informer::AddHandler(InformerHandler handler) { handlers_.push_back(std::move(handler)); }
 
+void Informer::RegisterTyped(const void* tag, const void* cache) {
+  absl::MutexLock lock(&typed_mu_);
+  for (const auto& [t, c] : typed_) {
+    if (t == tag) return;  // the first one of its type is the one found
+  }
+  typed_.emplace_back(tag, cache);
+}
+
+void Informer::UnregisterTyped(const void* cache) {
+  absl::MutexLock lock(&typed_mu_);
+  std::erase_if(typed_, [cache](const auto& entry) { return entry.second == cache; });
+}
+
+const void* Informer::FindTyped(const void* tag) const {
+  absl::MutexLock lock(&typed_mu_);
+  for (const auto& [t, c] : typed_) {
+    if (t == tag) return c;
+  }
+  return nullptr;
+}
+
 void Informer::Start() {
   thread_ = BackgroundThread("sbx-k8s-inform", [this] { Run(); });
 }

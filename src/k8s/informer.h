@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -95,6 +96,14 @@ class Informer {
   InformerStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  template <class T>
+  friend class TypedCache;
+  // The typed caches made over this informer, by type tag (the first of each type), so that
+  // a reader handed the informer shares the decoded copies of its owner's cache.
+  void RegisterTyped(const void* tag, const void* cache) ABSL_LOCKS_EXCLUDED(typed_mu_);
+  void UnregisterTyped(const void* cache) ABSL_LOCKS_EXCLUDED(typed_mu_);
+  const void* FindTyped(const void* tag) const ABSL_LOCKS_EXCLUDED(typed_mu_);
+
   enum class Change { kAdd, kUpdate, kDelete };
   struct Notice {
     Change change;
@@ -137,6 +146,9 @@ class Informer {
   std::string resource_version_ ABSL_GUARDED_BY(mu_);
   std::string handled_resource_version_ ABSL_GUARDED_BY(mu_);
   InformerStats stats_ ABSL_GUARDED_BY(mu_);
+
+  mutable absl::Mutex typed_mu_;
+  std::vector<std::pair<const void*, const void*>> typed_ ABSL_GUARDED_BY(typed_mu_);
 };
 
 // The options of an informer on every `resource` object of namespace `ns`.
@@ -154,8 +166,11 @@ std::string KeyOf(const Json& object);
 // each object is decoded once per version that someone reads, and the copy answered is
 // always of the version the informer's cache holds (an entry is valid while the cache
 // holds the very object it was decoded from). Entries go with the informer's deletes.
-// Thread-safety: Get may be called from any thread. Lifetime: the informer must outlive
-// it; construct it before the informer starts (it adds a handler).
+// The first TypedCache of a T over an informer is found by Over(informer): a reader handed
+// only the informer (the Kubernetes runtime, given the Sandbox controller's informer) reads
+// the same decoded copies as the informer's owner.
+// Thread-safety: Get and Of may be called from any thread. Lifetime: the informer must
+// outlive it; construct it before the informer starts (it adds a handler).
 template <class T>
 class TypedCache {
  public:
@@ -169,9 +184,16 @@ class TypedCache {
       entries_.erase(KeyOf(*o));
     };
     informer->AddHandler(std::move(forget));
+    informer->RegisterTyped(&kTag, this);
   }
+  ~TypedCache() { informer_->UnregisterTyped(this); }
   TypedCache(const TypedCache&) = delete;
   TypedCache& operator=(const TypedCache&) = delete;
+
+  // The first TypedCache<T> made over `informer` (and not destroyed), or null.
+  static const TypedCache* Over(const Informer* informer) {
+    return static_cast<const TypedCache*>(informer->FindTyped(&kTag));
+  }
 
   // The object `ns/name` as the informer's cache holds it, typed; null when the cache does
   // not hold it. INVALID_ARGUMENT (naming the object and field) when it does not decode.
@@ -179,7 +201,29 @@ class TypedCache {
       ABSL_LOCKS_EXCLUDED(mu_) {
     ObjectPtr source = informer_->Get(ns, name);
     if (source == nullptr) return Ptr();
-    const std::string key = ns.empty() ? name : ns + "/" + name;
+    return Typed(ns.empty() ? name : ns + "/" + name, std::move(source));
+  }
+
+  // `source` typed: an object the informer holds or held (a handler's argument, an entry of
+  // List, ByLabel or ByOwner). The entry's copy when it was decoded from `source`, else
+  // decoded now (and kept while the informer's cache holds `source`). INVALID_ARGUMENT
+  // (naming the object and field) when it does not decode.
+  [[nodiscard]] absl::StatusOr<Ptr> Of(const ObjectPtr& source) const ABSL_LOCKS_EXCLUDED(mu_) {
+    return Typed(KeyOf(*source), source);
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 1 << 20;
+  // The address that tells the caches of T from those of other types (Informer::FindTyped).
+  static inline const char kTag = 0;
+  struct Entry {
+    ObjectPtr source;  // the informer's object it was decoded from
+    Ptr typed;
+  };
+
+  // `source` (the informer's object of cache key `key`) typed: Get and Of.
+  [[nodiscard]] absl::StatusOr<Ptr> Typed(const std::string& key, ObjectPtr source) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
     {
       absl::MutexLock lock(&mu_);
       auto it = entries_.find(key);
@@ -191,19 +235,14 @@ class TypedCache {
     // Kept only while the informer still holds that version (an object deleted meanwhile
     // must not leave an entry behind; one deleted between this check and the store can, so
     // the map also starts over past a bound, which costs a decode each).
-    if (informer_->Get(ns, name) != source) return typed;
+    if (informer_->Get(typed->metadata.Namespace(), typed->metadata.Name()) != source) {
+      return typed;
+    }
     absl::MutexLock lock(&mu_);
     if (entries_.size() >= kMaxEntries) entries_.clear();
     entries_[key] = Entry{std::move(source), typed};
     return typed;
   }
-
- private:
-  static constexpr size_t kMaxEntries = 1 << 20;
-  struct Entry {
-    ObjectPtr source;  // the informer's object it was decoded from
-    Ptr typed;
-  };
 
   Informer* const informer_;
   const DecodeFn decode_;

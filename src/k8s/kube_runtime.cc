@@ -9,6 +9,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "spdlog/spdlog.h"
+#include "src/common/status_macros.h"
 #include "src/k8s/json_fields.h"
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/template_objects.h"
@@ -21,12 +22,10 @@ using json_fields::Field;
 using json_fields::Str;
 
 // True when the Sandbox's pod cannot be scheduled (it waits for capacity, not replaced).
-bool Unschedulable(const Json& sandbox) {
-  const Json& conditions = Field(Field(sandbox, "status"), "conditions");
-  if (!conditions.is_array()) return false;
-  for (const Json& c : conditions) {
-    if (Str(c, "type") == "PodScheduled" && Str(c, "status") == "False" &&
-        Str(c, "reason") == "Unschedulable") {
+bool Unschedulable(const types::Sandbox& sandbox) {
+  if (!sandbox.status.conditions.has_value()) return false;
+  for (const types::Condition& c : *sandbox.status.conditions) {
+    if (c.type == "PodScheduled" && c.status == "False" && c.reason == "Unschedulable") {
       return true;
     }
   }
@@ -34,25 +33,23 @@ bool Unschedulable(const Json& sandbox) {
 }
 
 // True when the Sandbox's pod has ended (Finished=True): it will not serve again.
-bool Finished(const Json& sandbox) {
-  const Json& conditions = Field(Field(sandbox, "status"), "conditions");
-  if (!conditions.is_array()) return false;
-  for (const Json& c : conditions) {
-    if (Str(c, "type") == "Finished" && Str(c, "status") == "True") return true;
+bool Finished(const types::Sandbox& sandbox) {
+  if (!sandbox.status.conditions.has_value()) return false;
+  for (const types::Condition& c : *sandbox.status.conditions) {
+    if (c.type == "Finished" && c.status == "True") return true;
   }
   return false;
 }
 
 // When the Sandbox's Ready condition last turned (whole seconds, as the controller writes
 // it); InfinitePast when it has none or it cannot be read.
-absl::Time ReadySince(const Json& sandbox) {
-  const Json& conditions = Field(Field(sandbox, "status"), "conditions");
-  if (!conditions.is_array()) return absl::InfinitePast();
-  for (const Json& c : conditions) {
-    if (Str(c, "type") != "Ready") continue;
+absl::Time ReadySince(const types::Sandbox& sandbox) {
+  if (!sandbox.status.conditions.has_value()) return absl::InfinitePast();
+  for (const types::Condition& c : *sandbox.status.conditions) {
+    if (c.type != "Ready") continue;
     absl::Time since;
     std::string err;
-    if (absl::ParseTime(absl::RFC3339_full, Str(c, "lastTransitionTime"), &since, &err)) {
+    if (absl::ParseTime(absl::RFC3339_full, c.last_transition_time.value_or(""), &since, &err)) {
       return since;
     }
   }
@@ -70,12 +67,13 @@ prometheus::Histogram* ReadyToWarmHistogram(prometheus::Registry& registry) {
                                                                60, 120});
 }
 
-std::string FirstPodIp(const Json& sandbox) {
-  const Json& ips = Field(Field(sandbox, "status"), "podIPs");
-  if (!ips.is_array() || ips.empty()) return "";
-  const Json& first = ips[0];
-  return first.is_string() ? first.get<std::string>() : Str(first, "ip");
+std::string FirstPodIp(const types::Sandbox& sandbox) {
+  const std::optional<std::vector<std::string>>& ips = sandbox.status.pod_ips;
+  return ips.has_value() && !ips->empty() ? ips->front() : "";
 }
+
+// The node of a Ready Sandbox's pod ("" when unknown).
+std::string NodeOf(const types::Sandbox& sandbox) { return sandbox.status.node_name.value_or(""); }
 
 }  // namespace
 
@@ -146,7 +144,7 @@ Json WarmMember(const Json& pool, const Json& sandbox_template) {
           {"spec", std::move(spec)}};
 }
 
-std::string SandboxEndpoint(const Json& sandbox, const Json& sandbox_template,
+std::string SandboxEndpoint(const types::Sandbox& sandbox, const Json& sandbox_template,
                             const std::string& port_name) {
   const std::string ip = FirstPodIp(sandbox);
   if (ip.empty()) return "";
@@ -191,6 +189,7 @@ KubeRuntime::KubeRuntime(Client* client, WriteScheduler* writes, const Informer*
     : client_(client),
       writes_(writes),
       sandboxes_(sandboxes),
+      typed_sandboxes_(TypedCache<types::Sandbox>::Over(sandboxes)),
       pools_(pools),
       templates_(templates),
       options_(std::move(options)),
@@ -257,13 +256,16 @@ void KubeRuntime::Create(runtime::CreateRequest request, runtime::CreateCallback
   writes_->Submit(
       WritePriority::kRefill,
       [this, member = std::move(member), pool_name = request.pool, ns = where.ns, shared_done] {
-        absl::StatusOr<Json> created = client_->Create(kSandboxes, ns, member);
+        absl::StatusOr<Json> answer = client_->Create(kSandboxes, ns, member);
+        absl::StatusOr<types::Sandbox> created =
+            answer.ok() ? types::DecodeSandbox(*answer)
+                        : absl::StatusOr<types::Sandbox>(answer.status());
         std::string name;
         {
           absl::MutexLock lock(&mu_);
           CreateAnsweredLocked(pool_name);
           if (created.ok() && !stopping_) {
-            name = Str(Field(*created, "metadata"), "name");
+            name = created->metadata.Name();
             pending_[options_.namespaces.Qualify(ns, name)] =
                 Pending{pool_name, clock_->Now(), std::move(*shared_done)};
           }
@@ -271,7 +273,7 @@ void KubeRuntime::Create(runtime::CreateRequest request, runtime::CreateCallback
         if (!created.ok()) return std::move(*shared_done)(created.status());
         if (name.empty()) return std::move(*shared_done)(absl::CancelledError("shutting down"));
         // The informer may have shown it Ready before the create answered.
-        if (ObjectPtr seen = sandboxes_->Get(ns, name)) MaybeReady(*seen);
+        if (SandboxPtr seen = Cached(ns, name)) MaybeReady(*seen);
       },
       [this, pool_name = request.pool, shared_done] {
         {
@@ -298,20 +300,22 @@ void KubeRuntime::Delete(std::string id, runtime::DeleteCallback done) {
         // Guarded by the version this replica knows (its cache, then a fresh read after a
         // 409): each try passes the client's fence again, so a write that a deposed leader
         // held back while paused fails 409 rather than deleting what its successor changed.
-        auto guard = [&options](const Json& object) {
-          const Json& meta = Field(object, "metadata");
-          options.precondition_uid = Str(meta, "uid");
-          options.precondition_resource_version = Str(meta, "resourceVersion");
+        auto guard = [&options](const types::ObjectMeta& meta) {
+          options.precondition_uid = meta.Uid();
+          options.precondition_resource_version = meta.resource_version.value_or("");
         };
-        if (ObjectPtr cached = sandboxes_->Get(where.ns, where.name)) guard(*cached);
+        if (SandboxPtr cached = Cached(where.ns, where.name)) guard(cached->metadata);
         absl::Status s = client_->Delete(kSandboxes, where.ns, where.name, options);
         for (int retry = 0; absl::IsAborted(s) && retry < 3; ++retry) {
-          absl::StatusOr<Json> fresh = client_->Get(kSandboxes, where.ns, where.name);
+          absl::StatusOr<Json> read = client_->Get(kSandboxes, where.ns, where.name);
+          absl::StatusOr<types::Sandbox> fresh =
+              read.ok() ? types::DecodeSandbox(*read)
+                        : absl::StatusOr<types::Sandbox>(read.status());
           if (!fresh.ok()) {
             s = fresh.status();
             break;
           }
-          guard(*fresh);
+          guard(fresh->metadata);
           s = client_->Delete(kSandboxes, where.ns, where.name, options);
         }
         std::move (*shared_done)(s);
@@ -328,11 +332,9 @@ absl::Status Named(const std::string& id, const char* doing, const absl::Status&
 }
 
 // The generation the Ready condition was computed for (0 when it says none).
-int64_t ReadyGeneration(const Json& sandbox) {
-  const Json* ready = json_fields::FindCondition(Field(sandbox, "status"), "Ready");
-  if (ready == nullptr) return 0;
-  const Json& g = Field(*ready, "observedGeneration");
-  return g.is_number_integer() ? g.get<int64_t>() : 0;
+int64_t ReadyGeneration(const types::Sandbox& sandbox) {
+  const types::Condition* ready = types::FindCondition(sandbox.status.conditions, "Ready");
+  return ready != nullptr ? ready->observed_generation.value_or(0) : 0;
 }
 
 }  // namespace
@@ -357,39 +359,40 @@ void KubeRuntime::Resume(std::string id, runtime::ResumeCallback done) {
       WritePriority::kClaim,
       [this, id, shared_done] {
         const NamespacedName where = options_.namespaces.Split(id);
-        absl::StatusOr<Json> patched = client_->Patch(kSandboxes, where.ns, where.name,
-                                                      PatchType::kMerge, OperatingMode("Running"));
+        absl::StatusOr<Json> answer = client_->Patch(kSandboxes, where.ns, where.name,
+                                                     PatchType::kMerge, OperatingMode("Running"));
+        absl::StatusOr<types::Sandbox> patched =
+            answer.ok() ? types::DecodeSandbox(*answer)
+                        : absl::StatusOr<types::Sandbox>(answer.status());
         if (!patched.ok()) {
           return std::move(*shared_done)(Named(id, "resuming", patched.status()));
         }
-        const Json& generation = Field(Field(*patched, "metadata"), "generation");
         {
           absl::MutexLock lock(&mu_);
           if (stopping_) return std::move(*shared_done)(absl::CancelledError("shutting down"));
-          resuming_[id] = Resuming{generation.is_number_integer() ? generation.get<int64_t>() : 0,
-                                   clock_->Now(), std::move(*shared_done)};
+          resuming_[id] = Resuming{patched->metadata.generation.value_or(0), clock_->Now(),
+                                   std::move(*shared_done)};
         }
         // Already Ready for this generation (it was running: the write changed nothing).
-        if (ObjectPtr seen = sandboxes_->Get(where.ns, where.name)) MaybeResumed(*seen);
+        if (SandboxPtr seen = Cached(where.ns, where.name)) MaybeResumed(*seen);
       },
       [shared_done] { std::move (*shared_done)(absl::CancelledError("shutting down")); });
 }
 
-void KubeRuntime::MaybeResumed(const Json& sandbox) {
-  const Json& meta = Field(sandbox, "metadata");
-  const std::string name = options_.namespaces.Qualify(sandbox);
+void KubeRuntime::MaybeResumed(const types::Sandbox& sandbox) {
+  const types::ObjectMeta& meta = sandbox.metadata;
+  const std::string name = options_.namespaces.Qualify(meta.Namespace(), meta.Name());
   {
     absl::MutexLock lock(&mu_);
     auto it = resuming_.find(name);
     if (it == resuming_.end() || ReadyGeneration(sandbox) < it->second.generation) return;
   }
-  if (!IsReady(Field(sandbox, "status"))) return;
+  if (!IsReady(sandbox.status)) return;
   runtime::SandboxInfo info;
   info.id = name;
-  info.pool = options_.namespaces.Qualify(Str(meta, "namespace"),
-                                          Str(Field(meta, "labels"), kSbxPoolLabel));
+  info.pool = options_.namespaces.Qualify(meta.Namespace(), meta.Label(kSbxPoolLabel));
   info.endpoint = EndpointOf(sandbox);
-  info.node = Str(Field(sandbox, "status"), "nodeName");
+  info.node = NodeOf(sandbox);
   info.node_labels = NodeLabelsOf(info.node);
   if (info.endpoint.empty()) return;
   runtime::ResumeCallback done;
@@ -418,23 +421,25 @@ absl::StatusOr<std::vector<runtime::SandboxInfo>> KubeRuntime::List() {
                      " (API server unreachable or failing): which sandboxes exist is unknown"));
   }
   std::vector<runtime::SandboxInfo> out;
-  for (const ObjectPtr& sandbox : sandboxes_->List()) {
-    const Json& meta = Field(*sandbox, "metadata");
-    const std::string ns = Str(meta, "namespace");
+  for (const ObjectPtr& object : sandboxes_->List()) {
+    // What does not decode cannot be told from a stranger: it is not listed, and said so.
+    ASSIGN_OR_RETURN(SandboxPtr sandbox, Typed(object));
+    const types::ObjectMeta& meta = sandbox->metadata;
+    const std::string& ns = meta.Namespace();
     if (!options_.namespaces.Serves(ns)) continue;
-    const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
+    const std::string& pool = meta.Label(kSbxPoolLabel);
     if (pool.empty()) continue;
     // Ended for good (what on_gone reports while running); readiness does not matter.
-    if (!Field(meta, "deletionTimestamp").is_null() || Finished(*sandbox)) continue;
+    if (meta.BeingDeleted() || Finished(*sandbox)) continue;
     runtime::SandboxInfo info;
-    info.id = options_.namespaces.Qualify(ns, Str(meta, "name"));
+    info.id = options_.namespaces.Qualify(ns, meta.Name());
     info.pool = options_.namespaces.Qualify(ns, pool);
     info.endpoint = EndpointOf(*sandbox);
-    info.node = Str(Field(*sandbox, "status"), "nodeName");
+    info.node = NodeOf(*sandbox);
     info.node_labels = NodeLabelsOf(info.node);
-    info.ready = IsReady(Field(*sandbox, "status")) && !info.endpoint.empty();
-    info.suspended = Str(Field(*sandbox, "spec"), "operatingMode") == "Suspended";
-    info.held_by_claim = Str(Field(meta, "labels"), kClaimUidLabel);
+    info.ready = IsReady(sandbox->status) && !info.endpoint.empty();
+    info.suspended = sandbox->spec.operating_mode == "Suspended";
+    info.held_by_claim = meta.Label(kClaimUidLabel);
     out.push_back(std::move(info));
   }
   absl::MutexLock lock(&mu_);
@@ -447,20 +452,21 @@ std::map<std::string, std::string> KubeRuntime::NodeLabelsOf(const std::string& 
   if (options_.nodes == nullptr || node.empty()) return out;
   ObjectPtr object = options_.nodes->Get("", node);
   if (object == nullptr) return out;
-  const Json& labels = Field(Field(*object, "metadata"), "labels");
-  if (!labels.is_object()) return out;
-  for (const auto& [key, value] : labels.items()) {
-    if (value.is_string()) out.emplace(key, value.get<std::string>());
+  // A Node's metadata only: the decode edge of an object sbx reads nothing else of.
+  absl::StatusOr<types::ObjectMeta> meta = types::DecodeObjectMeta(Field(*object, "metadata"));
+  if (!meta.ok()) {
+    spdlog::warn("Node \"{}\": {}", node, meta.status().ToString());
+    return out;
   }
+  if (meta->labels.has_value()) out.insert(meta->labels->begin(), meta->labels->end());
   return out;
 }
 
-std::string KubeRuntime::EndpointOf(const Json& sandbox) const {
+std::string KubeRuntime::EndpointOf(const types::Sandbox& sandbox) const {
   // The port comes from the pool's template; a member whose pool or template is gone
   // is reached by IP alone.
-  const Json& meta = Field(sandbox, "metadata");
-  const std::string ns = Str(meta, "namespace");
-  const std::string pool = Str(Field(meta, "labels"), kSbxPoolLabel);
+  const std::string& ns = sandbox.metadata.Namespace();
+  const std::string& pool = sandbox.metadata.Label(kSbxPoolLabel);
   Json sandbox_template;
   if (ObjectPtr p = pools_->Get(ns, pool)) {
     const std::string t = Str(Field(Field(*p, "spec"), "sandboxTemplateRef"), "name");
@@ -469,20 +475,54 @@ std::string KubeRuntime::EndpointOf(const Json& sandbox) const {
   return SandboxEndpoint(sandbox, sandbox_template, options_.sandboxd_port_name);
 }
 
-void KubeRuntime::OnSandbox(const ObjectPtr& sandbox) {
-  const Json& meta = Field(*sandbox, "metadata");
-  if (!options_.namespaces.Serves(Str(meta, "namespace"))) return;
-  if (Finished(*sandbox) || !Field(meta, "deletionTimestamp").is_null()) {
-    OnSandboxDeleted(sandbox);
-    return;
+KubeRuntime::SandboxPtr KubeRuntime::Cached(const std::string& ns, const std::string& name) const {
+  ObjectPtr object = sandboxes_->Get(ns, name);
+  if (object == nullptr) return nullptr;
+  absl::StatusOr<SandboxPtr> typed = Typed(object);
+  if (!typed.ok()) {
+    spdlog::warn("Sandbox {}/{}: {}", ns, name, typed.status().ToString());
+    return nullptr;
   }
-  MaybeReady(*sandbox);
-  MaybeResumed(*sandbox);
+  return *std::move(typed);
 }
 
-void KubeRuntime::MaybeReady(const Json& sandbox) {
-  if (!IsReady(Field(sandbox, "status"))) return;
-  const std::string name = options_.namespaces.Qualify(sandbox);
+absl::StatusOr<KubeRuntime::SandboxPtr> KubeRuntime::Typed(const ObjectPtr& object) const {
+  if (typed_sandboxes_ != nullptr) return typed_sandboxes_->Of(object);
+  ASSIGN_OR_RETURN(types::Sandbox sandbox, types::DecodeSandbox(*object));
+  return std::make_shared<const types::Sandbox>(std::move(sandbox));
+}
+
+bool KubeRuntime::Concerns(const Json& object) const {
+  const std::string id = options_.namespaces.Qualify(object);
+  absl::MutexLock lock(&mu_);
+  return pending_.contains(id) || resuming_.contains(id) || live_.contains(id);
+}
+
+void KubeRuntime::OnSandbox(const ObjectPtr& object) {
+  // Most events are of Sandboxes the runtime waits for nothing of: told from the event's
+  // JSON (the edge, on the informer's one thread) without decoding them there.
+  if (!Concerns(*object)) return;
+  absl::StatusOr<SandboxPtr> typed = Typed(object);
+  if (!typed.ok()) {
+    // The API server validates Sandboxes against the CRD's schema: only a store that skips
+    // that can hold one that does not decode. It is looked at again at its next change.
+    spdlog::warn("{}: {}", KeyOf(*object), typed.status().ToString());
+    return;
+  }
+  const types::Sandbox& sandbox = **typed;
+  if (!options_.namespaces.Serves(sandbox.metadata.Namespace())) return;
+  if (Finished(sandbox) || sandbox.metadata.BeingDeleted()) {
+    Gone(sandbox);
+    return;
+  }
+  MaybeReady(sandbox);
+  MaybeResumed(sandbox);
+}
+
+void KubeRuntime::MaybeReady(const types::Sandbox& sandbox) {
+  if (!IsReady(sandbox.status)) return;
+  const std::string name =
+      options_.namespaces.Qualify(sandbox.metadata.Namespace(), sandbox.metadata.Name());
   // Most Ready events are of members reported long ago: no endpoint to work out for them.
   if (!IsPending(name)) return;
   const std::string endpoint = EndpointOf(sandbox);
@@ -501,7 +541,7 @@ void KubeRuntime::MaybeReady(const Json& sandbox) {
   }
   info.id = name;
   info.endpoint = endpoint;
-  info.node = Str(Field(sandbox, "status"), "nodeName");
+  info.node = NodeOf(sandbox);
   info.node_labels = NodeLabelsOf(info.node);
   // Observed as the member is handed over (the allocator's AddSandbox, in `done`, does
   // not wait), so that whoever sees it warm also finds it counted.
@@ -513,10 +553,20 @@ void KubeRuntime::MaybeReady(const Json& sandbox) {
   handing_.erase(name);
 }
 
-void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
-  const Json& meta = Field(*sandbox, "metadata");
-  if (!options_.namespaces.Serves(Str(meta, "namespace"))) return;
-  const std::string name = options_.namespaces.Qualify(*sandbox);
+void KubeRuntime::OnSandboxDeleted(const ObjectPtr& object) {
+  if (!Concerns(*object)) return;
+  absl::StatusOr<SandboxPtr> typed = Typed(object);
+  if (!typed.ok()) {
+    spdlog::warn("{} (deleted): {}", KeyOf(*object), typed.status().ToString());
+    return;
+  }
+  Gone(**typed);
+}
+
+void KubeRuntime::Gone(const types::Sandbox& sandbox) {
+  const types::ObjectMeta& meta = sandbox.metadata;
+  if (!options_.namespaces.Serves(meta.Namespace())) return;
+  const std::string name = options_.namespaces.Qualify(meta.Namespace(), meta.Name());
   runtime::CreateCallback failed;
   runtime::ResumeCallback resume_failed;
   bool gone = false;
@@ -542,9 +592,8 @@ void KubeRuntime::OnSandboxDeleted(const ObjectPtr& sandbox) {
         absl::StrCat("Sandbox \"", name, "\" was deleted or its pod ended while it resumed")));
   }
   if (gone) {
-    spdlog::info("Sandbox \"{}/{}\" is gone ({}): reported to the allocator",
-                 Str(meta, "namespace"), Str(meta, "name"),
-                 Finished(*sandbox) ? "its pod has finished" : "deleted");
+    spdlog::info("Sandbox \"{}/{}\" is gone ({}): reported to the allocator", meta.Namespace(),
+                 meta.Name(), Finished(sandbox) ? "its pod has finished" : "deleted");
     if (options_.on_gone) options_.on_gone(name);
   }
 }
@@ -574,7 +623,7 @@ void KubeRuntime::CheckTimeouts() {
   }
   for (const std::string& name : late) {
     const NamespacedName where = options_.namespaces.Split(name);
-    ObjectPtr seen = sandboxes_->Get(where.ns, where.name);
+    SandboxPtr seen = Cached(where.ns, where.name);
     if (seen != nullptr && Unschedulable(*seen)) continue;  // waits for capacity
     runtime::CreateCallback failed;
     {

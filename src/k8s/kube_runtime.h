@@ -13,7 +13,9 @@
 // pod. Members that never become Ready within `ready_timeout` are deleted and reported
 // failed (the reconciler makes another), unless their pod is unschedulable, which waits
 // for capacity instead. A Sandbox that is deleted, or whose pod ends, after it was
-// reported ready is reported through `on_gone`.
+// reported ready is reported through `on_gone`. Sandboxes are read typed
+// (objects_types.h): the Sandbox controller's TypedCache over the informer (one decode per
+// version, shared with the controller's reconcile); pools and templates are still JSON.
 //
 // Thread-safety: every method may be called from any thread; OnSandbox/OnSandboxDeleted
 // come from the Sandbox informer's thread. Callbacks run on the informer's thread, a
@@ -36,6 +38,7 @@
 #include "src/k8s/client.h"
 #include "src/k8s/informer.h"
 #include "src/k8s/namespaces.h"
+#include "src/k8s/objects_types.h"
 #include "src/k8s/sandbox_objects.h"
 #include "src/k8s/write_scheduler.h"
 #include "src/runtime/runtime.h"
@@ -100,8 +103,9 @@ std::string PodTemplateHash(const Json& sandbox_template);
 std::string BlueprintHash(const Json& sandbox_template);
 // The Sandbox of a new warm member of `pool` made from `sandbox_template`.
 Json WarmMember(const Json& pool, const Json& sandbox_template);
-// The endpoint of a ready Sandbox ("" when it has no pod IP).
-std::string SandboxEndpoint(const Json& sandbox, const Json& sandbox_template,
+// The endpoint of a ready Sandbox ("" when it has no pod IP): its first pod IP, with the
+// containerPort of the template's port named `port_name` when there is one.
+std::string SandboxEndpoint(const types::Sandbox& sandbox, const Json& sandbox_template,
                             const std::string& port_name);
 // The `image` of every container (spec.containers, not init containers) of a core/v1
 // PodTemplateSpec, in order, without empty ones; none when it has no such shape. What a
@@ -143,8 +147,8 @@ class KubeRuntime final : public runtime::Runtime {
   [[nodiscard]] absl::StatusOr<std::vector<runtime::SandboxInfo>> List() override;
 
   // From the Sandbox informer's handlers.
-  void OnSandbox(const ObjectPtr& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
-  void OnSandboxDeleted(const ObjectPtr& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnSandbox(const ObjectPtr& object) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnSandboxDeleted(const ObjectPtr& object) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sandbox ids below are the allocator's (Namespaces::Qualify), pools the allocator's
   // pool names.
@@ -169,6 +173,7 @@ class KubeRuntime final : public runtime::Runtime {
                                                  const std::string& sandbox_template) const;
 
  private:
+  using SandboxPtr = std::shared_ptr<const types::Sandbox>;
   struct Pending {
     std::string pool;
     absl::Time created;
@@ -181,18 +186,34 @@ class KubeRuntime final : public runtime::Runtime {
     runtime::ResumeCallback done;
   };
   void CreateAnsweredLocked(const std::string& pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `object` (the Sandbox informer's) typed: the Sandbox controller's decoded copy when a
+  // TypedCache over the informer exists, else decoded now. INVALID_ARGUMENT (naming the
+  // object and field) when it does not decode.
+  [[nodiscard]] absl::StatusOr<SandboxPtr> Typed(const ObjectPtr& object) const;
+  // Whether the runtime waits for anything of Sandbox `object` (a watch event's): a create
+  // or resume pending, or a member reported ready (for on_gone).
+  bool Concerns(const Json& object) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The Sandbox ns/name of the informer's cache, typed; null when it is not there or does
+  // not decode (logged).
+  SandboxPtr Cached(const std::string& ns, const std::string& name) const;
   // Answers the Resume of `sandbox` if it is Ready for the resuming write, with a pod IP.
-  void MaybeResumed(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  void MaybeResumed(const types::Sandbox& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   // Completes the pending create of `sandbox` if it is Ready with a pod IP.
-  void MaybeReady(const Json& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  void MaybeReady(const types::Sandbox& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
+  // `sandbox` is deleted, or its pod has finished: fails its create or resume, or reports
+  // it gone.
+  void Gone(const types::Sandbox& sandbox) ABSL_LOCKS_EXCLUDED(mu_);
   void CheckTimeouts() ABSL_LOCKS_EXCLUDED(mu_);
-  std::string EndpointOf(const Json& sandbox) const;
+  std::string EndpointOf(const types::Sandbox& sandbox) const;
   // The labels of Node `node` from options_.nodes (none when it is unknown).
   std::map<std::string, std::string> NodeLabelsOf(const std::string& node) const;
 
   Client* const client_;
   WriteScheduler* const writes_;
   const Informer* const sandboxes_;
+  // The typed cache over `sandboxes_` that its owner (the Sandbox controller, which outlives
+  // the runtime as it owns the informer) made, or null.
+  const TypedCache<types::Sandbox>* const typed_sandboxes_;
   const Informer* const pools_;
   const Informer* const templates_;
   const KubeRuntimeOptions options_;

@@ -224,7 +224,10 @@ SBX_VISIT(Pod) {
   v("status", o.status);
 }
 
-SBX_VISIT(ServiceSpecFields) { v("clusterIP", o.cluster_ip); }
+SBX_VISIT(ServiceSpecFields) {
+  v("clusterIP", o.cluster_ip);
+  v("selector", o.selector);
+}
 
 SBX_VISIT(Service) {
   v("apiVersion", o.api_version);
@@ -570,6 +573,9 @@ Json Encode(const NetworkPolicy& object, EncodeOptions options) { return ToJson(
 Json Encode(const ObjectMeta& metadata, EncodeOptions options) { return ToJson(metadata, options); }
 Json Encode(const Condition& condition, EncodeOptions options) {
   return ToJson(condition, options);
+}
+Json Encode(const OwnerReference& reference, EncodeOptions options) {
+  return ToJson(reference, options);
 }
 Json Encode(const LabelsAndAnnotations& part, EncodeOptions options) {
   return ToJson(part, options);

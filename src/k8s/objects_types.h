@@ -267,8 +267,9 @@ struct Pod : Part {
 };
 
 // ---- core/v1 Service: the fields sbx reads ----
-struct ServiceSpecFields : Part {         // ports, selector, ... in `unknown`
+struct ServiceSpecFields : Part {         // ports, ... in `unknown`
   std::optional<std::string> cluster_ip;  // clusterIP
+  std::optional<StringMap> selector;
 };
 struct Service : Part {
   std::optional<std::string> api_version;
@@ -327,6 +328,7 @@ Json Encode(const PersistentVolumeClaim& object, EncodeOptions options = {});
 Json Encode(const NetworkPolicy& object, EncodeOptions options = {});
 Json Encode(const ObjectMeta& metadata, EncodeOptions options = {});
 Json Encode(const Condition& condition, EncodeOptions options = {});
+Json Encode(const OwnerReference& reference, EncodeOptions options = {});
 Json Encode(const LabelsAndAnnotations& part, EncodeOptions options = {});
 Json Encode(const VolumeClaimTemplate& part, EncodeOptions options = {});
 Json Encode(const SandboxClaimStatus& part, EncodeOptions options = {});

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -18,6 +19,9 @@
 
 namespace sbx::k8s {
 
+// The series are made once: a family's children are kept in maps by their label values
+// (joined into one key), so an informer event or a first Ready costs a hash lookup, not a
+// Family::Add (which builds and hashes a label map under the family's lock).
 class SandboxControllerMetrics {
  public:
   explicit SandboxControllerMetrics(std::shared_ptr<prometheus::Registry> registry)
@@ -54,50 +58,92 @@ class SandboxControllerMetrics {
   ReconcileMetrics& reconciles() { return reconciles_; }
 
   prometheus::Histogram& duration() { return duration_; }
-  // Counts `sandbox` in (+1) or out (-1) of agent_sandboxes, with upstream's labels.
-  void CountSandbox(const Json& sandbox, double delta) {
-    using json_fields::Field;
-    using json_fields::Str;
-    const Json& meta = Field(sandbox, "metadata");
-    const Json* ready = json_fields::FindCondition(Field(sandbox, "status"), "Ready");
-    const bool is_ready = ready != nullptr && Str(*ready, "status") == "True";
-    const bool expired = ready != nullptr && Str(*ready, "reason") == "SandboxExpired";
-    sandboxes_
-        .Add({{"namespace", Str(meta, "namespace")},
-              {"ready_condition", is_ready ? "true" : "false"},
-              {"expired", expired ? "true" : "false"},
-              {"launch_type",
-               Str(Field(meta, "labels"), kLaunchTypeLabel) == "warm" ? "warm" : "cold"},
-              {"sandbox_template", TemplateOf(sandbox)},
-              {"owned_by", ExtensionsControllerKind(sandbox)},
-              {"created_by", CreatedBy(sandbox)}})
-        .Increment(delta);
+  // Counts Sandbox `key` (namespace/name) in agent_sandboxes under the labels of `sandbox`
+  // (a watch event's object), moving it out of the series it was counted in; null counts
+  // it out (it is deleted).
+  void CountSandbox(const std::string& key, const Json* sandbox) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    prometheus::Gauge* now = sandbox != nullptr ? SandboxGaugeLocked(*sandbox) : nullptr;
+    auto it = counted_.find(key);
+    prometheus::Gauge* was = it != counted_.end() ? it->second : nullptr;
+    if (was == now) return;
+    if (was != nullptr) was->Decrement();
+    if (now == nullptr) {
+      counted_.erase(it);
+      return;
+    }
+    now->Increment();
+    counted_[key] = now;
   }
   prometheus::Counter& errors() { return errors_; }
   prometheus::Gauge& depth() { return depth_; }
-  void Created(const Json& sandbox, double ms) {
-    using json_fields::Field;
-    using json_fields::Str;
-    const Json& meta = Field(sandbox, "metadata");
-    const std::string launch = Str(Field(meta, "labels"), kLaunchTypeLabel);
-    creation_
-        .Add({{"namespace", Str(meta, "namespace")},
-              {"launch_type", launch.empty() ? "none" : launch},
-              {"sandbox_template", TemplateOf(sandbox)}},
-             prometheus::Histogram::BucketBoundaries{10, 25, 50, 100, 250, 500, 1000, 2500, 5000,
-                                                     10000, 30000, 60000})
-        .Observe(ms);
+  void Created(const types::Sandbox& sandbox, double ms) ABSL_LOCKS_EXCLUDED(mu_) {
+    const types::ObjectMeta& meta = sandbox.metadata;
+    const std::string& launch = meta.Label(kLaunchTypeLabel);
+    const std::string launch_type = launch.empty() ? "none" : launch;
+    const std::string template_name = TemplateOf(sandbox);
+    prometheus::Histogram* histogram = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      prometheus::Histogram*& child = creation_children_[absl::StrJoin(
+          {meta.Namespace(), launch_type, template_name}, kLabelSeparator)];
+      if (child == nullptr) {
+        child =
+            &creation_.Add({{"namespace", meta.Namespace()},
+                            {"launch_type", launch_type},
+                            {"sandbox_template", template_name}},
+                           prometheus::Histogram::BucketBoundaries{
+                               10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000});
+      }
+      histogram = child;
+    }
+    histogram->Observe(ms);
   }
 
  private:
+  // Joins label values into a child's key (a byte no label value of these series holds).
+  static constexpr char kLabelSeparator[] = "\x1f";
   // The template a Sandbox was made from (upstream's sandbox-template-ref annotation), or
   // "unknown" for one made by hand.
-  static std::string TemplateOf(const Json& sandbox) {
-    const std::string name =
-        json_fields::Str(json_fields::Field(json_fields::Field(sandbox, "metadata"), "annotations"),
-                         kTemplateRefAnnotation);
+  static std::string TemplateOf(const types::Sandbox& sandbox) {
+    const std::string& name = sandbox.metadata.Annotation(kTemplateRefAnnotation);
     return name.empty() ? "unknown" : name;
   }
+  // The agent_sandboxes series of `sandbox`'s labels (upstream's), made on first use. The
+  // labels are read from the watch event's JSON (the edge): the informer's one thread runs
+  // this for every event, and decoding each Sandbox there (its pod template included)
+  // slowed the refill (docs/benchmarks.md, "Typed Sandboxes").
+  prometheus::Gauge* SandboxGaugeLocked(const Json& sandbox) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Json& meta = json_fields::Field(sandbox, "metadata");
+    const Json* ready = json_fields::FindCondition(json_fields::Field(sandbox, "status"), "Ready");
+    const bool is_ready = ready != nullptr && json_fields::Str(*ready, "status") == "True";
+    const bool expired = ready != nullptr && json_fields::Str(*ready, "reason") == "SandboxExpired";
+    const std::string ns = json_fields::Str(meta, "namespace");
+    const std::string ready_label = is_ready ? "true" : "false";
+    const std::string expired_label = expired ? "true" : "false";
+    const std::string launch =
+        json_fields::Str(json_fields::Field(meta, "labels"), kLaunchTypeLabel) == "warm" ? "warm"
+                                                                                         : "cold";
+    std::string template_name =
+        json_fields::Str(json_fields::Field(meta, "annotations"), kTemplateRefAnnotation);
+    if (template_name.empty()) template_name = "unknown";
+    const std::string owned_by = ExtensionsControllerKind(sandbox);
+    const std::string created_by = CreatedBy(sandbox);
+    prometheus::Gauge*& child = sandbox_children_[absl::StrJoin(
+        {ns, ready_label, expired_label, launch, template_name, owned_by, created_by},
+        kLabelSeparator)];
+    if (child == nullptr) {
+      child = &sandboxes_.Add({{"namespace", ns},
+                               {"ready_condition", ready_label},
+                               {"expired", expired_label},
+                               {"launch_type", launch},
+                               {"sandbox_template", template_name},
+                               {"owned_by", owned_by},
+                               {"created_by", created_by}});
+    }
+    return child;
+  }
+
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Histogram& duration_;
   prometheus::Counter& errors_;
@@ -105,6 +151,12 @@ class SandboxControllerMetrics {
   prometheus::Family<prometheus::Histogram>& creation_;
   prometheus::Family<prometheus::Gauge>& sandboxes_;
   ReconcileMetrics reconciles_;
+  absl::Mutex mu_;
+  // The series made so far, by their label values joined.
+  absl::flat_hash_map<std::string, prometheus::Gauge*> sandbox_children_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, prometheus::Histogram*> creation_children_ ABSL_GUARDED_BY(mu_);
+  // The series each Sandbox (namespace/name) is counted in.
+  absl::flat_hash_map<std::string, prometheus::Gauge*> counted_ ABSL_GUARDED_BY(mu_);
 };
 
 namespace {
@@ -117,9 +169,6 @@ constexpr absl::Duration kExpectationTimeout = absl::Seconds(10);
 std::string ObjectId(const Resource& resource, const std::string& ns, const std::string& name) {
   return absl::StrCat(resource.resource, "/", ns, "/", name);
 }
-
-using json_fields::Field;
-using json_fields::Str;
 
 InformerOptions InformerFor(const Resource& resource, const std::string& ns,
                             const std::string& label_selector, const Clock* clock) {
@@ -136,12 +185,13 @@ WorkQueueOptions QueueOptions(WorkQueueOptions queue, const Clock* clock) {
   return queue;
 }
 
-// The merge patch turning `old_status` into `status`: fields that are gone become null.
+// The merge patch turning `old_status` into `status` (both encoded): fields that are gone
+// become null.
 Json StatusPatch(const Json& old_status, const Json& status) {
   Json patch = status;
   if (old_status.is_object()) {
     for (const auto& [key, value] : old_status.items()) {
-      if (!status.contains(key)) patch[key] = nullptr;
+      if (!status.contains(key)) patch.emplace(key, nullptr);
     }
   }
   return Json{{"status", patch}};
@@ -150,13 +200,15 @@ Json StatusPatch(const Json& old_status, const Json& status) {
 // True when `status` may be held back (options.first_status_hold): no status was written yet, and
 // it only says that the pod is on its way. An error, an unschedulable pod, a suspension or an
 // expiry is written at once (the runtime keeps unschedulable members by this condition).
-bool MayHoldFirstStatus(const Json& old_status, const Json& status) {
-  if (Field(old_status, "conditions").is_array()) return false;
-  for (const Json& c : status["conditions"]) {
-    const std::string type = Str(c, "type");
-    if (type == "Ready" && Str(c, "reason") == "DependenciesNotReady") continue;
-    if (type == "Suspended" && Str(c, "reason") == "NotSuspended") continue;
-    if (type == "PodScheduled" && Str(c, "status") == "True") continue;
+bool MayHoldFirstStatus(const types::SandboxStatus& old_status,
+                        const types::SandboxStatus& status) {
+  if (old_status.conditions.has_value()) return false;
+  if (!status.conditions.has_value()) return true;
+  for (const types::Condition& c : *status.conditions) {
+    const std::string type = c.type.value_or("");
+    if (type == "Ready" && c.reason == "DependenciesNotReady") continue;
+    if (type == "Suspended" && c.reason == "NotSuspended") continue;
+    if (type == "PodScheduled" && c.status == "True") continue;
     return false;
   }
   return true;
@@ -187,38 +239,37 @@ SandboxController::SandboxController(Client* client, SandboxControllerOptions op
       sandboxes_(client, InformerFor(kSandboxes, options_.ns, "", clock_)),
       pods_(client, InformerFor(kPods, options_.ns, kNameHashLabel, clock_)),
       services_(client, InformerFor(kServices, options_.ns, kNameHashLabel, clock_)),
-      pvcs_(client, InformerFor(kPersistentVolumeClaims, options_.ns, kNameHashLabel, clock_)) {
+      pvcs_(client, InformerFor(kPersistentVolumeClaims, options_.ns, kNameHashLabel, clock_)),
+      typed_sandboxes_(&sandboxes_, &types::DecodeSandbox),
+      typed_pods_(&pods_, &types::DecodePod),
+      typed_services_(&services_, &types::DecodeService),
+      typed_pvcs_(&pvcs_, &types::DecodePersistentVolumeClaim) {
+  // The handlers run on each informer's one thread for every watch event: they read the
+  // few fields they need from the event's JSON (the edge), and the typed copies are made by
+  // the reconciles, on the workers.
   InformerHandler sandbox_handler;
   sandbox_handler.on_add = [this](const ObjectPtr& o) {
-    metrics_->CountSandbox(*o, 1);
+    metrics_->CountSandbox(KeyOf(*o), o.get());
     queue_.Add(KeyOf(*o));
   };
-  sandbox_handler.on_update = [this](const ObjectPtr& old, const ObjectPtr& o) {
-    metrics_->CountSandbox(*old, -1);
-    metrics_->CountSandbox(*o, 1);
+  sandbox_handler.on_update = [this](const ObjectPtr&, const ObjectPtr& o) {
+    metrics_->CountSandbox(KeyOf(*o), o.get());
     queue_.Add(KeyOf(*o));
   };
   sandbox_handler.on_delete = [this](const ObjectPtr& o) {
-    metrics_->CountSandbox(*o, -1);
+    metrics_->CountSandbox(KeyOf(*o), nullptr);
     absl::MutexLock lock(&seen_mu_);
-    counted_ready_.erase(Str(Field(*o, "metadata"), "uid"));
+    counted_ready_.erase(json_fields::Str(json_fields::Field(*o, "metadata"), "uid"));
   };
   sandboxes_.AddHandler(std::move(sandbox_handler));
   for (auto [informer, resource] : {std::pair{&pods_, &kPods}, std::pair{&services_, &kServices},
                                     std::pair{&pvcs_, &kPersistentVolumeClaims}}) {
     InformerHandler owned;
-    owned.on_add = [this, resource = resource](const ObjectPtr& o) {
-      EndExpectation(*resource, *o);
-      EnqueueOwner(o);
-    };
+    owned.on_add = [this, resource = resource](const ObjectPtr& o) { OnOwned(*resource, o); };
     owned.on_update = [this, resource = resource](const ObjectPtr&, const ObjectPtr& o) {
-      EndExpectation(*resource, *o);
-      EnqueueOwner(o);
+      OnOwned(*resource, o);
     };
-    owned.on_delete = [this, resource = resource](const ObjectPtr& o) {
-      EndExpectation(*resource, *o);
-      EnqueueOwner(o);
-    };
+    owned.on_delete = [this, resource = resource](const ObjectPtr& o) { OnOwned(*resource, o); };
     informer->AddHandler(std::move(owned));
   }
 }
@@ -243,21 +294,26 @@ SandboxController::~SandboxController() {
   }
 }
 
-void SandboxController::EnqueueOwner(const ObjectPtr& object) {
-  const Json& meta = Field(*object, "metadata");
+void SandboxController::OnOwned(const Resource& resource, const ObjectPtr& object) {
+  const Json& meta = json_fields::Field(*object, "metadata");
+  const std::string ns = json_fields::Str(meta, "namespace");
+  const std::string name = json_fields::Str(meta, "name");
+  const std::string controller_uid = ControllerUid(*object);
+  EndExpectation(resource, ns, name, controller_uid);
   // One without a controller (left by `kubectl delete --cascade=orphan`) goes to the Sandbox
   // of its name, which may adopt it: that Sandbox may have looked while this informer still
   // showed the old controller, and nothing else would bring it back.
-  if (ControllerUid(*object).empty()) {
-    queue_.Add(absl::StrCat(Str(meta, "namespace"), "/", Str(meta, "name")));
+  if (controller_uid.empty()) {
+    queue_.Add(absl::StrCat(ns, "/", name));
     return;
   }
-  const Json& refs = Field(meta, "ownerReferences");
+  const Json& refs = json_fields::Field(meta, "ownerReferences");
   if (!refs.is_array()) return;
   for (const Json& ref : refs) {
-    if (Str(ref, "kind") == "Sandbox" && Field(ref, "controller").is_boolean() &&
-        ref["controller"].get<bool>()) {
-      queue_.Add(absl::StrCat(Str(meta, "namespace"), "/", Str(ref, "name")));
+    const Json& controller = json_fields::Field(ref, "controller");
+    if (json_fields::Str(ref, "kind") == "Sandbox" && controller.is_boolean() &&
+        controller.get<bool>()) {
+      queue_.Add(absl::StrCat(ns, "/", json_fields::Str(ref, "name")));
     }
   }
 }
@@ -339,74 +395,102 @@ void SandboxController::Worker() {
 absl::Status SandboxController::Reconcile(const std::string& key) {
   std::vector<std::string> parts = absl::StrSplit(key, absl::MaxSplits('/', 1));
   if (parts.size() != 2) return absl::InvalidArgumentError(absl::StrCat("bad key \"", key, "\""));
-  ObjectPtr sandbox = sandboxes_.Get(parts[0], parts[1]);
-  if (sandbox == nullptr || json_fields::BeingDeleted(*sandbox))
+  // The informer's copy, typed (decoded once per version). The API server validates
+  // Sandboxes against the CRD's schema, so one that does not decode can only come from a
+  // store that skips it; it waits for its next change.
+  absl::StatusOr<TypedCache<types::Sandbox>::Ptr> sandbox =
+      typed_sandboxes_.Get(parts[0], parts[1]);
+  if (!sandbox.ok()) {
+    spdlog::warn("Sandbox {} not reconciled: {}", key, sandbox.status().ToString());
+    return absl::OkStatus();
+  }
+  if (*sandbox == nullptr || (*sandbox)->metadata.BeingDeleted()) {
     return absl::OkStatus();  // owner GC cleans up
-  return ReconcileSandbox(*sandbox);
+  }
+  return ReconcileSandbox(**sandbox);
 }
 
-ObjectPtr SandboxController::Expected(const std::string& id, const std::string& owner_uid) {
+std::optional<SandboxController::Expectation> SandboxController::Expected(
+    const std::string& id, const std::string& owner_uid) {
   absl::MutexLock lock(&expect_mu_);
   auto it = expected_.find(id);
-  if (it == expected_.end()) return nullptr;
+  if (it == expected_.end()) return std::nullopt;
   if (clock_->Now() - it->second.created > kExpectationTimeout ||
-      ControllerUid(*it->second.object) != owner_uid) {
+      it->second.owner_uid != owner_uid) {
     expected_.erase(it);
-    return nullptr;
+    return std::nullopt;
   }
-  return it->second.object;
+  return it->second;
 }
 
-void SandboxController::Expect(const Informer& informer, const std::string& id, ObjectPtr object) {
-  const Json& meta = Field(*object, "metadata");
+void SandboxController::Expect(const Resource& resource, const std::string& ns,
+                               const std::string& name, Expectation expectation) {
+  const std::string id = ObjectId(resource, ns, name);
+  const std::string owner_uid = expectation.owner_uid;
+  const absl::Time created = clock_->Now();
+  expectation.created = created;
   {
     absl::MutexLock lock(&expect_mu_);
-    expected_[id] = Expectation{clock_->Now(), object};
+    expected_[id] = std::move(expectation);
   }
-  ObjectPtr cached = informer.Get(Str(meta, "namespace"), Str(meta, "name"));
-  if (cached == nullptr || ControllerUid(*cached) != ControllerUid(*object)) return;
+  const Informer& informer =
+      &resource == &kPods ? pods_ : (&resource == &kServices ? services_ : pvcs_);
+  ObjectPtr cached = informer.Get(ns, name);
+  if (cached == nullptr || ControllerUid(*cached) != owner_uid) return;
   absl::MutexLock lock(&expect_mu_);
   auto it = expected_.find(id);
-  if (it != expected_.end() && it->second.object == object) expected_.erase(it);
-}
-
-void SandboxController::EndExpectation(const Resource& resource, const Json& object) {
-  const Json& meta = Field(object, "metadata");
-  const std::string id = ObjectId(resource, Str(meta, "namespace"), Str(meta, "name"));
-  absl::MutexLock lock(&expect_mu_);
-  auto it = expected_.find(id);
-  if (it != expected_.end() && ControllerUid(*it->second.object) == ControllerUid(object)) {
+  if (it != expected_.end() && it->second.created == created && it->second.owner_uid == owner_uid) {
     expected_.erase(it);
   }
 }
 
-absl::Status SandboxController::EnsurePvcs(const Json& sandbox, Observed* observed) {
-  const std::string uid = Str(sandbox["metadata"], "uid");
+void SandboxController::EndExpectation(const Resource& resource, const std::string& ns,
+                                       const std::string& name, const std::string& controller_uid) {
+  const std::string id = ObjectId(resource, ns, name);
+  absl::MutexLock lock(&expect_mu_);
+  auto it = expected_.find(id);
+  if (it != expected_.end() && it->second.owner_uid == controller_uid) expected_.erase(it);
+}
+
+absl::Status SandboxController::EnsurePvcs(const types::Sandbox& sandbox, Observed* observed) {
+  const std::string& uid = sandbox.metadata.Uid();
   absl::Status problem = absl::OkStatus();
   // Notes the first reason a PVC is not there for the pod, and the first API error.
   auto missing = [observed, &problem](std::string why, absl::Status status) {
     if (observed->pvcs_missing.empty()) observed->pvcs_missing = std::move(why);
     if (problem.ok()) problem = std::move(status);
   };
-  // Notes what an existing PVC of the name means for the pod.
-  auto judge = [&](const Json& pvc) {
+  // Notes what an existing PVC of the name, read from the API, means for the pod.
+  auto judge = [&](const Json& live) {
+    absl::StatusOr<types::PersistentVolumeClaim> pvc = types::DecodePersistentVolumeClaim(live);
+    if (!pvc.ok()) {
+      missing(std::string(pvc.status().message()), pvc.status());
+      return;
+    }
     std::string why;
-    const PvcFit fit = FitOfPvc(pvc, sandbox, &why);
+    const PvcFit fit = FitOfPvc(*pvc, sandbox, &why);
     if (fit == PvcFit::kUsable) return;
     missing(why, absl::OkStatus());
     if (fit == PvcFit::kRefused && observed->error.empty()) observed->error = why;
   };
-  for (Json& pvc : DesiredPvcs(sandbox)) {
-    const std::string name = Str(pvc["metadata"], "name");
-    const std::string ns = Str(pvc["metadata"], "namespace");
+  const std::vector<Json> desired = DesiredPvcs(sandbox);
+  if (!sandbox.spec.volume_claim_templates.has_value()) return problem;
+  size_t next = 0;  // DesiredPvcs makes one body per entry with a name, in order
+  for (const types::VolumeClaimTemplate& entry : *sandbox.spec.volume_claim_templates) {
+    const std::string volume = entry.metadata.name.value_or("");
+    if (volume.empty() || next >= desired.size()) continue;
+    const Json& body = desired[next++];
+    const std::string name = volume + "-" + sandbox.metadata.Name();
+    const std::string& ns = sandbox.metadata.Namespace();
     const std::string id = ObjectId(kPersistentVolumeClaims, ns, name);
     // Created for this Sandbox (the API's answer says it exists), not in the informer yet.
-    if (Expected(id, uid) != nullptr) continue;
-    ObjectPtr cached = pvcs_.Get(ns, name);
-    if (cached != nullptr) {
-      if (FitOfPvc(*cached, sandbox, nullptr) == PvcFit::kUsable) continue;
-      // An earlier Sandbox's, or being deleted, says the cache, which may lag: the API
-      // decides.
+    if (Expected(id, uid).has_value()) continue;
+    absl::StatusOr<TypedCache<types::PersistentVolumeClaim>::Ptr> cached =
+        typed_pvcs_.Get(ns, name);
+    if (!cached.ok() || *cached != nullptr) {
+      if (cached.ok() && FitOfPvc(**cached, sandbox, nullptr) == PvcFit::kUsable) continue;
+      // An earlier Sandbox's, or being deleted, says the cache, which may lag (or its copy
+      // does not decode): the API decides.
       absl::StatusOr<Json> live = client_->Get(kPersistentVolumeClaims, ns, name);
       if (live.ok()) {
         judge(*live);
@@ -417,10 +501,11 @@ absl::Status SandboxController::EnsurePvcs(const Json& sandbox, Observed* observ
         continue;
       }
     }
-    pvc["metadata"]["labels"][kNameHashLabel] = NameHash(Str(sandbox["metadata"], "name"));
-    absl::StatusOr<Json> created = client_->Create(kPersistentVolumeClaims, ns, pvc);
+    absl::StatusOr<Json> created = client_->Create(kPersistentVolumeClaims, ns, body);
     if (created.ok()) {
-      Expect(pvcs_, id, std::make_shared<const Json>(*std::move(created)));
+      Expectation expectation;
+      expectation.owner_uid = uid;
+      Expect(kPersistentVolumeClaims, ns, name, std::move(expectation));
       continue;
     }
     if (!absl::IsAlreadyExists(created.status())) {
@@ -443,91 +528,97 @@ absl::Status SandboxController::EnsurePvcs(const Json& sandbox, Observed* observ
   return problem;
 }
 
-absl::Status SandboxController::StillAdopts(const Json& sandbox) {
+absl::Status SandboxController::StillAdopts(const types::Sandbox& sandbox) {
   // The object was orphaned by the deletion of a Sandbox of this name, and the informers
   // are separate watches: the pod's "owner removed" event can arrive while the Sandbox
   // cache still holds the deleted Sandbox, which would then adopt the pod for a uid that
   // no longer exists (and its successor finds it "not controlled by this Sandbox" until
   // garbage collection). So, as Kubernetes' ControllerRefManager rechecks the owner with
   // an uncached read before it adopts, adoption asks the API server itself.
-  const Json& meta = sandbox["metadata"];
-  const std::string ns = Str(meta, "namespace");
-  const std::string name = Str(meta, "name");
-  absl::StatusOr<Json> live = client_->Get(kSandboxes, ns, name);
-  if (absl::IsNotFound(live.status())) {
+  const std::string& ns = sandbox.metadata.Namespace();
+  const std::string& name = sandbox.metadata.Name();
+  const std::string& uid = sandbox.metadata.Uid();
+  absl::StatusOr<Json> read = client_->Get(kSandboxes, ns, name);
+  if (absl::IsNotFound(read.status())) {
     return absl::AbortedError(
         absl::StrCat("Sandbox ", ns, "/", name, " is gone: its orphaned objects are not adopted"));
   }
+  if (!read.ok()) return read.status();
+  absl::StatusOr<types::Sandbox> live = types::DecodeSandbox(*read);
   if (!live.ok()) return live.status();
-  if (Str(Field(*live, "metadata"), "uid") != Str(meta, "uid") ||
-      json_fields::BeingDeleted(*live)) {
-    return absl::AbortedError(absl::StrCat("Sandbox ", ns, "/", name, " uid ", Str(meta, "uid"),
+  if (live->metadata.Uid() != uid || live->metadata.BeingDeleted()) {
+    return absl::AbortedError(absl::StrCat("Sandbox ", ns, "/", name, " uid ", uid,
                                            " was replaced or is being deleted: not adopting"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<Json>> SandboxController::EnsureService(const Json& sandbox,
-                                                                     bool wanted) {
-  const Json& meta = sandbox["metadata"];
-  const std::string ns = Str(meta, "namespace");
-  const std::string name = Str(meta, "name");
-  const std::string uid = Str(meta, "uid");
-  ObjectPtr existing = services_.Get(ns, name);
-  const bool ours = existing != nullptr && ControllerUid(*existing) == uid;
+absl::StatusOr<std::shared_ptr<const types::Service>> SandboxController::EnsureService(
+    const types::Sandbox& sandbox, bool wanted) {
+  using ServicePtr = std::shared_ptr<const types::Service>;
+  const std::string& ns = sandbox.metadata.Namespace();
+  const std::string& name = sandbox.metadata.Name();
+  const std::string& uid = sandbox.metadata.Uid();
+  ASSIGN_OR_RETURN(ServicePtr existing, typed_services_.Get(ns, name));
+  const bool ours = existing != nullptr && ControllerUid(existing->metadata) == uid;
   if (wanted) {
-    if (ours) return std::optional<Json>(*existing);
-    if (existing != nullptr && MayAdopt(sandbox, *existing, Adoptee::kService)) {
+    if (ours) return existing;
+    if (existing != nullptr && MayAdopt(sandbox, *existing)) {
       // As upstream: one left by `kubectl delete --cascade=orphan` of an earlier Sandbox
       // of this name (it carries the tracking label) is taken over, not refused.
       RETURN_IF_ERROR(StillAdopts(sandbox));
       absl::StatusOr<Json> adopted =
-          client_->Patch(kServices, ns, name, PatchType::kMerge,
-                         AdoptionPatch(sandbox, *existing, Adoptee::kService));
+          client_->Patch(kServices, ns, name, PatchType::kMerge, AdoptionPatch(sandbox, *existing));
       if (!adopted.ok()) return adopted.status();
       spdlog::info("Sandbox {}/{}: adopted its Service", ns, name);
-      return std::optional<Json>(*std::move(adopted));
+      ASSIGN_OR_RETURN(types::Service service, types::DecodeService(*adopted));
+      return std::make_shared<const types::Service>(std::move(service));
     }
     if (existing != nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("service \"", name, "\" exists and is not controlled by this Sandbox"));
     }
     const std::string id = ObjectId(kServices, ns, name);
-    if (ObjectPtr expected = Expected(id, uid)) return std::optional<Json>(*expected);
+    if (std::optional<Expectation> expected = Expected(id, uid)) return expected->service;
     absl::StatusOr<Json> created = client_->Create(kServices, ns, DesiredService(sandbox));
     if (created.ok()) {
-      Expect(services_, id, std::make_shared<const Json>(*created));
-      return std::optional<Json>(*std::move(created));
+      ASSIGN_OR_RETURN(types::Service service, types::DecodeService(*created));
+      auto shown = std::make_shared<const types::Service>(std::move(service));
+      Expectation expectation;
+      expectation.owner_uid = uid;
+      expectation.service = shown;
+      Expect(kServices, ns, name, std::move(expectation));
+      return shown;
     }
     if (!absl::IsAlreadyExists(created.status())) return created.status();
-    return std::optional<Json>();  // the informer will show it
+    return ServicePtr();  // the informer will show it
   }
   if (ours) {
     DeleteOptions options;
-    options.precondition_uid = Str(Field(*existing, "metadata"), "uid");
+    options.precondition_uid = existing->metadata.Uid();
     absl::Status deleted = client_->Delete(kServices, ns, name, options);
     if (!deleted.ok() && !absl::IsNotFound(deleted)) return deleted;
   }
-  return std::optional<Json>();
+  return ServicePtr();
 }
 
-absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
-  const Json& meta = sandbox["metadata"];
-  const Json& spec = Field(sandbox, "spec");
-  const std::string ns = Str(meta, "namespace");
-  const std::string name = Str(meta, "name");
-  const std::string uid = Str(meta, "uid");
+absl::Status SandboxController::ReconcileSandbox(const types::Sandbox& sandbox) {
+  using PodPtr = std::shared_ptr<const types::Pod>;
+  const types::SandboxSpec& spec = sandbox.spec;
+  const std::string& ns = sandbox.metadata.Namespace();
+  const std::string& name = sandbox.metadata.Name();
+  const std::string& uid = sandbox.metadata.Uid();
   const std::string key = absl::StrCat(ns, "/", name);
   const absl::Time now = clock_->Now();
 
   Observed observed;
   // Expiry at shutdownTime: a timer (the queue's delayed add), not polling.
-  const std::string shutdown = Str(spec, "shutdownTime");
+  const std::string shutdown = spec.shutdown_time.value_or("");
   if (!shutdown.empty()) {
     const absl::Time at = ParseTime(shutdown);
     if (at <= now) {
       observed.expired = true;
-      if (Str(spec, "shutdownPolicy") == "Delete") {
+      if (spec.shutdown_policy == "Delete") {
         DeleteOptions options;
         options.propagation_policy = "Background";
         options.precondition_uid = uid;
@@ -538,93 +629,106 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
       queue_.AddAfter(key, at - now);
     }
   }
-  observed.suspended = Str(spec, "operatingMode") == "Suspended";
+  observed.suspended = spec.operating_mode == "Suspended";
 
   // The PVCs first: the pod is made only once each of them exists and is the Sandbox's.
   absl::Status problem = EnsurePvcs(sandbox, &observed);
 
   // The Service: true creates it, false deletes it, unset leaves it; expiry deletes it.
-  const Json& service_field = Field(spec, "service");
-  if (observed.expired || (service_field.is_boolean() && !service_field.get<bool>())) {
-    absl::StatusOr<std::optional<Json>> service = EnsureService(sandbox, /*wanted=*/false);
+  if (observed.expired || spec.service == false) {
+    absl::StatusOr<std::shared_ptr<const types::Service>> service =
+        EnsureService(sandbox, /*wanted=*/false);
     if (!service.ok() && problem.ok()) problem = service.status();
-  } else if (service_field.is_boolean() && service_field.get<bool>()) {
+  } else if (spec.service == true) {
     observed.service_wanted = true;
-    absl::StatusOr<std::optional<Json>> service = EnsureService(sandbox, /*wanted=*/true);
+    absl::StatusOr<std::shared_ptr<const types::Service>> service =
+        EnsureService(sandbox, /*wanted=*/true);
     if (service.ok()) {
-      observed.service = *service;
+      observed.service = *std::move(service);
     } else if (problem.ok()) {
       problem = service.status();
     }
   } else {
-    ObjectPtr existing = services_.Get(ns, name);
-    if (existing != nullptr && ControllerUid(*existing) == uid) observed.service = *existing;
+    absl::StatusOr<std::shared_ptr<const types::Service>> existing = typed_services_.Get(ns, name);
+    if (!existing.ok()) {
+      if (problem.ok()) problem = existing.status();
+    } else if (*existing != nullptr && ControllerUid((*existing)->metadata) == uid) {
+      observed.service = *existing;
+    }
   }
 
   // The pod.
   for (const ObjectPtr& pod : pods_.ByOwner(uid)) {
-    if (ControllerUid(*pod) == uid) observed.pods.push_back(pod);
+    ASSIGN_OR_RETURN(PodPtr typed, typed_pods_.Of(pod));
+    if (ControllerUid(typed->metadata) == uid) observed.pods.push_back(std::move(typed));
   }
-  ObjectPtr named = pods_.Get(ns, name);
-  if (named != nullptr && MayAdopt(sandbox, *named, Adoptee::kPod)) {
+  ASSIGN_OR_RETURN(PodPtr named, typed_pods_.Get(ns, name));
+  if (named != nullptr && MayAdopt(sandbox, *named)) {
     // As upstream: a pod left by `kubectl delete --cascade=orphan` of an earlier Sandbox
     // of this name (it carries the tracking label) runs on under this one.
     absl::Status still = StillAdopts(sandbox);
-    absl::StatusOr<Json> adopted =
-        still.ok() ? client_->Patch(kPods, ns, name, PatchType::kMerge,
-                                    AdoptionPatch(sandbox, *named, Adoptee::kPod))
-                   : absl::StatusOr<Json>(still);
-    if (adopted.ok()) {
+    absl::StatusOr<Json> adopted = still.ok() ? client_->Patch(kPods, ns, name, PatchType::kMerge,
+                                                               AdoptionPatch(sandbox, *named))
+                                              : absl::StatusOr<Json>(still);
+    absl::StatusOr<types::Pod> typed =
+        adopted.ok() ? types::DecodePod(*adopted) : absl::StatusOr<types::Pod>(adopted.status());
+    if (typed.ok()) {
       spdlog::info("Sandbox {}/{}: adopted its pod", ns, name);
-      named = std::make_shared<const Json>(*std::move(adopted));
+      named = std::make_shared<const types::Pod>(*std::move(typed));
       observed.pods.push_back(named);
     } else if (problem.ok()) {
-      problem = adopted.status();
+      problem = typed.status();
     }
   }
-  if (named != nullptr && ControllerUid(*named) != uid) {
+  if (named != nullptr && ControllerUid(named->metadata) != uid) {
     observed.error =
         absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");
   } else if (observed.suspended || observed.expired) {
-    for (const ObjectPtr& pod : observed.pods) {
-      if (json_fields::BeingDeleted(*pod)) continue;
+    for (const PodPtr& pod : observed.pods) {
+      if (pod->metadata.BeingDeleted()) continue;
       DeleteOptions options;
-      options.precondition_uid = Str((*pod)["metadata"], "uid");
-      absl::Status deleted = client_->Delete(kPods, ns, Str((*pod)["metadata"], "name"), options);
+      options.precondition_uid = pod->metadata.Uid();
+      absl::Status deleted = client_->Delete(kPods, ns, pod->metadata.Name(), options);
       if (!deleted.ok() && !absl::IsNotFound(deleted) && problem.ok()) problem = deleted;
     }
   } else if (observed.pods.empty() && !observed.pvcs_missing.empty()) {
     // No pod before its PVCs: it would mount a claim that is not (or no longer) its own.
   } else if (observed.pods.empty()) {
     const std::string id = ObjectId(kPods, ns, name);
-    ObjectPtr expected = Expected(id, uid);
+    std::optional<Expectation> expected = Expected(id, uid);
+    PodPtr pod = expected.has_value() ? expected->pod : nullptr;
     absl::Status created = absl::OkStatus();
-    if (expected == nullptr) {
+    if (!expected.has_value()) {
       // Until the informer has it, the pod as sent stands for it (no phase: Pending); the
       // stored object in the answer is not needed, so it is not parsed.
       Json desired = DesiredPod(sandbox);
       if (options_.sandboxd_secret) {
         SetSandboxdSecret(&desired, kSandboxdPortName, options_.sandboxd_secret(ns, name));
       }
-      auto pod = std::make_shared<const Json>(std::move(desired));
-      created = client_->CreateNoResult(kPods, ns, *pod);
+      absl::StatusOr<types::Pod> sent = types::DecodePod(desired);
+      created = sent.ok() ? client_->CreateNoResult(kPods, ns, desired) : sent.status();
       if (created.ok()) {
-        Expect(pods_, id, pod);
-        expected = std::move(pod);
+        pod = std::make_shared<const types::Pod>(*std::move(sent));
+        Expectation expectation;
+        expectation.owner_uid = uid;
+        expectation.pod = pod;
+        Expect(kPods, ns, name, std::move(expectation));
       }
     }
-    if (created.ok()) {
-      observed.pods.push_back(std::move(expected));
+    if (created.ok() && pod != nullptr) {
+      observed.pods.push_back(std::move(pod));
     } else if (absl::IsAlreadyExists(created)) {
       // Not in our cache: either the cache lags, or the pod is someone else's.
-      absl::StatusOr<Json> pod = client_->Get(kPods, ns, name);
-      if (pod.ok() && ControllerUid(*pod) != uid) {
+      absl::StatusOr<Json> read = client_->Get(kPods, ns, name);
+      absl::StatusOr<types::Pod> live =
+          read.ok() ? types::DecodePod(*read) : absl::StatusOr<types::Pod>(read.status());
+      if (live.ok() && ControllerUid(live->metadata) != uid) {
         observed.error =
             absl::StrCat("pod \"", name, "\" exists and is not controlled by this Sandbox");
-      } else if (pod.ok()) {
-        observed.pods.push_back(std::make_shared<const Json>(*std::move(pod)));
+      } else if (live.ok()) {
+        observed.pods.push_back(std::make_shared<const types::Pod>(*std::move(live)));
       }
-    } else if (problem.ok()) {
+    } else if (!created.ok() && problem.ok()) {
       problem = created;
     }
   }
@@ -638,15 +742,18 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
     queue_.AddAfter(key, kConflictRecheck);
   }
 
-  const Json& old_status = Field(sandbox, "status");
-  Json status = ComputeStatus(sandbox, observed, old_status, now);
-  const absl::Time created_at = ParseTime(Str(meta, "creationTimestamp"));
-  if (status != old_status) {
-    if (MayHoldFirstStatus(old_status, status) && created_at != absl::InfinitePast() &&
+  const types::SandboxStatus status = ComputeStatus(sandbox, observed, sandbox.status, now);
+  // Compared and patched as JSON: the status as stored (an absent one is null) against the
+  // one computed, so an unchanged world writes nothing.
+  const Json old_json = sandbox.status.present ? types::Encode(sandbox.status) : Json();
+  const Json status_json = types::Encode(status);
+  const absl::Time created_at = ParseTime(sandbox.metadata.creation_timestamp.value_or(""));
+  if (status_json != old_json) {
+    if (MayHoldFirstStatus(sandbox.status, status) && created_at != absl::InfinitePast() &&
         now < created_at + options_.first_status_hold) {
       queue_.AddAfter(key, created_at + options_.first_status_hold - now);
     } else {
-      RETURN_IF_ERROR(WriteStatus(sandbox, status));
+      RETURN_IF_ERROR(WriteStatus(sandbox, old_json, status_json));
     }
   }
   if (IsReady(status)) {
@@ -655,7 +762,7 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
       absl::MutexLock lock(&seen_mu_);
       first = counted_ready_.insert(uid).second;
     }
-    if (first && !IsReady(old_status)) {
+    if (first && !IsReady(sandbox.status)) {
       if (created_at != absl::InfinitePast()) {
         metrics_->Created(sandbox, absl::ToDoubleMilliseconds(now - created_at));
       }
@@ -665,11 +772,11 @@ absl::Status SandboxController::ReconcileSandbox(const Json& sandbox) {
   return problem;
 }
 
-absl::Status SandboxController::WriteStatus(const Json& sandbox, const Json& status) {
-  const Json& meta = sandbox["metadata"];
-  absl::Status written = client_->PatchNoResult(
-      kSandboxes, Str(meta, "namespace"), Str(meta, "name"), PatchType::kMerge,
-      StatusPatch(Field(sandbox, "status"), status), "status");
+absl::Status SandboxController::WriteStatus(const types::Sandbox& sandbox, const Json& old_status,
+                                            const Json& status) {
+  absl::Status written =
+      client_->PatchNoResult(kSandboxes, sandbox.metadata.Namespace(), sandbox.metadata.Name(),
+                             PatchType::kMerge, StatusPatch(old_status, status), "status");
   return written.ok() || absl::IsNotFound(written) ? absl::OkStatus() : written;
 }
 

@@ -8,8 +8,13 @@
 //
 // Level-triggered: informers on Sandboxes, pods, Services and PVCs feed a keyed work queue
 // (namespace/name of the Sandbox); workers reconcile a key from the informers' caches, so
-// the hot path never lists. Errors are retried with per-key backoff. With leader election
-// on, only the replica holding the Lease reconciles (the others keep their caches warm).
+// the hot path never lists. The reconcile reads the objects typed (objects_types.h)
+// through a TypedCache over each informer (each version decoded once, by the first reader,
+// on a worker), and JSON is built only for what is sent (sandbox_objects.h). The informer
+// handlers, which run on each informer's one thread for every event, read the few fields
+// they need from the event's JSON instead. Errors are
+// retried with per-key backoff. With leader election on, only the replica holding the Lease
+// reconciles (the others keep their caches warm).
 //
 // Thread-safety: Start/Stop from one thread; Reconcile may run on many workers at once
 // (never for the same key).
@@ -102,18 +107,25 @@ class SandboxController {
 
  private:
   void Worker();
-  void EnqueueOwner(const ObjectPtr& object);
-  [[nodiscard]] absl::Status ReconcileSandbox(const Json& sandbox);
+  // The handler of the pod, Service and PVC informers: the object's event ends its
+  // expectation and queues its Sandbox (read from the event's JSON, on the informer's
+  // thread).
+  void OnOwned(const Resource& resource, const ObjectPtr& object);
+  [[nodiscard]] absl::Status ReconcileSandbox(const types::Sandbox& sandbox);
   // Creates the PVCs of `sandbox` that do not exist; sets `observed->pvcs_missing` while one
   // is not there for its pod (still to be made, or an old one being deleted) and
   // `observed->error` for one of its names that someone else has. Fails on API errors.
-  [[nodiscard]] absl::Status EnsurePvcs(const Json& sandbox, Observed* observed);
-  // Creates the Service (wanted) or deletes ours (not wanted); what exists afterwards.
-  [[nodiscard]] absl::StatusOr<std::optional<Json>> EnsureService(const Json& sandbox, bool wanted);
+  [[nodiscard]] absl::Status EnsurePvcs(const types::Sandbox& sandbox, Observed* observed);
+  // Creates the Service (wanted) or deletes ours (not wanted); what exists afterwards (null:
+  // none, or none shown yet).
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<const types::Service>> EnsureService(
+      const types::Sandbox& sandbox, bool wanted);
   // OK when `sandbox` (as cached) still exists on the API server with its uid and is not
   // being deleted, read past the cache; ABORTED otherwise (the cache lags: no adoption).
-  [[nodiscard]] absl::Status StillAdopts(const Json& sandbox);
-  [[nodiscard]] absl::Status WriteStatus(const Json& sandbox, const Json& status);
+  [[nodiscard]] absl::Status StillAdopts(const types::Sandbox& sandbox);
+  // Writes `status` (encoded) over the Sandbox's, whose encoding is `old_status`.
+  [[nodiscard]] absl::Status WriteStatus(const types::Sandbox& sandbox, const Json& old_status,
+                                         const Json& status);
 
   Client* const client_;
   const SandboxControllerOptions options_;
@@ -124,36 +136,47 @@ class SandboxController {
   Informer pods_;
   Informer services_;
   Informer pvcs_;
+  // Typed copies of the four caches (the Sandbox one is shared with the Kubernetes runtime,
+  // TypedCache::Over).
+  TypedCache<types::Sandbox> typed_sandboxes_;
+  TypedCache<types::Pod> typed_pods_;
+  TypedCache<types::Service> typed_services_;
+  TypedCache<types::PersistentVolumeClaim> typed_pvcs_;
   std::unique_ptr<LeaderElector> elector_;
   std::vector<std::thread> workers_;
   // Set once by Stop; read by workers between keys.
   std::atomic<bool> stopping_{false};
 
   // Expectations: objects this controller created that its informers have not shown yet,
-  // by "resource/namespace/name", with the created object and when. While one is pending
-  // the object counts as existing, so a reconcile that runs before the watch event (say,
-  // after our own status write) does not create it again. Cleared by the informer's event
-  // for it, or after kExpectationTimeout (then a create meets AlreadyExists and reads it).
+  // by "resource/namespace/name", with their controller's uid and when (and, for a pod or
+  // Service, the object as sent or answered). While one is pending the object counts as
+  // existing, so a reconcile that runs before the watch event (say, after our own status
+  // write) does not create it again. Cleared by the informer's event for it, or after
+  // kExpectationTimeout (then a create meets AlreadyExists and reads it).
   struct Expectation {
     absl::Time created;
-    ObjectPtr object;
+    std::string owner_uid;
+    std::shared_ptr<const types::Pod> pod;
+    std::shared_ptr<const types::Service> service;
   };
   // The object written as `id` for the Sandbox of uid `owner_uid` that the informer has not
-  // shown yet, or null (an expectation left by an earlier Sandbox of the same name is not
-  // this one's).
-  ObjectPtr Expected(const std::string& id, const std::string& owner_uid)
+  // shown yet, or nullopt (an expectation left by an earlier Sandbox of the same name is
+  // not this one's).
+  std::optional<Expectation> Expected(const std::string& id, const std::string& owner_uid)
       ABSL_LOCKS_EXCLUDED(expect_mu_);
-  // Records `object`, just created, unless `informer`'s cache shows it already (its watch
-  // event may come before the create's answer; the cache is updated before the handlers
-  // run, so an event after that check still clears the expectation).
-  void Expect(const Informer& informer, const std::string& id, ObjectPtr object)
-      ABSL_LOCKS_EXCLUDED(expect_mu_);
+  // Records `expectation` for `resource`'s object ns/name, just created, unless its
+  // informer's cache shows it already (its watch event may come before the create's
+  // answer; the cache is updated before the handlers run, so an event after that check
+  // still clears the expectation).
+  void Expect(const Resource& resource, const std::string& ns, const std::string& name,
+              Expectation expectation) ABSL_LOCKS_EXCLUDED(expect_mu_);
   // An event for an object (added, changed or deleted) ends the expectation of the object
   // of its name when both have the same controller: the cache shows it, or it is gone. An
   // event for an earlier Sandbox's object of that name (its pod still terminating, say)
   // leaves the new Sandbox's expectation alone, else a reconcile before the watch shows the
   // new object would create it a second time.
-  void EndExpectation(const Resource& resource, const Json& object) ABSL_LOCKS_EXCLUDED(expect_mu_);
+  void EndExpectation(const Resource& resource, const std::string& ns, const std::string& name,
+                      const std::string& controller_uid) ABSL_LOCKS_EXCLUDED(expect_mu_);
   absl::Mutex expect_mu_;
   absl::flat_hash_map<std::string, Expectation> expected_ ABSL_GUARDED_BY(expect_mu_);
 

@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -273,6 +274,64 @@ TEST_F(SandboxControllerTest, ReconcilesAreCountedUnderControllerRuntimesNames) 
       << "controller_runtime_reconcile_total{controller=\"sandbox\",result=\"success\"}";
   EXPECT_GE(error, 0) << "result=\"error\" is exported from the start";
   EXPECT_GE(depth, 0) << "workqueue_depth{name=\"sandbox\"}";
+}
+
+// agent_sandboxes (upstream's gauge) counts each Sandbox once, in the series of its current
+// labels: one turning Ready moves from ready_condition="false" to "true", and a deleted
+// one is counted out. (Issue 39: the series are made once and then looked up, not added to
+// the family at every informer event.)
+TEST_F(SandboxControllerTest, AgentSandboxesCountsEachSandboxInTheSeriesOfItsLabels) {
+  controller_.reset();
+  auto registry = std::make_shared<prometheus::Registry>();
+  SandboxControllerOptions options;
+  options.workers = 2;
+  options.registry = registry;
+  controller_ = std::make_unique<SandboxController>(client_.get(), options);
+  ASSERT_TRUE(controller_->Start().ok());
+  // The agent_sandboxes series by their labels ("k=v,..." sorted), with their values.
+  auto series = [&] {
+    std::map<std::string, double> out;
+    for (const prometheus::MetricFamily& family : registry->Collect()) {
+      if (family.name != "agent_sandboxes") continue;
+      for (const prometheus::ClientMetric& m : family.metric) {
+        std::map<std::string, std::string> labels;
+        for (const auto& l : m.label) labels[l.name] = l.value;
+        std::string key;
+        for (const auto& [name, value] : labels) absl::StrAppend(&key, name, "=", value, ",");
+        out[key] += m.gauge.value;
+      }
+    }
+    return out;
+  };
+  auto total = [&] {
+    double sum = 0;
+    for (const auto& [key, value] : series()) sum += value;
+    return sum;
+  };
+  const std::string ready_series =
+      "created_by=unknown,expired=false,launch_type=cold,namespace=default,owned_by=None,"
+      "ready_condition=true,sandbox_template=unknown,";
+  const std::string waiting_series =
+      "created_by=unknown,expired=false,launch_type=cold,namespace=default,owned_by=None,"
+      "ready_condition=false,sandbox_template=unknown,";
+  for (const char* name : {"one", "two"}) {
+    ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject(name)).ok());
+  }
+  for (const char* name : {"one", "two"}) {
+    ASSERT_TRUE(WaitForReason(*client_, name, "DependenciesReady")) << name;
+    absl::StatusOr<Json> ready = client_->Get(kSandboxes, "default", name);
+    ASSERT_TRUE(ready.ok()) << ready.status();
+    ASSERT_TRUE(Settled(controller_->sandbox_informer(), VersionOf(*ready))) << name;
+  }
+  std::map<std::string, double> counted = series();
+  EXPECT_EQ(counted[ready_series], 2) << ::testing::PrintToString(counted);
+  EXPECT_EQ(counted[waiting_series], 0) << "moved out when Ready, not left counted";
+  EXPECT_EQ(total(), 2);
+
+  ASSERT_TRUE(client_->Delete(kSandboxes, "default", "one", DeleteOptions()).ok());
+  EXPECT_TRUE(testing::Eventually([&] { return series()[ready_series] == 1 && total() == 1; },
+                                  absl::Seconds(20)))
+      << ::testing::PrintToString(series());
 }
 
 // Issue 40: after `kubectl delete --cascade=orphan` of a Sandbox and a re-apply, its pod
