@@ -190,6 +190,16 @@ class SandboxControllerTest : public ::testing::Test {
     ASSERT_TRUE(controller_->Start().ok());
   }
 
+  // Replaces the controller by one that exports its metrics into `registry`.
+  void RestartWithRegistry(std::shared_ptr<prometheus::Registry> registry) {
+    controller_.reset();
+    SandboxControllerOptions options;
+    options.workers = 2;
+    options.registry = std::move(registry);
+    controller_ = std::make_unique<SandboxController>(client_.get(), options);
+    ASSERT_TRUE(controller_->Start().ok());
+  }
+
   // Waits (at most 20 s) until `informer` has handed every change up to `resource_version`
   // to the controller and the controller has reconciled everything that queued: after
   // this, what that change made the controller do is done.
@@ -247,13 +257,8 @@ TEST_F(SandboxControllerTest, ReadyThenNoFurtherWrites) {
 // controller_runtime_reconcile_total{controller="sandbox",result} and
 // workqueue_depth{name="sandbox"}.
 TEST_F(SandboxControllerTest, ReconcilesAreCountedUnderControllerRuntimesNames) {
-  controller_.reset();
   auto registry = std::make_shared<prometheus::Registry>();
-  SandboxControllerOptions options;
-  options.workers = 2;
-  options.registry = registry;
-  controller_ = std::make_unique<SandboxController>(client_.get(), options);
-  ASSERT_TRUE(controller_->Start().ok());
+  RestartWithRegistry(registry);
   ASSERT_TRUE(client_->Create(kSandboxes, "default", SandboxObject("counted")).ok());
   ASSERT_TRUE(WaitForReason(*client_, "counted", "DependenciesReady"));
   ASSERT_TRUE(testing::Eventually([&] { return controller_->Idle(); }, absl::Seconds(20)));
@@ -281,13 +286,8 @@ TEST_F(SandboxControllerTest, ReconcilesAreCountedUnderControllerRuntimesNames) 
 // one is counted out. (Issue 39: the series are made once and then looked up, not added to
 // the family at every informer event.)
 TEST_F(SandboxControllerTest, AgentSandboxesCountsEachSandboxInTheSeriesOfItsLabels) {
-  controller_.reset();
   auto registry = std::make_shared<prometheus::Registry>();
-  SandboxControllerOptions options;
-  options.workers = 2;
-  options.registry = registry;
-  controller_ = std::make_unique<SandboxController>(client_.get(), options);
-  ASSERT_TRUE(controller_->Start().ok());
+  RestartWithRegistry(registry);
   // The agent_sandboxes series by their labels ("k=v,..." sorted), with their values.
   auto series = [&] {
     std::map<std::string, double> out;
