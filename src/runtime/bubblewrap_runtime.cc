@@ -131,7 +131,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       absl::MutexLock lock(&sb->op_mu);
       sb->ended = true;
       local::KillSandbox(*sb);
-      ReleaseImage(*sb);
+      ReleaseHolds(*sb);
     }
   }
 
@@ -189,7 +189,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
         local::KillSandbox(*sb);
       }
       uids_.GiveBack(sb->host_uid);
-      ReleaseImage(*sb);
+      ReleaseHolds(*sb);
       std::move(done)(absl::OkStatus());
     });
   }
@@ -282,7 +282,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
   }
 
   // Gives back what a sandbox held: its image in the cache, its snapshot's files.
-  void ReleaseImage(const Sandbox& sb) {
+  void ReleaseHolds(const Sandbox& sb) {
     if (!sb.image_digest.empty() && options_.images != nullptr) {
       options_.images->Release(sb.image_digest);
     }
@@ -579,7 +579,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       spdlog::error("sandbox {}: reset to snapshot {} failed, the sandbox is gone: {}", id,
                     snapshot_id, std::string(s.message()));
       uids_.GiveBack(sb->host_uid);
-      ReleaseImage(*sb);
+      ReleaseHolds(*sb);
       if (options_.on_gone) options_.on_gone(id);
       return absl::Status(s.code(),
                           absl::StrCat("sandbox ", id, ": reset to snapshot ", snapshot_id,
@@ -689,7 +689,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
       image = std::move(*run);
       sb->image_digest = image->digest;
     }
-    absl::Cleanup release = [&] { ReleaseImage(*sb); };
+    absl::Cleanup release = [&] { ReleaseHolds(*sb); };
     if (!spec.snapshot.empty()) {
       // An image sandbox shares the snapshot's files while it lives (held); a host-root
       // one gets a copy of its workspace.
@@ -768,7 +768,7 @@ class BubblewrapRuntimeImpl final : public BubblewrapRuntime {
                      status >= 0 ? local::DescribeExit(status) : std::string("not our child"));
         local::KillSandbox(*sb);
         uids_.GiveBack(sb->host_uid);
-        ReleaseImage(*sb);
+        ReleaseHolds(*sb);
         if (options_.on_gone) options_.on_gone(sb->id);
       }
     }
